@@ -1,0 +1,88 @@
+/* trace.h: allocation histories in memory, and the readers that build them.
+ *
+ * Every reader (memtrace v1 text, RMM logging_resource_adaptor CSV, PyTorch snapshot
+ * pickles) and the synthetic workload generator produce the same thing: one
+ * expseg_trace_t per device history, a flat array of events with dense allocation ids, in
+ * replay order (pre-live allocations first). The replay tool consumes only this.
+ * Formats: ../shared/traces/README.md and docs/formats.md. */
+#ifndef EXPSEG_TRACE_H
+#define EXPSEG_TRACE_H
+
+#include "expseg.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum expseg_trace_kind {
+  EXPSEG_TR_PRELIVE = 'p',   /* allocation live when recording started: id, size, stream */
+  EXPSEG_TR_ALLOC = 'a',     /* allocate size requested bytes on stream as id */
+  EXPSEG_TR_FREE = 'f',      /* id becomes free (reusable now) */
+  EXPSEG_TR_FREE_REQ = 'r',  /* free requested; another stream still uses id until its 'f' */
+  EXPSEG_TR_EMPTY = 'E',     /* explicit empty_cache */
+  /* what the recorded allocator did: baseline only, never replayed */
+  EXPSEG_TR_SEG_ALLOC = 'M', EXPSEG_TR_SEG_FREE = 'X',
+  EXPSEG_TR_MAP = 'm', EXPSEG_TR_UNMAP = 'u', EXPSEG_TR_OOM = 'O'
+} expseg_trace_kind;
+
+typedef struct expseg_trace_event_s {
+  uint8_t kind;      /* expseg_trace_kind */
+  uint32_t stream;   /* dense stream index, 0 = default stream, in order of first use */
+  uint64_t id;       /* dense allocation id from 0 (alloc/free kinds); address for M X m u */
+  uint64_t size;     /* requested bytes (device_free for O is in `extra`) */
+  uint64_t extra;    /* O: device_free; otherwise 0 */
+} expseg_trace_event_t;
+
+typedef struct expseg_trace_baseline_s {
+  int present;       /* 1 when the file carries the recorded allocator's figures */
+  uint64_t start_reserved, peak_reserved, end_reserved;
+  uint64_t segment_alloc, segment_free, map, unmap, oom;
+} expseg_trace_baseline_t;
+
+typedef struct expseg_trace_s {
+  char name[256];          /* file name without directory and extension, e.g. "x.dev0" */
+  int device;
+  expseg_trace_event_t *events;
+  size_t n_events, cap_events;
+  uint64_t n_ids;          /* ids are 0 .. n_ids-1 */
+  uint32_t n_streams;
+  uint64_t peak_live_requested; /* computed by the reader from the events */
+  expseg_trace_baseline_t baseline;
+} expseg_trace_t;
+
+typedef struct expseg_trace_set_s {
+  expseg_trace_t *traces;
+  size_t n;
+} expseg_trace_set_t;
+
+/* Reads any supported file, chosen by content (pickle: first byte 0x80; memtrace: first
+ * line "# memtrace v1"; RMM CSV: header "Thread,Time,Action,Pointer,Size,Stream").
+ * Errors are EXPSEG_ERR_INVALID_ARGUMENT with a message naming the file, the line or byte
+ * offset, and the reason; nothing is leaked. */
+expseg_status expseg_trace_read_file(const char *path, expseg_trace_set_t *out);
+/* The same from memory (name is used in messages and as the trace name). */
+expseg_status expseg_trace_read_memtrace(const char *name, const char *buf, size_t len,
+                                         expseg_trace_set_t *out);
+expseg_status expseg_trace_read_rmm_csv(const char *name, const char *buf, size_t len,
+                                        expseg_trace_set_t *out);
+expseg_status expseg_trace_read_pickle(const char *name, const unsigned char *buf, size_t len,
+                                       expseg_trace_set_t *out);
+/* Writes a trace as memtrace v1 (to compare with the reference files). */
+expseg_status expseg_trace_write_memtrace(const expseg_trace_t *t, const char *path);
+void expseg_trace_set_free(expseg_trace_set_t *s);
+
+/* Synthetic workloads (bench/synth.c), seeded and deterministic:
+ * "train" (transformer steps, sequence length changing per step), "infer" (KV cache grown
+ * and released per request), "streams8" (8 streams exchanging buffers with record_stream,
+ * emitted as 'r' then 'f'). scale 1.0 = the default size (peak around 2 GiB). */
+expseg_status expseg_trace_synth(const char *workload, uint64_t seed, double scale,
+                                 expseg_trace_t *out);
+void expseg_trace_free(expseg_trace_t *t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

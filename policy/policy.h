@@ -1,0 +1,128 @@
+/* policy.h: configuration and decisions, as pure functions. Nothing here calls the driver,
+ * takes a lock, reads a clock or (outside env.c) the environment, or allocates: time, ages
+ * and sizes are passed in. pools/ asks; policy/ answers. */
+#ifndef EXPSEG_POLICY_H
+#define EXPSEG_POLICY_H
+
+#include "expseg.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EXPSEG_MIN_BLOCK ((size_t)512)
+#define EXPSEG_SMALL_SIZE ((size_t)1 << 20)     /* <= goes to the small pool */
+#define EXPSEG_SMALL_BUFFER ((size_t)2 << 20)   /* classic small segment */
+#define EXPSEG_MIN_LARGE_ALLOC ((size_t)10 << 20)
+#define EXPSEG_ROUND_LARGE ((size_t)2 << 20)
+#define EXPSEG_ROUNDUP_INTERVALS 16
+#define EXPSEG_MAX_REQUEST ((size_t)1 << 60)     /* PyTorch's one-exabyte guard */
+
+typedef enum expseg_option_id {
+#define EXPSEG_OPTION(key, alias, kind, field, def, lo, hi, pt, help) EXPSEG_OPT_##key,
+#include "options.def"
+#undef EXPSEG_OPTION
+  EXPSEG_OPT_COUNT
+} expseg_option_id;
+
+typedef struct expseg_config_s {
+  int backend;                          /* 0 = native */
+  size_t max_split_size;                /* bytes; SIZE_MAX = unlimited */
+  size_t max_non_split_rounding;        /* bytes */
+  double garbage_collection_threshold;  /* 0 = off */
+  uint32_t roundup_power2_divisions[EXPSEG_ROUNDUP_INTERVALS]; /* 0 = off per interval */
+  bool expandable_segments;
+  size_t large_segment_size;            /* bytes */
+  bool release_lock_on_cudamalloc;
+  bool pinned_use_cuda_host_register;
+  uint32_t pinned_num_register_threads;
+  bool pinned_use_background_threads;
+  size_t pinned_reserve_segment_size;   /* bytes; 0 = off */
+  bool graph_capture_record_stream_reuse;
+  double per_process_memory_fraction;
+  size_t page_size;                     /* bytes; 0 = granularity */
+  size_t page_cache_max;                /* bytes */
+  size_t va_reserve;                    /* bytes; 0 = auto */
+  bool verbose;
+  uint64_t given;                       /* bit EXPSEG_OPT_x set = key x was in the text */
+} expseg_config_t;
+
+/* ---- parse.c ---- */
+
+void _expseg_config_defaults(expseg_config_t *c);
+/* Parses text (NULL or "" = nothing given) into a config starting from *base: keys given
+ * replace base's values, others keep them; out->given has exactly the keys in text.
+ * On error returns EXPSEG_ERR_CONFIG and writes one line into err (errlen bytes) naming
+ * `source` ("expseg_create", "PYTORCH_CUDA_ALLOC_CONF", ...), the byte position, the key,
+ * the offending value and what is accepted; *out is then untouched.
+ * Pure: no environment, no globals, no allocation. */
+expseg_status _expseg_config_parse(const char *text, const char *source,
+                                   const expseg_config_t *base, expseg_config_t *out,
+                                   char *err, size_t errlen);
+/* The whole configuration as one option string that parses back to the same config
+ * (every key, canonical spelling). Returns the length needed (snprintf semantics). */
+size_t _expseg_config_print(const expseg_config_t *c, char *buf, size_t len);
+/* Options that are accepted but have no effect here, named in a warning line (or "" if
+ * none of them was given). */
+size_t _expseg_config_no_effect(const expseg_config_t *c, char *buf, size_t len);
+
+typedef struct expseg_option_info_s {
+  const char *key, *alias, *kind, *help;
+  bool pytorch;
+} expseg_option_info_t;
+extern const expseg_option_info_t _expseg_options[EXPSEG_OPT_COUNT];
+
+/* ---- env.c: where the text comes from ---- */
+
+typedef struct expseg_config_source_s {
+  const char *text; /* NULL = nothing set anywhere */
+  const char *name; /* "expseg_create" / "EXPSEG_ALLOC_CONF" / ... / "defaults" */
+  char ignored[160]; /* names of other variables that were set and ignored ("" if none) */
+} expseg_config_source_t;
+/* api_text wins; else EXPSEG_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF, else
+ * PYTORCH_ALLOC_CONF. getenv_fn lets tests pass a fake environment (NULL = getenv). */
+void _expseg_config_source(const char *api_text, const char *(*getenv_fn)(const char *),
+                           expseg_config_source_t *out);
+
+/* ---- round.c: size policy ---- */
+
+/* Rounded size (512 B steps, or roundup_power2_divisions as PyTorch's code does);
+ * 0 when size > EXPSEG_MAX_REQUEST or rounding would overflow. size 0 -> 512. */
+size_t _expseg_round_size(const expseg_config_t *c, size_t size);
+static inline bool _expseg_is_small(size_t rounded) { return rounded <= EXPSEG_SMALL_SIZE; }
+/* Classic segment size: <= 1 MiB -> 2 MiB; < 10 MiB -> large_segment_size; else rounded up
+ * to 2 MiB. */
+size_t _expseg_classic_segment_size(const expseg_config_t *c, size_t rounded);
+/* Split a free block of block_size to serve rounded? expandable = block's segment kind. */
+bool _expseg_should_split(const expseg_config_t *c, bool small, bool expandable,
+                          size_t block_size, size_t rounded);
+/* Oversize rules (classic blocks only): may a cached block of candidate bytes serve? */
+bool _expseg_oversize_ok(const expseg_config_t *c, size_t rounded, size_t candidate);
+/* Expandable page size for a driver granularity: page_size rounded up to g (0 = g). */
+size_t _expseg_page_size(const expseg_config_t *c, size_t granularity);
+/* Allowed bytes for a fraction of total; SIZE_MAX when fraction >= 1. */
+size_t _expseg_allowed_bytes(double fraction, size_t total);
+
+/* ---- gc.c: garbage collection and trimming decisions ---- */
+
+typedef struct expseg_gc_item_s {
+  size_t bytes;       /* what releasing this item gives back */
+  uint64_t idle_since_ns; /* when it became free */
+  uintptr_t tag;      /* caller's handle, untouched */
+} expseg_gc_item_t;
+/* Bytes GC should reclaim: held - threshold x allowed when GC is active (fraction < 1 and
+ * threshold > 0) and held exceeds it; else 0. */
+size_t _expseg_gc_target(const expseg_config_t *c, size_t held, size_t allowed);
+/* Reorders items so that the victims come first, oldest (smallest idle_since_ns) first,
+ * ties by larger bytes; takes items until their bytes reach target. Returns the number of
+ * victims. now_ns is the caller's clock (items idle since later than now count as age 0). */
+size_t _expseg_gc_select(expseg_gc_item_t *items, size_t n, size_t target, uint64_t now_ns);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EXPSEG_POLICY_H */

@@ -1,0 +1,33 @@
+/* error.h: the thread's last error message and the warning sink; the bottom of the stack,
+ * used by every layer (vmm, pools, bench). policy/ stays pure: its parser writes into a
+ * buffer the caller passes, and the caller hands that to _expseg_error_set. */
+#ifndef EXPSEG_ERROR_H
+#define EXPSEG_ERROR_H
+
+#include "expseg.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define EXPSEG_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define EXPSEG_PRINTF(f, a)
+#endif
+
+/* Sets this thread's message (printf-style) and returns s, so callers write
+ * `return _expseg_error_set(EXPSEG_ERR_CONFIG, "...", ...);`. */
+expseg_status _expseg_error_set(expseg_status s, const char *fmt, ...) EXPSEG_PRINTF(2, 3);
+/* Prefixes the current message: "<prefix>: <old message>". */
+void _expseg_error_prefix(const char *fmt, ...) EXPSEG_PRINTF(1, 2);
+void _expseg_error_clear(void);
+/* One line to the log sink (stderr by default), prefixed "expseg: ". */
+void _expseg_warn(const char *fmt, ...) EXPSEG_PRINTF(1, 2);
+/* Formats bytes as PyTorch's format_size does ("20.00 MiB", "512 bytes"). */
+const char *_expseg_format_size(char buf[32], uint64_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,204 @@
+/* vmm.h: the driver contract. The only way the rest of expseg reaches memory.
+ *
+ * A driver is a table of function pointers (expseg_vmm_ops_t) plus the backend's state,
+ * wrapped in an expseg_vmm_t. Pools never call a backend directly: they call the
+ * _expseg_vmm_* wrappers below (vmm/vmm.c), which check every precondition written here,
+ * count every call by kind, and only then call the backend. Backends never count and may
+ * assume the preconditions hold.
+ *
+ * Return convention: every operation returns an expseg_status (EXPSEG_OK = 0). On failure
+ * the backend has already set the thread's message with _expseg_error_set() (vmm/error.h):
+ * EXPSEG_ERR_OUT_OF_MEMORY when the device has no room, EXPSEG_ERR_DRIVER for any other
+ * driver failure, EXPSEG_ERR_INVALID_ARGUMENT for a violated precondition (the wrapper, or
+ * sim's own bookkeeping, which double-checks), EXPSEG_ERR_UNSUPPORTED for a missing feature.
+ * A failed call leaves nothing behind (no half-created chunk, no partial mapping).
+ *
+ * Preconditions (checked in vmm.c; "g" is the granularity):
+ *  - reserve: size > 0 and a multiple of g; align is 0 or a power of two multiple of g.
+ *  - unreserve: (addr, size) is exactly one live reservation and nothing in it is mapped.
+ *  - create: size > 0 and a multiple of g. Creating past the device's capacity is OOM.
+ *  - release: handle is live and not mapped anywhere.
+ *  - map: addr, size and offset are multiples of g; [addr, addr+size) lies inside one live
+ *    reservation and none of it is mapped; [offset, offset+size) lies inside the chunk.
+ *    (CUDA accepts only offset 0: the cuda backend returns UNSUPPORTED for others.)
+ *  - unmap: [addr, addr+size) is exactly a union of whole earlier mappings (CUDA cannot
+ *    unmap part of a mapping), all inside one reservation.
+ *  - set_access: [addr, addr+size) is mapped (every byte) inside one reservation. The
+ *    allocator calls it once per newly mapped contiguous range, never per chunk.
+ *  - events: an event is recorded before it is queried or synchronized; destroy takes a
+ *    live event.
+ * A physical chunk cannot be split once created: mapping part of one is allowed, but the
+ * allocator never frees part of a chunk. Never merge blocks across chunks of classic
+ * segments.
+ *
+ * Streams are plain uint64 values (a CUstream on cuda; any value on host and sim; 0 is the
+ * default stream). host and sim model them: work "completes" at once unless a test holds
+ * the stream (_expseg_vmm_hold_stream), in which case events recorded on it stay incomplete
+ * until it is released. */
+#ifndef EXPSEG_VMM_H
+#define EXPSEG_VMM_H
+
+#include "expseg.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Call kinds: X(name). The wrapper counts each one; stats and fault injection use them. */
+#define EXPSEG_VMM_CALLS(X)                                                               \
+  X(reserve) X(unreserve) X(create) X(release) X(map) X(unmap) X(set_access)              \
+  X(event_create) X(event_destroy) X(event_record) X(event_query) X(event_synchronize)    \
+  X(stream_synchronize) X(export_fd) X(import_fd)
+
+typedef enum expseg_vmm_call {
+#define EXPSEG_VMM_CALL_ENUM_(n) EXPSEG_VMM_CALL_##n,
+  EXPSEG_VMM_CALLS(EXPSEG_VMM_CALL_ENUM_)
+#undef EXPSEG_VMM_CALL_ENUM_
+  EXPSEG_VMM_CALL_COUNT
+} expseg_vmm_call;
+
+typedef uint64_t expseg_vmm_handle; /* physical chunk (CUmemGenericAllocationHandle) */
+typedef uint64_t expseg_vmm_event;  /* CUevent or the backend's own id; never 0 when live */
+
+typedef struct expseg_vmm_ops_s {
+  const char *name; /* "cuda", "host", "sim", "fault" */
+  expseg_status (*reserve)(void *st, size_t size, size_t align, uintptr_t *addr);
+  expseg_status (*unreserve)(void *st, uintptr_t addr, size_t size);
+  expseg_status (*create)(void *st, size_t size, expseg_vmm_handle *h);
+  expseg_status (*release)(void *st, expseg_vmm_handle h);
+  expseg_status (*map)(void *st, uintptr_t addr, size_t size, expseg_vmm_handle h,
+                       size_t offset);
+  expseg_status (*unmap)(void *st, uintptr_t addr, size_t size);
+  expseg_status (*set_access)(void *st, uintptr_t addr, size_t size, int device);
+  expseg_status (*event_create)(void *st, expseg_vmm_event *ev);
+  expseg_status (*event_destroy)(void *st, expseg_vmm_event ev);
+  expseg_status (*event_record)(void *st, expseg_vmm_event ev, expseg_stream stream);
+  expseg_status (*event_query)(void *st, expseg_vmm_event ev, bool *done);
+  expseg_status (*event_synchronize)(void *st, expseg_vmm_event ev);
+  expseg_status (*stream_synchronize)(void *st, expseg_stream stream);
+  /* Sharing between processes: a new fd the caller owns; import takes a duplicate. */
+  expseg_status (*export_fd)(void *st, expseg_vmm_handle h, int *fd);
+  expseg_status (*import_fd)(void *st, int fd, size_t size, expseg_vmm_handle *h);
+  /* Never fail. */
+  size_t (*granularity)(void *st);
+  void (*mem_info)(void *st, size_t *free_bytes, size_t *total_bytes);
+  uint64_t (*now_ns)(void *st); /* monotonic clock */
+  /* Test hook (host and sim; NULL elsewhere): hold = true keeps events recorded on the
+   * stream from completing until hold = false. */
+  void (*hold_stream)(void *st, expseg_stream stream, bool hold);
+  void (*destroy)(void *st); /* frees the backend's state (and an inner driver it owns) */
+} expseg_vmm_ops_t;
+
+/* A driver instance. Counts are atomics: the allocator calls create/release outside its
+ * lock. */
+typedef struct expseg_vmm_s {
+  const expseg_vmm_ops_t *ops;
+  void *st;                 /* backend state */
+  int device;               /* device ordinal the backend serves */
+  size_t granularity;       /* cached ops->granularity(st) */
+  _Atomic uint64_t calls[EXPSEG_VMM_CALL_COUNT]; /* successful and failed calls by kind */
+  _Atomic uint64_t failures[EXPSEG_VMM_CALL_COUNT];
+  _Atomic int64_t live_chunks;     /* created - released (imports included) */
+  _Atomic int64_t live_chunk_bytes;
+  _Atomic int64_t created_bytes;   /* accumulated bytes of chunks created */
+  _Atomic int64_t live_reservations;
+  _Atomic int64_t reserved_va_bytes;
+  _Atomic int64_t mapped_bytes;
+  _Atomic int64_t live_events;
+} expseg_vmm_t;
+
+/* ---- vmm.c: construction from a spec, and the checked, counting wrappers ---- */
+
+/* spec: "cuda", "host", "sim" with options "name:key=value,key=value" (docs/driver.md):
+ *   host: capacity=SIZE (default 8G, or physical memory / 2 when smaller),
+ *         granularity=SIZE (default 2M; a power of two multiple of the OS page), numa=N
+ *   sim:  capacity=SIZE (default 80G), granularity=SIZE (default 2M), va=SIZE (default 128T)
+ *   cuda: (no options yet)
+ * SIZE is an integer with an optional K, M, G or T suffix (binary units).
+ * NULL = $EXPSEG_DRIVER, else "cuda" when a CUDA device is usable, else "host".
+ * Malformed specs are EXPSEG_ERR_CONFIG naming the bad part. */
+expseg_status _expseg_vmm_open(const char *spec, int device, expseg_vmm_t **out);
+/* Wraps an already-built backend (used by the fault wrapper and by tests). Takes ownership
+ * of st: ops->destroy(st) runs in _expseg_vmm_close. */
+expseg_status _expseg_vmm_wrap(const expseg_vmm_ops_t *ops, void *st, int device,
+                               expseg_vmm_t **out);
+void _expseg_vmm_close(expseg_vmm_t *v);
+
+expseg_status _expseg_vmm_reserve(expseg_vmm_t *v, size_t size, size_t align, uintptr_t *addr);
+expseg_status _expseg_vmm_unreserve(expseg_vmm_t *v, uintptr_t addr, size_t size);
+expseg_status _expseg_vmm_create(expseg_vmm_t *v, size_t size, expseg_vmm_handle *h);
+expseg_status _expseg_vmm_release(expseg_vmm_t *v, expseg_vmm_handle h, size_t size);
+expseg_status _expseg_vmm_map(expseg_vmm_t *v, uintptr_t addr, size_t size, expseg_vmm_handle h,
+                              size_t offset);
+expseg_status _expseg_vmm_unmap(expseg_vmm_t *v, uintptr_t addr, size_t size);
+expseg_status _expseg_vmm_set_access(expseg_vmm_t *v, uintptr_t addr, size_t size);
+expseg_status _expseg_vmm_event_create(expseg_vmm_t *v, expseg_vmm_event *ev);
+expseg_status _expseg_vmm_event_destroy(expseg_vmm_t *v, expseg_vmm_event ev);
+expseg_status _expseg_vmm_event_record(expseg_vmm_t *v, expseg_vmm_event ev, expseg_stream s);
+expseg_status _expseg_vmm_event_query(expseg_vmm_t *v, expseg_vmm_event ev, bool *done);
+expseg_status _expseg_vmm_event_synchronize(expseg_vmm_t *v, expseg_vmm_event ev);
+expseg_status _expseg_vmm_stream_synchronize(expseg_vmm_t *v, expseg_stream s);
+expseg_status _expseg_vmm_export_fd(expseg_vmm_t *v, expseg_vmm_handle h, int *fd);
+expseg_status _expseg_vmm_import_fd(expseg_vmm_t *v, int fd, size_t size, expseg_vmm_handle *h);
+void _expseg_vmm_mem_info(expseg_vmm_t *v, size_t *free_bytes, size_t *total_bytes);
+uint64_t _expseg_vmm_now_ns(expseg_vmm_t *v);
+/* EXPSEG_ERR_UNSUPPORTED where the backend has no hold hook (cuda). */
+expseg_status _expseg_vmm_hold_stream(expseg_vmm_t *v, expseg_stream s, bool hold);
+const char *_expseg_vmm_call_name(expseg_vmm_call c);
+
+/* ---- backends: each builds its state from already-parsed options ---- */
+
+typedef struct expseg_host_opts_s {
+  size_t capacity;    /* bytes of "device memory" chunks may use in all */
+  size_t granularity; /* bytes; power of two, multiple of the OS page size */
+  int numa_node;      /* -1 = no placement */
+} expseg_host_opts_t;
+
+typedef struct expseg_sim_opts_s {
+  size_t capacity;
+  size_t granularity;
+  uint64_t va_size; /* size of the fake address space handed out by reserve */
+} expseg_sim_opts_t;
+
+expseg_status _expseg_host_new(const expseg_host_opts_t *o, int device, expseg_vmm_t **out);
+expseg_status _expseg_sim_new(const expseg_sim_opts_t *o, int device, expseg_vmm_t **out);
+/* EXPSEG_ERR_UNSUPPORTED with a clear message where there is no libcuda.so.1, no device, or
+ * the device lacks virtual memory management (and where built without CUDA). */
+expseg_status _expseg_cuda_new(int device, expseg_vmm_t **out);
+bool _expseg_cuda_usable(int device); /* true when _expseg_cuda_new would succeed */
+
+/* ---- fault.c: a wrapper over any driver that fails chosen calls ---- */
+
+typedef struct expseg_fault_rule_s {
+  expseg_vmm_call call; /* which kind */
+  uint64_t nth;         /* fail the nth call of that kind (1-based) ... */
+  uint64_t count;       /* ... and the count-1 calls after it (0 = 1) */
+  expseg_status status; /* EXPSEG_ERR_OUT_OF_MEMORY or EXPSEG_ERR_DRIVER */
+} expseg_fault_rule_t;
+
+/* Takes ownership of inner (closed with the wrapper). Rules may be replaced at run time. */
+expseg_status _expseg_fault_new(expseg_vmm_t *inner, expseg_vmm_t **out);
+void _expseg_fault_set_rules(expseg_vmm_t *fault, const expseg_fault_rule_t *rules, size_t n);
+/* Calls of each kind that reached the fault wrapper so far. */
+uint64_t _expseg_fault_seen(expseg_vmm_t *fault, expseg_vmm_call call);
+expseg_vmm_t *_expseg_fault_inner(expseg_vmm_t *fault);
+
+/* ---- topo.c: topology through hwloc ---- */
+
+/* Number of NUMA nodes (1 when hwloc sees none or is not built in). */
+int _expseg_topo_numa_count(void);
+/* NUMA node nearest the PCI device "0000:17:00.0" (cuDeviceGetPCIBusId form); -1 unknown. */
+int _expseg_topo_numa_of_pci(const char *pci_bus_id);
+/* Binds [addr, addr+size) to NUMA node `node` (host memory). EXPSEG_ERR_UNSUPPORTED when
+ * hwloc cannot; the memory stays usable. */
+expseg_status _expseg_topo_bind(void *addr, size_t size, int node);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EXPSEG_VMM_H */
