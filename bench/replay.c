@@ -1,0 +1,8 @@
+/* replay.c: expseg-replay, which replays recorded or synthetic allocation histories
+ * through expseg and reports the memory held. The logic lives in synth_replay.c
+ * (expseg_replay_main) so that tests call it in-process; usage in docs/replay.md. */
+#include <stdio.h>
+
+int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err);
+
+int main(int argc, char **argv) { return expseg_replay_main(argc, argv, stdout, stderr); }
