@@ -1,0 +1,165 @@
+/* bench_grow.c: expseg-bench-grow, the cost of growing and shrinking what the allocator
+ * holds, per GiB, on a real driver (host by default; cuda on a GPU machine).
+ *
+ * One round: expseg_malloc of --size bytes with nothing cached (growth: for expandable
+ * segments, create + map + one set_access per contiguous range; for classic ones, one
+ * segment), expseg_free (cached, no driver call), then expseg_empty_cache (shrink: unmap
+ * and release everything). Each is timed with clock_gettime; the median over --rounds
+ * rounds is reported as ns per GiB, with the driver calls one round made. A second
+ * measurement, "re-grow", frees and re-allocates without empty_cache (a cache hit, for
+ * contrast). Settings compared: the --conf values given, or a built-in list. */
+#include "expseg.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static int64_t stat0(const expseg_allocator *a, const char *key) {
+  int64_t v = 0;
+  return expseg_stat(a, key, &v) == EXPSEG_OK ? v : 0;
+}
+
+static const char *const default_confs[] = {
+    "expandable_segments:True,page_size_mb:2",
+    "expandable_segments:True,page_size_mb:20",
+    "expandable_segments:False",
+};
+
+static const char *const calls[] = {"create", "map", "set_access", "unmap", "release"};
+#define N_CALLS (sizeof calls / sizeof calls[0])
+
+static uint64_t median(uint64_t *v, size_t n) {
+  qsort(v, n, sizeof *v, cmp_u64);
+  return v[n / 2];
+}
+
+static int parse_size(const char *s, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long x = strtoull(s, &end, 10);
+  if (errno || end == s || *s == '-') return -1;
+  uint64_t mul = 1;
+  if (*end == 'K') mul = 1ull << 10, end++;
+  else if (*end == 'M') mul = 1ull << 20, end++;
+  else if (*end == 'G') mul = 1ull << 30, end++;
+  if (*end) return -1;
+  *out = x * mul;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  const char *driver = "host:capacity=4G";
+  uint64_t size = 1ull << 30, rounds = 20;
+  const char *confs[16];
+  size_t n_confs = 0;
+  int json = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(k, "--json")) { json = 1; continue; }
+    if (!strcmp(k, "--help") || !strcmp(k, "-h")) {
+      printf("usage: expseg-bench-grow [--driver SPEC (host:capacity=4G)] [--size BYTES[K|M|G] "
+             "(1G)] [--rounds N (20)] [--conf TEXT]... [--json]\n");
+      return 0;
+    }
+    if (!v) { fprintf(stderr, "expseg-bench-grow: %s needs a value\n", k); return 2; }
+    i++;
+    if (!strcmp(k, "--driver")) driver = v;
+    else if (!strcmp(k, "--size") && !parse_size(v, &size) && size > 0) {}
+    else if (!strcmp(k, "--rounds") && !parse_size(v, &rounds) && rounds > 0 && rounds < 100000) {}
+    else if (!strcmp(k, "--conf") && n_confs < 16) confs[n_confs++] = v;
+    else { fprintf(stderr, "expseg-bench-grow: bad option or value: %s %s\n", k, v); return 2; }
+  }
+  if (!n_confs) {
+    for (size_t i = 0; i < sizeof default_confs / sizeof default_confs[0]; i++)
+      confs[n_confs++] = default_confs[i];
+  }
+  uint64_t *tg = malloc(rounds * sizeof *tg), *ts = malloc(rounds * sizeof *ts),
+           *th = malloc(rounds * sizeof *th);
+  if (!tg || !ts || !th) return 1;
+  const double gib = (double)size / (double)(1ull << 30);
+  if (!json)
+    printf("# driver %s, block %.3f GiB, %" PRIu64 " rounds (medians)\n%-42s %12s %12s %12s  %s\n",
+           driver, gib, rounds, "config", "grow ns/GiB", "shrink ns/GiB", "hit ns", "driver calls per round");
+  int rc = 0;
+  for (size_t c = 0; c < n_confs && rc == 0; c++) {
+    expseg_allocator *a = NULL;
+    if (expseg_create(driver, 0, confs[c], &a) != EXPSEG_OK) {
+      fprintf(stderr, "expseg-bench-grow: expseg_create(%s, %s): %s\n", driver, confs[c],
+              expseg_last_error());
+      rc = 2;
+      break;
+    }
+    int64_t before[N_CALLS], after[N_CALLS];
+    for (uint64_t r = 0; r < rounds && rc == 0; r++) {
+      void *p = NULL;
+      if (r == 1)
+        for (size_t k = 0; k < N_CALLS; k++) {
+          char key[64];
+          snprintf(key, sizeof key, "expseg.driver.%s", calls[k]);
+          before[k] = stat0(a, key);
+        }
+      uint64_t t0 = now_ns();
+      expseg_status s = expseg_malloc(a, size, 0, &p);
+      uint64_t t1 = now_ns();
+      if (s != EXPSEG_OK) {
+        fprintf(stderr, "expseg-bench-grow: malloc(%" PRIu64 "): %s\n", size,
+                expseg_last_error());
+        rc = 1;
+        break;
+      }
+      (void)expseg_free(a, p);
+      uint64_t t2 = now_ns();
+      s = expseg_malloc(a, size, 0, &p); /* hit */
+      uint64_t t3 = now_ns();
+      if (s == EXPSEG_OK) (void)expseg_free(a, p);
+      uint64_t t4 = now_ns();
+      (void)expseg_empty_cache(a);
+      uint64_t t5 = now_ns();
+      tg[r] = t1 - t0;
+      th[r] = t3 - t2;
+      ts[r] = t5 - t4;
+      if (r == 1)
+        for (size_t k = 0; k < N_CALLS; k++) {
+          char key[64];
+          snprintf(key, sizeof key, "expseg.driver.%s", calls[k]);
+          after[k] = stat0(a, key);
+        }
+    }
+    expseg_destroy(a);
+    if (rc) break;
+    const double g = (double)median(tg, rounds) / gib, sh = (double)median(ts, rounds) / gib;
+    const uint64_t h = median(th, rounds);
+    char callbuf[256] = "";
+    size_t off = 0;
+    for (size_t k = 0; k < N_CALLS && rounds > 1; k++)
+      off += (size_t)snprintf(callbuf + off, sizeof callbuf - off,
+                              json ? "%s\"%s\":%" PRId64 : "%s%s=%" PRId64,
+                              k ? (json ? "," : " ") : "", calls[k], after[k] - before[k]);
+    if (json)
+      printf("{\"bench\":\"grow\",\"driver\":\"%s\",\"config\":\"%s\",\"size\":%" PRIu64
+             ",\"grow_ns_per_gib\":%.0f,\"shrink_ns_per_gib\":%.0f,\"hit_ns\":%" PRIu64
+             ",\"calls_per_round\":{%s}}\n",
+             driver, confs[c], size, g, sh, h, callbuf);
+    else
+      printf("%-42s %12.0f %12.0f %12" PRIu64 "  %s\n", confs[c], g, sh, h, callbuf);
+    fflush(stdout);
+  }
+  free(tg);
+  free(ts);
+  free(th);
+  return rc;
+}

@@ -1,0 +1,247 @@
+/* bench_hit.c: expseg-bench-hit, the cache-hit path: one expseg_malloc + expseg_free pair
+ * served from cached memory, timed in batches, for request sizes drawn from a recorded
+ * trace, with 0 .. 1M other blocks live while timing.
+ *
+ * Method: sizes are drawn (splitmix64, --seed) from the 'a' events of the trace, so their
+ * mix is the program's. For each live count L the allocator is created fresh; 2L blocks
+ * (sizes from the same draw) are allocated and every other one freed, so L blocks are live
+ * and up to L cached free blocks sit between them in the free index; then every size of
+ * the sequence is allocated and freed once (warm-up), so that every timed pair is a hit.
+ * That is verified: num_device_alloc must not change while timing (reported as "hits").
+ * Each batch of --batch pairs is timed with clock_gettime; the median and 99th percentile
+ * of the per-pair time over --batches batches are reported. Results: docs/benchmarks.md. */
+#include "trace.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SEQ 4096 /* sizes in the timed sequence (power of two) */
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t splitmix(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static int64_t stat0(const expseg_allocator *a, const char *key) {
+  int64_t v = -1;
+  return expseg_stat(a, key, &v) == EXPSEG_OK ? v : -1;
+}
+
+typedef struct args_s {
+  const char *trace, *driver, *conf;
+  uint64_t seed, batches, batch, max_live_size;
+  uint64_t live[16];
+  size_t n_live;
+  int json;
+} args_t;
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: expseg-bench-hit [options]\n"
+          "  --trace FILE     sizes are drawn from its allocations\n"
+          "                   (default ../shared/traces/memtrace/"
+          "wedsonlin_medium_128_training.dev0.memtrace)\n"
+          "  --seed N         PRNG seed (default 1)\n"
+          "  --batches N      timed batches (default 2000)\n"
+          "  --batch N        malloc+free pairs per batch (default 1000)\n"
+          "  --live LIST      live block counts, comma-separated (default 0,1000,10000,100000,1000000)\n"
+          "  --max-live-size BYTES  cap on the size of each held block (default: none)\n"
+          "  --driver SPEC    (default sim with a capacity that fits the live set)\n"
+          "  --conf TEXT      allocator options (default: none, i.e. expseg's defaults)\n"
+          "  --json           one JSON object per live count\n");
+}
+
+static int parse_u64(const char *s, uint64_t *v) {
+  char *end;
+  errno = 0;
+  unsigned long long x = strtoull(s, &end, 10);
+  if (errno || end == s || *end || *s == '-') return -1;
+  *v = x;
+  return 0;
+}
+
+static int parse_args(int argc, char **argv, args_t *a) {
+  memset(a, 0, sizeof *a);
+  a->trace = "../shared/traces/memtrace/wedsonlin_medium_128_training.dev0.memtrace";
+  a->conf = "";
+  a->seed = 1;
+  a->batches = 2000;
+  a->batch = 1000;
+  const uint64_t dl[] = {0, 1000, 10000, 100000, 1000000};
+  memcpy(a->live, dl, sizeof dl);
+  a->n_live = 5;
+  for (int i = 1; i < argc; i++) {
+    const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(k, "--json")) { a->json = 1; continue; }
+    if (!strcmp(k, "--help") || !strcmp(k, "-h")) { usage(stdout); exit(0); }
+    if (!v) { fprintf(stderr, "expseg-bench-hit: %s needs a value\n", k); return -1; }
+    i++;
+    if (!strcmp(k, "--trace")) a->trace = v;
+    else if (!strcmp(k, "--driver")) a->driver = v;
+    else if (!strcmp(k, "--conf")) a->conf = v;
+    else if (!strcmp(k, "--seed") && !parse_u64(v, &a->seed)) {}
+    else if (!strcmp(k, "--batches") && !parse_u64(v, &a->batches) && a->batches > 0) {}
+    else if (!strcmp(k, "--batch") && !parse_u64(v, &a->batch) && a->batch > 0) {}
+    else if (!strcmp(k, "--max-live-size") && !parse_u64(v, &a->max_live_size)) {}
+    else if (!strcmp(k, "--live")) {
+      char buf[256];
+      snprintf(buf, sizeof buf, "%s", v);
+      a->n_live = 0;
+      for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+           tok = strtok_r(NULL, ",", &save)) {
+        if (a->n_live == 16 || parse_u64(tok, &a->live[a->n_live++])) {
+          fprintf(stderr, "expseg-bench-hit: --live '%s': up to 16 counts, e.g. 0,1000\n", v);
+          return -1;
+        }
+      }
+    } else {
+      fprintf(stderr, "expseg-bench-hit: bad option or value: %s %s (--help)\n", k, v);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  args_t arg;
+  if (parse_args(argc, argv, &arg)) return 2;
+  expseg_trace_set_t set;
+  if (expseg_trace_read_file(arg.trace, &set) != EXPSEG_OK) {
+    fprintf(stderr, "expseg-bench-hit: %s\n", expseg_last_error());
+    return 2;
+  }
+  size_t n_sizes = 0;
+  uint64_t *pool = NULL;
+  if (set.n > 0) {
+    const expseg_trace_t *t = &set.traces[0];
+    pool = malloc((t->n_events + 1) * sizeof *pool);
+    for (size_t i = 0; pool && i < t->n_events; i++)
+      if (t->events[i].kind == EXPSEG_TR_ALLOC && t->events[i].size > 0)
+        pool[n_sizes++] = t->events[i].size;
+  }
+  if (n_sizes == 0) {
+    fprintf(stderr, "expseg-bench-hit: %s has no allocations to draw sizes from\n", arg.trace);
+    free(pool);
+    expseg_trace_set_free(&set);
+    return 2;
+  }
+  uint64_t rng = arg.seed;
+  size_t seq[SEQ];
+  for (size_t i = 0; i < SEQ; i++) seq[i] = (size_t)pool[splitmix(&rng) % n_sizes];
+  double *per = malloc(arg.batches * sizeof *per);
+  int rc = 0;
+  if (!arg.json)
+    printf("# sizes from %s (%zu allocations), seed %" PRIu64 ", %" PRIu64 " batches x %" PRIu64
+           " pairs\n%10s %10s %10s %10s %8s\n",
+           arg.trace, n_sizes, arg.seed, arg.batches, arg.batch, "live", "median ns",
+           "p99 ns", "mean ns", "hits");
+  for (size_t li = 0; li < arg.n_live && rc == 0; li++) {
+    const uint64_t live = arg.live[li];
+    /* the held set: 2L blocks, every other one freed */
+    size_t *lsz = malloc((2 * live + 1) * sizeof *lsz);
+    void **lp = calloc(2 * live + 1, sizeof *lp);
+    if (!lsz || !lp || !per) {
+      fprintf(stderr, "expseg-bench-hit: out of host memory\n");
+      free(lsz);
+      free(lp);
+      rc = 1;
+      break;
+    }
+    uint64_t sum = 0;
+    for (uint64_t i = 0; i < 2 * live; i++) {
+      uint64_t s = pool[splitmix(&rng) % n_sizes];
+      if (arg.max_live_size && s > arg.max_live_size) s = arg.max_live_size;
+      lsz[i] = (size_t)s;
+      sum += s + 512;
+    }
+    char drv[128];
+    if (arg.driver) snprintf(drv, sizeof drv, "%s", arg.driver);
+    else {
+      uint64_t gib = (sum * 2 >> 30) + 64;
+      snprintf(drv, sizeof drv, "sim:capacity=%" PRIu64 "G", gib);
+    }
+    expseg_allocator *a = NULL;
+    if (expseg_create(drv, 0, arg.conf, &a) != EXPSEG_OK) {
+      fprintf(stderr, "expseg-bench-hit: expseg_create(%s): %s\n", drv, expseg_last_error());
+      free(lsz);
+      free(lp);
+      rc = 2;
+      break;
+    }
+    for (uint64_t i = 0; i < 2 * live && rc == 0; i++)
+      if (expseg_malloc(a, lsz[i], 0, &lp[i]) != EXPSEG_OK) {
+        fprintf(stderr, "expseg-bench-hit: building the live set (%" PRIu64 " of %" PRIu64
+                        "): %s\n", i, 2 * live, expseg_last_error());
+        rc = 1;
+      }
+    for (uint64_t i = 1; i < 2 * live && rc == 0; i += 2) {
+      (void)expseg_free(a, lp[i]);
+      lp[i] = NULL;
+    }
+    /* warm-up: every size once, twice */
+    for (int round = 0; round < 2 && rc == 0; round++)
+      for (size_t i = 0; i < SEQ && rc == 0; i++) {
+        void *p;
+        if (expseg_malloc(a, seq[i], 0, &p) != EXPSEG_OK) {
+          fprintf(stderr, "expseg-bench-hit: warm-up malloc(%zu): %s\n", seq[i],
+                  expseg_last_error());
+          rc = 1;
+        } else
+          (void)expseg_free(a, p);
+      }
+    const int64_t dev0 = stat0(a, "num_device_alloc");
+    size_t k = 0;
+    for (uint64_t b = 0; b < arg.batches && rc == 0; b++) {
+      const uint64_t t0 = now_ns();
+      for (uint64_t j = 0; j < arg.batch; j++) {
+        void *p;
+        if (expseg_malloc(a, seq[k++ & (SEQ - 1)], 0, &p) != EXPSEG_OK) rc = 1;
+        (void)expseg_free(a, p);
+      }
+      per[b] = (double)(now_ns() - t0) / (double)arg.batch;
+    }
+    if (rc) fprintf(stderr, "expseg-bench-hit: a timed malloc failed: %s\n", expseg_last_error());
+    const int64_t dev1 = stat0(a, "num_device_alloc");
+    double mean = 0;
+    for (uint64_t b = 0; b < arg.batches; b++) mean += per[b];
+    mean /= (double)arg.batches;
+    qsort(per, arg.batches, sizeof *per, cmp_double);
+    const double med = per[arg.batches / 2];
+    const double p99 = per[(arg.batches * 99) / 100 < arg.batches ? (arg.batches * 99) / 100
+                                                                   : arg.batches - 1];
+    const int hits = dev0 == dev1;
+    if (arg.json)
+      printf("{\"bench\":\"hit\",\"driver\":\"%s\",\"live\":%" PRIu64
+             ",\"median_ns\":%.1f,\"p99_ns\":%.1f,\"mean_ns\":%.1f,\"all_hits\":%s,"
+             "\"batches\":%" PRIu64 ",\"batch\":%" PRIu64 "}\n",
+             drv, live, med, p99, mean, hits ? "true" : "false", arg.batches, arg.batch);
+    else
+      printf("%10" PRIu64 " %10.1f %10.1f %10.1f %8s\n", live, med, p99, mean,
+             hits ? "all" : "NO");
+    fflush(stdout);
+    expseg_destroy(a);
+    free(lsz);
+    free(lp);
+  }
+  free(per);
+  free(pool);
+  expseg_trace_set_free(&set);
+  return rc;
+}
