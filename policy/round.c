@@ -1,0 +1,81 @@
+/* round.c: the size policy as pure functions of (config, sizes): request rounding with
+ * roundup_power2_divisions, classic segment sizes, the split rule, the oversize rules of
+ * max_split_size / max_non_split_rounding (classic segments only), the expandable page size
+ * and the memory-fraction cap. Each matches PyTorch's CUDACachingAllocator (see
+ * docs/config.md and the reference, section 2); overflow gives 0 rather than wrapping. */
+#include "policy.h"
+
+static unsigned log2_floor(size_t v) {
+  unsigned r = 0;
+  while (v >>= 1) r++;
+  return r;
+}
+
+/* Rounds v up to a multiple of step (step > 0); 0 on overflow. */
+static size_t round_up(size_t v, size_t step) {
+  size_t rem = v % step;
+  if (!rem) return v;
+  if (v > SIZE_MAX - (step - rem)) return 0;
+  return v + (step - rem);
+}
+
+/* Divisions for a size: interval k covers [2^(20+k), 2^(21+k)); sizes below 1 MiB use
+ * interval 0 and sizes of 32 GiB and more interval 15. */
+static uint32_t divisions_for(const expseg_config_t *c, size_t size) {
+  int idx = (int)log2_floor(size) - 20;
+  if (idx < 0) idx = 0;
+  if (idx > EXPSEG_ROUNDUP_INTERVALS - 1) idx = EXPSEG_ROUNDUP_INTERVALS - 1;
+  return c->roundup_power2_divisions[idx];
+}
+
+size_t _expseg_round_size(const expseg_config_t *c, size_t size) {
+  if (size > EXPSEG_MAX_REQUEST) return 0;
+  if (size < EXPSEG_MIN_BLOCK) return EXPSEG_MIN_BLOCK;
+  uint32_t div = divisions_for(c, size);
+  /* PyTorch applies the divisions only when size > 512 x divisions: below that a step
+   * would be smaller than the 512-byte minimum. */
+  if (div > 1 && size > EXPSEG_MIN_BLOCK * (size_t)div) {
+    if ((size & (size - 1)) == 0) return size;
+    size_t floor2 = (size_t)1 << log2_floor(size);
+    size_t step = floor2 >> log2_floor(div);
+    if (step == 0) return floor2 > SIZE_MAX / 2 ? 0 : 2 * floor2;
+    return round_up(size, step);
+  }
+  return round_up(size, EXPSEG_MIN_BLOCK);
+}
+
+size_t _expseg_classic_segment_size(const expseg_config_t *c, size_t rounded) {
+  if (rounded <= EXPSEG_SMALL_SIZE) return EXPSEG_SMALL_BUFFER;
+  if (rounded < EXPSEG_MIN_LARGE_ALLOC) return c->large_segment_size;
+  return round_up(rounded, EXPSEG_ROUND_LARGE);
+}
+
+bool _expseg_should_split(const expseg_config_t *c, bool small, bool expandable,
+                          size_t block_size, size_t rounded) {
+  if (block_size < rounded) return false;
+  size_t remaining = block_size - rounded;
+  if (small || expandable) return remaining >= EXPSEG_MIN_BLOCK;
+  return rounded < c->max_split_size && remaining > EXPSEG_SMALL_SIZE;
+}
+
+bool _expseg_oversize_ok(const expseg_config_t *c, size_t rounded, size_t candidate) {
+  if (rounded < c->max_split_size && candidate >= c->max_split_size) return false;
+  if (rounded >= c->max_split_size && c->max_non_split_rounding <= SIZE_MAX - rounded &&
+      candidate >= rounded + c->max_non_split_rounding)
+    return false;
+  return true;
+}
+
+size_t _expseg_page_size(const expseg_config_t *c, size_t granularity) {
+  if (granularity == 0) return c->page_size;
+  if (c->page_size == 0) return granularity;
+  return round_up(c->page_size, granularity);
+}
+
+size_t _expseg_allowed_bytes(double fraction, size_t total) {
+  if (fraction >= 1.0) return SIZE_MAX;
+  if (!(fraction > 0.0)) return 0; /* 0, negative or NaN */
+  double v = fraction * (double)total;
+  if (v >= 18446744073709551615.0) return SIZE_MAX;
+  return (size_t)v;
+}
