@@ -1,0 +1,384 @@
+/* trace.c: what every trace reader shares, and the entry points that are not one format's.
+ *
+ * Readers build an expseg_trace_t with _expseg_trace_push and pass every event through the
+ * checker (_expseg_trace_check), which owns the rules of a well-formed trace and computes
+ * peak_live_requested; the rules are in docs/formats.md. expseg_trace_read_file reads the
+ * whole file and picks the reader by the first bytes; expseg_trace_write_memtrace writes
+ * memtrace v1 in the layout of the reference files in ../shared/traces/memtrace. */
+#include "trace_internal.h"
+
+#include "error.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ---------------------------------------------------------------- u64 map */
+
+static size_t map_slot(uint64_t key, size_t mask) {
+  key ^= key >> 33;
+  key *= UINT64_C(0xff51afd7ed558ccd);
+  key ^= key >> 33;
+  return (size_t)key & mask;
+}
+
+void _expseg_u64map_free(_expseg_u64map_t *m) {
+  free(m->keys);
+  free(m->vals);
+  free(m->used);
+  memset(m, 0, sizeof *m);
+}
+
+uint64_t *_expseg_u64map_get(const _expseg_u64map_t *m, uint64_t key) {
+  if (m->cap == 0) return NULL;
+  size_t mask = m->cap - 1;
+  for (size_t i = map_slot(key, mask);; i = (i + 1) & mask) {
+    if (!m->used[i]) return NULL;
+    if (m->keys[i] == key) return &m->vals[i];
+  }
+}
+
+static bool map_grow(_expseg_u64map_t *m) {
+  size_t cap = m->cap ? m->cap * 2 : 64;
+  _expseg_u64map_t g = {calloc(cap, sizeof(uint64_t)), calloc(cap, sizeof(uint64_t)),
+                        calloc(cap, 1), cap, 0};
+  if (!g.keys || !g.vals || !g.used) {
+    _expseg_u64map_free(&g);
+    return false;
+  }
+  for (size_t i = 0; i < m->cap; i++) {
+    if (!m->used[i]) continue;
+    size_t j = map_slot(m->keys[i], cap - 1);
+    while (g.used[j]) j = (j + 1) & (cap - 1);
+    g.used[j] = 1;
+    g.keys[j] = m->keys[i];
+    g.vals[j] = m->vals[i];
+    g.n++;
+  }
+  _expseg_u64map_free(m);
+  *m = g;
+  return true;
+}
+
+bool _expseg_u64map_put(_expseg_u64map_t *m, uint64_t key, uint64_t val) {
+  uint64_t *v = _expseg_u64map_get(m, key);
+  if (v) {
+    *v = val;
+    return true;
+  }
+  if ((m->n + 1) * 4 > m->cap * 3 && !map_grow(m)) return false;
+  size_t mask = m->cap - 1, i = map_slot(key, mask);
+  while (m->used[i]) i = (i + 1) & mask;
+  m->used[i] = 1;
+  m->keys[i] = key;
+  m->vals[i] = val;
+  m->n++;
+  return true;
+}
+
+bool _expseg_u64map_del(_expseg_u64map_t *m, uint64_t key) {
+  if (m->cap == 0) return false;
+  size_t mask = m->cap - 1, i = map_slot(key, mask);
+  while (m->used[i] && m->keys[i] != key) i = (i + 1) & mask;
+  if (!m->used[i]) return false;
+  /* backward-shift: move later entries of the probe chain into the hole */
+  size_t hole = i;
+  for (size_t j = (i + 1) & mask; m->used[j]; j = (j + 1) & mask) {
+    size_t home = map_slot(m->keys[j], mask);
+    /* j may move to hole when home is not cyclically within (hole, j] */
+    bool stays = hole < j ? (home > hole && home <= j) : (home > hole || home <= j);
+    if (stays) continue;
+    m->keys[hole] = m->keys[j];
+    m->vals[hole] = m->vals[j];
+    hole = j;
+  }
+  m->used[hole] = 0;
+  m->n--;
+  return true;
+}
+
+/* ---------------------------------------------------------------- checker */
+
+enum { ID_LIVE = 1, ID_REQUESTED = 2, ID_FREED = 3 };
+
+void _expseg_trace_check_free(_expseg_trace_check_t *c) {
+  free(c->size);
+  free(c->state);
+  memset(c, 0, sizeof *c);
+}
+
+static const char *check_new_id(_expseg_trace_check_t *c, const expseg_trace_event_t *e,
+                                char *why, size_t why_len) {
+  if (e->id != c->n_ids) {
+    snprintf(why, why_len, "id %" PRIu64 " is not the next new id (%" PRIu64 "): ids are dense "
+             "from 0 in order of allocation", e->id, c->n_ids);
+    return why;
+  }
+  if (c->n_ids == c->cap) {
+    uint64_t cap = c->cap ? c->cap * 2 : 1024;
+    uint64_t *s = realloc(c->size, cap * sizeof *s);
+    if (s) c->size = s;
+    uint8_t *st = s ? realloc(c->state, cap) : NULL;
+    if (!st) return "out of host memory";
+    c->state = st;
+    c->cap = cap;
+  }
+  c->size[c->n_ids] = e->size;
+  c->state[c->n_ids] = ID_LIVE;
+  c->n_ids++;
+  c->live += e->size;
+  if (c->live > c->peak) c->peak = c->live;
+  return NULL;
+}
+
+static const char *check_free(_expseg_trace_check_t *c, const expseg_trace_event_t *e,
+                              char *why, size_t why_len) {
+  const char *what = e->kind == 'f' ? "free" : "free request";
+  if (e->id >= c->n_ids) {
+    snprintf(why, why_len, "%s of id %" PRIu64 ", which was never allocated (ids so far: 0..%"
+             PRId64 ")", what, e->id, (int64_t)c->n_ids - 1);
+    return why;
+  }
+  uint8_t st = c->state[e->id];
+  if (st == ID_FREED || (st == ID_REQUESTED && e->kind == 'r')) {
+    snprintf(why, why_len, "%s of id %" PRIu64 ", which is already %s", what, e->id,
+             st == ID_FREED ? "free" : "awaiting its free");
+    return why;
+  }
+  if (e->size != c->size[e->id]) {
+    snprintf(why, why_len, "%s of id %" PRIu64 " with size %" PRIu64 ", but it was allocated "
+             "with size %" PRIu64, what, e->id, e->size, c->size[e->id]);
+    return why;
+  }
+  if (e->kind == 'r') {
+    c->state[e->id] = ID_REQUESTED;
+  } else {
+    c->state[e->id] = ID_FREED;
+    c->live -= e->size;
+  }
+  return NULL;
+}
+
+const char *_expseg_trace_check(_expseg_trace_check_t *c, const expseg_trace_event_t *e,
+                                char *why, size_t why_len) {
+  static const char baseline_kinds[] = "MXmuO";
+  const char *b = e->kind ? strchr(baseline_kinds, e->kind) : NULL;
+  /* streams: 0 may appear at any time; any other index is a known one or the next new one */
+  uint32_t lim = c->n_streams ? c->n_streams : 1;
+  if (e->stream > lim || e->stream >= EXPSEG_TRACE_MAX_STREAMS) {
+    snprintf(why, why_len, "stream %" PRIu32 " skips stream %" PRIu32 ": streams are numbered "
+             "densely in order of first use", e->stream, lim);
+    return why;
+  }
+  if (e->size > EXPSEG_TRACE_MAX_SIZE) {
+    snprintf(why, why_len, "size %" PRIu64 " is above the 2^50 bytes accepted", e->size);
+    return why;
+  }
+  const char *r = NULL;
+  switch (e->kind) {
+  case 'p':
+    if (c->seen_event) return "'p' (live at start) after the first event: 'p' lines come first";
+    r = check_new_id(c, e, why, why_len);
+    if (!r) c->n_prelive++;
+    break;
+  case 'a':
+    c->seen_event = true;
+    r = check_new_id(c, e, why, why_len);
+    break;
+  case 'f':
+  case 'r':
+    c->seen_event = true;
+    r = check_free(c, e, why, why_len);
+    break;
+  case 'E':
+    c->seen_event = true;
+    break;
+  default:
+    if (!b) {
+      snprintf(why, why_len, "unknown event kind 0x%02x", e->kind);
+      return why;
+    }
+    c->seen_event = true;
+    c->counts[b - baseline_kinds]++;
+    break;
+  }
+  if (r) return r;
+  if (e->stream >= c->n_streams) c->n_streams = e->stream + 1;
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- building */
+
+expseg_status _expseg_trace_push(expseg_trace_t *t, uint8_t kind, uint32_t stream, uint64_t id,
+                                 uint64_t size, uint64_t extra) {
+  if (t->n_events == t->cap_events) {
+    size_t cap = t->cap_events ? t->cap_events * 2 : 4096;
+    expseg_trace_event_t *ev = realloc(t->events, cap * sizeof *ev);
+    if (!ev)
+      return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu trace "
+                               "events", t->name, cap);
+    t->events = ev;
+    t->cap_events = cap;
+  }
+  expseg_trace_event_t *e = &t->events[t->n_events++];
+  memset(e, 0, sizeof *e);
+  e->kind = kind;
+  e->stream = stream;
+  e->id = id;
+  e->size = size;
+  e->extra = extra;
+  return EXPSEG_OK;
+}
+
+void _expseg_trace_set_name(expseg_trace_t *t, const char *name, const char *suffix) {
+  const char *base = name ? strrchr(name, '/') : NULL;
+  base = base ? base + 1 : (name ? name : "trace");
+  size_t len = strlen(base);
+  const char *dot = strrchr(base, '.');
+  if (dot && dot != base) len = (size_t)(dot - base);
+  snprintf(t->name, sizeof t->name, "%.*s%s", (int)(len < 200 ? len : 200), base,
+           suffix ? suffix : "");
+}
+
+uint32_t _expseg_streams_index(_expseg_streams_t *s, uint64_t handle) {
+  uint64_t *v = _expseg_u64map_get(&s->map, handle);
+  if (v) return (uint32_t)*v;
+  if (s->n >= EXPSEG_TRACE_MAX_STREAMS || !_expseg_u64map_put(&s->map, handle, s->n))
+    return UINT32_MAX;
+  return s->n++;
+}
+
+void _expseg_streams_finish(_expseg_streams_t *s, expseg_trace_t *t) {
+  uint64_t *z = _expseg_u64map_get(&s->map, 0);
+  if (z && *z != 0) {
+    uint32_t zi = (uint32_t)*z;
+    for (size_t i = 0; i < t->n_events; i++) {
+      uint32_t p = t->events[i].stream;
+      t->events[i].stream = p == zi ? 0 : (p < zi ? p + 1 : p);
+    }
+  }
+  t->n_streams = s->n;
+}
+
+void _expseg_streams_free(_expseg_streams_t *s) {
+  _expseg_u64map_free(&s->map);
+  s->n = 0;
+}
+
+/* ---------------------------------------------------------------- public */
+
+void expseg_trace_free(expseg_trace_t *t) {
+  if (!t) return;
+  free(t->events);
+  t->events = NULL;
+  t->n_events = t->cap_events = 0;
+}
+
+void expseg_trace_set_free(expseg_trace_set_t *s) {
+  if (!s) return;
+  for (size_t i = 0; i < s->n; i++) expseg_trace_free(&s->traces[i]);
+  free(s->traces);
+  s->traces = NULL;
+  s->n = 0;
+}
+
+expseg_status expseg_trace_read_file(const char *path, expseg_trace_set_t *out) {
+  if (!out) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "trace read: out is NULL");
+  out->traces = NULL;
+  out->n = 0;
+  if (!path) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "trace read: path is NULL");
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: cannot open the trace: %s", path,
+                             strerror(errno));
+  struct stat st;
+  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    fclose(f);
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: not a regular file", path);
+  }
+  size_t len = (size_t)st.st_size;
+  unsigned char *buf = malloc(len ? len : 1);
+  if (!buf) {
+    fclose(f);
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory reading %zu "
+                             "bytes", path, len);
+  }
+  size_t got = len ? fread(buf, 1, len, f) : 0;
+  int rerr = ferror(f);
+  fclose(f);
+  if (got != len || rerr) {
+    free(buf);
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: read %zu of %zu bytes (the file "
+                             "is unreadable or changed while read)", path, got, len);
+  }
+  static const char memtrace_magic[] = "# memtrace v1";
+  static const char csv_magic[] = "Thread,Time,Action,Pointer,Size,Stream";
+  expseg_status s;
+  if (len > 0 && buf[0] == 0x80) {
+    s = expseg_trace_read_pickle(path, buf, len, out);
+  } else if (len >= sizeof memtrace_magic - 1 &&
+             memcmp(buf, memtrace_magic, sizeof memtrace_magic - 1) == 0) {
+    s = expseg_trace_read_memtrace(path, (const char *)buf, len, out);
+  } else if (len >= sizeof csv_magic - 1 && memcmp(buf, csv_magic, sizeof csv_magic - 1) == 0) {
+    s = expseg_trace_read_rmm_csv(path, (const char *)buf, len, out);
+  } else {
+    s = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: unknown trace format (%zu bytes): "
+                          "accepted are a PyTorch snapshot pickle (first byte 0x80), memtrace "
+                          "v1 (first line '%s') and an RMM log (header '%s')", path, len,
+                          memtrace_magic, csv_magic);
+  }
+  free(buf);
+  return s;
+}
+
+expseg_status expseg_trace_write_memtrace(const expseg_trace_t *t, const char *path) {
+  if (!t || !path)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "trace write: %s is NULL",
+                             t ? "path" : "trace");
+  FILE *f = fopen(path, "w");
+  if (!f)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: cannot create: %s", path,
+                             strerror(errno));
+  uint64_t prelive = 0;
+  for (size_t i = 0; i < t->n_events && t->events[i].kind == 'p'; i++) prelive++;
+  fprintf(f, "# memtrace v1\n# source: %s device=%d\n", t->name, t->device);
+  const expseg_trace_baseline_t *b = &t->baseline;
+  if (b->present)
+    fprintf(f, "# pytorch: start_reserved=%" PRIu64 " peak_reserved=%" PRIu64 " end_reserved=%"
+            PRIu64 " segment_alloc=%" PRIu64 " segment_free=%" PRIu64 " map=%" PRIu64 " unmap=%"
+            PRIu64 " oom=%" PRIu64 "\n", b->start_reserved, b->peak_reserved, b->end_reserved,
+            b->segment_alloc, b->segment_free, b->map, b->unmap, b->oom);
+  fprintf(f, "# stats: prelive=%" PRIu64 " peak_live_requested=%" PRIu64 "\n", prelive,
+          t->peak_live_requested);
+  for (size_t i = 0; i < t->n_events; i++) {
+    const expseg_trace_event_t *e = &t->events[i];
+    switch (e->kind) {
+    case 'p': case 'a': case 'f': case 'r':
+      fprintf(f, "%c %" PRIu32 " %" PRIu64 " %" PRIu64 "\n", e->kind, e->stream, e->id, e->size);
+      break;
+    case 'E':
+      fputs("E\n", f);
+      break;
+    case 'M': case 'X': case 'm': case 'u':
+      fprintf(f, "%c %" PRIu32 " 0x%" PRIx64 " %" PRIu64 "\n", e->kind, e->stream, e->id,
+              e->size);
+      break;
+    case 'O':
+      fprintf(f, "O %" PRIu32 " - %" PRIu64 " device_free=%" PRIu64 "\n", e->stream, e->size,
+              e->extra);
+      break;
+    default:
+      fclose(f);
+      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: event %zu has unknown kind "
+                               "0x%02x", path, i, e->kind);
+    }
+  }
+  int werr = ferror(f);
+  if (fclose(f) != 0 || werr)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: write failed: %s", path,
+                             strerror(errno));
+  return EXPSEG_OK;
+}

@@ -1,0 +1,121 @@
+/* trace_internal.h: what the trace readers share (bench/trace*.c, bench/pickle.c).
+ *
+ * - a small open-addressing map from 64-bit keys to 64-bit values (addresses -> ids,
+ *   stream handles -> dense indices);
+ * - the event checker: every reader feeds its events through one checker, which enforces
+ *   the rules of a well-formed trace (dense new ids, frees of live ids only, matching sizes,
+ *   dense streams, no absurd sizes) and computes peak_live_requested, so every reader
+ *   produces traces that the others (and the replay tool) accept;
+ * - the snapshot unpickler's value tree (pickle.c), read by trace_pickle.c.
+ * Nothing here is part of the public API. */
+#ifndef EXPSEG_TRACE_INTERNAL_H
+#define EXPSEG_TRACE_INTERNAL_H
+
+#include "trace.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Sizes above this are rejected by every reader (1 PiB: no device has that much). */
+#define EXPSEG_TRACE_MAX_SIZE (UINT64_C(1) << 50)
+/* Distinct streams per trace. */
+#define EXPSEG_TRACE_MAX_STREAMS (UINT32_C(1) << 20)
+
+/* ---- trace.c: u64 -> u64 map (linear probing, backward-shift deletion) ---- */
+typedef struct _expseg_u64map_s {
+  uint64_t *keys;
+  uint64_t *vals;
+  uint8_t *used;
+  size_t cap;   /* power of two, or 0 */
+  size_t n;
+} _expseg_u64map_t;
+
+void _expseg_u64map_free(_expseg_u64map_t *m);
+/* Returns a pointer to the value of key, or NULL. */
+uint64_t *_expseg_u64map_get(const _expseg_u64map_t *m, uint64_t key);
+/* Inserts or overwrites; false when out of host memory. */
+bool _expseg_u64map_put(_expseg_u64map_t *m, uint64_t key, uint64_t val);
+/* Removes key; false when it was absent. */
+bool _expseg_u64map_del(_expseg_u64map_t *m, uint64_t key);
+
+/* ---- trace.c: the event checker ---- */
+typedef struct _expseg_trace_check_s {
+  uint64_t *size;      /* per id: requested bytes */
+  uint8_t *state;      /* per id: 1 live, 2 free requested, 3 freed */
+  uint64_t cap;        /* entries of size/state */
+  uint64_t n_ids;
+  uint32_t n_streams;
+  bool seen_event;     /* an event other than 'p' was seen */
+  uint64_t n_prelive;
+  uint64_t live, peak; /* live requested bytes now, and their maximum */
+  uint64_t counts[5];  /* M X m u O lines */
+} _expseg_trace_check_t;
+
+/* Checks one event and updates the state. Returns NULL when it is acceptable, else the
+ * reason (written into why, which has why_len bytes). Out of host memory is a reason too. */
+const char *_expseg_trace_check(_expseg_trace_check_t *c, const expseg_trace_event_t *e,
+                                char *why, size_t why_len);
+void _expseg_trace_check_free(_expseg_trace_check_t *c);
+
+/* ---- trace.c: building traces ---- */
+/* Appends an event; EXPSEG_ERR_OUT_OF_MEMORY (message set) when the host is out of memory. */
+expseg_status _expseg_trace_push(expseg_trace_t *t, uint8_t kind, uint32_t stream, uint64_t id,
+                                 uint64_t size, uint64_t extra);
+/* Sets t->name to the last path component of name without its extension, then suffix. */
+void _expseg_trace_set_name(expseg_trace_t *t, const char *name, const char *suffix);
+/* Maps stream handles to dense indices: handle 0 (the default stream) is index 0 when it
+ * occurs at all, the others are numbered in order of first use. Streams are first given
+ * provisional indices in order of first use; _expseg_streams_finish renumbers the events. */
+typedef struct _expseg_streams_s {
+  _expseg_u64map_t map;  /* handle -> provisional index */
+  uint32_t n;
+} _expseg_streams_t;
+/* Provisional index of handle (new ones get the next); UINT32_MAX when out of memory or
+ * there are too many streams. */
+uint32_t _expseg_streams_index(_expseg_streams_t *s, uint64_t handle);
+void _expseg_streams_finish(_expseg_streams_t *s, expseg_trace_t *t);
+void _expseg_streams_free(_expseg_streams_t *s);
+
+/* ---- pickle.c: a safe unpickler for snapshot files ---- */
+typedef enum _expseg_pv_kind {
+  EXPSEG_PV_NONE, EXPSEG_PV_BOOL, EXPSEG_PV_INT, EXPSEG_PV_FLOAT, EXPSEG_PV_STR,
+  EXPSEG_PV_BYTES, EXPSEG_PV_LIST, EXPSEG_PV_TUPLE, EXPSEG_PV_DICT
+} _expseg_pv_kind;
+
+typedef struct _expseg_pv_s {
+  uint8_t kind;       /* _expseg_pv_kind */
+  uint8_t big;        /* INT: the value does not fit in int64 (iv is meaningless) */
+  uint32_t off;       /* byte offset of the opcode that made it (for messages) */
+  union {
+    int64_t iv;       /* BOOL, INT */
+    double fv;        /* FLOAT */
+    struct { const char *p; uint64_t len; } s;          /* STR, BYTES: points into the input */
+    struct { uint32_t *items; uint32_t n, cap; } c;     /* LIST, TUPLE, DICT (key, value, ...) */
+  } u;
+} _expseg_pv_t;
+
+typedef struct _expseg_pickle_s {
+  _expseg_pv_t *v;    /* every value made; index 0 is unused */
+  uint32_t n, cap;
+  uint32_t root;      /* the value STOP returned */
+} _expseg_pickle_t;
+
+/* Limits: the input below 2 GiB, MARKs nested at most 64 deep, memo indices below the
+ * input length. Errors (EXPSEG_ERR_INVALID_ARGUMENT) name the byte offset and the reason.
+ * The tree points into buf, which must outlive it. */
+#define EXPSEG_PICKLE_MAX_MARKS 64
+expseg_status _expseg_pickle_load(const char *name, const unsigned char *buf, size_t len,
+                                  _expseg_pickle_t *out);
+void _expseg_pickle_free(_expseg_pickle_t *p);
+/* The value of a string key in a dict, or 0 when absent (the last one wins). */
+uint32_t _expseg_pickle_dict_get(const _expseg_pickle_t *p, uint32_t dict, const char *key);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,421 @@
+/* trace_pickle.c: device histories out of a PyTorch memory snapshot pickle.
+ *
+ * The snapshot holds the end state (`segments` with their blocks) and, per device, the
+ * recorded events (`device_traces`). Recording usually starts mid-run, so the live set at
+ * the start is rebuilt by walking the history backwards from the end state: blocks that are
+ * active at the end are live, an `alloc` removes its address, a `free_completed` adds it
+ * back. The start set becomes 'p' events in address order, then every event is converted
+ * in order: alloc -> 'a', free_requested -> 'r' unless the next event completes it,
+ * free_completed -> 'f', segment_alloc/free/map/unmap -> M/X/m/u, oom -> O; snapshot (and
+ * annotate) are skipped. The recorded allocator's reserved bytes come from the segments'
+ * total size at the end, walked backwards through the segment events to the start and then
+ * forwards for the peak. This reproduces ../shared/traces/memtrace exactly; the rules are in
+ * docs/formats.md. */
+#include "trace_internal.h"
+
+#include "error.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct ex_s {
+  const char *name;
+  const _expseg_pickle_t *pk;
+  int device;
+  char where[96];      /* "segments[3].blocks[2]" etc. */
+  char why[320];
+} ex_t;
+
+static expseg_status failv(ex_t *x, uint32_t at, const char *fmt, ...) EXPSEG_PRINTF(3, 4);
+static expseg_status failv(ex_t *x, uint32_t at, const char *fmt, ...) {
+  char why[240];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: byte %" PRIu32 ": %s%s%s", x->name,
+                           at < x->pk->n ? x->pk->v[at].off : 0, x->where,
+                           x->where[0] ? ": " : "", why);
+}
+
+static const _expseg_pv_t *val(const ex_t *x, uint32_t v) { return &x->pk->v[v]; }
+
+static bool is_str(const ex_t *x, uint32_t v, const char *s) {
+  const _expseg_pv_t *p = val(x, v);
+  size_t n = strlen(s);
+  return p->kind == EXPSEG_PV_STR && p->u.s.len == n && memcmp(p->u.s.p, s, n) == 0;
+}
+
+/* dict[key] as an integer; min_zero rejects negative values. */
+static expseg_status get_int(ex_t *x, uint32_t dict, const char *key, bool min_zero,
+                             int64_t *out) {
+  uint32_t v = _expseg_pickle_dict_get(x->pk, dict, key);
+  if (!v) return failv(x, dict, "'%s' is missing", key);
+  const _expseg_pv_t *p = val(x, v);
+  if (p->kind != EXPSEG_PV_INT || p->big)
+    return failv(x, v, "'%s' is not a 64-bit integer", key);
+  if (min_zero && p->u.iv < 0)
+    return failv(x, v, "'%s' is %" PRId64 ", expected a non-negative integer", key, p->u.iv);
+  *out = p->u.iv;
+  return EXPSEG_OK;
+}
+
+static expseg_status get_list(ex_t *x, uint32_t dict, const char *key, uint32_t *out) {
+  uint32_t v = _expseg_pickle_dict_get(x->pk, dict, key);
+  if (!v) return failv(x, dict, "'%s' is missing", key);
+  uint8_t k = val(x, v)->kind;
+  if (k != EXPSEG_PV_LIST && k != EXPSEG_PV_TUPLE) return failv(x, v, "'%s' is not a list", key);
+  *out = v;
+  return EXPSEG_OK;
+}
+
+static expseg_status want_dict(ex_t *x, uint32_t v) {
+  return val(x, v)->kind == EXPSEG_PV_DICT ? EXPSEG_OK
+                                           : failv(x, v, "expected a dict");
+}
+
+/* The state of one device while converting. */
+typedef struct dev_s {
+  _expseg_u64map_t live_size;    /* backwards walk: address -> requested size */
+  _expseg_u64map_t live_stream;  /* address -> stream handle */
+  _expseg_u64map_t ids;          /* forwards: live address -> id */
+  _expseg_streams_t streams;
+  _expseg_trace_check_t chk;
+} devst_t;
+
+static void dev_free(devst_t *d) {
+  _expseg_u64map_free(&d->live_size);
+  _expseg_u64map_free(&d->live_stream);
+  _expseg_u64map_free(&d->ids);
+  _expseg_streams_free(&d->streams);
+  _expseg_trace_check_free(&d->chk);
+}
+
+static expseg_status oom(ex_t *x) {
+  return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory", x->name);
+}
+
+/* Blocks active at the end -> dev->live_*; the segments' total size -> *end_reserved. */
+static expseg_status end_state(ex_t *x, uint32_t segments, devst_t *d, uint64_t *end_reserved) {
+  const _expseg_pv_t *sl = val(x, segments);
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < sl->u.c.n; i++) {
+    uint32_t seg = sl->u.c.items[i], blocks;
+    int64_t dev, addr, size, stream;
+    expseg_status s;
+    snprintf(x->where, sizeof x->where, "segments[%" PRIu32 "]", i);
+    if ((s = want_dict(x, seg)) != EXPSEG_OK || (s = get_int(x, seg, "device", true, &dev)) ||
+        (s = get_int(x, seg, "address", true, &addr)) ||
+        (s = get_int(x, seg, "total_size", true, &size)) ||
+        (s = get_int(x, seg, "stream", false, &stream)) ||
+        (s = get_list(x, seg, "blocks", &blocks)))
+      return s;
+    if (dev != x->device) continue;
+    if ((uint64_t)size > EXPSEG_TRACE_MAX_SIZE)
+      return failv(x, seg, "total_size %" PRId64 " is above the 2^50 bytes accepted", size);
+    total += (uint64_t)size;
+    uint64_t off = (uint64_t)addr;
+    const _expseg_pv_t *bl = val(x, blocks);
+    for (uint32_t j = 0; j < bl->u.c.n; j++) {
+      uint32_t b = bl->u.c.items[j], sv;
+      int64_t bsize, req, baddr;
+      snprintf(x->where, sizeof x->where, "segments[%" PRIu32 "].blocks[%" PRIu32 "]", i, j);
+      if ((s = want_dict(x, b)) != EXPSEG_OK || (s = get_int(x, b, "size", true, &bsize)))
+        return s;
+      if ((uint64_t)bsize > EXPSEG_TRACE_MAX_SIZE)
+        return failv(x, b, "size %" PRId64 " is above the 2^50 bytes accepted", bsize);
+      if (_expseg_pickle_dict_get(x->pk, b, "address")) {
+        if ((s = get_int(x, b, "address", true, &baddr)) != EXPSEG_OK) return s;
+      } else {
+        baddr = (int64_t)off;  /* the oldest format: implied by the running offset */
+      }
+      off += (uint64_t)bsize;
+      if (!(sv = _expseg_pickle_dict_get(x->pk, b, "state")) || val(x, sv)->kind != EXPSEG_PV_STR)
+        return failv(x, b, "'state' is missing or not a string");
+      if (is_str(x, sv, "inactive")) continue;
+      if (!is_str(x, sv, "active_allocated") && !is_str(x, sv, "active_pending_free"))
+        return failv(x, sv, "unknown block state '%.*s': accepted are active_allocated, "
+                     "active_pending_free and inactive",
+                     (int)(val(x, sv)->u.s.len < 40 ? val(x, sv)->u.s.len : 40),
+                     val(x, sv)->u.s.p);
+      if (_expseg_pickle_dict_get(x->pk, b, "requested_size")) {
+        if ((s = get_int(x, b, "requested_size", true, &req)) != EXPSEG_OK) return s;
+      } else {
+        req = bsize;
+      }
+      if (_expseg_u64map_get(&d->live_size, (uint64_t)baddr))
+        return failv(x, b, "two active blocks at address 0x%" PRIx64, (uint64_t)baddr);
+      if (!_expseg_u64map_put(&d->live_size, (uint64_t)baddr, (uint64_t)req) ||
+          !_expseg_u64map_put(&d->live_stream, (uint64_t)baddr, (uint64_t)stream))
+        return oom(x);
+    }
+  }
+  x->where[0] = 0;
+  *end_reserved = total;
+  return EXPSEG_OK;
+}
+
+enum { A_ALLOC, A_FREE_REQ, A_FREE_DONE, A_SEG_ALLOC, A_SEG_FREE, A_MAP, A_UNMAP, A_OOM,
+       A_SKIP };
+
+static expseg_status action_of(ex_t *x, uint32_t ev, int *out) {
+  static const char *const names[] = {"alloc", "free_requested", "free_completed",
+                                      "segment_alloc", "segment_free", "segment_map",
+                                      "segment_unmap", "oom", "snapshot", "annotate"};
+  expseg_status s = want_dict(x, ev);
+  if (s != EXPSEG_OK) return s;
+  uint32_t a = _expseg_pickle_dict_get(x->pk, ev, "action");
+  if (!a || val(x, a)->kind != EXPSEG_PV_STR)
+    return failv(x, ev, "'action' is missing or not a string");
+  for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++) {
+    if (is_str(x, a, names[i])) {
+      *out = i < A_SKIP ? i : A_SKIP;
+      return EXPSEG_OK;
+    }
+  }
+  const _expseg_pv_t *p = val(x, a);
+  return failv(x, a, "unknown action '%.*s'", (int)(p->u.s.len < 40 ? p->u.s.len : 40), p->u.s.p);
+}
+
+typedef struct evf_s {
+  int action;
+  uint64_t addr, size, stream, device_free;
+} evf_t;
+
+static expseg_status fields_of(ex_t *x, uint32_t ev, evf_t *f) {
+  expseg_status s = action_of(x, ev, &f->action);
+  if (s != EXPSEG_OK || f->action == A_SKIP) return s;
+  int64_t v;
+  f->addr = f->device_free = 0;
+  if (f->action == A_OOM) {
+    const char *k = _expseg_pickle_dict_get(x->pk, ev, "device_free") ? "device_free" : "addr";
+    if ((s = get_int(x, ev, k, true, &v)) != EXPSEG_OK) return s;
+    f->device_free = (uint64_t)v;
+  } else {
+    if ((s = get_int(x, ev, "addr", true, &v)) != EXPSEG_OK) return s;
+    f->addr = (uint64_t)v;
+  }
+  if ((s = get_int(x, ev, "size", true, &v)) != EXPSEG_OK) return s;
+  f->size = (uint64_t)v;
+  if ((s = get_int(x, ev, "stream", false, &v)) != EXPSEG_OK) return s;
+  f->stream = (uint64_t)v;
+  return EXPSEG_OK;
+}
+
+static expseg_status emit(ex_t *x, uint32_t at, devst_t *d, expseg_trace_t *t, uint8_t kind,
+                          uint64_t handle, uint64_t id, uint64_t size, uint64_t extra) {
+  uint32_t stream = _expseg_streams_index(&d->streams, handle);
+  if (stream == UINT32_MAX) return failv(x, at, "too many streams, or out of host memory");
+  expseg_trace_event_t e = {kind, stream, id, size, extra};
+  const char *why = _expseg_trace_check(&d->chk, &e, x->why, sizeof x->why);
+  if (why) return failv(x, at, "%s", why);
+  return _expseg_trace_push(t, kind, stream, id, size, extra);
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static expseg_status convert(ex_t *x, uint32_t segments, uint32_t events, devst_t *d,
+                             expseg_trace_t *t) {
+  const _expseg_pv_t *el = val(x, events);
+  uint32_t n = el->u.c.n;
+  expseg_status s;
+  evf_t f;
+  uint64_t end_reserved;
+  if ((s = end_state(x, segments, d, &end_reserved)) != EXPSEG_OK) return s;
+
+  /* backwards: the live set at the start, and the reserved bytes at the start */
+  int64_t reserved = (int64_t)end_reserved;
+  for (uint32_t i = n; i-- > 0;) {
+    uint32_t ev = el->u.c.items[i];
+    snprintf(x->where, sizeof x->where, "device_traces[%d][%" PRIu32 "]", x->device, i);
+    if ((s = fields_of(x, ev, &f)) != EXPSEG_OK) return s;
+    if (f.size > EXPSEG_TRACE_MAX_SIZE)
+      return failv(x, ev, "size %" PRIu64 " is above the 2^50 bytes accepted", f.size);
+    switch (f.action) {
+    case A_ALLOC:
+      if (!_expseg_u64map_del(&d->live_size, f.addr))
+        return failv(x, ev, "alloc at 0x%" PRIx64 ", but that address is not live after it "
+                     "(the history does not match the end state)", f.addr);
+      _expseg_u64map_del(&d->live_stream, f.addr);
+      break;
+    case A_FREE_DONE:
+      if (_expseg_u64map_get(&d->live_size, f.addr))
+        return failv(x, ev, "free_completed at 0x%" PRIx64 ", but that address is live again "
+                     "after it with no alloc between", f.addr);
+      if (!_expseg_u64map_put(&d->live_size, f.addr, f.size) ||
+          !_expseg_u64map_put(&d->live_stream, f.addr, f.stream))
+        return oom(x);
+      break;
+    case A_SEG_ALLOC: case A_MAP: reserved -= (int64_t)f.size; break;
+    case A_SEG_FREE: case A_UNMAP: reserved += (int64_t)f.size; break;
+    default: break;
+    }
+  }
+  x->where[0] = 0;
+  expseg_trace_baseline_t *b = &t->baseline;
+  b->present = 1;
+  b->end_reserved = end_reserved;
+  b->start_reserved = reserved > 0 ? (uint64_t)reserved : 0;
+  b->peak_reserved = b->start_reserved;
+
+  /* the start set, in address order */
+  size_t np = d->live_size.n, k = 0;
+  uint64_t *addrs = malloc((np ? np : 1) * sizeof *addrs);
+  if (!addrs) return oom(x);
+  for (size_t i = 0; i < d->live_size.cap; i++)
+    if (d->live_size.used[i]) addrs[k++] = d->live_size.keys[i];
+  qsort(addrs, np, sizeof *addrs, cmp_u64);
+  for (size_t i = 0; i < np && s == EXPSEG_OK; i++) {
+    uint64_t id = d->chk.n_ids;
+    s = emit(x, segments, d, t, 'p', *_expseg_u64map_get(&d->live_stream, addrs[i]), id,
+             *_expseg_u64map_get(&d->live_size, addrs[i]), 0);
+    if (s == EXPSEG_OK && !_expseg_u64map_put(&d->ids, addrs[i], id)) s = oom(x);
+  }
+  free(addrs);
+  if (s != EXPSEG_OK) return s;
+
+  /* forwards */
+  uint64_t res = b->start_reserved;
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t ev = el->u.c.items[i];
+    uint64_t *id;
+    snprintf(x->where, sizeof x->where, "device_traces[%d][%" PRIu32 "]", x->device, i);
+    if ((s = fields_of(x, ev, &f)) != EXPSEG_OK) return s;
+    switch (f.action) {
+    case A_ALLOC: {
+      uint64_t nid = d->chk.n_ids;
+      if (_expseg_u64map_get(&d->ids, f.addr))
+        return failv(x, ev, "alloc at 0x%" PRIx64 ", which is already live", f.addr);
+      if ((s = emit(x, ev, d, t, 'a', f.stream, nid, f.size, 0)) != EXPSEG_OK) return s;
+      if (!_expseg_u64map_put(&d->ids, f.addr, nid)) return oom(x);
+      break;
+    }
+    case A_FREE_REQ: {
+      if (!(id = _expseg_u64map_get(&d->ids, f.addr)))
+        return failv(x, ev, "free_requested at 0x%" PRIx64 ", which is not live", f.addr);
+      evf_t next = {A_SKIP, 0, 0, 0, 0};
+      if (i + 1 < n) {
+        snprintf(x->where, sizeof x->where, "device_traces[%d][%" PRIu32 "]", x->device, i + 1);
+        if ((s = fields_of(x, el->u.c.items[i + 1], &next)) != EXPSEG_OK) return s;
+        snprintf(x->where, sizeof x->where, "device_traces[%d][%" PRIu32 "]", x->device, i);
+      }
+      if (next.action == A_FREE_DONE && next.addr == f.addr) break;  /* plain free */
+      if ((s = emit(x, ev, d, t, 'r', f.stream, *id, f.size, 0)) != EXPSEG_OK) return s;
+      break;
+    }
+    case A_FREE_DONE:
+      if (!(id = _expseg_u64map_get(&d->ids, f.addr)))
+        return failv(x, ev, "free_completed at 0x%" PRIx64 ", which is not live", f.addr);
+      if ((s = emit(x, ev, d, t, 'f', f.stream, *id, f.size, 0)) != EXPSEG_OK) return s;
+      _expseg_u64map_del(&d->ids, f.addr);
+      break;
+    case A_SEG_ALLOC:
+    case A_MAP:
+      res += f.size;
+      if (res > b->peak_reserved) b->peak_reserved = res;
+      if (f.action == A_SEG_ALLOC) b->segment_alloc++; else b->map++;
+      if ((s = emit(x, ev, d, t, f.action == A_SEG_ALLOC ? 'M' : 'm', f.stream, f.addr, f.size,
+                    0)) != EXPSEG_OK)
+        return s;
+      break;
+    case A_SEG_FREE:
+    case A_UNMAP:
+      res = res > f.size ? res - f.size : 0;
+      if (f.action == A_SEG_FREE) b->segment_free++; else b->unmap++;
+      if ((s = emit(x, ev, d, t, f.action == A_SEG_FREE ? 'X' : 'u', f.stream, f.addr, f.size,
+                    0)) != EXPSEG_OK)
+        return s;
+      break;
+    case A_OOM:
+      b->oom++;
+      if ((s = emit(x, ev, d, t, 'O', f.stream, 0, f.size, f.device_free)) != EXPSEG_OK)
+        return s;
+      break;
+    default:
+      break;
+    }
+  }
+  x->where[0] = 0;
+  _expseg_streams_finish(&d->streams, t);
+  t->n_ids = d->chk.n_ids;
+  t->peak_live_requested = d->chk.peak;
+  return EXPSEG_OK;
+}
+
+expseg_status expseg_trace_read_pickle(const char *name, const unsigned char *buf, size_t len,
+                                       expseg_trace_set_t *out) {
+  if (!out) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "pickle read: out is NULL");
+  out->traces = NULL;
+  out->n = 0;
+  if (!name) name = "snapshot";
+  if (!buf && len)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", name);
+  _expseg_pickle_t pk;
+  expseg_status s = _expseg_pickle_load(name, buf, len, &pk);
+  if (s != EXPSEG_OK) return s;
+  ex_t x;
+  memset(&x, 0, sizeof x);
+  x.name = name;
+  x.pk = &pk;
+  uint32_t segments = 0, traces = 0;
+  if (val(&x, pk.root)->kind != EXPSEG_PV_DICT) {
+    s = failv(&x, pk.root, "the snapshot is a %s, expected a dict with 'segments' and "
+              "'device_traces' (a bare list of segments has no history to replay)",
+              val(&x, pk.root)->kind == EXPSEG_PV_LIST ? "list" : "value of another type");
+  } else if ((s = get_list(&x, pk.root, "segments", &segments)) == EXPSEG_OK) {
+    s = get_list(&x, pk.root, "device_traces", &traces);
+  }
+  size_t n_hist = 0;
+  if (s == EXPSEG_OK) {
+    const _expseg_pv_t *tl = val(&x, traces);
+    for (uint32_t i = 0; i < tl->u.c.n && s == EXPSEG_OK; i++) {
+      const _expseg_pv_t *h = val(&x, tl->u.c.items[i]);
+      if (h->kind != EXPSEG_PV_LIST)
+        s = failv(&x, tl->u.c.items[i], "device_traces[%" PRIu32 "] is not a list", i);
+      else if (h->u.c.n > 0)
+        n_hist++;
+    }
+    if (s == EXPSEG_OK && n_hist == 0)
+      s = failv(&x, traces, "no device has recorded events (device_traces is empty): record "
+                "with torch.cuda.memory._record_memory_history() before _dump_snapshot()");
+  }
+  expseg_trace_t *ts = NULL;
+  if (s == EXPSEG_OK && !(ts = calloc(n_hist, sizeof *ts))) s = oom(&x);
+  size_t k = 0;
+  if (s == EXPSEG_OK) {
+    const _expseg_pv_t *tl = val(&x, traces);
+    for (uint32_t i = 0; i < tl->u.c.n && s == EXPSEG_OK; i++) {
+      uint32_t h = tl->u.c.items[i];
+      if (val(&x, h)->u.c.n == 0) continue;
+      if (i > 1u << 20) {
+        s = failv(&x, h, "device index %" PRIu32 " is too large", i);
+        break;
+      }
+      expseg_trace_t *t = &ts[k++];
+      char suffix[32];
+      snprintf(suffix, sizeof suffix, ".dev%" PRIu32, i);
+      _expseg_trace_set_name(t, name, suffix);
+      t->device = (int)i;
+      x.device = (int)i;
+      devst_t d;
+      memset(&d, 0, sizeof d);
+      s = convert(&x, segments, h, &d, t);
+      dev_free(&d);
+    }
+  }
+  if (s == EXPSEG_OK) {
+    out->traces = ts;
+    out->n = n_hist;
+  } else if (ts) {
+    for (size_t i = 0; i < k; i++) expseg_trace_free(&ts[i]);
+    free(ts);
+  }
+  _expseg_pickle_free(&pk);
+  return s;
+}
