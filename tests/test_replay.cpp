@@ -1,0 +1,270 @@
+// test_replay.cpp: the replay tool (bench/synth_replay.c, expseg_replay_main) run
+// in-process: JSON fields are sane and agree with the trace, OOMs and skipped frees,
+// baseline figures, --check, --timeline, --sweep ordering, and exit status 2 with a clear
+// message for every kind of bad argument or input.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "trace.h"
+int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err);
+}
+
+namespace {
+
+struct Outcome {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string Slurp(FILE *f) {
+  std::string s;
+  rewind(f);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+  fclose(f);
+  return s;
+}
+
+Outcome Replay(std::vector<std::string> args) {
+  args.insert(args.begin(), "expseg-replay");
+  std::vector<char *> argv;
+  for (auto &a : args) argv.push_back(&a[0]);
+  argv.push_back(nullptr);
+  FILE *out = tmpfile(), *err = tmpfile();
+  Outcome r;
+  if (!out || !err) {
+    ADD_FAILURE() << "tmpfile failed";
+    return r;
+  }
+  r.rc = expseg_replay_main((int)args.size(), argv.data(), out, err);
+  r.out = Slurp(out);
+  r.err = Slurp(err);
+  return r;
+}
+
+std::vector<std::string> Lines(const std::string &s) {
+  std::vector<std::string> v;
+  size_t p = 0;
+  while (p < s.size()) {
+    size_t e = s.find('\n', p);
+    if (e == std::string::npos) e = s.size();
+    if (e > p) v.push_back(s.substr(p, e - p));
+    p = e + 1;
+  }
+  return v;
+}
+
+// The number after "key": in a one-line JSON object (the first occurrence; nested
+// objects are searched with the prefix "baseline" etc. by the caller). NAN if absent.
+double Num(const std::string &json, const std::string &key, size_t from = 0) {
+  size_t p = json.find("\"" + key + "\":", from);
+  if (p == std::string::npos) return NAN;
+  return std::strtod(json.c_str() + p + key.size() + 3, nullptr);
+}
+
+std::string Str(const std::string &json, const std::string &key) {
+  size_t p = json.find("\"" + key + "\":\"");
+  if (p == std::string::npos) return "";
+  p += key.size() + 4;
+  return json.substr(p, json.find('"', p) - p);
+}
+
+struct TempFile {
+  std::string path;
+  explicit TempFile(const std::string &text, const char *suffix = ".memtrace") {
+    char tmpl[] = "/tmp/expseg_test_replay_XXXXXX";
+    int fd = mkstemp(tmpl);
+    EXPECT_GE(fd, 0);
+    path = std::string(tmpl) + suffix;
+    close(fd);
+    unlink(tmpl);
+    FILE *f = fopen(path.c_str(), "w");
+    EXPECT_NE(f, nullptr);
+    if (f) {
+      fwrite(text.data(), 1, text.size(), f);
+      fclose(f);
+    }
+  }
+  ~TempFile() { unlink(path.c_str()); }
+};
+
+// A tiny hand-made history: a pre-live block, a block freed with 'r' then 'f' on another
+// stream, an explicit empty_cache, a block too large for a 64 MiB device (OOM: its free
+// is skipped), and the recorded allocator's own segment events (baseline only).
+const char kTiny[] =
+    "# memtrace v1\n"
+    "# source: tiny device=0\n"
+    "# pytorch: start_reserved=2097152 peak_reserved=25165824 end_reserved=2097152 "
+    "segment_alloc=1 segment_free=1 map=0 unmap=0 oom=1\n"
+    "p 0 0 1000\n"
+    "M 0 0x7f0000200000 23068672\n"
+    "a 0 1 3000000\n"
+    "a 1 2 512\n"
+    "r 1 2 512\n"
+    "f 0 1 3000000\n"
+    "E\n"
+    "X 0 0x7f0000200000 23068672\n"
+    "f 1 2 512\n"
+    "a 0 3 20971520\n"
+    "O 0 - 104857600 device_free=0\n"
+    "a 0 4 104857600\n"
+    "f 0 4 104857600\n"
+    "f 0 3 20971520\n";
+
+TEST(Replay, SyntheticJsonFieldsAreSane) {
+  expseg_trace_t t;
+  ASSERT_EQ(expseg_trace_synth("train", 1, 0.05, &t), EXPSEG_OK);
+  const uint64_t n_events = t.n_events, peak = t.peak_live_requested;
+  expseg_trace_free(&t);
+
+  Outcome r = Replay({"--json", "--quiet", "--synth", "train:1:0.05"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto lines = Lines(r.out);
+  ASSERT_EQ(lines.size(), 1u) << r.out;
+  const std::string &j = lines[0];
+  EXPECT_EQ(Str(j, "trace"), "synth-train");
+  EXPECT_EQ(Num(j, "device"), 0);
+  EXPECT_EQ(Num(j, "events"), (double)n_events);
+  EXPECT_EQ(Num(j, "peak_requested"), (double)peak);
+  EXPECT_GE(Num(j, "peak_allocated"), Num(j, "peak_requested"));
+  EXPECT_GE(Num(j, "peak_reserved"), Num(j, "peak_allocated"));
+  EXPECT_GE(Num(j, "num_device_alloc"), 1);
+  EXPECT_GE(Num(j, "num_device_free"), 0);
+  EXPECT_EQ(Num(j, "num_ooms"), 0);
+  EXPECT_EQ(Num(j, "errors"), 0);
+  EXPECT_GT(Num(j, "ns_per_op"), 0);
+  EXPECT_GE(Num(j, "ratio"), 1.0);
+  EXPECT_NEAR(Num(j, "ratio"), Num(j, "peak_reserved") / Num(j, "peak_requested"), 1e-3);
+  EXPECT_EQ(j.find("\"baseline\""), std::string::npos) << "synthetic traces have no baseline";
+  EXPECT_EQ(Str(j, "driver"), "sim:capacity=80G");
+}
+
+TEST(Replay, TinyMemtraceWithBaselineOomAndCheck) {
+  TempFile f(kTiny);
+  Outcome r = Replay({"--json", "--check", "--driver", "sim:capacity=64M", f.path});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto lines = Lines(r.out);
+  ASSERT_EQ(lines.size(), 1u) << r.out;
+  const std::string &j = lines[0];
+  // 11 replayed events (p a a r f E f a a f f); the baseline lines M X O are not replayed
+  EXPECT_EQ(Num(j, "events"), 11);
+  EXPECT_EQ(Num(j, "num_ooms"), 1) << "the 100 MiB block cannot fit in 64 MiB";
+  EXPECT_EQ(Num(j, "errors"), 0) << "the OOM'd id's free must be skipped, not reported";
+  // live peak: 1000 + 3000000 + 512 while 'r' keeps id 2 live, later 1000 + 20 MiB
+  EXPECT_EQ(Num(j, "peak_requested"), 1000 + 20971520);
+  EXPECT_GE(Num(j, "peak_reserved"), Num(j, "peak_requested"));
+  size_t b = j.find("\"baseline\":{");
+  ASSERT_NE(b, std::string::npos) << j;
+  EXPECT_EQ(Num(j, "peak_reserved", b), 25165824);
+  EXPECT_EQ(Num(j, "segment_alloc", b), 1);
+  EXPECT_EQ(Num(j, "segment_free", b), 1);
+  EXPECT_EQ(Num(j, "oom", b), 1);
+  EXPECT_NEAR(Num(j, "ratio", b), 25165824.0 / (1000 + 20971520), 1e-3);
+}
+
+TEST(Replay, CheckModePassesOnEveryWorkload) {
+  for (const char *w : {"train:2:0.01", "infer:2:0.01", "streams8:2:0.01"}) {
+    Outcome r = Replay({"--json", "--check", "--quiet", "--synth", w});
+    EXPECT_EQ(r.rc, 0) << w << ": " << r.err;
+    EXPECT_EQ(Num(r.out, "num_ooms"), 0) << w;
+  }
+  Outcome r = Replay({"--json", "--check", "--quiet", "--conf", "expandable_segments:False",
+                  "--synth", "streams8:3:0.01"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
+TEST(Replay, TableOutputAndTimeline) {
+  TempFile f(kTiny);
+  TempFile csv("", ".csv");
+  Outcome r = Replay({"--timeline", csv.path, "--timeline-every", "1", f.path, "--synth",
+                  "infer:1:0.01", "--quiet"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("peak resv"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("synth-infer"), std::string::npos) << r.out;
+  FILE *c = fopen(csv.path.c_str(), "r");
+  ASSERT_NE(c, nullptr);
+  auto rows = Lines(Slurp(c));
+  ASSERT_GT(rows.size(), 12u);
+  EXPECT_EQ(rows[0], "trace,event,live_requested,reserved");
+  // every sample: reserved >= live requested
+  for (size_t i = 1; i < rows.size(); i++) {
+    unsigned long long ev, live;
+    long long resv;
+    char name[128];
+    ASSERT_EQ(sscanf(rows[i].c_str(), "%127[^,],%llu,%llu,%lld", name, &ev, &live, &resv), 4)
+        << rows[i];
+    EXPECT_GE((unsigned long long)resv, live) << rows[i];
+  }
+}
+
+TEST(Replay, SweepRanksByPeakReserved) {
+  Outcome r = Replay({"--sweep", "--json", "--quiet", "--synth", "infer:1:0.02", "--conf",
+                  "expandable_segments:True,roundup_power2_divisions:2"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto lines = Lines(r.out);
+  ASSERT_GE(lines.size(), 10u);
+  double prev = 0;
+  bool saw_classic = false, saw_yours = false;
+  for (size_t i = 0; i < lines.size(); i++) {
+    EXPECT_EQ(Num(lines[i], "rank"), (double)(i + 1));
+    double pr = Num(lines[i], "peak_reserved");
+    EXPECT_GE(pr, prev) << "sweep rows must be sorted by peak_reserved: " << lines[i];
+    EXPECT_GE(pr, Num(lines[i], "peak_requested"));
+    prev = pr;
+    saw_classic |= Str(lines[i], "setting") == "classic";
+    saw_yours |= Str(lines[i], "setting") == "yours (--conf)";
+  }
+  EXPECT_TRUE(saw_classic);
+  EXPECT_TRUE(saw_yours);
+
+  Outcome t = Replay({"--sweep", "--quiet", "--synth", "infer:1:0.02"});
+  ASSERT_EQ(t.rc, 0) << t.err;
+  EXPECT_NE(t.out.find("least memory:"), std::string::npos) << t.out;
+}
+
+TEST(Replay, BadArgumentsExit2) {
+  struct Case {
+    std::vector<std::string> args;
+    const char *needle;
+  } cases[] = {
+      {{}, "nothing to replay"},
+      {{"--bogus", "x"}, "--bogus"},
+      {{"--driver"}, "needs a value"},
+      {{"--json=1", "--synth", "train"}, "takes no value"},
+      {{"--device", "-1", "--synth", "train"}, "--device"},
+      {{"--synth", "nosuch"}, "nosuch"},
+      {{"--synth", "train:x"}, "train:x"},
+      {{"/nonexistent/dir/trace.memtrace"}, "/nonexistent/dir/trace.memtrace"},
+      {{"--conf", "no_such_key:1", "--synth", "train:1:0.01"}, "no_such_key"},
+      {{"--driver", "warp:capacity=1G", "--synth", "train:1:0.01"}, "warp"},
+      {{"--sweep", "--timeline", "x.csv", "--synth", "train"}, "cannot be combined"},
+  };
+  for (auto &c : cases) {
+    Outcome r = Replay(c.args);
+    std::string joined;
+    for (auto &a : c.args) joined += a + " ";
+    EXPECT_EQ(r.rc, 2) << joined << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << joined << "\n" << r.err;
+    EXPECT_TRUE(r.out.empty()) << joined << "\n" << r.out;
+  }
+  TempFile garbage("this is not a trace\n", ".txt");
+  Outcome r = Replay({garbage.path});
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find(garbage.path), std::string::npos) << r.err;
+
+  Outcome h = Replay({"--help"});
+  EXPECT_EQ(h.rc, 0);
+  EXPECT_NE(h.out.find("usage: expseg-replay"), std::string::npos);
+}
+
+}  // namespace
