@@ -1,0 +1,27 @@
+/* vmm_support.h: C helpers for the driver tests. The counters of expseg_vmm_t are C11
+ * atomics, which C++ cannot read portably through vmm.h, so tests read them here. */
+#ifndef EXPSEG_VMM_SUPPORT_H
+#define EXPSEG_VMM_SUPPORT_H
+
+/* vmm.h declares its counters with C11 _Atomic, which g++ does not know. The tests never
+ * touch the counters from C++ (they call the helpers below), so for g++ the qualifier is
+ * dropped; the layout is the same on every ABI expseg supports (x86-64, aarch64). */
+#if defined(__cplusplus) && !defined(__clang__) && !defined(_Atomic)
+#define _Atomic
+#endif
+#include "vmm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* True when every gauge (chunks, bytes, reservations, mapped, events) is back to zero;
+ * otherwise writes the first non-zero one to why. */
+bool vmm_test_is_idle(expseg_vmm_t *v, char *why, size_t len);
+uint64_t vmm_test_calls(expseg_vmm_t *v, expseg_vmm_call c);
+uint64_t vmm_test_failures(expseg_vmm_t *v, expseg_vmm_call c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

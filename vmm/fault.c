@@ -1,0 +1,366 @@
+/* fault.c: a pass-through driver that fails chosen calls, for tests of every error path.
+ *
+ * _expseg_fault_new(inner) returns a new expseg_vmm_t whose backend forwards each call to
+ * the inner driver's *backend* (inner->ops->X(inner->st, ...)), not to its wrapper, so a
+ * call is checked and counted once, by the outer wrapper. A rule {call, nth, count, status}
+ * fails calls nth .. nth+count-1 of that kind (1-based, counted as they reach this backend)
+ * with `status` and a message, without calling the inner backend.
+ *
+ * Counters kept:
+ *  - the outer expseg_vmm_t (the one the allocator holds) counts every call, injected
+ *    failures included, as any wrapper does;
+ *  - the inner expseg_vmm_t counts exactly what reached its backend (calls[], failures[])
+ *    and keeps its gauges (chunks, bytes, reservations, mapped, events) for what its backend
+ *    holds; so outer.calls[k] == inner.calls[k] + injected failures of kind k, and the
+ *    gauges of both agree. To move inner's live_chunk_bytes on release (whose backend op has
+ *    no size) this wrapper remembers each live chunk's size in a small hash table;
+ *  - _expseg_fault_seen(): calls of each kind that reached this backend.
+ * Thread-safe: seen[] are atomics; rules and the size table are under a mutex. */
+#include "vmm_impl.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  expseg_vmm_handle h; /* 0 = empty */
+  size_t size;
+} hslot_t;
+
+typedef struct {
+  expseg_vmm_t *inner;
+  _Atomic uint64_t seen[EXPSEG_VMM_CALL_COUNT];
+  pthread_mutex_t mu;
+  expseg_fault_rule_t *rules;
+  size_t nrules;
+  hslot_t *tab; /* open addressing, linear probing; capacity a power of two */
+  size_t ntab, captab;
+} fault_t;
+
+/* ---- handle -> size table ---- */
+
+static size_t hslot_of(const fault_t *f, expseg_vmm_handle h) {
+  uint64_t x = h * 0x9e3779b97f4a7c15ull;
+  return (size_t)(x >> 17) & (f->captab - 1);
+}
+
+static bool tab_put(fault_t *f, expseg_vmm_handle h, size_t size) {
+  if ((f->ntab + 1) * 2 > f->captab) {
+    size_t cap = f->captab ? f->captab * 2 : 64;
+    hslot_t *old = f->tab;
+    size_t oldcap = f->captab;
+    hslot_t *n = calloc(cap, sizeof *n);
+    if (!n) return false;
+    f->tab = n;
+    f->captab = cap;
+    for (size_t i = 0; i < oldcap; i++)
+      if (old[i].h) {
+        size_t j = hslot_of(f, old[i].h);
+        while (f->tab[j].h) j = (j + 1) & (cap - 1);
+        f->tab[j] = old[i];
+      }
+    free(old);
+  }
+  size_t j = hslot_of(f, h);
+  while (f->tab[j].h && f->tab[j].h != h) j = (j + 1) & (f->captab - 1);
+  if (!f->tab[j].h) f->ntab++;
+  f->tab[j] = (hslot_t){h, size};
+  return true;
+}
+
+/* Removes h and returns its size (0 when unknown). Backward-shift deletion. */
+static size_t tab_take(fault_t *f, expseg_vmm_handle h) {
+  if (!f->captab) return 0;
+  size_t mask = f->captab - 1, j = hslot_of(f, h);
+  while (f->tab[j].h && f->tab[j].h != h) j = (j + 1) & mask;
+  if (!f->tab[j].h) return 0;
+  size_t size = f->tab[j].size;
+  size_t hole = j;
+  for (size_t k = (j + 1) & mask; f->tab[k].h; k = (k + 1) & mask) {
+    size_t home = hslot_of(f, f->tab[k].h);
+    /* move k into the hole unless its home lies cyclically in (hole, k] */
+    bool stays = (hole <= k) ? (home > hole && home <= k) : (home > hole || home <= k);
+    if (!stays) {
+      f->tab[hole] = f->tab[k];
+      hole = k;
+    }
+  }
+  f->tab[hole].h = 0;
+  f->ntab--;
+  return size;
+}
+
+/* ---- injection ---- */
+
+/* Counts the call; when a rule says so, sets the message and returns its status. */
+static expseg_status inject(fault_t *f, expseg_vmm_call c) {
+  uint64_t n = atomic_fetch_add(&f->seen[c], 1) + 1;
+  expseg_status s = EXPSEG_OK;
+  pthread_mutex_lock(&f->mu);
+  for (size_t i = 0; i < f->nrules; i++) {
+    const expseg_fault_rule_t *r = &f->rules[i];
+    uint64_t count = r->count ? r->count : 1;
+    if (r->call == c && n >= r->nth && n - r->nth < count && r->status != EXPSEG_OK) {
+      s = r->status;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&f->mu);
+  if (s != EXPSEG_OK) {
+    _expseg_error_set(s, "fault driver: injected %s on %s call #%llu (inner driver: %s)",
+                      expseg_status_name(s), _expseg_vmm_call_name(c), (unsigned long long)n,
+                      f->inner->ops->name);
+  }
+  return s;
+}
+
+#define INNER(f) ((f)->inner->ops)
+#define IST(f) ((f)->inner->st)
+
+static expseg_status fault_reserve(void *st, size_t size, size_t align, uintptr_t *addr) {
+  fault_t *f = st;
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_reserve);
+  if (s) return s;
+  s = INNER(f)->reserve(IST(f), size, align, addr);
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_reserve, s, size);
+  return s;
+}
+
+static expseg_status fault_unreserve(void *st, uintptr_t addr, size_t size) {
+  fault_t *f = st;
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_unreserve);
+  if (s) return s;
+  s = INNER(f)->unreserve(IST(f), addr, size);
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_unreserve, s, size);
+  return s;
+}
+
+static expseg_status remember(fault_t *f, expseg_vmm_call c, expseg_vmm_handle h, size_t size) {
+  pthread_mutex_lock(&f->mu);
+  bool ok = tab_put(f, h, size);
+  pthread_mutex_unlock(&f->mu);
+  if (ok) return EXPSEG_OK;
+  INNER(f)->release(IST(f), h);
+  _expseg_vmm_account(f->inner, c, EXPSEG_ERR_OUT_OF_MEMORY, 0);
+  return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "fault driver: %s: out of host memory",
+                           _expseg_vmm_call_name(c));
+}
+
+static expseg_status fault_create(void *st, size_t size, expseg_vmm_handle *h) {
+  fault_t *f = st;
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_create);
+  if (s) return s;
+  s = INNER(f)->create(IST(f), size, h);
+  if (s == EXPSEG_OK && (s = remember(f, EXPSEG_VMM_CALL_create, *h, size))) return s;
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_create, s, size);
+  return s;
+}
+
+static expseg_status fault_import_fd(void *st, int fd, size_t size, expseg_vmm_handle *h) {
+  fault_t *f = st;
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_import_fd);
+  if (s) return s;
+  s = INNER(f)->import_fd(IST(f), fd, size, h);
+  if (s == EXPSEG_OK && (s = remember(f, EXPSEG_VMM_CALL_import_fd, *h, size))) return s;
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_import_fd, s, size);
+  return s;
+}
+
+static expseg_status fault_release(void *st, expseg_vmm_handle h) {
+  fault_t *f = st;
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_release);
+  if (s) return s;
+  s = INNER(f)->release(IST(f), h);
+  size_t size = 0;
+  if (s == EXPSEG_OK) {
+    pthread_mutex_lock(&f->mu);
+    size = tab_take(f, h);
+    pthread_mutex_unlock(&f->mu);
+  }
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_release, s, size);
+  return s;
+}
+
+static expseg_status fault_map(void *st, uintptr_t addr, size_t size, expseg_vmm_handle h,
+                               size_t offset) {
+  fault_t *f = st;
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_map);
+  if (s) return s;
+  s = INNER(f)->map(IST(f), addr, size, h, offset);
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_map, s, size);
+  return s;
+}
+
+static expseg_status fault_unmap(void *st, uintptr_t addr, size_t size) {
+  fault_t *f = st;
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_unmap);
+  if (s) return s;
+  s = INNER(f)->unmap(IST(f), addr, size);
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_unmap, s, size);
+  return s;
+}
+
+static expseg_status fault_set_access(void *st, uintptr_t addr, size_t size, int device) {
+  fault_t *f = st;
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_set_access);
+  if (s) return s;
+  s = INNER(f)->set_access(IST(f), addr, size, device);
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_set_access, s, 0);
+  return s;
+}
+
+static expseg_status fault_event_create(void *st, expseg_vmm_event *ev) {
+  fault_t *f = st;
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_event_create);
+  if (s) return s;
+  s = INNER(f)->event_create(IST(f), ev);
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_event_create, s, 0);
+  return s;
+}
+
+static expseg_status fault_event_destroy(void *st, expseg_vmm_event ev) {
+  fault_t *f = st;
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_event_destroy);
+  if (s) return s;
+  s = INNER(f)->event_destroy(IST(f), ev);
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_event_destroy, s, 0);
+  return s;
+}
+
+static expseg_status fault_event_record(void *st, expseg_vmm_event ev, expseg_stream strm) {
+  fault_t *f = st;
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_event_record);
+  if (s) return s;
+  s = INNER(f)->event_record(IST(f), ev, strm);
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_event_record, s, 0);
+  return s;
+}
+
+static expseg_status fault_event_query(void *st, expseg_vmm_event ev, bool *done) {
+  fault_t *f = st;
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_event_query);
+  if (s) return s;
+  s = INNER(f)->event_query(IST(f), ev, done);
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_event_query, s, 0);
+  return s;
+}
+
+static expseg_status fault_event_synchronize(void *st, expseg_vmm_event ev) {
+  fault_t *f = st;
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_event_synchronize);
+  if (s) return s;
+  s = INNER(f)->event_synchronize(IST(f), ev);
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_event_synchronize, s, 0);
+  return s;
+}
+
+static expseg_status fault_stream_synchronize(void *st, expseg_stream strm) {
+  fault_t *f = st;
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_stream_synchronize);
+  if (s) return s;
+  s = INNER(f)->stream_synchronize(IST(f), strm);
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_stream_synchronize, s, 0);
+  return s;
+}
+
+static expseg_status fault_export_fd(void *st, expseg_vmm_handle h, int *fd) {
+  fault_t *f = st;
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_export_fd);
+  if (s) return s;
+  s = INNER(f)->export_fd(IST(f), h, fd);
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_export_fd, s, 0);
+  return s;
+}
+
+static size_t fault_granularity(void *st) { return ((fault_t *)st)->inner->granularity; }
+
+static void fault_mem_info(void *st, size_t *free_bytes, size_t *total_bytes) {
+  fault_t *f = st;
+  INNER(f)->mem_info(IST(f), free_bytes, total_bytes);
+}
+
+static uint64_t fault_now_ns(void *st) {
+  fault_t *f = st;
+  return INNER(f)->now_ns(IST(f));
+}
+
+static void fault_hold_stream(void *st, expseg_stream strm, bool hold) {
+  fault_t *f = st;
+  INNER(f)->hold_stream(IST(f), strm, hold);
+}
+
+static void fault_destroy(void *st) {
+  fault_t *f = st;
+  if (!f) return;
+  _expseg_vmm_close(f->inner);
+  pthread_mutex_destroy(&f->mu);
+  free(f->rules);
+  free(f->tab);
+  free(f);
+}
+
+#define FAULT_OPS(hold)                                                                    \
+  {                                                                                        \
+    .name = "fault", .reserve = fault_reserve, .unreserve = fault_unreserve,               \
+    .create = fault_create, .release = fault_release, .map = fault_map,                    \
+    .unmap = fault_unmap, .set_access = fault_set_access,                                  \
+    .event_create = fault_event_create, .event_destroy = fault_event_destroy,              \
+    .event_record = fault_event_record, .event_query = fault_event_query,                  \
+    .event_synchronize = fault_event_synchronize,                                          \
+    .stream_synchronize = fault_stream_synchronize, .export_fd = fault_export_fd,          \
+    .import_fd = fault_import_fd, .granularity = fault_granularity,                        \
+    .mem_info = fault_mem_info, .now_ns = fault_now_ns, .hold_stream = hold,               \
+    .destroy = fault_destroy,                                                              \
+  }
+
+/* Two tables: hold_stream stays NULL when the inner driver has none (cuda). */
+static const expseg_vmm_ops_t fault_ops_hold = FAULT_OPS(fault_hold_stream);
+static const expseg_vmm_ops_t fault_ops_nohold = FAULT_OPS(NULL);
+
+static fault_t *fault_of(expseg_vmm_t *v) {
+  return (v && (v->ops == &fault_ops_hold || v->ops == &fault_ops_nohold)) ? v->st : NULL;
+}
+
+expseg_status _expseg_fault_new(expseg_vmm_t *inner, expseg_vmm_t **out) {
+  if (!inner || !out) {
+    _expseg_vmm_close(inner);
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "fault driver: NULL inner or out");
+  }
+  *out = NULL;
+  fault_t *f = calloc(1, sizeof *f);
+  if (!f) {
+    _expseg_vmm_close(inner);
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "fault driver: out of host memory");
+  }
+  pthread_mutex_init(&f->mu, NULL);
+  f->inner = inner;
+  return _expseg_vmm_wrap(inner->ops->hold_stream ? &fault_ops_hold : &fault_ops_nohold, f,
+                          inner->device, out);
+}
+
+void _expseg_fault_set_rules(expseg_vmm_t *fault, const expseg_fault_rule_t *rules, size_t n) {
+  fault_t *f = fault_of(fault);
+  if (!f) return;
+  expseg_fault_rule_t *copy = n ? malloc(n * sizeof *copy) : NULL;
+  if (n && !copy) {
+    _expseg_warn("fault driver: set_rules: out of host memory; rules unchanged");
+    return;
+  }
+  if (n) memcpy(copy, rules, n * sizeof *copy);
+  pthread_mutex_lock(&f->mu);
+  free(f->rules);
+  f->rules = copy;
+  f->nrules = n;
+  pthread_mutex_unlock(&f->mu);
+}
+
+uint64_t _expseg_fault_seen(expseg_vmm_t *fault, expseg_vmm_call call) {
+  fault_t *f = fault_of(fault);
+  if (!f || (unsigned)call >= EXPSEG_VMM_CALL_COUNT) return 0;
+  return atomic_load(&f->seen[call]);
+}
+
+expseg_vmm_t *_expseg_fault_inner(expseg_vmm_t *fault) {
+  fault_t *f = fault_of(fault);
+  return f ? f->inner : NULL;
+}

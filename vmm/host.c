@@ -1,0 +1,349 @@
+/* host.c: the host backend, real memory standing in for a GPU.
+ *
+ * reserve   = mmap(PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE), over-reserved and
+ *             trimmed to the alignment asked (at least the granularity);
+ * create    = memfd_create + ftruncate: a chunk is a file; its pages exist once touched;
+ * map       = mmap(MAP_FIXED|MAP_SHARED, fd, offset) with PROT_NONE (like cuMemMap: no access
+ *             until set_access), then bound to the NUMA node when numa=N was given;
+ * set_access= mprotect(PROT_READ|PROT_WRITE);
+ * unmap     = mmap(MAP_FIXED, PROT_NONE, private anonymous) over the range, so the
+ *             reservation stays reserved (munmap would open a hole);
+ * unreserve = munmap.
+ * Chunks count against `capacity`; imported chunks do not (they are another process's
+ * memory, counted by its driver). Every call is checked against a ledger first, so a call
+ * that breaks a precondition is refused instead of silently replacing a mapping. Streams
+ * and events are the shared model (stream_model.c). One mutex guards the ledger and counters. */
+#include "vmm_impl.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <fcntl.h>
+
+typedef struct {
+  pthread_mutex_t mu;
+  expseg_host_opts_t o;
+  size_t in_use; /* bytes of created (not imported) chunks */
+  expseg_ledger_t *ledger;
+  expseg_smodel_t *streams;
+  atomic_bool bind_warned;
+} host_t;
+
+static size_t os_page(void) { return (size_t)sysconf(_SC_PAGESIZE); }
+
+static expseg_status sys_fail(const char *call, int err, const char *what) {
+  expseg_status s = (err == ENOMEM) ? EXPSEG_ERR_OUT_OF_MEMORY : EXPSEG_ERR_DRIVER;
+  return _expseg_error_set(s, "host driver: %s: %s failed: %s", call, what, strerror(err));
+}
+
+static expseg_status host_reserve(void *st, size_t size, size_t align, uintptr_t *addr) {
+  host_t *h = st;
+  if (align < h->o.granularity) align = h->o.granularity;
+  size_t extra = align > os_page() ? align : 0;
+  if (size + extra < size)
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "host driver: reserve: size overflows");
+  void *p = mmap(NULL, size + extra, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+                 0);
+  if (p == MAP_FAILED) return sys_fail("reserve", errno, "mmap(PROT_NONE)");
+  uintptr_t base = (uintptr_t)p;
+  uintptr_t a = (base + align - 1) & ~(uintptr_t)(align - 1);
+  if (extra) {
+    if (a > base) munmap(p, a - base);
+    size_t tail = base + size + extra - (a + size);
+    if (tail) munmap((void *)(a + size), tail);
+  }
+  pthread_mutex_lock(&h->mu);
+  expseg_status s = _expseg_ledger_reserve(h->ledger, a, size);
+  pthread_mutex_unlock(&h->mu);
+  if (s) {
+    munmap((void *)a, size);
+    return s;
+  }
+  *addr = a;
+  return EXPSEG_OK;
+}
+
+static expseg_status host_unreserve(void *st, uintptr_t addr, size_t size) {
+  host_t *h = st;
+  pthread_mutex_lock(&h->mu);
+  expseg_status s = _expseg_ledger_unreserve(h->ledger, addr, size, false);
+  if (s == EXPSEG_OK) {
+    if (munmap((void *)addr, size) != 0) s = sys_fail("unreserve", errno, "munmap");
+    else _expseg_ledger_unreserve(h->ledger, addr, size, true);
+  }
+  pthread_mutex_unlock(&h->mu);
+  return s;
+}
+
+static expseg_status host_create(void *st, size_t size, expseg_vmm_handle *out) {
+  host_t *h = st;
+  char b1[32], b2[32], b3[32];
+  pthread_mutex_lock(&h->mu);
+  if (size > h->o.capacity - h->in_use) {
+    size_t used = h->in_use;
+    pthread_mutex_unlock(&h->mu);
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                             "host driver: capacity %s, %s in use, asked %s",
+                             _expseg_format_size(b1, h->o.capacity), _expseg_format_size(b2, used),
+                             _expseg_format_size(b3, size));
+  }
+  h->in_use += size; /* claimed now; the file is made outside the lock */
+  pthread_mutex_unlock(&h->mu);
+  expseg_status s = EXPSEG_OK;
+  int fd = memfd_create("expseg-chunk", MFD_CLOEXEC);
+  if (fd < 0) {
+    s = sys_fail("create", errno, "memfd_create");
+  } else if (ftruncate(fd, (off_t)size) != 0) {
+    s = sys_fail("create", errno, "ftruncate");
+    close(fd);
+  }
+  pthread_mutex_lock(&h->mu);
+  if (s == EXPSEG_OK) {
+    s = _expseg_ledger_chunk_new(h->ledger, size, (uint64_t)fd, false, out);
+    if (s) close(fd);
+  }
+  if (s) h->in_use -= size;
+  pthread_mutex_unlock(&h->mu);
+  return s;
+}
+
+static expseg_status host_release(void *st, expseg_vmm_handle hd) {
+  host_t *h = st;
+  pthread_mutex_lock(&h->mu);
+  size_t size = 0;
+  uint64_t fd = 0;
+  bool imported = false;
+  expseg_status s = _expseg_ledger_chunk_release(h->ledger, hd, false);
+  if (s == EXPSEG_OK) {
+    _expseg_ledger_chunk_get(h->ledger, hd, &size, &fd, &imported);
+    _expseg_ledger_chunk_release(h->ledger, hd, true);
+    close((int)fd);
+    if (!imported) h->in_use -= size;
+  }
+  pthread_mutex_unlock(&h->mu);
+  return s;
+}
+
+static expseg_status host_map(void *st, uintptr_t addr, size_t size, expseg_vmm_handle hd,
+                              size_t offset) {
+  host_t *h = st;
+  uint64_t fd = 0;
+  pthread_mutex_lock(&h->mu);
+  expseg_status s = _expseg_ledger_map(h->ledger, addr, size, hd, offset);
+  if (s == EXPSEG_OK) {
+    _expseg_ledger_chunk_get(h->ledger, hd, NULL, &fd, NULL);
+    void *p = mmap((void *)addr, size, PROT_NONE, MAP_FIXED | MAP_SHARED, (int)fd, (off_t)offset);
+    if (p == MAP_FAILED) {
+      s = sys_fail("map", errno, "mmap(MAP_FIXED|MAP_SHARED)");
+      _expseg_ledger_unmap(h->ledger, addr, size, true);
+      /* MAP_FIXED may have dropped part of the old PROT_NONE reservation: restore it. */
+      mmap((void *)addr, size, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+           -1, 0);
+    }
+  }
+  pthread_mutex_unlock(&h->mu);
+  if (s == EXPSEG_OK && h->o.numa_node >= 0) {
+    expseg_status b = _expseg_topo_bind((void *)addr, size, h->o.numa_node);
+    if (b != EXPSEG_OK && !atomic_exchange(&h->bind_warned, true))
+      _expseg_warn("host driver: cannot place pages on NUMA node %d (%s); memory stays usable, "
+                   "placement is left to the OS",
+                   h->o.numa_node, expseg_last_error());
+  }
+  return s;
+}
+
+static expseg_status host_unmap(void *st, uintptr_t addr, size_t size) {
+  host_t *h = st;
+  pthread_mutex_lock(&h->mu);
+  expseg_status s = _expseg_ledger_unmap(h->ledger, addr, size, false);
+  if (s == EXPSEG_OK) {
+    void *p = mmap((void *)addr, size, PROT_NONE,
+                   MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) s = sys_fail("unmap", errno, "mmap(MAP_FIXED, PROT_NONE)");
+    else _expseg_ledger_unmap(h->ledger, addr, size, true);
+  }
+  pthread_mutex_unlock(&h->mu);
+  return s;
+}
+
+static expseg_status host_set_access(void *st, uintptr_t addr, size_t size, int device) {
+  host_t *h = st;
+  (void)device;
+  pthread_mutex_lock(&h->mu);
+  expseg_status s = _expseg_ledger_check_mapped(h->ledger, addr, size, "set_access");
+  pthread_mutex_unlock(&h->mu);
+  if (s == EXPSEG_OK && mprotect((void *)addr, size, PROT_READ | PROT_WRITE) != 0)
+    s = sys_fail("set_access", errno, "mprotect(PROT_READ|PROT_WRITE)");
+  return s;
+}
+
+static expseg_status host_export_fd(void *st, expseg_vmm_handle hd, int *fd) {
+  host_t *h = st;
+  uint64_t mine = 0;
+  pthread_mutex_lock(&h->mu);
+  expseg_status s = _expseg_ledger_chunk_get(h->ledger, hd, NULL, &mine, NULL);
+  if (s == EXPSEG_OK) {
+    int d = fcntl((int)mine, F_DUPFD_CLOEXEC, 0);
+    if (d < 0) s = sys_fail("export_fd", errno, "dup");
+    else *fd = d;
+  }
+  pthread_mutex_unlock(&h->mu);
+  return s;
+}
+
+static expseg_status host_import_fd(void *st, int fd, size_t size, expseg_vmm_handle *out) {
+  host_t *h = st;
+  struct stat sb;
+  if (fstat(fd, &sb) != 0)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "host driver: import_fd(fd=%d): %s",
+                             fd, strerror(errno));
+  if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size < size) {
+    char b[32];
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "host driver: import_fd(fd=%d, size=%s): the fd is not a chunk of "
+                             "at least that size (%lld bytes)",
+                             fd, _expseg_format_size(b, size), (long long)sb.st_size);
+  }
+  int d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (d < 0) return sys_fail("import_fd", errno, "dup");
+  pthread_mutex_lock(&h->mu);
+  expseg_status s = _expseg_ledger_chunk_new(h->ledger, size, (uint64_t)d, true, out);
+  pthread_mutex_unlock(&h->mu);
+  if (s) close(d);
+  return s;
+}
+
+static size_t host_granularity(void *st) { return ((host_t *)st)->o.granularity; }
+
+static void host_mem_info(void *st, size_t *free_bytes, size_t *total_bytes) {
+  host_t *h = st;
+  pthread_mutex_lock(&h->mu);
+  *free_bytes = h->o.capacity - h->in_use;
+  *total_bytes = h->o.capacity;
+  pthread_mutex_unlock(&h->mu);
+}
+
+static uint64_t host_now_ns(void *st) {
+  (void)st;
+  return _expseg_clock_ns();
+}
+
+static expseg_status host_event_create(void *st, expseg_vmm_event *ev) {
+  return _expseg_smodel_event_create(((host_t *)st)->streams, ev);
+}
+static expseg_status host_event_destroy(void *st, expseg_vmm_event ev) {
+  return _expseg_smodel_event_destroy(((host_t *)st)->streams, ev);
+}
+static expseg_status host_event_record(void *st, expseg_vmm_event ev, expseg_stream s) {
+  return _expseg_smodel_event_record(((host_t *)st)->streams, ev, s);
+}
+static expseg_status host_event_query(void *st, expseg_vmm_event ev, bool *done) {
+  return _expseg_smodel_event_query(((host_t *)st)->streams, ev, done);
+}
+static expseg_status host_event_synchronize(void *st, expseg_vmm_event ev) {
+  return _expseg_smodel_event_synchronize(((host_t *)st)->streams, ev);
+}
+static expseg_status host_stream_synchronize(void *st, expseg_stream s) {
+  return _expseg_smodel_stream_synchronize(((host_t *)st)->streams, s);
+}
+static void host_hold_stream(void *st, expseg_stream s, bool hold) {
+  _expseg_smodel_hold(((host_t *)st)->streams, s, hold);
+}
+
+static void close_chunk(void *ctx, size_t size, uint64_t user, bool imported) {
+  (void)ctx, (void)size, (void)imported;
+  close((int)user);
+}
+
+static void drop_resv(void *ctx, uintptr_t addr, size_t size) {
+  (void)ctx;
+  munmap((void *)addr, size);
+}
+
+static void host_destroy(void *st) {
+  host_t *h = st;
+  if (!h) return;
+  /* Whatever the caller left behind goes: live reservations (with their mappings) are
+   * unmapped, live chunks closed. */
+  if (h->ledger) {
+    _expseg_ledger_foreach_resv(h->ledger, drop_resv, NULL);
+    _expseg_ledger_foreach_chunk(h->ledger, close_chunk, NULL);
+    _expseg_ledger_free(h->ledger);
+  }
+  _expseg_smodel_free(h->streams);
+  pthread_mutex_destroy(&h->mu);
+  free(h);
+}
+
+static const expseg_vmm_ops_t host_ops = {
+    .name = "host",
+    .reserve = host_reserve,
+    .unreserve = host_unreserve,
+    .create = host_create,
+    .release = host_release,
+    .map = host_map,
+    .unmap = host_unmap,
+    .set_access = host_set_access,
+    .event_create = host_event_create,
+    .event_destroy = host_event_destroy,
+    .event_record = host_event_record,
+    .event_query = host_event_query,
+    .event_synchronize = host_event_synchronize,
+    .stream_synchronize = host_stream_synchronize,
+    .export_fd = host_export_fd,
+    .import_fd = host_import_fd,
+    .granularity = host_granularity,
+    .mem_info = host_mem_info,
+    .now_ns = host_now_ns,
+    .hold_stream = host_hold_stream,
+    .destroy = host_destroy,
+};
+
+expseg_status _expseg_host_new(const expseg_host_opts_t *o, int device, expseg_vmm_t **out) {
+  if (!o || !out)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "host driver: NULL options or out");
+  *out = NULL;
+  expseg_host_opts_t opt = *o;
+  size_t page = os_page();
+  char b[32];
+  size_t g = opt.granularity;
+  if (g < page || (g & (g - 1)) || g > (1ull << 30))
+    return _expseg_error_set(EXPSEG_ERR_CONFIG,
+                             "host driver: granularity=%zu: expected a power of two from the OS "
+                             "page (%zu) to 1G",
+                             g, page);
+  if (opt.capacity == 0) {
+    long pages = sysconf(_SC_PHYS_PAGES);
+    uint64_t half = pages > 0 ? (uint64_t)pages * page / 2 : (8ull << 30);
+    opt.capacity = half < (8ull << 30) ? (size_t)half : (size_t)(8ull << 30);
+    opt.capacity &= ~(g - 1);
+  }
+  if (opt.capacity < g)
+    return _expseg_error_set(EXPSEG_ERR_CONFIG,
+                             "host driver: capacity=%zu: expected at least the granularity (%s)",
+                             opt.capacity, _expseg_format_size(b, g));
+  if (opt.numa_node >= 0) {
+    int n = _expseg_topo_numa_count();
+    if (opt.numa_node >= n)
+      return _expseg_error_set(EXPSEG_ERR_CONFIG,
+                               "host driver: numa=%d: this machine has %d NUMA node(s) "
+                               "(accepted: 0..%d)",
+                               opt.numa_node, n, n - 1);
+  }
+  host_t *h = calloc(1, sizeof *h);
+  if (!h) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "host driver: out of host memory");
+  pthread_mutex_init(&h->mu, NULL);
+  h->o = opt;
+  h->ledger = _expseg_ledger_new("host", g);
+  h->streams = _expseg_smodel_new("host");
+  if (!h->ledger || !h->streams) {
+    host_destroy(h);
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "host driver: out of host memory");
+  }
+  return _expseg_vmm_wrap(&host_ops, h, device, out);
+}

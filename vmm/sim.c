@@ -1,0 +1,298 @@
+/* sim.c: the simulated backend: bookkeeping only, nothing is mapped or touched.
+ *
+ * Lets the allocator replay traces of an 80 GiB GPU on a laptop, fast. reserve hands out
+ * addresses from a fake space starting at 2^48 (above the 47-bit user space of x86-64 and
+ * aarch64 with 4-level tables, so a stray dereference faults instead of corrupting memory);
+ * free extents are a sorted array with first fit and coalescing (reservations are few).
+ * Chunks, mappings and every precondition are the ledger's (ledger.c: O(log n) per call);
+ * capacity is enforced as in host; streams and events are the shared model (stream_model.c).
+ * One mutex guards the state. */
+#include "vmm_impl.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SIM_BASE (1ull << 48)
+
+typedef struct {
+  uintptr_t addr;
+  uint64_t size;
+} extent_t;
+
+typedef struct {
+  pthread_mutex_t mu;
+  expseg_sim_opts_t o;
+  size_t in_use;
+  expseg_ledger_t *ledger;
+  expseg_smodel_t *streams;
+  extent_t *free_va; /* sorted, coalesced */
+  size_t nfree, capfree;
+} sim_t;
+
+static bool free_insert_at(sim_t *s, size_t i, extent_t e) {
+  if (s->nfree == s->capfree) {
+    size_t cap = s->capfree ? s->capfree * 2 : 16;
+    extent_t *n = realloc(s->free_va, cap * sizeof *n);
+    if (!n) return false;
+    s->free_va = n;
+    s->capfree = cap;
+  }
+  memmove(&s->free_va[i + 1], &s->free_va[i], (s->nfree - i) * sizeof *s->free_va);
+  s->free_va[i] = e;
+  s->nfree++;
+  return true;
+}
+
+static void free_remove_at(sim_t *s, size_t i) {
+  memmove(&s->free_va[i], &s->free_va[i + 1], (s->nfree - i - 1) * sizeof *s->free_va);
+  s->nfree--;
+}
+
+static expseg_status sim_reserve(void *st, size_t size, size_t align, uintptr_t *addr) {
+  sim_t *s = st;
+  if (align < s->o.granularity) align = s->o.granularity;
+  pthread_mutex_lock(&s->mu);
+  expseg_status r = EXPSEG_ERR_OUT_OF_MEMORY;
+  for (size_t i = 0; i < s->nfree; i++) {
+    extent_t e = s->free_va[i];
+    uintptr_t a = (e.addr + align - 1) & ~(uintptr_t)(align - 1);
+    if (a < e.addr || a - e.addr > e.size || size > e.size - (a - e.addr)) continue;
+    uintptr_t end = a + size, eend = e.addr + e.size;
+    /* Carve [a, end) out of e: keep the head in place, add the tail after it. */
+    bool ok = true;
+    if (a > e.addr) {
+      s->free_va[i].size = a - e.addr;
+      if (end < eend) ok = free_insert_at(s, i + 1, (extent_t){end, eend - end});
+    } else if (end < eend) {
+      s->free_va[i] = (extent_t){end, eend - end};
+    } else {
+      free_remove_at(s, i);
+    }
+    if (ok) r = _expseg_ledger_reserve(s->ledger, a, size);
+    if (!ok || r != EXPSEG_OK) { /* put the extent back as it was */
+      if (a > e.addr) {
+        if (end < eend && ok) free_remove_at(s, i + 1);
+        s->free_va[i] = e;
+      } else if (end < eend) {
+        s->free_va[i] = e;
+      } else {
+        free_insert_at(s, i, e); /* capacity is there: we just removed it */
+      }
+      if (!ok)
+        r = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                              "sim driver: reserve: out of host memory for the free list");
+      pthread_mutex_unlock(&s->mu);
+      return r;
+    }
+    *addr = a;
+    pthread_mutex_unlock(&s->mu);
+    return EXPSEG_OK;
+  }
+  pthread_mutex_unlock(&s->mu);
+  char b1[32], b2[32];
+  return _expseg_error_set(r, "sim driver: reserve(size=%s): address space exhausted (va=%s); "
+                              "raise va= in the driver spec",
+                           _expseg_format_size(b1, size), _expseg_format_size(b2, s->o.va_size));
+}
+
+static expseg_status sim_unreserve(void *st, uintptr_t addr, size_t size) {
+  sim_t *s = st;
+  pthread_mutex_lock(&s->mu);
+  expseg_status r = _expseg_ledger_unreserve(s->ledger, addr, size, false);
+  if (r == EXPSEG_OK) {
+    size_t i = 0; /* first free extent after addr */
+    while (i < s->nfree && s->free_va[i].addr < addr) i++;
+    bool join_prev = i > 0 && s->free_va[i - 1].addr + s->free_va[i - 1].size == addr;
+    bool join_next = i < s->nfree && addr + size == s->free_va[i].addr;
+    if (join_prev && join_next) {
+      s->free_va[i - 1].size += size + s->free_va[i].size;
+      free_remove_at(s, i);
+    } else if (join_prev) {
+      s->free_va[i - 1].size += size;
+    } else if (join_next) {
+      s->free_va[i].addr = addr;
+      s->free_va[i].size += size;
+    } else if (!free_insert_at(s, i, (extent_t){addr, size})) {
+      r = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                            "sim driver: unreserve: out of host memory for the free list");
+    }
+    if (r == EXPSEG_OK) _expseg_ledger_unreserve(s->ledger, addr, size, true);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return r;
+}
+
+static expseg_status sim_create(void *st, size_t size, expseg_vmm_handle *h) {
+  sim_t *s = st;
+  char b1[32], b2[32], b3[32];
+  pthread_mutex_lock(&s->mu);
+  expseg_status r;
+  if (size > s->o.capacity - s->in_use) {
+    r = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "sim driver: capacity %s, %s in use, asked %s",
+                          _expseg_format_size(b1, s->o.capacity),
+                          _expseg_format_size(b2, s->in_use), _expseg_format_size(b3, size));
+  } else {
+    r = _expseg_ledger_chunk_new(s->ledger, size, 0, false, h);
+    if (r == EXPSEG_OK) s->in_use += size;
+  }
+  pthread_mutex_unlock(&s->mu);
+  return r;
+}
+
+static expseg_status sim_release(void *st, expseg_vmm_handle h) {
+  sim_t *s = st;
+  size_t size = 0;
+  bool imported = false;
+  pthread_mutex_lock(&s->mu);
+  expseg_status r = _expseg_ledger_chunk_release(s->ledger, h, false);
+  if (r == EXPSEG_OK) {
+    _expseg_ledger_chunk_get(s->ledger, h, &size, NULL, &imported);
+    _expseg_ledger_chunk_release(s->ledger, h, true);
+    if (!imported) s->in_use -= size;
+  }
+  pthread_mutex_unlock(&s->mu);
+  return r;
+}
+
+static expseg_status sim_map(void *st, uintptr_t addr, size_t size, expseg_vmm_handle h,
+                             size_t offset) {
+  sim_t *s = st;
+  pthread_mutex_lock(&s->mu);
+  expseg_status r = _expseg_ledger_map(s->ledger, addr, size, h, offset);
+  pthread_mutex_unlock(&s->mu);
+  return r;
+}
+
+static expseg_status sim_unmap(void *st, uintptr_t addr, size_t size) {
+  sim_t *s = st;
+  pthread_mutex_lock(&s->mu);
+  expseg_status r = _expseg_ledger_unmap(s->ledger, addr, size, true);
+  pthread_mutex_unlock(&s->mu);
+  return r;
+}
+
+static expseg_status sim_set_access(void *st, uintptr_t addr, size_t size, int device) {
+  sim_t *s = st;
+  (void)device;
+  pthread_mutex_lock(&s->mu);
+  expseg_status r = _expseg_ledger_check_mapped(s->ledger, addr, size, "set_access");
+  pthread_mutex_unlock(&s->mu);
+  return r;
+}
+
+static expseg_status sim_export_fd(void *st, expseg_vmm_handle h, int *fd) {
+  (void)st, (void)h, (void)fd;
+  return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                           "sim driver: export_fd: simulated chunks have no memory to share "
+                           "(use the host driver)");
+}
+
+static expseg_status sim_import_fd(void *st, int fd, size_t size, expseg_vmm_handle *h) {
+  (void)st, (void)fd, (void)size, (void)h;
+  return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                           "sim driver: import_fd: simulated chunks have no memory to share "
+                           "(use the host driver)");
+}
+
+static size_t sim_granularity(void *st) { return ((sim_t *)st)->o.granularity; }
+
+static void sim_mem_info(void *st, size_t *free_bytes, size_t *total_bytes) {
+  sim_t *s = st;
+  pthread_mutex_lock(&s->mu);
+  *free_bytes = s->o.capacity - s->in_use;
+  *total_bytes = s->o.capacity;
+  pthread_mutex_unlock(&s->mu);
+}
+
+static uint64_t sim_now_ns(void *st) {
+  (void)st;
+  return _expseg_clock_ns();
+}
+
+static expseg_status sim_event_create(void *st, expseg_vmm_event *ev) {
+  return _expseg_smodel_event_create(((sim_t *)st)->streams, ev);
+}
+static expseg_status sim_event_destroy(void *st, expseg_vmm_event ev) {
+  return _expseg_smodel_event_destroy(((sim_t *)st)->streams, ev);
+}
+static expseg_status sim_event_record(void *st, expseg_vmm_event ev, expseg_stream s) {
+  return _expseg_smodel_event_record(((sim_t *)st)->streams, ev, s);
+}
+static expseg_status sim_event_query(void *st, expseg_vmm_event ev, bool *done) {
+  return _expseg_smodel_event_query(((sim_t *)st)->streams, ev, done);
+}
+static expseg_status sim_event_synchronize(void *st, expseg_vmm_event ev) {
+  return _expseg_smodel_event_synchronize(((sim_t *)st)->streams, ev);
+}
+static expseg_status sim_stream_synchronize(void *st, expseg_stream s) {
+  return _expseg_smodel_stream_synchronize(((sim_t *)st)->streams, s);
+}
+static void sim_hold_stream(void *st, expseg_stream s, bool hold) {
+  _expseg_smodel_hold(((sim_t *)st)->streams, s, hold);
+}
+
+static void sim_destroy(void *st) {
+  sim_t *s = st;
+  if (!s) return;
+  _expseg_ledger_free(s->ledger);
+  _expseg_smodel_free(s->streams);
+  free(s->free_va);
+  pthread_mutex_destroy(&s->mu);
+  free(s);
+}
+
+static const expseg_vmm_ops_t sim_ops = {
+    .name = "sim",
+    .reserve = sim_reserve,
+    .unreserve = sim_unreserve,
+    .create = sim_create,
+    .release = sim_release,
+    .map = sim_map,
+    .unmap = sim_unmap,
+    .set_access = sim_set_access,
+    .event_create = sim_event_create,
+    .event_destroy = sim_event_destroy,
+    .event_record = sim_event_record,
+    .event_query = sim_event_query,
+    .event_synchronize = sim_event_synchronize,
+    .stream_synchronize = sim_stream_synchronize,
+    .export_fd = sim_export_fd,
+    .import_fd = sim_import_fd,
+    .granularity = sim_granularity,
+    .mem_info = sim_mem_info,
+    .now_ns = sim_now_ns,
+    .hold_stream = sim_hold_stream,
+    .destroy = sim_destroy,
+};
+
+expseg_status _expseg_sim_new(const expseg_sim_opts_t *o, int device, expseg_vmm_t **out) {
+  if (!o || !out)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "sim driver: NULL options or out");
+  *out = NULL;
+  size_t g = o->granularity;
+  char b[32];
+  if (g < 4096 || (g & (g - 1)) || g > (1ull << 30))
+    return _expseg_error_set(EXPSEG_ERR_CONFIG,
+                             "sim driver: granularity=%zu: expected a power of two from 4K to 1G",
+                             g);
+  if (o->capacity == 0)
+    return _expseg_error_set(EXPSEG_ERR_CONFIG, "sim driver: capacity=0: expected SIZE > 0");
+  if (o->va_size < g || o->va_size > (1ull << 52))
+    return _expseg_error_set(EXPSEG_ERR_CONFIG,
+                             "sim driver: va=%llu: expected a size from the granularity (%s) "
+                             "to 4096T",
+                             (unsigned long long)o->va_size, _expseg_format_size(b, g));
+  sim_t *s = calloc(1, sizeof *s);
+  if (!s) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "sim driver: out of host memory");
+  pthread_mutex_init(&s->mu, NULL);
+  s->o = *o;
+  s->o.va_size &= ~(uint64_t)(g - 1);
+  s->ledger = _expseg_ledger_new("sim", g);
+  s->streams = _expseg_smodel_new("sim");
+  if (!s->ledger || !s->streams || !free_insert_at(s, 0, (extent_t){SIM_BASE, s->o.va_size})) {
+    sim_destroy(s);
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "sim driver: out of host memory");
+  }
+  return _expseg_vmm_wrap(&sim_ops, s, device, out);
+}

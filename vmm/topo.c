@@ -1,0 +1,88 @@
+/* topo.c: machine topology through hwloc: NUMA node count, the node nearest a PCI device,
+ * and binding host memory to a node (used by the host backend's numa=N option).
+ *
+ * The topology is loaded once per process (pthread_once) with PCI devices kept, and never
+ * freed (it is small and read-only after loading). Built with EXPSEG_WITH_HWLOC=0, the
+ * fallbacks say: one node, nearest node unknown (-1), binding unsupported. */
+#include "vmm_impl.h"
+
+#include <errno.h>
+#include <string.h>
+
+#ifndef EXPSEG_WITH_HWLOC
+#define EXPSEG_WITH_HWLOC 0
+#endif
+
+#if EXPSEG_WITH_HWLOC
+#include <hwloc.h>
+#include <pthread.h>
+
+static pthread_once_t topo_once = PTHREAD_ONCE_INIT;
+static hwloc_topology_t topo; /* NULL when loading failed */
+
+static void topo_load(void) {
+  hwloc_topology_t t;
+  if (hwloc_topology_init(&t) != 0) return;
+  hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+  if (hwloc_topology_load(t) != 0) {
+    hwloc_topology_destroy(t);
+    return;
+  }
+  topo = t;
+}
+
+static hwloc_topology_t get_topo(void) {
+  pthread_once(&topo_once, topo_load);
+  return topo;
+}
+
+int _expseg_topo_numa_count(void) {
+  hwloc_topology_t t = get_topo();
+  int n = t ? hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_NUMANODE) : 0;
+  return n > 0 ? n : 1;
+}
+
+int _expseg_topo_numa_of_pci(const char *pci_bus_id) {
+  hwloc_topology_t t = get_topo();
+  if (!t || !pci_bus_id) return -1;
+  hwloc_obj_t dev = hwloc_get_pcidev_by_busidstring(t, pci_bus_id);
+  if (!dev) return -1;
+  hwloc_obj_t anc = hwloc_get_non_io_ancestor_obj(t, dev);
+  if (!anc || !anc->nodeset || hwloc_bitmap_weight(anc->nodeset) != 1) return -1;
+  return hwloc_bitmap_first(anc->nodeset);
+}
+
+expseg_status _expseg_topo_bind(void *addr, size_t size, int node) {
+  hwloc_topology_t t = get_topo();
+  if (!t)
+    return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED, "topology: hwloc could not load the topology");
+  hwloc_obj_t obj = hwloc_get_numanode_obj_by_os_index(t, (unsigned)node);
+  if (!obj || !obj->nodeset)
+    return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED, "topology: no NUMA node %d (this machine "
+                             "has %d)", node, _expseg_topo_numa_count());
+  if (hwloc_set_area_membind(t, addr, size, obj->nodeset, HWLOC_MEMBIND_BIND,
+                             HWLOC_MEMBIND_BYNODESET) != 0)
+    return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                             "topology: binding %zu bytes at %p to NUMA node %d failed: %s", size,
+                             addr, node, strerror(errno));
+  return EXPSEG_OK;
+}
+
+#else /* !EXPSEG_WITH_HWLOC */
+
+int _expseg_topo_numa_count(void) { return 1; }
+
+int _expseg_topo_numa_of_pci(const char *pci_bus_id) {
+  (void)pci_bus_id;
+  return -1;
+}
+
+expseg_status _expseg_topo_bind(void *addr, size_t size, int node) {
+  (void)addr, (void)size;
+  return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                           "topology: cannot bind to NUMA node %d: expseg was built without "
+                           "hwloc (EXPSEG_WITH_HWLOC=OFF)",
+                           node);
+}
+
+#endif

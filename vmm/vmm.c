@@ -1,0 +1,584 @@
+/* vmm.c: construction of a driver from its spec, and the checked, counting wrappers.
+ *
+ * Every driver call from pools/ goes through a wrapper here. A wrapper checks what can be
+ * checked cheaply (granularity alignment, non-zero sizes, NULL out-pointers, ranges inside
+ * one live reservation: the wrapper keeps its own small sorted table of reservations),
+ * calls the backend, then counts the call by kind (calls[] / failures[]) and moves the
+ * gauges on success. Backends never count. Checks that need the mapping table (double map,
+ * partial unmap, release of a mapped chunk, unreserve with mappings) are the ledger's job in
+ * host and sim (ledger.c) and the driver's own in cuda.
+ *
+ * The reservation table lives in a private extension of expseg_vmm_t (every expseg_vmm_t is
+ * allocated by _expseg_vmm_wrap), guarded by a mutex: reservations are few, lookups are a
+ * binary search.
+ *
+ * Spec grammar (docs/driver.md): NAME [":" KEY "=" VALUE ("," KEY "=" VALUE)*]. */
+#include "vmm_impl.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+  uintptr_t addr;
+  size_t size;
+} span_t;
+
+typedef struct {
+  expseg_vmm_t pub; /* first: an expseg_vmm_t* is a vmm_full_t* */
+  pthread_mutex_t mu;
+  span_t *resv; /* sorted by addr */
+  size_t nresv, capresv;
+} vmm_full_t;
+
+static vmm_full_t *full(expseg_vmm_t *v) { return (vmm_full_t *)v; }
+
+static const char *const call_names[] = {
+#define EXPSEG_VMM_CALL_NAME_(n) #n,
+    EXPSEG_VMM_CALLS(EXPSEG_VMM_CALL_NAME_)
+#undef EXPSEG_VMM_CALL_NAME_
+};
+
+const char *_expseg_vmm_call_name(expseg_vmm_call c) {
+  return (unsigned)c < EXPSEG_VMM_CALL_COUNT ? call_names[c] : "unknown";
+}
+
+uint64_t _expseg_clock_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- counting ---- */
+
+#define RLX memory_order_relaxed
+
+void _expseg_vmm_account(expseg_vmm_t *v, expseg_vmm_call c, expseg_status s, uint64_t bytes) {
+  atomic_fetch_add_explicit(&v->calls[c], 1, RLX);
+  if (s != EXPSEG_OK) {
+    atomic_fetch_add_explicit(&v->failures[c], 1, RLX);
+    return;
+  }
+  int64_t b = (int64_t)bytes;
+  switch (c) {
+  case EXPSEG_VMM_CALL_reserve:
+    atomic_fetch_add_explicit(&v->live_reservations, 1, RLX);
+    atomic_fetch_add_explicit(&v->reserved_va_bytes, b, RLX);
+    break;
+  case EXPSEG_VMM_CALL_unreserve:
+    atomic_fetch_sub_explicit(&v->live_reservations, 1, RLX);
+    atomic_fetch_sub_explicit(&v->reserved_va_bytes, b, RLX);
+    break;
+  case EXPSEG_VMM_CALL_create:
+    atomic_fetch_add_explicit(&v->created_bytes, b, RLX);
+    /* fall through */
+  case EXPSEG_VMM_CALL_import_fd:
+    atomic_fetch_add_explicit(&v->live_chunks, 1, RLX);
+    atomic_fetch_add_explicit(&v->live_chunk_bytes, b, RLX);
+    break;
+  case EXPSEG_VMM_CALL_release:
+    atomic_fetch_sub_explicit(&v->live_chunks, 1, RLX);
+    atomic_fetch_sub_explicit(&v->live_chunk_bytes, b, RLX);
+    break;
+  case EXPSEG_VMM_CALL_map:
+    atomic_fetch_add_explicit(&v->mapped_bytes, b, RLX);
+    break;
+  case EXPSEG_VMM_CALL_unmap:
+    atomic_fetch_sub_explicit(&v->mapped_bytes, b, RLX);
+    break;
+  case EXPSEG_VMM_CALL_event_create:
+    atomic_fetch_add_explicit(&v->live_events, 1, RLX);
+    break;
+  case EXPSEG_VMM_CALL_event_destroy:
+    atomic_fetch_sub_explicit(&v->live_events, 1, RLX);
+    break;
+  default:
+    break;
+  }
+}
+
+/* A precondition failure: counted as a failed call, the backend is not called. */
+static expseg_status refuse(expseg_vmm_t *v, expseg_vmm_call c) {
+  _expseg_vmm_account(v, c, EXPSEG_ERR_INVALID_ARGUMENT, 0);
+  return EXPSEG_ERR_INVALID_ARGUMENT;
+}
+
+static expseg_status bad_arg(expseg_vmm_t *v, expseg_vmm_call c, uintptr_t addr, size_t size,
+                             const char *what) {
+  char b[32], g[32];
+  _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                    "%s driver: %s(addr=0x%llx, size=%s): %s (granularity %s)", v->ops->name,
+                    call_names[c], (unsigned long long)addr, _expseg_format_size(b, size), what,
+                    _expseg_format_size(g, v->granularity));
+  return refuse(v, c);
+}
+
+static expseg_status null_out(expseg_vmm_t *v, expseg_vmm_call c) {
+  _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s driver: %s: the out-pointer is NULL",
+                    v->ops->name, call_names[c]);
+  return refuse(v, c);
+}
+
+/* Checks addr and size against the granularity and the reservation table. */
+static bool range_ok(expseg_vmm_t *v, expseg_vmm_call c, uintptr_t addr, size_t size) {
+  size_t g = v->granularity;
+  if (size == 0) return bad_arg(v, c, addr, size, "size is 0"), false;
+  if ((addr | size) & (g - 1))
+    return bad_arg(v, c, addr, size, "address or size is not a multiple of the granularity"),
+           false;
+  vmm_full_t *f = full(v);
+  pthread_mutex_lock(&f->mu);
+  size_t lo = 0, hi = f->nresv;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (f->resv[mid].addr <= addr) lo = mid + 1;
+    else hi = mid;
+  }
+  bool inside = false;
+  if (lo > 0) {
+    const span_t *r = &f->resv[lo - 1];
+    inside = addr - r->addr < r->size && size <= r->size - (addr - r->addr);
+  }
+  pthread_mutex_unlock(&f->mu);
+  if (!inside) bad_arg(v, c, addr, size, "the range is not inside one live reservation");
+  return inside;
+}
+
+/* ---- construction ---- */
+
+expseg_status _expseg_vmm_wrap(const expseg_vmm_ops_t *ops, void *st, int device,
+                               expseg_vmm_t **out) {
+  if (!out || !ops) {
+    if (ops && ops->destroy) ops->destroy(st);
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "vmm_wrap: NULL ops or out-pointer");
+  }
+  *out = NULL;
+  vmm_full_t *f = calloc(1, sizeof *f);
+  if (!f) {
+    ops->destroy(st);
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "vmm_wrap: out of host memory");
+  }
+  pthread_mutex_init(&f->mu, NULL);
+  f->pub.ops = ops;
+  f->pub.st = st;
+  f->pub.device = device;
+  f->pub.granularity = ops->granularity(st);
+  size_t g = f->pub.granularity;
+  if (g == 0 || (g & (g - 1))) {
+    _expseg_vmm_close(&f->pub);
+    return _expseg_error_set(EXPSEG_ERR_DRIVER,
+                             "%s driver: granularity %zu is not a power of two", ops->name, g);
+  }
+  *out = &f->pub;
+  return EXPSEG_OK;
+}
+
+void _expseg_vmm_close(expseg_vmm_t *v) {
+  if (!v) return;
+  vmm_full_t *f = full(v);
+  if (v->ops && v->ops->destroy) v->ops->destroy(v->st);
+  pthread_mutex_destroy(&f->mu);
+  free(f->resv);
+  free(f);
+}
+
+/* ---- spec parsing ---- */
+
+enum { OPT_SIZE, OPT_INT };
+
+typedef struct {
+  const char *key;
+  int kind;
+  const char *help; /* what is accepted */
+} optdef_t;
+
+static const optdef_t host_opts[] = {
+    {"capacity", OPT_SIZE, "SIZE > 0"},
+    {"granularity", OPT_SIZE, "SIZE, a power of two multiple of the OS page"},
+    {"numa", OPT_INT, "a NUMA node number >= 0"},
+};
+static const optdef_t sim_opts[] = {
+    {"capacity", OPT_SIZE, "SIZE > 0"},
+    {"granularity", OPT_SIZE, "SIZE, a power of two from 4K to 1G"},
+    {"va", OPT_SIZE, "SIZE from the granularity to 4096T"},
+};
+
+enum { MAX_OPTS = 3 };
+
+#define SPEC_FMT "driver spec '%.*s': "
+#define SPEC_ARG (int)(speclen > 120 ? 120 : speclen), spec
+
+/* Parses SIZE = digits [K|M|G|T] (binary units, either case). */
+static bool parse_size(const char *s, size_t n, uint64_t *out) {
+  if (n == 0) return false;
+  uint64_t v = 0;
+  size_t i = 0;
+  for (; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
+    if (v > (UINT64_MAX - 9) / 10) return false;
+    v = v * 10 + (uint64_t)(s[i] - '0');
+  }
+  if (i == 0) return false;
+  if (i == n) return *out = v, true;
+  if (i + 1 != n) return false;
+  unsigned shift;
+  switch (s[i]) {
+  case 'K': case 'k': shift = 10; break;
+  case 'M': case 'm': shift = 20; break;
+  case 'G': case 'g': shift = 30; break;
+  case 'T': case 't': shift = 40; break;
+  default: return false;
+  }
+  if (v > (UINT64_MAX >> shift)) return false;
+  *out = v << shift;
+  return true;
+}
+
+static bool parse_int(const char *s, size_t n, uint64_t *out) {
+  if (n == 0 || n > 9) return false;
+  uint64_t v = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] < '0' || s[i] > '9') return false;
+    v = v * 10 + (uint64_t)(s[i] - '0');
+  }
+  *out = v;
+  return true;
+}
+
+static void accepted_keys(char *buf, size_t cap, const optdef_t *defs, size_t ndefs) {
+  size_t p = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < ndefs && p < cap; i++)
+    p += (size_t)snprintf(buf + p, cap - p, "%s%s=%s", i ? ", " : "", defs[i].key,
+                          defs[i].kind == OPT_SIZE ? "SIZE" : "N");
+}
+
+/* Parses the option list after ':' into vals[] (seen[] marks given keys). */
+static expseg_status parse_opts(const char *spec, size_t speclen, const char *name,
+                                const char *p, const optdef_t *defs, size_t ndefs,
+                                uint64_t vals[MAX_OPTS], bool seen[MAX_OPTS]) {
+  char acc[160];
+  accepted_keys(acc, sizeof acc, defs, ndefs);
+  if (ndefs == 0)
+    return _expseg_error_set(EXPSEG_ERR_CONFIG,
+                             SPEC_FMT "the %s driver takes no options (write just '%s')",
+                             SPEC_ARG, name, name);
+  if (*p == '\0')
+    return _expseg_error_set(EXPSEG_ERR_CONFIG,
+                             SPEC_FMT "empty option list after ':'; accepted: %s", SPEC_ARG, acc);
+  for (;;) {
+    const char *end = strchr(p, ',');
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    if (n == 0)
+      return _expseg_error_set(EXPSEG_ERR_CONFIG,
+                               SPEC_FMT "empty option at offset %zu (a doubled, leading or "
+                               "trailing comma); accepted: %s",
+                               SPEC_ARG, (size_t)(p - spec), acc);
+    const char *eq = memchr(p, '=', n);
+    size_t klen = eq ? (size_t)(eq - p) : n;
+    int which = -1;
+    for (size_t i = 0; i < ndefs; i++)
+      if (strlen(defs[i].key) == klen && memcmp(defs[i].key, p, klen) == 0) which = (int)i;
+    if (which < 0)
+      return _expseg_error_set(EXPSEG_ERR_CONFIG,
+                               SPEC_FMT "unknown option '%.*s' for the %s driver; accepted: %s",
+                               SPEC_ARG, (int)(klen > 64 ? 64 : klen), p, name, acc);
+    const optdef_t *d = &defs[which];
+    const char *val = eq ? eq + 1 : NULL;
+    size_t vlen = eq ? n - klen - 1 : 0;
+    if (!eq || vlen == 0)
+      return _expseg_error_set(EXPSEG_ERR_CONFIG,
+                               SPEC_FMT "option '%s' has no value (write %s=%s)", SPEC_ARG,
+                               d->key, d->key, d->kind == OPT_SIZE ? "SIZE, e.g. 8G" : "N");
+    if (seen[which])
+      return _expseg_error_set(EXPSEG_ERR_CONFIG, SPEC_FMT "option '%s' is given twice",
+                               SPEC_ARG, d->key);
+    bool ok = d->kind == OPT_SIZE ? parse_size(val, vlen, &vals[which])
+                                  : parse_int(val, vlen, &vals[which]);
+    if (!ok)
+      return _expseg_error_set(
+          EXPSEG_ERR_CONFIG, SPEC_FMT "bad value '%.*s' for '%s': expected %s", SPEC_ARG,
+          (int)(vlen > 64 ? 64 : vlen), val, d->key,
+          d->kind == OPT_SIZE ? "an integer with an optional K, M, G or T suffix (binary "
+                                "units, e.g. 8G or 512K)"
+                              : "a non-negative integer");
+    seen[which] = true;
+    if (!end) break;
+    p = end + 1;
+  }
+  return EXPSEG_OK;
+}
+
+static expseg_status open_spec(const char *spec, int device, expseg_vmm_t **out) {
+  size_t speclen = strlen(spec);
+  const char *colon = strchr(spec, ':');
+  size_t nlen = colon ? (size_t)(colon - spec) : speclen;
+  const char *opts = colon ? colon + 1 : NULL;
+  uint64_t vals[MAX_OPTS] = {0};
+  bool seen[MAX_OPTS] = {false};
+  expseg_status st;
+  if (nlen == 4 && memcmp(spec, "host", 4) == 0) {
+    if (opts && (st = parse_opts(spec, speclen, "host", opts, host_opts, 3, vals, seen)))
+      return st;
+    if (seen[0] && vals[0] == 0)
+      return _expseg_error_set(EXPSEG_ERR_CONFIG, SPEC_FMT "capacity=0: expected SIZE > 0",
+                               SPEC_ARG);
+    expseg_host_opts_t o = {0, 2u << 20, -1}; /* capacity 0 = the default */
+    if (seen[0]) o.capacity = vals[0];
+    if (seen[1]) o.granularity = vals[1];
+    if (seen[2]) o.numa_node = (int)vals[2];
+    st = _expseg_host_new(&o, device, out);
+  } else if (nlen == 3 && memcmp(spec, "sim", 3) == 0) {
+    if (opts && (st = parse_opts(spec, speclen, "sim", opts, sim_opts, 3, vals, seen)))
+      return st;
+    expseg_sim_opts_t o = {80ull << 30, 2u << 20, 128ull << 40};
+    if (seen[0]) o.capacity = vals[0];
+    if (seen[1]) o.granularity = vals[1];
+    if (seen[2]) o.va_size = vals[2];
+    st = _expseg_sim_new(&o, device, out);
+  } else if (nlen == 4 && memcmp(spec, "cuda", 4) == 0) {
+    if (opts && (st = parse_opts(spec, speclen, "cuda", opts, NULL, 0, vals, seen))) return st;
+    st = _expseg_cuda_new(device, out);
+  } else {
+    return _expseg_error_set(EXPSEG_ERR_CONFIG,
+                             SPEC_FMT "unknown driver '%.*s'; accepted: cuda, host, sim "
+                             "(options after ':', e.g. host:capacity=8G)",
+                             SPEC_ARG, (int)(nlen > 64 ? 64 : nlen), spec);
+  }
+  if (st == EXPSEG_ERR_CONFIG) _expseg_error_prefix(SPEC_FMT "rejected", SPEC_ARG);
+  return st;
+}
+
+expseg_status _expseg_vmm_open(const char *spec, int device, expseg_vmm_t **out) {
+  if (!out) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "vmm_open: out is NULL");
+  *out = NULL;
+  if (device < 0)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "vmm_open: device %d: expected a device ordinal >= 0", device);
+  if (spec) return open_spec(spec, device, out);
+  const char *env = getenv("EXPSEG_DRIVER");
+  if (env && *env) {
+    expseg_status st = open_spec(env, device, out);
+    if (st) _expseg_error_prefix("$EXPSEG_DRIVER");
+    return st;
+  }
+  if (_expseg_cuda_usable(device)) return _expseg_cuda_new(device, out);
+  return open_spec("host", device, out);
+}
+
+/* ---- the wrappers ---- */
+
+expseg_status _expseg_vmm_reserve(expseg_vmm_t *v, size_t size, size_t align, uintptr_t *addr) {
+  const expseg_vmm_call c = EXPSEG_VMM_CALL_reserve;
+  if (!addr) return null_out(v, c);
+  size_t g = v->granularity;
+  if (size == 0 || (size & (g - 1))) return bad_arg(v, c, 0, size, "size is 0 or not a multiple of the granularity");
+  if (align && ((align & (align - 1)) || (align & (g - 1)))) {
+    char b[32];
+    _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                      "%s driver: reserve(size=%s, align=%zu): align must be 0 or a power of "
+                      "two multiple of the granularity %zu",
+                      v->ops->name, _expseg_format_size(b, size), align, g);
+    return refuse(v, c);
+  }
+  uintptr_t a = 0;
+  expseg_status st = v->ops->reserve(v->st, size, align, &a);
+  if (st == EXPSEG_OK) {
+    vmm_full_t *f = full(v);
+    pthread_mutex_lock(&f->mu);
+    if (f->nresv == f->capresv) {
+      size_t cap = f->capresv ? f->capresv * 2 : 16;
+      span_t *n = realloc(f->resv, cap * sizeof *n);
+      if (!n) {
+        pthread_mutex_unlock(&f->mu);
+        v->ops->unreserve(v->st, a, size);
+        st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                               "%s driver: reserve: out of host memory for the table",
+                               v->ops->name);
+        _expseg_vmm_account(v, c, st, 0);
+        return st;
+      }
+      f->resv = n;
+      f->capresv = cap;
+    }
+    size_t i = f->nresv;
+    while (i > 0 && f->resv[i - 1].addr > a) i--;
+    memmove(&f->resv[i + 1], &f->resv[i], (f->nresv - i) * sizeof *f->resv);
+    f->resv[i] = (span_t){a, size};
+    f->nresv++;
+    pthread_mutex_unlock(&f->mu);
+    *addr = a;
+  }
+  _expseg_vmm_account(v, c, st, size);
+  return st;
+}
+
+expseg_status _expseg_vmm_unreserve(expseg_vmm_t *v, uintptr_t addr, size_t size) {
+  const expseg_vmm_call c = EXPSEG_VMM_CALL_unreserve;
+  vmm_full_t *f = full(v);
+  pthread_mutex_lock(&f->mu);
+  size_t i = 0;
+  while (i < f->nresv && f->resv[i].addr != addr) i++; /* reservations are few */
+  bool exact = i < f->nresv && f->resv[i].size == size;
+  pthread_mutex_unlock(&f->mu);
+  if (!exact) return bad_arg(v, c, addr, size, "not exactly one live reservation");
+  expseg_status st = v->ops->unreserve(v->st, addr, size);
+  if (st == EXPSEG_OK) {
+    pthread_mutex_lock(&f->mu);
+    for (i = 0; i < f->nresv && f->resv[i].addr != addr; i++) {
+    }
+    if (i < f->nresv) {
+      memmove(&f->resv[i], &f->resv[i + 1], (f->nresv - i - 1) * sizeof *f->resv);
+      f->nresv--;
+    }
+    pthread_mutex_unlock(&f->mu);
+  }
+  _expseg_vmm_account(v, c, st, size);
+  return st;
+}
+
+expseg_status _expseg_vmm_create(expseg_vmm_t *v, size_t size, expseg_vmm_handle *h) {
+  const expseg_vmm_call c = EXPSEG_VMM_CALL_create;
+  if (!h) return null_out(v, c);
+  if (size == 0 || (size & (v->granularity - 1)))
+    return bad_arg(v, c, 0, size, "size is 0 or not a multiple of the granularity");
+  expseg_status st = v->ops->create(v->st, size, h);
+  _expseg_vmm_account(v, c, st, size);
+  return st;
+}
+
+expseg_status _expseg_vmm_release(expseg_vmm_t *v, expseg_vmm_handle h, size_t size) {
+  const expseg_vmm_call c = EXPSEG_VMM_CALL_release;
+  if (h == 0) {
+    _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s driver: release: handle 0 is never live",
+                      v->ops->name);
+    return refuse(v, c);
+  }
+  expseg_status st = v->ops->release(v->st, h);
+  _expseg_vmm_account(v, c, st, size);
+  return st;
+}
+
+expseg_status _expseg_vmm_map(expseg_vmm_t *v, uintptr_t addr, size_t size, expseg_vmm_handle h,
+                              size_t offset) {
+  const expseg_vmm_call c = EXPSEG_VMM_CALL_map;
+  if (offset & (v->granularity - 1))
+    return bad_arg(v, c, addr, size, "offset is not a multiple of the granularity");
+  if (!range_ok(v, c, addr, size)) return EXPSEG_ERR_INVALID_ARGUMENT;
+  expseg_status st = v->ops->map(v->st, addr, size, h, offset);
+  _expseg_vmm_account(v, c, st, size);
+  return st;
+}
+
+expseg_status _expseg_vmm_unmap(expseg_vmm_t *v, uintptr_t addr, size_t size) {
+  const expseg_vmm_call c = EXPSEG_VMM_CALL_unmap;
+  if (!range_ok(v, c, addr, size)) return EXPSEG_ERR_INVALID_ARGUMENT;
+  expseg_status st = v->ops->unmap(v->st, addr, size);
+  _expseg_vmm_account(v, c, st, size);
+  return st;
+}
+
+expseg_status _expseg_vmm_set_access(expseg_vmm_t *v, uintptr_t addr, size_t size) {
+  const expseg_vmm_call c = EXPSEG_VMM_CALL_set_access;
+  if (!range_ok(v, c, addr, size)) return EXPSEG_ERR_INVALID_ARGUMENT;
+  expseg_status st = v->ops->set_access(v->st, addr, size, v->device);
+  _expseg_vmm_account(v, c, st, 0);
+  return st;
+}
+
+static expseg_status no_event(expseg_vmm_t *v, expseg_vmm_call c) {
+  _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s driver: %s: event 0 is never live",
+                    v->ops->name, call_names[c]);
+  return refuse(v, c);
+}
+
+expseg_status _expseg_vmm_event_create(expseg_vmm_t *v, expseg_vmm_event *ev) {
+  const expseg_vmm_call c = EXPSEG_VMM_CALL_event_create;
+  if (!ev) return null_out(v, c);
+  expseg_status st = v->ops->event_create(v->st, ev);
+  _expseg_vmm_account(v, c, st, 0);
+  return st;
+}
+
+expseg_status _expseg_vmm_event_destroy(expseg_vmm_t *v, expseg_vmm_event ev) {
+  const expseg_vmm_call c = EXPSEG_VMM_CALL_event_destroy;
+  if (!ev) return no_event(v, c);
+  expseg_status st = v->ops->event_destroy(v->st, ev);
+  _expseg_vmm_account(v, c, st, 0);
+  return st;
+}
+
+expseg_status _expseg_vmm_event_record(expseg_vmm_t *v, expseg_vmm_event ev, expseg_stream s) {
+  const expseg_vmm_call c = EXPSEG_VMM_CALL_event_record;
+  if (!ev) return no_event(v, c);
+  expseg_status st = v->ops->event_record(v->st, ev, s);
+  _expseg_vmm_account(v, c, st, 0);
+  return st;
+}
+
+expseg_status _expseg_vmm_event_query(expseg_vmm_t *v, expseg_vmm_event ev, bool *done) {
+  const expseg_vmm_call c = EXPSEG_VMM_CALL_event_query;
+  if (!done) return null_out(v, c);
+  if (!ev) return no_event(v, c);
+  expseg_status st = v->ops->event_query(v->st, ev, done);
+  _expseg_vmm_account(v, c, st, 0);
+  return st;
+}
+
+expseg_status _expseg_vmm_event_synchronize(expseg_vmm_t *v, expseg_vmm_event ev) {
+  const expseg_vmm_call c = EXPSEG_VMM_CALL_event_synchronize;
+  if (!ev) return no_event(v, c);
+  expseg_status st = v->ops->event_synchronize(v->st, ev);
+  _expseg_vmm_account(v, c, st, 0);
+  return st;
+}
+
+expseg_status _expseg_vmm_stream_synchronize(expseg_vmm_t *v, expseg_stream s) {
+  expseg_status st = v->ops->stream_synchronize(v->st, s);
+  _expseg_vmm_account(v, EXPSEG_VMM_CALL_stream_synchronize, st, 0);
+  return st;
+}
+
+expseg_status _expseg_vmm_export_fd(expseg_vmm_t *v, expseg_vmm_handle h, int *fd) {
+  const expseg_vmm_call c = EXPSEG_VMM_CALL_export_fd;
+  if (!fd) return null_out(v, c);
+  expseg_status st = v->ops->export_fd(v->st, h, fd);
+  _expseg_vmm_account(v, c, st, 0);
+  return st;
+}
+
+expseg_status _expseg_vmm_import_fd(expseg_vmm_t *v, int fd, size_t size, expseg_vmm_handle *h) {
+  const expseg_vmm_call c = EXPSEG_VMM_CALL_import_fd;
+  if (!h) return null_out(v, c);
+  if (fd < 0) {
+    _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s driver: import_fd: fd %d is not valid",
+                      v->ops->name, fd);
+    return refuse(v, c);
+  }
+  if (size == 0 || (size & (v->granularity - 1)))
+    return bad_arg(v, c, 0, size, "size is 0 or not a multiple of the granularity");
+  expseg_status st = v->ops->import_fd(v->st, fd, size, h);
+  _expseg_vmm_account(v, c, st, size);
+  return st;
+}
+
+void _expseg_vmm_mem_info(expseg_vmm_t *v, size_t *free_bytes, size_t *total_bytes) {
+  size_t fr = 0, tot = 0;
+  v->ops->mem_info(v->st, &fr, &tot);
+  if (free_bytes) *free_bytes = fr;
+  if (total_bytes) *total_bytes = tot;
+}
+
+uint64_t _expseg_vmm_now_ns(expseg_vmm_t *v) { return v->ops->now_ns(v->st); }
+
+expseg_status _expseg_vmm_hold_stream(expseg_vmm_t *v, expseg_stream s, bool hold) {
+  if (!v->ops->hold_stream)
+    return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                             "%s driver: hold_stream is a test hook of the host and sim drivers",
+                             v->ops->name);
+  v->ops->hold_stream(v->st, s, hold);
+  return EXPSEG_OK;
+}

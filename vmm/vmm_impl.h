@@ -1,0 +1,84 @@
+/* vmm_impl.h: internals shared by the files of vmm/ only (never included outside vmm/).
+ *
+ * - the wrapper's accounting step (vmm.c), reused by the fault wrapper to keep its inner
+ *   driver's counters meaningful;
+ * - the stream/event model that host and sim share (stream_model.c);
+ * - the ledger (ledger.c): reservations, chunks and mappings with every precondition of
+ *   vmm.h checked in O(log n); sim is a ledger plus a fake address space, host checks each
+ *   call against one before it touches mmap. */
+#ifndef EXPSEG_VMM_IMPL_H
+#define EXPSEG_VMM_IMPL_H
+
+#include "error.h"
+#include "vmm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- vmm.c ---- */
+
+/* Counts one call of kind c with result s; on success moves the gauges by `bytes`
+ * (reserve/unreserve: reserved VA, create/import/release: chunks, map/unmap: mapped bytes,
+ * event_create/destroy: events). */
+void _expseg_vmm_account(expseg_vmm_t *v, expseg_vmm_call c, expseg_status s, uint64_t bytes);
+/* Monotonic clock in ns (CLOCK_MONOTONIC). */
+uint64_t _expseg_clock_ns(void);
+
+/* ---- stream_model.c: modelled streams and events (host, sim) ---- */
+
+typedef struct expseg_smodel_s expseg_smodel_t;
+
+expseg_smodel_t *_expseg_smodel_new(const char *backend_name);
+void _expseg_smodel_free(expseg_smodel_t *m);
+expseg_status _expseg_smodel_event_create(expseg_smodel_t *m, expseg_vmm_event *ev);
+expseg_status _expseg_smodel_event_destroy(expseg_smodel_t *m, expseg_vmm_event ev);
+expseg_status _expseg_smodel_event_record(expseg_smodel_t *m, expseg_vmm_event ev,
+                                           expseg_stream s);
+expseg_status _expseg_smodel_event_query(expseg_smodel_t *m, expseg_vmm_event ev, bool *done);
+expseg_status _expseg_smodel_event_synchronize(expseg_smodel_t *m, expseg_vmm_event ev);
+expseg_status _expseg_smodel_stream_synchronize(expseg_smodel_t *m, expseg_stream s);
+void _expseg_smodel_hold(expseg_smodel_t *m, expseg_stream s, bool hold);
+
+/* ---- ledger.c: bookkeeping of reservations, chunks and mappings (not thread-safe) ---- */
+
+typedef struct expseg_ledger_s expseg_ledger_t;
+
+expseg_ledger_t *_expseg_ledger_new(const char *backend_name, size_t granularity);
+void _expseg_ledger_free(expseg_ledger_t *l);
+/* Adds a reservation (already known not to overlap another one). OOM when out of memory. */
+expseg_status _expseg_ledger_reserve(expseg_ledger_t *l, uintptr_t addr, size_t size);
+/* Checks that (addr, size) is exactly one reservation with no mapping in it; removes it
+ * when commit. */
+expseg_status _expseg_ledger_unreserve(expseg_ledger_t *l, uintptr_t addr, size_t size,
+                                       bool commit);
+/* New chunk of `size` bytes; `user` is the backend's own word (host: the memfd). */
+expseg_status _expseg_ledger_chunk_new(expseg_ledger_t *l, size_t size, uint64_t user,
+                                       bool imported, expseg_vmm_handle *h);
+/* Looks a live chunk up: its size, user word and whether it was imported. */
+expseg_status _expseg_ledger_chunk_get(expseg_ledger_t *l, expseg_vmm_handle h, size_t *size,
+                                       uint64_t *user, bool *imported);
+/* Checks that the chunk is live and mapped nowhere; forgets it when commit. */
+expseg_status _expseg_ledger_chunk_release(expseg_ledger_t *l, expseg_vmm_handle h,
+                                           bool commit);
+/* Checks the map preconditions and records the mapping (OOM when out of memory). */
+expseg_status _expseg_ledger_map(expseg_ledger_t *l, uintptr_t addr, size_t size,
+                                 expseg_vmm_handle h, size_t offset);
+/* Checks that [addr, addr+size) is exactly a union of whole mappings in one reservation;
+ * forgets them when commit. */
+expseg_status _expseg_ledger_unmap(expseg_ledger_t *l, uintptr_t addr, size_t size, bool commit);
+/* Checks that every byte of [addr, addr+size) is mapped, inside one reservation. */
+expseg_status _expseg_ledger_check_mapped(expseg_ledger_t *l, uintptr_t addr, size_t size,
+                                          const char *call);
+/* Live chunks (for destroy: the backend closes what is left). Calls fn on each. */
+void _expseg_ledger_foreach_chunk(expseg_ledger_t *l,
+                                  void (*fn)(void *ctx, size_t size, uint64_t user, bool imported),
+                                  void *ctx);
+void _expseg_ledger_foreach_resv(expseg_ledger_t *l,
+                                 void (*fn)(void *ctx, uintptr_t addr, size_t size), void *ctx);
+size_t _expseg_ledger_mapping_count(const expseg_ledger_t *l);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EXPSEG_VMM_IMPL_H */
