@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err);
 
@@ -310,7 +311,7 @@ static void print_json(FILE *f, const expseg_trace_t *t, const result_t *r, cons
 }
 
 static void print_table_head(FILE *f) {
-  fprintf(f, "%-44s %9s %11s %11s %6s %11s %6s %8s %5s %7s\n", "trace", "events",
+  fprintf(f, "%-44s %9s %11s %11s %6s %11s %6s %13s %5s %7s\n", "trace", "events",
           "peak req", "peak resv", "ratio", "recorded", "ratio", "dev a/f", "ooms", "ns/op");
 }
 
@@ -318,14 +319,14 @@ static void print_table_row(FILE *f, const expseg_trace_t *t, const result_t *r)
   char b1[32], b2[32], b3[32], af[32];
   snprintf(af, sizeof af, "%" PRId64 "/%" PRId64, r->num_device_alloc, r->num_device_free);
   if (t->baseline.present)
-    fprintf(f, "%-44.44s %9" PRIu64 " %11s %11s %6.3f %11s %6.3f %8s %5" PRIu64 " %7.1f\n",
+    fprintf(f, "%-44.44s %9" PRIu64 " %11s %11s %6.3f %11s %6.3f %13s %5" PRIu64 " %7.1f\n",
             t->name, r->events, human(b1, (double)r->peak_requested),
             human(b2, (double)r->peak_reserved), ratio(r->peak_reserved, r->peak_requested),
             human(b3, (double)t->baseline.peak_reserved),
             ratio((int64_t)t->baseline.peak_reserved, r->peak_requested), af, r->num_ooms,
             r->ns_per_op);
   else
-    fprintf(f, "%-44.44s %9" PRIu64 " %11s %11s %6.3f %11s %6s %8s %5" PRIu64 " %7.1f\n",
+    fprintf(f, "%-44.44s %9" PRIu64 " %11s %11s %6.3f %11s %6s %13s %5" PRIu64 " %7.1f\n",
             t->name, r->events, human(b1, (double)r->peak_requested),
             human(b2, (double)r->peak_reserved), ratio(r->peak_reserved, r->peak_requested),
             "-", "-", af, r->num_ooms, r->ns_per_op);
@@ -359,6 +360,7 @@ static int sweep_one(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *
   sweep_row_t *rows = calloc(n, sizeof *rows);
   if (!rows) return 1;
   int rc = 0;
+  const int tty = !o->quiet && isatty(fileno(err));
   for (size_t i = 0; i < n && rc == 0; i++) {
     sweep_row_t *w = &rows[i];
     if (i < N_SWEEP) {
@@ -370,11 +372,11 @@ static int sweep_one(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *
       w->conf = o->conf;
       w->pytorch = 1;
     }
-    if (!o->quiet && !o->json)
+    if (tty)
       fprintf(err, "\r%s: setting %zu/%zu (%s)%20s", t->name, i + 1, n, w->label, "");
     rc = replay_one(t, o, w->conf, NULL, err, &w->r);
   }
-  if (!o->quiet && !o->json) fprintf(err, "\r%90s\r", "");
+  if (tty) fprintf(err, "\r%90s\r", "");
   if (rc) {
     free(rows);
     return rc;
