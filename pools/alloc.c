@@ -1,0 +1,494 @@
+/* alloc.c: the public allocator API. Every entry point checks its arguments, takes the
+ * allocator's lock, and leaves a message in expseg_last_error() on failure.
+ *
+ * malloc: round (policy) -> best fit in the pool's free index on (stream, size, address)
+ * -> garbage collection when active -> grow (segment.c) -> on out-of-memory: wait for
+ * pending frees, release free classic segments, grow again with blocking waits for idle
+ * pages (num_alloc_retries) -> fail with a message that states the request, what is held
+ * and a hint that fits the configuration; observers run outside the lock.
+ * free: the block leaves the pointer map at once; if other streams used it, it stays
+ * pending until their events complete (streams.c); otherwise it merges with its free
+ * neighbours and goes back into the free index. */
+#include "error.h"
+#include "internal.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static expseg_status null_allocator(const char *fn) {
+  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: the allocator is NULL", fn);
+}
+
+static size_t allowed_for(const expseg_allocator *a) {
+  return _expseg_allowed_bytes(a->cfg.per_process_memory_fraction, a->total_mem);
+}
+
+static void refresh_derived(expseg_allocator *a) {
+  a->allowed = allowed_for(a);
+  a->stats.max_split_size =
+      a->cfg.max_split_size == SIZE_MAX ? -1 : (int64_t)a->cfg.max_split_size;
+}
+
+static void warn_ignored_once(const expseg_config_source_t *src) {
+  static atomic_flag warned = ATOMIC_FLAG_INIT;
+  if (src->ignored[0] != '\0' && !atomic_flag_test_and_set(&warned))
+    _expseg_warn("configuration taken from %s; also set and ignored: %s", src->name, src->ignored);
+}
+
+expseg_status _expseg_create_with_driver(expseg_vmm_t *drv, const char *config,
+                                         expseg_allocator **out) {
+  expseg_config_source_t src;
+  _expseg_config_source(config, NULL, &src);
+  expseg_config_t defaults, cfg;
+  _expseg_config_defaults(&defaults);
+  char err[512];
+  if (_expseg_config_parse(src.text, src.name, &defaults, &cfg, err, sizeof err) != EXPSEG_OK) {
+    _expseg_vmm_close(drv);
+    return _expseg_error_set(EXPSEG_ERR_CONFIG, "%s", err);
+  }
+  warn_ignored_once(&src);
+  expseg_allocator *a = calloc(1, sizeof *a);
+  if (a == NULL || !_expseg_ptrmap_init(&a->live)) {
+    free(a);
+    _expseg_vmm_close(drv);
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_create: out of host memory");
+  }
+  pthread_mutex_init(&a->lock, NULL);
+  a->drv = drv;
+  a->device = drv->device;
+  a->cfg = cfg;
+  snprintf(a->conf_source, sizeof a->conf_source, "%s", src.name);
+  a->granularity = drv->granularity;
+  a->page = _expseg_page_size(&cfg, a->granularity);
+  size_t free_b = 0;
+  _expseg_vmm_mem_info(drv, &free_b, &a->total_mem);
+  size_t va = cfg.va_reserve ? cfg.va_reserve : a->total_mem / 8;
+  if (va < 64 * a->page) va = 64 * a->page;
+  a->va_default = (va + a->page - 1) / a->page * a->page;
+  for (int p = 0; p < POOL_COUNT; p++) {
+    a->free_idx[p].by_size = true;
+    a->unmapped_idx[p].by_size = false;
+  }
+  a->rng = 0x9E3779B9u;
+  refresh_derived(a);
+  if (cfg.verbose) {
+    char text[1024];
+    _expseg_config_print(&cfg, text, sizeof text);
+    _expseg_warn("device %d, %s driver, page %zu bytes; configuration from %s: %s", a->device,
+                 drv->ops->name, a->page, src.name, text);
+  }
+  char none[512];
+  if (_expseg_config_no_effect(&cfg, none, sizeof none) > 0 && none[0] != '\0')
+    _expseg_warn("%s", none);
+  *out = a;
+  return EXPSEG_OK;
+}
+
+expseg_status expseg_create(const char *driver, int device, const char *config,
+                            expseg_allocator **out) {
+  if (out == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_create: out is NULL");
+  *out = NULL;
+  if (device < 0)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_create: device %d is negative; devices are numbered from 0",
+                             device);
+  expseg_vmm_t *drv = NULL;
+  expseg_status st = _expseg_vmm_open(driver, device, &drv);
+  if (st != EXPSEG_OK) return st;
+  return _expseg_create_with_driver(drv, config, out);
+}
+
+void expseg_destroy(expseg_allocator *a) {
+  if (a == NULL) return;
+  pthread_mutex_lock(&a->lock);
+  _expseg_streams_destroy(a);
+  _expseg_segments_destroy(a);
+  _expseg_ptrmap_destroy(&a->live);
+  _expseg_blocks_destroy(a);
+  free(a->observers);
+  pthread_mutex_unlock(&a->lock);
+  pthread_mutex_destroy(&a->lock);
+  _expseg_vmm_close(a->drv);
+  free(a);
+}
+
+/* ---- malloc ---- */
+
+static block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded) {
+  block_t *b = _expseg_tree_lower_bound(&a->free_idx[pool], stream, rounded, 0);
+  if (b == NULL || b->stream != stream) return NULL;
+  if (!b->seg->expandable && !_expseg_oversize_ok(&a->cfg, rounded, b->size)) return NULL;
+  _expseg_free_remove(a, b);
+  return b;
+}
+
+/* Hands out b (free, mapped, not indexed), splitting off what the request does not need. */
+static expseg_status take_block(expseg_allocator *a, block_t *b, size_t rounded, size_t size,
+                                void **out) {
+  int pool = b->seg->pool;
+  if (_expseg_should_split(&a->cfg, pool == POOL_SMALL, b->seg->expandable, b->size, rounded)) {
+    block_t *rest = _expseg_block_split(a, b, rounded);
+    if (rest != NULL) _expseg_free_insert(a, rest);
+  }
+  if (!_expseg_ptrmap_put(&a->live, b->ptr, b)) {
+    _expseg_free_insert(a, _expseg_block_coalesce(a, b));
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_malloc: out of host memory");
+  }
+  b->state = BLOCK_ALLOCATED;
+  b->requested = size;
+  b->n_uses = 0;
+  b->oversize = b->size >= a->cfg.max_split_size;
+  stats_t *s = &a->stats;
+  _expseg_stat_pool_add(s->allocation, pool, 1);
+  _expseg_stat_pool_add(s->allocated_bytes, pool, (int64_t)b->size);
+  _expseg_stat_pool_add(s->requested_bytes, pool, (int64_t)size);
+  _expseg_stat_pool_add(s->active, pool, 1);
+  _expseg_stat_pool_add(s->active_bytes, pool, (int64_t)b->size);
+  if (b->oversize) _expseg_stat_add(&s->oversize_allocations, 1);
+  *out = (void *)b->ptr;
+  return EXPSEG_OK;
+}
+
+static size_t oom_message_hint(const expseg_allocator *a, size_t rounded, char *buf, size_t len) {
+  size_t held = held_bytes(a);
+  size_t allocated = (size_t)a->stats.allocated_bytes[STAT_ALL].current;
+  char b1[32], b2[32];
+  if (!a->cfg.expandable_segments && held - allocated >= rounded)
+    return (size_t)snprintf(buf, len,
+                            "%s is held but unallocated, split across segments: "
+                            "expandable_segments:True lets such memory serve one request",
+                            _expseg_format_size(b1, held - allocated));
+  if (a->allowed != SIZE_MAX)
+    return (size_t)snprintf(buf, len,
+                            "the memory fraction %.3g caps this allocator at %s: raise it "
+                            "(per_process_memory_fraction or expseg_set_memory_fraction), or "
+                            "free memory",
+                            a->cfg.per_process_memory_fraction,
+                            _expseg_format_size(b2, a->allowed));
+  return (size_t)snprintf(buf, len, "%s; free tensors you no longer need, or use smaller batches",
+                          a->cfg.expandable_segments
+                              ? "expandable segments are on and nothing cached can serve it"
+                              : "nothing cached can serve it");
+}
+
+static expseg_status fail_oom(expseg_allocator *a, size_t size, size_t rounded,
+                              expseg_stream stream, expseg_status cause, const char *cause_msg) {
+  a->stats.num_ooms++;
+  size_t dev_free = 0, dev_total = 0;
+  _expseg_vmm_mem_info(a->drv, &dev_free, &dev_total);
+  size_t held = held_bytes(a);
+  size_t allocated = (size_t)a->stats.allocated_bytes[STAT_ALL].current;
+  size_t cached = (size_t)a->stats.cached_physical_bytes.current;
+  size_t largest = _expseg_largest_free(a);
+  char s1[32], s2[32], s3[32], s4[32], s5[32], s6[32], s7[32], s8[32], s9[32], s10[32];
+  char hint[400], cap[96] = "";
+  oom_message_hint(a, rounded, hint, sizeof hint);
+  if (a->allowed != SIZE_MAX)
+    snprintf(cap, sizeof cap, " %s allowed (memory fraction %.3g).",
+             _expseg_format_size(s10, a->allowed), a->cfg.per_process_memory_fraction);
+  char msg[1400];
+  snprintf(msg, sizeof msg,
+           "out of memory: tried to allocate %s (%zu bytes, rounded to %s, %s pool, stream "
+           "%#llx) on device %d. The device has %s in total, %s free.%s This allocator "
+           "holds %s: %s allocated, %s cached (%s as unmapped pages), largest free block %s. "
+           "Hint: %s. [%s: %s]",
+           _expseg_format_size(s1, size), size, _expseg_format_size(s2, rounded),
+           _expseg_is_small(rounded) ? "small" : "large", (unsigned long long)stream, a->device,
+           _expseg_format_size(s3, dev_total), _expseg_format_size(s4, dev_free), cap,
+           _expseg_format_size(s5, held), _expseg_format_size(s6, allocated),
+           _expseg_format_size(s7, held - allocated), _expseg_format_size(s8, cached),
+           _expseg_format_size(s9, largest), hint, expseg_status_name(cause), cause_msg);
+  size_t n_obs = a->n_observers;
+  observer_t local[8];
+  observer_t *obs = n_obs <= 8 ? local : malloc(n_obs * sizeof *obs);
+  if (obs == NULL) n_obs = 0;
+  else if (n_obs > 0) memcpy(obs, a->observers, n_obs * sizeof *obs);
+  size_t third = a->allowed != SIZE_MAX ? a->allowed : dev_total;
+  int device = a->device;
+  pthread_mutex_unlock(&a->lock);
+  for (size_t i = 0; i < n_obs; i++) obs[i].fn(obs[i].ctx, device, rounded, third, dev_free);
+  if (obs != local) free(obs);
+  return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s", msg);
+}
+
+expseg_status expseg_malloc(expseg_allocator *a, size_t size, expseg_stream stream, void **out) {
+  if (out == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_malloc: out is NULL");
+  *out = NULL;
+  if (a == NULL) return null_allocator("expseg_malloc");
+  if (size == 0) return EXPSEG_OK;
+  pthread_mutex_lock(&a->lock);
+  if (a->n_pending_events > 0) _expseg_process_events(a);
+  size_t rounded = _expseg_round_size(&a->cfg, size);
+  if (rounded == 0) {
+    pthread_mutex_unlock(&a->lock);
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_malloc: size %zu is too large; at most %zu bytes (1 EiB) "
+                             "can be asked for",
+                             size, (size_t)EXPSEG_MAX_REQUEST);
+  }
+  int pool = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
+  block_t *b = find_free(a, pool, stream, rounded);
+  expseg_status st = EXPSEG_OK;
+  if (b == NULL) {
+    _expseg_garbage_collect(a);
+    b = _expseg_grow(a, pool, stream, rounded, false, &st);
+    /* another thread may have freed a fit while the lock was dropped */
+    if (b == NULL) b = find_free(a, pool, stream, rounded);
+  }
+  if (b == NULL && st == EXPSEG_ERR_OUT_OF_MEMORY) {
+    a->stats.num_alloc_retries++;
+    _expseg_sync_all_events(a);
+    b = find_free(a, pool, stream, rounded);
+    if (b == NULL) {
+      _expseg_release_cached(a, a->cfg.expandable_segments);
+      b = _expseg_grow(a, pool, stream, rounded, true, &st);
+      if (b == NULL) b = find_free(a, pool, stream, rounded);
+    }
+  }
+  if (b == NULL) {
+    if (st == EXPSEG_OK) st = EXPSEG_ERR_OUT_OF_MEMORY;
+    char cause[600];
+    snprintf(cause, sizeof cause, "%s", expseg_last_error());
+    if (st != EXPSEG_ERR_OUT_OF_MEMORY) { /* a driver failure, not a lack of memory */
+      pthread_mutex_unlock(&a->lock);
+      return _expseg_error_set(st, "expseg_malloc(%zu): %s", size, cause);
+    }
+    return fail_oom(a, size, rounded, stream, st, cause); /* unlocks */
+  }
+  st = take_block(a, b, rounded, size, out);
+  pthread_mutex_unlock(&a->lock);
+  return st;
+}
+
+/* ---- free ---- */
+
+void _expseg_free_block(expseg_allocator *a, block_t *b) {
+  int pool = b->seg->pool;
+  stats_t *s = &a->stats;
+  if (b->state == BLOCK_PENDING) _expseg_stat_add(&s->pending_free_blocks, -1);
+  _expseg_stat_pool_add(s->requested_bytes, pool, -(int64_t)b->requested);
+  _expseg_stat_pool_add(s->active, pool, -1);
+  _expseg_stat_pool_add(s->active_bytes, pool, -(int64_t)b->size);
+  b->state = BLOCK_FREE;
+  b->requested = 0;
+  b->n_uses = 0;
+  a->tick++;
+  _expseg_free_insert(a, _expseg_block_coalesce(a, b));
+}
+
+expseg_status expseg_free(expseg_allocator *a, void *ptr) {
+  if (a == NULL) return null_allocator("expseg_free");
+  if (ptr == NULL) return EXPSEG_OK;
+  pthread_mutex_lock(&a->lock);
+  block_t *b = _expseg_ptrmap_take(&a->live, (uintptr_t)ptr);
+  if (b == NULL) {
+    pthread_mutex_unlock(&a->lock);
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_free(%p): not a pointer this allocator handed out, or "
+                             "already freed",
+                             ptr);
+  }
+  int pool = b->seg->pool;
+  stats_t *s = &a->stats;
+  _expseg_stat_pool_add(s->allocation, pool, -1);
+  _expseg_stat_pool_add(s->allocated_bytes, pool, -(int64_t)b->size);
+  if (b->oversize) _expseg_stat_add(&s->oversize_allocations, -1);
+  if (b->n_uses > 0) {
+    if (_expseg_insert_events(a, b)) {
+      b->state = BLOCK_PENDING;
+      _expseg_stat_add(&s->pending_free_blocks, 1);
+      pthread_mutex_unlock(&a->lock);
+      return EXPSEG_OK;
+    }
+    /* no event could be recorded: wait for the streams instead */
+    for (uint32_t i = 0; i < b->n_uses; i++)
+      if (_expseg_vmm_stream_synchronize(a->drv, b->uses[i]) != EXPSEG_OK)
+        _expseg_warn("expseg_free(%p): waiting for stream %#llx failed: %s", ptr,
+                     (unsigned long long)b->uses[i], expseg_last_error());
+  }
+  _expseg_free_block(a, b);
+  pthread_mutex_unlock(&a->lock);
+  return EXPSEG_OK;
+}
+
+expseg_status expseg_record_stream(expseg_allocator *a, void *ptr, expseg_stream stream) {
+  if (a == NULL) return null_allocator("expseg_record_stream");
+  pthread_mutex_lock(&a->lock);
+  block_t *b = _expseg_ptrmap_get(&a->live, (uintptr_t)ptr);
+  expseg_status st;
+  if (b == NULL)
+    st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                           "expseg_record_stream(%p): not a live pointer of this allocator", ptr);
+  else
+    st = _expseg_block_add_use(b, stream);
+  pthread_mutex_unlock(&a->lock);
+  return st;
+}
+
+/* ---- cache, limits, configuration ---- */
+
+expseg_status expseg_empty_cache(expseg_allocator *a) {
+  if (a == NULL) return null_allocator("expseg_empty_cache");
+  pthread_mutex_lock(&a->lock);
+  _expseg_sync_all_events(a);
+  _expseg_release_cached(a, false);
+  pthread_mutex_unlock(&a->lock);
+  return EXPSEG_OK;
+}
+
+expseg_status expseg_set_memory_fraction(expseg_allocator *a, double fraction) {
+  if (a == NULL) return null_allocator("expseg_set_memory_fraction");
+  if (!(fraction >= 0.0 && fraction <= 1.0))
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_set_memory_fraction: fraction %g is outside [0, 1]",
+                             fraction);
+  pthread_mutex_lock(&a->lock);
+  a->cfg.per_process_memory_fraction = fraction;
+  refresh_derived(a);
+  pthread_mutex_unlock(&a->lock);
+  return EXPSEG_OK;
+}
+
+expseg_status expseg_configure(expseg_allocator *a, const char *config) {
+  if (a == NULL) return null_allocator("expseg_configure");
+  if (config == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_configure: config is NULL; pass option text such as "
+                             "\"expandable_segments:False\"");
+  pthread_mutex_lock(&a->lock);
+  expseg_config_t next;
+  char err[512];
+  expseg_status st = _expseg_config_parse(config, "expseg_configure", &a->cfg, &next, err,
+                                          sizeof err);
+  if (st != EXPSEG_OK) {
+    st = _expseg_error_set(EXPSEG_ERR_CONFIG, "%s", err);
+  } else if (_expseg_page_size(&next, a->granularity) != a->page) {
+    st = _expseg_error_set(EXPSEG_ERR_CONFIG,
+                           "expseg_configure: page_size_mb can only be set at creation (in force: "
+                           "%zu bytes)",
+                           a->page);
+  } else {
+    a->cfg = next;
+    refresh_derived(a);
+  }
+  pthread_mutex_unlock(&a->lock);
+  return st;
+}
+
+size_t expseg_config_string(const expseg_allocator *a, char *buf, size_t len) {
+  if (a == NULL) return 0;
+  expseg_allocator *m = (expseg_allocator *)a;
+  pthread_mutex_lock(&m->lock);
+  size_t n = _expseg_config_print(&a->cfg, buf, len);
+  pthread_mutex_unlock(&m->lock);
+  return n;
+}
+
+expseg_status expseg_add_oom_observer(expseg_allocator *a, expseg_oom_observer fn, void *ctx) {
+  if (a == NULL) return null_allocator("expseg_add_oom_observer");
+  if (fn == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_add_oom_observer: fn is NULL");
+  pthread_mutex_lock(&a->lock);
+  observer_t *o = realloc(a->observers, (a->n_observers + 1) * sizeof *o);
+  expseg_status st = EXPSEG_OK;
+  if (o == NULL) {
+    st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_add_oom_observer: out of host memory");
+  } else {
+    a->observers = o;
+    o[a->n_observers++] = (observer_t){fn, ctx};
+  }
+  pthread_mutex_unlock(&a->lock);
+  return st;
+}
+
+/* ---- statistics ---- */
+
+expseg_status expseg_stat(const expseg_allocator *a, const char *key, int64_t *value) {
+  if (a == NULL) return null_allocator("expseg_stat");
+  if (key == NULL || value == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_stat: %s is NULL",
+                             key == NULL ? "key" : "value");
+  expseg_allocator *m = (expseg_allocator *)a;
+  pthread_mutex_lock(&m->lock);
+  bool found = _expseg_stats_get(a, key, value);
+  pthread_mutex_unlock(&m->lock);
+  if (!found)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_stat: unknown key '%s'; keys are those of "
+                             "torch.cuda.memory_stats() (e.g. allocated_bytes.all.current) and "
+                             "expseg.* (docs/stats.md)",
+                             key);
+  return EXPSEG_OK;
+}
+
+typedef struct collect_s {
+  const char **keys;
+  int64_t *vals;
+  size_t n;
+} collect_t;
+
+static void collect(void *ctx, const char *key, int64_t v) {
+  collect_t *c = ctx;
+  c->keys[c->n] = key;
+  c->vals[c->n++] = v;
+}
+
+void expseg_stats_foreach(const expseg_allocator *a,
+                          void (*fn)(void *ctx, const char *key, int64_t value), void *ctx) {
+  if (a == NULL || fn == NULL) return;
+  size_t n = _expseg_stats_key_count();
+  collect_t c = {malloc(n * sizeof(char *)), malloc(n * sizeof(int64_t)), 0};
+  expseg_allocator *m = (expseg_allocator *)a;
+  if (c.keys != NULL && c.vals != NULL) { /* values taken under the lock, fn called outside */
+    pthread_mutex_lock(&m->lock);
+    _expseg_stats_visit(a, collect, &c);
+    pthread_mutex_unlock(&m->lock);
+    for (size_t i = 0; i < c.n; i++) fn(ctx, c.keys[i], c.vals[i]);
+  }
+  free(c.keys);
+  free(c.vals);
+}
+
+void expseg_reset_peak_stats(expseg_allocator *a) {
+  if (a == NULL) return;
+  pthread_mutex_lock(&a->lock);
+  _expseg_stats_reset_peak(&a->stats);
+  pthread_mutex_unlock(&a->lock);
+}
+
+void expseg_reset_accumulated_stats(expseg_allocator *a) {
+  if (a == NULL) return;
+  pthread_mutex_lock(&a->lock);
+  _expseg_stats_reset_accumulated(&a->stats, a->drv);
+  pthread_mutex_unlock(&a->lock);
+}
+
+expseg_status expseg_check(const expseg_allocator *a) {
+  if (a == NULL) return null_allocator("expseg_check");
+  expseg_allocator *m = (expseg_allocator *)a;
+  pthread_mutex_lock(&m->lock);
+  expseg_status st = _expseg_check_locked(a);
+  pthread_mutex_unlock(&m->lock);
+  return st;
+}
+
+/* ---- not built yet ---- */
+
+expseg_status expseg_record_history(expseg_allocator *a, bool enabled, size_t max_entries) {
+  (void)a;
+  (void)enabled;
+  (void)max_entries;
+  return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                           "expseg_record_history: history recording is not built yet");
+}
+
+expseg_status expseg_snapshot_dump(expseg_allocator *a, const char *path) {
+  (void)a;
+  return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                           "expseg_snapshot_dump(%s): snapshots are not built yet",
+                           path ? path : "NULL");
+}

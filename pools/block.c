@@ -1,0 +1,176 @@
+/* block.c: block structs (recycled from slabs), the free sets, splitting and merging.
+ *
+ * Every change of a block's membership in a free set goes through _expseg_free_insert /
+ * _expseg_free_remove (free mapped blocks) or _expseg_unmapped_insert / _remove, so the
+ * index, the idle list and the inactive_split statistics can never disagree. A free
+ * classic block counts as inactive_split while its segment is split (it has a neighbour);
+ * expandable blocks never do (their whole pages can always be given back), as in PyTorch. */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define SLAB_BLOCKS 512
+
+static uint32_t next_prio(expseg_allocator *a) {
+  uint32_t x = a->rng;
+  x ^= x << 13;
+  x ^= x >> 17;
+  x ^= x << 5;
+  a->rng = x;
+  return x;
+}
+
+block_t *_expseg_block_new(expseg_allocator *a) {
+  if (a->block_free == NULL) {
+    if (a->n_slabs == a->cap_slabs) {
+      size_t cap = a->cap_slabs ? a->cap_slabs * 2 : 16;
+      void **s = realloc(a->slabs, cap * sizeof *s);
+      if (s == NULL) return NULL;
+      a->slabs = s;
+      a->cap_slabs = cap;
+    }
+    block_t *slab = malloc(SLAB_BLOCKS * sizeof *slab);
+    if (slab == NULL) return NULL;
+    a->slabs[a->n_slabs++] = slab;
+    for (size_t i = 0; i < SLAB_BLOCKS; i++) {
+      slab[i].next = a->block_free;
+      a->block_free = &slab[i];
+    }
+  }
+  block_t *b = a->block_free;
+  a->block_free = b->next;
+  memset(b, 0, sizeof *b);
+  b->uses = b->uses_inline;
+  b->uses_cap = 2;
+  return b;
+}
+
+void _expseg_block_delete(expseg_allocator *a, block_t *b) {
+  if (b->uses != b->uses_inline) free(b->uses);
+  b->next = a->block_free;
+  a->block_free = b;
+}
+
+void _expseg_blocks_destroy(expseg_allocator *a) {
+  for (size_t i = 0; i < a->n_slabs; i++) free(a->slabs[i]);
+  free(a->slabs);
+  a->slabs = NULL;
+  a->n_slabs = a->cap_slabs = 0;
+  a->block_free = NULL;
+}
+
+bool _expseg_block_is_split(const block_t *b) { return b->prev != NULL || b->next != NULL; }
+
+size_t _expseg_block_whole_pages(const expseg_allocator *a, const block_t *b, uintptr_t *first) {
+  if (!b->seg->expandable) return 0;
+  uintptr_t lo = (b->ptr + a->page - 1) & ~(uintptr_t)(a->page - 1);
+  uintptr_t hi = (b->ptr + b->size) & ~(uintptr_t)(a->page - 1);
+  if (first != NULL) *first = lo;
+  return hi > lo ? (hi - lo) / a->page : 0;
+}
+
+static void idle_push(expseg_allocator *a, block_t *b) {
+  b->idle = true;
+  b->idle_next = NULL;
+  b->idle_prev = a->idle_tail;
+  if (a->idle_tail) a->idle_tail->idle_next = b;
+  else a->idle_head = b;
+  a->idle_tail = b;
+}
+
+static void idle_unlink(expseg_allocator *a, block_t *b) {
+  if (b->idle_prev) b->idle_prev->idle_next = b->idle_next;
+  else a->idle_head = b->idle_next;
+  if (b->idle_next) b->idle_next->idle_prev = b->idle_prev;
+  else a->idle_tail = b->idle_prev;
+  b->idle_prev = b->idle_next = NULL;
+  b->idle = false;
+}
+
+void _expseg_free_insert(expseg_allocator *a, block_t *b) {
+  expseg_assert(b->state == BLOCK_FREE && b->mapped && !b->indexed);
+  b->idle_since = a->tick;
+  _expseg_tree_insert(&a->free_idx[b->seg->pool], b, next_prio(a));
+  b->indexed = true;
+  if (b->seg->expandable) {
+    if (_expseg_block_whole_pages(a, b, NULL) > 0) idle_push(a, b);
+  } else if (_expseg_block_is_split(b)) {
+    _expseg_stat_pool_add(a->stats.inactive_split, b->seg->pool, 1);
+    _expseg_stat_pool_add(a->stats.inactive_split_bytes, b->seg->pool, (int64_t)b->size);
+  }
+}
+
+void _expseg_free_remove(expseg_allocator *a, block_t *b) {
+  expseg_assert(b->indexed && b->mapped);
+  _expseg_tree_remove(&a->free_idx[b->seg->pool], b);
+  b->indexed = false;
+  if (b->idle) idle_unlink(a, b);
+  if (!b->seg->expandable && _expseg_block_is_split(b)) {
+    _expseg_stat_pool_add(a->stats.inactive_split, b->seg->pool, -1);
+    _expseg_stat_pool_add(a->stats.inactive_split_bytes, b->seg->pool, -(int64_t)b->size);
+  }
+}
+
+void _expseg_unmapped_insert(expseg_allocator *a, block_t *b) {
+  expseg_assert(!b->mapped && !b->indexed);
+  _expseg_tree_insert(&a->unmapped_idx[b->seg->pool], b, next_prio(a));
+  b->indexed = true;
+}
+
+void _expseg_unmapped_remove(expseg_allocator *a, block_t *b) {
+  expseg_assert(!b->mapped && b->indexed);
+  _expseg_tree_remove(&a->unmapped_idx[b->seg->pool], b);
+  b->indexed = false;
+}
+
+block_t *_expseg_block_split(expseg_allocator *a, block_t *b, size_t offset) {
+  expseg_assert(offset > 0 && offset < b->size);
+  block_t *n = _expseg_block_new(a);
+  if (n == NULL) return NULL;
+  n->ptr = b->ptr + offset;
+  n->size = b->size - offset;
+  n->stream = b->stream;
+  n->seg = b->seg;
+  n->state = b->state;
+  n->mapped = b->mapped;
+  n->prev = b;
+  n->next = b->next;
+  if (b->next) b->next->prev = n;
+  b->next = n;
+  b->size = offset;
+  return n;
+}
+
+static bool same_kind(const block_t *x, const block_t *y) {
+  return x->state == BLOCK_FREE && y->state == BLOCK_FREE && x->mapped == y->mapped;
+}
+
+static void take_out(expseg_allocator *a, block_t *n) {
+  if (!n->indexed) return;
+  if (n->mapped) _expseg_free_remove(a, n);
+  else _expseg_unmapped_remove(a, n);
+}
+
+block_t *_expseg_block_coalesce(expseg_allocator *a, block_t *b) {
+  expseg_assert(!b->indexed);
+  block_t *p = b->prev;
+  if (p != NULL && same_kind(p, b)) {
+    take_out(a, p);
+    b->ptr = p->ptr;
+    b->size += p->size;
+    b->prev = p->prev;
+    if (p->prev) p->prev->next = b;
+    else b->seg->first = b;
+    _expseg_block_delete(a, p);
+  }
+  block_t *n = b->next;
+  if (n != NULL && same_kind(n, b)) {
+    take_out(a, n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    _expseg_block_delete(a, n);
+  }
+  return b;
+}

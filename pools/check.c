@@ -1,0 +1,208 @@
+/* check.c: the invariant checker behind expseg_check(). It walks every segment and block
+ * and recounts everything the allocator keeps incrementally:
+ *  - blocks tile each segment with no gap or overlap, neighbour links agree;
+ *  - free mapped blocks are in the free index (and only they), merged with no free mapped
+ *    neighbour, on the idle list exactly when they hold a whole expandable page;
+ *  - unmapped blocks are page-aligned, in the unmapped index, cover only unmapped pages;
+ *  - mapped pages back every live block; allocated blocks are in the pointer map;
+ *  - every statistic with a recountable value agrees with the recount, and the driver's
+ *    own counts (mapped bytes, live chunks) agree with what the allocator believes it holds.
+ * O(blocks): for tests and expseg-replay --check. */
+#include "error.h"
+#include "internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct recount_s {
+  int64_t allocation[3], allocated_bytes[3], active[3], active_bytes[3], requested[3];
+  int64_t segment[3], reserved[3], inactive_split[3], inactive_split_bytes[3];
+  int64_t mapped, va, pending, oversize, free_blocks[POOL_COUNT], unmapped_blocks[POOL_COUNT];
+  int64_t idle, chunks, driver_mapped;
+} recount_t;
+
+#define FAIL(...) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_check: " __VA_ARGS__)
+
+static void add3(int64_t arr[3], int pool, int64_t v) {
+  arr[STAT_ALL] += v;
+  arr[stat_pool(pool)] += v;
+}
+
+static bool page_mapped(const segment_t *s, size_t idx) {
+  return idx < s->pages_cap && s->pages[idx].mapped;
+}
+
+static expseg_status check_block(const expseg_allocator *a, const segment_t *s, const block_t *b,
+                                 recount_t *r) {
+  int pool = s->pool;
+  unsigned long p = (unsigned long)b->ptr;
+  if (b->seg != s || b->stream != s->stream) FAIL("block %#lx: wrong segment or stream", p);
+  if (b->size == 0) FAIL("block %#lx: size 0", p);
+  if (b->next != NULL && (b->next->prev != b || b->next->ptr != b->ptr + b->size))
+    FAIL("block %#lx (+%zu): next block at %#lx does not follow it", p, b->size,
+         (unsigned long)b->next->ptr);
+  if (!s->expandable && !b->mapped) FAIL("block %#lx: unmapped block in a classic segment", p);
+  if (s->expandable) {
+    size_t first = (b->ptr - s->base) / a->page;
+    size_t last = (b->ptr + b->size - 1 - s->base) / a->page;
+    for (size_t i = first; i <= last; i++) {
+      if (b->mapped && !page_mapped(s, i))
+        FAIL("block %#lx: page %zu of its segment is not mapped", p, i);
+      if (!b->mapped && page_mapped(s, i))
+        FAIL("unmapped block %#lx: page %zu is mapped", p, i);
+    }
+  }
+  if (!b->mapped) {
+    if (b->state != BLOCK_FREE) FAIL("unmapped block %#lx is not free", p);
+    if ((b->ptr - s->base) % a->page != 0 || b->size % a->page != 0)
+      FAIL("unmapped block %#lx (+%zu) is not page-aligned", p, b->size);
+    if (!b->indexed || !_expseg_tree_contains(&a->unmapped_idx[pool], b))
+      FAIL("unmapped block %#lx is not in the unmapped index", p);
+    if (b->next != NULL && !b->next->mapped) FAIL("unmapped blocks %#lx and next not merged", p);
+    r->unmapped_blocks[pool]++;
+    return EXPSEG_OK;
+  }
+  switch (b->state) {
+  case BLOCK_FREE: {
+    if (!b->indexed || !_expseg_tree_contains(&a->free_idx[pool], b))
+      FAIL("free block %#lx is not in the free index", p);
+    if (b->next != NULL && b->next->mapped && b->next->state == BLOCK_FREE)
+      FAIL("free blocks %#lx and %#lx are not merged", p, (unsigned long)b->next->ptr);
+    bool want_idle = s->expandable && _expseg_block_whole_pages(a, b, NULL) > 0;
+    if (b->idle != want_idle) FAIL("free block %#lx: idle list membership is wrong", p);
+    r->idle += b->idle;
+    r->free_blocks[pool]++;
+    if (!s->expandable && _expseg_block_is_split(b)) {
+      add3(r->inactive_split, pool, 1);
+      add3(r->inactive_split_bytes, pool, (int64_t)b->size);
+    }
+    break;
+  }
+  case BLOCK_ALLOCATED:
+    if (_expseg_ptrmap_get(&a->live, b->ptr) != b)
+      FAIL("allocated block %#lx is not in the pointer map", p);
+    add3(r->allocation, pool, 1);
+    add3(r->allocated_bytes, pool, (int64_t)b->size);
+    r->oversize += b->oversize;
+    /* fall through */
+  case BLOCK_PENDING:
+    if (b->indexed) FAIL("live block %#lx is in a free index", p);
+    if (b->state == BLOCK_PENDING) {
+      if (b->event_count == 0) FAIL("pending block %#lx waits on no event", p);
+      if (_expseg_ptrmap_get(&a->live, b->ptr) == b) FAIL("pending block %#lx is still live", p);
+      r->pending++;
+    }
+    add3(r->active, pool, 1);
+    add3(r->active_bytes, pool, (int64_t)b->size);
+    add3(r->requested, pool, (int64_t)b->requested);
+    break;
+  default: FAIL("block %#lx: state %d", p, b->state);
+  }
+  return EXPSEG_OK;
+}
+
+static expseg_status check_segment(const expseg_allocator *a, const segment_t *s, recount_t *r) {
+  unsigned long base = (unsigned long)s->base;
+  const block_t *b = s->first;
+  if (b == NULL || b->prev != NULL || b->ptr != s->base)
+    FAIL("segment %#lx: first block does not start it", base);
+  uintptr_t end = s->base;
+  for (; b != NULL; b = b->next) {
+    expseg_status st = check_block(a, s, b, r);
+    if (st != EXPSEG_OK) return st;
+    end = b->ptr + b->size;
+  }
+  if (end != s->base + s->va_size)
+    FAIL("segment %#lx: blocks end at %#lx, segment at %#lx", base, (unsigned long)end,
+         (unsigned long)(s->base + s->va_size));
+  add3(r->segment, s->pool, 1);
+  r->va += (int64_t)s->va_size;
+  if (s->expandable) {
+    size_t mapped = 0;
+    for (size_t i = 0; i < s->pages_cap; i++) mapped += s->pages[i].mapped;
+    if (mapped * a->page != s->mapped_bytes)
+      FAIL("segment %#lx: %zu pages mapped, mapped_bytes says %zu", base, mapped, s->mapped_bytes);
+    if (s->pages_cap * a->page > s->va_size && s->pages_cap > 0) {
+      for (size_t i = s->va_size / a->page; i < s->pages_cap; i++)
+        if (s->pages[i].mapped) FAIL("segment %#lx: page %zu beyond its end is mapped", base, i);
+    }
+    add3(r->reserved, s->pool, (int64_t)s->mapped_bytes);
+    r->mapped += (int64_t)s->mapped_bytes;
+    r->chunks += (int64_t)mapped;
+  } else {
+    if (s->mapped_bytes != s->va_size) FAIL("classic segment %#lx: mapped bytes", base);
+    add3(r->reserved, s->pool, (int64_t)s->va_size);
+    r->chunks += 1;
+  }
+  r->driver_mapped += (int64_t)s->mapped_bytes;
+  return EXPSEG_OK;
+}
+
+static expseg_status same(const char *what, int64_t kept, int64_t counted) {
+  if (kept != counted)
+    FAIL("statistic %s is %lld, a recount gives %lld", what, (long long)kept, (long long)counted);
+  return EXPSEG_OK;
+}
+
+#define SAME(what, kept, counted)                                                            \
+  do {                                                                                      \
+    expseg_status st_ = same(what, kept, counted);                                          \
+    if (st_ != EXPSEG_OK) return st_;                                                       \
+  } while (0)
+
+static expseg_status check_pool_stats(const stat_t kept[3], const int64_t counted[3],
+                                      const char *name) {
+  static const char *const pools[3] = {"all", "small_pool", "large_pool"};
+  char what[80];
+  for (int i = 0; i < 3; i++) {
+    snprintf(what, sizeof what, "%s.%s.current", name, pools[i]);
+    SAME(what, kept[i].current, counted[i]);
+  }
+  return EXPSEG_OK;
+}
+
+expseg_status _expseg_check_locked(const expseg_allocator *a) {
+  recount_t r;
+  memset(&r, 0, sizeof r);
+  expseg_status st;
+  size_t n = 0;
+  for (const segment_t *s = a->segments; s != NULL; s = s->next_all, n++)
+    if ((st = check_segment(a, s, &r)) != EXPSEG_OK) return st;
+  if (n != a->n_segments) FAIL("segment list holds %zu, count says %zu", n, a->n_segments);
+  for (int p = 0; p < POOL_COUNT; p++) {
+    SAME("free index size", (int64_t)a->free_idx[p].count, r.free_blocks[p]);
+    SAME("unmapped index size", (int64_t)a->unmapped_idx[p].count, r.unmapped_blocks[p]);
+  }
+  int64_t idle = 0;
+  for (const block_t *b = a->idle_head; b; b = b->idle_next) idle++;
+  SAME("idle list length", idle, r.idle);
+  SAME("pointer map size", (int64_t)a->live.count, r.allocation[STAT_ALL]);
+  for (size_t i = 0; i < a->cache_count; i++) add3(r.reserved, a->cache[i].pool, (int64_t)a->page);
+  r.chunks += (int64_t)a->cache_count;
+  const stats_t *s = &a->stats;
+  if ((st = check_pool_stats(s->allocation, r.allocation, "allocation")) ||
+      (st = check_pool_stats(s->allocated_bytes, r.allocated_bytes, "allocated_bytes")) ||
+      (st = check_pool_stats(s->active, r.active, "active")) ||
+      (st = check_pool_stats(s->active_bytes, r.active_bytes, "active_bytes")) ||
+      (st = check_pool_stats(s->requested_bytes, r.requested, "requested_bytes")) ||
+      (st = check_pool_stats(s->segment, r.segment, "segment")) ||
+      (st = check_pool_stats(s->reserved_bytes, r.reserved, "reserved_bytes")) ||
+      (st = check_pool_stats(s->inactive_split, r.inactive_split, "inactive_split")) ||
+      (st = check_pool_stats(s->inactive_split_bytes, r.inactive_split_bytes,
+                             "inactive_split_bytes")))
+    return st;
+  SAME("oversize_allocations.current", s->oversize_allocations.current, r.oversize);
+  SAME("expseg.mapped_bytes.current", s->mapped_bytes.current, r.mapped);
+  SAME("expseg.cached_physical_bytes.current", s->cached_physical_bytes.current,
+       (int64_t)(a->cache_count * a->page));
+  SAME("expseg.reserved_va_bytes.current", s->reserved_va_bytes.current, r.va);
+  SAME("expseg.pending_free_blocks.current", s->pending_free_blocks.current, r.pending);
+  size_t queued = 0;
+  for (size_t i = 0; i < a->n_queues; i++) queued += a->queues[i].count;
+  SAME("pending events", (int64_t)a->n_pending_events, (int64_t)queued);
+  if (a->unlocked_ops == 0) { /* no chunk is being created or released with the lock dropped */
+    SAME("driver mapped bytes", atomic_load(&a->drv->mapped_bytes), r.driver_mapped);
+    SAME("driver live chunks", atomic_load(&a->drv->live_chunks), r.chunks);
+  }
+  return EXPSEG_OK;
+}

@@ -1,0 +1,272 @@
+/* internal.h: the allocator core's data structures and the functions shared by pools/ files.
+ *
+ * Memory is held in segments. A classic segment is one physical chunk mapped into its own
+ * reservation. An expandable segment is a reservation of many pages (one physical chunk
+ * each, all of the allocator's page size) of which any subset is mapped. Blocks tile every
+ * segment with no gap: allocated, pending-free (freed, waiting on other streams' events),
+ * free mapped, or (expandable only) unmapped. Free mapped blocks sit in their pool's free
+ * index keyed (stream, size, address); unmapped blocks in their pool's unmapped index keyed
+ * (stream, address). Free mapped expandable blocks holding at least one whole page are also
+ * on the idle list (oldest first): the pages that can move to another place or stream.
+ * Unmapped physical chunks wait in the page cache. Design notes: docs/design.md.
+ *
+ * Locking: one mutex per allocator (a->lock) guards everything here. Driver calls that can
+ * take milliseconds (create, release) are made with it dropped; observers run without it. */
+#ifndef EXPSEG_POOLS_INTERNAL_H
+#define EXPSEG_POOLS_INTERNAL_H
+
+#include "expseg.h"
+#include "policy.h"
+#include "vmm.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifndef EXPSEG_DEBUG
+#define EXPSEG_DEBUG 1
+#endif
+#if EXPSEG_DEBUG >= 1
+#include <assert.h>
+#define expseg_assert(x) assert(x)
+#else
+#define expseg_assert(x) ((void)0)
+#endif
+
+enum { POOL_SMALL = 0, POOL_LARGE = 1, POOL_COUNT = 2 };
+enum { STAT_ALL = 0, STAT_SMALL = 1, STAT_LARGE = 2 }; /* PyTorch's StatType order */
+enum { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_PENDING = 2 };
+
+typedef struct segment_s segment_t;
+typedef struct block_s block_t;
+
+struct block_s {
+  uintptr_t ptr;
+  size_t size;
+  size_t requested;      /* the caller's size, while allocated or pending */
+  expseg_stream stream;  /* the segment's stream */
+  segment_t *seg;
+  block_t *prev, *next;  /* address neighbours in the segment */
+  block_t *left, *right; /* free or unmapped index (a block is in at most one) */
+  block_t *idle_prev, *idle_next; /* idle list */
+  uint64_t idle_since;   /* allocator tick when it became free */
+  uint32_t prio;         /* treap priority */
+  uint8_t state;         /* BLOCK_* */
+  bool mapped;           /* false only for unmapped expandable blocks */
+  bool indexed;          /* in the free or unmapped index */
+  bool idle;             /* on the idle list */
+  bool oversize;         /* allocated at >= max_split_size (oversize_allocations) */
+  uint32_t event_count;  /* events still outstanding (pending free) */
+  uint32_t n_uses;       /* other streams recorded with record_stream */
+  expseg_stream *uses;   /* n_uses entries: uses_inline or heap */
+  expseg_stream uses_inline[2];
+  uint32_t uses_cap;
+};
+
+typedef struct page_s {
+  expseg_vmm_handle h;
+  bool mapped;
+} page_t;
+
+struct segment_s {
+  uintptr_t base;
+  size_t va_size;
+  bool expandable;
+  uint8_t pool;
+  expseg_stream stream;
+  segment_t *next_all, *prev_all;
+  block_t *first;
+  size_t mapped_bytes;   /* expandable: mapped pages x page; classic: va_size */
+  expseg_vmm_handle handle; /* classic: the chunk */
+  page_t *pages;         /* expandable: pages [0, pages_cap) known; beyond = unmapped */
+  size_t pages_cap;
+};
+
+/* A treap of blocks; by_size: key (stream, size, ptr), else (stream, ptr). */
+typedef struct tree_s {
+  block_t *root;
+  size_t count;
+  bool by_size;
+} tree_t;
+
+/* Pointer -> allocated or pending block. Open addressing, linear probing. */
+typedef struct ptrmap_s {
+  uintptr_t *keys;
+  block_t **vals;
+  size_t cap, count; /* cap a power of two */
+} ptrmap_t;
+
+typedef struct chunk_s {
+  expseg_vmm_handle h;
+  uint8_t pool;        /* pool whose reserved_bytes counts it */
+  uint64_t idle_since; /* tick when it was cached */
+} chunk_t;
+
+typedef struct stat_s {
+  int64_t current, peak, allocated, freed;
+} stat_t;
+
+typedef struct stats_s {
+#define EXPSEG_STAT_ARRAY(n) stat_t n[3];
+#define EXPSEG_STAT_SINGLE(n) stat_t n;
+#define EXPSEG_STAT_COUNTER(n) int64_t n;
+#define EXPSEG_STAT_VALUE(n) int64_t n;
+#define EXPSEG_STAT_GAUGE(n) stat_t n;
+#define EXPSEG_STAT_ACCUM(n) int64_t n;
+#include "stats.def"
+#undef EXPSEG_STAT_ARRAY
+#undef EXPSEG_STAT_SINGLE
+#undef EXPSEG_STAT_COUNTER
+#undef EXPSEG_STAT_VALUE
+#undef EXPSEG_STAT_GAUGE
+#undef EXPSEG_STAT_ACCUM
+  uint64_t driver_base[EXPSEG_VMM_CALL_COUNT]; /* driver call counts at the last reset */
+} stats_t;
+
+typedef struct pending_s {
+  expseg_vmm_event ev;
+  block_t *b;
+} pending_t;
+
+typedef struct stream_queue_s {
+  expseg_stream stream;
+  pending_t *items; /* ring */
+  size_t head, count, cap;
+} stream_queue_t;
+
+typedef struct observer_s {
+  expseg_oom_observer fn;
+  void *ctx;
+} observer_t;
+
+struct expseg_allocator {
+  pthread_mutex_t lock;
+  expseg_vmm_t *drv;
+  int device;
+  expseg_config_t cfg;
+  char conf_source[64];
+  size_t granularity, page;   /* page: expandable chunk size */
+  size_t total_mem;           /* device total at creation */
+  size_t allowed;             /* fraction cap in bytes; SIZE_MAX = none */
+  size_t va_default;          /* first reservation size of an expandable segment */
+
+  tree_t free_idx[POOL_COUNT];
+  tree_t unmapped_idx[POOL_COUNT];
+  block_t *idle_head, *idle_tail; /* idle list, oldest at head */
+  ptrmap_t live;
+  segment_t *segments;        /* every segment */
+  size_t n_segments;
+
+  chunk_t *cache;             /* page cache (stack) */
+  size_t cache_count, cache_cap;
+
+  size_t inflight;            /* bytes being created with the lock dropped */
+  size_t unlocked_ops;        /* driver calls under way with the lock dropped */
+  uint64_t tick;              /* logical clock: advanced by every free */
+  uint32_t rng;               /* treap priorities */
+
+  stream_queue_t *queues;     /* per used stream: events outstanding */
+  size_t n_queues, cap_queues;
+  size_t n_pending_events;
+  expseg_vmm_event *event_pool;
+  size_t n_event_pool, cap_event_pool;
+
+  block_t *block_free;        /* recycled block structs */
+  void **slabs;
+  size_t n_slabs, cap_slabs;
+
+  observer_t *observers;
+  size_t n_observers;
+
+  stats_t stats;
+};
+
+/* ---- tree.c ---- */
+void _expseg_tree_insert(tree_t *t, block_t *b, uint32_t prio);
+void _expseg_tree_remove(tree_t *t, block_t *b);
+/* Smallest block >= key in (stream, size, ptr) order (by_size) or (stream, ptr). */
+block_t *_expseg_tree_lower_bound(const tree_t *t, expseg_stream s, size_t size, uintptr_t ptr);
+block_t *_expseg_tree_next(const tree_t *t, const block_t *b);
+bool _expseg_tree_contains(const tree_t *t, const block_t *b);
+
+/* ---- ptrmap.c ---- */
+bool _expseg_ptrmap_init(ptrmap_t *m);
+void _expseg_ptrmap_destroy(ptrmap_t *m);
+bool _expseg_ptrmap_put(ptrmap_t *m, uintptr_t key, block_t *b); /* false: no memory */
+block_t *_expseg_ptrmap_get(const ptrmap_t *m, uintptr_t key);
+block_t *_expseg_ptrmap_take(ptrmap_t *m, uintptr_t key);
+
+/* ---- stats.c ---- */
+void _expseg_stat_add(stat_t *s, int64_t delta); /* PyTorch increase / decrease */
+void _expseg_stat_pool_add(stat_t arr[3], int pool, int64_t delta);
+void _expseg_stats_reset_peak(stats_t *s);
+void _expseg_stats_reset_accumulated(stats_t *s, const expseg_vmm_t *drv);
+bool _expseg_stats_get(const expseg_allocator *a, const char *key, int64_t *v);
+void _expseg_stats_visit(const expseg_allocator *a,
+                         void (*fn)(void *ctx, const char *key, int64_t value), void *ctx);
+size_t _expseg_stats_key_count(void);
+const char *_expseg_stats_key(size_t i); /* sorted */
+
+/* ---- block.c: blocks, the free sets, splitting and merging ---- */
+block_t *_expseg_block_new(expseg_allocator *a);
+void _expseg_block_delete(expseg_allocator *a, block_t *b);
+void _expseg_blocks_destroy(expseg_allocator *a);
+void _expseg_free_insert(expseg_allocator *a, block_t *b);  /* free mapped -> index, idle */
+void _expseg_free_remove(expseg_allocator *a, block_t *b);
+void _expseg_unmapped_insert(expseg_allocator *a, block_t *b);
+void _expseg_unmapped_remove(expseg_allocator *a, block_t *b);
+/* Splits b at offset: b keeps [ptr, ptr+offset), the new block gets the rest (same state,
+ * not indexed). NULL when out of host memory. */
+block_t *_expseg_block_split(expseg_allocator *a, block_t *b, size_t offset);
+/* b (free mapped or unmapped, not indexed) absorbs its neighbours of the same kind;
+ * returns the merged block (not indexed). */
+block_t *_expseg_block_coalesce(expseg_allocator *a, block_t *b);
+bool _expseg_block_is_split(const block_t *b);
+size_t _expseg_block_whole_pages(const expseg_allocator *a, const block_t *b, uintptr_t *first);
+
+/* ---- segment.c: classic and expandable segments, the page cache ---- */
+/* Gets a free mapped block (removed from the free sets) of at least rounded bytes on
+ * (pool, stream) by mapping or creating memory. May drop and retake a->lock. NULL with the
+ * status in *st (OUT_OF_MEMORY when the cap or the device is full). */
+block_t *_expseg_grow(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
+                      bool blocking, expseg_status *st);
+/* Gives back cached memory: free classic segments and, unless keep_pages, whole free pages
+ * of expandable segments (after their streams' work completes), the page cache and fully
+ * unmapped segments. Returns the bytes of physical memory released. */
+size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages);
+size_t _expseg_cache_trim(expseg_allocator *a, size_t keep_bytes);
+void _expseg_segments_destroy(expseg_allocator *a);
+void _expseg_garbage_collect(expseg_allocator *a);
+size_t _expseg_largest_free(const expseg_allocator *a);
+
+/* ---- streams.c: record_stream, events, pending frees ---- */
+expseg_status _expseg_block_add_use(block_t *b, expseg_stream s);
+/* Records events for a freed block's other streams. false: no event could be recorded
+ * (the caller then synchronizes). */
+bool _expseg_insert_events(expseg_allocator *a, block_t *b);
+void _expseg_process_events(expseg_allocator *a);
+void _expseg_sync_all_events(expseg_allocator *a); /* num_sync_all_streams +1 */
+void _expseg_streams_destroy(expseg_allocator *a);
+/* Events from the pool (created on demand); put back when done. */
+expseg_status _expseg_event_get(expseg_allocator *a, expseg_vmm_event *ev);
+void _expseg_event_put(expseg_allocator *a, expseg_vmm_event ev);
+
+/* ---- alloc.c ---- */
+/* expseg_create over an already-open driver (tests: the fault wrapper). Takes ownership of
+ * drv, also on failure. */
+expseg_status _expseg_create_with_driver(expseg_vmm_t *drv, const char *config,
+                                         expseg_allocator **out);
+/* Frees a block whose last use is complete: stats, merge, back into the free sets. */
+void _expseg_free_block(expseg_allocator *a, block_t *b);
+
+/* ---- check.c ---- */
+expseg_status _expseg_check_locked(const expseg_allocator *a);
+
+static inline int stat_pool(int pool) { return pool == POOL_SMALL ? STAT_SMALL : STAT_LARGE; }
+/* Physical bytes held from the driver: classic segments, mapped pages, the page cache. */
+static inline size_t held_bytes(const expseg_allocator *a) {
+  return (size_t)a->stats.reserved_bytes[STAT_ALL].current;
+}
+
+#endif

@@ -1,0 +1,722 @@
+/* segment.c: where memory comes from and goes back to. Classic segments (one chunk each)
+ * and expandable segments (a reservation whose pages are mapped on demand), the physical
+ * page cache, moving idle pages to where they are needed, and giving memory back.
+ *
+ * Growth of an expandable segment (docs/design.md):
+ *  1. place: the lowest-address unmapped range of the stream's segments that, with the free
+ *     mapped block just before it (and after it), fits the request; else a new reservation;
+ *  2. pages: from the page cache; else moved from idle free pages anywhere (any stream, any
+ *     pool, once an event shows their stream's work is done); else created new, with the
+ *     lock dropped, within the memory-fraction cap;
+ *  3. map one chunk per page, then ONE set_access for the whole new range.
+ * Physical memory is thus created once and reused; it goes back to the driver only on
+ * empty_cache, garbage collection, the out-of-memory path, the page-cache bound, or destroy.
+ * Chunk releases are batched and made with the lock dropped. */
+#include "error.h"
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline uintptr_t round_up(uintptr_t x, size_t m) { return (x + m - 1) & ~(uintptr_t)(m - 1); }
+
+/* ---- release batches: chunks and reservations given back with the lock dropped ---- */
+
+typedef struct release_item_s {
+  expseg_vmm_handle h; /* chunk, when size_h > 0 */
+  size_t size_h;
+  uintptr_t va;        /* reservation, when size_va > 0 */
+  size_t size_va;
+} release_item_t;
+
+typedef struct release_batch_s {
+  release_item_t *items;
+  size_t n, cap;
+} release_batch_t;
+
+static bool batch_add(release_batch_t *rb, release_item_t it) {
+  if (rb->n == rb->cap) {
+    size_t cap = rb->cap ? rb->cap * 2 : 16;
+    release_item_t *p = realloc(rb->items, cap * sizeof *p);
+    if (p == NULL) return false;
+    rb->items = p;
+    rb->cap = cap;
+  }
+  rb->items[rb->n++] = it;
+  return true;
+}
+
+/* Releases now (lock held) when the batch cannot grow: correctness over speed. */
+static void release_item_now(expseg_allocator *a, release_item_t it) {
+  if (it.size_h > 0 && _expseg_vmm_release(a->drv, it.h, it.size_h) != EXPSEG_OK)
+    _expseg_warn("releasing a %zu-byte chunk failed: %s", it.size_h, expseg_last_error());
+  if (it.size_va > 0 && _expseg_vmm_unreserve(a->drv, it.va, it.size_va) != EXPSEG_OK)
+    _expseg_warn("freeing a %zu-byte reservation failed: %s", it.size_va, expseg_last_error());
+}
+
+static void batch_push(expseg_allocator *a, release_batch_t *rb, release_item_t it) {
+  if (!batch_add(rb, it)) release_item_now(a, it);
+}
+
+/* Drops the lock, releases everything, retakes the lock. */
+static void batch_flush(expseg_allocator *a, release_batch_t *rb) {
+  if (rb->n > 0) {
+    a->unlocked_ops++;
+    pthread_mutex_unlock(&a->lock);
+    for (size_t i = 0; i < rb->n; i++) release_item_now(a, rb->items[i]);
+    pthread_mutex_lock(&a->lock);
+    a->unlocked_ops--;
+  }
+  free(rb->items);
+  rb->items = NULL;
+  rb->n = rb->cap = 0;
+}
+
+/* ---- the page cache ---- */
+
+static bool cache_push(expseg_allocator *a, expseg_vmm_handle h, int pool) {
+  if (a->cache_count == a->cache_cap) {
+    size_t cap = a->cache_cap ? a->cache_cap * 2 : 64;
+    chunk_t *c = realloc(a->cache, cap * sizeof *c);
+    if (c == NULL) return false;
+    a->cache = c;
+    a->cache_cap = cap;
+  }
+  a->cache[a->cache_count++] = (chunk_t){.h = h, .pool = (uint8_t)pool, .idle_since = a->tick};
+  _expseg_stat_add(&a->stats.cached_physical_bytes, (int64_t)a->page);
+  return true;
+}
+
+/* Takes the newest cached chunk for `pool`, moving its reserved_bytes to that pool. */
+static expseg_vmm_handle cache_pop(expseg_allocator *a, int pool) {
+  chunk_t c = a->cache[--a->cache_count];
+  _expseg_stat_add(&a->stats.cached_physical_bytes, -(int64_t)a->page);
+  if (c.pool != pool) {
+    _expseg_stat_add(&a->stats.reserved_bytes[stat_pool(c.pool)], -(int64_t)a->page);
+    _expseg_stat_add(&a->stats.reserved_bytes[stat_pool(pool)], (int64_t)a->page);
+  }
+  return c.h;
+}
+
+/* Removes the n oldest cached chunks into the batch. */
+static size_t cache_release_oldest(expseg_allocator *a, size_t n, release_batch_t *rb) {
+  if (n > a->cache_count) n = a->cache_count;
+  for (size_t i = 0; i < n; i++) {
+    chunk_t c = a->cache[i];
+    _expseg_stat_add(&a->stats.cached_physical_bytes, -(int64_t)a->page);
+    _expseg_stat_pool_add(a->stats.reserved_bytes, c.pool, -(int64_t)a->page);
+    a->stats.released_bytes += (int64_t)a->page;
+    batch_push(a, rb, (release_item_t){.h = c.h, .size_h = a->page});
+  }
+  memmove(a->cache, a->cache + n, (a->cache_count - n) * sizeof *a->cache);
+  a->cache_count -= n;
+  return n * a->page;
+}
+
+size_t _expseg_cache_trim(expseg_allocator *a, size_t keep_bytes) {
+  size_t have = a->cache_count * a->page;
+  if (have <= keep_bytes) return 0;
+  release_batch_t rb = {0};
+  size_t n = (have - keep_bytes + a->page - 1) / a->page;
+  size_t freed = cache_release_oldest(a, n, &rb);
+  batch_flush(a, &rb);
+  return freed;
+}
+
+/* ---- segments ---- */
+
+static void segment_link(expseg_allocator *a, segment_t *s) {
+  s->prev_all = NULL;
+  s->next_all = a->segments;
+  if (a->segments) a->segments->prev_all = s;
+  a->segments = s;
+  a->n_segments++;
+}
+
+static void segment_unlink(expseg_allocator *a, segment_t *s) {
+  if (s->prev_all) s->prev_all->next_all = s->next_all;
+  else a->segments = s->next_all;
+  if (s->next_all) s->next_all->prev_all = s->prev_all;
+  a->n_segments--;
+}
+
+static bool pages_reserve(segment_t *s, size_t npages) {
+  if (npages <= s->pages_cap) return true;
+  size_t cap = s->pages_cap ? s->pages_cap : 16;
+  while (cap < npages) cap *= 2;
+  page_t *p = realloc(s->pages, cap * sizeof *p);
+  if (p == NULL) return false;
+  memset(p + s->pages_cap, 0, (cap - s->pages_cap) * sizeof *p);
+  s->pages = p;
+  s->pages_cap = cap;
+  return true;
+}
+
+/* Reserves a new expandable segment for (pool, stream) of at least `need` bytes. Each
+ * further segment of the same stream and pool gets twice the address space of the last,
+ * up to 9/8 of device memory: many streams stay far from the 128 TiB limit. */
+static segment_t *expandable_new(expseg_allocator *a, int pool, expseg_stream stream, size_t need,
+                                 expseg_status *st) {
+  size_t existing = 0;
+  for (segment_t *s = a->segments; s; s = s->next_all)
+    if (s->expandable && s->pool == pool && s->stream == stream) existing++;
+  size_t va = a->va_default;
+  size_t limit = round_up(a->total_mem + a->total_mem / 8, a->page);
+  for (size_t i = 0; i < existing && i < 4 && va < limit / 2; i++) va *= 2;
+  if (va < need) va = round_up(need, a->page);
+  segment_t *s = calloc(1, sizeof *s);
+  block_t *b = _expseg_block_new(a);
+  if (s == NULL || b == NULL) {
+    free(s);
+    if (b) _expseg_block_delete(a, b);
+    *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory for segment bookkeeping");
+    return NULL;
+  }
+  uintptr_t base;
+  *st = _expseg_vmm_reserve(a->drv, va, 0, &base);
+  if (*st != EXPSEG_OK) {
+    free(s);
+    _expseg_block_delete(a, b);
+    return NULL;
+  }
+  s->base = base;
+  s->va_size = va;
+  s->expandable = true;
+  s->pool = (uint8_t)pool;
+  s->stream = stream;
+  s->first = b;
+  b->ptr = base;
+  b->size = va;
+  b->stream = stream;
+  b->seg = s;
+  b->state = BLOCK_FREE;
+  b->mapped = false;
+  segment_link(a, s);
+  _expseg_unmapped_insert(a, b);
+  _expseg_stat_pool_add(a->stats.segment, pool, 1);
+  _expseg_stat_add(&a->stats.reserved_va_bytes, (int64_t)va);
+  return s;
+}
+
+/* Detaches a fully unmapped expandable segment; its reservation goes into the batch. */
+static void expandable_drop(expseg_allocator *a, segment_t *s, release_batch_t *rb) {
+  block_t *b = s->first;
+  expseg_assert(b->next == NULL && !b->mapped);
+  _expseg_unmapped_remove(a, b);
+  _expseg_block_delete(a, b);
+  segment_unlink(a, s);
+  _expseg_stat_pool_add(a->stats.segment, s->pool, -1);
+  _expseg_stat_add(&a->stats.reserved_va_bytes, -(int64_t)s->va_size);
+  batch_push(a, rb, (release_item_t){.va = s->base, .size_va = s->va_size});
+  free(s->pages);
+  free(s);
+}
+
+/* ---- mapping and unmapping pages ---- */
+
+/* Unmaps the whole pages [lo, hi) of free mapped block b (indexed) into the page cache.
+ * b is split around them; the unmapped middle merges with unmapped neighbours. On a
+ * failed unmap the pages already unmapped stay so and the rest stay mapped. Returns the
+ * pages unmapped. */
+static size_t unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintptr_t hi,
+                          expseg_status *st) {
+  segment_t *s = b->seg;
+  expseg_assert(s->expandable && b->state == BLOCK_FREE && b->mapped && b->indexed);
+  expseg_assert(lo >= b->ptr && hi <= b->ptr + b->size && lo < hi);
+  *st = EXPSEG_OK;
+  /* block structs first (up to three splits), so nothing has to be undone for want of one */
+  block_t *spare[3] = {_expseg_block_new(a), _expseg_block_new(a), _expseg_block_new(a)};
+  bool ok = spare[0] && spare[1] && spare[2];
+  for (int i = 0; i < 3; i++)
+    if (spare[i]) _expseg_block_delete(a, spare[i]);
+  if (!ok) {
+    *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory for block bookkeeping");
+    return 0;
+  }
+  _expseg_free_remove(a, b);
+  block_t *head = NULL, *mid = b, *tail = NULL;
+  if (lo > b->ptr) {
+    head = b;
+    mid = _expseg_block_split(a, b, lo - b->ptr);
+  }
+  if (hi < mid->ptr + mid->size) tail = _expseg_block_split(a, mid, hi - mid->ptr);
+  size_t done = 0, n = (hi - lo) / a->page;
+  for (; done < n; done++) {
+    uintptr_t addr = lo + done * a->page;
+    size_t idx = (addr - s->base) / a->page;
+    *st = _expseg_vmm_unmap(a->drv, addr, a->page);
+    if (*st != EXPSEG_OK) break;
+    if (!cache_push(a, s->pages[idx].h, s->pool)) {
+      /* no room to remember the chunk: give it back now */
+      _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)a->page);
+      a->stats.released_bytes += (int64_t)a->page;
+      release_item_now(a, (release_item_t){.h = s->pages[idx].h, .size_h = a->page});
+    }
+    s->pages[idx].mapped = false;
+  }
+  if (done == 0) { /* nothing unmapped: put the block back whole */
+    _expseg_free_insert(a, _expseg_block_coalesce(a, mid));
+    return 0;
+  }
+  block_t *rest = done < n ? _expseg_block_split(a, mid, done * a->page) : NULL;
+  size_t bytes = done * a->page;
+  mid->mapped = false;
+  s->mapped_bytes -= bytes;
+  _expseg_stat_add(&a->stats.mapped_bytes, -(int64_t)bytes);
+  a->stats.num_device_free++;
+  if (rest != NULL) { /* still mapped after a failed unmap: joins the free tail */
+    _expseg_free_insert(a, _expseg_block_coalesce(a, rest));
+    tail = NULL;
+  }
+  if (head) _expseg_free_insert(a, head);
+  if (tail) _expseg_free_insert(a, tail);
+  _expseg_unmapped_insert(a, _expseg_block_coalesce(a, mid));
+  return done;
+}
+
+/* Maps k pages from the cache at [lo, lo + k*page) of unmapped block u (indexed), one
+ * set_access for the range. Returns the new free mapped block, merged with free mapped
+ * neighbours and not indexed; NULL on failure (nothing changed, chunks back in the cache). */
+static block_t *map_pages(expseg_allocator *a, block_t *u, uintptr_t lo, size_t k,
+                          expseg_status *st) {
+  segment_t *s = u->seg;
+  expseg_assert(lo == u->ptr && k * a->page <= u->size && a->cache_count >= k);
+  size_t first = (lo - s->base) / a->page;
+  if (!pages_reserve(s, first + k)) {
+    *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory for page bookkeeping");
+    return NULL;
+  }
+  block_t *rest = NULL;
+  if (k * a->page < u->size) {
+    rest = _expseg_block_new(a);
+    if (rest == NULL) {
+      *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory for block bookkeeping");
+      return NULL;
+    }
+    _expseg_block_delete(a, rest); /* the split below takes it back from the free list */
+  }
+  size_t done = 0;
+  for (; done < k; done++) {
+    expseg_vmm_handle h = cache_pop(a, s->pool);
+    *st = _expseg_vmm_map(a->drv, lo + done * a->page, a->page, h, 0);
+    if (*st != EXPSEG_OK) {
+      cache_push(a, h, s->pool);
+      break;
+    }
+    s->pages[first + done] = (page_t){.h = h, .mapped = true};
+  }
+  if (done == k) *st = _expseg_vmm_set_access(a->drv, lo, k * a->page);
+  if (done < k || *st != EXPSEG_OK) {
+    expseg_status keep = *st;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", expseg_last_error());
+    for (size_t i = done; i-- > 0;) {
+      if (_expseg_vmm_unmap(a->drv, lo + i * a->page, a->page) == EXPSEG_OK) {
+        cache_push(a, s->pages[first + i].h, s->pool);
+      } else { /* cannot happen on a sane driver: keep the chunk out of use, loudly */
+        _expseg_warn("could not undo a mapping at %#lx: %s", (unsigned long)(lo + i * a->page),
+                     expseg_last_error());
+      }
+      s->pages[first + i].mapped = false;
+    }
+    *st = _expseg_error_set(keep, "%s", msg);
+    return NULL;
+  }
+  _expseg_unmapped_remove(a, u);
+  if (k * a->page < u->size) {
+    rest = _expseg_block_split(a, u, k * a->page);
+    _expseg_unmapped_insert(a, rest);
+  }
+  u->mapped = true;
+  size_t bytes = k * a->page;
+  s->mapped_bytes += bytes;
+  _expseg_stat_add(&a->stats.mapped_bytes, (int64_t)bytes);
+  a->stats.num_device_alloc++;
+  return _expseg_block_coalesce(a, u);
+}
+
+/* ---- moving idle pages ---- */
+
+typedef struct stream_seen_s {
+  expseg_stream s;
+  bool done;
+} stream_seen_t;
+
+/* Has the work queued on `stream` completed? An event recorded now tells. blocking: wait. */
+static bool stream_idle(expseg_allocator *a, expseg_stream stream, bool blocking,
+                        stream_seen_t *seen, size_t *n_seen, size_t max_seen) {
+  for (size_t i = 0; i < *n_seen; i++)
+    if (seen[i].s == stream) return seen[i].done;
+  bool done = false;
+  expseg_vmm_event ev;
+  if (_expseg_event_get(a, &ev) == EXPSEG_OK) {
+    if (_expseg_vmm_event_record(a->drv, ev, stream) == EXPSEG_OK) {
+      if (_expseg_vmm_event_query(a->drv, ev, &done) != EXPSEG_OK) done = false;
+    }
+    _expseg_event_put(a, ev);
+  }
+  if (!done && blocking) done = _expseg_vmm_stream_synchronize(a->drv, stream) == EXPSEG_OK;
+  if (*n_seen < max_seen) seen[(*n_seen)++] = (stream_seen_t){stream, done};
+  return done;
+}
+
+/* Moves up to `want` idle pages (oldest free blocks first, never ex1/ex2) into the page
+ * cache. Pages are taken from the top of each block. Returns pages moved. */
+static size_t steal_pages(expseg_allocator *a, size_t want, const block_t *ex1,
+                          const block_t *ex2, bool blocking) {
+  stream_seen_t seen[32];
+  size_t n_seen = 0, got = 0;
+  block_t *b = a->idle_head;
+  while (b != NULL && got < want) {
+    block_t *next = b->idle_next;
+    if (b != ex1 && b != ex2 && stream_idle(a, b->stream, blocking, seen, &n_seen, 32)) {
+      uintptr_t first;
+      size_t n = _expseg_block_whole_pages(a, b, &first);
+      size_t take = n < want - got ? n : want - got;
+      uintptr_t lo = first + (n - take) * a->page;
+      expseg_status st;
+      /* unmapping may merge b away; the idle list's next entry is not b's neighbour
+       * (free mapped neighbours are always merged), so `next` stays valid */
+      size_t moved = unmap_pages(a, b, lo, lo + take * a->page, &st);
+      got += moved;
+      a->stats.pages_moved += (int64_t)moved;
+      if (st != EXPSEG_OK) break;
+    }
+    b = next;
+  }
+  return got;
+}
+
+/* ---- growth ---- */
+
+typedef struct place_s {
+  block_t *u, *prefix, *suffix;
+  size_t pages; /* to map at u->ptr */
+} place_t;
+
+static bool free_mapped(const block_t *b) {
+  return b != NULL && b->state == BLOCK_FREE && b->mapped;
+}
+
+static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
+                       place_t *pl) {
+  const tree_t *t = &a->unmapped_idx[pool];
+  for (block_t *u = _expseg_tree_lower_bound(t, stream, 0, 0); u && u->stream == stream;
+       u = _expseg_tree_next(t, u)) {
+    block_t *prefix = free_mapped(u->prev) ? u->prev : NULL;
+    block_t *suffix = free_mapped(u->next) ? u->next : NULL;
+    uintptr_t start = prefix ? prefix->ptr : u->ptr;
+    uintptr_t uend = u->ptr + u->size;
+    uintptr_t end = uend + (suffix ? suffix->size : 0);
+    if (rounded > end - start) continue;
+    uintptr_t need = start + rounded;
+    uintptr_t hi = need >= uend ? uend : round_up(need, a->page);
+    if (hi <= u->ptr) continue; /* the prefix alone fits: best fit would have found it */
+    *pl = (place_t){u, prefix, suffix, (hi - u->ptr) / a->page};
+    return true;
+  }
+  return false;
+}
+
+static bool cap_allows(const expseg_allocator *a, size_t more) {
+  size_t held = held_bytes(a) + a->inflight;
+  return a->allowed == SIZE_MAX || (held <= a->allowed && more <= a->allowed - held);
+}
+
+static expseg_status cap_error(const expseg_allocator *a, size_t more) {
+  char b1[32], b2[32], b3[32];
+  return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                           "memory fraction cap: holding %s, %s more would pass the %s allowed",
+                           _expseg_format_size(b1, held_bytes(a) + a->inflight),
+                           _expseg_format_size(b2, more), _expseg_format_size(b3, a->allowed));
+}
+
+/* Creates n chunks with the lock dropped and puts them in the cache. */
+static expseg_status create_pages(expseg_allocator *a, int pool, size_t n) {
+  size_t bytes = n * a->page;
+  if (!cap_allows(a, bytes)) return cap_error(a, bytes);
+  expseg_vmm_handle local[64];
+  expseg_vmm_handle *hs = n <= 64 ? local : malloc(n * sizeof *hs);
+  if (hs == NULL) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+  a->inflight += bytes;
+  a->unlocked_ops++;
+  pthread_mutex_unlock(&a->lock);
+  size_t made = 0;
+  expseg_status st = EXPSEG_OK;
+  for (; made < n; made++) {
+    st = _expseg_vmm_create(a->drv, a->page, &hs[made]);
+    if (st != EXPSEG_OK) break;
+  }
+  pthread_mutex_lock(&a->lock);
+  a->unlocked_ops--;
+  a->inflight -= bytes;
+  for (size_t i = 0; i < made; i++) {
+    _expseg_stat_pool_add(a->stats.reserved_bytes, pool, (int64_t)a->page);
+    a->stats.created_bytes += (int64_t)a->page;
+    if (!cache_push(a, hs[i], pool)) {
+      _expseg_stat_pool_add(a->stats.reserved_bytes, pool, -(int64_t)a->page);
+      a->stats.released_bytes += (int64_t)a->page;
+      release_item_now(a, (release_item_t){.h = hs[i], .size_h = a->page});
+    }
+  }
+  if (hs != local) free(hs);
+  return st;
+}
+
+static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream stream,
+                                size_t rounded, bool blocking, expseg_status *st) {
+  size_t created = 0; /* pages created for this request so far */
+  for (int round = 0; round < 8; round++) {
+    place_t pl;
+    if (!find_place(a, pool, stream, rounded, &pl)) {
+      if (expandable_new(a, pool, stream, rounded, st) == NULL) return NULL;
+      if (!find_place(a, pool, stream, rounded, &pl)) {
+        *st = _expseg_error_set(EXPSEG_ERR_DRIVER, "internal: new segment cannot place %zu bytes",
+                                rounded);
+        return NULL;
+      }
+    }
+    if (a->cache_count < pl.pages)
+      steal_pages(a, pl.pages - a->cache_count, pl.prefix, pl.suffix, blocking);
+    if (a->cache_count >= pl.pages) {
+      /* stealing never touches u, its prefix or suffix: the place still holds */
+      block_t *b = map_pages(a, pl.u, pl.u->ptr, pl.pages, st);
+      if (b != NULL && pl.pages > created) a->stats.page_cache_hits += (int64_t)(pl.pages - created);
+      return b;
+    }
+    size_t want = pl.pages - a->cache_count;
+    *st = create_pages(a, pool, want);
+    if (*st != EXPSEG_OK) return NULL;
+    created += want;
+    /* the lock was dropped: place again */
+  }
+  *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                          "pages created for this request kept being taken by other threads");
+  return NULL;
+}
+
+static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
+                             expseg_status *st) {
+  size_t size = round_up(_expseg_classic_segment_size(&a->cfg, rounded), a->granularity);
+  if (!cap_allows(a, size)) {
+    *st = cap_error(a, size);
+    return NULL;
+  }
+  segment_t *s = calloc(1, sizeof *s);
+  block_t *b = _expseg_block_new(a);
+  if (s == NULL || b == NULL) {
+    free(s);
+    if (b) _expseg_block_delete(a, b);
+    *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory for segment bookkeeping");
+    return NULL;
+  }
+  a->inflight += size;
+  a->unlocked_ops++;
+  pthread_mutex_unlock(&a->lock);
+  uintptr_t base = 0;
+  expseg_vmm_handle h = 0;
+  bool reserved = false, created = false, mapped = false;
+  *st = _expseg_vmm_reserve(a->drv, size, 0, &base);
+  if (*st == EXPSEG_OK) {
+    reserved = true;
+    *st = _expseg_vmm_create(a->drv, size, &h);
+  }
+  if (*st == EXPSEG_OK) {
+    created = true;
+    *st = _expseg_vmm_map(a->drv, base, size, h, 0);
+  }
+  if (*st == EXPSEG_OK) {
+    mapped = true;
+    *st = _expseg_vmm_set_access(a->drv, base, size);
+  }
+  if (*st != EXPSEG_OK) { /* undo in reverse; keep the first failure's message */
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", expseg_last_error());
+    if (mapped) (void)_expseg_vmm_unmap(a->drv, base, size);
+    if (created) (void)_expseg_vmm_release(a->drv, h, size);
+    if (reserved) (void)_expseg_vmm_unreserve(a->drv, base, size);
+    _expseg_error_set(*st, "%s", msg);
+  }
+  pthread_mutex_lock(&a->lock);
+  a->unlocked_ops--;
+  a->inflight -= size;
+  if (*st != EXPSEG_OK) {
+    free(s);
+    _expseg_block_delete(a, b);
+    return NULL;
+  }
+  s->base = base;
+  s->va_size = size;
+  s->pool = (uint8_t)pool;
+  s->stream = stream;
+  s->handle = h;
+  s->mapped_bytes = size;
+  s->first = b;
+  b->ptr = base;
+  b->size = size;
+  b->stream = stream;
+  b->seg = s;
+  b->state = BLOCK_FREE;
+  b->mapped = true;
+  segment_link(a, s);
+  _expseg_stat_pool_add(a->stats.segment, pool, 1);
+  _expseg_stat_pool_add(a->stats.reserved_bytes, pool, (int64_t)size);
+  _expseg_stat_add(&a->stats.reserved_va_bytes, (int64_t)size);
+  if (size >= a->cfg.max_split_size) _expseg_stat_add(&a->stats.oversize_segments, 1);
+  a->stats.num_device_alloc++;
+  a->stats.created_bytes += (int64_t)size;
+  return b;
+}
+
+block_t *_expseg_grow(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
+                      bool blocking, expseg_status *st) {
+  if (a->cfg.expandable_segments) return grow_expandable(a, pool, stream, rounded, blocking, st);
+  return grow_classic(a, pool, stream, rounded, st);
+}
+
+/* ---- giving memory back ---- */
+
+static void classic_release(expseg_allocator *a, segment_t *s, release_batch_t *rb) {
+  block_t *b = s->first;
+  expseg_assert(!s->expandable && b->next == NULL && b->state == BLOCK_FREE);
+  _expseg_free_remove(a, b);
+  if (_expseg_vmm_unmap(a->drv, s->base, s->va_size) != EXPSEG_OK) {
+    _expseg_warn("unmapping a classic segment failed, keeping it: %s", expseg_last_error());
+    _expseg_free_insert(a, b);
+    return;
+  }
+  _expseg_block_delete(a, b);
+  segment_unlink(a, s);
+  _expseg_stat_pool_add(a->stats.segment, s->pool, -1);
+  _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)s->va_size);
+  _expseg_stat_add(&a->stats.reserved_va_bytes, -(int64_t)s->va_size);
+  if (s->va_size >= a->cfg.max_split_size) _expseg_stat_add(&a->stats.oversize_segments, -1);
+  a->stats.num_device_free++;
+  a->stats.released_bytes += (int64_t)s->va_size;
+  batch_push(a, rb, (release_item_t){.h = s->handle, .size_h = s->va_size, .va = s->base,
+                                     .size_va = s->va_size});
+  free(s);
+}
+
+static bool classic_is_free(const segment_t *s) {
+  return !s->expandable && s->first->next == NULL && s->first->state == BLOCK_FREE;
+}
+
+size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
+  size_t before = held_bytes(a);
+  release_batch_t rb = {0};
+  for (segment_t *s = a->segments, *next; s; s = next) {
+    next = s->next_all;
+    if (classic_is_free(s)) classic_release(a, s, &rb);
+  }
+  if (keep_pages) {
+    batch_flush(a, &rb);
+    return before - held_bytes(a);
+  }
+  /* every idle page: its stream is synchronized if needed */
+  steal_pages(a, SIZE_MAX, NULL, NULL, true);
+  for (segment_t *s = a->segments, *next; s; s = next) {
+    next = s->next_all;
+    if (s->expandable && s->first->next == NULL && !s->first->mapped) expandable_drop(a, s, &rb);
+  }
+  cache_release_oldest(a, a->cache_count, &rb);
+  batch_flush(a, &rb);
+  return before - held_bytes(a);
+}
+
+/* Garbage collection (policy/gc.c decides): idle free pages, free classic segments and
+ * cached pages, oldest first, until held memory is under threshold x allowed. */
+void _expseg_garbage_collect(expseg_allocator *a) {
+  size_t target = _expseg_gc_target(&a->cfg, held_bytes(a), a->allowed);
+  if (target == 0) return;
+  size_t n = a->cache_count;
+  for (block_t *b = a->idle_head; b; b = b->idle_next) n++;
+  for (segment_t *s = a->segments; s; s = s->next_all) n += classic_is_free(s);
+  if (n == 0) return;
+  expseg_gc_item_t *items = malloc(n * sizeof *items);
+  if (items == NULL) return;
+  size_t i = 0;
+  for (size_t c = 0; c < a->cache_count; c++)
+    items[i++] = (expseg_gc_item_t){a->page, a->cache[c].idle_since, 0};
+  for (block_t *b = a->idle_head; b; b = b->idle_next)
+    items[i++] = (expseg_gc_item_t){_expseg_block_whole_pages(a, b, NULL) * a->page,
+                                    b->idle_since, (uintptr_t)b};
+  for (segment_t *s = a->segments; s; s = s->next_all)
+    if (classic_is_free(s))
+      items[i++] = (expseg_gc_item_t){s->va_size, s->first->idle_since, (uintptr_t)s | 1};
+  size_t k = _expseg_gc_select(items, n, target, a->tick);
+  size_t before = held_bytes(a), cached_victims = 0, unmapped = 0;
+  release_batch_t rb = {0};
+  stream_seen_t seen[32];
+  size_t n_seen = 0;
+  for (size_t v = 0; v < k; v++) {
+    uintptr_t tag = items[v].tag;
+    if (tag == 0) {
+      cached_victims++;
+    } else if (tag & 1) {
+      classic_release(a, (segment_t *)(tag & ~(uintptr_t)1), &rb);
+    } else {
+      block_t *b = (block_t *)tag;
+      if (!stream_idle(a, b->stream, false, seen, &n_seen, 32)) continue;
+      uintptr_t first;
+      size_t pages = _expseg_block_whole_pages(a, b, &first);
+      expseg_status st;
+      unmapped += unmap_pages(a, b, first, first + pages * a->page, &st);
+    }
+  }
+  free(items);
+  /* cached pages are interchangeable: give back as many as were chosen or unmapped */
+  cache_release_oldest(a, cached_victims + unmapped, &rb);
+  a->stats.gc_released_bytes += (int64_t)(before - held_bytes(a));
+  batch_flush(a, &rb);
+}
+
+void _expseg_segments_destroy(expseg_allocator *a) {
+  release_batch_t rb = {0};
+  for (segment_t *s = a->segments, *next; s; s = next) {
+    next = s->next_all;
+    if (s->expandable) {
+      for (size_t i = 0; i < s->pages_cap; i++) {
+        if (!s->pages[i].mapped) continue;
+        uintptr_t addr = s->base + i * a->page;
+        if (_expseg_vmm_unmap(a->drv, addr, a->page) == EXPSEG_OK)
+          release_item_now(a, (release_item_t){.h = s->pages[i].h, .size_h = a->page});
+        else
+          _expseg_warn("destroy: unmapping %#lx failed: %s", (unsigned long)addr,
+                       expseg_last_error());
+      }
+      release_item_now(a, (release_item_t){.va = s->base, .size_va = s->va_size});
+      free(s->pages);
+    } else {
+      if (_expseg_vmm_unmap(a->drv, s->base, s->va_size) == EXPSEG_OK)
+        release_item_now(a, (release_item_t){.h = s->handle, .size_h = s->va_size,
+                                             .va = s->base, .size_va = s->va_size});
+    }
+    free(s);
+  }
+  a->segments = NULL;
+  a->n_segments = 0;
+  for (size_t i = 0; i < a->cache_count; i++)
+    release_item_now(a, (release_item_t){.h = a->cache[i].h, .size_h = a->page});
+  a->cache_count = 0;
+  free(a->cache);
+  a->cache = NULL;
+  free(rb.items);
+}
+
+static size_t tree_max(const block_t *n) {
+  if (n == NULL) return 0;
+  size_t m = n->size, l = tree_max(n->left), r = tree_max(n->right);
+  if (l > m) m = l;
+  return r > m ? r : m;
+}
+
+size_t _expseg_largest_free(const expseg_allocator *a) {
+  size_t m = 0;
+  for (int p = 0; p < POOL_COUNT; p++) {
+    size_t x = tree_max(a->free_idx[p].root);
+    if (x > m) m = x;
+  }
+  return m;
+}

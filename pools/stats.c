@@ -1,0 +1,176 @@
+/* stats.c: statistics storage rules and the key table. The stats struct and every key are
+ * generated from stats.def; this file builds the sorted key list once, answers lookups by
+ * key (binary search) and visits in sorted order. The update rules (PyTorch's Stat
+ * increase/decrease) live here; the places that change state call them (docs/stats.md). */
+#include "internal.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void _expseg_stat_add(stat_t *s, int64_t delta) {
+  s->current += delta;
+  if (delta >= 0) {
+    if (s->current > s->peak) s->peak = s->current;
+    s->allocated += delta;
+  } else {
+    s->freed -= delta;
+  }
+  expseg_assert(s->current >= 0);
+}
+
+void _expseg_stat_pool_add(stat_t arr[3], int pool, int64_t delta) {
+  _expseg_stat_add(&arr[STAT_ALL], delta);
+  _expseg_stat_add(&arr[stat_pool(pool)], delta);
+}
+
+static void reset_peak(stat_t *s) { s->peak = s->current; }
+static void reset_accum(stat_t *s) { s->allocated = s->freed = 0; }
+
+void _expseg_stats_reset_peak(stats_t *s) {
+#define EXPSEG_STAT_ARRAY(n) for (int i = 0; i < 3; i++) reset_peak(&s->n[i]);
+#define EXPSEG_STAT_SINGLE(n) reset_peak(&s->n);
+#define EXPSEG_STAT_COUNTER(n)
+#define EXPSEG_STAT_VALUE(n)
+#define EXPSEG_STAT_GAUGE(n) reset_peak(&s->n);
+#define EXPSEG_STAT_ACCUM(n)
+#include "stats.def"
+#undef EXPSEG_STAT_ARRAY
+#undef EXPSEG_STAT_SINGLE
+#undef EXPSEG_STAT_COUNTER
+#undef EXPSEG_STAT_VALUE
+#undef EXPSEG_STAT_GAUGE
+#undef EXPSEG_STAT_ACCUM
+}
+
+void _expseg_stats_reset_accumulated(stats_t *s, const expseg_vmm_t *drv) {
+#define EXPSEG_STAT_ARRAY(n) for (int i = 0; i < 3; i++) reset_accum(&s->n[i]);
+#define EXPSEG_STAT_SINGLE(n) reset_accum(&s->n);
+#define EXPSEG_STAT_COUNTER(n) s->n = 0;
+#define EXPSEG_STAT_VALUE(n)
+#define EXPSEG_STAT_GAUGE(n)
+#define EXPSEG_STAT_ACCUM(n) s->n = 0;
+#include "stats.def"
+#undef EXPSEG_STAT_ARRAY
+#undef EXPSEG_STAT_SINGLE
+#undef EXPSEG_STAT_COUNTER
+#undef EXPSEG_STAT_VALUE
+#undef EXPSEG_STAT_GAUGE
+#undef EXPSEG_STAT_ACCUM
+  for (int i = 0; i < EXPSEG_VMM_CALL_COUNT; i++)
+    s->driver_base[i] = atomic_load(&drv->calls[i]);
+}
+
+/* ---- the key table ---- */
+
+enum { K_STAT, K_INT, K_DRIVER, K_LARGEST };
+
+typedef struct key_s {
+  char name[128];
+  uint8_t kind;
+  uint16_t index;  /* K_STAT: metric 0..3; K_DRIVER: call */
+  size_t offset;   /* into stats_t */
+} key_t_;
+
+#define MAX_KEYS 256
+static key_t_ keys[MAX_KEYS];
+static size_t n_keys;
+static pthread_once_t keys_once = PTHREAD_ONCE_INIT;
+
+static const char *const metric_names[4] = {"current", "peak", "allocated", "freed"};
+static const char *const pool_names[3] = {"all", "small_pool", "large_pool"};
+
+static void add_key(const char *name, uint8_t kind, uint16_t index, size_t offset) {
+  if (n_keys >= MAX_KEYS) abort(); /* stats.def grew past MAX_KEYS: raise it */
+  key_t_ *k = &keys[n_keys++];
+  snprintf(k->name, sizeof k->name, "%s", name);
+  k->kind = kind;
+  k->index = index;
+  k->offset = offset;
+}
+
+static void add_stat(const char *prefix, size_t offset, int metrics) {
+  char name[128];
+  for (int m = 0; m < metrics; m++) {
+    snprintf(name, sizeof name, "%s.%s", prefix, metric_names[m]);
+    add_key(name, K_STAT, (uint16_t)m, offset);
+  }
+}
+
+static int key_cmp(const void *x, const void *y) {
+  return strcmp(((const key_t_ *)x)->name, ((const key_t_ *)y)->name);
+}
+
+static void build_keys(void) {
+  char name[96];
+#define EXPSEG_STAT_ARRAY(n)                                                          \
+  for (int p = 0; p < 3; p++) {                                                       \
+    snprintf(name, sizeof name, "%s.%s", #n, pool_names[p]);                          \
+    add_stat(name, offsetof(stats_t, n) + (size_t)p * sizeof(stat_t), 4);             \
+  }
+#define EXPSEG_STAT_SINGLE(n) add_stat(#n, offsetof(stats_t, n), 4);
+#define EXPSEG_STAT_COUNTER(n) add_key(#n, K_INT, 0, offsetof(stats_t, n));
+#define EXPSEG_STAT_VALUE(n) add_key(#n, K_INT, 0, offsetof(stats_t, n));
+#define EXPSEG_STAT_GAUGE(n) add_stat("expseg." #n, offsetof(stats_t, n), 2);
+#define EXPSEG_STAT_ACCUM(n) add_key("expseg." #n, K_INT, 0, offsetof(stats_t, n));
+#include "stats.def"
+#undef EXPSEG_STAT_ARRAY
+#undef EXPSEG_STAT_SINGLE
+#undef EXPSEG_STAT_COUNTER
+#undef EXPSEG_STAT_VALUE
+#undef EXPSEG_STAT_GAUGE
+#undef EXPSEG_STAT_ACCUM
+  for (int c = 0; c < EXPSEG_VMM_CALL_COUNT; c++) {
+    snprintf(name, sizeof name, "expseg.driver.%s", _expseg_vmm_call_name((expseg_vmm_call)c));
+    add_key(name, K_DRIVER, (uint16_t)c, 0);
+  }
+  add_key("expseg.largest_free_block", K_LARGEST, 0, 0);
+  qsort(keys, n_keys, sizeof keys[0], key_cmp);
+}
+
+static void ensure_keys(void) { pthread_once(&keys_once, build_keys); }
+
+size_t _expseg_stats_key_count(void) {
+  ensure_keys();
+  return n_keys;
+}
+
+const char *_expseg_stats_key(size_t i) {
+  ensure_keys();
+  return i < n_keys ? keys[i].name : NULL;
+}
+
+static int64_t key_value(const expseg_allocator *a, const key_t_ *k) {
+  const char *base = (const char *)&a->stats + k->offset;
+  switch (k->kind) {
+  case K_STAT: return ((const int64_t *)base)[k->index];
+  case K_INT: return *(const int64_t *)base;
+  case K_DRIVER:
+    return (int64_t)(atomic_load(&a->drv->calls[k->index]) - a->stats.driver_base[k->index]);
+  default: return (int64_t)_expseg_largest_free(a);
+  }
+}
+
+bool _expseg_stats_get(const expseg_allocator *a, const char *key, int64_t *v) {
+  ensure_keys();
+  size_t lo = 0, hi = n_keys;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    int c = strcmp(keys[mid].name, key);
+    if (c == 0) {
+      *v = key_value(a, &keys[mid]);
+      return true;
+    }
+    if (c < 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return false;
+}
+
+void _expseg_stats_visit(const expseg_allocator *a,
+                         void (*fn)(void *ctx, const char *key, int64_t value), void *ctx) {
+  ensure_keys();
+  for (size_t i = 0; i < n_keys; i++) fn(ctx, keys[i].name, key_value(a, &keys[i]));
+}

@@ -1,0 +1,182 @@
+/* streams.c: blocks used on other streams. record_stream adds a stream to a block's uses;
+ * freeing such a block records one event per used stream (events come from a pool and are
+ * never recorded on the plain same-stream path) and leaves the block pending until all of
+ * them complete. Each used stream has its own FIFO of events, polled at the start of
+ * malloc (no head-of-line blocking across streams), drained with synchronization on
+ * empty_cache and on the out-of-memory path. */
+#include "error.h"
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+expseg_status _expseg_block_add_use(block_t *b, expseg_stream s) {
+  if (s == b->stream) return EXPSEG_OK;
+  for (uint32_t i = 0; i < b->n_uses; i++)
+    if (b->uses[i] == s) return EXPSEG_OK;
+  if (b->n_uses == b->uses_cap) {
+    uint32_t cap = b->uses_cap * 2;
+    expseg_stream *u = malloc(cap * sizeof *u);
+    if (u == NULL) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+    memcpy(u, b->uses, b->n_uses * sizeof *u);
+    if (b->uses != b->uses_inline) free(b->uses);
+    b->uses = u;
+    b->uses_cap = cap;
+  }
+  b->uses[b->n_uses++] = s;
+  return EXPSEG_OK;
+}
+
+expseg_status _expseg_event_get(expseg_allocator *a, expseg_vmm_event *ev) {
+  if (a->n_event_pool > 0) {
+    *ev = a->event_pool[--a->n_event_pool];
+    return EXPSEG_OK;
+  }
+  return _expseg_vmm_event_create(a->drv, ev);
+}
+
+void _expseg_event_put(expseg_allocator *a, expseg_vmm_event ev) {
+  if (a->n_event_pool == a->cap_event_pool) {
+    size_t cap = a->cap_event_pool ? a->cap_event_pool * 2 : 16;
+    expseg_vmm_event *p = realloc(a->event_pool, cap * sizeof *p);
+    if (p == NULL) {
+      (void)_expseg_vmm_event_destroy(a->drv, ev);
+      return;
+    }
+    a->event_pool = p;
+    a->cap_event_pool = cap;
+  }
+  a->event_pool[a->n_event_pool++] = ev;
+}
+
+static stream_queue_t *queue_for(expseg_allocator *a, expseg_stream s) {
+  for (size_t i = 0; i < a->n_queues; i++)
+    if (a->queues[i].stream == s) return &a->queues[i];
+  if (a->n_queues == a->cap_queues) {
+    size_t cap = a->cap_queues ? a->cap_queues * 2 : 8;
+    stream_queue_t *q = realloc(a->queues, cap * sizeof *q);
+    if (q == NULL) return NULL;
+    a->queues = q;
+    a->cap_queues = cap;
+  }
+  stream_queue_t *q = &a->queues[a->n_queues++];
+  memset(q, 0, sizeof *q);
+  q->stream = s;
+  return q;
+}
+
+static bool queue_push(stream_queue_t *q, pending_t p) {
+  if (q->count == q->cap) {
+    size_t cap = q->cap ? q->cap * 2 : 16;
+    pending_t *items = malloc(cap * sizeof *items);
+    if (items == NULL) return false;
+    for (size_t i = 0; i < q->count; i++) items[i] = q->items[(q->head + i) % q->cap];
+    free(q->items);
+    q->items = items;
+    q->head = 0;
+    q->cap = cap;
+  }
+  q->items[(q->head + q->count) % q->cap] = p;
+  q->count++;
+  return true;
+}
+
+static pending_t queue_pop(stream_queue_t *q) {
+  pending_t p = q->items[q->head];
+  q->head = (q->head + 1) % q->cap;
+  q->count--;
+  return p;
+}
+
+bool _expseg_insert_events(expseg_allocator *a, block_t *b) {
+  expseg_vmm_event local[8];
+  expseg_vmm_event *evs = b->n_uses <= 8 ? local : malloc(b->n_uses * sizeof *evs);
+  if (evs == NULL) return false;
+  uint32_t n = 0;
+  bool ok = true;
+  for (; n < b->n_uses; n++) {
+    if (_expseg_event_get(a, &evs[n]) != EXPSEG_OK) {
+      ok = false;
+      break;
+    }
+    if (_expseg_vmm_event_record(a->drv, evs[n], b->uses[n]) != EXPSEG_OK) {
+      _expseg_event_put(a, evs[n]);
+      ok = false;
+      break;
+    }
+  }
+  for (uint32_t i = 0; ok && i < n; i++) /* create the queues first (may move them) */
+    if (queue_for(a, b->uses[i]) == NULL) ok = false;
+  /* queues exist now; pushing can still fail on memory: undo the pushes then */
+  uint32_t pushed = 0;
+  while (ok && pushed < n) {
+    stream_queue_t *q = queue_for(a, b->uses[pushed]);
+    if (!queue_push(q, (pending_t){evs[pushed], b})) {
+      ok = false;
+      break;
+    }
+    pushed++;
+  }
+  if (!ok) {
+    for (uint32_t i = pushed; i-- > 0;) { /* remove from the queue tails again */
+      stream_queue_t *q = queue_for(a, b->uses[i]);
+      q->count--;
+    }
+    for (uint32_t i = 0; i < n; i++) _expseg_event_put(a, evs[i]);
+  } else {
+    b->event_count = n;
+    a->n_pending_events += n;
+  }
+  if (evs != local) free(evs);
+  return ok;
+}
+
+/* One event of b completed. */
+static void event_done(expseg_allocator *a, pending_t p) {
+  _expseg_event_put(a, p.ev);
+  a->n_pending_events--;
+  if (--p.b->event_count == 0) _expseg_free_block(a, p.b);
+}
+
+void _expseg_process_events(expseg_allocator *a) {
+  for (size_t i = 0; i < a->n_queues; i++) {
+    stream_queue_t *q = &a->queues[i];
+    while (q->count > 0) {
+      bool done = false;
+      if (_expseg_vmm_event_query(a->drv, q->items[q->head].ev, &done) != EXPSEG_OK || !done)
+        break;
+      event_done(a, queue_pop(q));
+    }
+  }
+}
+
+void _expseg_sync_all_events(expseg_allocator *a) {
+  a->stats.num_sync_all_streams++;
+  for (size_t i = 0; i < a->n_queues; i++) {
+    stream_queue_t *q = &a->queues[i];
+    while (q->count > 0) {
+      if (_expseg_vmm_event_synchronize(a->drv, q->items[q->head].ev) != EXPSEG_OK) {
+        _expseg_warn("waiting for stream %#llx failed; its blocks stay pending: %s",
+                     (unsigned long long)q->stream, expseg_last_error());
+        break;
+      }
+      event_done(a, queue_pop(q));
+    }
+  }
+}
+
+void _expseg_streams_destroy(expseg_allocator *a) {
+  for (size_t i = 0; i < a->n_queues; i++) {
+    stream_queue_t *q = &a->queues[i];
+    while (q->count > 0) (void)_expseg_vmm_event_destroy(a->drv, queue_pop(q).ev);
+    free(q->items);
+  }
+  free(a->queues);
+  a->queues = NULL;
+  a->n_queues = a->cap_queues = 0;
+  for (size_t i = 0; i < a->n_event_pool; i++)
+    (void)_expseg_vmm_event_destroy(a->drv, a->event_pool[i]);
+  free(a->event_pool);
+  a->event_pool = NULL;
+  a->n_event_pool = a->cap_event_pool = 0;
+}
