@@ -80,7 +80,9 @@ static bool field_is(field_t f, const char *s) {
   return f.len == strlen(s) && memcmp(f.p, s, f.len) == 0;
 }
 
-static expseg_status bad_number(reader_t *r, const char *what, field_t f) {
+static expseg_status bad_number(reader_t *r, const char *what_in, field_t f) {
+  char what[128];
+  snprintf(what, sizeof what, "%s", what_in);  /* what_in may be r->why */
   snprintf(r->why, sizeof r->why, "%s '%.*s' is not an unsigned decimal number%s", what,
            (int)(f.len < 40 ? f.len : 40), f.p,
            strcmp(what, "address") == 0 ? " or 0x-prefixed hexadecimal" : "");

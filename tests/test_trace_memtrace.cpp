@@ -1,0 +1,295 @@
+// test_trace_memtrace.cpp: the memtrace v1 reader (bench/trace_memtrace.c), the writer, the
+// format detection of expseg_trace_read_file, and the shared map and checker (bench/trace.c).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <unistd.h>
+
+extern "C" {
+#include "trace.h"
+#include "trace_internal.h"
+}
+
+namespace {
+
+struct Set {
+  expseg_trace_set_t s{nullptr, 0};
+  ~Set() { expseg_trace_set_free(&s); }
+};
+
+expseg_status read(const std::string &text, Set &out, const char *name = "t.memtrace") {
+  return expseg_trace_read_memtrace(name, text.data(), text.size(), &out.s);
+}
+
+std::string tmp_path(const char *stem) {
+  return std::string(::testing::TempDir()) + "/" + stem + "_" + std::to_string(getpid());
+}
+
+const char *kGood =
+    "# memtrace v1\n"
+    "# source: good device=3\n"
+    "# pytorch: start_reserved=100 peak_reserved=300 end_reserved=200 segment_alloc=1 "
+    "segment_free=0 map=1 unmap=1 oom=1\n"
+    "p 0 0 1000\n"
+    "p 0 1 24\n"
+    "a 1 2 4096\n"
+    "# a comment in the middle\n"
+    "r 1 2 4096\n"
+    "a 0 3 10\n"
+    "f 0 0 1000\n"
+    "f 1 2 4096\n"
+    "E\n"
+    "M 0 0x7f0000000000 2097152\n"
+    "m 2 140000 4096\n"
+    "u 2 0x22 4096\n"
+    "O 0 - 8192 device_free=77\n"
+    "\n"
+    "# stats: prelive=2 peak_live_requested=5130\n";
+
+TEST(TraceMemtrace, ReadsEveryLineKind) {
+  Set s;
+  ASSERT_EQ(read(kGood, s, "dir/good.memtrace"), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(s.s.n, 1u);
+  const expseg_trace_t &t = s.s.traces[0];
+  EXPECT_STREQ(t.name, "good");
+  EXPECT_EQ(t.device, 3);
+  struct E { char k; uint32_t st; uint64_t id, size, extra; } want[] = {
+      {'p', 0, 0, 1000, 0}, {'p', 0, 1, 24, 0}, {'a', 1, 2, 4096, 0}, {'r', 1, 2, 4096, 0},
+      {'a', 0, 3, 10, 0}, {'f', 0, 0, 1000, 0}, {'f', 1, 2, 4096, 0}, {'E', 0, 0, 0, 0},
+      {'M', 0, 0x7f0000000000ull, 2097152, 0}, {'m', 2, 140000, 4096, 0},
+      {'u', 2, 0x22, 4096, 0}, {'O', 0, 0, 8192, 77}};
+  ASSERT_EQ(t.n_events, sizeof want / sizeof want[0]);
+  for (size_t i = 0; i < t.n_events; i++) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(t.events[i].kind, (uint8_t)want[i].k);
+    EXPECT_EQ(t.events[i].stream, want[i].st);
+    EXPECT_EQ(t.events[i].id, want[i].id);
+    EXPECT_EQ(t.events[i].size, want[i].size);
+    EXPECT_EQ(t.events[i].extra, want[i].extra);
+  }
+  EXPECT_EQ(t.n_ids, 4u);
+  EXPECT_EQ(t.n_streams, 3u);
+  // 1000 + 24 + 4096 + 10: the 'r' does not end the allocation, its 'f' does
+  EXPECT_EQ(t.peak_live_requested, 5130u);
+  EXPECT_EQ(t.baseline.present, 1);
+  EXPECT_EQ(t.baseline.start_reserved, 100u);
+  EXPECT_EQ(t.baseline.peak_reserved, 300u);
+  EXPECT_EQ(t.baseline.end_reserved, 200u);
+  EXPECT_EQ(t.baseline.segment_alloc, 1u);
+  EXPECT_EQ(t.baseline.map, 1u);
+  EXPECT_EQ(t.baseline.unmap, 1u);
+  EXPECT_EQ(t.baseline.oom, 1u);
+}
+
+TEST(TraceMemtrace, PeakCountsFreeNotFreeRequest) {
+  Set s;
+  ASSERT_EQ(read("# memtrace v1\na 0 0 100\nr 0 0 100\na 0 1 50\nf 0 0 100\na 0 2 70\n", s),
+            EXPSEG_OK)
+      << expseg_last_error();
+  EXPECT_EQ(s.s.traces[0].peak_live_requested, 150u);
+  EXPECT_EQ(s.s.traces[0].baseline.present, 0);
+}
+
+TEST(TraceMemtrace, AcceptsCrlfAndStreamZeroLate) {
+  Set s;
+  // stream 0 may first appear after stream 1 (the default stream is always index 0)
+  ASSERT_EQ(read("# memtrace v1\r\na 1 0 5\r\na 0 1 6\r\na 2 2 7\r\n", s), EXPSEG_OK)
+      << expseg_last_error();
+  EXPECT_EQ(s.s.traces[0].n_streams, 3u);
+  EXPECT_EQ(s.s.traces[0].n_events, 3u);
+}
+
+struct Bad {
+  const char *text;
+  const char *want;  // substrings of the message, '|'-separated
+};
+
+const Bad kBad[] = {
+    {"", "t.memtrace:0: empty file"},
+    {"a 0 0 1\n", "t.memtrace:1: the first line must be '# memtrace v1'"},
+    {"# memtrace v2\n", ":1: the first line"},
+    {"# memtrace v1\na 0 1 10\n", ":2: id 1 is not the next new id (0)"},
+    {"# memtrace v1\np 0 0 10\np 0 0 10\n", ":3: id 0 is not the next new id (1)"},
+    {"# memtrace v1\nf 0 0 10\n", ":2: free of id 0, which was never allocated"},
+    {"# memtrace v1\na 0 0 10\nf 0 0 10\nf 0 0 10\n", ":4: free of id 0, which is already free"},
+    {"# memtrace v1\na 0 0 10\nf 0 0 11\n", ":3: free of id 0 with size 11, but it was "
+                                            "allocated with size 10"},
+    {"# memtrace v1\na 0 0 10\nr 0 0 10\nr 0 0 10\n", ":4: free request of id 0, which is "
+                                                      "already awaiting its free"},
+    {"# memtrace v1\na 0 0 10\nf 0 0 10\nr 0 0 10\n", ":4: free request of id 0, which is "
+                                                      "already free"},
+    {"# memtrace v1\na 0 x1 10\n", ":2: id 'x1' is not an unsigned decimal number"},
+    {"# memtrace v1\na 0 0 -5\n", ":2: size '-5' is not"},
+    {"# memtrace v1\na 0 0 99999999999999999999999\n", ":2: size '9999"},
+    {"# memtrace v1\na 0 0 1125899906842625\n", ":2: size 1125899906842625 is above the 2^50"},
+    {"# memtrace v1\nM 0 0x10 1125899906842625\n", ":2: size 1125899906842625 is above"},
+    {"# memtrace v1\nz 0 0 1\n", ":2: unknown line kind 'z'"},
+    {"# memtrace v1\nalloc 0 0 1\n", ":2: unknown line kind 'alloc'"},
+    {"# memtrace v1\na 0 0 1 2\n", ":2: 'a' line has more than 4 fields"},
+    {"# memtrace v1\na 0 0\n", ":2: 'a' line has 3 fields, expected 4"},
+    {"# memtrace v1\nE 0\n", ":2: 'E' line has more than 1 fields"},
+    {"# memtrace v1\na 2 0 1\n", ":2: stream 2 skips stream 1"},
+    {"# memtrace v1\na 0 0 1\na 1 1 1\na 3 2 1\n", ":4: stream 3 skips stream 2"},
+    {"# memtrace v1\na 9999999 0 1\n", ":2: stream 9999999 is above"},
+    {"# memtrace v1\na 0 0 1\np 0 1 1\n", ":3: 'p' (live at start) after the first event"},
+    {"# memtrace v1\nO 0 5 10 device_free=1\n", ":2: 'O' line: third field must be '-'"},
+    {"# memtrace v1\nO 0 - 10 free=1\n", ":2: 'O' line: last field must be device_free=N"},
+    {"# memtrace v1\nO 0 - 10 device_free=x\n", ":2: device_free 'x' is not"},
+    {"# memtrace v1\nM 0 0xzz 10\n", ":2: address '0xzz' is not an unsigned decimal number or "
+                                     "0x-prefixed hexadecimal"},
+    {"# memtrace v1\n# pytorch: start_reserved=1 peak_reserved=1 end_reserved=1\n",
+     ":2: '# pytorch:' line: segment_alloc is missing"},
+    {"# memtrace v1\n# pytorch: start_reserved=1 peak_reserved=1 end_reserved=1 "
+     "segment_alloc=0 segment_free=0 map=0 unmap=0 oom=0 bogus=1\n",
+     ":2: '# pytorch:' line: unknown item 'bogus=1'"},
+    {"# memtrace v1\n# pytorch: start_reserved=1 start_reserved=1\n", ":2: '# pytorch:' line: "
+                                                                      "start_reserved given twice"},
+    {"# memtrace v1\n# stats: prelive=q peak_live_requested=0\n", ":2: '# stats:' line: prelive "
+                                                                  "'q' is not"},
+    {"# memtrace v1\n# stats: prelive=1 peak_live_requested=10\np 0 0 10\na 0 1 5\n",
+     ":2: '# stats:' line says prelive=1 peak_live_requested=10, but the events give 1 and 15"},
+    {"# memtrace v1\n# source: x device=zz\n", ":2: device 'zz' is not"},
+};
+
+TEST(TraceMemtrace, RejectsMalformedInputNamingLineAndReason) {
+  for (const Bad &b : kBad) {
+    SCOPED_TRACE(b.text);
+    Set s;
+    EXPECT_EQ(read(b.text, s), EXPSEG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(s.s.n, 0u);
+    EXPECT_EQ(s.s.traces, nullptr);
+    std::string msg = expseg_last_error();
+    EXPECT_NE(msg.find(b.want), std::string::npos) << "message: " << msg;
+    EXPECT_EQ(msg.rfind("t.memtrace:", 0), 0u) << "message: " << msg;
+  }
+}
+
+TEST(TraceMemtrace, RejectsNulBytes) {
+  Set s;
+  static const char text[] = "# memtrace v1\na 0 0 1\n\0\n";
+  EXPECT_EQ(read(std::string(text, sizeof text - 1), s), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(expseg_last_error()).find("t.memtrace:3: NUL byte"), std::string::npos)
+      << expseg_last_error();
+}
+
+void expect_same(const expseg_trace_t &a, const expseg_trace_t &b) {
+  ASSERT_EQ(a.n_events, b.n_events);
+  for (size_t i = 0; i < a.n_events; i++) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(a.events[i].kind, b.events[i].kind);
+    EXPECT_EQ(a.events[i].stream, b.events[i].stream);
+    EXPECT_EQ(a.events[i].id, b.events[i].id);
+    EXPECT_EQ(a.events[i].size, b.events[i].size);
+    EXPECT_EQ(a.events[i].extra, b.events[i].extra);
+  }
+  EXPECT_EQ(a.n_ids, b.n_ids);
+  EXPECT_EQ(a.n_streams, b.n_streams);
+  EXPECT_EQ(a.peak_live_requested, b.peak_live_requested);
+  EXPECT_EQ(a.device, b.device);
+  EXPECT_EQ(0, memcmp(&a.baseline, &b.baseline, sizeof a.baseline));
+}
+
+TEST(TraceMemtrace, WriteThenReadGivesTheSameTrace) {
+  Set a;
+  ASSERT_EQ(read(kGood, a), EXPSEG_OK) << expseg_last_error();
+  std::string path = tmp_path("roundtrip.memtrace");
+  ASSERT_EQ(expseg_trace_write_memtrace(&a.s.traces[0], path.c_str()), EXPSEG_OK)
+      << expseg_last_error();
+  Set b;
+  ASSERT_EQ(expseg_trace_read_file(path.c_str(), &b.s), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(b.s.n, 1u);
+  expect_same(a.s.traces[0], b.s.traces[0]);
+  std::remove(path.c_str());
+}
+
+TEST(TraceMemtrace, WriteFailsOnUnwritablePath) {
+  Set a;
+  ASSERT_EQ(read(kGood, a), EXPSEG_OK);
+  EXPECT_EQ(expseg_trace_write_memtrace(&a.s.traces[0], "/nonexistent-dir/x.memtrace"),
+            EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(expseg_last_error()).find("/nonexistent-dir/x.memtrace"),
+            std::string::npos);
+}
+
+TEST(TraceReadFile, NamesThePathWhenUnreadable) {
+  Set s;
+  EXPECT_EQ(expseg_trace_read_file("/nonexistent-dir/none.memtrace", &s.s),
+            EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(expseg_last_error()).find("/nonexistent-dir/none.memtrace: cannot open"),
+            std::string::npos)
+      << expseg_last_error();
+  EXPECT_EQ(s.s.n, 0u);
+  EXPECT_EQ(expseg_trace_read_file("/", &s.s), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_trace_read_file(nullptr, &s.s), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_trace_read_file("x", nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+}
+
+TEST(TraceReadFile, PicksTheFormatByContent) {
+  std::string path = tmp_path("fmt.bin");
+  struct { std::string text; expseg_status want; const char *msg; } cases[] = {
+      {"# memtrace v1\na 0 0 10\n", EXPSEG_OK, ""},
+      {"Thread,Time,Action,Pointer,Size,Stream\n1,2,allocate,0x10,5,0x0\n", EXPSEG_OK, ""},
+      {"hello\n", EXPSEG_ERR_INVALID_ARGUMENT, "unknown trace format"},
+      {"", EXPSEG_ERR_INVALID_ARGUMENT, "unknown trace format (0 bytes)"},
+      {"\x80\x04.", EXPSEG_ERR_INVALID_ARGUMENT, "STOP with 0 values"},
+      {"# memtrace v1\nq\n", EXPSEG_ERR_INVALID_ARGUMENT, ":2: unknown line kind"},
+  };
+  for (auto &c : cases) {
+    SCOPED_TRACE(c.text);
+    FILE *f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(c.text.data(), 1, c.text.size(), f);
+    std::fclose(f);
+    Set s;
+    EXPECT_EQ(expseg_trace_read_file(path.c_str(), &s.s), c.want);
+    if (c.want == EXPSEG_OK) {
+      ASSERT_EQ(s.s.n, 1u);
+      EXPECT_EQ(s.s.traces[0].n_events, 1u);
+    } else {
+      std::string msg = expseg_last_error();
+      EXPECT_NE(msg.find(path), std::string::npos) << msg;
+      EXPECT_NE(msg.find(c.msg), std::string::npos) << msg;
+    }
+  }
+  std::remove(path.c_str());
+}
+
+// The map behind every reader (addresses -> ids): random puts and deletes against std::map.
+TEST(TraceMap, MatchesStdMapUnderRandomPutAndDelete) {
+  unsigned seed = (unsigned)std::random_device{}();
+  std::printf("seed %u\n", seed);
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  _expseg_u64map_t m{};
+  std::map<uint64_t, uint64_t> ref;
+  for (int i = 0; i < 200000; i++) {
+    uint64_t k = rng() % 4096 * (rng() % 2 ? 512 : 1);  // clustered keys: long probe chains
+    if (rng() % 3) {
+      uint64_t v = rng();
+      ASSERT_TRUE(_expseg_u64map_put(&m, k, v));
+      ref[k] = v;
+    } else {
+      ASSERT_EQ(_expseg_u64map_del(&m, k), ref.erase(k) == 1);
+    }
+    if (i % 1000 == 0) {
+      ASSERT_EQ(m.n, ref.size());
+      for (auto &kv : ref) {
+        uint64_t *v = _expseg_u64map_get(&m, kv.first);
+        ASSERT_NE(v, nullptr) << kv.first;
+        ASSERT_EQ(*v, kv.second);
+      }
+    }
+  }
+  for (uint64_t k = 0; k < 4096 * 512; k += 511) {
+    uint64_t *v = _expseg_u64map_get(&m, k);
+    ASSERT_EQ(v != nullptr, ref.count(k) == 1) << k;
+  }
+  _expseg_u64map_free(&m);
+}
+
+}  // namespace
