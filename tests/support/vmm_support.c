@@ -29,3 +29,16 @@ uint64_t vmm_test_calls(expseg_vmm_t *v, expseg_vmm_call c) { return atomic_load
 uint64_t vmm_test_failures(expseg_vmm_t *v, expseg_vmm_call c) {
   return atomic_load(&v->failures[c]);
 }
+
+vmm_gauges_t vmm_test_gauges(expseg_vmm_t *v) {
+  vmm_gauges_t g = {
+      .live_chunks = atomic_load(&v->live_chunks),
+      .live_chunk_bytes = atomic_load(&v->live_chunk_bytes),
+      .created_bytes = atomic_load(&v->created_bytes),
+      .live_reservations = atomic_load(&v->live_reservations),
+      .reserved_va_bytes = atomic_load(&v->reserved_va_bytes),
+      .mapped_bytes = atomic_load(&v->mapped_bytes),
+      .live_events = atomic_load(&v->live_events),
+  };
+  return g;
+}

@@ -15,6 +15,13 @@
 extern "C" {
 #endif
 
+/* A plain copy of the gauges of v. */
+typedef struct vmm_gauges_s {
+  int64_t live_chunks, live_chunk_bytes, created_bytes, live_reservations, reserved_va_bytes,
+      mapped_bytes, live_events;
+} vmm_gauges_t;
+vmm_gauges_t vmm_test_gauges(expseg_vmm_t *v);
+
 /* True when every gauge (chunks, bytes, reservations, mapped, events) is back to zero;
  * otherwise writes the first non-zero one to why. */
 bool vmm_test_is_idle(expseg_vmm_t *v, char *why, size_t len);
