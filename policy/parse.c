@@ -277,6 +277,7 @@ typedef struct parser_s {
   const char *source;
   char *err;
   size_t errlen;
+  const char *key; /* the key being parsed, as written */
 } parser_t;
 
 static void next(parser_t *p, tok_t *t) {
@@ -442,11 +443,13 @@ static expseg_status unknown_key(parser_t *p, const tok_t *t) {
 
 #define FIELD(c, o, type) (*(type *)(void *)((char *)(c) + (o)->offset))
 
+/* The key is named as written (the HIP alias stays the HIP alias). */
 static expseg_status bad_value(parser_t *p, const option_t *o, const tok_t *v,
                                const char *problem) {
   char q[TOK_MAX * 4 + 8], acc[256];
   accepted(o, acc, sizeof acc);
-  return fail(p, v->at, "%s value %s %s; accepted: %s", o->key, shown(v, q), problem, acc);
+  return fail(p, v->at, "%s value %s %s; accepted: %s", p->key ? p->key : o->key, shown(v, q),
+              problem, acc);
 }
 
 static expseg_status word_value(parser_t *p, const option_t *o, const tok_t *v,
@@ -500,8 +503,7 @@ static expseg_status word_value(parser_t *p, const option_t *o, const tok_t *v,
     if (!strcmp(v->w, "cudaMallocAsync") || !strcmp(v->w, "hipMallocAsync"))
       return bad_value(p, o, v,
                        "is not available: expseg implements PyTorch's native caching allocator "
-                       "only (remove the key, or leave PyTorch's own allocator in place to use "
-                       "cudaMallocAsync)");
+                       "only (remove the key; cudaMallocAsync is PyTorch's other backend)");
     return bad_value(p, o, v, "is unknown");
   }
   return bad_value(p, o, v, "is not accepted");
@@ -516,7 +518,7 @@ static expseg_status divisions_list(parser_t *p, const option_t *o, const tok_t 
   uint32_t div[EXPSEG_ROUNDUP_INTERVALS] = {0};
   bool first = true, closed_by_gt = false;
   int last = -1;
-  char q[TOK_MAX * 4 + 8], acc[256];
+  char q[TOK_MAX * 4 + 8], q2[TOK_MAX * 4 + 8], acc[256];
   accepted(o, acc, sizeof acc);
   tok_t k, t, v;
   next(p, &k);
@@ -561,7 +563,7 @@ static expseg_status divisions_list(parser_t *p, const option_t *o, const tok_t 
     if (t.type == T_CLOSE) break;
     if (t.type != T_COMMA)
       return fail(p, t.at, "%s: malformed list: expected ',' or ']' after entry %s but found %s",
-                  o->key, shown(&k, q), t.type == T_END ? "the end of the text" : shown(&t, q));
+                  o->key, shown(&k, q), t.type == T_END ? "the end of the text" : shown(&t, q2));
     next(p, &k);
     if (k.type == T_CLOSE)
       return fail(p, t.at, "%s: malformed list: trailing ',' before ']'; accepted: %s", o->key,
@@ -582,7 +584,7 @@ static const option_t *find_option(const char *w) {
 expseg_status _expseg_config_parse(const char *text, const char *source,
                                    const expseg_config_t *base, expseg_config_t *out,
                                    char *err, size_t errlen) {
-  parser_t p = {text ? text : "", 0, source, err, errlen};
+  parser_t p = {text ? text : "", 0, source, err, errlen, NULL};
   expseg_config_t c;
   if (base)
     c = *base;
@@ -603,9 +605,10 @@ expseg_status _expseg_config_parse(const char *text, const char *source,
     }
     const option_t *o = k.n < TOK_MAX ? find_option(k.w) : NULL;
     if (!o) return unknown_key(&p, &k);
+    p.key = !strcmp(k.w, o->key) ? o->key : o->alias;
     next(&p, &t);
     if (t.type != T_COLON)
-      return fail(&p, t.at, "%s has no value (expected ':' after the key, found %s)", o->key,
+      return fail(&p, t.at, "%s has no value (expected ':' after the key, found %s)", p.key,
                   t.type == T_END ? "the end of the text" : shown(&t, q));
     next(&p, &v);
     expseg_status s;
@@ -617,11 +620,11 @@ expseg_status _expseg_config_parse(const char *text, const char *source,
       char acc[256];
       accepted(o, acc, sizeof acc);
       s = fail(&p, v.at, "%s value is a list, but only roundup_power2_divisions takes one; accepted: %s",
-               o->key, acc);
+               p.key, acc);
     } else {
       char acc[256];
       accepted(o, acc, sizeof acc);
-      s = fail(&p, v.at, "%s has no value (found %s after ':'); accepted: %s", o->key,
+      s = fail(&p, v.at, "%s has no value (found %s after ':'); accepted: %s", p.key,
                v.type == T_END ? "the end of the text" : shown(&v, q), acc);
     }
     if (s != EXPSEG_OK) return s;
@@ -629,11 +632,11 @@ expseg_status _expseg_config_parse(const char *text, const char *source,
     next(&p, &t);
     if (t.type == T_END) break;
     if (t.type != T_COMMA)
-      return fail(&p, t.at, "expected ',' after %s:%s but found %s", o->key,
+      return fail(&p, t.at, "expected ',' after %s:%s but found %s", p.key,
                   v.type == T_WORD ? shown(&v, q2) : "[...]", shown(&t, q));
     next(&p, &k);
     if (k.type == T_END)
-      return fail(&p, t.at, "trailing ',' after %s:%s; remove it", o->key,
+      return fail(&p, t.at, "trailing ',' after %s:%s; remove it", p.key,
                   v.type == T_WORD ? shown(&v, q2) : "[...]");
   }
 done:
@@ -663,16 +666,14 @@ static void print_divisions(out_t *o, const uint32_t *d) {
   out_u64(o, (uint64_t)1 << k); /* the first entry fills every interval below it */
   out_str(o, ":");
   out_u64(o, d[k]);
-  for (int i = k + 1; i <= j; i++) {
+  for (int i = k + 1; i < j; i++) {
     out_str(o, ",");
     out_u64(o, (uint64_t)1 << i);
     out_str(o, ":");
     out_u64(o, d[i]);
   }
-  if (j < n - 1) {
-    out_str(o, ",>:");
-    out_u64(o, d[j]);
-  }
+  out_str(o, ",>:"); /* the last run: every interval after the last explicit one */
+  out_u64(o, d[j]);
   out_str(o, "]");
 }
 
