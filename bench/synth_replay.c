@@ -347,7 +347,8 @@ static uint64_t row_cost(const sweep_row_t *w) {
 
 static int row_cmp(const void *pa, const void *pb) {
   const sweep_row_t *a = pa, *b = pb;
-  /* OOMs last, then least memory held, then fewest driver calls */
+  /* failed settings last, then OOMs, then least memory held, then fewest driver calls */
+  if ((a->r.errors > 0) != (b->r.errors > 0)) return a->r.errors > 0 ? 1 : -1;
   if ((a->r.num_ooms > 0) != (b->r.num_ooms > 0)) return a->r.num_ooms > 0 ? 1 : -1;
   if (a->r.peak_reserved != b->r.peak_reserved)
     return a->r.peak_reserved < b->r.peak_reserved ? -1 : 1;
@@ -359,9 +360,9 @@ static int sweep_one(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *
   size_t n = N_SWEEP + (o->conf ? 1 : 0);
   sweep_row_t *rows = calloc(n, sizeof *rows);
   if (!rows) return 1;
-  int rc = 0;
+  int rc = 0, failed = 0;
   const int tty = !o->quiet && isatty(fileno(err));
-  for (size_t i = 0; i < n && rc == 0; i++) {
+  for (size_t i = 0; i < n && rc != 2; i++) {
     sweep_row_t *w = &rows[i];
     if (i < N_SWEEP) {
       w->label = sweep_table[i].label;
@@ -374,10 +375,16 @@ static int sweep_one(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *
     }
     if (tty)
       fprintf(err, "\r%s: setting %zu/%zu (%s)%20s", t->name, i + 1, n, w->label, "");
+    /* a setting the allocator fails on (not an OOM) is ranked last and the sweep goes on;
+     * the exit status is then 1 */
     rc = replay_one(t, o, w->conf, NULL, err, &w->r);
+    if (rc == 1) {
+      failed = 1;
+      if (!w->r.errors) w->r.errors = 1; /* a --check violation */
+    }
   }
   if (tty) fprintf(err, "\r%90s\r", "");
-  if (rc) {
+  if (rc == 2) {
     free(rows);
     return rc;
   }
@@ -385,7 +392,7 @@ static int sweep_one(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *
   if (o->json) {
     for (size_t i = 0; i < n; i++) print_json(out, t, &rows[i].r, rows[i].label, (int)i + 1);
     free(rows);
-    return 0;
+    return failed;
   }
   char b1[32], b2[32];
   fprintf(out, "\n%s: %" PRIu64 " events, peak requested %s", t->name, rows[0].r.events,
@@ -401,6 +408,11 @@ static int sweep_one(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *
     char calls[24];
     if (w->r.has_calls) snprintf(calls, sizeof calls, "%" PRIu64, w->r.driver_calls);
     else snprintf(calls, sizeof calls, "-");
+    if (w->r.errors) {
+      fprintf(out, "%4zu  %-28s %11s %6s %8s %9s %5s  %s  (allocator failed: see stderr)\n",
+              i + 1, w->label, "FAILED", "-", "-", "-", "-", w->conf);
+      continue;
+    }
     fprintf(out, "%4zu  %-28s %11s %6.3f %8" PRId64 " %9s %5" PRIu64 "  %s%s\n", i + 1,
             w->label, human(b1, (double)w->r.peak_reserved),
             ratio(w->r.peak_reserved, w->r.peak_requested),
@@ -417,7 +429,7 @@ static int sweep_one(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *
                  "PYTORCH_CUDA_ALLOC_CONF=%s\n",
             best_pt->label, best_pt->conf);
   free(rows);
-  return 0;
+  return failed;
 }
 
 /* ------------------------------------------------------------------------------------ */
