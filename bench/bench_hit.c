@@ -7,7 +7,8 @@
  * (sizes from the same draw) are allocated and every other one freed, so L blocks are live
  * and up to L cached free blocks sit between them in the free index; then every size of
  * the sequence is allocated and freed once (warm-up), so that every timed pair is a hit.
- * That is verified: num_device_alloc must not change while timing (reported as "hits").
+ * That is checked: the device allocations made while timing are reported (0 = every pair
+ * was a hit).
  * Each batch of --batch pairs is timed with clock_gettime; the median and 99th percentile
  * of the per-pair time over --batches batches are reported. Results: docs/benchmarks.md. */
 #include "trace.h"
@@ -151,7 +152,7 @@ int main(int argc, char **argv) {
     printf("# sizes from %s (%zu allocations), seed %" PRIu64 ", %" PRIu64 " batches x %" PRIu64
            " pairs\n%10s %10s %10s %10s %8s\n",
            arg.trace, n_sizes, arg.seed, arg.batches, arg.batch, "live", "median ns",
-           "p99 ns", "mean ns", "hits");
+           "p99 ns", "mean ns", "dev allocs");
   for (size_t li = 0; li < arg.n_live && rc == 0; li++) {
     const uint64_t live = arg.live[li];
     /* the held set: 2L blocks, every other one freed */
@@ -226,15 +227,14 @@ int main(int argc, char **argv) {
     const double med = per[arg.batches / 2];
     const double p99 = per[(arg.batches * 99) / 100 < arg.batches ? (arg.batches * 99) / 100
                                                                    : arg.batches - 1];
-    const int hits = dev0 == dev1;
+    const int64_t misses = dev1 - dev0; /* device allocations while timing: 0 = all hits */
     if (arg.json)
       printf("{\"bench\":\"hit\",\"driver\":\"%s\",\"live\":%" PRIu64
-             ",\"median_ns\":%.1f,\"p99_ns\":%.1f,\"mean_ns\":%.1f,\"all_hits\":%s,"
+             ",\"median_ns\":%.1f,\"p99_ns\":%.1f,\"mean_ns\":%.1f,\"device_allocs_timed\":%" PRId64 ","
              "\"batches\":%" PRIu64 ",\"batch\":%" PRIu64 "}\n",
-             drv, live, med, p99, mean, hits ? "true" : "false", arg.batches, arg.batch);
+             drv, live, med, p99, mean, misses, arg.batches, arg.batch);
     else
-      printf("%10" PRIu64 " %10.1f %10.1f %10.1f %8s\n", live, med, p99, mean,
-             hits ? "all" : "NO");
+      printf("%10" PRIu64 " %10.1f %10.1f %10.1f %12" PRId64 "\n", live, med, p99, mean, misses);
     fflush(stdout);
     expseg_destroy(a);
     free(lsz);
