@@ -1,0 +1,218 @@
+// test_policy_round.cpp: the size policy (policy/round.c) against PyTorch's observable
+// behaviour: round_size with roundup_power2_divisions (both forms, the 512-byte rule, the
+// list-form intervals) checked on the reference's examples and against a model of PyTorch's
+// code on random sizes (seeded); pool choice, classic segment sizes, the split rule and the
+// oversize rules on the reference's worked examples (section 2.6); page size and the
+// memory-fraction cap.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+
+#include "test_policy_common.h"
+
+using policy_test::defaults;
+
+namespace {
+
+constexpr size_t KiB = size_t(1) << 10, MiB = size_t(1) << 20, GiB = size_t(1) << 30;
+
+expseg_config_t conf(const char *text) {
+  expseg_config_t c;
+  char err[512];
+  EXPECT_EQ(_expseg_config_parse(text, "test", nullptr, &c, err, sizeof err), EXPSEG_OK) << err;
+  return c;
+}
+
+// PyTorch's round_size, written from its code (CUDACachingAllocator.cpp / AllocatorConfig).
+size_t model_round(const expseg_config_t &c, size_t size) {
+  if (size < 512) return 512;
+  int lg = 63 - __builtin_clzll(size);
+  int idx = std::max(0, std::min(lg - 20, 15));
+  size_t div = c.roundup_power2_divisions[idx];
+  if (div > 1 && size > 512 * div) {
+    if ((size & (size - 1)) == 0) return size;
+    size_t floor2 = size_t(1) << lg;
+    size_t step = floor2 >> (63 - __builtin_clzll(div));
+    if (step == 0) return 2 * floor2;
+    size_t fl = size & ~(step - 1);
+    return fl == size ? size : fl + step;
+  }
+  return 512 * ((size + 511) / 512);
+}
+
+TEST(PolicyRound, PlainRounding) {
+  expseg_config_t c = defaults();
+  struct { size_t in, out; } k[] = {{0, 512}, {1, 512}, {511, 512}, {512, 512}, {513, 1024},
+                                     {1200, 1536}, {9000, 9216}, {MiB, MiB}, {MiB + 1, MiB + 512},
+                                     {EXPSEG_MAX_REQUEST - 511, EXPSEG_MAX_REQUEST},
+                                     {EXPSEG_MAX_REQUEST, EXPSEG_MAX_REQUEST}};
+  for (auto &x : k) EXPECT_EQ(_expseg_round_size(&c, x.in), x.out) << x.in;
+}
+
+TEST(PolicyRound, Overflow) {
+  expseg_config_t c = conf("roundup_power2_divisions:4");
+  for (const expseg_config_t *p : {&c}) {
+    EXPECT_EQ(_expseg_round_size(p, EXPSEG_MAX_REQUEST + 1), 0u);
+    EXPECT_EQ(_expseg_round_size(p, SIZE_MAX), 0u);
+    EXPECT_EQ(_expseg_round_size(p, SIZE_MAX - 100), 0u);
+    EXPECT_EQ(_expseg_round_size(p, EXPSEG_MAX_REQUEST), EXPSEG_MAX_REQUEST);
+  }
+  expseg_config_t d = defaults();
+  EXPECT_EQ(_expseg_round_size(&d, EXPSEG_MAX_REQUEST + 1), 0u);
+}
+
+TEST(PolicyRound, DivisionsAsPyTorchCodeDoes) {
+  expseg_config_t c = conf("roundup_power2_divisions:4");
+  EXPECT_EQ(_expseg_round_size(&c, 1200), 1536u);       // not 1280: size <= 512 x 4
+  EXPECT_EQ(_expseg_round_size(&c, 9000), 10240u);      // step 2048 above 8192
+  EXPECT_EQ(_expseg_round_size(&c, 2048), 2048u);       // 512 x 4: plain rounding
+  EXPECT_EQ(_expseg_round_size(&c, 2049), 2560u);       // 2048 < 2049, step 512
+  EXPECT_EQ(_expseg_round_size(&c, 8192), 8192u);       // a power of two stays
+  size_t g12 = (size_t)(1.2 * (double)GiB);
+  EXPECT_EQ(_expseg_round_size(&c, g12), GiB + GiB / 4);  // 1.2 GiB -> 1.25 GiB
+  EXPECT_EQ(_expseg_round_size(&c, 40 * GiB + 1), 48 * GiB);  // interval 15 covers >= 32 GiB
+  expseg_config_t one = conf("roundup_power2_divisions:1");  // 1 = plain rounding
+  EXPECT_EQ(_expseg_round_size(&one, 9000), 9216u);
+}
+
+TEST(PolicyRound, ListFormIntervals) {
+  // key K applies to sizes in [K, 2K) MB; the first entry also below it; '>' after the last
+  expseg_config_t c = conf("roundup_power2_divisions:[64:8,256:4,1024:4,>:1]");
+  EXPECT_EQ(_expseg_round_size(&c, 600 * KiB), 640 * KiB);        // interval 0 (first fills below): 8
+  EXPECT_EQ(_expseg_round_size(&c, MiB + 1), MiB + 128 * KiB);    // interval 0: 8
+  EXPECT_EQ(_expseg_round_size(&c, 100 * MiB + 1), 104 * MiB);    // [64, 128) MB: 8
+  EXPECT_EQ(_expseg_round_size(&c, 200 * MiB + 1), 200 * MiB + 512);  // [128, 256): 0
+  EXPECT_EQ(_expseg_round_size(&c, 300 * MiB + 1), 320 * MiB);    // [256, 512): 4
+  EXPECT_EQ(_expseg_round_size(&c, 1100 * MiB), 1280 * MiB);      // [1024, 2048): 4
+  EXPECT_EQ(_expseg_round_size(&c, 3 * GiB + 1), 3 * GiB + 512);  // '>' = 1
+  // 2.9+ '>' rule: it starts after the last explicit entry, which keeps its own value
+  expseg_config_t d = conf("roundup_power2_divisions:[256:4,>:1]");
+  EXPECT_EQ(_expseg_round_size(&d, 300 * MiB + 1), 320 * MiB);
+  EXPECT_EQ(_expseg_round_size(&d, 600 * MiB + 1), 600 * MiB + 512);
+  EXPECT_EQ(_expseg_round_size(&d, 100 * MiB + 1), 112 * MiB);  // below: the first entry's 4
+  // a single entry: intervals above it stay off
+  expseg_config_t e = conf("roundup_power2_divisions:[2:2]");
+  EXPECT_EQ(_expseg_round_size(&e, 3 * MiB + 1), 4 * MiB);
+  EXPECT_EQ(_expseg_round_size(&e, 5 * MiB + 1), 5 * MiB + 512);
+}
+
+TEST(PolicyRound, MatchesModelOnRandomSizes) {
+  uint64_t seed = (uint64_t)std::chrono::steady_clock::now().time_since_epoch().count();
+  if (const char *s = getenv("EXPSEG_TEST_SEED")) seed = strtoull(s, nullptr, 10);
+  printf("seed %" PRIu64 "\n", seed);
+  std::mt19937_64 rng(seed);
+  for (int cfg = 0; cfg < 200; cfg++) {
+    expseg_config_t c = defaults();
+    for (uint32_t &d : c.roundup_power2_divisions) d = rng() % 3 == 0 ? 0 : uint32_t(1) << (rng() % 31);
+    for (int i = 0; i < 2000; i++) {
+      size_t size = (size_t)(rng() >> (rng() % 64));
+      if (size > EXPSEG_MAX_REQUEST) size >>= 4;
+      ASSERT_EQ(_expseg_round_size(&c, size), model_round(c, size)) << size;
+      size_t r = _expseg_round_size(&c, size);
+      ASSERT_GE(r, size);
+      ASSERT_EQ(r % 512, 0u);
+    }
+  }
+}
+
+TEST(PolicyRound, PoolAndClassicSegmentSize) {
+  expseg_config_t c = defaults();
+  EXPECT_TRUE(_expseg_is_small(MiB));
+  EXPECT_FALSE(_expseg_is_small(MiB + 512));
+  EXPECT_EQ(_expseg_classic_segment_size(&c, 512), 2 * MiB);
+  EXPECT_EQ(_expseg_classic_segment_size(&c, MiB), 2 * MiB);
+  EXPECT_EQ(_expseg_classic_segment_size(&c, MiB + 512), 20 * MiB);
+  EXPECT_EQ(_expseg_classic_segment_size(&c, 10 * MiB - 512), 20 * MiB);
+  EXPECT_EQ(_expseg_classic_segment_size(&c, 10 * MiB), 10 * MiB);
+  EXPECT_EQ(_expseg_classic_segment_size(&c, 11 * MiB + 512), 12 * MiB);
+  EXPECT_EQ(_expseg_classic_segment_size(&c, SIZE_MAX - 511), 0u);  // overflow
+  expseg_config_t l = conf("large_segment_size_mb:32");
+  EXPECT_EQ(_expseg_classic_segment_size(&l, 3 * MiB), 32 * MiB);
+}
+
+// Reference section 2.6, non-expandable: pool, segment, split.
+TEST(PolicyRound, WorkedExamples) {
+  expseg_config_t c = conf("expandable_segments:False");
+  struct {
+    size_t req;
+    bool small;
+    size_t segment;
+    bool split;
+    size_t remainder;
+  } ex[] = {{300 * KiB, true, 2 * MiB, true, 2 * MiB - 300 * KiB},
+            {MiB + MiB / 2, false, 20 * MiB, true, 18 * MiB + MiB / 2},
+            {12 * MiB, false, 12 * MiB, false, 0}};
+  for (auto &e : ex) {
+    size_t r = _expseg_round_size(&c, e.req);
+    EXPECT_EQ(r, e.req);
+    EXPECT_EQ(_expseg_is_small(r), e.small);
+    size_t seg = _expseg_classic_segment_size(&c, r);
+    EXPECT_EQ(seg, e.segment);
+    EXPECT_EQ(_expseg_should_split(&c, e.small, false, seg, r), e.split) << e.req;
+    if (e.split) {
+      EXPECT_EQ(seg - r, e.remainder);
+    }
+  }
+}
+
+TEST(PolicyRound, ShouldSplit) {
+  expseg_config_t c = conf("max_split_size_mb:100");
+  // small pool: remaining >= 512
+  EXPECT_TRUE(_expseg_should_split(&c, true, false, 2 * MiB, 2 * MiB - 512));
+  EXPECT_FALSE(_expseg_should_split(&c, true, false, 2 * MiB, 2 * MiB));
+  // classic large: rounded < max_split and remaining > 1 MiB
+  EXPECT_FALSE(_expseg_should_split(&c, false, false, 20 * MiB, 19 * MiB));
+  EXPECT_TRUE(_expseg_should_split(&c, false, false, 20 * MiB, 19 * MiB - 512));
+  EXPECT_FALSE(_expseg_should_split(&c, false, false, 300 * MiB, 100 * MiB));  // >= max_split
+  EXPECT_TRUE(_expseg_should_split(&c, false, false, 300 * MiB, 100 * MiB - 512));
+  // expandable: remaining >= 512 whatever max_split says
+  EXPECT_TRUE(_expseg_should_split(&c, false, true, 300 * MiB, 100 * MiB));
+  EXPECT_TRUE(_expseg_should_split(&c, false, true, 20 * MiB, 20 * MiB - 512));
+  EXPECT_FALSE(_expseg_should_split(&c, false, true, 20 * MiB, 20 * MiB));
+  EXPECT_FALSE(_expseg_should_split(&c, false, true, 20 * MiB, 21 * MiB));  // block too small
+}
+
+TEST(PolicyRound, OversizeRules) {
+  expseg_config_t d = defaults();  // unlimited max_split: everything may serve
+  EXPECT_TRUE(_expseg_oversize_ok(&d, 2 * MiB, 4 * GiB));
+  expseg_config_t c = conf("max_split_size_mb:100,max_non_split_rounding_mb:20");
+  EXPECT_TRUE(_expseg_oversize_ok(&c, 50 * MiB, 99 * MiB));
+  EXPECT_FALSE(_expseg_oversize_ok(&c, 50 * MiB, 100 * MiB));   // small request, oversize block
+  EXPECT_TRUE(_expseg_oversize_ok(&c, 512 * MiB, 531 * MiB));   // within the 20 MiB window
+  EXPECT_FALSE(_expseg_oversize_ok(&c, 512 * MiB, 532 * MiB));
+  EXPECT_TRUE(_expseg_oversize_ok(&c, 100 * MiB, 119 * MiB));
+  EXPECT_FALSE(_expseg_oversize_ok(&c, 100 * MiB, 120 * MiB));
+  expseg_config_t h = conf("max_split_size_mb:100,max_non_split_rounding_mb:17592186044415");
+  EXPECT_TRUE(_expseg_oversize_ok(&h, 512 * MiB, SIZE_MAX));  // no overflow in request + window
+}
+
+TEST(PolicyRound, PageSize) {
+  expseg_config_t c = defaults();  // page_size_mb:2
+  EXPECT_EQ(_expseg_page_size(&c, 2 * MiB), 2 * MiB);
+  EXPECT_EQ(_expseg_page_size(&c, 64 * KiB), 2 * MiB);
+  EXPECT_EQ(_expseg_page_size(&c, 0), 2 * MiB);
+  expseg_config_t z = conf("page_size_mb:0");
+  EXPECT_EQ(_expseg_page_size(&z, 2 * MiB), 2 * MiB);
+  EXPECT_EQ(_expseg_page_size(&z, 64 * KiB), 64 * KiB);
+  expseg_config_t t = conf("page_size_mb:3");
+  EXPECT_EQ(_expseg_page_size(&t, 2 * MiB), 4 * MiB);
+  EXPECT_EQ(_expseg_page_size(&t, 3 * MiB), 3 * MiB);
+}
+
+TEST(PolicyRound, AllowedBytes) {
+  EXPECT_EQ(_expseg_allowed_bytes(1.0, 80 * GiB), SIZE_MAX);
+  EXPECT_EQ(_expseg_allowed_bytes(1.5, 80 * GiB), SIZE_MAX);
+  EXPECT_EQ(_expseg_allowed_bytes(0.5, 80 * GiB), 40 * GiB);
+  EXPECT_EQ(_expseg_allowed_bytes(0.0, 80 * GiB), 0u);
+  EXPECT_EQ(_expseg_allowed_bytes(-1.0, 80 * GiB), 0u);
+  EXPECT_EQ(_expseg_allowed_bytes(std::nan(""), 80 * GiB), 0u);
+  EXPECT_EQ(_expseg_allowed_bytes(0.25, 1000), 250u);
+  EXPECT_EQ(_expseg_allowed_bytes(0.999999, SIZE_MAX), (size_t)(0.999999 * (double)SIZE_MAX));
+}
+
+}  // namespace
