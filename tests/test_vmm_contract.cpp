@@ -39,7 +39,13 @@ protected:
 
   void SetUp() override {
 #ifdef EXPSEG_VMM_CONTRACT_GPU
-    if (!_expseg_cuda_usable(0)) GTEST_SKIP() << "no usable CUDA device: " << expseg_last_error();
+    if (!_expseg_cuda_usable(0)) {
+      expseg_vmm_t *probe = nullptr;
+      expseg_status s = _expseg_cuda_new(0, &probe);
+      EXPECT_NE(EXPSEG_OK, s);
+      EXPECT_NE(EXPSEG_ERR_INVALID_ARGUMENT, s);
+      GTEST_SKIP() << "no usable CUDA device: " << expseg_last_error();
+    }
 #endif
     ASSERT_OK(_expseg_vmm_open(GetParam().spec, 0, &v));
     if (GetParam().fault) {

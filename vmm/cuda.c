@@ -1,0 +1,436 @@
+/* cuda.c: the cuda backend, CUDA's virtual memory management API. The only file that
+ * includes cuda.h.
+ *
+ * No link-time dependency on libcuda: the driver library is opened at run time
+ * (dlopen("libcuda.so.1")), cuGetProcAddress is found with dlsym (cuGetProcAddress_v2 on
+ * CUDA 12+, the 4-argument cuGetProcAddress before), and every other entry point comes from
+ * it, asked for at min(driver version, header version) so the ABI matches the prototypes of
+ * the cuda.h we compiled against. Loading happens once per process (pthread_once).
+ *
+ * Each driver instance retains the device's primary context. Calls may come from any
+ * thread, so each call makes that context current for its duration and restores the
+ * caller's context afterwards (nothing changes when it was already current).
+ *
+ * Mapping: reserve = cuMemAddressReserve, create = cuMemCreate (pinned device memory, with a
+ * POSIX fd handle type when the device supports it), map = cuMemMap (offset 0 only:
+ * UNSUPPORTED otherwise), set_access = cuMemSetAccess(READWRITE for the device), unmap =
+ * cuMemUnmap, release = cuMemRelease, unreserve = cuMemAddressFree. Events are created with
+ * CU_EVENT_DISABLE_TIMING. Every failure names the CUDA call and cuGetErrorName's text. */
+#include "vmm_impl.h"
+
+#include <cuda.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the loaded driver (process-wide) ---- */
+
+#define CU_FUNCS(X)                                                                         \
+  X(cuInit) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetAttribute)                      \
+  X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxGetCurrent)               \
+  X(cuCtxSetCurrent) X(cuMemGetAllocationGranularity) X(cuMemCreate) X(cuMemRelease)        \
+  X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemAddressReserve) X(cuMemAddressFree)    \
+  X(cuMemGetInfo) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery)       \
+  X(cuEventSynchronize) X(cuStreamSynchronize) X(cuMemExportToShareableHandle)              \
+  X(cuMemImportFromShareableHandle) X(cuGetErrorName)
+
+typedef struct {
+#define CU_FIELD_(f) __typeof__(&f) f;
+  CU_FUNCS(CU_FIELD_)
+#undef CU_FIELD_
+} cu_api_t;
+
+typedef CUresult (*get_proc_v2_t)(const char *, void **, int, cuuint64_t,
+                                  CUdriverProcAddressQueryResult *);
+typedef CUresult (*get_proc_v1_t)(const char *, void **, int, cuuint64_t);
+typedef CUresult (*driver_version_t)(int *);
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static cu_api_t cu;
+static expseg_status load_status = EXPSEG_ERR_UNSUPPORTED;
+static char load_msg[512];
+
+static void load_driver(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    const char *e = dlerror();
+    snprintf(load_msg, sizeof load_msg,
+             "cuda driver: cannot load libcuda.so.1 (%s): no NVIDIA driver on this machine; "
+             "use the host or sim driver",
+             e ? e : "not found");
+    return;
+  }
+  get_proc_v2_t gp2 = (get_proc_v2_t)dlsym(lib, "cuGetProcAddress_v2");
+  get_proc_v1_t gp1 = (get_proc_v1_t)dlsym(lib, "cuGetProcAddress");
+  driver_version_t dv = (driver_version_t)dlsym(lib, "cuDriverGetVersion");
+  int ver = 0;
+  if ((!gp2 && !gp1) || !dv || dv(&ver) != CUDA_SUCCESS) {
+    snprintf(load_msg, sizeof load_msg,
+             "cuda driver: libcuda.so.1 has no cuGetProcAddress/cuDriverGetVersion (driver "
+             "too old: CUDA 11.3 or newer is needed)");
+    return;
+  }
+  int ask = ver < CUDA_VERSION ? ver : CUDA_VERSION;
+#define CU_LOAD_(f)                                                                        \
+  {                                                                                        \
+    void *p = NULL;                                                                        \
+    CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SUCCESS;                        \
+    CUresult r = gp2 ? gp2(#f, &p, ask, CU_GET_PROC_ADDRESS_DEFAULT, &q)                   \
+                     : gp1(#f, &p, ask, CU_GET_PROC_ADDRESS_DEFAULT);                      \
+    if (r != CUDA_SUCCESS || !p || q != CU_GET_PROC_ADDRESS_SUCCESS) {                     \
+      snprintf(load_msg, sizeof load_msg,                                                  \
+               "cuda driver: the driver (version %d) has no %s (error %d); a newer NVIDIA " \
+               "driver is needed",                                                         \
+               ver, #f, (int)r);                                                           \
+      return;                                                                              \
+    }                                                                                      \
+    memcpy(&cu.f, &p, sizeof p);                                                           \
+  }
+  CU_FUNCS(CU_LOAD_)
+#undef CU_LOAD_
+  CUresult r = cu.cuInit(0);
+  if (r != CUDA_SUCCESS) {
+    const char *name = NULL;
+    cu.cuGetErrorName(r, &name);
+    snprintf(load_msg, sizeof load_msg, "cuda driver: cuInit failed: %s (no usable GPU?)",
+             name ? name : "unknown error");
+    return;
+  }
+  load_status = EXPSEG_OK;
+}
+
+static const char *err_name(CUresult r) {
+  const char *n = NULL;
+  if (cu.cuGetErrorName && cu.cuGetErrorName(r, &n) == CUDA_SUCCESS && n) return n;
+  return "unknown CUDA error";
+}
+
+/* A failed CUDA call: OOM for CUDA_ERROR_OUT_OF_MEMORY, DRIVER otherwise. */
+static expseg_status cu_fail(CUresult r, const char *call, const char *detail) {
+  expseg_status s = r == CUDA_ERROR_OUT_OF_MEMORY ? EXPSEG_ERR_OUT_OF_MEMORY : EXPSEG_ERR_DRIVER;
+  return _expseg_error_set(s, "cuda driver: %s%s%s failed: %s (%d)", call, detail ? " " : "",
+                           detail ? detail : "", err_name(r), (int)r);
+}
+
+/* ---- one device ---- */
+
+typedef struct {
+  CUdevice dev;
+  CUcontext ctx;
+  int ordinal;
+  size_t granularity;
+  CUmemAllocationHandleType htype; /* POSIX fd where supported, else NONE */
+} cuda_t;
+
+typedef struct {
+  CUcontext prev;
+  bool swapped;
+} ctx_guard_t;
+
+static expseg_status enter(cuda_t *c, ctx_guard_t *g) {
+  g->swapped = false;
+  CUresult r = cu.cuCtxGetCurrent(&g->prev);
+  if (r != CUDA_SUCCESS) return cu_fail(r, "cuCtxGetCurrent", NULL);
+  if (g->prev != c->ctx) {
+    r = cu.cuCtxSetCurrent(c->ctx);
+    if (r != CUDA_SUCCESS) return cu_fail(r, "cuCtxSetCurrent", NULL);
+    g->swapped = true;
+  }
+  return EXPSEG_OK;
+}
+
+static void leave(ctx_guard_t *g) {
+  if (g->swapped) cu.cuCtxSetCurrent(g->prev);
+}
+
+#define ENTER(c)                                \
+  ctx_guard_t guard_;                           \
+  {                                             \
+    expseg_status es_ = enter((c), &guard_);    \
+    if (es_) return es_;                        \
+  }
+#define LEAVE_RETURN(x) \
+  do {                  \
+    leave(&guard_);     \
+    return (x);         \
+  } while (0)
+
+static expseg_status cuda_reserve(void *st, size_t size, size_t align, uintptr_t *addr) {
+  cuda_t *c = st;
+  ENTER(c);
+  CUdeviceptr p = 0;
+  CUresult r = cu.cuMemAddressReserve(&p, size, align, 0, 0);
+  if (r != CUDA_SUCCESS) LEAVE_RETURN(cu_fail(r, "cuMemAddressReserve", NULL));
+  *addr = (uintptr_t)p;
+  LEAVE_RETURN(EXPSEG_OK);
+}
+
+static expseg_status cuda_unreserve(void *st, uintptr_t addr, size_t size) {
+  cuda_t *c = st;
+  ENTER(c);
+  CUresult r = cu.cuMemAddressFree((CUdeviceptr)addr, size);
+  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuMemAddressFree", NULL));
+}
+
+static CUmemAllocationProp alloc_prop(const cuda_t *c) {
+  CUmemAllocationProp p;
+  memset(&p, 0, sizeof p);
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = c->dev;
+  p.requestedHandleTypes = c->htype;
+  return p;
+}
+
+static expseg_status cuda_create(void *st, size_t size, expseg_vmm_handle *h) {
+  cuda_t *c = st;
+  ENTER(c);
+  CUmemAllocationProp p = alloc_prop(c);
+  CUmemGenericAllocationHandle gh = 0;
+  CUresult r = cu.cuMemCreate(&gh, size, &p, 0);
+  if (r != CUDA_SUCCESS) {
+    char b[32], d[64];
+    snprintf(d, sizeof d, "(%s on device %d)", _expseg_format_size(b, size), c->ordinal);
+    LEAVE_RETURN(cu_fail(r, "cuMemCreate", d));
+  }
+  *h = (expseg_vmm_handle)gh;
+  LEAVE_RETURN(EXPSEG_OK);
+}
+
+static expseg_status cuda_release(void *st, expseg_vmm_handle h) {
+  cuda_t *c = st;
+  ENTER(c);
+  CUresult r = cu.cuMemRelease((CUmemGenericAllocationHandle)h);
+  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuMemRelease", NULL));
+}
+
+static expseg_status cuda_map(void *st, uintptr_t addr, size_t size, expseg_vmm_handle h,
+                              size_t offset) {
+  cuda_t *c = st;
+  if (offset != 0)
+    return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                             "cuda driver: map(offset=%zu): cuMemMap accepts only offset 0", offset);
+  ENTER(c);
+  CUresult r = cu.cuMemMap((CUdeviceptr)addr, size, 0, (CUmemGenericAllocationHandle)h, 0);
+  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuMemMap", NULL));
+}
+
+static expseg_status cuda_unmap(void *st, uintptr_t addr, size_t size) {
+  cuda_t *c = st;
+  ENTER(c);
+  CUresult r = cu.cuMemUnmap((CUdeviceptr)addr, size);
+  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuMemUnmap", NULL));
+}
+
+static expseg_status cuda_set_access(void *st, uintptr_t addr, size_t size, int device) {
+  cuda_t *c = st;
+  (void)device; /* this instance's device */
+  ENTER(c);
+  CUmemAccessDesc d;
+  memset(&d, 0, sizeof d);
+  d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  d.location.id = c->dev;
+  d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CUresult r = cu.cuMemSetAccess((CUdeviceptr)addr, size, &d, 1);
+  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuMemSetAccess", NULL));
+}
+
+static expseg_status cuda_event_create(void *st, expseg_vmm_event *ev) {
+  cuda_t *c = st;
+  ENTER(c);
+  CUevent e = NULL;
+  CUresult r = cu.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING);
+  if (r != CUDA_SUCCESS) LEAVE_RETURN(cu_fail(r, "cuEventCreate", NULL));
+  *ev = (expseg_vmm_event)(uintptr_t)e;
+  LEAVE_RETURN(EXPSEG_OK);
+}
+
+static expseg_status cuda_event_destroy(void *st, expseg_vmm_event ev) {
+  cuda_t *c = st;
+  ENTER(c);
+  CUresult r = cu.cuEventDestroy((CUevent)(uintptr_t)ev);
+  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuEventDestroy", NULL));
+}
+
+static expseg_status cuda_event_record(void *st, expseg_vmm_event ev, expseg_stream s) {
+  cuda_t *c = st;
+  ENTER(c);
+  CUresult r = cu.cuEventRecord((CUevent)(uintptr_t)ev, (CUstream)(uintptr_t)s);
+  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuEventRecord", NULL));
+}
+
+static expseg_status cuda_event_query(void *st, expseg_vmm_event ev, bool *done) {
+  cuda_t *c = st;
+  ENTER(c);
+  CUresult r = cu.cuEventQuery((CUevent)(uintptr_t)ev);
+  if (r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY) {
+    *done = r == CUDA_SUCCESS;
+    LEAVE_RETURN(EXPSEG_OK);
+  }
+  LEAVE_RETURN(cu_fail(r, "cuEventQuery", NULL));
+}
+
+static expseg_status cuda_event_synchronize(void *st, expseg_vmm_event ev) {
+  cuda_t *c = st;
+  ENTER(c);
+  CUresult r = cu.cuEventSynchronize((CUevent)(uintptr_t)ev);
+  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuEventSynchronize", NULL));
+}
+
+static expseg_status cuda_stream_synchronize(void *st, expseg_stream s) {
+  cuda_t *c = st;
+  ENTER(c);
+  CUresult r = cu.cuStreamSynchronize((CUstream)(uintptr_t)s);
+  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuStreamSynchronize", NULL));
+}
+
+static expseg_status cuda_export_fd(void *st, expseg_vmm_handle h, int *fd) {
+  cuda_t *c = st;
+  if (c->htype != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                             "cuda driver: export_fd: device %d cannot export POSIX fd handles "
+                             "(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED "
+                             "is 0)",
+                             c->ordinal);
+  ENTER(c);
+  int out = -1;
+  CUresult r = cu.cuMemExportToShareableHandle(&out, (CUmemGenericAllocationHandle)h,
+                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  if (r != CUDA_SUCCESS) LEAVE_RETURN(cu_fail(r, "cuMemExportToShareableHandle", NULL));
+  *fd = out;
+  LEAVE_RETURN(EXPSEG_OK);
+}
+
+static expseg_status cuda_import_fd(void *st, int fd, size_t size, expseg_vmm_handle *h) {
+  cuda_t *c = st;
+  (void)size; /* the handle knows its size */
+  if (c->htype != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                             "cuda driver: import_fd: device %d cannot import POSIX fd handles",
+                             c->ordinal);
+  ENTER(c);
+  CUmemGenericAllocationHandle gh = 0;
+  /* The driver does not take the fd: the caller keeps (and closes) its own. */
+  CUresult r = cu.cuMemImportFromShareableHandle(&gh, (void *)(uintptr_t)fd,
+                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  if (r != CUDA_SUCCESS) LEAVE_RETURN(cu_fail(r, "cuMemImportFromShareableHandle", NULL));
+  *h = (expseg_vmm_handle)gh;
+  LEAVE_RETURN(EXPSEG_OK);
+}
+
+static size_t cuda_granularity(void *st) { return ((cuda_t *)st)->granularity; }
+
+static void cuda_mem_info(void *st, size_t *free_bytes, size_t *total_bytes) {
+  cuda_t *c = st;
+  ctx_guard_t g;
+  size_t fr = 0, tot = 0;
+  if (enter(c, &g) == EXPSEG_OK) {
+    if (cu.cuMemGetInfo(&fr, &tot) != CUDA_SUCCESS) fr = tot = 0;
+    leave(&g);
+  }
+  *free_bytes = fr;
+  *total_bytes = tot;
+}
+
+static uint64_t cuda_now_ns(void *st) {
+  (void)st;
+  return _expseg_clock_ns();
+}
+
+static void cuda_destroy(void *st) {
+  cuda_t *c = st;
+  if (!c) return;
+  if (c->ctx) cu.cuDevicePrimaryCtxRelease(c->dev);
+  free(c);
+}
+
+static const expseg_vmm_ops_t cuda_ops = {
+    .name = "cuda",
+    .reserve = cuda_reserve,
+    .unreserve = cuda_unreserve,
+    .create = cuda_create,
+    .release = cuda_release,
+    .map = cuda_map,
+    .unmap = cuda_unmap,
+    .set_access = cuda_set_access,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_query = cuda_event_query,
+    .event_synchronize = cuda_event_synchronize,
+    .stream_synchronize = cuda_stream_synchronize,
+    .export_fd = cuda_export_fd,
+    .import_fd = cuda_import_fd,
+    .granularity = cuda_granularity,
+    .mem_info = cuda_mem_info,
+    .now_ns = cuda_now_ns,
+    .hold_stream = NULL,
+    .destroy = cuda_destroy,
+};
+
+expseg_status _expseg_cuda_new(int device, expseg_vmm_t **out) {
+  if (!out) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "cuda driver: out is NULL");
+  *out = NULL;
+  pthread_once(&load_once, load_driver);
+  if (load_status != EXPSEG_OK) return _expseg_error_set(load_status, "%s", load_msg);
+  int count = 0;
+  CUresult r = cu.cuDeviceGetCount(&count);
+  if (r != CUDA_SUCCESS) return cu_fail(r, "cuDeviceGetCount", NULL);
+  if (device < 0 || device >= count)
+    return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                             "cuda driver: device %d does not exist (%d CUDA device(s) visible)",
+                             device, count);
+  cuda_t *c = calloc(1, sizeof *c);
+  if (!c) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "cuda driver: out of host memory");
+  c->ordinal = device;
+  expseg_status s = EXPSEG_OK;
+  int vmm = 0, fd_ok = 0;
+  if ((r = cu.cuDeviceGet(&c->dev, device)) != CUDA_SUCCESS) {
+    s = cu_fail(r, "cuDeviceGet", NULL);
+  } else if ((r = cu.cuDeviceGetAttribute(
+                  &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, c->dev)) !=
+             CUDA_SUCCESS) {
+    s = cu_fail(r, "cuDeviceGetAttribute", "(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)");
+  } else if (!vmm) {
+    s = _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                          "cuda driver: device %d does not support virtual memory management "
+                          "(cuMemCreate/cuMemMap); expseg needs it",
+                          device);
+  } else if ((r = cu.cuDevicePrimaryCtxRetain(&c->ctx, c->dev)) != CUDA_SUCCESS) {
+    c->ctx = NULL;
+    s = cu_fail(r, "cuDevicePrimaryCtxRetain", NULL);
+  }
+  if (s == EXPSEG_OK) {
+    if (cu.cuDeviceGetAttribute(&fd_ok,
+                                CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                c->dev) != CUDA_SUCCESS)
+      fd_ok = 0;
+    c->htype = fd_ok ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+    CUmemAllocationProp p = alloc_prop(c);
+    size_t g = 0;
+    r = cu.cuMemGetAllocationGranularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    if (r != CUDA_SUCCESS) s = cu_fail(r, "cuMemGetAllocationGranularity", NULL);
+    else if (g == 0 || (g & (g - 1)))
+      s = _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                            "cuda driver: granularity %zu of device %d is not a power of two", g,
+                            device);
+    c->granularity = g;
+  }
+  if (s != EXPSEG_OK) {
+    cuda_destroy(c);
+    return s;
+  }
+  return _expseg_vmm_wrap(&cuda_ops, c, device, out);
+}
+
+bool _expseg_cuda_usable(int device) {
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", expseg_last_error());
+  expseg_vmm_t *v = NULL;
+  bool ok = _expseg_cuda_new(device, &v) == EXPSEG_OK;
+  _expseg_vmm_close(v);
+  _expseg_error_set(EXPSEG_OK, "%s", saved); /* a probe leaves the caller's message alone */
+  return ok;
+}
