@@ -64,26 +64,30 @@ bool _expseg_block_is_split(const block_t *b) { return b->prev != NULL || b->nex
 
 size_t _expseg_block_whole_pages(const expseg_allocator *a, const block_t *b, uintptr_t *first) {
   if (!b->seg->expandable) return 0;
-  uintptr_t lo = (b->ptr + a->page - 1) & ~(uintptr_t)(a->page - 1);
-  uintptr_t hi = (b->ptr + b->size) & ~(uintptr_t)(a->page - 1);
+  /* pages are counted from the segment's base (the page size need not be a power of two) */
+  uintptr_t base = b->seg->base, off = b->ptr - base;
+  uintptr_t lo = base + (off + a->page - 1) / a->page * a->page;
+  uintptr_t hi = base + (off + b->size) / a->page * a->page;
   if (first != NULL) *first = lo;
   return hi > lo ? (hi - lo) / a->page : 0;
 }
 
 static void idle_push(expseg_allocator *a, block_t *b) {
+  int p = b->seg->pool;
   b->idle = true;
   b->idle_next = NULL;
-  b->idle_prev = a->idle_tail;
-  if (a->idle_tail) a->idle_tail->idle_next = b;
-  else a->idle_head = b;
-  a->idle_tail = b;
+  b->idle_prev = a->idle_tail[p];
+  if (a->idle_tail[p]) a->idle_tail[p]->idle_next = b;
+  else a->idle_head[p] = b;
+  a->idle_tail[p] = b;
 }
 
 static void idle_unlink(expseg_allocator *a, block_t *b) {
+  int p = b->seg->pool;
   if (b->idle_prev) b->idle_prev->idle_next = b->idle_next;
-  else a->idle_head = b->idle_next;
+  else a->idle_head[p] = b->idle_next;
   if (b->idle_next) b->idle_next->idle_prev = b->idle_prev;
-  else a->idle_tail = b->idle_prev;
+  else a->idle_tail[p] = b->idle_prev;
   b->idle_prev = b->idle_next = NULL;
   b->idle = false;
 }

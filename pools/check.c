@@ -174,7 +174,13 @@ expseg_status _expseg_check_locked(const expseg_allocator *a) {
     SAME("unmapped index size", (int64_t)a->unmapped_idx[p].count, r.unmapped_blocks[p]);
   }
   int64_t idle = 0;
-  for (const block_t *b = a->idle_head; b; b = b->idle_next) idle++;
+  for (int p = 0; p < POOL_COUNT; p++)
+    for (const block_t *b = a->idle_head[p]; b; b = b->idle_next) {
+      if (b->seg->pool != p) FAIL("block %#lx is on the wrong idle list", (unsigned long)b->ptr);
+      if (b->idle_next != NULL && b->idle_next->idle_since < b->idle_since)
+        FAIL("idle list out of order at block %#lx", (unsigned long)b->ptr);
+      idle++;
+    }
   SAME("idle list length", idle, r.idle);
   SAME("pointer map size", (int64_t)a->live.count, r.allocation[STAT_ALL]);
   for (size_t i = 0; i < a->cache_count; i++) add3(r.reserved, a->cache[i].pool, (int64_t)a->page);

@@ -153,7 +153,7 @@ struct expseg_allocator {
 
   tree_t free_idx[POOL_COUNT];
   tree_t unmapped_idx[POOL_COUNT];
-  block_t *idle_head, *idle_tail; /* idle list, oldest at head */
+  block_t *idle_head[POOL_COUNT], *idle_tail[POOL_COUNT]; /* idle lists, oldest first */
   ptrmap_t live;
   segment_t *segments;        /* every segment */
   size_t n_segments;
@@ -164,6 +164,7 @@ struct expseg_allocator {
   size_t inflight;            /* bytes being created with the lock dropped */
   size_t unlocked_ops;        /* driver calls under way with the lock dropped */
   uint64_t tick;              /* logical clock: advanced by every free */
+  uint64_t robbed[POOL_COUNT]; /* tick when the other pool last took this pool's pages */
   uint32_t rng;               /* treap priorities */
 
   stream_queue_t *queues;     /* per used stream: events outstanding */

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static inline uintptr_t round_up(uintptr_t x, size_t m) { return (x + m - 1) & ~(uintptr_t)(m - 1); }
+static inline uintptr_t round_up(uintptr_t x, size_t m) { return (x + m - 1) / m * m; }
 
 /* ---- release batches: chunks and reservations given back with the lock dropped ---- */
 
@@ -361,29 +361,44 @@ static bool stream_idle(expseg_allocator *a, expseg_stream stream, bool blocking
   return done;
 }
 
-/* Moves up to `want` idle pages (oldest free blocks first, never ex1/ex2) into the page
- * cache. Pages are taken from the top of each block. Returns pages moved. */
-static size_t steal_pages(expseg_allocator *a, size_t want, const block_t *ex1,
+/* A pool whose pages the other pool took fewer than this many frees (ticks) ago does not
+ * take pages back from it: two pools taking turns would otherwise trade the same pages
+ * back and forth, a map and an unmap each time; it creates its own instead, once. */
+#define EXPSEG_NO_TAKE_BACK 64
+
+/* Moves up to `want` idle pages into the page cache for a request of (pool, stream): first
+ * from the same pool's idle list (any stream), then from the other pool's (unless that pool
+ * took pages from this one just now; always when blocking, on the out-of-memory path);
+ * oldest blocks first, never ex1/ex2, and only once an event shows their stream's work is
+ * done. Pages are taken from the top of each block. Returns pages moved. */
+static size_t steal_pages(expseg_allocator *a, int pool, size_t want, const block_t *ex1,
                           const block_t *ex2, bool blocking) {
   stream_seen_t seen[32];
   size_t n_seen = 0, got = 0;
-  block_t *b = a->idle_head;
-  while (b != NULL && got < want) {
-    block_t *next = b->idle_next;
-    if (b != ex1 && b != ex2 && stream_idle(a, b->stream, blocking, seen, &n_seen, 32)) {
-      uintptr_t first;
-      size_t n = _expseg_block_whole_pages(a, b, &first);
-      size_t take = n < want - got ? n : want - got;
-      uintptr_t lo = first + (n - take) * a->page;
-      expseg_status st;
-      /* unmapping may merge b away; the idle list's next entry is not b's neighbour
-       * (free mapped neighbours are always merged), so `next` stays valid */
-      size_t moved = unmap_pages(a, b, lo, lo + take * a->page, &st);
-      got += moved;
-      a->stats.pages_moved += (int64_t)moved;
-      if (st != EXPSEG_OK) break;
+  for (int pass = 0; pass < 2 && got < want; pass++) {
+    int p = pass == 0 ? pool : 1 - pool;
+    if (pass == 1 && !blocking && a->robbed[pool] != 0 &&
+        a->tick - a->robbed[pool] < EXPSEG_NO_TAKE_BACK)
+      break;
+    block_t *b = a->idle_head[p];
+    while (b != NULL && got < want) {
+      block_t *next = b->idle_next;
+      if (b != ex1 && b != ex2 && stream_idle(a, b->stream, blocking, seen, &n_seen, 32)) {
+        uintptr_t first;
+        size_t n = _expseg_block_whole_pages(a, b, &first);
+        size_t take = n < want - got ? n : want - got;
+        uintptr_t lo = first + (n - take) * a->page;
+        expseg_status st;
+        /* unmapping may merge b away; the list's next entry is not b's neighbour (free
+         * mapped neighbours are always merged), so `next` stays valid */
+        size_t moved = unmap_pages(a, b, lo, lo + take * a->page, &st);
+        got += moved;
+        a->stats.pages_moved += (int64_t)moved;
+        if (pass == 1 && moved > 0) a->robbed[p] = a->tick ? a->tick : 1;
+        if (st != EXPSEG_OK) return got;
+      }
+      b = next;
     }
-    b = next;
   }
   return got;
 }
@@ -411,8 +426,9 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
     uintptr_t end = uend + (suffix ? suffix->size : 0);
     if (rounded > end - start) continue;
     uintptr_t need = start + rounded;
-    uintptr_t hi = need >= uend ? uend : round_up(need, a->page);
-    if (hi <= u->ptr) continue; /* the prefix alone fits: best fit would have found it */
+    if (need <= u->ptr) continue; /* the prefix alone fits: best fit would have found it */
+    size_t grow = need - u->ptr;
+    uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + round_up(grow, a->page);
     *pl = (place_t){u, prefix, suffix, (hi - u->ptr) / a->page};
     return true;
   }
@@ -478,7 +494,7 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
       }
     }
     if (a->cache_count < pl.pages)
-      steal_pages(a, pl.pages - a->cache_count, pl.prefix, pl.suffix, blocking);
+      steal_pages(a, pool, pl.pages - a->cache_count, pl.prefix, pl.suffix, blocking);
     if (a->cache_count >= pl.pages) {
       /* stealing never touches u, its prefix or suffix: the place still holds */
       block_t *b = map_pages(a, pl.u, pl.u->ptr, pl.pages, st);
@@ -615,7 +631,7 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
     return before - held_bytes(a);
   }
   /* every idle page: its stream is synchronized if needed */
-  steal_pages(a, SIZE_MAX, NULL, NULL, true);
+  steal_pages(a, POOL_LARGE, SIZE_MAX, NULL, NULL, true);
   for (segment_t *s = a->segments, *next; s; s = next) {
     next = s->next_all;
     if (s->expandable && s->first->next == NULL && !s->first->mapped) expandable_drop(a, s, &rb);
@@ -631,7 +647,8 @@ void _expseg_garbage_collect(expseg_allocator *a) {
   size_t target = _expseg_gc_target(&a->cfg, held_bytes(a), a->allowed);
   if (target == 0) return;
   size_t n = a->cache_count;
-  for (block_t *b = a->idle_head; b; b = b->idle_next) n++;
+  for (int p = 0; p < POOL_COUNT; p++)
+    for (block_t *b = a->idle_head[p]; b; b = b->idle_next) n++;
   for (segment_t *s = a->segments; s; s = s->next_all) n += classic_is_free(s);
   if (n == 0) return;
   expseg_gc_item_t *items = malloc(n * sizeof *items);
@@ -639,9 +656,10 @@ void _expseg_garbage_collect(expseg_allocator *a) {
   size_t i = 0;
   for (size_t c = 0; c < a->cache_count; c++)
     items[i++] = (expseg_gc_item_t){a->page, a->cache[c].idle_since, 0};
-  for (block_t *b = a->idle_head; b; b = b->idle_next)
-    items[i++] = (expseg_gc_item_t){_expseg_block_whole_pages(a, b, NULL) * a->page,
-                                    b->idle_since, (uintptr_t)b};
+  for (int p = 0; p < POOL_COUNT; p++)
+    for (block_t *b = a->idle_head[p]; b; b = b->idle_next)
+      items[i++] = (expseg_gc_item_t){_expseg_block_whole_pages(a, b, NULL) * a->page,
+                                      b->idle_since, (uintptr_t)b};
   for (segment_t *s = a->segments; s; s = s->next_all)
     if (classic_is_free(s))
       items[i++] = (expseg_gc_item_t){s->va_size, s->first->idle_since, (uintptr_t)s | 1};
