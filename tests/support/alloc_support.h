@@ -1,0 +1,103 @@
+/* alloc_support.h: C helpers for the allocator-core tests (tests/test_alloc_*.cpp,
+ * test_stats_*.cpp, test_threads.cpp). They reach the allocator's internals (its driver,
+ * held streams) so that the C++ tests need only expseg.h and this header, and they build a
+ * non-owning "borrow" driver so that a test can keep the drivers below the allocator alive
+ * after expseg_destroy and check that everything was given back. */
+#ifndef EXPSEG_ALLOC_SUPPORT_H
+#define EXPSEG_ALLOC_SUPPORT_H
+
+#include "vmm_support.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The driver the allocator holds (a->drv). */
+expseg_vmm_t *alloc_test_driver(expseg_allocator *a);
+/* Holds (or releases) a stream of the allocator's driver: events recorded on a held stream
+ * stay incomplete until it is released. */
+expseg_status alloc_test_hold(expseg_allocator *a, expseg_stream s, bool hold);
+/* A driver that forwards every call to `inner` through its checked, counting wrappers and
+ * does NOT close inner when closed: give it to _expseg_create_with_driver, destroy the
+ * allocator, then inspect inner (vmm_test_is_idle) and close it yourself. */
+expseg_status alloc_test_borrow(expseg_vmm_t *inner, expseg_vmm_t **out);
+/* _expseg_create_with_driver (pools/internal.h), reachable from C++. */
+expseg_status alloc_test_create(expseg_vmm_t *drv, const char *config, expseg_allocator **out);
+/* The allocator's expandable page size and driver granularity. */
+size_t alloc_test_page(const expseg_allocator *a);
+/* Driver calls of kind c made by the allocator's driver so far (all, not reset). */
+uint64_t alloc_test_calls(expseg_allocator *a, expseg_vmm_call c);
+
+/* Whether the allocator's lock is free right now (trylock + unlock): OOM observers use it
+ * to prove they run without the lock. */
+bool alloc_test_lock_is_free(expseg_allocator *a);
+
+#ifdef __cplusplus
+}
+#endif
+
+#ifdef __cplusplus
+/* C++ helpers shared by the allocator-core suites. */
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+/* A statistic by key; a failed lookup is a test failure (and yields INT64_MIN). */
+inline int64_t stat_of(const expseg_allocator *a, const std::string &key) {
+  int64_t v = INT64_MIN;
+  expseg_status st = expseg_stat(a, key.c_str(), &v);
+  EXPECT_EQ(st, EXPSEG_OK) << key << ": " << expseg_last_error();
+  return v;
+}
+
+struct AllocDeleter {
+  void operator()(expseg_allocator *a) const { expseg_destroy(a); }
+};
+using AllocPtr = std::unique_ptr<expseg_allocator, AllocDeleter>;
+
+inline AllocPtr make_alloc(const char *driver, const char *config) {
+  expseg_allocator *a = nullptr;
+  expseg_status st = expseg_create(driver, 0, config, &a);
+  EXPECT_EQ(st, EXPSEG_OK) << driver << " / " << (config ? config : "(env)") << ": "
+                           << expseg_last_error();
+  return AllocPtr(a);
+}
+
+/* allocated_bytes <= active_bytes <= reserved_bytes in every pool, and the checker passes. */
+inline void expect_consistent(const expseg_allocator *a, const std::string &where) {
+  for (const char *pool : {"all", "small_pool", "large_pool"}) {
+    std::string p = std::string(".") + pool + ".current";
+    int64_t al = stat_of(a, "allocated_bytes" + p), ac = stat_of(a, "active_bytes" + p),
+            re = stat_of(a, "reserved_bytes" + p);
+    EXPECT_LE(al, ac) << where << ": allocated_bytes" << p << " > active_bytes";
+    EXPECT_LE(ac, re) << where << ": active_bytes" << p << " > reserved_bytes";
+    EXPECT_LE(stat_of(a, "allocation" + p), stat_of(a, "active" + p)) << where;
+  }
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << where << ": " << expseg_last_error();
+}
+
+/* Seed from $EXPSEG_TEST_SEED or the default; printed so a failure can be replayed. */
+inline uint64_t test_seed(uint64_t dflt) {
+  const char *e = std::getenv("EXPSEG_TEST_SEED");
+  uint64_t s = e && *e ? std::strtoull(e, nullptr, 0) : dflt;
+  std::printf("seed %llu (EXPSEG_TEST_SEED=%llu reproduces)\n", (unsigned long long)s,
+              (unsigned long long)s);
+  return s;
+}
+
+/* Log sink that counts warnings instead of printing them. */
+struct QuietLog {
+  int lines = 0;
+  std::string last;
+  QuietLog() { expseg_set_log_sink(&QuietLog::sink, this); }
+  ~QuietLog() { expseg_set_log_sink(nullptr, nullptr); }
+  static void sink(void *ctx, const char *line) {
+    auto *q = static_cast<QuietLog *>(ctx);
+    q->lines++;
+    q->last = line;
+  }
+};
+#endif
+#endif
