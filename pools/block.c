@@ -40,9 +40,7 @@ block_t *_expseg_block_new(expseg_allocator *a) {
   }
   block_t *b = a->block_free;
   a->block_free = b->next;
-  memset(b, 0, sizeof *b);
-  b->uses = b->uses_inline;
-  b->uses_cap = 2;
+  *b = (block_t){.uses = b->uses_inline, .uses_cap = 2};
   return b;
 }
 
@@ -65,9 +63,14 @@ bool _expseg_block_is_split(const block_t *b) { return b->prev != NULL || b->nex
 size_t _expseg_block_whole_pages(const expseg_allocator *a, const block_t *b, uintptr_t *first) {
   if (!b->seg->expandable) return 0;
   /* pages are counted from the segment's base (the page size need not be a power of two) */
-  uintptr_t base = b->seg->base, off = b->ptr - base;
-  uintptr_t lo = base + (off + a->page - 1) / a->page * a->page;
-  uintptr_t hi = base + (off + b->size) / a->page * a->page;
+  uintptr_t base = b->seg->base, off = b->ptr - base, lo, hi;
+  if (a->page_shift != 0) { /* the usual case: no division on the free path */
+    lo = base + (((off + a->page - 1) >> a->page_shift) << a->page_shift);
+    hi = base + (((off + b->size) >> a->page_shift) << a->page_shift);
+  } else {
+    lo = base + (off + a->page - 1) / a->page * a->page;
+    hi = base + (off + b->size) / a->page * a->page;
+  }
   if (first != NULL) *first = lo;
   return hi > lo ? (hi - lo) / a->page : 0;
 }

@@ -147,6 +147,7 @@ struct expseg_allocator {
   expseg_config_t cfg;
   char conf_source[64];
   size_t granularity, page;   /* page: expandable chunk size */
+  unsigned page_shift;        /* log2(page) when page is a power of two, else 0 */
   size_t total_mem;           /* device total at creation */
   size_t allowed;             /* fraction cap in bytes; SIZE_MAX = none */
   size_t va_default;          /* first reservation size of an expandable segment */
@@ -198,9 +199,7 @@ bool _expseg_ptrmap_put(ptrmap_t *m, uintptr_t key, block_t *b); /* false: no me
 block_t *_expseg_ptrmap_get(const ptrmap_t *m, uintptr_t key);
 block_t *_expseg_ptrmap_take(ptrmap_t *m, uintptr_t key);
 
-/* ---- stats.c ---- */
-void _expseg_stat_add(stat_t *s, int64_t delta); /* PyTorch increase / decrease */
-void _expseg_stat_pool_add(stat_t arr[3], int pool, int64_t delta);
+/* ---- stats.c (the two update rules are inline: they are on the malloc/free path) ---- */
 void _expseg_stats_reset_peak(stats_t *s);
 void _expseg_stats_reset_accumulated(stats_t *s, const expseg_vmm_t *drv);
 bool _expseg_stats_get(const expseg_allocator *a, const char *key, int64_t *v);
@@ -265,6 +264,24 @@ void _expseg_free_block(expseg_allocator *a, block_t *b);
 expseg_status _expseg_check_locked(const expseg_allocator *a);
 
 static inline int stat_pool(int pool) { return pool == POOL_SMALL ? STAT_SMALL : STAT_LARGE; }
+
+/* PyTorch's Stat increase (delta >= 0) and decrease (delta < 0). */
+static inline void _expseg_stat_add(stat_t *s, int64_t delta) {
+  s->current += delta;
+  if (delta >= 0) {
+    if (s->current > s->peak) s->peak = s->current;
+    s->allocated += delta;
+  } else {
+    s->freed -= delta;
+  }
+  expseg_assert(s->current >= 0);
+}
+
+/* Updates the aggregate and the block's pool, as every PyTorch StatArray update does. */
+static inline void _expseg_stat_pool_add(stat_t arr[3], int pool, int64_t delta) {
+  _expseg_stat_add(&arr[STAT_ALL], delta);
+  _expseg_stat_add(&arr[stat_pool(pool)], delta);
+}
 /* Physical bytes held from the driver: classic segments, mapped pages, the page cache. */
 static inline size_t held_bytes(const expseg_allocator *a) {
   return (size_t)a->stats.reserved_bytes[STAT_ALL].current;

@@ -10,22 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-void _expseg_stat_add(stat_t *s, int64_t delta) {
-  s->current += delta;
-  if (delta >= 0) {
-    if (s->current > s->peak) s->peak = s->current;
-    s->allocated += delta;
-  } else {
-    s->freed -= delta;
-  }
-  expseg_assert(s->current >= 0);
-}
-
-void _expseg_stat_pool_add(stat_t arr[3], int pool, int64_t delta) {
-  _expseg_stat_add(&arr[STAT_ALL], delta);
-  _expseg_stat_add(&arr[stat_pool(pool)], delta);
-}
-
 static void reset_peak(stat_t *s) { s->peak = s->current; }
 static void reset_accum(stat_t *s) { s->allocated = s->freed = 0; }
 
