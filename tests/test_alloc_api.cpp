@@ -1,0 +1,306 @@
+// test_alloc_api.cpp: the public API on bad input (each call returns the right status with a
+// message naming the value, and the allocator keeps working), size 0 and sizes that overflow
+// when rounded, many streams on a big device without exhausting the address space, and
+// physical pages reused across streams (created once, one set_access per new range).
+#include "alloc_support.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr size_t KiB = 1024, MiB = 1024 * KiB, GiB = 1024 * MiB;
+
+bool msg_has(const char *needle) { return std::strstr(expseg_last_error(), needle) != nullptr; }
+
+// The allocator still serves a request and passes its checker.
+void still_works(expseg_allocator *a, const char *after) {
+  void *p = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 12345, 3, &p), EXPSEG_OK) << after << ": " << expseg_last_error();
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(expseg_free(a, p), EXPSEG_OK) << after;
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << after << ": " << expseg_last_error();
+}
+
+TEST(AllocApi, NullAllocator) {
+  void *p = reinterpret_cast<void *>(0x1234);
+  EXPECT_EQ(expseg_malloc(nullptr, 10, 0, &p), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(p, nullptr) << "*out must be cleared on failure";
+  EXPECT_TRUE(msg_has("NULL")) << expseg_last_error();
+  EXPECT_EQ(expseg_free(nullptr, &p), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_record_stream(nullptr, &p, 1), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_empty_cache(nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_set_memory_fraction(nullptr, 0.5), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_configure(nullptr, "expandable_segments:False"), EXPSEG_ERR_INVALID_ARGUMENT);
+  int64_t v = 0;
+  EXPECT_EQ(expseg_stat(nullptr, "num_ooms", &v), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_check(nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_add_oom_observer(nullptr, [](void *, int, size_t, size_t, size_t) {}, nullptr),
+            EXPSEG_ERR_INVALID_ARGUMENT);
+  char buf[8] = "x";
+  EXPECT_EQ(expseg_config_string(nullptr, buf, sizeof buf), 0u);
+  expseg_destroy(nullptr);  // no-op
+  expseg_reset_peak_stats(nullptr);
+  expseg_reset_accumulated_stats(nullptr);
+  expseg_stats_foreach(nullptr, [](void *, const char *, int64_t) { FAIL(); }, nullptr);
+}
+
+TEST(AllocApi, NullOutPointers) {
+  EXPECT_EQ(expseg_create("sim", 0, "", nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(msg_has("out")) << expseg_last_error();
+  AllocPtr a = make_alloc("sim:capacity=8G", "");
+  EXPECT_EQ(expseg_malloc(a.get(), 100, 0, nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(msg_has("out")) << expseg_last_error();
+  int64_t v = 0;
+  EXPECT_EQ(expseg_stat(a.get(), "num_ooms", nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_stat(a.get(), nullptr, &v), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_configure(a.get(), nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_add_oom_observer(a.get(), nullptr, nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(stat_of(a.get(), "num_ooms"), 0);
+  still_works(a.get(), "NULL out-pointers");
+}
+
+TEST(AllocApi, NegativeDevice) {
+  expseg_allocator *a = reinterpret_cast<expseg_allocator *>(0x1);
+  EXPECT_EQ(expseg_create("sim", -1, "", &a), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(a, nullptr);
+  EXPECT_TRUE(msg_has("-1")) << expseg_last_error();
+}
+
+TEST(AllocApi, FreeOfForeignFreedAndInteriorPointers) {
+  AllocPtr a = make_alloc("sim:capacity=8G", "");
+  expseg_allocator *A = a.get();
+  void *p = nullptr;
+  ASSERT_EQ(expseg_malloc(A, 4096, 0, &p), EXPSEG_OK);
+  int local = 0;
+  char want[64];
+  snprintf(want, sizeof want, "%p", static_cast<void *>(&local));
+  EXPECT_EQ(expseg_free(A, &local), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(msg_has(want)) << expseg_last_error();
+  void *interior = static_cast<char *>(p) + 512;
+  snprintf(want, sizeof want, "%p", interior);
+  EXPECT_EQ(expseg_free(A, interior), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(msg_has(want)) << expseg_last_error();
+  EXPECT_EQ(stat_of(A, "allocation.all.current"), 1) << "a bad free must not change the stats";
+  EXPECT_EQ(expseg_free(A, p), EXPSEG_OK);
+  snprintf(want, sizeof want, "%p", p);
+  EXPECT_EQ(expseg_free(A, p), EXPSEG_ERR_INVALID_ARGUMENT);  // double free
+  EXPECT_TRUE(msg_has(want)) << expseg_last_error();
+  EXPECT_EQ(stat_of(A, "allocation.all.current"), 0);
+  EXPECT_EQ(expseg_free(A, nullptr), EXPSEG_OK);  // freeing NULL is OK
+  // a pointer of another allocator is foreign here
+  AllocPtr b = make_alloc("sim:capacity=8G", "");
+  void *q = nullptr;
+  ASSERT_EQ(expseg_malloc(b.get(), 4096, 0, &q), EXPSEG_OK);
+  if (q != p) {  // sim address spaces may coincide between allocators
+    EXPECT_EQ(expseg_free(A, q), EXPSEG_ERR_INVALID_ARGUMENT);
+  }
+  EXPECT_EQ(expseg_free(b.get(), q), EXPSEG_OK);
+  still_works(A, "bad frees");
+}
+
+TEST(AllocApi, RecordStreamOnUnknownPointer) {
+  AllocPtr a = make_alloc("sim:capacity=8G", "");
+  expseg_allocator *A = a.get();
+  int local = 0;
+  char want[64];
+  snprintf(want, sizeof want, "%p", static_cast<void *>(&local));
+  EXPECT_EQ(expseg_record_stream(A, &local, 5), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(msg_has(want)) << expseg_last_error();
+  void *p = nullptr;
+  ASSERT_EQ(expseg_malloc(A, 4096, 0, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(A, p), EXPSEG_OK);
+  EXPECT_EQ(expseg_record_stream(A, p, 5), EXPSEG_ERR_INVALID_ARGUMENT);  // freed
+  EXPECT_EQ(expseg_record_stream(A, nullptr, 5), EXPSEG_ERR_INVALID_ARGUMENT);
+  still_works(A, "bad record_stream");
+}
+
+TEST(AllocApi, SizeZeroReturnsNull) {
+  AllocPtr a = make_alloc("sim:capacity=8G", "");
+  void *p = reinterpret_cast<void *>(0x1);
+  EXPECT_EQ(expseg_malloc(a.get(), 0, 0, &p), EXPSEG_OK);
+  EXPECT_EQ(p, nullptr);
+  EXPECT_EQ(stat_of(a.get(), "allocation.all.allocated"), 0);
+  EXPECT_EQ(stat_of(a.get(), "reserved_bytes.all.current"), 0);
+  still_works(a.get(), "size 0");
+}
+
+TEST(AllocApi, SizesThatOverflowWhenRounded) {
+  AllocPtr a = make_alloc("sim:capacity=8G", "roundup_power2_divisions:4");
+  expseg_allocator *A = a.get();
+  for (size_t size : {SIZE_MAX, SIZE_MAX - 511, (size_t)1 << 61, ((size_t)1 << 60) + 1}) {
+    void *p = reinterpret_cast<void *>(0x1);
+    EXPECT_EQ(expseg_malloc(A, size, 0, &p), EXPSEG_ERR_INVALID_ARGUMENT) << size;
+    EXPECT_EQ(p, nullptr);
+    EXPECT_TRUE(msg_has(std::to_string(size).c_str())) << expseg_last_error();
+  }
+  EXPECT_EQ(stat_of(A, "num_ooms"), 0) << "an impossible size is not an OOM";
+  // just below the 1 EiB guard: a plain OOM
+  void *p = nullptr;
+  EXPECT_EQ(expseg_malloc(A, (size_t)1 << 60, 0, &p), EXPSEG_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(stat_of(A, "num_ooms"), 1);
+  still_works(A, "huge sizes");
+}
+
+TEST(AllocApi, FractionsOutsideRange) {
+  AllocPtr a = make_alloc("sim:capacity=8G", "");
+  expseg_allocator *A = a.get();
+  char before[512], after[512];
+  expseg_config_string(A, before, sizeof before);
+  struct {
+    double f;
+    const char *text;
+  } bad[] = {{-0.1, "-0.1"}, {1.5, "1.5"}, {NAN, "nan"}, {INFINITY, "inf"}, {-INFINITY, "-inf"}};
+  for (auto &c : bad) {
+    EXPECT_EQ(expseg_set_memory_fraction(A, c.f), EXPSEG_ERR_INVALID_ARGUMENT) << c.text;
+    EXPECT_TRUE(msg_has(c.text)) << expseg_last_error();
+    EXPECT_TRUE(msg_has("[0, 1]")) << expseg_last_error();
+  }
+  expseg_config_string(A, after, sizeof after);
+  EXPECT_STREQ(before, after);
+  EXPECT_EQ(expseg_set_memory_fraction(A, 0.0), EXPSEG_OK);
+  EXPECT_EQ(expseg_set_memory_fraction(A, 1.0), EXPSEG_OK);
+  still_works(A, "bad fractions");
+}
+
+TEST(AllocApi, ConfigureWithBadTextLeavesConfigUnchanged) {
+  AllocPtr a = make_alloc("sim:capacity=8G", "max_split_size_mb:64,expandable_segments:False");
+  expseg_allocator *A = a.get();
+  char before[1024], after[1024];
+  size_t n = expseg_config_string(A, before, sizeof before);
+  ASSERT_LT(n, sizeof before);
+  struct {
+    const char *text;
+    const char *named;
+  } bad[] = {
+      {"expandable_segments:Maybe", "Maybe"},
+      {"no_such_key:1", "no_such_key"},
+      {"max_split_size_mb:5", "5"},  // below the accepted 20
+      {"max_split_size_mb:100,garbage_collection_threshold:1.5", "1.5"},
+      {"expandable_segments:True,roundup_power2_divisions:3", "3"},
+      {"page_size_mb:4", "page_size_mb"},  // only at creation
+      {"expandable_segments", "expandable_segments"},
+  };
+  for (auto &c : bad) {
+    EXPECT_EQ(expseg_configure(A, c.text), EXPSEG_ERR_CONFIG) << c.text;
+    EXPECT_TRUE(msg_has(c.named)) << c.text << " -> " << expseg_last_error();
+    expseg_config_string(A, after, sizeof after);
+    EXPECT_STREQ(before, after) << "config changed by rejected text " << c.text;
+  }
+  EXPECT_EQ(stat_of(A, "max_split_size"), (int64_t)(64 * MiB));
+  still_works(A, "bad configure");
+  // a good one takes effect, partially: only the keys given
+  ASSERT_EQ(expseg_configure(A, "expandable_segments:True"), EXPSEG_OK) << expseg_last_error();
+  expseg_config_string(A, after, sizeof after);
+  EXPECT_NE(std::strstr(after, "max_split_size_mb:64"), nullptr) << after;
+  EXPECT_EQ(stat_of(A, "max_split_size"), (int64_t)(64 * MiB));
+  // the printed string parses back to itself
+  AllocPtr b = make_alloc("sim:capacity=8G", after);
+  char again[1024];
+  expseg_config_string(b.get(), again, sizeof again);
+  EXPECT_STREQ(after, again);
+}
+
+TEST(AllocApi, UnknownDriverSpec) {
+  for (const char *spec : {"bogus", "sim:capacity=lots", "sim:nosuch=1", "host:granularity=3"}) {
+    expseg_allocator *a = reinterpret_cast<expseg_allocator *>(0x1);
+    EXPECT_EQ(expseg_create(spec, 0, "", &a), EXPSEG_ERR_CONFIG) << spec;
+    EXPECT_EQ(a, nullptr) << spec;
+    std::string s(spec);
+    std::string part = s.find('=') != std::string::npos ? s.substr(s.find(':') + 1) : s;
+    part = part.substr(0, part.find('='));
+    EXPECT_TRUE(msg_has(part.c_str())) << spec << " -> " << expseg_last_error();
+  }
+  expseg_allocator *a = reinterpret_cast<expseg_allocator *>(0x1);
+  EXPECT_EQ(expseg_create("sim:capacity=8G", 0, "nonsense_key:1", &a), EXPSEG_ERR_CONFIG);
+  EXPECT_EQ(a, nullptr);
+  EXPECT_TRUE(msg_has("nonsense_key")) << expseg_last_error();
+}
+
+// 1,000 streams on an 80 GiB device, each with a small and a large block: every malloc
+// succeeds and the address space reserved stays far below the 128 TiB a process has.
+TEST(AllocApi, ThousandStreamsDoNotExhaustAddressSpace) {
+  AllocPtr a = make_alloc("sim:capacity=80G", "");
+  expseg_allocator *A = a.get();
+  std::vector<void *> ps;
+  for (expseg_stream s = 1; s <= 1000; s++) {
+    void *p = nullptr, *q = nullptr;
+    ASSERT_EQ(expseg_malloc(A, 64 * KiB, s, &p), EXPSEG_OK) << "stream " << s << ": "
+                                                           << expseg_last_error();
+    ASSERT_EQ(expseg_malloc(A, 40 * MiB, s, &q), EXPSEG_OK) << "stream " << s << ": "
+                                                           << expseg_last_error();
+    ps.push_back(p);
+    ps.push_back(q);
+  }
+  int64_t va = stat_of(A, "expseg.reserved_va_bytes.current");
+  const int64_t limit = (int64_t)128 << 40;
+  std::printf("1000 streams: %.2f TiB of address space reserved, %lld segments\n",
+              (double)va / (double)((int64_t)1 << 40), (long long)stat_of(A, "segment.all.current"));
+  EXPECT_LT(va, limit / 4) << "reserved VA " << va;
+  EXPECT_EQ(stat_of(A, "allocation.all.current"), 2000);
+  EXPECT_EQ(expseg_check(A), EXPSEG_OK) << expseg_last_error();
+  for (void *p : ps) ASSERT_EQ(expseg_free(A, p), EXPSEG_OK);
+  ASSERT_EQ(expseg_empty_cache(A), EXPSEG_OK);
+  EXPECT_EQ(stat_of(A, "expseg.reserved_va_bytes.current"), 0);
+}
+
+// Physical pages are created once: 100 MiB freed on stream 1 serve 100 MiB on stream 2
+// (the pages move), with one set_access per newly mapped range.
+TEST(AllocApi, PhysicalPagesAreReusedAcrossStreams) {
+  AllocPtr a = make_alloc("sim:capacity=8G", "");
+  expseg_allocator *A = a.get();
+  void *p = nullptr;
+  ASSERT_EQ(expseg_malloc(A, 100 * MiB, 1, &p), EXPSEG_OK);
+  EXPECT_EQ(stat_of(A, "expseg.created_bytes"), (int64_t)(100 * MiB));
+  EXPECT_EQ(stat_of(A, "expseg.driver.set_access"), 1);
+  EXPECT_EQ(stat_of(A, "expseg.driver.map"), 50);
+  ASSERT_EQ(expseg_free(A, p), EXPSEG_OK);
+  int64_t creates = stat_of(A, "expseg.driver.create");
+  ASSERT_EQ(expseg_malloc(A, 100 * MiB, 2, &p), EXPSEG_OK);
+  EXPECT_EQ(stat_of(A, "expseg.created_bytes"), (int64_t)(100 * MiB)) << "pages were not reused";
+  EXPECT_EQ(stat_of(A, "expseg.driver.create"), creates);
+  EXPECT_EQ(stat_of(A, "expseg.pages_moved"), 50);
+  EXPECT_EQ(stat_of(A, "expseg.page_cache_hits"), 50);
+  EXPECT_EQ(stat_of(A, "expseg.driver.set_access"), 2) << "one set_access per new range";
+  EXPECT_EQ(stat_of(A, "expseg.driver.map"), 100);
+  EXPECT_EQ(stat_of(A, "expseg.driver.unmap"), 50);
+  EXPECT_EQ(stat_of(A, "reserved_bytes.all.current"), (int64_t)(100 * MiB));
+  EXPECT_EQ(stat_of(A, "num_device_alloc"), 2);
+  EXPECT_EQ(stat_of(A, "num_device_free"), 1);
+  // and back again, and again to a third stream: still no new physical memory
+  ASSERT_EQ(expseg_free(A, p), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(A, 60 * MiB, 3, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(A, p), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(A, 100 * MiB, 1, &p), EXPSEG_OK);
+  EXPECT_EQ(stat_of(A, "expseg.created_bytes"), (int64_t)(100 * MiB));
+  EXPECT_EQ(stat_of(A, "expseg.driver.set_access"), stat_of(A, "num_device_alloc"));
+  EXPECT_EQ(stat_of(A, "reserved_bytes.all.current"), (int64_t)(100 * MiB));
+  ASSERT_EQ(expseg_free(A, p), EXPSEG_OK);
+  expect_consistent(A, "page reuse");
+}
+
+// A held stream's pages do not move: the request creates new memory instead.
+TEST(AllocApi, PagesOfBusyStreamDoNotMove) {
+  AllocPtr a = make_alloc("sim:capacity=8G", "");
+  expseg_allocator *A = a.get();
+  ASSERT_EQ(alloc_test_hold(A, 1, true), EXPSEG_OK);
+  void *p = nullptr;
+  ASSERT_EQ(expseg_malloc(A, 20 * MiB, 1, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(A, p), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(A, 20 * MiB, 2, &p), EXPSEG_OK);
+  EXPECT_EQ(stat_of(A, "expseg.pages_moved"), 0);
+  EXPECT_EQ(stat_of(A, "expseg.created_bytes"), (int64_t)(40 * MiB));
+  ASSERT_EQ(expseg_free(A, p), EXPSEG_OK);
+  ASSERT_EQ(alloc_test_hold(A, 1, false), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(A, 40 * MiB, 3, &p), EXPSEG_OK);  // now both may move
+  EXPECT_EQ(stat_of(A, "expseg.created_bytes"), (int64_t)(40 * MiB));
+  ASSERT_EQ(expseg_free(A, p), EXPSEG_OK);
+  expect_consistent(A, "busy stream");
+  (void)GiB;
+}
+
+}  // namespace
