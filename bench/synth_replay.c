@@ -68,6 +68,7 @@ typedef struct opts_s {
   int check, json, sweep, quiet;
   const char *timeline;   /* CSV path or NULL */
   uint64_t timeline_every; /* 0 = auto */
+  uint64_t limit;         /* replay only the first `limit` events of each history; 0 = all */
 } opts_t;
 
 typedef struct result_s {
@@ -158,7 +159,7 @@ static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf
   int rc = 0, progress = 0;
   uint64_t live = 0, peak = 0, events = 0, ops = 0, ooms = 0, errors = 0;
   const expseg_trace_event_t *ev = t->events;
-  const size_t n = t->n_events;
+  const size_t n = o->limit && o->limit < t->n_events ? (size_t)o->limit : t->n_events;
   const uint64_t t0 = now_ns();
   for (size_t i = 0; i < n; i++) {
     const expseg_trace_event_t *e = &ev[i];
@@ -450,6 +451,7 @@ static void usage(FILE *f) {
           "  --sweep               replay under every setting of the sweep table, best first\n"
           "  --timeline FILE.csv   write trace,event,live_requested,reserved samples\n"
           "  --timeline-every N    sample every N events (default: events / 2000)\n"
+          "  --limit N             replay only the first N events of each history\n"
           "  --quiet               no progress lines on stderr\n"
           "Exit status: 0 ok, 1 check violation or allocator error, 2 bad arguments/input.\n"
           "See docs/replay.md.\n");
@@ -540,7 +542,8 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     }
     const int takes = !strcmp(arg, "--driver") || !strcmp(arg, "--conf") ||
                       !strcmp(arg, "--device") || !strcmp(arg, "--synth") ||
-                      !strcmp(arg, "--timeline") || !strcmp(arg, "--timeline-every");
+                      !strcmp(arg, "--timeline") || !strcmp(arg, "--timeline-every") ||
+                      !strcmp(arg, "--limit");
     if (takes && !val) {
       if (i + 1 >= argc) {
         rc = bad(err, "option %s needs a value", arg);
@@ -568,6 +571,12 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
         goto done;
       }
       o.timeline_every = v;
+    } else if (!strcmp(arg, "--limit")) {
+      if (parse_u64(val, &v) || v == 0) {
+        rc = bad(err, "--limit '%s' is not a positive integer", val);
+        goto done;
+      }
+      o.limit = v;
     } else if (!strcmp(arg, "--check")) o.check = 1;
     else if (!strcmp(arg, "--json")) o.json = 1;
     else if (!strcmp(arg, "--sweep")) o.sweep = 1;

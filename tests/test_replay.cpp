@@ -173,16 +173,19 @@ TEST(Replay, TinyMemtraceWithBaselineOomAndCheck) {
 }
 
 TEST(Replay, CheckModePassesOnEveryWorkload) {
-  // every workload once, expandable and classic segments both covered (--check is
-  // O(blocks) per event: about 2 s in all)
+  // every workload once, expandable and classic segments both covered; --check is
+  // O(blocks) per event, so only the first 6000 events of each (well past the first
+  // training step, request completions and pipeline iterations)
   const char *const runs[][2] = {{"train:2:0.01", "expandable_segments:True"},
                                  {"infer:2:0.01", "expandable_segments:False"},
                                  {"streams8:2:0.01", "expandable_segments:True"}};
   for (const auto &w : runs) {
-    Outcome r = Replay({"--json", "--check", "--quiet", "--conf", w[1], "--synth", w[0]});
+    Outcome r = Replay(
+        {"--json", "--check", "--quiet", "--limit", "6000", "--conf", w[1], "--synth", w[0]});
     EXPECT_EQ(r.rc, 0) << w[0] << " " << w[1] << ": " << r.err;
     EXPECT_EQ(Num(r.out, "num_ooms"), 0) << w[0];
     EXPECT_EQ(Num(r.out, "errors"), 0) << w[0];
+    EXPECT_EQ(Num(r.out, "events"), 6000) << w[0];
   }
 }
 
@@ -251,6 +254,7 @@ TEST(Replay, BadArgumentsExit2) {
       {{"--conf", "no_such_key:1", "--synth", "train:1:0.01"}, "no_such_key"},
       {{"--driver", "warp:capacity=1G", "--synth", "train:1:0.01"}, "warp"},
       {{"--sweep", "--timeline", "x.csv", "--synth", "train"}, "cannot be combined"},
+      {{"--limit", "0", "--synth", "train"}, "--limit"},
   };
   for (auto &c : cases) {
     Outcome r = Replay(c.args);
