@@ -453,3 +453,37 @@ INSTANTIATE_TEST_SUITE_P(
 #endif
 
 } // namespace
+
+namespace {
+
+// numa=N binds each mapping's pages; a failure to bind is one warning, never an error.
+TEST(VmmHost, NumaPlacementWarnsAtMostOnce) {
+  std::vector<std::string> lines;
+  expseg_set_log_sink(
+      [](void *ctx, const char *line) {
+        static_cast<std::vector<std::string> *>(ctx)->push_back(line);
+      },
+      &lines);
+  expseg_vmm_t *v = nullptr;
+  ASSERT_EQ(EXPSEG_OK, _expseg_vmm_open("host:capacity=16M,granularity=64K,numa=0", 0, &v))
+      << expseg_last_error();
+  size_t g = v->granularity;
+  uintptr_t va = 0;
+  expseg_vmm_handle h = 0;
+  ASSERT_EQ(EXPSEG_OK, _expseg_vmm_reserve(v, 4 * g, 0, &va));
+  ASSERT_EQ(EXPSEG_OK, _expseg_vmm_create(v, g, &h));
+  for (int i = 0; i < 3; i++) {
+    ASSERT_EQ(EXPSEG_OK, _expseg_vmm_map(v, va + i * g, g, h, 0)) << expseg_last_error();
+    ASSERT_EQ(EXPSEG_OK, _expseg_vmm_set_access(v, va + i * g, g));
+    reinterpret_cast<volatile char *>(va + i * g)[0] = 1;
+    ASSERT_EQ(EXPSEG_OK, _expseg_vmm_unmap(v, va + i * g, g));
+  }
+  ASSERT_EQ(EXPSEG_OK, _expseg_vmm_release(v, h, g));
+  ASSERT_EQ(EXPSEG_OK, _expseg_vmm_unreserve(v, va, 4 * g));
+  _expseg_vmm_close(v);
+  expseg_set_log_sink(nullptr, nullptr);
+  EXPECT_LE(lines.size(), 1u);
+  for (auto &l : lines) EXPECT_NE(std::string::npos, l.find("NUMA node 0")) << l;
+}
+
+} // namespace
