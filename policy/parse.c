@@ -394,14 +394,15 @@ static const char *num_problem(num_t r) {
   return r == NUM_SIGN ? "has a sign" : r == NUM_OVERFLOW ? "is too large" : "is not a number";
 }
 
-/* Edit distance, for "did you mean"; small strings only. */
+/* Edit distance, for "did you mean"; SIZE_MAX once it is certainly above 3. */
 static size_t distance(const char *a, const char *b) {
   size_t la = strlen(a), lb = strlen(b);
   if (la >= TOK_MAX || lb >= TOK_MAX) return SIZE_MAX;
+  if (la > lb + 3 || lb > la + 3) return SIZE_MAX; /* too far to suggest anyway */
   size_t row[TOK_MAX];
   for (size_t j = 0; j <= lb; j++) row[j] = j;
   for (size_t i = 1; i <= la; i++) {
-    size_t diag = row[0];
+    size_t diag = row[0], low = i;
     row[0] = i;
     for (size_t j = 1; j <= lb; j++) {
       size_t up = row[j];
@@ -409,8 +410,10 @@ static size_t distance(const char *a, const char *b) {
       if (up + 1 < best) best = up + 1;
       if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
       row[j] = best;
+      if (best < low) low = best;
       diag = up;
     }
+    if (low > 3) return SIZE_MAX; /* the distance only grows from here */
   }
   return row[lb];
 }
