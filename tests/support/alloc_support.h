@@ -97,6 +97,7 @@ struct QuietLog {
     auto *q = static_cast<QuietLog *>(ctx);
     q->lines++;
     q->last = line;
+    if (std::getenv("EXPSEG_TEST_SHOW_WARNINGS")) std::fprintf(stderr, "%s\n", line);
   }
 };
 #endif
