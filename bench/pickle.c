@@ -98,8 +98,10 @@ static bool push(up_t *u, uint32_t v) {
   return true;
 }
 
-/* items[n] appended to container c */
-static bool add_items(up_t *u, uint32_t c, const uint32_t *items, size_t n) {
+/* stack[from..sn) appended to container c */
+static bool add_items(up_t *u, uint32_t c, size_t from) {
+  size_t n = u->sn - from;
+  if (n == 0) return true;
   _expseg_pv_t *v = &u->pk->v[c];
   if (n > UINT32_MAX - 1 - v->u.c.n) return false;
   if (v->u.c.n + n > v->u.c.cap) {
@@ -111,7 +113,7 @@ static bool add_items(up_t *u, uint32_t c, const uint32_t *items, size_t n) {
     v->u.c.items = it;
     v->u.c.cap = (uint32_t)cap;
   }
-  memcpy(v->u.c.items + v->u.c.n, items, n * sizeof *items);
+  memcpy(v->u.c.items + v->u.c.n, u->stack + from, n * sizeof *u->stack);
   v->u.c.n += (uint32_t)n;
   return true;
 }
@@ -128,7 +130,7 @@ static expseg_status make_container(up_t *u, uint8_t kind, size_t from) {
   if (kind == EXPSEG_PV_DICT && n % 2)
     return fail(u, "DICT over an odd number of items (%zu)", n);
   uint32_t c = new_value(u, kind);
-  if (!c || !add_items(u, c, u->stack + from, n)) return oom(u);
+  if (!c || !add_items(u, c, from)) return oom(u);
   u->sn = from;
   return push(u, c) ? EXPSEG_OK : oom(u);
 }
@@ -149,7 +151,7 @@ static expseg_status extend(up_t *u, size_t from, uint8_t kind, const char *opna
   size_t n = u->sn - from;
   if (kind == EXPSEG_PV_DICT && n % 2) return fail(u, "%s with an odd number of items (%zu)",
                                                    opname, n);
-  if (!add_items(u, c, u->stack + from, n)) return oom(u);
+  if (!add_items(u, c, from)) return oom(u);
   u->sn = from;
   return EXPSEG_OK;
 }
@@ -225,7 +227,7 @@ static expseg_status arg(up_t *u, int n, uint64_t *out) {
 static expseg_status step(up_t *u, bool *stop) {
   uint64_t a = 0;
   expseg_status s = EXPSEG_OK;
-  size_t from;
+  size_t from = 0;
   switch (u->op) {
   case OP_PROTO:
     if ((s = arg(u, 1, &a)) != EXPSEG_OK) return s;
@@ -368,7 +370,7 @@ expseg_status _expseg_pickle_load(const char *name, const unsigned char *buf, si
   up_t u;
   memset(&u, 0, sizeof u);
   u.name = name ? name : "pickle";
-  u.buf = buf;
+  u.buf = buf ? buf : (const unsigned char *)"";
   u.len = buf ? len : 0;
   u.pk = out;
   if (u.len >= (size_t)1 << 31)

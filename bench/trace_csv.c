@@ -161,6 +161,7 @@ expseg_status expseg_trace_read_rmm_csv(const char *name, const char *buf, size_
   if (!name) name = "rmm_log";
   if (!buf && len)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", name);
+  if (!buf) buf = "";
   csv_t c;
   memset(&c, 0, sizeof c);
   c.name = name;

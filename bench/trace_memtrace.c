@@ -239,6 +239,7 @@ expseg_status expseg_trace_read_memtrace(const char *name, const char *buf, size
   if (!name) name = "memtrace";
   if (!buf && len)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", name);
+  if (!buf) buf = "";
   reader_t r = {name, 0, {0}};
   expseg_trace_t *t = calloc(1, sizeof *t);
   if (!t) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
