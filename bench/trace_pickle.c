@@ -226,7 +226,7 @@ static expseg_status convert(ex_t *x, uint32_t segments, uint32_t events, devst_
   uint32_t n = el->u.c.n;
   expseg_status s;
   evf_t f;
-  uint64_t end_reserved;
+  uint64_t end_reserved = 0;
   if ((s = end_state(x, segments, d, &end_reserved)) != EXPSEG_OK) return s;
 
   /* backwards: the live set at the start, and the reserved bytes at the start */
