@@ -103,8 +103,8 @@ static expseg_status end_state(ex_t *x, uint32_t segments, devst_t *d, uint64_t 
   const _expseg_pv_t *sl = val(x, segments);
   uint64_t total = 0;
   for (uint32_t i = 0; i < sl->u.c.n; i++) {
-    uint32_t seg = sl->u.c.items[i], blocks;
-    int64_t dev, addr, size, stream;
+    uint32_t seg = sl->u.c.items[i], blocks = 0;
+    int64_t dev = 0, addr = 0, size = 0, stream = 0;
     expseg_status s;
     snprintf(x->where, sizeof x->where, "segments[%" PRIu32 "]", i);
     if ((s = want_dict(x, seg)) != EXPSEG_OK || (s = get_int(x, seg, "device", true, &dev)) ||
@@ -120,8 +120,8 @@ static expseg_status end_state(ex_t *x, uint32_t segments, devst_t *d, uint64_t 
     uint64_t off = (uint64_t)addr;
     const _expseg_pv_t *bl = val(x, blocks);
     for (uint32_t j = 0; j < bl->u.c.n; j++) {
-      uint32_t b = bl->u.c.items[j], sv;
-      int64_t bsize, req, baddr;
+      uint32_t b = bl->u.c.items[j], sv = 0;
+      int64_t bsize = 0, req = 0, baddr = 0;
       snprintf(x->where, sizeof x->where, "segments[%" PRIu32 "].blocks[%" PRIu32 "]", i, j);
       if ((s = want_dict(x, b)) != EXPSEG_OK || (s = get_int(x, b, "size", true, &bsize)))
         return s;
