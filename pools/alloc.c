@@ -137,6 +137,7 @@ static expseg_status take_block(expseg_allocator *a, block_t *b, size_t rounded,
   }
   if (!_expseg_ptrmap_put(&a->live, b->ptr, b)) {
     _expseg_free_insert(a, _expseg_block_coalesce(a, b));
+    _expseg_isplit_flush(a);
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_malloc: out of host memory");
   }
   b->state = BLOCK_ALLOCATED;
@@ -150,6 +151,7 @@ static expseg_status take_block(expseg_allocator *a, block_t *b, size_t rounded,
   _expseg_stat_pool_add(s->active, pool, 1);
   _expseg_stat_pool_add(s->active_bytes, pool, (int64_t)b->size);
   if (b->oversize) _expseg_stat_add(&s->oversize_allocations, 1);
+  _expseg_isplit_flush(a);
   *out = (void *)b->ptr;
   return EXPSEG_OK;
 }
@@ -223,7 +225,7 @@ expseg_status expseg_malloc(expseg_allocator *a, size_t size, expseg_stream stre
   if (a == NULL) return null_allocator("expseg_malloc");
   if (size == 0) return EXPSEG_OK;
   pthread_mutex_lock(&a->lock);
-  if (a->n_pending_events > 0) _expseg_process_events(a);
+  if (a->n_pending_events > 0 || a->n_orphans > 0) _expseg_process_events(a);
   size_t rounded = _expseg_round_size(&a->cfg, size);
   if (rounded == 0) {
     pthread_mutex_unlock(&a->lock);
@@ -259,6 +261,9 @@ expseg_status expseg_malloc(expseg_allocator *a, size_t size, expseg_stream stre
       pthread_mutex_unlock(&a->lock);
       return _expseg_error_set(st, "expseg_malloc(%zu): %s", size, cause);
     }
+    /* pages created for this request before the device ran out help no one: give the
+     * page cache back, so the device and the message show what is really free */
+    _expseg_cache_trim(a, 0);
     return fail_oom(a, size, rounded, stream, st, cause); /* unlocks */
   }
   st = take_block(a, b, rounded, size, out);
@@ -280,13 +285,14 @@ void _expseg_free_block(expseg_allocator *a, block_t *b) {
   b->n_uses = 0;
   a->tick++;
   _expseg_free_insert(a, _expseg_block_coalesce(a, b));
+  _expseg_isplit_flush(a);
 }
 
 expseg_status expseg_free(expseg_allocator *a, void *ptr) {
   if (a == NULL) return null_allocator("expseg_free");
   if (ptr == NULL) return EXPSEG_OK;
   pthread_mutex_lock(&a->lock);
-  block_t *b = _expseg_ptrmap_take(&a->live, (uintptr_t)ptr);
+  block_t *b = _expseg_ptrmap_get(&a->live, (uintptr_t)ptr);
   if (b == NULL) {
     pthread_mutex_unlock(&a->lock);
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
@@ -294,25 +300,36 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
                              "already freed",
                              ptr);
   }
+  bool pending = false;
+  if (b->n_uses > 0) {
+    pending = _expseg_insert_events(a, b);
+    /* no event could be recorded: wait for the streams instead; if even that fails the
+     * memory may still be in use: the block stays pending as an orphan, its events tried
+     * again at every malloc (only if no memory is left for that does free fail) */
+    bool waited = true;
+    for (uint32_t i = 0; !pending && waited && i < b->n_uses; i++)
+      waited = _expseg_vmm_stream_synchronize(a->drv, b->uses[i]) == EXPSEG_OK;
+    if (!pending && !waited) {
+      if (!_expseg_orphan_add(a, b)) {
+        pthread_mutex_unlock(&a->lock);
+        return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                                 "expseg_free(%p): out of host memory; it stays allocated", ptr);
+      }
+      pending = true;
+    }
+  }
+  _expseg_ptrmap_take(&a->live, (uintptr_t)ptr);
   int pool = b->seg->pool;
   stats_t *s = &a->stats;
   _expseg_stat_pool_add(s->allocation, pool, -1);
   _expseg_stat_pool_add(s->allocated_bytes, pool, -(int64_t)b->size);
   if (b->oversize) _expseg_stat_add(&s->oversize_allocations, -1);
-  if (b->n_uses > 0) {
-    if (_expseg_insert_events(a, b)) {
-      b->state = BLOCK_PENDING;
-      _expseg_stat_add(&s->pending_free_blocks, 1);
-      pthread_mutex_unlock(&a->lock);
-      return EXPSEG_OK;
-    }
-    /* no event could be recorded: wait for the streams instead */
-    for (uint32_t i = 0; i < b->n_uses; i++)
-      if (_expseg_vmm_stream_synchronize(a->drv, b->uses[i]) != EXPSEG_OK)
-        _expseg_warn("expseg_free(%p): waiting for stream %#llx failed: %s", ptr,
-                     (unsigned long long)b->uses[i], expseg_last_error());
+  if (pending) {
+    b->state = BLOCK_PENDING;
+    _expseg_stat_add(&s->pending_free_blocks, 1);
+  } else {
+    _expseg_free_block(a, b);
   }
-  _expseg_free_block(a, b);
   pthread_mutex_unlock(&a->lock);
   return EXPSEG_OK;
 }

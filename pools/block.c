@@ -103,8 +103,8 @@ void _expseg_free_insert(expseg_allocator *a, block_t *b) {
   if (b->seg->expandable) {
     if (_expseg_block_whole_pages(a, b, NULL) > 0) idle_push(a, b);
   } else if (_expseg_block_is_split(b)) {
-    _expseg_stat_pool_add(a->stats.inactive_split, b->seg->pool, 1);
-    _expseg_stat_pool_add(a->stats.inactive_split_bytes, b->seg->pool, (int64_t)b->size);
+    a->isplit_n[b->seg->pool]++;
+    a->isplit_b[b->seg->pool] += (int64_t)b->size;
   }
 }
 
@@ -114,8 +114,17 @@ void _expseg_free_remove(expseg_allocator *a, block_t *b) {
   b->indexed = false;
   if (b->idle) idle_unlink(a, b);
   if (!b->seg->expandable && _expseg_block_is_split(b)) {
-    _expseg_stat_pool_add(a->stats.inactive_split, b->seg->pool, -1);
-    _expseg_stat_pool_add(a->stats.inactive_split_bytes, b->seg->pool, -(int64_t)b->size);
+    a->isplit_n[b->seg->pool]--;
+    a->isplit_b[b->seg->pool] -= (int64_t)b->size;
+  }
+}
+
+void _expseg_isplit_flush(expseg_allocator *a) {
+  for (int p = 0; p < POOL_COUNT; p++) {
+    if (a->isplit_n[p] != 0) _expseg_stat_pool_add(a->stats.inactive_split, p, a->isplit_n[p]);
+    if (a->isplit_b[p] != 0)
+      _expseg_stat_pool_add(a->stats.inactive_split_bytes, p, a->isplit_b[p]);
+    a->isplit_n[p] = a->isplit_b[p] = 0;
   }
 }
 

@@ -88,7 +88,11 @@ static expseg_status check_block(const expseg_allocator *a, const segment_t *s, 
   case BLOCK_PENDING:
     if (b->indexed) FAIL("live block %#lx is in a free index", p);
     if (b->state == BLOCK_PENDING) {
-      if (b->event_count == 0) FAIL("pending block %#lx waits on no event", p);
+      bool orphan = false;
+      for (size_t i = 0; i < a->n_orphans; i++) orphan |= a->orphans[i] == b;
+      if ((b->event_count == 0) != orphan)
+        FAIL("pending block %#lx: %u events, %s the orphan list", p, b->event_count,
+             orphan ? "on" : "not on");
       if (_expseg_ptrmap_get(&a->live, b->ptr) == b) FAIL("pending block %#lx is still live", p);
       r->pending++;
     }
@@ -185,6 +189,7 @@ expseg_status _expseg_check_locked(const expseg_allocator *a) {
   SAME("pointer map size", (int64_t)a->live.count, r.allocation[STAT_ALL]);
   for (size_t i = 0; i < a->cache_count; i++) add3(r.reserved, a->cache[i].pool, (int64_t)a->page);
   r.chunks += (int64_t)a->cache_count;
+  _expseg_zombie_totals(a, r.reserved, &r.va, &r.chunks);
   const stats_t *s = &a->stats;
   if ((st = check_pool_stats(s->allocation, r.allocation, "allocation")) ||
       (st = check_pool_stats(s->allocated_bytes, r.allocated_bytes, "allocated_bytes")) ||

@@ -160,6 +160,8 @@ struct expseg_allocator {
   size_t n_segments;
 
   chunk_t *cache;             /* page cache (stack) */
+  void *zombies;              /* releases the driver refused, to retry (segment.c) */
+  size_t n_zombies, cap_zombies;
   size_t cache_count, cache_cap;
 
   size_t inflight;            /* bytes being created with the lock dropped */
@@ -171,6 +173,8 @@ struct expseg_allocator {
   stream_queue_t *queues;     /* per used stream: events outstanding */
   size_t n_queues, cap_queues;
   size_t n_pending_events;
+  block_t **orphans;          /* pending blocks no event could be recorded for yet */
+  size_t n_orphans, cap_orphans;
   expseg_vmm_event *event_pool;
   size_t n_event_pool, cap_event_pool;
 
@@ -182,6 +186,7 @@ struct expseg_allocator {
   size_t n_observers;
 
   stats_t stats;
+  int64_t isplit_n[POOL_COUNT], isplit_b[POOL_COUNT]; /* inactive_split change not yet applied */
 };
 
 /* ---- tree.c ---- */
@@ -214,6 +219,9 @@ void _expseg_block_delete(expseg_allocator *a, block_t *b);
 void _expseg_blocks_destroy(expseg_allocator *a);
 void _expseg_free_insert(expseg_allocator *a, block_t *b);  /* free mapped -> index, idle */
 void _expseg_free_remove(expseg_allocator *a, block_t *b);
+/* Applies the net inactive_split change of the operation that just ended (PyTorch updates
+ * these statistics by their net change after splits and merges). */
+void _expseg_isplit_flush(expseg_allocator *a);
 void _expseg_unmapped_insert(expseg_allocator *a, block_t *b);
 void _expseg_unmapped_remove(expseg_allocator *a, block_t *b);
 /* Splits b at offset: b keeps [ptr, ptr+offset), the new block gets the rest (same state,
@@ -239,6 +247,9 @@ size_t _expseg_cache_trim(expseg_allocator *a, size_t keep_bytes);
 void _expseg_segments_destroy(expseg_allocator *a);
 void _expseg_garbage_collect(expseg_allocator *a);
 size_t _expseg_largest_free(const expseg_allocator *a);
+/* What the retry list still holds: reserved bytes by stat pool, address space, chunks. */
+void _expseg_zombie_totals(const expseg_allocator *a, int64_t reserved[3], int64_t *va,
+                           int64_t *chunks);
 
 /* ---- streams.c: record_stream, events, pending frees ---- */
 expseg_status _expseg_block_add_use(block_t *b, expseg_stream s);
@@ -246,6 +257,9 @@ expseg_status _expseg_block_add_use(block_t *b, expseg_stream s);
  * (the caller then synchronizes). */
 bool _expseg_insert_events(expseg_allocator *a, block_t *b);
 void _expseg_process_events(expseg_allocator *a);
+/* A freed block used on other streams for which neither an event nor a wait worked: it
+ * stays pending and events are tried again at every malloc. false: no host memory. */
+bool _expseg_orphan_add(expseg_allocator *a, block_t *b);
 void _expseg_sync_all_events(expseg_allocator *a); /* num_sync_all_streams +1 */
 void _expseg_streams_destroy(expseg_allocator *a);
 /* Events from the pool (created on demand); put back when done. */

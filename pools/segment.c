@@ -28,6 +28,7 @@ typedef struct release_item_s {
   size_t size_h;
   uintptr_t va;        /* reservation, when size_va > 0 */
   size_t size_va;
+  uint8_t pool;        /* whose reserved_bytes counted the chunk */
 } release_item_t;
 
 typedef struct release_batch_s {
@@ -47,30 +48,90 @@ static bool batch_add(release_batch_t *rb, release_item_t it) {
   return true;
 }
 
-/* Releases now (lock held) when the batch cannot grow: correctness over speed. */
+/* Gives the item back to the driver; what the driver refused is returned (sizes 0 = all
+ * done). No accounting: callable with the lock dropped. */
+static release_item_t do_release(expseg_vmm_t *drv, release_item_t it) {
+  release_item_t left = {.pool = it.pool};
+  if (it.size_h > 0 && _expseg_vmm_release(drv, it.h, it.size_h) != EXPSEG_OK) {
+    _expseg_warn("releasing a %zu-byte chunk failed; kept to retry: %s", it.size_h,
+                 expseg_last_error());
+    left.h = it.h;
+    left.size_h = it.size_h;
+  }
+  if (it.size_va > 0 && _expseg_vmm_unreserve(drv, it.va, it.size_va) != EXPSEG_OK) {
+    _expseg_warn("freeing a %zu-byte reservation failed; kept to retry: %s", it.size_va,
+                 expseg_last_error());
+    left.va = it.va;
+    left.size_va = it.size_va;
+  }
+  return left;
+}
+
+static bool zombie_add(expseg_allocator *a, release_item_t it) {
+  if (a->n_zombies == a->cap_zombies) {
+    size_t cap = a->cap_zombies ? a->cap_zombies * 2 : 8;
+    void *p = realloc(a->zombies, cap * sizeof(release_item_t));
+    if (p == NULL) return false;
+    a->zombies = p;
+    a->cap_zombies = cap;
+  }
+  ((release_item_t *)a->zombies)[a->n_zombies++] = it;
+  return true;
+}
+
+static bool cache_push(expseg_allocator *a, expseg_vmm_handle h, int pool);
+
+/* Lock held: what the driver refused to take back is memory still held. A page-sized chunk
+ * goes back to the page cache; anything else waits in the retry list (still counted in
+ * reserved_bytes and reserved address space) for the next empty_cache or destroy. */
+static void keep_unreleased(expseg_allocator *a, release_item_t f) {
+  if (f.size_h == 0 && f.size_va == 0) return;
+  if (f.size_h > 0) {
+    _expseg_stat_pool_add(a->stats.reserved_bytes, f.pool, (int64_t)f.size_h);
+    a->stats.released_bytes -= (int64_t)f.size_h;
+  }
+  if (f.size_va > 0) _expseg_stat_add(&a->stats.reserved_va_bytes, (int64_t)f.size_va);
+  if (f.size_h == a->page && f.size_va == 0 && cache_push(a, f.h, f.pool)) return;
+  if (!zombie_add(a, f)) _expseg_warn("out of host memory: a refused release is lost");
+}
+
+/* Lock held. */
 static void release_item_now(expseg_allocator *a, release_item_t it) {
-  if (it.size_h > 0 && _expseg_vmm_release(a->drv, it.h, it.size_h) != EXPSEG_OK)
-    _expseg_warn("releasing a %zu-byte chunk failed: %s", it.size_h, expseg_last_error());
-  if (it.size_va > 0 && _expseg_vmm_unreserve(a->drv, it.va, it.size_va) != EXPSEG_OK)
-    _expseg_warn("freeing a %zu-byte reservation failed: %s", it.size_va, expseg_last_error());
+  keep_unreleased(a, do_release(a->drv, it));
 }
 
 static void batch_push(expseg_allocator *a, release_batch_t *rb, release_item_t it) {
   if (!batch_add(rb, it)) release_item_now(a, it);
 }
 
-/* Drops the lock, releases everything, retakes the lock. */
+/* Drops the lock, releases everything, retakes the lock and keeps what was refused. */
 static void batch_flush(expseg_allocator *a, release_batch_t *rb) {
   if (rb->n > 0) {
     a->unlocked_ops++;
     pthread_mutex_unlock(&a->lock);
-    for (size_t i = 0; i < rb->n; i++) release_item_now(a, rb->items[i]);
+    for (size_t i = 0; i < rb->n; i++) rb->items[i] = do_release(a->drv, rb->items[i]);
     pthread_mutex_lock(&a->lock);
     a->unlocked_ops--;
+    for (size_t i = 0; i < rb->n; i++) keep_unreleased(a, rb->items[i]);
   }
   free(rb->items);
   rb->items = NULL;
   rb->n = rb->cap = 0;
+}
+
+/* Moves the retry list into the batch (its accounting leaves with it). */
+static void zombies_retry(expseg_allocator *a, release_batch_t *rb) {
+  release_item_t *z = a->zombies;
+  size_t n = a->n_zombies;
+  a->n_zombies = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (z[i].size_h > 0) {
+      _expseg_stat_pool_add(a->stats.reserved_bytes, z[i].pool, -(int64_t)z[i].size_h);
+      a->stats.released_bytes += (int64_t)z[i].size_h;
+    }
+    if (z[i].size_va > 0) _expseg_stat_add(&a->stats.reserved_va_bytes, -(int64_t)z[i].size_va);
+    batch_push(a, rb, z[i]);
+  }
 }
 
 /* ---- the page cache ---- */
@@ -107,7 +168,7 @@ static size_t cache_release_oldest(expseg_allocator *a, size_t n, release_batch_
     _expseg_stat_add(&a->stats.cached_physical_bytes, -(int64_t)a->page);
     _expseg_stat_pool_add(a->stats.reserved_bytes, c.pool, -(int64_t)a->page);
     a->stats.released_bytes += (int64_t)a->page;
-    batch_push(a, rb, (release_item_t){.h = c.h, .size_h = a->page});
+    batch_push(a, rb, (release_item_t){.h = c.h, .size_h = a->page, .pool = c.pool});
   }
   memmove(a->cache, a->cache + n, (a->cache_count - n) * sizeof *a->cache);
   a->cache_count -= n;
@@ -251,7 +312,7 @@ static size_t unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintptr
       /* no room to remember the chunk: give it back now */
       _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)a->page);
       a->stats.released_bytes += (int64_t)a->page;
-      release_item_now(a, (release_item_t){.h = s->pages[idx].h, .size_h = a->page});
+      release_item_now(a, (release_item_t){.h = s->pages[idx].h, .size_h = a->page, .pool = s->pool});
     }
     s->pages[idx].mapped = false;
   }
@@ -473,7 +534,7 @@ static expseg_status create_pages(expseg_allocator *a, int pool, size_t n) {
     if (!cache_push(a, hs[i], pool)) {
       _expseg_stat_pool_add(a->stats.reserved_bytes, pool, -(int64_t)a->page);
       a->stats.released_bytes += (int64_t)a->page;
-      release_item_now(a, (release_item_t){.h = hs[i], .size_h = a->page});
+      release_item_now(a, (release_item_t){.h = hs[i], .size_h = a->page, .pool = (uint8_t)pool});
     }
   }
   if (hs != local) free(hs);
@@ -611,7 +672,7 @@ static void classic_release(expseg_allocator *a, segment_t *s, release_batch_t *
   a->stats.num_device_free++;
   a->stats.released_bytes += (int64_t)s->va_size;
   batch_push(a, rb, (release_item_t){.h = s->handle, .size_h = s->va_size, .va = s->base,
-                                     .size_va = s->va_size});
+                                     .size_va = s->va_size, .pool = s->pool});
   free(s);
 }
 
@@ -622,11 +683,13 @@ static bool classic_is_free(const segment_t *s) {
 size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
   size_t before = held_bytes(a);
   release_batch_t rb = {0};
+  zombies_retry(a, &rb);
   for (segment_t *s = a->segments, *next; s; s = next) {
     next = s->next_all;
     if (classic_is_free(s)) classic_release(a, s, &rb);
   }
   if (keep_pages) {
+    _expseg_isplit_flush(a);
     batch_flush(a, &rb);
     return before - held_bytes(a);
   }
@@ -637,6 +700,7 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
     if (s->expandable && s->first->next == NULL && !s->first->mapped) expandable_drop(a, s, &rb);
   }
   cache_release_oldest(a, a->cache_count, &rb);
+  _expseg_isplit_flush(a);
   batch_flush(a, &rb);
   return before - held_bytes(a);
 }
@@ -687,40 +751,71 @@ void _expseg_garbage_collect(expseg_allocator *a) {
   /* cached pages are interchangeable: give back as many as were chosen or unmapped */
   cache_release_oldest(a, cached_victims + unmapped, &rb);
   a->stats.gc_released_bytes += (int64_t)(before - held_bytes(a));
+  _expseg_isplit_flush(a);
   batch_flush(a, &rb);
 }
 
+/* Destroy: no accounting any more; a refusal is tried once more, then reported. */
+static void destroy_release(expseg_vmm_t *drv, release_item_t it) {
+  release_item_t left = do_release(drv, it);
+  if (left.size_h == 0 && left.size_va == 0) return;
+  left = do_release(drv, left);
+  if (left.size_h > 0 || left.size_va > 0)
+    _expseg_warn("destroy: the driver kept %zu bytes of memory and %zu of address space",
+                 left.size_h, left.size_va);
+}
+
+static void destroy_unmap(expseg_vmm_t *drv, uintptr_t addr, size_t size, release_item_t it) {
+  if (_expseg_vmm_unmap(drv, addr, size) == EXPSEG_OK ||
+      _expseg_vmm_unmap(drv, addr, size) == EXPSEG_OK) {
+    destroy_release(drv, it);
+    return;
+  }
+  _expseg_warn("destroy: unmapping %#lx failed: %s", (unsigned long)addr, expseg_last_error());
+}
+
 void _expseg_segments_destroy(expseg_allocator *a) {
-  release_batch_t rb = {0};
   for (segment_t *s = a->segments, *next; s; s = next) {
     next = s->next_all;
     if (s->expandable) {
-      for (size_t i = 0; i < s->pages_cap; i++) {
-        if (!s->pages[i].mapped) continue;
-        uintptr_t addr = s->base + i * a->page;
-        if (_expseg_vmm_unmap(a->drv, addr, a->page) == EXPSEG_OK)
-          release_item_now(a, (release_item_t){.h = s->pages[i].h, .size_h = a->page});
-        else
-          _expseg_warn("destroy: unmapping %#lx failed: %s", (unsigned long)addr,
-                       expseg_last_error());
-      }
-      release_item_now(a, (release_item_t){.va = s->base, .size_va = s->va_size});
+      for (size_t i = 0; i < s->pages_cap; i++)
+        if (s->pages[i].mapped)
+          destroy_unmap(a->drv, s->base + i * a->page, a->page,
+                        (release_item_t){.h = s->pages[i].h, .size_h = a->page});
+      destroy_release(a->drv, (release_item_t){.va = s->base, .size_va = s->va_size});
       free(s->pages);
     } else {
-      if (_expseg_vmm_unmap(a->drv, s->base, s->va_size) == EXPSEG_OK)
-        release_item_now(a, (release_item_t){.h = s->handle, .size_h = s->va_size,
-                                             .va = s->base, .size_va = s->va_size});
+      destroy_unmap(a->drv, s->base, s->va_size,
+                    (release_item_t){.h = s->handle, .size_h = s->va_size, .va = s->base,
+                                     .size_va = s->va_size});
     }
     free(s);
   }
   a->segments = NULL;
   a->n_segments = 0;
   for (size_t i = 0; i < a->cache_count; i++)
-    release_item_now(a, (release_item_t){.h = a->cache[i].h, .size_h = a->page});
+    destroy_release(a->drv, (release_item_t){.h = a->cache[i].h, .size_h = a->page});
   a->cache_count = 0;
   free(a->cache);
   a->cache = NULL;
-  free(rb.items);
+  release_item_t *z = a->zombies;
+  for (size_t i = 0; i < a->n_zombies; i++) destroy_release(a->drv, z[i]);
+  free(a->zombies);
+  a->zombies = NULL;
+  a->n_zombies = a->cap_zombies = 0;
+}
+
+void _expseg_zombie_totals(const expseg_allocator *a, int64_t reserved[3], int64_t *va,
+                           int64_t *chunks) {
+  const release_item_t *z = a->zombies;
+  for (size_t i = 0; i < a->n_zombies; i++) {
+    if (z[i].size_h > 0) {
+      reserved[STAT_ALL] += (int64_t)z[i].size_h;
+      reserved[stat_pool(z[i].pool)] += (int64_t)z[i].size_h;
+      (*chunks)++;
+    }
+    *va += (int64_t)z[i].size_va;
+  }
 }
 
 static size_t tree_max(const block_t *n) {

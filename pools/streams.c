@@ -138,7 +138,36 @@ static void event_done(expseg_allocator *a, pending_t p) {
   if (--p.b->event_count == 0) _expseg_free_block(a, p.b);
 }
 
+bool _expseg_orphan_add(expseg_allocator *a, block_t *b) {
+  if (a->n_orphans == a->cap_orphans) {
+    size_t cap = a->cap_orphans ? a->cap_orphans * 2 : 8;
+    block_t **o = realloc(a->orphans, cap * sizeof *o);
+    if (o == NULL) return false;
+    a->orphans = o;
+    a->cap_orphans = cap;
+  }
+  a->orphans[a->n_orphans++] = b;
+  return true;
+}
+
+/* Orphans whose events can be recorded now become ordinary pending blocks; with wait, an
+ * orphan whose streams can all be waited for is freed. */
+static void retry_orphans(expseg_allocator *a, bool wait) {
+  size_t kept = 0;
+  for (size_t i = 0; i < a->n_orphans; i++) {
+    block_t *b = a->orphans[i];
+    if (_expseg_insert_events(a, b)) continue;
+    bool done = wait;
+    for (uint32_t u = 0; done && u < b->n_uses; u++)
+      done = _expseg_vmm_stream_synchronize(a->drv, b->uses[u]) == EXPSEG_OK;
+    if (done) _expseg_free_block(a, b);
+    else a->orphans[kept++] = b;
+  }
+  a->n_orphans = kept;
+}
+
 void _expseg_process_events(expseg_allocator *a) {
+  if (a->n_orphans > 0) retry_orphans(a, false);
   for (size_t i = 0; i < a->n_queues; i++) {
     stream_queue_t *q = &a->queues[i];
     while (q->count > 0) {
@@ -152,6 +181,7 @@ void _expseg_process_events(expseg_allocator *a) {
 
 void _expseg_sync_all_events(expseg_allocator *a) {
   a->stats.num_sync_all_streams++;
+  if (a->n_orphans > 0) retry_orphans(a, true);
   for (size_t i = 0; i < a->n_queues; i++) {
     stream_queue_t *q = &a->queues[i];
     while (q->count > 0) {
@@ -173,6 +203,9 @@ void _expseg_streams_destroy(expseg_allocator *a) {
   }
   free(a->queues);
   a->queues = NULL;
+  free(a->orphans);
+  a->orphans = NULL;
+  a->n_orphans = a->cap_orphans = 0;
   a->n_queues = a->cap_queues = 0;
   for (size_t i = 0; i < a->n_event_pool; i++)
     (void)_expseg_vmm_event_destroy(a->drv, a->event_pool[i]);

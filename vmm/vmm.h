@@ -40,7 +40,13 @@
 
 #include "expseg.h"
 
+#ifdef __cplusplus
+#include <atomic>
+#define EXPSEG_ATOMIC(T) std::atomic<T>
+#else
 #include <stdatomic.h>
+#define EXPSEG_ATOMIC(T) _Atomic T
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -101,15 +107,15 @@ typedef struct expseg_vmm_s {
   void *st;                 /* backend state */
   int device;               /* device ordinal the backend serves */
   size_t granularity;       /* cached ops->granularity(st) */
-  _Atomic uint64_t calls[EXPSEG_VMM_CALL_COUNT]; /* successful and failed calls by kind */
-  _Atomic uint64_t failures[EXPSEG_VMM_CALL_COUNT];
-  _Atomic int64_t live_chunks;     /* created - released (imports included) */
-  _Atomic int64_t live_chunk_bytes;
-  _Atomic int64_t created_bytes;   /* accumulated bytes of chunks created */
-  _Atomic int64_t live_reservations;
-  _Atomic int64_t reserved_va_bytes;
-  _Atomic int64_t mapped_bytes;
-  _Atomic int64_t live_events;
+  EXPSEG_ATOMIC(uint64_t) calls[EXPSEG_VMM_CALL_COUNT]; /* successful and failed calls by kind */
+  EXPSEG_ATOMIC(uint64_t) failures[EXPSEG_VMM_CALL_COUNT];
+  EXPSEG_ATOMIC(int64_t) live_chunks;     /* created - released (imports included) */
+  EXPSEG_ATOMIC(int64_t) live_chunk_bytes;
+  EXPSEG_ATOMIC(int64_t) created_bytes;   /* accumulated bytes of chunks created */
+  EXPSEG_ATOMIC(int64_t) live_reservations;
+  EXPSEG_ATOMIC(int64_t) reserved_va_bytes;
+  EXPSEG_ATOMIC(int64_t) mapped_bytes;
+  EXPSEG_ATOMIC(int64_t) live_events;
 } expseg_vmm_t;
 
 /* ---- vmm.c: construction from a spec, and the checked, counting wrappers ---- */
