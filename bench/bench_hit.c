@@ -5,7 +5,8 @@
  * Method: sizes are drawn (splitmix64, --seed) from the 'a' events of the trace, so their
  * mix is the program's. For each live count L the allocator is created fresh; 2L blocks
  * (sizes from the same draw) are allocated and every other one freed, so L blocks are live
- * and up to L cached free blocks sit between them in the free index; then every size of
+ * and up to L cached free blocks sit between them in the free index (--holes 0: only the
+ * L live blocks); then every size of
  * the sequence is allocated and freed once (warm-up), so that every timed pair is a hit.
  * That is checked: the device allocations made while timing are reported (0 = every pair
  * was a hit).
@@ -47,7 +48,7 @@ static int64_t stat0(const expseg_allocator *a, const char *key) {
 
 typedef struct args_s {
   const char *trace, *driver, *conf;
-  uint64_t seed, batches, batch, max_live_size;
+  uint64_t seed, batches, batch, max_live_size, holes;
   uint64_t live[16];
   size_t n_live;
   int json;
@@ -64,6 +65,8 @@ static void usage(FILE *f) {
           "  --batch N        malloc+free pairs per batch (default 1000)\n"
           "  --live LIST      live block counts, comma-separated (default 0,1000,10000,100000,1000000)\n"
           "  --max-live-size BYTES  cap on the size of each held block (default: none)\n"
+          "  --holes 0|1      1: allocate 2L blocks and free every other one, leaving L free\n"
+          "                   blocks between the L live ones (default); 0: just L live blocks\n"
           "  --driver SPEC    (default sim with a capacity that fits the live set)\n"
           "  --conf TEXT      allocator options (default: none, i.e. expseg's defaults)\n"
           "  --json           one JSON object per live count\n");
@@ -85,6 +88,7 @@ static int parse_args(int argc, char **argv, args_t *a) {
   a->seed = 1;
   a->batches = 2000;
   a->batch = 1000;
+  a->holes = 1;
   const uint64_t dl[] = {0, 1000, 10000, 100000, 1000000};
   memcpy(a->live, dl, sizeof dl);
   a->n_live = 5;
@@ -101,6 +105,7 @@ static int parse_args(int argc, char **argv, args_t *a) {
     else if (!strcmp(k, "--batches") && !parse_u64(v, &a->batches) && a->batches > 0) {}
     else if (!strcmp(k, "--batch") && !parse_u64(v, &a->batch) && a->batch > 0) {}
     else if (!strcmp(k, "--max-live-size") && !parse_u64(v, &a->max_live_size)) {}
+    else if (!strcmp(k, "--holes") && !parse_u64(v, &a->holes) && a->holes <= 1) {}
     else if (!strcmp(k, "--live")) {
       char buf[256];
       snprintf(buf, sizeof buf, "%s", v);
@@ -155,9 +160,10 @@ int main(int argc, char **argv) {
            "p99 ns", "mean ns", "dev allocs");
   for (size_t li = 0; li < arg.n_live && rc == 0; li++) {
     const uint64_t live = arg.live[li];
-    /* the held set: 2L blocks, every other one freed */
-    size_t *lsz = malloc((2 * live + 1) * sizeof *lsz);
-    void **lp = calloc(2 * live + 1, sizeof *lp);
+    /* the held set: 2L blocks, every other one freed (or L blocks with --holes 0) */
+    const uint64_t nheld = arg.holes ? 2 * live : live;
+    size_t *lsz = malloc((nheld + 1) * sizeof *lsz);
+    void **lp = calloc(nheld + 1, sizeof *lp);
     if (!lsz || !lp || !per) {
       fprintf(stderr, "expseg-bench-hit: out of host memory\n");
       free(lsz);
@@ -166,7 +172,7 @@ int main(int argc, char **argv) {
       break;
     }
     uint64_t sum = 0;
-    for (uint64_t i = 0; i < 2 * live; i++) {
+    for (uint64_t i = 0; i < nheld; i++) {
       uint64_t s = pool[splitmix(&rng) % n_sizes];
       if (arg.max_live_size && s > arg.max_live_size) s = arg.max_live_size;
       lsz[i] = (size_t)s;
@@ -186,13 +192,13 @@ int main(int argc, char **argv) {
       rc = 2;
       break;
     }
-    for (uint64_t i = 0; i < 2 * live && rc == 0; i++)
+    for (uint64_t i = 0; i < nheld && rc == 0; i++)
       if (expseg_malloc(a, lsz[i], 0, &lp[i]) != EXPSEG_OK) {
         fprintf(stderr, "expseg-bench-hit: building the live set (%" PRIu64 " of %" PRIu64
-                        "): %s\n", i, 2 * live, expseg_last_error());
+                        "): %s\n", i, nheld, expseg_last_error());
         rc = 1;
       }
-    for (uint64_t i = 1; i < 2 * live && rc == 0; i += 2) {
+    for (uint64_t i = 1; arg.holes && i < nheld && rc == 0; i += 2) {
       (void)expseg_free(a, lp[i]);
       lp[i] = NULL;
     }
@@ -229,10 +235,10 @@ int main(int argc, char **argv) {
                                                                    : arg.batches - 1];
     const int64_t misses = dev1 - dev0; /* device allocations while timing: 0 = all hits */
     if (arg.json)
-      printf("{\"bench\":\"hit\",\"driver\":\"%s\",\"live\":%" PRIu64
+      printf("{\"bench\":\"hit\",\"driver\":\"%s\",\"live\":%" PRIu64 ",\"holes\":%" PRIu64
              ",\"median_ns\":%.1f,\"p99_ns\":%.1f,\"mean_ns\":%.1f,\"device_allocs_timed\":%" PRId64 ","
              "\"batches\":%" PRIu64 ",\"batch\":%" PRIu64 "}\n",
-             drv, live, med, p99, mean, misses, arg.batches, arg.batch);
+             drv, live, arg.holes, med, p99, mean, misses, arg.batches, arg.batch);
     else
       printf("%10" PRIu64 " %10.1f %10.1f %10.1f %12" PRId64 "\n", live, med, p99, mean, misses);
     fflush(stdout);
