@@ -76,6 +76,7 @@ typedef struct result_s {
   uint64_t ops;           /* allocator calls made (malloc, free, empty_cache) */
   uint64_t peak_requested;
   int64_t peak_allocated, peak_reserved, num_device_alloc, num_device_free;
+  int64_t warm_alloc, warm_free; /* num_device_alloc/free once the pre-live set is in */
   uint64_t num_ooms;      /* failed mallocs */
   uint64_t errors;        /* other failures (first one printed) */
   int64_t created_bytes;  int has_created;
@@ -163,6 +164,11 @@ static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf
   const uint64_t t0 = now_ns();
   for (size_t i = 0; i < n; i++) {
     const expseg_trace_event_t *e = &ev[i];
+    if (i > 0 && e->kind != EXPSEG_TR_PRELIVE && ev[i - 1].kind == EXPSEG_TR_PRELIVE) {
+      /* the recorded window starts here: what came before rebuilt its starting state */
+      r->warm_alloc = stat_or(a, "num_device_alloc", 0, NULL);
+      r->warm_free = stat_or(a, "num_device_free", 0, NULL);
+    }
     switch (e->kind) {
     case EXPSEG_TR_PRELIVE:
     case EXPSEG_TR_ALLOC: {
@@ -291,6 +297,8 @@ static void print_json(FILE *f, const expseg_trace_t *t, const result_t *r, cons
           ",\"num_ooms\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"ns_per_op\":%.1f",
           r->events, r->ops, r->peak_requested, r->peak_allocated, r->peak_reserved,
           r->num_device_alloc, r->num_device_free, r->num_ooms, r->errors, r->ns_per_op);
+  fprintf(f, ",\"window_device_alloc\":%" PRId64 ",\"window_device_free\":%" PRId64,
+          r->num_device_alloc - r->warm_alloc, r->num_device_free - r->warm_free);
   if (r->has_created) fprintf(f, ",\"created_bytes\":%" PRId64, r->created_bytes);
   fprintf(f, ",\"ratio\":%.4f", ratio(r->peak_reserved, r->peak_requested));
   if (r->has_calls) {
