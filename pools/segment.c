@@ -170,6 +170,7 @@ static size_t cache_release_oldest(expseg_allocator *a, size_t n, release_batch_
     a->stats.released_bytes += (int64_t)a->page;
     batch_push(a, rb, (release_item_t){.h = c.h, .size_h = a->page, .pool = c.pool});
   }
+  if (n == 0) return 0;
   memmove(a->cache, a->cache + n, (a->cache_count - n) * sizeof *a->cache);
   a->cache_count -= n;
   return n * a->page;
