@@ -313,7 +313,9 @@ void run_random(const char *driver, size_t ops, uint64_t seed, bool pattern) {
               h.frees, h.pending_frees, h.configures, quiet.lines);
   // drain: release holds, free everything, give everything back
   for (int k = 0; k < 4; k++) {
-    if (h.held[k]) EXPECT_EQ(alloc_test_hold(a, 100 + k, false), EXPSEG_OK);
+    if (h.held[k]) {
+      EXPECT_EQ(alloc_test_hold(a, 100 + k, false), EXPSEG_OK);
+    }
   }
   ASSERT_EQ(expseg_set_memory_fraction(a, 1.0), EXPSEG_OK);
   while (!h.live.empty() && !::testing::Test::HasFatalFailure()) {
