@@ -267,6 +267,9 @@ expseg_status expseg_malloc(expseg_allocator *a, size_t size, expseg_stream stre
     return fail_oom(a, size, rounded, stream, st, cause); /* unlocks */
   }
   st = take_block(a, b, rounded, size, out);
+  /* the page cache's bound (growth may have left more pages there than it allows); the
+   * block is handed out already, so dropping the lock to release is safe */
+  if (a->cache_count * a->page > a->cfg.page_cache_max) _expseg_cache_trim(a, a->cfg.page_cache_max);
   pthread_mutex_unlock(&a->lock);
   return st;
 }
@@ -292,7 +295,7 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
   if (a == NULL) return null_allocator("expseg_free");
   if (ptr == NULL) return EXPSEG_OK;
   pthread_mutex_lock(&a->lock);
-  block_t *b = _expseg_ptrmap_get(&a->live, (uintptr_t)ptr);
+  block_t *b = _expseg_ptrmap_take(&a->live, (uintptr_t)ptr);
   if (b == NULL) {
     pthread_mutex_unlock(&a->lock);
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
@@ -311,6 +314,7 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
       waited = _expseg_vmm_stream_synchronize(a->drv, b->uses[i]) == EXPSEG_OK;
     if (!pending && !waited) {
       if (!_expseg_orphan_add(a, b)) {
+        (void)_expseg_ptrmap_put(&a->live, b->ptr, b); /* it was there: a slot is free */
         pthread_mutex_unlock(&a->lock);
         return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
                                  "expseg_free(%p): out of host memory; it stays allocated", ptr);
@@ -318,7 +322,6 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
       pending = true;
     }
   }
-  _expseg_ptrmap_take(&a->live, (uintptr_t)ptr);
   int pool = b->seg->pool;
   stats_t *s = &a->stats;
   _expseg_stat_pool_add(s->allocation, pool, -1);
@@ -336,6 +339,7 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
 
 expseg_status expseg_record_stream(expseg_allocator *a, void *ptr, expseg_stream stream) {
   if (a == NULL) return null_allocator("expseg_record_stream");
+  if (ptr == NULL) return EXPSEG_OK; /* as PyTorch: nothing to record */
   pthread_mutex_lock(&a->lock);
   block_t *b = _expseg_ptrmap_get(&a->live, (uintptr_t)ptr);
   expseg_status st;

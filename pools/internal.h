@@ -173,6 +173,7 @@ struct expseg_allocator {
   stream_queue_t *queues;     /* per used stream: events outstanding */
   size_t n_queues, cap_queues;
   size_t n_pending_events;
+  bool warned_sync;           /* a failed wait for a stream was reported */
   block_t **orphans;          /* pending blocks no event could be recorded for yet */
   size_t n_orphans, cap_orphans;
   expseg_vmm_event *event_pool;

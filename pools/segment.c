@@ -223,7 +223,9 @@ static segment_t *expandable_new(expseg_allocator *a, int pool, expseg_stream st
   size_t existing = 0;
   for (segment_t *s = a->segments; s; s = s->next_all)
     if (s->expandable && s->pool == pool && s->stream == stream) existing++;
-  size_t va = a->va_default;
+  /* the small pool serves requests of at most 1 MiB: an eighth of the address space */
+  size_t va = pool == POOL_SMALL ? a->va_default / 8 / a->page * a->page : a->va_default;
+  if (va < 64 * a->page) va = 64 * a->page;
   size_t limit = round_up(a->total_mem + a->total_mem / 8, a->page);
   for (size_t i = 0; i < existing && i < 4 && va < limit / 2; i++) va *= 2;
   if (va < need) va = round_up(need, a->page);

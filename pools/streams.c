@@ -186,8 +186,10 @@ void _expseg_sync_all_events(expseg_allocator *a) {
     stream_queue_t *q = &a->queues[i];
     while (q->count > 0) {
       if (_expseg_vmm_event_synchronize(a->drv, q->items[q->head].ev) != EXPSEG_OK) {
-        _expseg_warn("waiting for stream %#llx failed; its blocks stay pending: %s",
-                     (unsigned long long)q->stream, expseg_last_error());
+        if (!a->warned_sync) /* once per allocator: it can repeat at every OOM */
+          _expseg_warn("waiting for stream %#llx failed; its blocks stay pending: %s",
+                       (unsigned long long)q->stream, expseg_last_error());
+        a->warned_sync = true;
         break;
       }
       event_done(a, queue_pop(q));
