@@ -104,6 +104,11 @@ bool _expseg_should_split(const expseg_config_t *c, bool small, bool expandable,
 bool _expseg_oversize_ok(const expseg_config_t *c, size_t rounded, size_t candidate);
 /* Expandable page size for a driver granularity: page_size rounded up to g (0 = g). */
 size_t _expseg_page_size(const expseg_config_t *c, size_t granularity);
+/* Bytes an expandable segment maps for a request that needs `need` more: at least `need`,
+ * and at least 1/EXPSEG_GROW_DIVISOR of what the segment already maps, so a growing segment
+ * makes fewer, larger maps while holding at most that fraction beyond its peak. */
+#define EXPSEG_GROW_DIVISOR 128
+size_t _expseg_grow_bytes(size_t need, size_t segment_mapped);
 /* Allowed bytes for a fraction of total; SIZE_MAX when fraction >= 1. */
 size_t _expseg_allowed_bytes(double fraction, size_t total);
 

@@ -44,6 +44,11 @@ size_t _expseg_round_size(const expseg_config_t *c, size_t size) {
   return round_up(size, EXPSEG_MIN_BLOCK);
 }
 
+size_t _expseg_grow_bytes(size_t need, size_t segment_mapped) {
+  size_t floor = segment_mapped / EXPSEG_GROW_DIVISOR;
+  return need > floor ? need : floor;
+}
+
 size_t _expseg_classic_segment_size(const expseg_config_t *c, size_t rounded) {
   if (rounded <= EXPSEG_SMALL_SIZE) return EXPSEG_SMALL_BUFFER;
   if (rounded < EXPSEG_MIN_LARGE_ALLOC) return c->large_segment_size;

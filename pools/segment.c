@@ -491,7 +491,7 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
     if (rounded > end - start) continue;
     uintptr_t need = start + rounded;
     if (need <= u->ptr) continue; /* the prefix alone fits: best fit would have found it */
-    size_t grow = need - u->ptr;
+    size_t grow = _expseg_grow_bytes(need - u->ptr, u->seg->mapped_bytes);
     uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + round_up(grow, a->page);
     *pl = (place_t){u, prefix, suffix, (hi - u->ptr) / a->page};
     return true;

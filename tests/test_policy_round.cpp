@@ -216,3 +216,11 @@ TEST(PolicyRound, AllowedBytes) {
 }
 
 }  // namespace
+
+TEST(PolicyRound, ExpandableGrowthIsProportional) {
+  const size_t MiB = (size_t)1 << 20;
+  EXPECT_EQ(_expseg_grow_bytes(3 * MiB, 0), 3 * MiB) << "an empty segment maps what is needed";
+  EXPECT_EQ(_expseg_grow_bytes(3 * MiB, 128 * MiB), 3 * MiB) << "need above 1/128";
+  EXPECT_EQ(_expseg_grow_bytes(512, 1024 * MiB), 8 * MiB) << "at least 1/128 of what is mapped";
+  EXPECT_EQ(_expseg_grow_bytes(9 * MiB, 1024 * MiB), 9 * MiB);
+}
