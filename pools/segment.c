@@ -215,6 +215,37 @@ static bool pages_reserve(segment_t *s, size_t npages) {
   return true;
 }
 
+/* A segment struct and its first block, or NULL (message set) when out of host memory. */
+static segment_t *segment_new(expseg_allocator *a, block_t **first, expseg_status *st) {
+  segment_t *s = calloc(1, sizeof *s);
+  block_t *b = _expseg_block_new(a);
+  if (s == NULL || b == NULL) {
+    free(s);
+    if (b) _expseg_block_delete(a, b);
+    *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory for segment bookkeeping");
+    return NULL;
+  }
+  *first = b;
+  return s;
+}
+
+/* Makes s a segment of [base, base+size) for (pool, stream) whose one block b covers it
+ * (free; mapped for classic, unmapped for expandable) and counts it. */
+static void segment_attach(expseg_allocator *a, segment_t *s, block_t *b, uintptr_t base,
+                           size_t size, int pool, expseg_stream stream, bool expandable) {
+  s->base = base;
+  s->va_size = size;
+  s->expandable = expandable;
+  s->pool = (uint8_t)pool;
+  s->stream = stream;
+  s->first = b;
+  *b = (block_t){.ptr = base, .size = size, .stream = stream, .seg = s, .state = BLOCK_FREE,
+                 .mapped = !expandable, .uses = b->uses_inline, .uses_cap = 2};
+  segment_link(a, s);
+  _expseg_stat_pool_add(a->stats.segment, pool, 1);
+  _expseg_stat_add(&a->stats.reserved_va_bytes, (int64_t)size);
+}
+
 /* Reserves a new expandable segment for (pool, stream) of at least `need` bytes. Each
  * further segment of the same stream and pool gets twice the address space of the last,
  * up to 9/8 of device memory: many streams stay far from the 128 TiB limit. */
@@ -229,14 +260,9 @@ static segment_t *expandable_new(expseg_allocator *a, int pool, expseg_stream st
   size_t limit = round_up(a->total_mem + a->total_mem / 8, a->page);
   for (size_t i = 0; i < existing && i < 4 && va < limit / 2; i++) va *= 2;
   if (va < need) va = round_up(need, a->page);
-  segment_t *s = calloc(1, sizeof *s);
-  block_t *b = _expseg_block_new(a);
-  if (s == NULL || b == NULL) {
-    free(s);
-    if (b) _expseg_block_delete(a, b);
-    *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory for segment bookkeeping");
-    return NULL;
-  }
+  block_t *b;
+  segment_t *s = segment_new(a, &b, st);
+  if (s == NULL) return NULL;
   uintptr_t base;
   *st = _expseg_vmm_reserve(a->drv, va, 0, &base);
   if (*st != EXPSEG_OK) {
@@ -244,22 +270,8 @@ static segment_t *expandable_new(expseg_allocator *a, int pool, expseg_stream st
     _expseg_block_delete(a, b);
     return NULL;
   }
-  s->base = base;
-  s->va_size = va;
-  s->expandable = true;
-  s->pool = (uint8_t)pool;
-  s->stream = stream;
-  s->first = b;
-  b->ptr = base;
-  b->size = va;
-  b->stream = stream;
-  b->seg = s;
-  b->state = BLOCK_FREE;
-  b->mapped = false;
-  segment_link(a, s);
+  segment_attach(a, s, b, base, va, pool, stream, true);
   _expseg_unmapped_insert(a, b);
-  _expseg_stat_pool_add(a->stats.segment, pool, 1);
-  _expseg_stat_add(&a->stats.reserved_va_bytes, (int64_t)va);
   return s;
 }
 
@@ -583,14 +595,9 @@ static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream
     *st = cap_error(a, size);
     return NULL;
   }
-  segment_t *s = calloc(1, sizeof *s);
-  block_t *b = _expseg_block_new(a);
-  if (s == NULL || b == NULL) {
-    free(s);
-    if (b) _expseg_block_delete(a, b);
-    *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory for segment bookkeeping");
-    return NULL;
-  }
+  block_t *b;
+  segment_t *s = segment_new(a, &b, st);
+  if (s == NULL) return NULL;
   a->inflight += size;
   a->unlocked_ops++;
   pthread_mutex_unlock(&a->lock);
@@ -626,23 +633,10 @@ static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream
     _expseg_block_delete(a, b);
     return NULL;
   }
-  s->base = base;
-  s->va_size = size;
-  s->pool = (uint8_t)pool;
-  s->stream = stream;
+  segment_attach(a, s, b, base, size, pool, stream, false);
   s->handle = h;
   s->mapped_bytes = size;
-  s->first = b;
-  b->ptr = base;
-  b->size = size;
-  b->stream = stream;
-  b->seg = s;
-  b->state = BLOCK_FREE;
-  b->mapped = true;
-  segment_link(a, s);
-  _expseg_stat_pool_add(a->stats.segment, pool, 1);
   _expseg_stat_pool_add(a->stats.reserved_bytes, pool, (int64_t)size);
-  _expseg_stat_add(&a->stats.reserved_va_bytes, (int64_t)size);
   if (size >= a->cfg.max_split_size) _expseg_stat_add(&a->stats.oversize_segments, 1);
   a->stats.num_device_alloc++;
   a->stats.created_bytes += (int64_t)size;
