@@ -115,12 +115,6 @@ typedef struct stats_s {
 #define EXPSEG_STAT_GAUGE(n) stat_t n;
 #define EXPSEG_STAT_ACCUM(n) int64_t n;
 #include "stats.def"
-#undef EXPSEG_STAT_ARRAY
-#undef EXPSEG_STAT_SINGLE
-#undef EXPSEG_STAT_COUNTER
-#undef EXPSEG_STAT_VALUE
-#undef EXPSEG_STAT_GAUGE
-#undef EXPSEG_STAT_ACCUM
   uint64_t driver_base[EXPSEG_VMM_CALL_COUNT]; /* driver call counts at the last reset */
 } stats_t;
 

@@ -16,33 +16,16 @@ static void reset_accum(stat_t *s) { s->allocated = s->freed = 0; }
 void _expseg_stats_reset_peak(stats_t *s) {
 #define EXPSEG_STAT_ARRAY(n) for (int i = 0; i < 3; i++) reset_peak(&s->n[i]);
 #define EXPSEG_STAT_SINGLE(n) reset_peak(&s->n);
-#define EXPSEG_STAT_COUNTER(n)
-#define EXPSEG_STAT_VALUE(n)
 #define EXPSEG_STAT_GAUGE(n) reset_peak(&s->n);
-#define EXPSEG_STAT_ACCUM(n)
 #include "stats.def"
-#undef EXPSEG_STAT_ARRAY
-#undef EXPSEG_STAT_SINGLE
-#undef EXPSEG_STAT_COUNTER
-#undef EXPSEG_STAT_VALUE
-#undef EXPSEG_STAT_GAUGE
-#undef EXPSEG_STAT_ACCUM
 }
 
 void _expseg_stats_reset_accumulated(stats_t *s, const expseg_vmm_t *drv) {
 #define EXPSEG_STAT_ARRAY(n) for (int i = 0; i < 3; i++) reset_accum(&s->n[i]);
 #define EXPSEG_STAT_SINGLE(n) reset_accum(&s->n);
 #define EXPSEG_STAT_COUNTER(n) s->n = 0;
-#define EXPSEG_STAT_VALUE(n)
-#define EXPSEG_STAT_GAUGE(n)
 #define EXPSEG_STAT_ACCUM(n) s->n = 0;
 #include "stats.def"
-#undef EXPSEG_STAT_ARRAY
-#undef EXPSEG_STAT_SINGLE
-#undef EXPSEG_STAT_COUNTER
-#undef EXPSEG_STAT_VALUE
-#undef EXPSEG_STAT_GAUGE
-#undef EXPSEG_STAT_ACCUM
   for (int i = 0; i < EXPSEG_VMM_CALL_COUNT; i++)
     s->driver_base[i] = atomic_load(&drv->calls[i]);
 }
@@ -100,12 +83,6 @@ static void build_keys(void) {
 #define EXPSEG_STAT_GAUGE(n) add_stat("expseg." #n, offsetof(stats_t, n), 2);
 #define EXPSEG_STAT_ACCUM(n) add_key("expseg." #n, K_INT, 0, offsetof(stats_t, n));
 #include "stats.def"
-#undef EXPSEG_STAT_ARRAY
-#undef EXPSEG_STAT_SINGLE
-#undef EXPSEG_STAT_COUNTER
-#undef EXPSEG_STAT_VALUE
-#undef EXPSEG_STAT_GAUGE
-#undef EXPSEG_STAT_ACCUM
   for (int c = 0; c < EXPSEG_VMM_CALL_COUNT; c++) {
     snprintf(name, sizeof name, "expseg.driver.%s", _expseg_vmm_call_name((expseg_vmm_call)c));
     add_key(name, K_DRIVER, (uint16_t)c, 0);
