@@ -109,6 +109,12 @@ size_t _expseg_page_size(const expseg_config_t *c, size_t granularity);
  * makes fewer, larger maps while holding at most that fraction beyond its peak. */
 #define EXPSEG_GROW_DIVISOR 128
 size_t _expseg_grow_bytes(size_t need, size_t segment_mapped);
+/* May a pool take idle pages from the other pool, which last took this pool's pages at
+ * tick `robbed` (0 = never; ticks count frees)? Not within EXPSEG_NO_TAKE_BACK ticks: two
+ * pools taking turns would otherwise trade the same pages back and forth, a map and an
+ * unmap each time; the pool creates its own pages instead, once. */
+#define EXPSEG_NO_TAKE_BACK 64
+bool _expseg_may_take_back(uint64_t robbed, uint64_t now);
 /* Allowed bytes for a fraction of total; SIZE_MAX when fraction >= 1. */
 size_t _expseg_allowed_bytes(double fraction, size_t total);
 

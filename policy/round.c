@@ -49,6 +49,10 @@ size_t _expseg_grow_bytes(size_t need, size_t segment_mapped) {
   return need > floor ? need : floor;
 }
 
+bool _expseg_may_take_back(uint64_t robbed, uint64_t now) {
+  return robbed == 0 || now - robbed >= EXPSEG_NO_TAKE_BACK;
+}
+
 size_t _expseg_classic_segment_size(const expseg_config_t *c, size_t rounded) {
   if (rounded <= EXPSEG_SMALL_SIZE) return EXPSEG_SMALL_BUFFER;
   if (rounded < EXPSEG_MIN_LARGE_ALLOC) return c->large_segment_size;

@@ -437,11 +437,6 @@ static bool stream_idle(expseg_allocator *a, expseg_stream stream, bool blocking
   return done;
 }
 
-/* A pool whose pages the other pool took fewer than this many frees (ticks) ago does not
- * take pages back from it: two pools taking turns would otherwise trade the same pages
- * back and forth, a map and an unmap each time; it creates its own instead, once. */
-#define EXPSEG_NO_TAKE_BACK 64
-
 /* Moves up to `want` idle pages into the page cache for a request of (pool, stream): first
  * from the same pool's idle list (any stream), then from the other pool's (unless that pool
  * took pages from this one just now; always when blocking, on the out-of-memory path);
@@ -453,9 +448,7 @@ static size_t steal_pages(expseg_allocator *a, int pool, size_t want, const bloc
   size_t n_seen = 0, got = 0;
   for (int pass = 0; pass < 2 && got < want; pass++) {
     int p = pass == 0 ? pool : 1 - pool;
-    if (pass == 1 && !blocking && a->robbed[pool] != 0 &&
-        a->tick - a->robbed[pool] < EXPSEG_NO_TAKE_BACK)
-      break;
+    if (pass == 1 && !blocking && !_expseg_may_take_back(a->robbed[pool], a->tick)) break;
     block_t *b = a->idle_head[p];
     while (b != NULL && got < want) {
       block_t *next = b->idle_next;

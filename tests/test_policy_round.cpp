@@ -224,3 +224,9 @@ TEST(PolicyRound, ExpandableGrowthIsProportional) {
   EXPECT_EQ(_expseg_grow_bytes(512, 1024 * MiB), 8 * MiB) << "at least 1/128 of what is mapped";
   EXPECT_EQ(_expseg_grow_bytes(9 * MiB, 1024 * MiB), 9 * MiB);
 }
+
+TEST(PolicyRound, NoImmediateTakeBackBetweenPools) {
+  EXPECT_TRUE(_expseg_may_take_back(0, 5)) << "never robbed";
+  EXPECT_FALSE(_expseg_may_take_back(100, 100 + EXPSEG_NO_TAKE_BACK - 1));
+  EXPECT_TRUE(_expseg_may_take_back(100, 100 + EXPSEG_NO_TAKE_BACK));
+}

@@ -1,14 +1,8 @@
-/* vmm_support.h: C helpers for the driver tests. The counters of expseg_vmm_t are C11
- * atomics, which C++ cannot read portably through vmm.h, so tests read them here. */
+/* vmm_support.h: C helpers for the driver tests: plain copies of the driver's atomic
+ * counters and gauges, read in C so every test sees them the same way. */
 #ifndef EXPSEG_VMM_SUPPORT_H
 #define EXPSEG_VMM_SUPPORT_H
 
-/* vmm.h declares its counters with C11 _Atomic, which g++ does not know. The tests never
- * touch the counters from C++ (they call the helpers below), so for g++ the qualifier is
- * dropped; the layout is the same on every ABI expseg supports (x86-64, aarch64). */
-#if defined(__cplusplus) && !defined(__clang__) && !defined(_Atomic)
-#define _Atomic
-#endif
 #include "vmm.h"
 
 #ifdef __cplusplus
