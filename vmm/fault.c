@@ -117,23 +117,23 @@ static expseg_status inject(fault_t *f, expseg_vmm_call c) {
 #define INNER(f) ((f)->inner->ops)
 #define IST(f) ((f)->inner->st)
 
-static expseg_status fault_reserve(void *st, size_t size, size_t align, uintptr_t *addr) {
-  fault_t *f = st;
-  expseg_status s = inject(f, EXPSEG_VMM_CALL_reserve);
-  if (s) return s;
-  s = INNER(f)->reserve(IST(f), size, align, addr);
-  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_reserve, s, size);
-  return s;
-}
+/* A forwarder: fails the call if a rule says so (the inner backend never sees it), else
+ * calls the inner backend and counts the call in the inner driver, with `bytes` for the
+ * gauges (0 where the call moves none). */
+#define FORWARD(call, bytes, params, args)                                                 \
+  static expseg_status fault_##call params {                                              \
+    fault_t *f = st;                                                                      \
+    expseg_status s = inject(f, EXPSEG_VMM_CALL_##call);                                  \
+    if (s) return s;                                                                      \
+    s = INNER(f)->call args;                                                              \
+    _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_##call, s, bytes);                      \
+    return s;                                                                             \
+  }
 
-static expseg_status fault_unreserve(void *st, uintptr_t addr, size_t size) {
-  fault_t *f = st;
-  expseg_status s = inject(f, EXPSEG_VMM_CALL_unreserve);
-  if (s) return s;
-  s = INNER(f)->unreserve(IST(f), addr, size);
-  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_unreserve, s, size);
-  return s;
-}
+FORWARD(reserve, size, (void *st, size_t size, size_t align, uintptr_t *addr),
+        (IST(f), size, align, addr))
+
+FORWARD(unreserve, size, (void *st, uintptr_t addr, size_t size), (IST(f), addr, size))
 
 static expseg_status remember(fault_t *f, expseg_vmm_call c, expseg_vmm_handle h, size_t size) {
   pthread_mutex_lock(&f->mu);
@@ -181,96 +181,28 @@ static expseg_status fault_release(void *st, expseg_vmm_handle h) {
   return s;
 }
 
-static expseg_status fault_map(void *st, uintptr_t addr, size_t size, expseg_vmm_handle h,
-                               size_t offset) {
-  fault_t *f = st;
-  expseg_status s = inject(f, EXPSEG_VMM_CALL_map);
-  if (s) return s;
-  s = INNER(f)->map(IST(f), addr, size, h, offset);
-  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_map, s, size);
-  return s;
-}
+FORWARD(map, size, (void *st, uintptr_t addr, size_t size, expseg_vmm_handle h, size_t offset),
+        (IST(f), addr, size, h, offset))
 
-static expseg_status fault_unmap(void *st, uintptr_t addr, size_t size) {
-  fault_t *f = st;
-  expseg_status s = inject(f, EXPSEG_VMM_CALL_unmap);
-  if (s) return s;
-  s = INNER(f)->unmap(IST(f), addr, size);
-  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_unmap, s, size);
-  return s;
-}
+FORWARD(unmap, size, (void *st, uintptr_t addr, size_t size), (IST(f), addr, size))
 
-static expseg_status fault_set_access(void *st, uintptr_t addr, size_t size, int device) {
-  fault_t *f = st;
-  expseg_status s = inject(f, EXPSEG_VMM_CALL_set_access);
-  if (s) return s;
-  s = INNER(f)->set_access(IST(f), addr, size, device);
-  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_set_access, s, 0);
-  return s;
-}
+FORWARD(set_access, 0, (void *st, uintptr_t addr, size_t size, int device),
+        (IST(f), addr, size, device))
 
-static expseg_status fault_event_create(void *st, expseg_vmm_event *ev) {
-  fault_t *f = st;
-  expseg_status s = inject(f, EXPSEG_VMM_CALL_event_create);
-  if (s) return s;
-  s = INNER(f)->event_create(IST(f), ev);
-  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_event_create, s, 0);
-  return s;
-}
+FORWARD(event_create, 0, (void *st, expseg_vmm_event *ev), (IST(f), ev))
 
-static expseg_status fault_event_destroy(void *st, expseg_vmm_event ev) {
-  fault_t *f = st;
-  expseg_status s = inject(f, EXPSEG_VMM_CALL_event_destroy);
-  if (s) return s;
-  s = INNER(f)->event_destroy(IST(f), ev);
-  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_event_destroy, s, 0);
-  return s;
-}
+FORWARD(event_destroy, 0, (void *st, expseg_vmm_event ev), (IST(f), ev))
 
-static expseg_status fault_event_record(void *st, expseg_vmm_event ev, expseg_stream strm) {
-  fault_t *f = st;
-  expseg_status s = inject(f, EXPSEG_VMM_CALL_event_record);
-  if (s) return s;
-  s = INNER(f)->event_record(IST(f), ev, strm);
-  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_event_record, s, 0);
-  return s;
-}
+FORWARD(event_record, 0, (void *st, expseg_vmm_event ev, expseg_stream strm),
+        (IST(f), ev, strm))
 
-static expseg_status fault_event_query(void *st, expseg_vmm_event ev, bool *done) {
-  fault_t *f = st;
-  expseg_status s = inject(f, EXPSEG_VMM_CALL_event_query);
-  if (s) return s;
-  s = INNER(f)->event_query(IST(f), ev, done);
-  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_event_query, s, 0);
-  return s;
-}
+FORWARD(event_query, 0, (void *st, expseg_vmm_event ev, bool *done), (IST(f), ev, done))
 
-static expseg_status fault_event_synchronize(void *st, expseg_vmm_event ev) {
-  fault_t *f = st;
-  expseg_status s = inject(f, EXPSEG_VMM_CALL_event_synchronize);
-  if (s) return s;
-  s = INNER(f)->event_synchronize(IST(f), ev);
-  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_event_synchronize, s, 0);
-  return s;
-}
+FORWARD(event_synchronize, 0, (void *st, expseg_vmm_event ev), (IST(f), ev))
 
-static expseg_status fault_stream_synchronize(void *st, expseg_stream strm) {
-  fault_t *f = st;
-  expseg_status s = inject(f, EXPSEG_VMM_CALL_stream_synchronize);
-  if (s) return s;
-  s = INNER(f)->stream_synchronize(IST(f), strm);
-  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_stream_synchronize, s, 0);
-  return s;
-}
+FORWARD(stream_synchronize, 0, (void *st, expseg_stream strm), (IST(f), strm))
 
-static expseg_status fault_export_fd(void *st, expseg_vmm_handle h, int *fd) {
-  fault_t *f = st;
-  expseg_status s = inject(f, EXPSEG_VMM_CALL_export_fd);
-  if (s) return s;
-  s = INNER(f)->export_fd(IST(f), h, fd);
-  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_export_fd, s, 0);
-  return s;
-}
+FORWARD(export_fd, 0, (void *st, expseg_vmm_handle h, int *fd), (IST(f), h, fd))
 
 static size_t fault_granularity(void *st) { return ((fault_t *)st)->inner->granularity; }
 
