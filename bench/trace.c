@@ -382,3 +382,36 @@ expseg_status expseg_trace_write_memtrace(const expseg_trace_t *t, const char *p
                              strerror(errno));
   return EXPSEG_OK;
 }
+
+bool _expseg_field_dec(_expseg_field_t f, uint64_t *out) {
+  if (f.len == 0) return false;
+  uint64_t v = 0;
+  for (size_t i = 0; i < f.len; i++) {
+    char c = f.p[i];
+    if (c < '0' || c > '9') return false;
+    if (v > (UINT64_MAX - (uint64_t)(c - '0')) / 10) return false;
+    v = v * 10 + (uint64_t)(c - '0');
+  }
+  *out = v;
+  return true;
+}
+
+bool _expseg_field_hex(_expseg_field_t f, uint64_t *out) {
+  if (f.len > 2 && f.p[0] == '0' && (f.p[1] == 'x' || f.p[1] == 'X')) f.p += 2, f.len -= 2;
+  if (f.len == 0 || f.len > 16) return false;
+  uint64_t v = 0;
+  for (size_t i = 0; i < f.len; i++) {
+    char c = f.p[i];
+    int d = c >= '0' && c <= '9' ? c - '0'
+          : c >= 'a' && c <= 'f' ? c - 'a' + 10
+          : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    if (d < 0) return false;
+    v = v << 4 | (uint64_t)d;
+  }
+  *out = v;
+  return true;
+}
+
+bool _expseg_field_is(_expseg_field_t f, const char *s) {
+  return f.len == strlen(s) && memcmp(f.p, s, f.len) == 0;
+}

@@ -15,10 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct field_s {
-  const char *p;
-  size_t len;
-} field_t;
+typedef _expseg_field_t field_t;
 
 static field_t trim(field_t f) {
   while (f.len && (f.p[0] == ' ' || f.p[0] == '\t')) f.p++, f.len--;
@@ -26,41 +23,9 @@ static field_t trim(field_t f) {
   return f;
 }
 
-static bool parse_hex(field_t f, uint64_t *out) {
-  f = trim(f);
-  if (f.len > 2 && f.p[0] == '0' && (f.p[1] == 'x' || f.p[1] == 'X')) f.p += 2, f.len -= 2;
-  if (f.len == 0 || f.len > 16) return false;
-  uint64_t v = 0;
-  for (size_t i = 0; i < f.len; i++) {
-    char c = f.p[i];
-    int d = c >= '0' && c <= '9' ? c - '0'
-          : c >= 'a' && c <= 'f' ? c - 'a' + 10
-          : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-    if (d < 0) return false;
-    v = v << 4 | (uint64_t)d;
-  }
-  *out = v;
-  return true;
-}
-
-static bool parse_dec(field_t f, uint64_t *out) {
-  f = trim(f);
-  if (f.len == 0) return false;
-  uint64_t v = 0;
-  for (size_t i = 0; i < f.len; i++) {
-    char c = f.p[i];
-    if (c < '0' || c > '9') return false;
-    if (v > (UINT64_MAX - (uint64_t)(c - '0')) / 10) return false;
-    v = v * 10 + (uint64_t)(c - '0');
-  }
-  *out = v;
-  return true;
-}
-
-static bool is(field_t f, const char *s) {
-  f = trim(f);
-  return f.len == strlen(s) && memcmp(f.p, s, f.len) == 0;
-}
+static bool parse_hex(field_t f, uint64_t *out) { return _expseg_field_hex(trim(f), out); }
+static bool parse_dec(field_t f, uint64_t *out) { return _expseg_field_dec(trim(f), out); }
+static bool is(field_t f, const char *s) { return _expseg_field_is(trim(f), s); }
 
 typedef struct csv_s {
   const char *name;

@@ -27,6 +27,17 @@ extern "C" {
 #define EXPSEG_TRACE_MAX_STREAMS (UINT32_C(1) << 20)
 
 /* ---- trace.c: u64 -> u64 map (linear probing, backward-shift deletion) ---- */
+/* A field of a text line (not NUL-terminated). */
+typedef struct _expseg_field_s {
+  const char *p;
+  size_t len;
+} _expseg_field_t;
+/* Unsigned decimal; false on anything else (signs, spaces, empty) or overflow. */
+bool _expseg_field_dec(_expseg_field_t f, uint64_t *out);
+/* 1 to 16 hexadecimal digits, with or without 0x; false on anything else. */
+bool _expseg_field_hex(_expseg_field_t f, uint64_t *out);
+bool _expseg_field_is(_expseg_field_t f, const char *s);
+
 typedef struct _expseg_u64map_s {
   uint64_t *keys;
   uint64_t *vals;

@@ -28,10 +28,7 @@ static expseg_status fail(reader_t *r, const char *what) {
 
 /* Splits [p, end) into at most max fields separated by spaces or tabs. Returns the number of
  * fields, or max + 1 when there are more. */
-typedef struct field_s {
-  const char *p;
-  size_t len;
-} field_t;
+typedef _expseg_field_t field_t;
 
 static int split(const char *p, const char *end, field_t *f, int max) {
   int n = 0;
@@ -50,35 +47,12 @@ static int split(const char *p, const char *end, field_t *f, int max) {
 
 /* Unsigned decimal (or hexadecimal with 0x when hex_ok); false on anything else or overflow. */
 static bool parse_u64(field_t f, bool hex_ok, uint64_t *out) {
-  uint64_t v = 0;
-  size_t i = 0;
-  if (f.len == 0) return false;
-  if (hex_ok && f.len > 2 && f.p[0] == '0' && (f.p[1] == 'x' || f.p[1] == 'X')) {
-    if (f.len > 18) return false;
-    for (i = 2; i < f.len; i++) {
-      char c = f.p[i];
-      int d = c >= '0' && c <= '9' ? c - '0'
-            : c >= 'a' && c <= 'f' ? c - 'a' + 10
-            : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-      if (d < 0) return false;
-      v = v << 4 | (uint64_t)d;
-    }
-    *out = v;
-    return true;
-  }
-  for (; i < f.len; i++) {
-    char c = f.p[i];
-    if (c < '0' || c > '9') return false;
-    if (v > (UINT64_MAX - (uint64_t)(c - '0')) / 10) return false;
-    v = v * 10 + (uint64_t)(c - '0');
-  }
-  *out = v;
-  return true;
+  if (hex_ok && f.len > 2 && f.p[0] == '0' && (f.p[1] == 'x' || f.p[1] == 'X'))
+    return _expseg_field_hex(f, out);
+  return _expseg_field_dec(f, out);
 }
 
-static bool field_is(field_t f, const char *s) {
-  return f.len == strlen(s) && memcmp(f.p, s, f.len) == 0;
-}
+static bool field_is(field_t f, const char *s) { return _expseg_field_is(f, s); }
 
 static expseg_status bad_number(reader_t *r, const char *what_in, field_t f) {
   char what[128];
