@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -26,13 +27,14 @@
 #include <fcntl.h>
 
 typedef struct {
+  expseg_smodel_t *streams; /* first: the shared event entry points find it here */
   pthread_mutex_t mu;
   expseg_host_opts_t o;
   size_t in_use; /* bytes of created (not imported) chunks */
   expseg_ledger_t *ledger;
-  expseg_smodel_t *streams;
   atomic_bool bind_warned;
 } host_t;
+_Static_assert(offsetof(host_t, streams) == 0, "the stream model comes first");
 
 static size_t os_page(void) { return (size_t)sysconf(_SC_PAGESIZE); }
 
@@ -228,32 +230,6 @@ static void host_mem_info(void *st, size_t *free_bytes, size_t *total_bytes) {
   pthread_mutex_unlock(&h->mu);
 }
 
-static uint64_t host_now_ns(void *st) {
-  (void)st;
-  return _expseg_clock_ns();
-}
-
-static expseg_status host_event_create(void *st, expseg_vmm_event *ev) {
-  return _expseg_smodel_event_create(((host_t *)st)->streams, ev);
-}
-static expseg_status host_event_destroy(void *st, expseg_vmm_event ev) {
-  return _expseg_smodel_event_destroy(((host_t *)st)->streams, ev);
-}
-static expseg_status host_event_record(void *st, expseg_vmm_event ev, expseg_stream s) {
-  return _expseg_smodel_event_record(((host_t *)st)->streams, ev, s);
-}
-static expseg_status host_event_query(void *st, expseg_vmm_event ev, bool *done) {
-  return _expseg_smodel_event_query(((host_t *)st)->streams, ev, done);
-}
-static expseg_status host_event_synchronize(void *st, expseg_vmm_event ev) {
-  return _expseg_smodel_event_synchronize(((host_t *)st)->streams, ev);
-}
-static expseg_status host_stream_synchronize(void *st, expseg_stream s) {
-  return _expseg_smodel_stream_synchronize(((host_t *)st)->streams, s);
-}
-static void host_hold_stream(void *st, expseg_stream s, bool hold) {
-  _expseg_smodel_hold(((host_t *)st)->streams, s, hold);
-}
 
 static void close_chunk(void *ctx, size_t size, uint64_t user, bool imported) {
   (void)ctx, (void)size, (void)imported;
@@ -289,18 +265,18 @@ static const expseg_vmm_ops_t host_ops = {
     .map = host_map,
     .unmap = host_unmap,
     .set_access = host_set_access,
-    .event_create = host_event_create,
-    .event_destroy = host_event_destroy,
-    .event_record = host_event_record,
-    .event_query = host_event_query,
-    .event_synchronize = host_event_synchronize,
-    .stream_synchronize = host_stream_synchronize,
+    .event_create = _expseg_modelled_event_create,
+    .event_destroy = _expseg_modelled_event_destroy,
+    .event_record = _expseg_modelled_event_record,
+    .event_query = _expseg_modelled_event_query,
+    .event_synchronize = _expseg_modelled_event_synchronize,
+    .stream_synchronize = _expseg_modelled_stream_synchronize,
     .export_fd = host_export_fd,
     .import_fd = host_import_fd,
     .granularity = host_granularity,
     .mem_info = host_mem_info,
-    .now_ns = host_now_ns,
-    .hold_stream = host_hold_stream,
+    .now_ns = _expseg_modelled_now_ns,
+    .hold_stream = _expseg_modelled_hold_stream,
     .destroy = host_destroy,
 };
 

@@ -10,6 +10,7 @@
 #include "vmm_impl.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,14 +22,15 @@ typedef struct {
 } extent_t;
 
 typedef struct {
+  expseg_smodel_t *streams; /* first: the shared event entry points find it here */
   pthread_mutex_t mu;
   expseg_sim_opts_t o;
   size_t in_use;
   expseg_ledger_t *ledger;
-  expseg_smodel_t *streams;
   extent_t *free_va; /* sorted, coalesced */
   size_t nfree, capfree;
 } sim_t;
+_Static_assert(offsetof(sim_t, streams) == 0, "the stream model comes first");
 
 static bool free_insert_at(sim_t *s, size_t i, extent_t e) {
   if (s->nfree == s->capfree) {
@@ -205,32 +207,6 @@ static void sim_mem_info(void *st, size_t *free_bytes, size_t *total_bytes) {
   pthread_mutex_unlock(&s->mu);
 }
 
-static uint64_t sim_now_ns(void *st) {
-  (void)st;
-  return _expseg_clock_ns();
-}
-
-static expseg_status sim_event_create(void *st, expseg_vmm_event *ev) {
-  return _expseg_smodel_event_create(((sim_t *)st)->streams, ev);
-}
-static expseg_status sim_event_destroy(void *st, expseg_vmm_event ev) {
-  return _expseg_smodel_event_destroy(((sim_t *)st)->streams, ev);
-}
-static expseg_status sim_event_record(void *st, expseg_vmm_event ev, expseg_stream s) {
-  return _expseg_smodel_event_record(((sim_t *)st)->streams, ev, s);
-}
-static expseg_status sim_event_query(void *st, expseg_vmm_event ev, bool *done) {
-  return _expseg_smodel_event_query(((sim_t *)st)->streams, ev, done);
-}
-static expseg_status sim_event_synchronize(void *st, expseg_vmm_event ev) {
-  return _expseg_smodel_event_synchronize(((sim_t *)st)->streams, ev);
-}
-static expseg_status sim_stream_synchronize(void *st, expseg_stream s) {
-  return _expseg_smodel_stream_synchronize(((sim_t *)st)->streams, s);
-}
-static void sim_hold_stream(void *st, expseg_stream s, bool hold) {
-  _expseg_smodel_hold(((sim_t *)st)->streams, s, hold);
-}
 
 static void sim_destroy(void *st) {
   sim_t *s = st;
@@ -251,18 +227,18 @@ static const expseg_vmm_ops_t sim_ops = {
     .map = sim_map,
     .unmap = sim_unmap,
     .set_access = sim_set_access,
-    .event_create = sim_event_create,
-    .event_destroy = sim_event_destroy,
-    .event_record = sim_event_record,
-    .event_query = sim_event_query,
-    .event_synchronize = sim_event_synchronize,
-    .stream_synchronize = sim_stream_synchronize,
+    .event_create = _expseg_modelled_event_create,
+    .event_destroy = _expseg_modelled_event_destroy,
+    .event_record = _expseg_modelled_event_record,
+    .event_query = _expseg_modelled_event_query,
+    .event_synchronize = _expseg_modelled_event_synchronize,
+    .stream_synchronize = _expseg_modelled_stream_synchronize,
     .export_fd = sim_export_fd,
     .import_fd = sim_import_fd,
     .granularity = sim_granularity,
     .mem_info = sim_mem_info,
-    .now_ns = sim_now_ns,
-    .hold_stream = sim_hold_stream,
+    .now_ns = _expseg_modelled_now_ns,
+    .hold_stream = _expseg_modelled_hold_stream,
     .destroy = sim_destroy,
 };
 

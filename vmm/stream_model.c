@@ -219,3 +219,33 @@ void _expseg_smodel_hold(expseg_smodel_t *m, expseg_stream s, bool hold) {
   }
   pthread_mutex_unlock(&m->mu);
 }
+
+/* ---- ops-shaped entry points: st begins with the expseg_smodel_t pointer ---- */
+
+static expseg_smodel_t *model_of(void *st) { return *(expseg_smodel_t **)st; }
+
+expseg_status _expseg_modelled_event_create(void *st, expseg_vmm_event *ev) {
+  return _expseg_smodel_event_create(model_of(st), ev);
+}
+expseg_status _expseg_modelled_event_destroy(void *st, expseg_vmm_event ev) {
+  return _expseg_smodel_event_destroy(model_of(st), ev);
+}
+expseg_status _expseg_modelled_event_record(void *st, expseg_vmm_event ev, expseg_stream s) {
+  return _expseg_smodel_event_record(model_of(st), ev, s);
+}
+expseg_status _expseg_modelled_event_query(void *st, expseg_vmm_event ev, bool *done) {
+  return _expseg_smodel_event_query(model_of(st), ev, done);
+}
+expseg_status _expseg_modelled_event_synchronize(void *st, expseg_vmm_event ev) {
+  return _expseg_smodel_event_synchronize(model_of(st), ev);
+}
+expseg_status _expseg_modelled_stream_synchronize(void *st, expseg_stream s) {
+  return _expseg_smodel_stream_synchronize(model_of(st), s);
+}
+void _expseg_modelled_hold_stream(void *st, expseg_stream s, bool hold) {
+  _expseg_smodel_hold(model_of(st), s, hold);
+}
+uint64_t _expseg_modelled_now_ns(void *st) {
+  (void)st;
+  return _expseg_clock_ns();
+}

@@ -40,6 +40,18 @@ expseg_status _expseg_smodel_event_synchronize(expseg_smodel_t *m, expseg_vmm_ev
 expseg_status _expseg_smodel_stream_synchronize(expseg_smodel_t *m, expseg_stream s);
 void _expseg_smodel_hold(expseg_smodel_t *m, expseg_stream s, bool hold);
 
+/* The same, shaped as expseg_vmm_ops_t entries, for a backend whose state struct begins
+ * with its expseg_smodel_t pointer (host and sim: checked with a static assertion there),
+ * so both put these straight into their ops tables. */
+expseg_status _expseg_modelled_event_create(void *st, expseg_vmm_event *ev);
+expseg_status _expseg_modelled_event_destroy(void *st, expseg_vmm_event ev);
+expseg_status _expseg_modelled_event_record(void *st, expseg_vmm_event ev, expseg_stream s);
+expseg_status _expseg_modelled_event_query(void *st, expseg_vmm_event ev, bool *done);
+expseg_status _expseg_modelled_event_synchronize(void *st, expseg_vmm_event ev);
+expseg_status _expseg_modelled_stream_synchronize(void *st, expseg_stream s);
+void _expseg_modelled_hold_stream(void *st, expseg_stream s, bool hold);
+uint64_t _expseg_modelled_now_ns(void *st);
+
 /* ---- ledger.c: bookkeeping of reservations, chunks and mappings (not thread-safe) ---- */
 
 typedef struct expseg_ledger_s expseg_ledger_t;
