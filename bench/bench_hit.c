@@ -13,6 +13,7 @@
  * Each batch of --batch pairs is timed with clock_gettime; the median and 99th percentile
  * of the per-pair time over --batches batches are reported. Results: docs/benchmarks.md. */
 #include "trace.h"
+#include "trace_internal.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -72,15 +73,6 @@ static void usage(FILE *f) {
           "  --json           one JSON object per live count\n");
 }
 
-static int parse_u64(const char *s, uint64_t *v) {
-  char *end;
-  errno = 0;
-  unsigned long long x = strtoull(s, &end, 10);
-  if (errno || end == s || *end || *s == '-') return -1;
-  *v = x;
-  return 0;
-}
-
 static int parse_args(int argc, char **argv, args_t *a) {
   memset(a, 0, sizeof *a);
   a->trace = "../shared/traces/memtrace/wedsonlin_medium_128_training.dev0.memtrace";
@@ -101,18 +93,18 @@ static int parse_args(int argc, char **argv, args_t *a) {
     if (!strcmp(k, "--trace")) a->trace = v;
     else if (!strcmp(k, "--driver")) a->driver = v;
     else if (!strcmp(k, "--conf")) a->conf = v;
-    else if (!strcmp(k, "--seed") && !parse_u64(v, &a->seed)) {}
-    else if (!strcmp(k, "--batches") && !parse_u64(v, &a->batches) && a->batches > 0) {}
-    else if (!strcmp(k, "--batch") && !parse_u64(v, &a->batch) && a->batch > 0) {}
-    else if (!strcmp(k, "--max-live-size") && !parse_u64(v, &a->max_live_size)) {}
-    else if (!strcmp(k, "--holes") && !parse_u64(v, &a->holes) && a->holes <= 1) {}
+    else if (!strcmp(k, "--seed") && !_expseg_arg_u64(v, &a->seed)) {}
+    else if (!strcmp(k, "--batches") && !_expseg_arg_u64(v, &a->batches) && a->batches > 0) {}
+    else if (!strcmp(k, "--batch") && !_expseg_arg_u64(v, &a->batch) && a->batch > 0) {}
+    else if (!strcmp(k, "--max-live-size") && !_expseg_arg_u64(v, &a->max_live_size)) {}
+    else if (!strcmp(k, "--holes") && !_expseg_arg_u64(v, &a->holes) && a->holes <= 1) {}
     else if (!strcmp(k, "--live")) {
       char buf[256];
       snprintf(buf, sizeof buf, "%s", v);
       a->n_live = 0;
       for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
            tok = strtok_r(NULL, ",", &save)) {
-        if (a->n_live == 16 || parse_u64(tok, &a->live[a->n_live++])) {
+        if (a->n_live == 16 || _expseg_arg_u64(tok, &a->live[a->n_live++])) {
           fprintf(stderr, "expseg-bench-hit: --live '%s': up to 16 counts, e.g. 0,1000\n", v);
           return -1;
         }

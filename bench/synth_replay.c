@@ -13,6 +13,7 @@
  * --sweep replays each history under every configuration in `sweep_table` and ranks them
  * by peak reserved memory, then by driver calls. Usage and output fields: docs/replay.md. */
 #include "trace.h"
+#include "trace_internal.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -465,15 +466,6 @@ static void usage(FILE *f) {
           "See docs/replay.md.\n");
 }
 
-static int parse_u64(const char *s, uint64_t *v) {
-  char *end;
-  errno = 0;
-  unsigned long long x = strtoull(s, &end, 10);
-  if (errno || end == s || *end || *s == '-') return -1;
-  *v = x;
-  return 0;
-}
-
 /* NAME[:SEED[:SCALE]] */
 static int parse_synth(const char *spec, char *name, size_t len, uint64_t *seed,
                        double *scale) {
@@ -491,7 +483,7 @@ static int parse_synth(const char *spec, char *name, size_t len, uint64_t *seed,
   if (sl == 0 || sl >= sizeof buf) return -1;
   memcpy(buf, c1 + 1, sl);
   buf[sl] = 0;
-  if (parse_u64(buf, seed)) return -1;
+  if (_expseg_arg_u64(buf, seed)) return -1;
   if (!c2) return 0;
   char *end;
   *scale = strtod(c2 + 1, &end);
@@ -566,7 +558,7 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     if (!strcmp(arg, "--driver")) o.driver = val;
     else if (!strcmp(arg, "--conf")) o.conf = val;
     else if (!strcmp(arg, "--device")) {
-      if (parse_u64(val, &v) || v > 1024) {
+      if (_expseg_arg_u64(val, &v) || v > 1024) {
         rc = bad(err, "--device '%s' is not a device ordinal (0 .. 1024)", val);
         goto done;
       }
@@ -574,13 +566,13 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     } else if (!strcmp(arg, "--synth")) synths[n_synths++] = val;
     else if (!strcmp(arg, "--timeline")) o.timeline = val;
     else if (!strcmp(arg, "--timeline-every")) {
-      if (parse_u64(val, &v) || v == 0) {
+      if (_expseg_arg_u64(val, &v) || v == 0) {
         rc = bad(err, "--timeline-every '%s' is not a positive integer", val);
         goto done;
       }
       o.timeline_every = v;
     } else if (!strcmp(arg, "--limit")) {
-      if (parse_u64(val, &v) || v == 0) {
+      if (_expseg_arg_u64(val, &v) || v == 0) {
         rc = bad(err, "--limit '%s' is not a positive integer", val);
         goto done;
       }

@@ -415,3 +415,7 @@ bool _expseg_field_hex(_expseg_field_t f, uint64_t *out) {
 bool _expseg_field_is(_expseg_field_t f, const char *s) {
   return f.len == strlen(s) && memcmp(f.p, s, f.len) == 0;
 }
+
+int _expseg_arg_u64(const char *s, uint64_t *v) {
+  return _expseg_field_dec((_expseg_field_t){s, strlen(s)}, v) ? 0 : -1;
+}

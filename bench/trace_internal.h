@@ -37,6 +37,8 @@ bool _expseg_field_dec(_expseg_field_t f, uint64_t *out);
 /* 1 to 16 hexadecimal digits, with or without 0x; false on anything else. */
 bool _expseg_field_hex(_expseg_field_t f, uint64_t *out);
 bool _expseg_field_is(_expseg_field_t f, const char *s);
+/* A command-line number (tools): 0 when s is an unsigned decimal, -1 otherwise. */
+int _expseg_arg_u64(const char *s, uint64_t *v);
 
 typedef struct _expseg_u64map_s {
   uint64_t *keys;
