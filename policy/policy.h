@@ -115,6 +115,13 @@ size_t _expseg_grow_bytes(size_t need, size_t segment_mapped);
  * unmap each time; the pool creates its own pages instead, once. */
 #define EXPSEG_NO_TAKE_BACK 64
 bool _expseg_may_take_back(uint64_t robbed, uint64_t now);
+/* Address space for a new expandable segment: va_reserve_mb (0 = total / 8) for the first
+ * large-pool segment of a stream, an eighth of that for the small pool (requests of at
+ * most 1 MiB), at least 64 pages; doubled for each segment the stream and pool already
+ * have (at most 4 times, not past 9/8 of total); never less than `need`. A multiple of
+ * page. */
+size_t _expseg_segment_va(const expseg_config_t *c, bool small, size_t existing, size_t need,
+                          size_t total, size_t page);
 /* Allowed bytes for a fraction of total; SIZE_MAX when fraction >= 1. */
 size_t _expseg_allowed_bytes(double fraction, size_t total);
 

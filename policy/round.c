@@ -53,6 +53,17 @@ bool _expseg_may_take_back(uint64_t robbed, uint64_t now) {
   return robbed == 0 || now - robbed >= EXPSEG_NO_TAKE_BACK;
 }
 
+size_t _expseg_segment_va(const expseg_config_t *c, bool small, size_t existing, size_t need,
+                          size_t total, size_t page) {
+  size_t va = c->va_reserve ? c->va_reserve : total / 8;
+  if (small) va /= 8;
+  if (va < 64 * page) va = 64 * page;
+  va = round_up(va, page);
+  size_t limit = round_up(total + total / 8, page);
+  for (size_t i = 0; i < existing && i < 4 && va < limit / 2; i++) va *= 2;
+  return va < need ? round_up(need, page) : va;
+}
+
 size_t _expseg_classic_segment_size(const expseg_config_t *c, size_t rounded) {
   if (rounded <= EXPSEG_SMALL_SIZE) return EXPSEG_SMALL_BUFFER;
   if (rounded < EXPSEG_MIN_LARGE_ALLOC) return c->large_segment_size;

@@ -59,16 +59,12 @@ expseg_status _expseg_create_with_driver(expseg_vmm_t *drv, const char *config,
   a->drv = drv;
   a->device = drv->device;
   a->cfg = cfg;
-  snprintf(a->conf_source, sizeof a->conf_source, "%s", src.name);
   a->granularity = drv->granularity;
   a->page = _expseg_page_size(&cfg, a->granularity);
   if ((a->page & (a->page - 1)) == 0)
     while (((size_t)1 << a->page_shift) < a->page) a->page_shift++;
   size_t free_b = 0;
   _expseg_vmm_mem_info(drv, &free_b, &a->total_mem);
-  size_t va = cfg.va_reserve ? cfg.va_reserve : a->total_mem / 8;
-  if (va < 64 * a->page) va = 64 * a->page;
-  a->va_default = (va + a->page - 1) / a->page * a->page;
   for (int p = 0; p < POOL_COUNT; p++) {
     a->free_idx[p].by_size = true;
     a->unmapped_idx[p].by_size = false;

@@ -139,12 +139,10 @@ struct expseg_allocator {
   expseg_vmm_t *drv;
   int device;
   expseg_config_t cfg;
-  char conf_source[64];
   size_t granularity, page;   /* page: expandable chunk size */
   unsigned page_shift;        /* log2(page) when page is a power of two, else 0 */
   size_t total_mem;           /* device total at creation */
   size_t allowed;             /* fraction cap in bytes; SIZE_MAX = none */
-  size_t va_default;          /* first reservation size of an expandable segment */
 
   tree_t free_idx[POOL_COUNT];
   tree_t unmapped_idx[POOL_COUNT];

@@ -246,20 +246,15 @@ static void segment_attach(expseg_allocator *a, segment_t *s, block_t *b, uintpt
   _expseg_stat_add(&a->stats.reserved_va_bytes, (int64_t)size);
 }
 
-/* Reserves a new expandable segment for (pool, stream) of at least `need` bytes. Each
- * further segment of the same stream and pool gets twice the address space of the last,
- * up to 9/8 of device memory: many streams stay far from the 128 TiB limit. */
+/* Reserves a new expandable segment for (pool, stream) of at least `need` bytes, sized by
+ * policy (_expseg_segment_va): many streams stay far from the 128 TiB limit. */
 static segment_t *expandable_new(expseg_allocator *a, int pool, expseg_stream stream, size_t need,
                                  expseg_status *st) {
   size_t existing = 0;
   for (segment_t *s = a->segments; s; s = s->next_all)
     if (s->expandable && s->pool == pool && s->stream == stream) existing++;
-  /* the small pool serves requests of at most 1 MiB: an eighth of the address space */
-  size_t va = pool == POOL_SMALL ? a->va_default / 8 / a->page * a->page : a->va_default;
-  if (va < 64 * a->page) va = 64 * a->page;
-  size_t limit = round_up(a->total_mem + a->total_mem / 8, a->page);
-  for (size_t i = 0; i < existing && i < 4 && va < limit / 2; i++) va *= 2;
-  if (va < need) va = round_up(need, a->page);
+  size_t va = _expseg_segment_va(&a->cfg, pool == POOL_SMALL, existing, need, a->total_mem,
+                                 a->page);
   block_t *b;
   segment_t *s = segment_new(a, &b, st);
   if (s == NULL) return NULL;

@@ -230,3 +230,19 @@ TEST(PolicyRound, NoImmediateTakeBackBetweenPools) {
   EXPECT_FALSE(_expseg_may_take_back(100, 100 + EXPSEG_NO_TAKE_BACK - 1));
   EXPECT_TRUE(_expseg_may_take_back(100, 100 + EXPSEG_NO_TAKE_BACK));
 }
+
+TEST(PolicyRound, SegmentAddressSpaceGrowsPerSegment) {
+  const size_t MiB = (size_t)1 << 20, GiB = MiB << 10, page = 2 * MiB, total = 80 * GiB;
+  expseg_config_t c;
+  _expseg_config_defaults(&c);
+  EXPECT_EQ(_expseg_segment_va(&c, false, 0, MiB, total, page), 10 * GiB) << "total / 8";
+  EXPECT_EQ(_expseg_segment_va(&c, true, 0, MiB, total, page), 1280 * MiB) << "small: / 8";
+  EXPECT_EQ(_expseg_segment_va(&c, false, 1, MiB, total, page), 20 * GiB) << "doubles";
+  EXPECT_EQ(_expseg_segment_va(&c, false, 3, MiB, total, page), 80 * GiB);
+  EXPECT_EQ(_expseg_segment_va(&c, false, 9, MiB, total, page), 80 * GiB) << "capped near 9/8";
+  EXPECT_EQ(_expseg_segment_va(&c, false, 0, 33 * GiB + 1, total, page), 33 * GiB + page)
+      << "never less than the request";
+  EXPECT_EQ(_expseg_segment_va(&c, true, 0, MiB, 8 * GiB, page), 128 * MiB) << "64 pages";
+  c.va_reserve = 3 * GiB;
+  EXPECT_EQ(_expseg_segment_va(&c, false, 0, MiB, total, page), 3 * GiB);
+}
