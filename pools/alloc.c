@@ -102,8 +102,9 @@ expseg_status expseg_create(const char *driver, int device, const char *config,
 void expseg_destroy(expseg_allocator *a) {
   if (a == NULL) return;
   pthread_mutex_lock(&a->lock);
-  _expseg_streams_destroy(a);
+  _expseg_sync_all_events(a); /* blocks used on other streams: wait for that work first */
   _expseg_segments_destroy(a);
+  _expseg_streams_destroy(a);
   _expseg_ptrmap_destroy(&a->live);
   _expseg_blocks_destroy(a);
   free(a->observers);
@@ -234,7 +235,7 @@ expseg_status expseg_malloc(expseg_allocator *a, size_t size, expseg_stream stre
   block_t *b = find_free(a, pool, stream, rounded);
   expseg_status st = EXPSEG_OK;
   if (b == NULL) {
-    _expseg_garbage_collect(a);
+    _expseg_garbage_collect(a, a->cfg.expandable_segments ? rounded : 0);
     b = _expseg_grow(a, pool, stream, rounded, false, &st);
     /* another thread may have freed a fit while the lock was dropped */
     if (b == NULL) b = find_free(a, pool, stream, rounded);

@@ -28,8 +28,15 @@
 #define EXPSEG_DEBUG 1
 #endif
 #if EXPSEG_DEBUG >= 1
-#include <assert.h>
-#define expseg_assert(x) assert(x)
+/* Runs in every build (NDEBUG does not remove it): a broken invariant stops the process
+ * with the file, line and expression instead of corrupting memory later. */
+#include <stdio.h>
+#include <stdlib.h>
+#define expseg_assert(x)                                                                    \
+  ((x) ? (void)0                                                                            \
+       : (fprintf(stderr, "expseg: internal check failed at %s:%d: %s\n", __FILE__, __LINE__, \
+                  #x),                                                                      \
+          abort()))
 #else
 #define expseg_assert(x) ((void)0)
 #endif
@@ -73,6 +80,7 @@ struct segment_s {
   uintptr_t base;
   size_t va_size;
   bool expandable;
+  bool oversize;         /* classic, counted in oversize_segments when created */
   uint8_t pool;
   expseg_stream stream;
   segment_t *next_all, *prev_all;
@@ -238,11 +246,13 @@ block_t *_expseg_grow(expseg_allocator *a, int pool, expseg_stream stream, size_
 size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages);
 size_t _expseg_cache_trim(expseg_allocator *a, size_t keep_bytes);
 void _expseg_segments_destroy(expseg_allocator *a);
-void _expseg_garbage_collect(expseg_allocator *a);
+/* Collection before growing for a request; keep: reclaimable bytes to leave for it. */
+void _expseg_garbage_collect(expseg_allocator *a, size_t keep);
 size_t _expseg_largest_free(const expseg_allocator *a);
-/* What the retry list still holds: reserved bytes by stat pool, address space, chunks. */
+/* What the retry list still holds: reserved bytes by stat pool, address space, chunks,
+ * mapped bytes. */
 void _expseg_zombie_totals(const expseg_allocator *a, int64_t reserved[3], int64_t *va,
-                           int64_t *chunks);
+                           int64_t *chunks, int64_t *mapped);
 
 /* ---- streams.c: record_stream, events, pending frees ---- */
 expseg_status _expseg_block_add_use(block_t *b, expseg_stream s);
