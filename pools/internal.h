@@ -15,6 +15,7 @@
 #ifndef EXPSEG_POOLS_INTERNAL_H
 #define EXPSEG_POOLS_INTERNAL_H
 
+#include "error.h"
 #include "expseg.h"
 #include "policy.h"
 #include "vmm.h"
@@ -44,6 +45,8 @@
 enum { POOL_SMALL = 0, POOL_LARGE = 1, POOL_COUNT = 2 };
 enum { STAT_ALL = 0, STAT_SMALL = 1, STAT_LARGE = 2 }; /* PyTorch's StatType order */
 enum { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_PENDING = 2 };
+/* What ran out when a request fails (the OOM message's hint). */
+enum { OOM_MEMORY = 0, OOM_ADDRESS_SPACE = 1, OOM_TOO_LARGE = 2 };
 
 typedef struct segment_s segment_t;
 typedef struct block_s block_t;
@@ -185,6 +188,7 @@ struct expseg_allocator {
 
   observer_t *observers;
   size_t n_observers;
+  uint8_t oom_kind;           /* OOM_*: why the current request's growth failed */
 
   stats_t stats;
   int64_t isplit_n[POOL_COUNT], isplit_b[POOL_COUNT]; /* inactive_split change not yet applied */
@@ -274,11 +278,34 @@ void _expseg_event_put(expseg_allocator *a, expseg_vmm_event ev);
  * drv, also on failure. */
 expseg_status _expseg_create_with_driver(expseg_vmm_t *drv, const char *config,
                                          expseg_allocator **out);
+/* expseg_destroy, calling before_close(ctx, driver) once everything is given back and
+ * before the driver closes (expseg_testing_destroy reads the driver's gauges there). */
+void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, expseg_vmm_t *),
+                          void *ctx);
 /* Frees a block whose last use is complete: stats, merge, back into the free sets. */
 void _expseg_free_block(expseg_allocator *a, block_t *b);
 
+/* ---- oom.c ---- */
+/* Counts the OOM, writes the message (what was asked, what the device and this allocator
+ * hold, a hint that fits what ran out, the cause), gives the page cache back, unlocks
+ * (api_unlock), runs the observers and returns EXPSEG_ERR_OUT_OF_MEMORY. */
+expseg_status _expseg_fail_oom(expseg_allocator *a, size_t size, size_t rounded,
+                               expseg_stream stream, const char *cause_msg);
+
 /* ---- check.c ---- */
 expseg_status _expseg_check_locked(const expseg_allocator *a);
+
+/* The allocator's lock as the public entry points take it: warnings raised inside wait
+ * until the lock is let go (error.c), so a log sink never runs under an expseg lock. Driver
+ * calls made with the lock dropped inside an operation use pthread_mutex_* directly. */
+static inline void api_lock(const expseg_allocator *a) {
+  _expseg_log_defer(true);
+  pthread_mutex_lock((pthread_mutex_t *)&a->lock);
+}
+static inline void api_unlock(const expseg_allocator *a) {
+  pthread_mutex_unlock((pthread_mutex_t *)&a->lock);
+  _expseg_log_defer(false);
+}
 
 static inline int stat_pool(int pool) { return pool == POOL_SMALL ? STAT_SMALL : STAT_LARGE; }
 

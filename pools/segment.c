@@ -296,6 +296,7 @@ static segment_t *expandable_new(expseg_allocator *a, int pool, expseg_stream st
   uintptr_t base;
   *st = _expseg_vmm_reserve(a->drv, va, 0, &base);
   if (*st != EXPSEG_OK) {
+    if (*st == EXPSEG_ERR_OUT_OF_MEMORY) a->oom_kind = OOM_ADDRESS_SPACE;
     free(s);
     _expseg_block_delete(a, b);
     return NULL;
@@ -659,6 +660,7 @@ static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream
   a->unlocked_ops--;
   a->inflight -= size;
   if (*st != EXPSEG_OK) {
+    if (!reserved && *st == EXPSEG_ERR_OUT_OF_MEMORY) a->oom_kind = OOM_ADDRESS_SPACE;
     /* undo in reverse, keeping the first failure's message; a refused step goes on the
      * retry list with its accounting */
     char msg[1024];
