@@ -76,7 +76,7 @@ static expseg_status b_release(void *st, expseg_vmm_handle h) {
   if (i < b->n) size = b->tab[i].size;
   pthread_mutex_unlock(&b->mu);
   expseg_status s = _expseg_vmm_release(b->inner, h, size);
-  if (s == EXPSEG_OK && i < b->n) {
+  if (s == EXPSEG_OK) { /* b->n is read under the mutex only: other threads change it */
     pthread_mutex_lock(&b->mu);
     for (i = 0; i < b->n; i++)
       if (b->tab[i].h == h) {
