@@ -217,6 +217,14 @@ expseg_status _expseg_ledger_chunk_get(expseg_ledger_t *l, expseg_vmm_handle h, 
   return EXPSEG_OK;
 }
 
+expseg_status _expseg_ledger_chunk_set_user(expseg_ledger_t *l, expseg_vmm_handle h,
+                                            uint64_t user) {
+  chunk_t *c = chunk_lookup(l, h, "chunk");
+  if (!c) return EXPSEG_ERR_INVALID_ARGUMENT;
+  c->user = user;
+  return EXPSEG_OK;
+}
+
 expseg_status _expseg_ledger_chunk_release(expseg_ledger_t *l, expseg_vmm_handle h,
                                            bool commit) {
   chunk_t *c = chunk_lookup(l, h, "release");

@@ -183,15 +183,16 @@ static expseg_status sim_set_access(void *st, uintptr_t addr, size_t size, int d
   return r;
 }
 
-static expseg_status sim_export_fd(void *st, expseg_vmm_handle h, int *fd) {
-  (void)st, (void)h, (void)fd;
+static expseg_status sim_export_fd(void *st, expseg_vmm_handle h, int *fd, size_t *offset) {
+  (void)st, (void)h, (void)fd, (void)offset;
   return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
                            "sim driver: export_fd: simulated chunks have no memory to share "
                            "(use the host driver)");
 }
 
-static expseg_status sim_import_fd(void *st, int fd, size_t size, expseg_vmm_handle *h) {
-  (void)st, (void)fd, (void)size, (void)h;
+static expseg_status sim_import_fd(void *st, int fd, size_t offset, size_t size,
+                                   expseg_vmm_handle *h) {
+  (void)st, (void)fd, (void)offset, (void)size, (void)h;
   return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
                            "sim driver: import_fd: simulated chunks have no memory to share "
                            "(use the host driver)");

@@ -64,9 +64,12 @@ expseg_status _expseg_ledger_reserve(expseg_ledger_t *l, uintptr_t addr, size_t 
  * when commit. */
 expseg_status _expseg_ledger_unreserve(expseg_ledger_t *l, uintptr_t addr, size_t size,
                                        bool commit);
-/* New chunk of `size` bytes; `user` is the backend's own word (host: the memfd). */
+/* New chunk of `size` bytes; `user` is the backend's own word (host: its arena range). */
 expseg_status _expseg_ledger_chunk_new(expseg_ledger_t *l, size_t size, uint64_t user,
                                        bool imported, expseg_vmm_handle *h);
+/* Replaces a live chunk's user word (host: marks it exported). */
+expseg_status _expseg_ledger_chunk_set_user(expseg_ledger_t *l, expseg_vmm_handle h,
+                                            uint64_t user);
 /* Looks a live chunk up: its size, user word and whether it was imported. */
 expseg_status _expseg_ledger_chunk_get(expseg_ledger_t *l, expseg_vmm_handle h, size_t *size,
                                        uint64_t *user, bool *imported);
@@ -89,6 +92,27 @@ void _expseg_ledger_foreach_chunk(expseg_ledger_t *l,
 void _expseg_ledger_foreach_resv(expseg_ledger_t *l,
                                  void (*fn)(void *ctx, uintptr_t addr, size_t size), void *ctx);
 size_t _expseg_ledger_mapping_count(const expseg_ledger_t *l);
+
+/* ---- host_arena.c: the host backend's chunks as ranges of a few sparse memfds ---- */
+
+typedef struct expseg_arenas_s expseg_arenas_t;
+
+/* Arenas of max(capacity, 1 GiB) bytes (rounded to the granularity); NULL when out of memory. */
+expseg_arenas_t *_expseg_arenas_new(size_t capacity, size_t granularity);
+void _expseg_arenas_free(expseg_arenas_t *s); /* closes every arena and imported fd */
+/* A free range of `size` bytes (first fit; opens a new arena when none has room). `user` is
+ * the word to keep in the ledger. */
+expseg_status _expseg_arenas_claim(expseg_arenas_t *s, size_t size, uint64_t *user);
+/* The ledger word of a chunk once exported: its range is then never punched nor reused. */
+uint64_t _expseg_arenas_mark_exported(uint64_t user);
+/* Gives a claimed range back: pages returned to the OS (punched), range free again. Fails
+ * with nothing changed. */
+expseg_status _expseg_arenas_give_back(expseg_arenas_t *s, uint64_t user, size_t size);
+/* An imported chunk: keeps fd (the caller's dup) and where the chunk starts in it. */
+expseg_status _expseg_arenas_adopt(expseg_arenas_t *s, int fd, size_t base, uint64_t *user);
+void _expseg_arenas_drop(expseg_arenas_t *s, uint64_t user); /* closes an adopted fd */
+/* The file holding a chunk and the chunk's offset in it. */
+int _expseg_arenas_fd(const expseg_arenas_t *s, uint64_t user, size_t *offset);
 
 #ifdef __cplusplus
 }

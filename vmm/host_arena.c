@@ -1,0 +1,228 @@
+/* host_arena.c: where the host backend's chunks live, with no open file per chunk.
+ *
+ * A chunk is a range of an "arena": a large sparse memfd (ftruncate'd to max(capacity, 1 GiB),
+ * so it costs nothing until touched). Each arena keeps its free ranges sorted by offset,
+ * coalesced, granularity-aligned; claim is first fit over the arenas in order, and a new arena
+ * is opened only when none has room. Giving a range back punches a hole in the file
+ * (fallocate PUNCH_HOLE|KEEP_SIZE), which returns its pages to the OS, then frees the range.
+ * A range that was exported is never punched nor reused: another process may still map it
+ * (its pages go when the last process closes the arena). An imported chunk is a slot of its
+ * own holding the importer's dup of the fd and the offset it starts at; it is closed when
+ * the chunk is released. So a process holds one descriptor per arena (usually one) plus one
+ * per imported chunk, whatever the number of chunks.
+ *
+ * A chunk's ledger word packs (slot << 48) | offset | exported: offsets are below 2^48 and
+ * granularity-aligned, so bit 0 is free to mark a range once exported. Not thread-safe:
+ * host.c holds its mutex around every call. */
+#include "vmm_impl.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define OFF_BITS 48
+#define OFF_MASK ((UINT64_C(1) << OFF_BITS) - 1)
+#define EXPORTED UINT64_C(1)
+#define MAX_SLOTS 65535u
+#define MIN_ARENA (UINT64_C(1) << 30)
+
+typedef struct {
+  size_t off, len;
+} range_t;
+
+typedef struct {
+  int fd;         /* -1: free slot */
+  bool imported;  /* one imported chunk: no free ranges */
+  size_t size;    /* file size (created arenas) */
+  size_t base;    /* imported: where the chunk starts in the file */
+  range_t *free;  /* sorted by off, coalesced */
+  size_t nfree, capfree;
+} arena_t;
+
+struct expseg_arenas_s {
+  arena_t *a;
+  size_t n, cap;
+  size_t arena_size, g;
+};
+
+static uint64_t pack(size_t slot, size_t off) { return ((uint64_t)slot << OFF_BITS) | off; }
+static size_t slot_of(uint64_t user) { return (size_t)(user >> OFF_BITS); }
+static size_t off_of(uint64_t user) { return (size_t)(user & OFF_MASK & ~EXPORTED); }
+
+static expseg_status sys_err(const char *call, const char *what, int err) {
+  return _expseg_error_set(err == ENOMEM || err == ENOSPC ? EXPSEG_ERR_OUT_OF_MEMORY
+                                                          : EXPSEG_ERR_DRIVER,
+                           "host driver: %s: %s failed: %s", call, what, strerror(err));
+}
+
+expseg_arenas_t *_expseg_arenas_new(size_t capacity, size_t granularity) {
+  expseg_arenas_t *s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  uint64_t size = capacity > MIN_ARENA ? capacity : MIN_ARENA;
+  if (size > (OFF_MASK >> 1)) size = OFF_MASK >> 1;
+  s->arena_size = (size_t)((size + granularity - 1) & ~(uint64_t)(granularity - 1));
+  s->g = granularity;
+  return s;
+}
+
+void _expseg_arenas_free(expseg_arenas_t *s) {
+  if (!s) return;
+  for (size_t i = 0; i < s->n; i++) {
+    if (s->a[i].fd >= 0) close(s->a[i].fd);
+    free(s->a[i].free);
+  }
+  free(s->a);
+  free(s);
+}
+
+/* A free slot (fd -1, zeroed), growing the table; SIZE_MAX when out of memory or slots. */
+static size_t new_slot(expseg_arenas_t *s) {
+  for (size_t i = 0; i < s->n; i++)
+    if (s->a[i].fd < 0) return i;
+  if (s->n == s->cap) {
+    size_t cap = s->cap ? s->cap * 2 : 8;
+    if (cap > MAX_SLOTS) cap = MAX_SLOTS;
+    arena_t *t = cap > s->cap ? realloc(s->a, cap * sizeof *t) : NULL;
+    if (!t) return SIZE_MAX;
+    s->a = t;
+    s->cap = cap;
+  }
+  memset(&s->a[s->n], 0, sizeof *s->a);
+  s->a[s->n].fd = -1;
+  return s->n++;
+}
+
+/* Inserts [off, off+len) into a's sorted free list, merging with its neighbours. */
+static bool free_insert(arena_t *a, size_t off, size_t len) {
+  size_t lo = 0, hi = a->nfree;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (a->free[mid].off < off) lo = mid + 1;
+    else hi = mid;
+  }
+  bool join_prev = lo > 0 && a->free[lo - 1].off + a->free[lo - 1].len == off;
+  bool join_next = lo < a->nfree && off + len == a->free[lo].off;
+  if (join_prev && join_next) {
+    a->free[lo - 1].len += len + a->free[lo].len;
+    memmove(&a->free[lo], &a->free[lo + 1], (a->nfree - lo - 1) * sizeof *a->free);
+    a->nfree--;
+  } else if (join_prev) {
+    a->free[lo - 1].len += len;
+  } else if (join_next) {
+    a->free[lo].off = off;
+    a->free[lo].len += len;
+  } else {
+    if (a->nfree == a->capfree) {
+      size_t cap = a->capfree ? a->capfree * 2 : 16;
+      range_t *t = realloc(a->free, cap * sizeof *t);
+      if (!t) return false;
+      a->free = t;
+      a->capfree = cap;
+    }
+    memmove(&a->free[lo + 1], &a->free[lo], (a->nfree - lo) * sizeof *a->free);
+    a->free[lo] = (range_t){off, len};
+    a->nfree++;
+  }
+  return true;
+}
+
+/* First fit in one arena: the offset, or SIZE_MAX. */
+static size_t take_first_fit(arena_t *a, size_t size) {
+  for (size_t i = 0; i < a->nfree; i++) {
+    if (a->free[i].len < size) continue;
+    size_t off = a->free[i].off;
+    a->free[i].off += size;
+    a->free[i].len -= size;
+    if (a->free[i].len == 0) {
+      memmove(&a->free[i], &a->free[i + 1], (a->nfree - i - 1) * sizeof *a->free);
+      a->nfree--;
+    }
+    return off;
+  }
+  return SIZE_MAX;
+}
+
+expseg_status _expseg_arenas_claim(expseg_arenas_t *s, size_t size, uint64_t *user) {
+  for (size_t i = 0; i < s->n; i++) {
+    if (s->a[i].fd < 0 || s->a[i].imported) continue;
+    size_t off = take_first_fit(&s->a[i], size);
+    if (off != SIZE_MAX) {
+      *user = pack(i, off);
+      return EXPSEG_OK;
+    }
+  }
+  size_t fsize = size > s->arena_size ? size : s->arena_size;
+  if (fsize > OFF_MASK)
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                             "host driver: create: %zu bytes is more than an arena can hold",
+                             size);
+  size_t slot = new_slot(s);
+  if (slot == SIZE_MAX)
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                             "host driver: create: out of host memory (or of the %u arena "
+                             "slots) for a new arena",
+                             MAX_SLOTS);
+  int fd = memfd_create("expseg-arena", MFD_CLOEXEC);
+  if (fd < 0) return sys_err("create", "memfd_create", errno);
+  if (ftruncate(fd, (off_t)fsize) != 0) {
+    int e = errno;
+    close(fd);
+    return sys_err("create", "ftruncate", e);
+  }
+  arena_t *a = &s->a[slot];
+  a->fd = fd;
+  a->size = fsize;
+  if (fsize > size && !free_insert(a, size, fsize - size)) {
+    close(fd);
+    a->fd = -1;
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                             "host driver: create: out of host memory for the free ranges");
+  }
+  *user = pack(slot, 0);
+  return EXPSEG_OK;
+}
+
+uint64_t _expseg_arenas_mark_exported(uint64_t user) { return user | EXPORTED; }
+
+expseg_status _expseg_arenas_give_back(expseg_arenas_t *s, uint64_t user, size_t size) {
+  arena_t *a = &s->a[slot_of(user)];
+  size_t off = off_of(user);
+  if (user & EXPORTED) return EXPSEG_OK; /* retired: another process may map it still */
+  /* Zero-filled and given back to the OS; a hole costs nothing. */
+  if (fallocate(a->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)size) != 0)
+    return sys_err("release", "fallocate(PUNCH_HOLE)", errno);
+  if (!free_insert(a, off, size))
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                             "host driver: release: out of host memory for the free ranges");
+  return EXPSEG_OK;
+}
+
+expseg_status _expseg_arenas_adopt(expseg_arenas_t *s, int fd, size_t base, uint64_t *user) {
+  size_t slot = new_slot(s);
+  if (slot == SIZE_MAX)
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                             "host driver: import_fd: out of host memory (or of the %u slots) "
+                             "for an imported chunk",
+                             MAX_SLOTS);
+  s->a[slot].fd = fd;
+  s->a[slot].imported = true;
+  s->a[slot].base = base;
+  *user = pack(slot, 0);
+  return EXPSEG_OK;
+}
+
+void _expseg_arenas_drop(expseg_arenas_t *s, uint64_t user) {
+  arena_t *a = &s->a[slot_of(user)];
+  close(a->fd);
+  a->fd = -1;
+  a->imported = false;
+}
+
+int _expseg_arenas_fd(const expseg_arenas_t *s, uint64_t user, size_t *offset) {
+  const arena_t *a = &s->a[slot_of(user)];
+  *offset = a->imported ? a->base : off_of(user);
+  return a->fd;
+}
