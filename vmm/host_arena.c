@@ -1,9 +1,9 @@
 /* host_arena.c: where the host backend's chunks live, with no open file per chunk.
  *
  * A chunk is a range of an "arena": a large sparse memfd (ftruncate'd to max(capacity, 1 GiB),
- * so it costs nothing until touched). Each arena keeps its free ranges sorted by offset,
- * coalesced, granularity-aligned; claim is first fit over the arenas in order, and a new arena
- * is opened only when none has room. Giving a range back punches a hole in the file
+ * so it costs nothing until touched). Each arena keeps its free ranges (ranges.c: sorted,
+ * coalesced, granularity-aligned); claim is first fit over the arenas in order, and a new
+ * arena is opened only when none has room. Giving a range back punches a hole in the file
  * (fallocate PUNCH_HOLE|KEEP_SIZE), which returns its pages to the OS, then frees the range.
  * A range that was exported is never punched nor reused: another process may still map it
  * (its pages go when the last process closes the arena). An imported chunk is a slot of its
@@ -30,16 +30,11 @@
 #define MIN_ARENA (UINT64_C(1) << 30)
 
 typedef struct {
-  size_t off, len;
-} range_t;
-
-typedef struct {
   int fd;         /* -1: free slot */
   bool imported;  /* one imported chunk: no free ranges */
   size_t size;    /* file size (created arenas) */
   size_t base;    /* imported: where the chunk starts in the file */
-  range_t *free;  /* sorted by off, coalesced */
-  size_t nfree, capfree;
+  expseg_ranges_t free;
 } arena_t;
 
 struct expseg_arenas_s {
@@ -72,7 +67,7 @@ void _expseg_arenas_free(expseg_arenas_t *s) {
   if (!s) return;
   for (size_t i = 0; i < s->n; i++) {
     if (s->a[i].fd >= 0) close(s->a[i].fd);
-    free(s->a[i].free);
+    _expseg_ranges_free(&s->a[i].free);
   }
   free(s->a);
   free(s);
@@ -95,62 +90,16 @@ static size_t new_slot(expseg_arenas_t *s) {
   return s->n++;
 }
 
-/* Inserts [off, off+len) into a's sorted free list, merging with its neighbours. */
-static bool free_insert(arena_t *a, size_t off, size_t len) {
-  size_t lo = 0, hi = a->nfree;
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    if (a->free[mid].off < off) lo = mid + 1;
-    else hi = mid;
-  }
-  bool join_prev = lo > 0 && a->free[lo - 1].off + a->free[lo - 1].len == off;
-  bool join_next = lo < a->nfree && off + len == a->free[lo].off;
-  if (join_prev && join_next) {
-    a->free[lo - 1].len += len + a->free[lo].len;
-    memmove(&a->free[lo], &a->free[lo + 1], (a->nfree - lo - 1) * sizeof *a->free);
-    a->nfree--;
-  } else if (join_prev) {
-    a->free[lo - 1].len += len;
-  } else if (join_next) {
-    a->free[lo].off = off;
-    a->free[lo].len += len;
-  } else {
-    if (a->nfree == a->capfree) {
-      size_t cap = a->capfree ? a->capfree * 2 : 16;
-      range_t *t = realloc(a->free, cap * sizeof *t);
-      if (!t) return false;
-      a->free = t;
-      a->capfree = cap;
-    }
-    memmove(&a->free[lo + 1], &a->free[lo], (a->nfree - lo) * sizeof *a->free);
-    a->free[lo] = (range_t){off, len};
-    a->nfree++;
-  }
-  return true;
-}
-
-/* First fit in one arena: the offset, or SIZE_MAX. */
-static size_t take_first_fit(arena_t *a, size_t size) {
-  for (size_t i = 0; i < a->nfree; i++) {
-    if (a->free[i].len < size) continue;
-    size_t off = a->free[i].off;
-    a->free[i].off += size;
-    a->free[i].len -= size;
-    if (a->free[i].len == 0) {
-      memmove(&a->free[i], &a->free[i + 1], (a->nfree - i - 1) * sizeof *a->free);
-      a->nfree--;
-    }
-    return off;
-  }
-  return SIZE_MAX;
-}
-
 expseg_status _expseg_arenas_claim(expseg_arenas_t *s, size_t size, uint64_t *user) {
   for (size_t i = 0; i < s->n; i++) {
     if (s->a[i].fd < 0 || s->a[i].imported) continue;
-    size_t off = take_first_fit(&s->a[i], size);
-    if (off != SIZE_MAX) {
-      *user = pack(i, off);
+    uint64_t off = 0;
+    int got = _expseg_ranges_take(&s->a[i].free, size, 1, &off);
+    if (got < 0)
+      return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                               "host driver: create: out of host memory for the free ranges");
+    if (got > 0) {
+      *user = pack(i, (size_t)off);
       return EXPSEG_OK;
     }
   }
@@ -175,7 +124,7 @@ expseg_status _expseg_arenas_claim(expseg_arenas_t *s, size_t size, uint64_t *us
   arena_t *a = &s->a[slot];
   a->fd = fd;
   a->size = fsize;
-  if (fsize > size && !free_insert(a, size, fsize - size)) {
+  if (fsize > size && !_expseg_ranges_put(&a->free, size, fsize - size)) {
     close(fd);
     a->fd = -1;
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
@@ -194,7 +143,7 @@ expseg_status _expseg_arenas_give_back(expseg_arenas_t *s, uint64_t user, size_t
   /* Zero-filled and given back to the OS; a hole costs nothing. */
   if (fallocate(a->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)size) != 0)
     return sys_err("release", "fallocate(PUNCH_HOLE)", errno);
-  if (!free_insert(a, off, size))
+  if (!_expseg_ranges_put(&a->free, off, size))
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
                              "host driver: release: out of host memory for the free ranges");
   return EXPSEG_OK;

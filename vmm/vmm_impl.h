@@ -93,6 +93,27 @@ void _expseg_ledger_foreach_resv(expseg_ledger_t *l,
                                  void (*fn)(void *ctx, uintptr_t addr, size_t size), void *ctx);
 size_t _expseg_ledger_mapping_count(const expseg_ledger_t *l);
 
+/* ---- ranges.c: free ranges of a space, sorted and coalesced (sim's addresses, arenas) ---- */
+
+typedef struct expseg_range_s {
+  uint64_t start, len;
+} expseg_range_t;
+
+typedef struct expseg_ranges_s {
+  expseg_range_t *r; /* sorted by start, never adjacent */
+  size_t n, cap;
+} expseg_ranges_t; /* zero-initialised = empty */
+
+/* First fit: carves `size` bytes starting at a multiple of `align` (a power of two) out of
+ * the first range that holds them. 1: taken (*start); 0: no range has room; -1: out of host
+ * memory (nothing changed). */
+int _expseg_ranges_take(expseg_ranges_t *s, uint64_t size, uint64_t align, uint64_t *start);
+/* Gives [start, start+len) back (it must not overlap a free range), merged with its
+ * neighbours. false: out of host memory (nothing changed). Putting back what the last take
+ * returned never fails. */
+bool _expseg_ranges_put(expseg_ranges_t *s, uint64_t start, uint64_t len);
+void _expseg_ranges_free(expseg_ranges_t *s);
+
 /* ---- host_arena.c: the host backend's chunks as ranges of a few sparse memfds ---- */
 
 typedef struct expseg_arenas_s expseg_arenas_t;
