@@ -32,7 +32,6 @@
 typedef struct {
   int fd;         /* -1: free slot */
   bool imported;  /* one imported chunk: no free ranges */
-  size_t size;    /* file size (created arenas) */
   size_t base;    /* imported: where the chunk starts in the file */
   expseg_ranges_t free;
 } arena_t;
@@ -73,15 +72,22 @@ void _expseg_arenas_free(expseg_arenas_t *s) {
   free(s);
 }
 
-/* A free slot (fd -1, zeroed), growing the table; SIZE_MAX when out of memory or slots. */
-static size_t new_slot(expseg_arenas_t *s) {
+/* A free slot (fd -1), growing the table; SIZE_MAX with the message set when out of memory
+ * or of slots. */
+static size_t new_slot(expseg_arenas_t *s, const char *call) {
   for (size_t i = 0; i < s->n; i++)
     if (s->a[i].fd < 0) return i;
   if (s->n == s->cap) {
     size_t cap = s->cap ? s->cap * 2 : 8;
     if (cap > MAX_SLOTS) cap = MAX_SLOTS;
     arena_t *t = cap > s->cap ? realloc(s->a, cap * sizeof *t) : NULL;
-    if (!t) return SIZE_MAX;
+    if (!t) {
+      _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                        "host driver: %s: out of host memory (or of the %u slots) for an arena "
+                        "or imported chunk",
+                        call, MAX_SLOTS);
+      return SIZE_MAX;
+    }
     s->a = t;
     s->cap = cap;
   }
@@ -108,12 +114,8 @@ expseg_status _expseg_arenas_claim(expseg_arenas_t *s, size_t size, uint64_t *us
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
                              "host driver: create: %zu bytes is more than an arena can hold",
                              size);
-  size_t slot = new_slot(s);
-  if (slot == SIZE_MAX)
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
-                             "host driver: create: out of host memory (or of the %u arena "
-                             "slots) for a new arena",
-                             MAX_SLOTS);
+  size_t slot = new_slot(s, "create");
+  if (slot == SIZE_MAX) return EXPSEG_ERR_OUT_OF_MEMORY;
   int fd = memfd_create("expseg-arena", MFD_CLOEXEC);
   if (fd < 0) return sys_err("create", "memfd_create", errno);
   if (ftruncate(fd, (off_t)fsize) != 0) {
@@ -123,7 +125,6 @@ expseg_status _expseg_arenas_claim(expseg_arenas_t *s, size_t size, uint64_t *us
   }
   arena_t *a = &s->a[slot];
   a->fd = fd;
-  a->size = fsize;
   if (fsize > size && !_expseg_ranges_put(&a->free, size, fsize - size)) {
     close(fd);
     a->fd = -1;
@@ -150,12 +151,8 @@ expseg_status _expseg_arenas_give_back(expseg_arenas_t *s, uint64_t user, size_t
 }
 
 expseg_status _expseg_arenas_adopt(expseg_arenas_t *s, int fd, size_t base, uint64_t *user) {
-  size_t slot = new_slot(s);
-  if (slot == SIZE_MAX)
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
-                             "host driver: import_fd: out of host memory (or of the %u slots) "
-                             "for an imported chunk",
-                             MAX_SLOTS);
+  size_t slot = new_slot(s, "import_fd");
+  if (slot == SIZE_MAX) return EXPSEG_ERR_OUT_OF_MEMORY;
   s->a[slot].fd = fd;
   s->a[slot].imported = true;
   s->a[slot].base = base;

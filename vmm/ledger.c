@@ -242,13 +242,6 @@ expseg_status _expseg_ledger_chunk_release(expseg_ledger_t *l, expseg_vmm_handle
   return EXPSEG_OK;
 }
 
-void _expseg_ledger_foreach_chunk(expseg_ledger_t *l,
-                                  void (*fn)(void *ctx, size_t size, uint64_t user, bool imported),
-                                  void *ctx) {
-  for (size_t i = 0; i < l->nchunks; i++)
-    if (l->chunks[i].live) fn(ctx, l->chunks[i].size, l->chunks[i].user, l->chunks[i].imported);
-}
-
 void _expseg_ledger_foreach_resv(expseg_ledger_t *l,
                                  void (*fn)(void *ctx, uintptr_t addr, size_t size), void *ctx) {
   for (size_t i = 0; i < l->nresv; i++) fn(ctx, l->resv[i].addr, l->resv[i].size);

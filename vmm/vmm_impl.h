@@ -85,10 +85,7 @@ expseg_status _expseg_ledger_unmap(expseg_ledger_t *l, uintptr_t addr, size_t si
 /* Checks that every byte of [addr, addr+size) is mapped, inside one reservation. */
 expseg_status _expseg_ledger_check_mapped(expseg_ledger_t *l, uintptr_t addr, size_t size,
                                           const char *call);
-/* Live chunks (for destroy: the backend closes what is left). Calls fn on each. */
-void _expseg_ledger_foreach_chunk(expseg_ledger_t *l,
-                                  void (*fn)(void *ctx, size_t size, uint64_t user, bool imported),
-                                  void *ctx);
+/* Live reservations (for destroy: the backend unmaps what is left). Calls fn on each. */
 void _expseg_ledger_foreach_resv(expseg_ledger_t *l,
                                  void (*fn)(void *ctx, uintptr_t addr, size_t size), void *ctx);
 size_t _expseg_ledger_mapping_count(const expseg_ledger_t *l);
