@@ -130,7 +130,9 @@ static bool printable(const option_t *o, const expseg_config_t *c) {
   switch (o->kind) {
   case K_MB: {
     size_t b = FIELD(c, o, size_t);
-    return b != SIZE_MAX && b / MiB >= o->ilo;
+    /* 0 below the range is an "off" default (pinned_reserve_segment_size_mb); other values
+     * below it are max_split / max_non_split over a small large_segment_size_mb */
+    return b != SIZE_MAX && (b / MiB >= o->ilo || b != 0);
   }
   case K_DOUBLE_OPEN: {
     double d = FIELD(c, o, double);
