@@ -452,6 +452,63 @@ TEST(PolicyPyTorch, LargeSegmentOverBase) {
   EXPECT_EQ(r.st, EXPSEG_OK) << r.err;
 }
 
+// ---- through the allocator: the warning reaches the log sink once; the statistic ----
+
+std::vector<std::string> g_lines;
+void sink(void *, const char *line) { g_lines.push_back(line); }
+
+TEST(PolicyPyTorch, WarningGoesToTheLogSinkOnce) {
+  expseg_set_log_sink(sink, nullptr);
+  g_lines.clear();
+  expseg_allocator *a = nullptr;
+  ASSERT_EQ(expseg_create("sim", 0, "expandable_segments:True:max_split_size_mb:100abc,", &a),
+            EXPSEG_OK)
+      << expseg_last_error();
+  size_t n = 0;
+  for (const std::string &l : g_lines)
+    if (l.find("accepted as PyTorch's parser reads it") != std::string::npos) {
+      n++;
+      EXPECT_NE(l.find("write it as max_split_size_mb:100,expandable_segments:True"),
+                std::string::npos)
+          << l;
+      EXPECT_NE(l.find("'100abc' read as 100"), std::string::npos) << l;
+    }
+  EXPECT_EQ(n, 1u);
+  char buf[2048];
+  expseg_config_string(a, buf, sizeof buf);
+  EXPECT_NE(std::string(buf).find("max_split_size_mb:100,"), std::string::npos) << buf;
+  // expseg_configure warns the same way; a clean text says nothing
+  g_lines.clear();
+  ASSERT_EQ(expseg_configure(a, "garbage_collection_threshold:+0.5"), EXPSEG_OK);
+  ASSERT_EQ(g_lines.size(), 1u);
+  EXPECT_NE(g_lines[0].find("expseg_configure: accepted as PyTorch"), std::string::npos);
+  g_lines.clear();
+  ASSERT_EQ(expseg_configure(a, "garbage_collection_threshold:0.5"), EXPSEG_OK);
+  EXPECT_TRUE(g_lines.empty());
+  expseg_destroy(a);
+  expseg_set_log_sink(nullptr, nullptr);
+}
+
+TEST(PolicyPyTorch, MaxSplitSizeStatisticAsPyTorchReportsIt) {
+  struct {
+    const char *text;
+    int64_t stat;
+  } cases[] = {{"", -1},  // SIZE_MAX
+               {"max_split_size_mb:100", 100 * 1048576},
+               {"max_split_size_mb:17592186044416", -1048576},  // 0xFFFFFFFFFFF00000
+               {"max_split_size_mb:-1", -1048576}};
+  expseg_set_log_sink(sink, nullptr);
+  for (auto &k : cases) {
+    expseg_allocator *a = nullptr;
+    ASSERT_EQ(expseg_create("sim", 0, k.text, &a), EXPSEG_OK) << expseg_last_error();
+    int64_t v = 0;
+    ASSERT_EQ(expseg_stat(a, "max_split_size", &v), EXPSEG_OK);
+    EXPECT_EQ(v, k.stat) << k.text;
+    expseg_destroy(a);
+  }
+  expseg_set_log_sink(nullptr, nullptr);
+}
+
 // ---- round_size ----
 
 // PyTorch's round_size, written from CUDACachingAllocator.cpp (round_size,
