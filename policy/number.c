@@ -50,6 +50,21 @@ num_t _expseg_read_u64(const char *s, uint64_t *v, unsigned *flags) {
   return NUM_OK;
 }
 
+/* An exponent after p: mark (either case), an optional sign, digits (saturated); added to
+ * *e. Returns the end, or p itself when no digit follows (strtod leaves "1e" at the e). */
+static const char *read_exponent(const char *p, char mark, long *e) {
+  if (lower(*p) != mark) return p;
+  const char *q = p + 1;
+  bool neg = false;
+  if (*q == '+' || *q == '-') neg = *q++ == '-';
+  if (!is_digit(*q)) return p;
+  long x = 0;
+  for (; is_digit(*q); q++)
+    if (x < 100000) x = x * 10 + (*q - '0');
+  *e += neg ? -x : x;
+  return q;
+}
+
 /* Decimal digits [. digits] [e [+-] digits]; *end after what was read (s if nothing).
  * Up to 19 significant digits are kept and scaled in long double. */
 static long double read_decimal(const char *s, const char **end, bool *nonzero) {
@@ -89,18 +104,7 @@ static long double read_decimal(const char *s, const char **end, bool *nonzero) 
     *end = s;
     return 0;
   }
-  if (*p == 'e' || *p == 'E') {
-    const char *q = p + 1;
-    bool neg = false;
-    if (*q == '+' || *q == '-') neg = *q++ == '-';
-    if (is_digit(*q)) {
-      long x = 0;
-      for (; is_digit(*q); q++)
-        if (x < 100000) x = x * 10 + (*q - '0');
-      e10 += neg ? -x : x;
-      p = q;
-    }
-  }
+  p = read_exponent(p, 'e', &e10);
   *end = p;
   if (m == 0) return 0;
   long double v = (long double)m;
@@ -142,18 +146,7 @@ static long double read_hex(const char *s, const char **end, bool *nonzero) {
     *end = s;
     return 0;
   }
-  if (*p == 'p' || *p == 'P') {
-    const char *q = p + 1;
-    bool neg = false;
-    if (*q == '+' || *q == '-') neg = *q++ == '-';
-    if (is_digit(*q)) {
-      long x = 0;
-      for (; is_digit(*q); q++)
-        if (x < 100000) x = x * 10 + (*q - '0');
-      e2 += neg ? -x : x;
-      p = q;
-    }
-  }
+  p = read_exponent(p, 'p', &e2);
   *end = p;
   if (e2 > 5000) e2 = 5000;
   if (e2 < -5000) e2 = -5000;
