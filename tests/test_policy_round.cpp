@@ -251,4 +251,23 @@ TEST(PolicyRound, SegmentAddressSpaceGrowsPerSegment) {
   EXPECT_EQ(_expseg_segment_va(&c, true, 0, MiB, 8 * GiB, page), 128 * MiB) << "64 pages";
   c.va_reserve = 3 * GiB;
   EXPECT_EQ(_expseg_segment_va(&c, false, 0, MiB, total, page), 3 * GiB);
+  // expandable_segments_reserve (PyTorch main): used when va_reserve_mb is 0; a fraction of
+  // device memory or GiB, at most 9/8 of device memory; va_reserve_mb wins
+  expseg_config_t r = defaults();
+  char err[256];
+  ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:0.25", "t", nullptr, &r, err, sizeof err),
+            EXPSEG_OK);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page), total / 4);
+  EXPECT_EQ(_expseg_segment_va(&r, true, 0, MiB, total, page), total / 32) << "small: / 8";
+  ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:40G", "t", nullptr, &r, err, sizeof err),
+            EXPSEG_OK);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page), 40 * GiB);
+  ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:1e6G", "t", nullptr, &r, err, sizeof err),
+            EXPSEG_OK);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page), total + total / 8) << "bounded";
+  ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:1e300G", "t", nullptr, &r, err, sizeof err),
+            EXPSEG_OK);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page), total + total / 8) << "saturates";
+  r.va_reserve = 3 * GiB;
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page), 3 * GiB);
 }
