@@ -22,7 +22,7 @@ using policy_test::defaults;
 
 namespace {
 
-constexpr size_t MiB = size_t(1) << 20, GiB = size_t(1) << 30;
+constexpr size_t MiB = size_t(1) << 20;
 constexpr uint64_t kClamp = 0xFFFFFFFFFFF00000ull;  // PyTorch: (SIZE_MAX / 1 MiB) MiB
 
 enum Verdict { ACC, WARN, REF };  // accepted clean; accepted, expseg warns; refused
