@@ -3,6 +3,7 @@
  * every call) and remembers each chunk's size, which release needs and the backend op
  * lacks. */
 #include "alloc_support.h"
+#include "expseg_testing.h"
 
 #include "internal.h"
 
@@ -12,7 +13,7 @@
 expseg_vmm_t *alloc_test_driver(expseg_allocator *a) { return a->drv; }
 
 expseg_status alloc_test_hold(expseg_allocator *a, expseg_stream s, bool hold) {
-  return _expseg_vmm_hold_stream(a->drv, s, hold);
+  return expseg_testing_hold_stream(a, s, hold);
 }
 
 expseg_status alloc_test_create(expseg_vmm_t *drv, const char *config, expseg_allocator **out) {
