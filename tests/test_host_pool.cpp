@@ -1,0 +1,503 @@
+// test_host_pool.cpp: the pinned host memory pool (expseg_host_*) on the host and sim
+// backends: placement on the chosen NUMA node as the kernel sees the pages (move_pages(2)
+// with NULL nodes), reuse only after the events of recorded streams complete, the effect of
+// each pinned_* option, and the error cases.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "expseg.h"
+#include "vmm.h"
+
+extern "C" expseg_vmm_t *_expseg_host_pool_driver(expseg_host_pool *h);
+
+namespace {
+
+constexpr size_t KiB = 1024, MiB = 1024 * 1024;
+
+struct PoolDeleter {
+  void operator()(expseg_host_pool *h) const { expseg_host_destroy(h); }
+};
+using PoolPtr = std::unique_ptr<expseg_host_pool, PoolDeleter>;
+
+struct QuietLog {
+  int lines = 0;
+  std::string last;
+  QuietLog() { expseg_set_log_sink(&QuietLog::sink, this); }
+  ~QuietLog() { expseg_set_log_sink(nullptr, nullptr); }
+  static void sink(void *ctx, const char *line) {
+    auto *q = static_cast<QuietLog *>(ctx);
+    q->lines++;
+    q->last = line;
+  }
+};
+
+PoolPtr make_pool(const char *driver, const char *config) {
+  expseg_host_pool *h = nullptr;
+  expseg_status st = expseg_host_create(driver, 0, config, &h);
+  EXPECT_EQ(st, EXPSEG_OK) << driver << " / " << config << ": " << expseg_last_error();
+  return PoolPtr(h);
+}
+
+int64_t hstat(const expseg_host_pool *h, const std::string &key) {
+  int64_t v = INT64_MIN;
+  EXPECT_EQ(expseg_host_stat(h, key.c_str(), &v), EXPSEG_OK) << key << ": " << expseg_last_error();
+  return v;
+}
+
+void hold(expseg_host_pool *h, expseg_stream s, bool on) {
+  ASSERT_EQ(_expseg_vmm_hold_stream(_expseg_host_pool_driver(h), s, on), EXPSEG_OK);
+}
+
+// NUMA nodes with memory, from the kernel.
+std::vector<int> memory_nodes() {
+  std::vector<int> out;
+  FILE *f = std::fopen("/sys/devices/system/node/has_memory", "r");
+  if (!f) return {0};
+  char buf[256] = "";
+  if (!std::fgets(buf, sizeof buf, f)) buf[0] = '\0';
+  std::fclose(f);
+  for (char *p = buf; *p && *p != '\n';) {  // "0-1,3"
+    int lo = (int)std::strtol(p, &p, 10), hi = lo;
+    if (*p == '-') hi = (int)std::strtol(p + 1, &p, 10);
+    for (int n = lo; n <= hi; n++) out.push_back(n);
+    if (*p == ',') p++;
+  }
+  if (out.empty()) out.push_back(0);
+  return out;
+}
+
+// The node of every page of [p, p+size) as the kernel sees it (move_pages with NULL nodes
+// only reports); -ENOENT for a page that is not present.
+std::vector<int> page_nodes(void *p, size_t size) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE), n = size / page;
+  std::vector<void *> pages(n);
+  std::vector<int> status(n, -1000);
+  for (size_t i = 0; i < n; i++) pages[i] = (char *)p + i * page;
+  long r = syscall(SYS_move_pages, 0, (unsigned long)n, pages.data(), nullptr, status.data(), 0);
+  EXPECT_EQ(r, 0) << "move_pages: " << std::strerror(errno);
+  return status;
+}
+
+void expect_on_node(void *p, size_t size, int node, const std::string &what) {
+  std::vector<int> st = page_nodes(p, size);
+  size_t wrong = 0;
+  int first = 0;
+  for (int s : st)
+    if (s != node && wrong++ == 0) first = s;
+  EXPECT_EQ(wrong, 0u) << what << ": " << wrong << " of " << st.size()
+                       << " pages are not on node " << node << " (first: " << first << ")";
+}
+
+// ---- placement ----
+
+TEST(HostPool, PagesSitOnTheChosenNode) {
+  QuietLog quiet;  // mlock past RLIMIT_MEMLOCK is warned about
+  for (int node : memory_nodes()) {
+    for (const char *cfg : {"pinned_use_cuda_host_register:False",
+                            "pinned_use_cuda_host_register:True,pinned_num_register_threads:4"}) {
+      std::string spec = "host:numa=" + std::to_string(node);
+      SCOPED_TRACE(spec + " " + cfg);
+      PoolPtr h = make_pool(spec.c_str(), cfg);
+      ASSERT_TRUE(h);
+      EXPECT_EQ(expseg_host_numa_node(h.get()), node);
+      EXPECT_EQ(hstat(h.get(), "expseg.numa_node"), node);
+      void *p = nullptr;
+      ASSERT_EQ(expseg_host_malloc(h.get(), 6 * MiB, &p), EXPSEG_OK) << expseg_last_error();
+      // every page is already present (pre-faulted) and on the node, before we touch it
+      expect_on_node(p, 8 * MiB, node, "fresh block");
+      std::memset(p, 0xab, 6 * MiB);
+      expect_on_node(p, 8 * MiB, node, "after writing");
+      EXPECT_EQ(hstat(h.get(), "expseg.placed_bytes"), int64_t(8 * MiB));
+      EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+    }
+  }
+}
+
+TEST(HostPool, DefaultNodeIsReported) {
+  PoolPtr h = make_pool("host", "");
+  ASSERT_TRUE(h);
+  int node = expseg_host_numa_node(h.get());
+  if (memory_nodes().size() == 1) {
+    // one node: it is the nearest to any device, and the pages must be on it
+    EXPECT_EQ(node, memory_nodes()[0]);
+    void *p = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h.get(), 64 * KiB, &p), EXPSEG_OK);
+    expect_on_node(p, 64 * KiB, node, "default placement");
+    EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+  } else {
+    EXPECT_EQ(node, -1) << "the host backend has no PCI location: unknown without numa=N";
+  }
+}
+
+TEST(HostPool, BadNodeInSpecIsRejected) {
+  expseg_host_pool *h = nullptr;
+  EXPECT_EQ(expseg_host_create("host:numa=999", 0, "", &h), EXPSEG_ERR_CONFIG);
+  EXPECT_EQ(h, nullptr);
+  EXPECT_NE(std::string(expseg_last_error()).find("numa=999"), std::string::npos)
+      << expseg_last_error();
+}
+
+// ---- reuse after events ----
+
+TEST(HostPool, FreedBlockWithoutStreamsIsReusedAtOnce) {
+  for (const char *drv : {"host", "sim"}) {
+    SCOPED_TRACE(drv);
+    PoolPtr h = make_pool(drv, "");
+    ASSERT_TRUE(h);
+    void *p = nullptr, *q = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h.get(), 100 * KiB, &p), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_malloc(h.get(), 128 * KiB, &q), EXPSEG_OK);  // same class
+    EXPECT_EQ(p, q);
+    EXPECT_EQ(hstat(h.get(), "expseg.hits"), 1);
+    EXPECT_EQ(hstat(h.get(), "num_host_alloc"), 1);
+    EXPECT_EQ(expseg_host_free(h.get(), q), EXPSEG_OK);
+  }
+}
+
+TEST(HostPool, BlockWaitsForEveryRecordedStream) {
+  for (const char *drv : {"host", "sim"}) {
+    SCOPED_TRACE(drv);
+    PoolPtr h = make_pool(drv, "");
+    ASSERT_TRUE(h);
+    hold(h.get(), 7, true);
+    hold(h.get(), 8, true);
+    void *p = nullptr, *q = nullptr, *r = nullptr, *s = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h.get(), 1 * MiB, &p), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_record_stream(h.get(), p, 7), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_record_stream(h.get(), p, 8), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_record_stream(h.get(), p, 8), EXPSEG_OK);  // once per stream
+    ASSERT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+    EXPECT_EQ(hstat(h.get(), "expseg.pending_blocks.current"), 1);
+    EXPECT_EQ(hstat(h.get(), "expseg.pending_events"), 2);
+    // both streams busy: a new block
+    ASSERT_EQ(expseg_host_malloc(h.get(), 1 * MiB, &q), EXPSEG_OK);
+    EXPECT_NE(q, p);
+    hold(h.get(), 7, false);
+    // stream 8 still busy: still not reused
+    ASSERT_EQ(expseg_host_malloc(h.get(), 1 * MiB, &r), EXPSEG_OK);
+    EXPECT_NE(r, p);
+    EXPECT_EQ(hstat(h.get(), "expseg.pending_events"), 1);
+    hold(h.get(), 8, false);
+    ASSERT_EQ(expseg_host_malloc(h.get(), 1 * MiB, &s), EXPSEG_OK);
+    EXPECT_EQ(s, p) << "the block must be reused once its streams are done";
+    EXPECT_EQ(hstat(h.get(), "expseg.pending_blocks.current"), 0);
+    EXPECT_EQ(hstat(h.get(), "num_host_alloc"), 3);
+    for (void *x : {q, r, s}) EXPECT_EQ(expseg_host_free(h.get(), x), EXPSEG_OK);
+  }
+}
+
+TEST(HostPool, EmptyCacheKeepsPendingBlocks) {
+  PoolPtr h = make_pool("host", "");
+  ASSERT_TRUE(h);
+  hold(h.get(), 3, true);
+  void *p = nullptr, *q = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 256 * KiB, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_malloc(h.get(), 256 * KiB, &q), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_record_stream(h.get(), p, 3), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_free(h.get(), q), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "segment.current"), 1) << "only the idle block goes back";
+  EXPECT_EQ(hstat(h.get(), "num_host_free"), 1);
+  hold(h.get(), 3, false);
+  ASSERT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "segment.current"), 0);
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), 0);
+  EXPECT_EQ(hstat(h.get(), "expseg.cached_bytes.current"), 0);
+}
+
+// ---- pinned_use_background_threads ----
+
+int64_t wait_pending_zero(const expseg_host_pool *h, int ms) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  int64_t v;
+  while ((v = hstat(h, "expseg.pending_blocks.current")) != 0 &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return v;
+}
+
+TEST(HostPool, BackgroundThreadProcessesEvents) {
+  for (bool bg : {false, true}) {
+    SCOPED_TRACE(bg ? "background" : "caller");
+    PoolPtr h = make_pool("host", bg ? "pinned_use_background_threads:True"
+                                     : "pinned_use_background_threads:False");
+    ASSERT_TRUE(h);
+    hold(h.get(), 5, true);
+    void *p = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h.get(), 64 * KiB, &p), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_record_stream(h.get(), p, 5), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(hstat(h.get(), "expseg.pending_blocks.current"), 1) << "the stream is held";
+    hold(h.get(), 5, false);
+    // no pool call in between: only a background thread can move the block
+    if (bg) {
+      EXPECT_EQ(wait_pending_zero(h.get(), 2000), 0);
+      EXPECT_GT(hstat(h.get(), "expseg.background_passes"), 0);
+      EXPECT_EQ(hstat(h.get(), "expseg.cached_bytes.current"), int64_t(64 * KiB));
+    } else {
+      EXPECT_EQ(wait_pending_zero(h.get(), 50), 1);
+      EXPECT_EQ(hstat(h.get(), "expseg.background_passes"), 0);
+      void *q = nullptr;
+      ASSERT_EQ(expseg_host_malloc(h.get(), 64 * KiB, &q), EXPSEG_OK);  // the caller processes
+      EXPECT_EQ(q, p);
+      EXPECT_EQ(expseg_host_free(h.get(), q), EXPSEG_OK);
+    }
+  }
+}
+
+// ---- pinned_use_cuda_host_register and pinned_num_register_threads ----
+
+TEST(HostPool, RegisterPathPrefaultsWithTheAskedThreads) {
+  QuietLog quiet;
+  for (uint32_t threads : {1u, 2u, 4u, 8u}) {
+    SCOPED_TRACE(threads);
+    std::string cfg = "pinned_use_cuda_host_register:True,pinned_num_register_threads:" +
+                      std::to_string(threads);
+    PoolPtr h = make_pool("host:numa=0", cfg.c_str());
+    ASSERT_TRUE(h);
+    EXPECT_EQ(hstat(h.get(), "expseg.register_threads"), threads);
+    void *p = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h.get(), 4 * MiB, &p), EXPSEG_OK);
+    EXPECT_EQ(hstat(h.get(), "expseg.registered_segments"), 1);
+    EXPECT_EQ(hstat(h.get(), "expseg.created_segments"), 0);
+    EXPECT_EQ(hstat(h.get(), "expseg.fault_threads_started"), threads);
+    // every page present before the caller touches it
+    std::vector<unsigned char> vec(4 * MiB / (size_t)sysconf(_SC_PAGESIZE));
+    ASSERT_EQ(mincore(p, 4 * MiB, vec.data()), 0);
+    size_t absent = 0;
+    for (unsigned char c : vec) absent += !(c & 1);
+    EXPECT_EQ(absent, 0u);
+    EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+  }
+  PoolPtr h = make_pool("host:numa=0", "pinned_use_cuda_host_register:False,"
+                                       "pinned_num_register_threads:8");
+  ASSERT_TRUE(h);
+  void *p = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 4 * MiB, &p), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "expseg.registered_segments"), 0);
+  EXPECT_EQ(hstat(h.get(), "expseg.created_segments"), 1);
+  EXPECT_EQ(hstat(h.get(), "expseg.fault_threads_started"), 0)
+      << "threads pre-fault only on the register path";
+  EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+}
+
+TEST(HostPool, PageLockingIsModelledUnderRlimitMemlock) {
+  QuietLog quiet;
+  struct rlimit old;
+  ASSERT_EQ(getrlimit(RLIMIT_MEMLOCK, &old), 0);
+  struct rlimit none = {0, old.rlim_max};
+  ASSERT_EQ(setrlimit(RLIMIT_MEMLOCK, &none), 0);
+  PoolPtr h = make_pool("host", "");
+  void *p = nullptr;
+  expseg_status st = h ? expseg_host_malloc(h.get(), 2 * MiB, &p) : EXPSEG_ERR_INVALID_ARGUMENT;
+  bool root = geteuid() == 0;  // CAP_IPC_LOCK ignores the limit
+  setrlimit(RLIMIT_MEMLOCK, &old);
+  ASSERT_EQ(st, EXPSEG_OK) << expseg_last_error();
+  std::memset(p, 1, 2 * MiB);  // usable all the same
+  if (!root) {
+    EXPECT_EQ(hstat(h.get(), "expseg.unlocked_bytes"), int64_t(2 * MiB));
+    EXPECT_EQ(hstat(h.get(), "expseg.locked_bytes"), 0);
+  }
+  EXPECT_EQ(hstat(h.get(), "expseg.locked_bytes") + hstat(h.get(), "expseg.unlocked_bytes"),
+            hstat(h.get(), "reserved_bytes.current"));
+  EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+}
+
+// ---- pinned_reserve_segment_size_mb ----
+
+TEST(HostPool, ReserveSegmentIsServedFirstAndKept) {
+  PoolPtr h = make_pool("host", "pinned_reserve_segment_size_mb:4");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(hstat(h.get(), "num_host_alloc"), 1);
+  EXPECT_EQ(hstat(h.get(), "segment.current"), 1);
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(4 * MiB));
+  EXPECT_EQ(hstat(h.get(), "expseg.reserve_segment_bytes"), int64_t(4 * MiB));
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 1 * MiB, &a), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_malloc(h.get(), 3000, &b), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "num_host_alloc"), 1) << "served from the reserve";
+  EXPECT_EQ(hstat(h.get(), "expseg.reserve_segment_used_bytes"), int64_t(1 * MiB + 4 * KiB));
+  EXPECT_EQ((char *)b - (char *)a, (ptrdiff_t)MiB) << "slices follow each other";
+  ASSERT_EQ(expseg_host_malloc(h.get(), 4 * MiB, &c), EXPSEG_OK);  // does not fit
+  EXPECT_EQ(hstat(h.get(), "num_host_alloc"), 2);
+  for (void *x : {a, b, c}) ASSERT_EQ(expseg_host_free(h.get(), x), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "segment.current"), 1) << "the reserve is never given back";
+  EXPECT_EQ(hstat(h.get(), "num_host_free"), 1);
+  void *again = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 1 * MiB, &again), EXPSEG_OK);
+  EXPECT_EQ(again, a) << "reserve slices are cached like other blocks";
+  EXPECT_EQ(expseg_host_free(h.get(), again), EXPSEG_OK);
+}
+
+// ---- sizes and statistics ----
+
+TEST(HostPool, SizesArePowersOfTwoOfAtLeastAPage) {
+  PoolPtr h = make_pool("host", "");
+  ASSERT_TRUE(h);
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  void *p = nullptr, *q = nullptr, *z = (void *)1;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 0, &z), EXPSEG_OK);
+  EXPECT_EQ(z, nullptr);
+  ASSERT_EQ(expseg_host_malloc(h.get(), 1, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_malloc(h.get(), 3 * MiB + 1, &q), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "allocated_bytes.current"), int64_t(page + 4 * MiB));
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(page + 4 * MiB));
+  EXPECT_EQ(hstat(h.get(), "allocation.current"), 2);
+  EXPECT_EQ(hstat(h.get(), "host_alloc_time.count"), 2);
+  EXPECT_EQ((uintptr_t)p % page, 0u);
+  EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+  EXPECT_EQ(expseg_host_free(h.get(), q), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "allocation.current"), 0);
+  EXPECT_EQ(hstat(h.get(), "allocation.peak"), 2);
+  EXPECT_EQ(hstat(h.get(), "expseg.cached_bytes.current"), int64_t(page + 4 * MiB));
+  expseg_host_reset_peak_stats(h.get());
+  EXPECT_EQ(hstat(h.get(), "allocation.peak"), 0);
+  // foreach: sorted, and the keys it names are the ones expseg_host_stat answers
+  std::vector<std::string> keys;
+  expseg_host_stats_foreach(
+      h.get(), [](void *ctx, const char *k, int64_t) {
+        static_cast<std::vector<std::string> *>(ctx)->push_back(k);
+      },
+      &keys);
+  ASSERT_GT(keys.size(), 30u);
+  for (size_t i = 1; i < keys.size(); i++) EXPECT_LT(keys[i - 1], keys[i]);
+  for (const char *k : {"allocation.current", "segment.peak", "allocated_bytes.freed",
+                        "reserved_bytes.allocated", "num_host_alloc", "num_host_free",
+                        "host_alloc_time.avg", "host_free_time.max", "expseg.numa_node"})
+    EXPECT_NE(std::find(keys.begin(), keys.end(), k), keys.end()) << k;
+}
+
+// ---- bad input ----
+
+TEST(HostPool, BadInputIsRefusedWithAMessage) {
+  PoolPtr h = make_pool("host", "");
+  ASSERT_TRUE(h);
+  void *p = nullptr;
+  auto msg = [] { return std::string(expseg_last_error()); };
+  for (size_t size : {SIZE_MAX, SIZE_MAX / 2 + 2, (size_t(1) << 60) + 1}) {
+    EXPECT_EQ(expseg_host_malloc(h.get(), size, &p), EXPSEG_ERR_INVALID_ARGUMENT) << size;
+    EXPECT_NE(msg().find("2^60"), std::string::npos) << msg();
+    EXPECT_EQ(p, nullptr);
+  }
+  EXPECT_EQ(expseg_host_malloc(h.get(), 16, nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_host_malloc(nullptr, 16, &p), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("NULL"), std::string::npos) << msg();
+  int local = 0;
+  EXPECT_EQ(expseg_host_free(h.get(), &local), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("not a pointer this host pool handed out"), std::string::npos) << msg();
+  EXPECT_EQ(expseg_host_record_stream(h.get(), &local, 1), EXPSEG_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(expseg_host_malloc(h.get(), 64 * KiB, &p), EXPSEG_OK);
+  EXPECT_EQ(expseg_host_free(h.get(), (char *)p + 8), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("points inside"), std::string::npos) << msg();
+  ASSERT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+  EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("already freed"), std::string::npos) << msg();
+  EXPECT_EQ(expseg_host_record_stream(h.get(), p, 1), EXPSEG_ERR_INVALID_ARGUMENT);
+  int64_t v = 0;
+  EXPECT_EQ(expseg_host_stat(h.get(), "allocation.all.current", &v), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("allocation.all.current"), std::string::npos) << msg();
+  EXPECT_EQ(expseg_host_free(h.get(), nullptr), EXPSEG_OK);
+  EXPECT_EQ(expseg_host_empty_cache(nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_host_numa_node(nullptr), -1);
+  expseg_host_destroy(nullptr);
+  // the pool still works
+  void *q = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 64 * KiB, &q), EXPSEG_OK);
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(hstat(h.get(), "allocation.current"), 1);
+  EXPECT_EQ(expseg_host_free(h.get(), q), EXPSEG_OK);
+}
+
+TEST(HostPool, DeviceAndHostPointersDoNotMix) {
+  PoolPtr h = make_pool("host", "");
+  expseg_allocator *a = nullptr;
+  ASSERT_EQ(expseg_create("host", 0, "", &a), EXPSEG_OK) << expseg_last_error();
+  void *dev = nullptr, *pin = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 1 * MiB, 0, &dev), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_malloc(h.get(), 1 * MiB, &pin), EXPSEG_OK);
+  EXPECT_EQ(expseg_host_free(h.get(), dev), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(expseg_last_error()).find("expseg_free"), std::string::npos)
+      << expseg_last_error();
+  EXPECT_EQ(expseg_host_record_stream(h.get(), dev, 2), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_free(a, pin), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_record_stream(a, pin, 2), EXPSEG_ERR_INVALID_ARGUMENT);
+  // both still work and own what they own
+  EXPECT_EQ(expseg_free(a, dev), EXPSEG_OK);
+  EXPECT_EQ(expseg_host_free(h.get(), pin), EXPSEG_OK);
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
+  expseg_destroy(a);
+}
+
+TEST(HostPool, BadConfigurationIsRejected) {
+  expseg_host_pool *h = nullptr;
+  EXPECT_EQ(expseg_host_create("host", 0, "pinned_num_register_threads:3", &h),
+            EXPSEG_ERR_CONFIG);
+  EXPECT_NE(std::string(expseg_last_error()).find("power of two"), std::string::npos)
+      << expseg_last_error();
+  EXPECT_EQ(expseg_host_create("host", 0, "pinned_reserve_segment_size_mb:0", &h),
+            EXPSEG_ERR_CONFIG);
+  EXPECT_EQ(expseg_host_create("nosuch", 0, "", &h), EXPSEG_ERR_CONFIG);
+  EXPECT_EQ(expseg_host_create("host", -1, "", &h), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_host_create("host", 0, "", nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(h, nullptr);
+}
+
+// ---- threads ----
+
+TEST(HostPool, ConcurrentCallersKeepTheBooks) {
+  for (const char *cfg : {"", "pinned_use_background_threads:True"}) {
+    SCOPED_TRACE(cfg);
+    PoolPtr h = make_pool("host", cfg);
+    ASSERT_TRUE(h);
+    std::atomic<int> failures{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 4; t++)
+      ts.emplace_back([&, t] {
+        uint32_t x = 12345u + (uint32_t)t;  // fixed seeds: the run is reproducible per thread
+        std::vector<void *> mine;
+        for (int i = 0; i < 2000; i++) {
+          x = x * 1103515245u + 12345u;
+          if (mine.size() < 8 && (x >> 16) % 3) {
+            void *p = nullptr;
+            size_t size = size_t(1) << (12 + (x >> 8) % 6);
+            if (expseg_host_malloc(h.get(), size, &p) != EXPSEG_OK) failures++;
+            else {
+              std::memset(p, t, 64);
+              if ((x >> 4) % 2) (void)expseg_host_record_stream(h.get(), p, 1 + t);
+              mine.push_back(p);
+            }
+          } else if (!mine.empty()) {
+            if (expseg_host_free(h.get(), mine.back()) != EXPSEG_OK) failures++;
+            mine.pop_back();
+          }
+        }
+        for (void *p : mine)
+          if (expseg_host_free(h.get(), p) != EXPSEG_OK) failures++;
+      });
+    for (auto &t : ts) t.join();
+    EXPECT_EQ(failures.load(), 0);
+    EXPECT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
+    EXPECT_EQ(hstat(h.get(), "allocation.current"), 0);
+    EXPECT_EQ(hstat(h.get(), "segment.current"), 0);
+    EXPECT_EQ(hstat(h.get(), "expseg.pending_events"), 0);
+    EXPECT_EQ(hstat(h.get(), "num_host_alloc"), hstat(h.get(), "num_host_free"));
+  }
+}
+
+}  // namespace
