@@ -279,16 +279,25 @@ expseg_status expseg_host_create(const char *driver, int device, const char *con
                                  expseg_host_pool **out) {
   if (!out) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_host_create: out is NULL");
   *out = NULL;
+  expseg_vmm_t *drv = NULL;
+  expseg_status s = _expseg_vmm_open(driver, device, &drv);
+  if (s != EXPSEG_OK) return s;
+  return _expseg_host_create_with_driver(drv, config, out);
+}
+
+expseg_status _expseg_host_create_with_driver(expseg_vmm_t *drv, const char *config,
+                                              expseg_host_pool **out) {
+  *out = NULL;
   expseg_config_source_t src;
   _expseg_config_source(config, NULL, &src);
   expseg_config_t defaults, cfg;
   _expseg_config_defaults(&defaults);
   char err[512];
-  if (_expseg_config_parse(src.text, src.name, &defaults, &cfg, err, sizeof err) != EXPSEG_OK)
+  if (_expseg_config_parse(src.text, src.name, &defaults, &cfg, err, sizeof err) != EXPSEG_OK) {
+    _expseg_vmm_close(drv);
     return _expseg_error_set(EXPSEG_ERR_CONFIG, "expseg_host_create: %s", err);
-  expseg_vmm_t *drv = NULL;
-  expseg_status s = _expseg_vmm_open(driver, device, &drv);
-  if (s != EXPSEG_OK) return s;
+  }
+  expseg_status s = EXPSEG_OK;
   expseg_host_pool *h = calloc(1, sizeof *h);
   if (!h || !_expseg_ptrmap_init(&h->live)) {
     free(h);

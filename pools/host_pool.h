@@ -96,6 +96,10 @@ void _expseg_host_stats_visit(const host_stats_t *s,
 void _expseg_host_stats_reset_peak(host_stats_t *s);
 void _expseg_dur_add(dur_t *d, int64_t us);
 
+/* expseg_host_create over an already-open driver (tests: the fault wrapper). Takes
+ * ownership of drv, also on failure. */
+expseg_status _expseg_host_create_with_driver(expseg_vmm_t *drv, const char *config,
+                                              expseg_host_pool **out);
 /* Tests: the pool's driver (to hold its streams). */
 expseg_vmm_t *_expseg_host_pool_driver(expseg_host_pool *h);
 

@@ -18,9 +18,7 @@
 #include <vector>
 
 #include "expseg.h"
-#include "vmm.h"
-
-extern "C" expseg_vmm_t *_expseg_host_pool_driver(expseg_host_pool *h);
+#include "host_pool.h"
 
 namespace {
 
@@ -474,6 +472,98 @@ TEST(HostPool, BadConfigurationIsRejected) {
   EXPECT_EQ(expseg_host_create("host", -1, "", &h), EXPSEG_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(expseg_host_create("host", 0, "", nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(h, nullptr);
+}
+
+// ---- driver failures (the fault wrapper) ----
+
+struct FaultPool {
+  expseg_vmm_t *fault = nullptr;  // owned by the pool
+  PoolPtr h;
+  explicit FaultPool(const char *config) {
+    expseg_vmm_t *inner = nullptr;
+    EXPECT_EQ(_expseg_vmm_open("host", 0, &inner), EXPSEG_OK) << expseg_last_error();
+    EXPECT_EQ(_expseg_fault_new(inner, &fault), EXPSEG_OK) << expseg_last_error();
+    expseg_host_pool *p = nullptr;
+    EXPECT_EQ(_expseg_host_create_with_driver(fault, config, &p), EXPSEG_OK)
+        << expseg_last_error();
+    h.reset(p);
+  }
+  void fail(expseg_vmm_call call, uint64_t nth, uint64_t count, expseg_status st) {
+    expseg_fault_rule_t r = {call, nth, count, st};
+    _expseg_fault_set_rules(fault, &r, 1);
+  }
+};
+
+TEST(HostPoolFault, FailedChunkIsReportedAndCacheGivenBackFirst) {
+  QuietLog quiet;
+  FaultPool f("");
+  ASSERT_TRUE(f.h);
+  void *a = nullptr, *b = nullptr;
+  f.fail(EXPSEG_VMM_CALL_host_alloc, 1, 1, EXPSEG_ERR_DRIVER);
+  EXPECT_EQ(expseg_host_malloc(f.h.get(), 1 * MiB, &a), EXPSEG_ERR_DRIVER);
+  EXPECT_NE(std::string(expseg_last_error()).find("expseg_host_malloc(size=1024.00 KiB"),
+            std::string::npos) << expseg_last_error();
+  EXPECT_EQ(a, nullptr);
+  ASSERT_EQ(expseg_host_malloc(f.h.get(), 1 * MiB, &a), EXPSEG_OK);  // call #2 works
+  ASSERT_EQ(expseg_host_free(f.h.get(), a), EXPSEG_OK);
+  // out of memory with 1 MiB cached: the cache goes back and the chunk is asked again
+  f.fail(EXPSEG_VMM_CALL_host_alloc, 3, 1, EXPSEG_ERR_OUT_OF_MEMORY);
+  ASSERT_EQ(expseg_host_malloc(f.h.get(), 2 * MiB, &b), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(hstat(f.h.get(), "num_host_free"), 1);
+  EXPECT_EQ(hstat(f.h.get(), "segment.current"), 1);
+  // nothing cached any more: the out-of-memory reaches the caller
+  f.fail(EXPSEG_VMM_CALL_host_alloc, 5, 1, EXPSEG_ERR_OUT_OF_MEMORY);
+  void *c = nullptr;
+  EXPECT_EQ(expseg_host_malloc(f.h.get(), 4 * MiB, &c), EXPSEG_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(expseg_host_free(f.h.get(), b), EXPSEG_OK);
+  EXPECT_EQ(hstat(f.h.get(), "allocation.current"), 0);
+}
+
+TEST(HostPoolFault, NoEventMeansAWaitAndNoWaitMeansNoReuse) {
+  QuietLog quiet;
+  for (expseg_vmm_call kind : {EXPSEG_VMM_CALL_event_create, EXPSEG_VMM_CALL_event_record}) {
+    SCOPED_TRACE(_expseg_vmm_call_name(kind));
+    FaultPool f("");
+    ASSERT_TRUE(f.h);
+    f.fail(kind, 1, 1000, EXPSEG_ERR_DRIVER);
+    void *p = nullptr, *q = nullptr;
+    // the stream is idle: the wait works and the block is free at once
+    ASSERT_EQ(expseg_host_malloc(f.h.get(), 64 * KiB, &p), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_record_stream(f.h.get(), p, 4), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_free(f.h.get(), p), EXPSEG_OK);
+    EXPECT_EQ(hstat(f.h.get(), "expseg.stream_syncs"), 1);
+    ASSERT_EQ(expseg_host_malloc(f.h.get(), 64 * KiB, &q), EXPSEG_OK);
+    EXPECT_EQ(q, p);
+    // the stream is busy and cannot be waited for: the block is never handed out again
+    hold(f.h.get(), 4, true);
+    ASSERT_EQ(expseg_host_record_stream(f.h.get(), q, 4), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_free(f.h.get(), q), EXPSEG_OK);
+    EXPECT_EQ(hstat(f.h.get(), "expseg.stuck_blocks"), 1);
+    EXPECT_GE(quiet.lines, 1);
+    for (int i = 0; i < 3; i++) {
+      void *r = nullptr;
+      ASSERT_EQ(expseg_host_malloc(f.h.get(), 64 * KiB, &r), EXPSEG_OK);
+      EXPECT_NE(r, p);
+      hold(f.h.get(), 4, false);
+    }
+  }
+}
+
+TEST(HostPoolFault, FailedGiveBackKeepsTheBlockCached) {
+  QuietLog quiet;
+  FaultPool f("");
+  ASSERT_TRUE(f.h);
+  void *p = nullptr;
+  ASSERT_EQ(expseg_host_malloc(f.h.get(), 1 * MiB, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_free(f.h.get(), p), EXPSEG_OK);
+  f.fail(EXPSEG_VMM_CALL_host_free, 1, 1, EXPSEG_ERR_DRIVER);
+  EXPECT_EQ(expseg_host_empty_cache(f.h.get()), EXPSEG_OK);
+  EXPECT_EQ(hstat(f.h.get(), "segment.current"), 1);
+  EXPECT_EQ(hstat(f.h.get(), "expseg.cached_bytes.current"), int64_t(1 * MiB));
+  EXPECT_EQ(quiet.lines, 1);
+  EXPECT_EQ(expseg_host_empty_cache(f.h.get()), EXPSEG_OK);
+  EXPECT_EQ(hstat(f.h.get(), "segment.current"), 0);
+  EXPECT_EQ(hstat(f.h.get(), "num_host_free"), 1);
 }
 
 // ---- threads ----
