@@ -7,11 +7,11 @@
  *  - register path (pinned_use_cuda_host_register): the pages are touched by
  *    `fault_threads` threads, each bound to the node's cores, then mlock()ed: the stand-in
  *    for malloc + pre-fault + cuMemHostRegister;
- *  - create path: the stand-in for cuMemCreate on a host NUMA location: mlock() faults the
- *    pages in itself (on the bound node), one thread.
+ *  - create path: the stand-in for cuMemCreate on a host NUMA location: the caller's thread
+ *    faults the pages in, then mlock().
  * Page locking is modelled, not required: mlock fails past RLIMIT_MEMLOCK (8 MiB for an
- * unprivileged user by default), and then the chunk says locked = false, the pages are
- * faulted by touching them, and one warning per process says why. */
+ * unprivileged user by default), and then the chunk says locked = false (the pages are
+ * present all the same), and one warning per process says why. */
 #include "vmm_impl.h"
 
 #include <errno.h>
@@ -99,10 +99,11 @@ expseg_status _expseg_pinned_alloc(void *st, expseg_host_chunk_t *c) {
   }
   if (c->use_register)
     c->threads_used = _expseg_pinned_prefault(p, c->size, c->fault_threads, c->numa_node);
+  else
+    _expseg_pinned_prefault(p, c->size, 1, -1); /* mlock may not fault (sanitizers stub it) */
   c->locked = mlock(p, c->size) == 0;
   if (!c->locked) {
     int err = errno;
-    if (!c->use_register) _expseg_pinned_prefault(p, c->size, 1, -1);
     if (!atomic_exchange(&lock_warned, true)) {
       struct rlimit rl = {0, 0};
       getrlimit(RLIMIT_MEMLOCK, &rl);
