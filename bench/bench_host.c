@@ -16,19 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *x, const void *y) {
-  uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
-  return a < b ? -1 : a > b;
-}
-
 static uint64_t median(uint64_t *v, size_t n) {
-  qsort(v, n, sizeof *v, cmp_u64);
+  qsort(v, n, sizeof *v, _expseg_u64_cmp);
   return v[n / 2];
 }
 
@@ -99,10 +88,10 @@ static int bench_hit(const args_t *a, const char *conf) {
   int rc = expseg_host_malloc(h, a->block, &p) != EXPSEG_OK || expseg_host_free(h, p) != EXPSEG_OK;
   uint64_t *t = calloc(a->batches, sizeof *t);
   for (uint64_t b = 0; !rc && b < a->batches; b++) {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = _expseg_bench_now_ns();
     for (uint64_t i = 0; i < a->batch && !rc; i++)
       rc = expseg_host_malloc(h, a->block, &p) != EXPSEG_OK || expseg_host_free(h, p) != EXPSEG_OK;
-    t[b] = now_ns() - t0;
+    t[b] = _expseg_bench_now_ns() - t0;
   }
   if (rc) fprintf(stderr, "expseg-bench-host: hit loop: %s\n", expseg_last_error());
   else
@@ -130,9 +119,9 @@ static int bench_fill(const args_t *a, const char *conf, const char *label) {
     expseg_host_pool *h = open_pool(a->driver, conf);
     if (!h) { rc = 1; break; }
     void *p = NULL;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = _expseg_bench_now_ns();
     rc = expseg_host_malloc(h, size, &p) != EXPSEG_OK;
-    t[r] = now_ns() - t0;
+    t[r] = _expseg_bench_now_ns() - t0;
     if (rc) fprintf(stderr, "expseg-bench-host: fill: %s\n", expseg_last_error());
     expseg_host_destroy(h);
   }
@@ -146,11 +135,11 @@ static void bench_plain(const args_t *a) {
   size_t size = (size_t)a->size_mb << 20, page = (size_t)sysconf(_SC_PAGESIZE);
   uint64_t *t = calloc(a->rounds, sizeof *t);
   for (uint64_t r = 0; r < a->rounds; r++) {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = _expseg_bench_now_ns();
     char *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) { free(t); return; }
     for (size_t i = 0; i < size; i += page) ((volatile char *)p)[i] = 0;
-    t[r] = now_ns() - t0;
+    t[r] = _expseg_bench_now_ns() - t0;
     munmap(p, size);
   }
   report_fill("plain mmap + 1 thread touching", t, a->rounds, size);

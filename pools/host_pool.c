@@ -393,14 +393,24 @@ static hblock_t *from_reserve(expseg_host_pool *h, size_t cls) {
   return b;
 }
 
-/* Hands b out: live map, state, stats. Lock held. false: no host memory for the map. */
-static bool hand_out(expseg_host_pool *h, hblock_t *b, size_t size) {
-  if (!_expseg_ptrmap_put(&h->live, b->ptr, (block_t *)(void *)b)) return false;
-  b->state = HB_ALLOCATED;
-  b->requested = size;
-  _expseg_stat_add(&h->st.allocation, 1);
+/* Hands b out (live map, state, stats) and drops the lock, which the caller holds. With
+ * no host memory for the map, b goes back on its free list. */
+static expseg_status hand_out(expseg_host_pool *h, hblock_t *b, size_t size, void **out) {
+  bool ok = _expseg_ptrmap_put(&h->live, b->ptr, (block_t *)(void *)b);
+  _expseg_stat_add(&h->st.allocation, 1); /* push_free takes them off again */
   _expseg_stat_add(&h->st.allocated_bytes, (int64_t)b->size);
-  return true;
+  if (ok) {
+    b->state = HB_ALLOCATED;
+    b->requested = size;
+    *out = (void *)b->ptr;
+  } else {
+    push_free(h, b);
+  }
+  pthread_mutex_unlock(&h->lock);
+  if (!ok)
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                             "expseg_host_malloc: out of host memory for the pointer map");
+  return EXPSEG_OK;
 }
 
 expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
@@ -423,20 +433,7 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
   }
   if (b) h->st.hits++;
   else b = from_reserve(h, cls);
-  if (b) {
-    bool ok = hand_out(h, b, size);
-    if (!ok) {
-      _expseg_stat_add(&h->st.allocation, 1); /* push_free takes them off again */
-      _expseg_stat_add(&h->st.allocated_bytes, (int64_t)b->size);
-      push_free(h, b);
-    }
-    pthread_mutex_unlock(&h->lock);
-    if (!ok)
-      return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
-                               "expseg_host_malloc: out of host memory for the pointer map");
-    *out = (void *)b->ptr;
-    return EXPSEG_OK;
-  }
+  if (b) return hand_out(h, b, size, out);
   h->st.misses++;
   pthread_mutex_unlock(&h->lock);
   b = block_new(cls);
@@ -461,18 +458,7 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
   pthread_mutex_lock(&h->lock);
   note_chunk(h, &b->chunk, us);
   link_block(h, b);
-  bool ok = hand_out(h, b, size);
-  if (!ok) {
-    _expseg_stat_add(&h->st.allocation, 1);
-    _expseg_stat_add(&h->st.allocated_bytes, (int64_t)b->size);
-    push_free(h, b);
-  }
-  pthread_mutex_unlock(&h->lock);
-  if (!ok)
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
-                             "expseg_host_malloc: out of host memory for the pointer map");
-  *out = (void *)b->ptr;
-  return EXPSEG_OK;
+  return hand_out(h, b, size, out);
 }
 
 /* The block of this pool that holds ptr (any state), for messages. Lock held. */

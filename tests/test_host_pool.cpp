@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "alloc_support.h"
 #include "expseg.h"
 #include "host_pool.h"
 
@@ -28,18 +29,6 @@ struct PoolDeleter {
   void operator()(expseg_host_pool *h) const { expseg_host_destroy(h); }
 };
 using PoolPtr = std::unique_ptr<expseg_host_pool, PoolDeleter>;
-
-struct QuietLog {
-  int lines = 0;
-  std::string last;
-  QuietLog() { expseg_set_log_sink(&QuietLog::sink, this); }
-  ~QuietLog() { expseg_set_log_sink(nullptr, nullptr); }
-  static void sink(void *ctx, const char *line) {
-    auto *q = static_cast<QuietLog *>(ctx);
-    q->lines++;
-    q->last = line;
-  }
-};
 
 PoolPtr make_pool(const char *driver, const char *config) {
   expseg_host_pool *h = nullptr;
