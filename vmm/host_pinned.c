@@ -77,7 +77,7 @@ uint32_t _expseg_pinned_prefault(void *p, size_t size, uint32_t n, int node) {
   return started;
 }
 
-static atomic_bool lock_warned;
+static atomic_bool lock_warned, bind_warned; /* one warning per process each */
 
 expseg_status _expseg_pinned_alloc(void *st, expseg_host_chunk_t *c) {
   (void)st;
@@ -93,8 +93,10 @@ expseg_status _expseg_pinned_alloc(void *st, expseg_host_chunk_t *c) {
   c->method = c->use_register ? EXPSEG_HOST_REGISTERED : EXPSEG_HOST_CREATED;
   if (c->numa_node >= 0) {
     c->placed = _expseg_topo_bind(p, c->size, c->numa_node) == EXPSEG_OK;
-    if (!c->placed)
-      _expseg_warn("pinned host memory: not placed on NUMA node %d: %s",
+    if (!c->placed && !atomic_exchange(&bind_warned, true))
+      _expseg_warn("pinned host memory: not placed on NUMA node %d (%s); the memory is "
+                   "usable, placement is left to the OS (expseg.placed_bytes counts what is "
+                   "placed)",
                    c->numa_node, expseg_last_error());
   }
   if (c->use_register)
