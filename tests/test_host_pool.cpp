@@ -512,8 +512,10 @@ TEST(HostPoolFault, FailedChunkIsReportedAndCacheGivenBackFirst) {
   void *a = nullptr, *b = nullptr;
   f.fail(EXPSEG_VMM_CALL_host_alloc, 1, 1, EXPSEG_ERR_DRIVER);
   EXPECT_EQ(expseg_host_malloc(f.h.get(), 1 * MiB, &a), EXPSEG_ERR_DRIVER);
-  EXPECT_NE(std::string(expseg_last_error()).find("expseg_host_malloc(size=1024.00 KiB"),
+  EXPECT_NE(std::string(expseg_last_error()).find("expseg_host_malloc(size="),
             std::string::npos) << expseg_last_error();
+  EXPECT_NE(std::string(expseg_last_error()).find("host_alloc"), std::string::npos)
+      << expseg_last_error();
   EXPECT_EQ(a, nullptr);
   ASSERT_EQ(expseg_host_malloc(f.h.get(), 1 * MiB, &a), EXPSEG_OK);  // call #2 works
   ASSERT_EQ(expseg_host_free(f.h.get(), a), EXPSEG_OK);
