@@ -26,6 +26,19 @@ static expseg_status no_pool(const char *fn) {
   return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: the host pool is NULL", fn);
 }
 
+/* The pool's lock as the entry points take it: warnings raised inside wait until it is let
+ * go (vmm/error.c), so a log sink never runs under an expseg lock. release_cached drops and
+ * retakes it with pthread_mutex_* directly, inside an entry point. */
+static void pool_lock(expseg_host_pool *h) {
+  _expseg_log_defer(true);
+  pthread_mutex_lock(&h->lock);
+}
+
+static void pool_unlock(expseg_host_pool *h) {
+  pthread_mutex_unlock(&h->lock);
+  _expseg_log_defer(false);
+}
+
 static unsigned log2_of(size_t pow2) {
   unsigned i = 0;
   while (((size_t)1 << i) < pow2) i++;
@@ -150,22 +163,25 @@ enum { BG_POLL_NS = 100 * 1000 }; /* PyTorch's 100 us */
 
 static void *bg_main(void *arg) {
   expseg_host_pool *h = arg;
-  pthread_mutex_lock(&h->lock);
-  while (!h->bg_stop) {
+  for (;;) {
+    pool_lock(h); /* one pass per lock: its warnings reach the sink at each unlock */
+    if (h->bg_stop) {
+      pool_unlock(h);
+      return NULL;
+    }
     if (h->n_events == 0) {
       pthread_cond_wait(&h->cv, &h->lock);
-      continue;
+    } else {
+      process_events(h);
+      h->st.background_passes++;
+      struct timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      ts.tv_nsec += BG_POLL_NS;
+      if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+      pthread_cond_timedwait(&h->cv, &h->lock, &ts);
     }
-    process_events(h);
-    h->st.background_passes++;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_nsec += BG_POLL_NS;
-    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-    pthread_cond_timedwait(&h->cv, &h->lock, &ts);
+    pool_unlock(h);
   }
-  pthread_mutex_unlock(&h->lock);
-  return NULL;
 }
 
 /* ---- driver chunks ---- */
@@ -345,10 +361,10 @@ expseg_status _expseg_host_create_with_driver(expseg_vmm_t *drv, const char *con
 void expseg_host_destroy(expseg_host_pool *h) {
   if (!h) return;
   if (h->bg_running) {
-    pthread_mutex_lock(&h->lock);
+    pool_lock(h);
     h->bg_stop = true;
     pthread_cond_signal(&h->cv);
-    pthread_mutex_unlock(&h->lock);
+    pool_unlock(h);
     pthread_join(h->bg, NULL);
   }
   for (size_t i = 0; i < h->n_events; i++) (void)_expseg_vmm_event_destroy(h->drv, h->events[i].ev);
@@ -406,7 +422,7 @@ static expseg_status hand_out(expseg_host_pool *h, hblock_t *b, size_t size, voi
   } else {
     push_free(h, b);
   }
-  pthread_mutex_unlock(&h->lock);
+  pool_unlock(h);
   if (!ok)
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
                              "expseg_host_malloc: out of host memory for the pointer map");
@@ -424,7 +440,7 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
                              "request may ask (rounding it up would overflow)",
                              size);
   size_t cls = size_class(h, size);
-  pthread_mutex_lock(&h->lock);
+  pool_lock(h);
   if (!h->bg_running) process_events(h);
   hblock_t *b = pop_free(h, cls);
   if (!b && h->bg_running && h->n_events) { /* a miss: help the background thread once */
@@ -435,16 +451,16 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
   else b = from_reserve(h, cls);
   if (b) return hand_out(h, b, size, out);
   h->st.misses++;
-  pthread_mutex_unlock(&h->lock);
+  pool_unlock(h);
   b = block_new(cls);
   if (!b) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
   uint64_t us = 0;
   expseg_status s = chunk_new(h, cls, &b->chunk, &us);
   if (s == EXPSEG_ERR_OUT_OF_MEMORY) { /* give the cache back and try once more */
-    pthread_mutex_lock(&h->lock);
+    pool_lock(h);
     process_events(h);
     size_t freed = release_cached(h);
-    pthread_mutex_unlock(&h->lock);
+    pool_unlock(h);
     if (freed) s = chunk_new(h, cls, &b->chunk, &us);
   }
   if (s != EXPSEG_OK) {
@@ -455,7 +471,7 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
     return s;
   }
   b->ptr = (uintptr_t)b->chunk.ptr;
-  pthread_mutex_lock(&h->lock);
+  pool_lock(h);
   note_chunk(h, &b->chunk, us);
   link_block(h, b);
   return hand_out(h, b, size, out);
@@ -515,11 +531,11 @@ static uint32_t record_events(expseg_host_pool *h, hblock_t *b) {
 expseg_status expseg_host_free(expseg_host_pool *h, void *ptr) {
   if (!h) return no_pool("expseg_host_free");
   if (!ptr) return EXPSEG_OK;
-  pthread_mutex_lock(&h->lock);
+  pool_lock(h);
   hblock_t *b = (hblock_t *)(void *)_expseg_ptrmap_take(&h->live, (uintptr_t)ptr);
   if (!b) {
     expseg_status s = not_live(h, "expseg_host_free", ptr);
-    pthread_mutex_unlock(&h->lock);
+    pool_unlock(h);
     return s;
   }
   b->event_count = b->n_streams ? record_events(h, b) : 0;
@@ -530,14 +546,14 @@ expseg_status expseg_host_free(expseg_host_pool *h, void *ptr) {
   } else {
     push_free(h, b);
   }
-  pthread_mutex_unlock(&h->lock);
+  pool_unlock(h);
   return EXPSEG_OK;
 }
 
 expseg_status expseg_host_record_stream(expseg_host_pool *h, void *ptr, expseg_stream stream) {
   if (!h) return no_pool("expseg_host_record_stream");
   if (!ptr) return EXPSEG_OK;
-  pthread_mutex_lock(&h->lock);
+  pool_lock(h);
   hblock_t *b = (hblock_t *)(void *)_expseg_ptrmap_get(&h->live, (uintptr_t)ptr);
   expseg_status s = EXPSEG_OK;
   if (!b) {
@@ -561,16 +577,16 @@ expseg_status expseg_host_record_stream(expseg_host_pool *h, void *ptr, expseg_s
                                  "expseg_host_record_stream: out of host memory");
     }
   }
-  pthread_mutex_unlock(&h->lock);
+  pool_unlock(h);
   return s;
 }
 
 expseg_status expseg_host_empty_cache(expseg_host_pool *h) {
   if (!h) return no_pool("expseg_host_empty_cache");
-  pthread_mutex_lock(&h->lock);
+  pool_lock(h);
   process_events(h);
   release_cached(h);
-  pthread_mutex_unlock(&h->lock);
+  pool_unlock(h);
   return EXPSEG_OK;
 }
 
@@ -603,7 +619,7 @@ void expseg_host_stats_foreach(const expseg_host_pool *h,
 
 void expseg_host_reset_peak_stats(expseg_host_pool *h) {
   if (!h) return;
-  pthread_mutex_lock(&h->lock);
+  pool_lock(h);
   _expseg_host_stats_reset_peak(&h->st);
-  pthread_mutex_unlock(&h->lock);
+  pool_unlock(h);
 }

@@ -562,6 +562,34 @@ TEST(HostPoolFault, NoEventMeansAWaitAndNoWaitMeansNoReuse) {
   }
 }
 
+// Warnings raised under the pool's lock reach the log sink only once it is let go: a sink
+// may call back into the pool.
+TEST(HostPoolFault, LogSinkRunsWithoutThePoolLock) {
+  FaultPool f("");
+  ASSERT_TRUE(f.h);
+  struct Ctx {
+    expseg_host_pool *h;
+    int lines = 0, under_lock = 0;
+  } ctx{f.h.get()};
+  expseg_set_log_sink(
+      [](void *c, const char *) {
+        auto *x = static_cast<Ctx *>(c);
+        x->lines++;
+        if (pthread_mutex_trylock(&x->h->lock) != 0) x->under_lock++;
+        else pthread_mutex_unlock(&x->h->lock);
+      },
+      &ctx);
+  f.fail(EXPSEG_VMM_CALL_event_record, 1, 1000, EXPSEG_ERR_DRIVER);
+  hold(f.h.get(), 6, true);
+  void *p = nullptr;
+  ASSERT_EQ(expseg_host_malloc(f.h.get(), 64 * KiB, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_record_stream(f.h.get(), p, 6), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_free(f.h.get(), p), EXPSEG_OK);  // stuck: warns under the lock
+  expseg_set_log_sink(nullptr, nullptr);
+  EXPECT_GE(ctx.lines, 1);
+  EXPECT_EQ(ctx.under_lock, 0);
+}
+
 TEST(HostPoolFault, FailedGiveBackKeepsTheBlockCached) {
   QuietLog quiet;
   FaultPool f("");
