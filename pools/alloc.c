@@ -40,13 +40,10 @@ static void warn_ignored_once(const expseg_config_source_t *src) {
 expseg_status _expseg_create_with_driver(expseg_vmm_t *drv, const char *config,
                                          expseg_allocator **out) {
   expseg_config_source_t src;
-  _expseg_config_source(config, NULL, &src);
-  expseg_config_t defaults, cfg;
-  _expseg_config_defaults(&defaults);
-  char err[512];
-  if (_expseg_config_parse(src.text, src.name, &defaults, &cfg, err, sizeof err) != EXPSEG_OK) {
+  expseg_config_t cfg;
+  if (_expseg_config_load(config, "", &src, &cfg) != EXPSEG_OK) {
     _expseg_vmm_close(drv);
-    return _expseg_error_set(EXPSEG_ERR_CONFIG, "%s", err);
+    return EXPSEG_ERR_CONFIG;
   }
   warn_ignored_once(&src);
   expseg_allocator *a = calloc(1, sizeof *a);

@@ -305,13 +305,10 @@ expseg_status _expseg_host_create_with_driver(expseg_vmm_t *drv, const char *con
                                               expseg_host_pool **out) {
   *out = NULL;
   expseg_config_source_t src;
-  _expseg_config_source(config, NULL, &src);
-  expseg_config_t defaults, cfg;
-  _expseg_config_defaults(&defaults);
-  char err[512];
-  if (_expseg_config_parse(src.text, src.name, &defaults, &cfg, err, sizeof err) != EXPSEG_OK) {
+  expseg_config_t cfg;
+  if (_expseg_config_load(config, "expseg_host_create: ", &src, &cfg) != EXPSEG_OK) {
     _expseg_vmm_close(drv);
-    return _expseg_error_set(EXPSEG_ERR_CONFIG, "expseg_host_create: %s", err);
+    return EXPSEG_ERR_CONFIG;
   }
   expseg_status s = EXPSEG_OK;
   expseg_host_pool *h = calloc(1, sizeof *h);

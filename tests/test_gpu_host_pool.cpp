@@ -10,18 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "expseg.h"
-#include "host_pool.h"
+#include "host_pool_support.h"
 
 namespace {
 
 constexpr size_t MiB = 1024 * 1024;
-
-int64_t hstat(const expseg_host_pool *h, const char *key) {
-  int64_t v = INT64_MIN;
-  EXPECT_EQ(expseg_host_stat(h, key, &v), EXPSEG_OK) << key << ": " << expseg_last_error();
-  return v;
-}
 
 TEST(GpuHostPool, BothPathsGiveLockedPlacedMemory) {
   if (!_expseg_cuda_usable(0)) GTEST_SKIP() << "no usable CUDA device";

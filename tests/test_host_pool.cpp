@@ -18,30 +18,11 @@
 #include <vector>
 
 #include "alloc_support.h"
-#include "expseg.h"
-#include "host_pool.h"
+#include "host_pool_support.h"
 
 namespace {
 
 constexpr size_t KiB = 1024, MiB = 1024 * 1024;
-
-struct PoolDeleter {
-  void operator()(expseg_host_pool *h) const { expseg_host_destroy(h); }
-};
-using PoolPtr = std::unique_ptr<expseg_host_pool, PoolDeleter>;
-
-PoolPtr make_pool(const char *driver, const char *config) {
-  expseg_host_pool *h = nullptr;
-  expseg_status st = expseg_host_create(driver, 0, config, &h);
-  EXPECT_EQ(st, EXPSEG_OK) << driver << " / " << config << ": " << expseg_last_error();
-  return PoolPtr(h);
-}
-
-int64_t hstat(const expseg_host_pool *h, const std::string &key) {
-  int64_t v = INT64_MIN;
-  EXPECT_EQ(expseg_host_stat(h, key.c_str(), &v), EXPSEG_OK) << key << ": " << expseg_last_error();
-  return v;
-}
 
 void hold(expseg_host_pool *h, expseg_stream s, bool on) {
   ASSERT_EQ(_expseg_vmm_hold_stream(_expseg_host_pool_driver(h), s, on), EXPSEG_OK);
