@@ -4,6 +4,7 @@
 // each pinned_* option, and the error cases.
 #include <gtest/gtest.h>
 
+#include <dirent.h>
 #include <linux/capability.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -102,6 +103,35 @@ TEST(HostPool, PagesSitOnTheChosenNode) {
       EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
     }
   }
+}
+
+// The cuda backend's node comes from the GPU's PCI bus id: hwloc's answer for every PCI
+// device here must agree with the kernel's numa_node where both know one.
+TEST(HostPool, PciLocalityAgreesWithTheKernel) {
+  DIR *d = opendir("/sys/bus/pci/devices");
+  if (!d) GTEST_SKIP() << "no /sys/bus/pci/devices";
+  int known = 0, nodes = _expseg_topo_numa_count();
+  for (dirent *e; (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    int mine = _expseg_topo_numa_of_pci(e->d_name);
+    EXPECT_GE(mine, -1) << e->d_name;
+    EXPECT_LT(mine, nodes) << e->d_name;
+    FILE *f = std::fopen(("/sys/bus/pci/devices/" + std::string(e->d_name) + "/numa_node").c_str(), "r");
+    int kernel = -1;
+    if (f) {
+      if (std::fscanf(f, "%d", &kernel) != 1) kernel = -1;
+      std::fclose(f);
+    }
+    if (mine >= 0) known++;
+    if (mine >= 0 && kernel >= 0) {
+      EXPECT_EQ(mine, kernel) << e->d_name;
+    }
+  }
+  closedir(d);
+  std::printf("%d PCI device(s) with a known nearest node\n", known);
+  EXPECT_EQ(_expseg_topo_numa_of_pci("0000:ff:1f.7"), -1) << "no such device";
+  EXPECT_EQ(_expseg_topo_numa_of_pci("not a bus id"), -1);
+  EXPECT_EQ(_expseg_topo_numa_of_pci(nullptr), -1);
 }
 
 TEST(HostPool, DefaultNodeIsReported) {
