@@ -543,6 +543,18 @@ TEST(HostPoolFault, FailedChunkIsReportedAndCacheGivenBackFirst) {
   EXPECT_EQ(hstat(f.h.get(), "allocation.current"), 0);
 }
 
+// The public fault spec reaches the pool's calls too.
+TEST(HostPoolFault, FaultSpecFailsHostAlloc) {
+  QuietLog quiet;
+  PoolPtr h = make_pool("fault:fail=host_alloc@1;host", "");
+  ASSERT_TRUE(h);
+  void *p = nullptr;
+  EXPECT_NE(expseg_host_malloc(h.get(), 64 * KiB, &p), EXPSEG_OK);
+  EXPECT_EQ(p, nullptr);
+  ASSERT_EQ(expseg_host_malloc(h.get(), 64 * KiB, &p), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+}
+
 TEST(HostPoolFault, NoEventMeansAWaitAndNoWaitMeansNoReuse) {
   QuietLog quiet;
   for (expseg_vmm_call kind : {EXPSEG_VMM_CALL_event_create, EXPSEG_VMM_CALL_event_record}) {
