@@ -241,8 +241,8 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
     api_unlock(a);
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_free(%p): not a pointer this allocator handed out, or "
-                             "already freed",
-                             ptr);
+                             "already freed%s",
+                             ptr, _expseg_host_pool_hint(ptr));
   }
   bool pending = false;
   if (b->n_uses > 0) {
@@ -286,7 +286,8 @@ expseg_status expseg_record_stream(expseg_allocator *a, void *ptr, expseg_stream
   expseg_status st;
   if (b == NULL)
     st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                           "expseg_record_stream(%p): not a live pointer of this allocator", ptr);
+                           "expseg_record_stream(%p): not a live pointer of this allocator%s",
+                           ptr, _expseg_host_pool_hint(ptr));
   else
     st = _expseg_block_add_use(b, stream);
   api_unlock(a);

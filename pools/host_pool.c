@@ -287,6 +287,41 @@ static size_t release_cached(expseg_host_pool *h) {
   return freed;
 }
 
+/* ---- every live pool, for the device allocator's messages ---- */
+
+static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
+static expseg_host_pool *registry;
+
+static void registry_add(expseg_host_pool *h) {
+  pthread_mutex_lock(&registry_mu);
+  h->next_pool = registry;
+  registry = h;
+  pthread_mutex_unlock(&registry_mu);
+}
+
+static void registry_remove(expseg_host_pool *h) {
+  pthread_mutex_lock(&registry_mu);
+  expseg_host_pool **pp = &registry;
+  while (*pp && *pp != h) pp = &(*pp)->next_pool;
+  if (*pp) *pp = h->next_pool;
+  pthread_mutex_unlock(&registry_mu);
+}
+
+static const hblock_t *owner_of(const expseg_host_pool *h, uintptr_t p);
+
+const char *_expseg_host_pool_hint(const void *ptr) {
+  bool found = false;
+  pthread_mutex_lock(&registry_mu);
+  for (expseg_host_pool *h = registry; h && !found; h = h->next_pool) {
+    pthread_mutex_lock(&h->lock);
+    found = owner_of(h, (uintptr_t)ptr) != NULL;
+    pthread_mutex_unlock(&h->lock);
+  }
+  pthread_mutex_unlock(&registry_mu);
+  return found ? "; it is pinned host memory of a host pool: give it back with expseg_host_free"
+               : "";
+}
+
 /* ---- create / destroy ---- */
 
 expseg_vmm_t *_expseg_host_pool_driver(expseg_host_pool *h) { return h ? h->drv : NULL; }
@@ -351,12 +386,14 @@ expseg_status _expseg_host_create_with_driver(expseg_vmm_t *drv, const char *con
     }
     h->bg_running = true;
   }
+  registry_add(h);
   *out = h;
   return EXPSEG_OK;
 }
 
 void expseg_host_destroy(expseg_host_pool *h) {
   if (!h) return;
+  registry_remove(h);
   if (h->bg_running) {
     pool_lock(h);
     h->bg_stop = true;

@@ -87,6 +87,7 @@ struct expseg_host_pool {
   pthread_t bg;
   pthread_cond_t cv;
   host_stats_t st;
+  expseg_host_pool *next_pool; /* every live pool (host_pool.c's registry) */
 };
 
 /* ---- host_pool_stats.c ---- */

@@ -474,7 +474,15 @@ TEST(HostPool, DeviceAndHostPointersDoNotMix) {
       << expseg_last_error();
   EXPECT_EQ(expseg_host_record_stream(h.get(), dev, 2), EXPSEG_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(expseg_free(a, pin), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(expseg_last_error()).find("expseg_host_free"), std::string::npos)
+      << expseg_last_error();
   EXPECT_EQ(expseg_record_stream(a, pin, 2), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(expseg_last_error()).find("pinned host memory"), std::string::npos)
+      << expseg_last_error();
+  int local = 0;  // neither's: no hint
+  EXPECT_EQ(expseg_free(a, &local), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(expseg_last_error()).find("pinned"), std::string::npos)
+      << expseg_last_error();
   // both still work and own what they own
   EXPECT_EQ(expseg_free(a, dev), EXPSEG_OK);
   EXPECT_EQ(expseg_host_free(h.get(), pin), EXPSEG_OK);
