@@ -307,7 +307,7 @@ expseg_status _expseg_host_new(const expseg_host_opts_t *o, int device, expseg_v
                              opt.capacity, _expseg_format_size(b, g));
   if (opt.numa_node >= 0) {
     int n = _expseg_topo_numa_count();
-    if (opt.numa_node >= n)
+    if (!_expseg_topo_node_exists(opt.numa_node))
       return _expseg_error_set(EXPSEG_ERR_CONFIG,
                                "host driver: numa=%d: this machine has %d NUMA node(s) "
                                "(accepted: 0..%d)",

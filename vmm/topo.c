@@ -43,6 +43,13 @@ int _expseg_topo_numa_count(void) {
   return n > 0 ? n : 1;
 }
 
+bool _expseg_topo_node_exists(int node) {
+  hwloc_topology_t t = get_topo();
+  if (node < 0) return false;
+  if (!t || hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_NUMANODE) <= 0) return node == 0;
+  return hwloc_get_numanode_obj_by_os_index(t, (unsigned)node) != NULL;
+}
+
 int _expseg_topo_numa_of_pci(const char *pci_bus_id) {
   hwloc_topology_t t = get_topo();
   if (!t || !pci_bus_id) return -1;
@@ -85,6 +92,8 @@ expseg_status _expseg_topo_bind_thread(int node) {
 #else /* !EXPSEG_WITH_HWLOC */
 
 int _expseg_topo_numa_count(void) { return 1; }
+
+bool _expseg_topo_node_exists(int node) { return node == 0; }
 
 int _expseg_topo_numa_of_pci(const char *pci_bus_id) {
   (void)pci_bus_id;

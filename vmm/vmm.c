@@ -383,11 +383,10 @@ static expseg_status open_spec(const char *spec, int device, expseg_vmm_t **out)
   } else if (nlen == 4 && memcmp(spec, "cuda", 4) == 0) {
     if (opts && (st = parse_opts(spec, speclen, "cuda", opts, cuda_opts, 1, vals, seen)))
       return st;
-    int nodes = _expseg_topo_numa_count();
-    if (seen[0] && vals[0] >= (uint64_t)nodes)
+    if (seen[0] && (vals[0] > INT32_MAX || !_expseg_topo_node_exists((int)vals[0])))
       return _expseg_error_set(EXPSEG_ERR_CONFIG,
-                               SPEC_FMT "numa=%llu: this machine has %d NUMA node(s)", SPEC_ARG,
-                               (unsigned long long)vals[0], nodes);
+                               SPEC_FMT "numa=%llu: no such NUMA node (this machine has %d)",
+                               SPEC_ARG, (unsigned long long)vals[0], _expseg_topo_numa_count());
     st = _expseg_cuda_new(device, out);
     if (st == EXPSEG_OK && seen[0]) (*out)->numa_override = (int)vals[0];
   } else {
@@ -640,12 +639,13 @@ expseg_status _expseg_vmm_host_alloc(expseg_vmm_t *v, expseg_host_chunk_t *c) {
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
   uint32_t t = c->fault_threads;
   char b[32];
-  if (c->size == 0 || c->size % page || c->numa_node < -1 ||
-      c->numa_node >= _expseg_topo_numa_count() || t == 0 || (t & (t - 1)) || t > 128) {
+  if (c->size == 0 || c->size % page ||
+      (c->numa_node != -1 && !_expseg_topo_node_exists(c->numa_node)) || t == 0 ||
+      (t & (t - 1)) || t > 128) {
     _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                       "%s driver: host_alloc(size=%s, numa_node=%d, fault_threads=%u): size "
                       "must be a non-zero multiple of the OS page (%zu), the node -1 or one of "
-                      "this machine's %d, the threads a power of two from 1 to 128",
+                      "this machine's %d node(s), the threads a power of two from 1 to 128",
                       v->ops->name, _expseg_format_size(b, c->size), c->numa_node, t, page,
                       _expseg_topo_numa_count());
     return refuse(v, k);

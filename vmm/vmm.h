@@ -74,7 +74,7 @@ typedef uint64_t expseg_vmm_event;  /* CUevent or the backend's own id; never 0 
 /* A chunk of pinned host memory (the host pool, pools/host_pool.c). The caller fills the
  * inputs; host_alloc fills the outputs; host_free takes the record back unchanged.
  * Preconditions (vmm.c): size > 0 and a multiple of the OS page; numa_node is -1 (no
- * placement) or a node of this machine; fault_threads is a power of two from 1 to 128. */
+ * placement) or a node of this machine (_expseg_topo_node_exists); fault_threads is a power of two from 1 to 128. */
 typedef struct expseg_host_chunk_s {
   size_t size;            /* in */
   int numa_node;          /* in: node the pages must sit on; -1 = the OS's choice */
@@ -234,6 +234,8 @@ expseg_status _expseg_fault_set_rules_text(expseg_vmm_t *fault, const char *text
 
 /* Number of NUMA nodes (1 when hwloc sees none or is not built in). */
 int _expseg_topo_numa_count(void);
+/* Whether NUMA node `node` (the OS's number: numbers may have holes) exists. */
+bool _expseg_topo_node_exists(int node);
 /* NUMA node nearest the PCI device "0000:17:00.0" (cuDeviceGetPCIBusId form); -1 unknown. */
 int _expseg_topo_numa_of_pci(const char *pci_bus_id);
 /* Binds [addr, addr+size) to NUMA node `node` (host memory). EXPSEG_ERR_UNSUPPORTED when
