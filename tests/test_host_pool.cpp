@@ -134,6 +134,12 @@ TEST(HostPool, PciLocalityAgreesWithTheKernel) {
   EXPECT_EQ(_expseg_topo_numa_of_pci(nullptr), -1);
 }
 
+TEST(HostPool, NodesExistByTheirOsNumber) {
+  for (int node : memory_nodes()) EXPECT_TRUE(_expseg_topo_node_exists(node)) << node;
+  EXPECT_FALSE(_expseg_topo_node_exists(-1));
+  EXPECT_FALSE(_expseg_topo_node_exists(1 << 20));
+}
+
 TEST(HostPool, DefaultNodeIsReported) {
   PoolPtr h = make_pool("host", "");
   ASSERT_TRUE(h);
