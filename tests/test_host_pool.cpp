@@ -299,6 +299,15 @@ TEST(HostPool, RegisterPathPrefaultsWithTheAskedThreads) {
     EXPECT_EQ(absent, 0u);
     EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
   }
+  {  // one thread for a small chunk: the caller faults it (no thread start to pay)
+    PoolPtr s = make_pool("host:numa=0", "pinned_use_cuda_host_register:True");
+    ASSERT_TRUE(s);
+    void *p = nullptr;
+    ASSERT_EQ(expseg_host_malloc(s.get(), 64 * KiB, &p), EXPSEG_OK);
+    EXPECT_EQ(hstat(s.get(), "expseg.fault_threads_started"), 0);
+    expect_on_node(p, 64 * KiB, 0, "small register chunk");
+    EXPECT_EQ(expseg_host_free(s.get(), p), EXPSEG_OK);
+  }
   PoolPtr h = make_pool("host:numa=0", "pinned_use_cuda_host_register:False,"
                                        "pinned_num_register_threads:8");
   ASSERT_TRUE(h);

@@ -24,6 +24,8 @@
 
 static size_t os_page(void) { return (size_t)sysconf(_SC_PAGESIZE); }
 
+#define PREFAULT_THREAD_MIN ((size_t)2 << 20) /* one bound thread only from 2 MiB up */
+
 typedef struct {
   volatile char *lo, *hi; /* this thread's share, page aligned */
   int node;
@@ -60,8 +62,10 @@ uint32_t _expseg_pinned_prefault(void *p, size_t size, uint32_t n, int node) {
     jobs[i].node = node;
     jobs[i].page = page;
   }
-  if (n == 1 && node < 0) {
-    touch(&jobs[0]); /* nothing to bind: the caller does it */
+  /* One share and nothing to bind, or too small for a thread start (tens of us) to pay:
+   * the caller does it (placement is the memory binding's job, not the thread's). */
+  if (n == 1 && (node < 0 || size < PREFAULT_THREAD_MIN)) {
+    touch(&jobs[0]);
     return 0;
   }
   for (uint32_t i = 0; i < n; i++) {

@@ -252,8 +252,8 @@ expseg_status _expseg_topo_bind_thread(int node);
  * then locked = false and the memory stays usable). st is unused. */
 expseg_status _expseg_pinned_alloc(void *st, expseg_host_chunk_t *c);
 expseg_status _expseg_pinned_free(void *st, const expseg_host_chunk_t *c);
-/* Touches one byte per OS page of [p, p+size) with n threads (bound to `node`'s cores when
- * node >= 0; n = 1 and node < 0 runs on the caller). Returns the threads started. */
+/* Faults [p, p+size) in with n threads (bound to `node`'s cores when node >= 0); n = 1
+ * runs on the caller when node < 0 or size < 2 MiB. Returns the threads started. */
 uint32_t _expseg_pinned_prefault(void *p, size_t size, uint32_t n, int node);
 
 #ifdef __cplusplus
