@@ -11,6 +11,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -651,6 +652,90 @@ TEST(HostPoolFault, FailedGiveBackKeepsTheBlockCached) {
   EXPECT_EQ(expseg_host_empty_cache(f.h.get()), EXPSEG_OK);
   EXPECT_EQ(hstat(f.h.get(), "segment.current"), 0);
   EXPECT_EQ(hstat(f.h.get(), "num_host_free"), 1);
+}
+
+// ---- random operations ----
+
+// Seeded random malloc / record_stream / free / hold / release / empty_cache on two pools
+// (host and sim). A block freed while one of its streams is held must not come back before
+// that stream is released; every live block keeps its contents (each is filled with its
+// own tag and checked before it is freed); the books agree with what the test holds.
+TEST(HostPoolRandom, NoReuseBeforeStreamsAndNoOverlap) {
+  uint64_t seed = test_seed(20261122);
+  for (const char *drv : {"host", "sim"}) {
+    SCOPED_TRACE(drv);
+    for (const char *cfg : {"", "pinned_use_background_threads:True,pinned_reserve_segment_size_mb:2"}) {
+      SCOPED_TRACE(cfg);
+      PoolPtr h = make_pool(drv, cfg);
+      ASSERT_TRUE(h);
+      uint64_t x = seed;
+      auto next = [&x] {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        return x;
+      };
+      struct Live {
+        void *p;
+        size_t size;
+        uint8_t tag;
+        std::vector<expseg_stream> streams;
+      };
+      std::vector<Live> live;
+      // freed blocks that must stay out of use: pointer -> streams still held at free
+      std::vector<std::pair<void *, std::vector<expseg_stream>>> fenced;
+      bool held[4] = {};
+      uint8_t tag = 0;
+      for (int op = 0; op < 4000 && !HasFailure(); op++) {
+        uint64_t r = next() % 100;
+        if (r < 40 || live.empty()) {
+          size_t size = size_t(1) << (8 + next() % 12);  // 256 B .. 512 KiB
+          void *p = nullptr;
+          ASSERT_EQ(expseg_host_malloc(h.get(), size, &p), EXPSEG_OK) << expseg_last_error();
+          for (auto &f : fenced) ASSERT_NE(f.first, p) << "op " << op << ": reused before its streams";
+          for (auto &l : live) ASSERT_NE(l.p, p) << "op " << op << ": handed out twice";
+          tag++;
+          std::memset(p, tag, size);
+          live.push_back({p, size, tag, {}});
+        } else if (r < 60) {
+          Live &l = live[next() % live.size()];
+          expseg_stream s = 1 + next() % 4;
+          ASSERT_EQ(expseg_host_record_stream(h.get(), l.p, s), EXPSEG_OK);
+          l.streams.push_back(s);
+        } else if (r < 90) {
+          size_t i = next() % live.size();
+          Live l = live[i];
+          live.erase(live.begin() + (long)i);
+          const uint8_t *b = static_cast<const uint8_t *>(l.p);
+          for (size_t k = 0; k < l.size; k += 97) ASSERT_EQ(b[k], l.tag) << "op " << op << ": overwritten";
+          std::vector<expseg_stream> busy;
+          for (expseg_stream s : l.streams)
+            if (held[s - 1]) busy.push_back(s);
+          ASSERT_EQ(expseg_host_free(h.get(), l.p), EXPSEG_OK);
+          if (!busy.empty()) fenced.push_back({l.p, busy});
+        } else if (r < 97) {
+          expseg_stream s = 1 + next() % 4;
+          held[s - 1] = !held[s - 1];
+          hold(h.get(), s, held[s - 1]);
+          if (!held[s - 1]) {  // its fences fall; a block is free once none of its streams is held
+            for (auto &f : fenced)
+              f.second.erase(std::remove(f.second.begin(), f.second.end(), s), f.second.end());
+            fenced.erase(std::remove_if(fenced.begin(), fenced.end(),
+                                        [](const auto &f) { return f.second.empty(); }),
+                         fenced.end());
+          }
+        } else {
+          ASSERT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
+        }
+        ASSERT_EQ(hstat(h.get(), "allocation.current") - hstat(h.get(), "expseg.pending_blocks.current"),
+                  (int64_t)live.size()) << "op " << op;
+      }
+      for (int s = 1; s <= 4; s++) hold(h.get(), s, false);
+      for (auto &l : live) ASSERT_EQ(expseg_host_free(h.get(), l.p), EXPSEG_OK);
+      ASSERT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
+      EXPECT_EQ(hstat(h.get(), "allocation.current"), 0);
+      EXPECT_EQ(hstat(h.get(), "expseg.pending_events"), 0);
+      EXPECT_EQ(hstat(h.get(), "segment.current"), *cfg ? 1 : 0);
+    }
+  }
 }
 
 // ---- threads ----
