@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -725,7 +726,15 @@ TEST(HostPoolRandom, NoReuseBeforeStreamsAndNoOverlap) {
         } else {
           ASSERT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
         }
-        ASSERT_EQ(hstat(h.get(), "allocation.current") - hstat(h.get(), "expseg.pending_blocks.current"),
+        // one snapshot: the background thread may move blocks between two lookups
+        std::map<std::string, int64_t> snap;
+        expseg_host_stats_foreach(
+            h.get(),
+            [](void *c, const char *k, int64_t v) {
+              (*static_cast<std::map<std::string, int64_t> *>(c))[k] = v;
+            },
+            &snap);
+        ASSERT_EQ(snap["allocation.current"] - snap["expseg.pending_blocks.current"],
                   (int64_t)live.size()) << "op " << op;
       }
       for (int s = 1; s <= 4; s++) hold(h.get(), s, false);
