@@ -40,17 +40,12 @@ static void warn_ignored_once(const expseg_config_source_t *src) {
 expseg_status _expseg_create_with_driver(expseg_vmm_t *drv, const char *config,
                                          expseg_allocator **out) {
   expseg_config_source_t src;
-  _expseg_config_source(config, NULL, &src);
-  expseg_config_t defaults, cfg;
-  _expseg_config_defaults(&defaults);
-  char err[EXPSEG_CONFIG_MSG_MAX], warn[EXPSEG_CONFIG_MSG_MAX];
-  if (_expseg_config_parse_warn(src.text, src.name, &defaults, &cfg, err, sizeof err, warn,
-                                sizeof warn) != EXPSEG_OK) {
+  expseg_config_t cfg;
+  if (_expseg_config_load(config, "", &src, &cfg) != EXPSEG_OK) {
     _expseg_vmm_close(drv);
-    return _expseg_error_set(EXPSEG_ERR_CONFIG, "%s", err);
+    return EXPSEG_ERR_CONFIG;
   }
   warn_ignored_once(&src);
-  if (warn[0] != '\0') _expseg_warn("%s", warn);
   expseg_allocator *a = calloc(1, sizeof *a);
   if (a == NULL || !_expseg_ptrmap_init(&a->live)) {
     free(a);
@@ -247,8 +242,8 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
     api_unlock(a);
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_free(%p): not a pointer this allocator handed out, or "
-                             "already freed",
-                             ptr);
+                             "already freed%s",
+                             ptr, _expseg_host_pool_hint(ptr));
   }
   bool pending = false;
   if (b->n_uses > 0) {
@@ -292,7 +287,8 @@ expseg_status expseg_record_stream(expseg_allocator *a, void *ptr, expseg_stream
   expseg_status st;
   if (b == NULL)
     st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                           "expseg_record_stream(%p): not a live pointer of this allocator", ptr);
+                           "expseg_record_stream(%p): not a live pointer of this allocator%s",
+                           ptr, _expseg_host_pool_hint(ptr));
   else
     st = _expseg_block_add_use(b, stream);
   api_unlock(a);

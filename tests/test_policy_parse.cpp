@@ -389,13 +389,13 @@ TEST(PolicyParse, NoEffectReport) {
   EXPECT_EQ(_expseg_config_no_effect(&c, buf, sizeof buf), 0u);
   EXPECT_STREQ(buf, "");
   Parsed p = parse("graph_capture_record_stream_reuse:True,expandable_segments:True,"
-                   "pinned_use_hip_host_register:False,max_split_size_mb:30");
+                   "release_lock_on_hipmalloc:False,max_split_size_mb:30");
   ASSERT_EQ(p.st, EXPSEG_OK) << p.err;
   size_t n = _expseg_config_no_effect(&p.c, buf, sizeof buf);
   std::string s = buf;
   EXPECT_EQ(n, s.size());
   EXPECT_NE(s.find("graph_capture_record_stream_reuse"), std::string::npos) << s;
-  EXPECT_NE(s.find("pinned_use_cuda_host_register"), std::string::npos) << s;
+  EXPECT_NE(s.find("release_lock_on_cudamalloc"), std::string::npos) << s;
   EXPECT_EQ(s.find("expandable_segments"), std::string::npos) << s;
   EXPECT_EQ(s.find("max_split_size_mb"), std::string::npos) << s;
   // every option marked "no effect" in the table is named, and only those
