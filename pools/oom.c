@@ -64,6 +64,7 @@ expseg_status _expseg_fail_oom(expseg_allocator *a, size_t size, size_t rounded,
   a->stats.num_ooms++;
   size_t dev_free = 0, dev_total = 0;
   _expseg_vmm_mem_info(a->drv, &dev_free, &dev_total);
+  EXPSEG_HIST(a, HIST_OOM, dev_free, rounded, stream);
   size_t held = held_bytes(a);
   size_t allocated = (size_t)a->stats.allocated_bytes[STAT_ALL].current;
   size_t cached = (size_t)a->stats.cached_physical_bytes.current;
