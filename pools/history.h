@@ -86,4 +86,16 @@ void _expseg_pkw_kuint(pkw_t *w, const char *key, uint64_t v);
 void _expseg_pkw_kstr(pkw_t *w, const char *key, const char *v);
 void _expseg_pkw_kbool(pkw_t *w, const char *key, bool v);
 
+/* ---- summary.c: the figures of expseg_memory_summary and the out-of-memory message ---- */
+typedef struct memfig_s {
+  uint64_t reserved, allocated, active; /* reserved_bytes, allocated_bytes, active_bytes */
+  uint64_t mapped;     /* classic segments + mapped expandable pages */
+  uint64_t cached;     /* unmapped physical pages in the page cache */
+  uint64_t va;         /* address space reserved by all segments */
+  uint64_t largest_free;
+  double fragmentation; /* free bytes inside mapped memory / mapped bytes (0 when none) */
+} memfig_t;
+/* Lock held. */
+memfig_t _expseg_memfig(const struct expseg_allocator *a);
+
 #endif
