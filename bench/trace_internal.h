@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -55,6 +56,19 @@ uint64_t *_expseg_u64map_get(const _expseg_u64map_t *m, uint64_t key);
 bool _expseg_u64map_put(_expseg_u64map_t *m, uint64_t key, uint64_t val);
 /* Removes key; false when it was absent. */
 bool _expseg_u64map_del(_expseg_u64map_t *m, uint64_t key);
+
+/* ---- synth_capture.c: what expseg-replay --snapshot / --report capture ---- */
+typedef struct capture_s {
+  int64_t at;           /* capture after this event; -1: first pass, find the peak */
+  int at_end;           /* the snapshot after the last event (--snapshot-at end) */
+  const char *snapshot; /* --snapshot path, or NULL */
+  int report;           /* --report */
+  FILE *out;            /* where the report goes */
+} capture_t;
+/* At the peak (end = 0): the report and, unless at_end, the snapshot; at the end: the
+ * snapshot. 0 on success, 1 after printing why to err. */
+int _expseg_replay_capture(expseg_allocator *a, const char *name, const capture_t *c,
+                           size_t event, int end, FILE *err);
 
 /* ---- trace.c: the event checker ---- */
 typedef struct _expseg_trace_check_s {

@@ -23,58 +23,26 @@
 #include <string.h>
 #include <unistd.h>
 
-/* ---- a small map uint64 -> int64 (open addressing, no removal) ---- */
+/* ---- key -> history or memo index, on the allocator's pointer map (value = index + 1) ---- */
 
-typedef struct u64map_s {
-  uint64_t *k;
-  int64_t *v;
-  size_t cap, n; /* cap a power of two; key 0 is not stored */
-} u64map_t;
-
-static size_t slot(const u64map_t *m, uint64_t key) {
-  size_t i = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (m->cap - 1);
-  while (m->k[i] != 0 && m->k[i] != key) i = (i + 1) & (m->cap - 1);
-  return i;
-}
+typedef ptrmap_t u64map_t;
 
 static bool map_put(u64map_t *m, uint64_t key, int64_t v) {
-  if (key == 0) return true;
-  if ((m->n + 1) * 2 > m->cap) {
-    u64map_t g = {NULL, NULL, m->cap ? m->cap * 2 : 256, 0};
-    g.k = calloc(g.cap, sizeof *g.k);
-    g.v = malloc(g.cap * sizeof *g.v);
-    if (g.k == NULL || g.v == NULL) {
-      free(g.k);
-      free(g.v);
-      return false;
-    }
-    for (size_t i = 0; i < m->cap; i++)
-      if (m->k[i] != 0) {
-        size_t j = slot(&g, m->k[i]);
-        g.k[j] = m->k[i];
-        g.v[j] = m->v[i];
-        g.n++;
-      }
-    free(m->k);
-    free(m->v);
-    *m = g;
+  if (m->cap == 0 && !_expseg_ptrmap_init(m)) return false;
+  if (v < 0) {
+    (void)_expseg_ptrmap_take(m, (uintptr_t)key);
+    return true;
   }
-  size_t i = slot(m, key);
-  if (m->k[i] == 0) m->n++;
-  m->k[i] = key;
-  m->v[i] = v;
-  return true;
+  return _expseg_ptrmap_put(m, (uintptr_t)key, (block_t *)(uintptr_t)(v + 1));
 }
 
 static int64_t map_get(const u64map_t *m, uint64_t key) {
-  if (m->cap == 0 || key == 0) return -1;
-  size_t i = slot(m, key);
-  return m->k[i] == key ? m->v[i] : -1;
+  if (m->cap == 0) return -1;
+  return (int64_t)(uintptr_t)_expseg_ptrmap_get(m, (uintptr_t)key) - 1;
 }
 
 static void map_free(u64map_t *m) {
-  free(m->k);
-  free(m->v);
+  if (m->cap != 0) _expseg_ptrmap_destroy(m);
 }
 
 /* ---- frames ---- */
