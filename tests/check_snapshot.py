@@ -207,10 +207,25 @@ def check_expect(snap, exp, device):
     for k, v in exp.get("stats", {}).items():
         if got.get(k) != v:
             fail("stats: %s is %r in the snapshot, %r in expseg's statistics" % (k, got.get(k), v))
+    trace = snap["device_traces"][device] if device < len(snap["device_traces"]) else []
+    for k, v in exp.get("counts", {}).items():
+        n = sum(1 for e in trace if e["action"] in k.split("+"))
+        if n != v:
+            fail("history: %d %s events, expected %d" % (n, k, v))
     if "events" in exp:
-        trace = snap["device_traces"][device]
+        only = set(exp.get("only", ACTIONS))
+        kept = [e for e in trace if e["action"] in only]
         want = exp["events"]
-        have = [[e["action"], e.get("addr", e.get("device_free")), e["size"], e["stream"]] for e in trace]
+        have = [[e["action"], e.get("addr", e.get("device_free")), e["size"], e["stream"]] for e in kept]
+        for i, frames in enumerate(exp.get("host_frames", [])):
+            if i >= len(kept):
+                break
+            got = [[f["filename"], f["name"], f["line"]] for f in kept[i].get("frames", [])]
+            n_c = len(got) - len(frames)
+            if got[len(got) - len(frames):] != frames or n_c < 0:
+                fail("history: event %d frames %r do not end with the pushed %r" % (i, got, frames))
+            elif exp.get("c_stacks") is not None and (n_c > 0) != exp["c_stacks"]:
+                fail("history: event %d has %d C frames, C stacks %s" % (i, n_c, exp["c_stacks"]))
         if exp.get("tail"):
             if len(have) != len(want):
                 fail("history: %d events kept, expected the newest %d" % (len(have), len(want)))
@@ -239,7 +254,12 @@ def main(argv):
     expect = None
     if "--expect" in args:
         expect = json.load(open(args[args.index("--expect") + 1]))
-    path = args[0]
+    skip = {args.index("--expect") + 1} if "--expect" in args else set()
+    paths = [a for i, a in enumerate(args) if not a.startswith("--") and i not in skip]
+    if len(paths) != 1:
+        print(__doc__)
+        return 2
+    path = paths[0]
     data = open(path, "rb").read()
     n_ops = check_opcodes(data)
     snap = pickle.loads(data)
