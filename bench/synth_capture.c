@@ -35,3 +35,39 @@ int _expseg_replay_capture(expseg_allocator *a, const char *name, const capture_
   }
   return 0;
 }
+
+static int64_t stat_of(const expseg_allocator *a, const char *key) {
+  int64_t v = -1;
+  return expseg_stat(a, key, &v) == EXPSEG_OK ? v : -1;
+}
+
+static void timeline_row(FILE *f, const char *name, size_t event, uint64_t live,
+                         const int64_t v[6]) {
+  fprintf(f, "%s,%zu,%" PRIu64 ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "\n",
+          name, event, live, v[0], v[1], v[2], v[3], v[4]);
+}
+
+void _expseg_timeline_step(timeline_t *tl, FILE *f, const char *name, const expseg_allocator *a,
+                           size_t event, uint64_t live, int sample) {
+  int64_t v[6] = {stat_of(a, "reserved_bytes.all.current"),
+                  stat_of(a, "allocated_bytes.all.current"),
+                  stat_of(a, "expseg.cached_physical_bytes.current"),
+                  stat_of(a, "reserved_bytes.all.peak"), stat_of(a, "allocated_bytes.all.peak"), 0};
+  if (v[3] > tl->rpeak || v[4] > tl->apeak) { /* a peak rose here: keep this row */
+    tl->rpeak = v[3];
+    tl->apeak = v[4];
+    tl->pending = 1;
+    tl->pend_event = event;
+    tl->pend_live = live;
+    for (int i = 0; i < 6; i++) tl->pend[i] = v[i];
+  }
+  if (!sample) return;
+  if (tl->pending && tl->pend_event != event) timeline_row(f, name, tl->pend_event, tl->pend_live, tl->pend);
+  tl->pending = 0;
+  timeline_row(f, name, event, live, v);
+}
+
+void _expseg_timeline_flush(timeline_t *tl, FILE *f, const char *name) {
+  if (tl->pending) timeline_row(f, name, tl->pend_event, tl->pend_live, tl->pend);
+  tl->pending = 0;
+}

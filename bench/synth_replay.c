@@ -159,6 +159,8 @@ static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf
     return 1;
   }
   int64_t peak_reserved = -1;
+  timeline_t tl;
+  memset(&tl, 0, sizeof tl);
   void **ptr = calloc(t->n_ids ? t->n_ids : 1, sizeof *ptr);
   if (!ptr) {
     expseg_destroy(a);
@@ -246,10 +248,8 @@ static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf
     }
     if (cap && cap->at == (int64_t)i && _expseg_replay_capture(a, t->name, cap, i, 0, err))
       rc = 1;
-    if (timeline && (events % every == 0 || i + 1 == n)) {
-      fprintf(timeline, "%s,%zu,%" PRIu64 ",%" PRId64 "\n", t->name, i, live,
-              stat_or(a, "reserved_bytes.all.current", -1, NULL));
-    }
+    if (timeline) _expseg_timeline_step(&tl, timeline, t->name, a, i, live,
+                                        events % every == 0 || i + 1 == n);
     if ((i & 8191) == 8191 && err && !o->quiet) {
       uint64_t el = now_ns() - t0;
       if (el > 1000000000ull) {
@@ -261,6 +261,7 @@ static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf
     }
   }
   r->loop_ns = now_ns() - t0;
+  if (timeline) _expseg_timeline_flush(&tl, timeline, t->name);
   if (progress) fprintf(err, "\n");
   if (cap && cap->at_end && _expseg_replay_capture(a, t->name, cap, n ? n - 1 : 0, 1, err))
     rc = 1;
@@ -480,7 +481,8 @@ static void usage(FILE *f) {
           "  --check               check the allocator's invariants after every event\n"
           "  --json                one JSON object per history per line\n"
           "  --sweep               replay under every setting of the sweep table, best first\n"
-          "  --timeline FILE.csv   write trace,event,live_requested,reserved samples\n"
+          "  --timeline FILE.csv   write samples: trace, event, live requested, reserved,\n"
+          "                        allocated, cached bytes and the running peaks\n"
           "  --timeline-every N    sample every N events (default: events / 2000)\n"
           "  --limit N             replay only the first N events of each history\n"
           "  --snapshot OUT.pickle write a memory_viz snapshot (history recorded from the\n"
@@ -679,7 +681,7 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
       rc = 2;
       goto done;
     }
-    fprintf(timeline, "trace,event,live_requested,reserved\n");
+    fprintf(timeline, "%s\n", EXPSEG_TIMELINE_HEADER);
   }
 
   int header = 0;

@@ -69,6 +69,21 @@ typedef struct capture_s {
  * snapshot. 0 on success, 1 after printing why to err. */
 int _expseg_replay_capture(expseg_allocator *a, const char *name, const capture_t *c,
                            size_t event, int end, FILE *err);
+/* --timeline rows: a sample every N events (sample = 1), plus the event at which a running
+ * peak (reserved or allocated bytes) last rose before each sample, so that the peak of the
+ * statistics is a row of the file, not a maximum of samples. */
+#define EXPSEG_TIMELINE_HEADER \
+  "trace,event,live_requested,reserved,allocated,cached,reserved_peak,allocated_peak"
+typedef struct timeline_s {
+  int64_t rpeak, apeak;  /* running peaks seen */
+  int pending;           /* a peak row not yet written */
+  size_t pend_event;
+  uint64_t pend_live;
+  int64_t pend[6];       /* reserved, allocated, cached, reserved_peak, allocated_peak */
+} timeline_t;
+void _expseg_timeline_step(timeline_t *tl, FILE *f, const char *name, const expseg_allocator *a,
+                           size_t event, uint64_t live, int sample);
+void _expseg_timeline_flush(timeline_t *tl, FILE *f, const char *name);
 
 /* ---- trace.c: the event checker ---- */
 typedef struct _expseg_trace_check_s {
