@@ -110,8 +110,10 @@ def chart(title, lines, markers, out):
     for i, (x, y, color, text) in enumerate(markers):
         o.append('<circle class="peak" cx="%.1f" cy="%.1f" r="5" fill="none" stroke="%s" '
                  'stroke-width="2"/>' % (px(x), py(y), color))
-        o.append('<text x="%.1f" y="%.1f" text-anchor="end" fill="%s">%s</text>'
-                 % (px(x) - 8, py(y) - 8 - 14 * i, color, escape(text)))
+        left = px(x) > (L + W - R) / 2  # the label goes to the side with more room
+        o.append('<text x="%.1f" y="%.1f" text-anchor="%s" fill="%s">%s</text>'
+                 % (px(x) + (-8 if left else 8), py(y) - 8 - 14 * i, "end" if left else "start",
+                    color, escape(text)))
     for i, (legend, color, _, dash, _) in enumerate(lines):
         yy = T + 16 + 18 * i
         d = ' stroke-dasharray="%s"' % dash if dash else ""

@@ -171,6 +171,50 @@ TEST_P(TraceSnapshot, ReplayedWorkloadSnapshotReadsBackIntoTheSameHistory) {
   EXPECT_EQ(system(cmd.c_str()), 0);
 }
 
+// bench/plot_memory.py --timeline marks the peaks of the statistics, not the largest sample:
+// the peaks it reports equal the replay's reserved_bytes/allocated_bytes peaks, with samples
+// only every 50 events.
+TEST(PlotMemory, MarkedPeaksEqualTheStatistics) {
+  if (system("python3 -c 'import csv, json' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3 is not on PATH: the plot script needs it";
+  char tmpl[] = "/tmp/expseg_plot_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl, csv = dir + "/t.csv", svg = dir + "/t.svg";
+  for (const char *conf : {"expandable_segments:True", "expandable_segments:False"}) {
+    SCOPED_TRACE(conf);
+    std::string text;
+    ASSERT_EQ(Replay({"--json", "--quiet", "--conf", conf, "--timeline", csv, "--timeline-every",
+                      "50", "--synth", "train:3:0.05"},
+                     &text),
+              0)
+        << text;
+    auto num = [](const std::string &s, const std::string &key) {
+      size_t p = s.find("\"" + key + "\":");
+      return p == std::string::npos ? -1.0 : atof(s.c_str() + p + key.size() + 3);
+    };
+    std::string cmd = "python3 " EXPSEG_SOURCE_DIR "/bench/plot_memory.py --json --csv '" + csv +
+                      "' --out '" + svg + "' 2>&1";
+    FILE *p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string plot;
+    char buf[4096];
+    while (fgets(buf, sizeof buf, p)) plot += buf;
+    ASSERT_EQ(pclose(p), 0) << plot;
+    EXPECT_EQ(num(plot, "peak_reserved"), num(text, "peak_reserved")) << plot << text;
+    EXPECT_EQ(num(plot, "peak_allocated"), num(text, "peak_allocated")) << plot << text;
+    EXPECT_GT(num(plot, "rows"), 10);
+    FILE *f = fopen(svg.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    std::string s;
+    while (fgets(buf, sizeof buf, f)) s += buf;
+    fclose(f);
+    EXPECT_EQ(s.find("<svg"), 0u);
+    EXPECT_NE(s.find("class=\"peak\""), std::string::npos);
+    EXPECT_NE(s.find("peak reserved"), std::string::npos);
+  }
+  EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, TraceSnapshot,
                          ::testing::Values("expandable_segments:True",
                                            "expandable_segments:False"));
