@@ -170,6 +170,7 @@ def timeline_plot(rows, title, out):
     chart(title, lines, markers, out)
     return {"peak_reserved": peaks["reserved"][0], "peak_reserved_event": peaks["reserved"][1],
             "peak_allocated": peaks["allocated"][0], "peak_allocated_event": peaks["allocated"][1],
+            "line_max_reserved": max(col["reserved"]), "line_max_allocated": max(col["allocated"]),
             "rows": len(rows)}
 
 

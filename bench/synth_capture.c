@@ -41,33 +41,45 @@ static int64_t stat_of(const expseg_allocator *a, const char *key) {
   return expseg_stat(a, key, &v) == EXPSEG_OK ? v : -1;
 }
 
-static void timeline_row(FILE *f, const char *name, size_t event, uint64_t live,
-                         const int64_t v[6]) {
+static void timeline_row(FILE *f, const char *name, const timeline_row_t *r) {
   fprintf(f, "%s,%zu,%" PRIu64 ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "\n",
-          name, event, live, v[0], v[1], v[2], v[3], v[4]);
+          name, r->event, r->live, r->v[0], r->v[1], r->v[2], r->v[3], r->v[4]);
+}
+
+/* Writes the pending peak rows before `event`, in event order, each once. */
+static void flush_before(timeline_t *tl, FILE *f, const char *name, size_t event) {
+  timeline_row_t *a = &tl->at[0], *b = &tl->at[1];
+  if (a->pending && b->pending && b->event < a->event) {
+    timeline_row_t *t = a;
+    a = b;
+    b = t;
+  }
+  if (a->pending && a->event != event) timeline_row(f, name, a);
+  if (b->pending && b->event != event && !(a->pending && a->event == b->event))
+    timeline_row(f, name, b);
+  tl->at[0].pending = tl->at[1].pending = 0;
 }
 
 void _expseg_timeline_step(timeline_t *tl, FILE *f, const char *name, const expseg_allocator *a,
                            size_t event, uint64_t live, int sample) {
-  int64_t v[6] = {stat_of(a, "reserved_bytes.all.current"),
-                  stat_of(a, "allocated_bytes.all.current"),
-                  stat_of(a, "expseg.cached_physical_bytes.current"),
-                  stat_of(a, "reserved_bytes.all.peak"), stat_of(a, "allocated_bytes.all.peak"), 0};
-  if (v[3] > tl->rpeak || v[4] > tl->apeak) { /* a peak rose here: keep this row */
-    tl->rpeak = v[3];
-    tl->apeak = v[4];
-    tl->pending = 1;
-    tl->pend_event = event;
-    tl->pend_live = live;
-    for (int i = 0; i < 6; i++) tl->pend[i] = v[i];
+  timeline_row_t r = {1, event, live,
+                      {stat_of(a, "reserved_bytes.all.current"),
+                       stat_of(a, "allocated_bytes.all.current"),
+                       stat_of(a, "expseg.cached_physical_bytes.current"),
+                       stat_of(a, "reserved_bytes.all.peak"), stat_of(a, "allocated_bytes.all.peak")}};
+  if (r.v[3] > tl->rpeak) { /* the reserved peak rose here: keep this row */
+    tl->rpeak = r.v[3];
+    tl->at[0] = r;
+  }
+  if (r.v[4] > tl->apeak) {
+    tl->apeak = r.v[4];
+    tl->at[1] = r;
   }
   if (!sample) return;
-  if (tl->pending && tl->pend_event != event) timeline_row(f, name, tl->pend_event, tl->pend_live, tl->pend);
-  tl->pending = 0;
-  timeline_row(f, name, event, live, v);
+  flush_before(tl, f, name, event);
+  timeline_row(f, name, &r);
 }
 
 void _expseg_timeline_flush(timeline_t *tl, FILE *f, const char *name) {
-  if (tl->pending) timeline_row(f, name, tl->pend_event, tl->pend_live, tl->pend);
-  tl->pending = 0;
+  flush_before(tl, f, name, SIZE_MAX);
 }

@@ -74,12 +74,15 @@ int _expseg_replay_capture(expseg_allocator *a, const char *name, const capture_
  * statistics is a row of the file, not a maximum of samples. */
 #define EXPSEG_TIMELINE_HEADER \
   "trace,event,live_requested,reserved,allocated,cached,reserved_peak,allocated_peak"
+typedef struct timeline_row_s {
+  int pending;           /* not yet written */
+  size_t event;
+  uint64_t live;
+  int64_t v[5];          /* reserved, allocated, cached, reserved_peak, allocated_peak */
+} timeline_row_t;
 typedef struct timeline_s {
   int64_t rpeak, apeak;  /* running peaks seen */
-  int pending;           /* a peak row not yet written */
-  size_t pend_event;
-  uint64_t pend_live;
-  int64_t pend[6];       /* reserved, allocated, cached, reserved_peak, allocated_peak */
+  timeline_row_t at[2];  /* where each peak last rose */
 } timeline_t;
 void _expseg_timeline_step(timeline_t *tl, FILE *f, const char *name, const expseg_allocator *a,
                            size_t event, uint64_t live, int sample);

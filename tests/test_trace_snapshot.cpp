@@ -184,7 +184,7 @@ TEST(PlotMemory, MarkedPeaksEqualTheStatistics) {
     SCOPED_TRACE(conf);
     std::string text;
     ASSERT_EQ(Replay({"--json", "--quiet", "--conf", conf, "--timeline", csv, "--timeline-every",
-                      "50", "--synth", "train:3:0.05"},
+                      "50", "--synth", "train:3:0.05", "--synth", "infer:1:0.05"},
                      &text),
               0)
         << text;
@@ -202,6 +202,9 @@ TEST(PlotMemory, MarkedPeaksEqualTheStatistics) {
     ASSERT_EQ(pclose(p), 0) << plot;
     EXPECT_EQ(num(plot, "peak_reserved"), num(text, "peak_reserved")) << plot << text;
     EXPECT_EQ(num(plot, "peak_allocated"), num(text, "peak_allocated")) << plot << text;
+    // the lines pass through the peaks: the rows where they were reached are in the file
+    EXPECT_EQ(num(plot, "line_max_reserved"), num(text, "peak_reserved")) << plot << text;
+    EXPECT_EQ(num(plot, "line_max_allocated"), num(text, "peak_allocated")) << plot << text;
     EXPECT_GT(num(plot, "rows"), 10);
     FILE *f = fopen(svg.c_str(), "r");
     ASSERT_NE(f, nullptr);
