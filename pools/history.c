@@ -167,7 +167,12 @@ void _expseg_hist_add(expseg_allocator *a, int action, uint64_t addr, uint64_t s
   e->stream = stream;
   e->action = (uint8_t)action;
   e->n_c = 0;
-  if (h->flags & EXPSEG_HISTORY_C_STACKS) {
+  const hist_event_t *prev = h->count > 1 ? _expseg_hist_at(h, h->count - 2) : NULL;
+  if ((h->flags & EXPSEG_HISTORY_C_STACKS) && action == HIST_FREE_COMPLETED && prev != NULL &&
+      prev->action == HIST_FREE_REQUESTED && prev->addr == addr) {
+    e->n_c = prev->n_c; /* completed within the same expseg_free: the same C stack */
+    memcpy(e->c, prev->c, prev->n_c * sizeof(void *));
+  } else if (h->flags & EXPSEG_HISTORY_C_STACKS) {
     void *raw[HIST_C_MAX + 1];
     int n = backtrace(raw, HIST_C_MAX + 1); /* frame 0 is this function */
     if (n > 1) {
