@@ -10,6 +10,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 int _expseg_replay_capture(expseg_allocator *a, const char *name, const capture_t *c,
                            size_t event, int end, FILE *err) {
@@ -26,12 +27,16 @@ int _expseg_replay_capture(expseg_allocator *a, const char *name, const capture_
     free(text);
   }
   if (c->snapshot && !end == !c->at_end) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     if (expseg_snapshot_dump(a, c->snapshot) != EXPSEG_OK) {
       fprintf(err, "expseg-replay: --snapshot: %s\n", expseg_last_error());
       return 1;
     }
-    fprintf(err, "expseg-replay: %s: snapshot at %s (after event %zu) written to %s\n", name,
-            when, event, c->snapshot);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    fprintf(err, "expseg-replay: %s: snapshot at %s (after event %zu) written to %s in %.1f ms\n",
+            name, when, event, c->snapshot,
+            (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
   }
   return 0;
 }

@@ -239,7 +239,7 @@ static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf
       rc = 1;
       break;
     }
-    if (cap && cap->at < 0) { /* first pass: where reserved memory peaks */
+    if (cap && cap->at == -1) { /* first pass: where reserved memory peaks */
       int64_t resv = stat_or(a, "reserved_bytes.all.current", -1, NULL);
       if (resv > peak_reserved) {
         peak_reserved = resv;
@@ -694,7 +694,7 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
         continue;
       }
       result_t r;
-      capture_t cap = {-1, o.snapshot_end, o.snapshot, o.report, out};
+      capture_t cap = {-2, o.snapshot_end, o.snapshot, o.report, out};
       if (o.report || (o.snapshot && !o.snapshot_end)) { /* first pass: find the peak */
         capture_t find = {-1, 0, NULL, 0, NULL};
         rc = replay_one(t, &o, o.conf, NULL, err, &r, &find);

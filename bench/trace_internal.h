@@ -59,7 +59,7 @@ bool _expseg_u64map_del(_expseg_u64map_t *m, uint64_t key);
 
 /* ---- synth_capture.c: what expseg-replay --snapshot / --report capture ---- */
 typedef struct capture_s {
-  int64_t at;           /* capture after this event; -1: first pass, find the peak */
+  int64_t at;           /* capture after this event; -1: first pass, find the peak; -2: none */
   int at_end;           /* the snapshot after the last event (--snapshot-at end) */
   const char *snapshot; /* --snapshot path, or NULL */
   int report;           /* --report */
