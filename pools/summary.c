@@ -67,32 +67,38 @@ static int64_t floordiv(int64_t x, int64_t d) {
   return (x % d != 0 && (x < 0) != (d < 0)) ? q - 1 : q;
 }
 
-/* PyTorch's _format_size(sz, pref_sz): 10 characters. */
-static const char *fmt_size(char b[32], int64_t sz, int64_t pref) {
-  static const char *const unit[] = {"B  ", "KiB", "MiB", "GiB", "TiB", "PiB"};
+/* PyTorch's _format_size / _format_count: v in the unit its column's reference `pref`
+ * reaches: the unit steps (v floor-divided by `step`) while pref >= threshold. */
+typedef struct unit_rule_s {
+  int64_t step;
+  double threshold;
+  int n;
+  const char *const *names;
+  const char *fmt; /* 10 characters with the unit */
+} unit_rule_t;
+
+static const char *const size_units[] = {"B  ", "KiB", "MiB", "GiB", "TiB", "PiB"};
+static const char *const count_units[] = {" ", "K", "M"};
+static const unit_rule_t size_rule = {1024, 768.0 * 1024.0, 6, size_units, "%6" PRId64 " %s"};
+static const unit_rule_t count_rule = {1000, 750.0 * 1000.0, 3, count_units, "%7" PRId64 " %s "};
+
+static const char *fmt_unit(char b[32], int64_t v, int64_t pref, const unit_rule_t *r) {
   double p = (double)pref;
   int u = 0;
-  while (u < 5 && !(p < 768.0 * 1024.0)) {
+  while (u + 1 < r->n && !(p < r->threshold)) {
     u++;
-    sz = floordiv(sz, 1024);
-    p /= 1024.0;
+    v = floordiv(v, r->step);
+    p /= (double)r->step;
   }
-  snprintf(b, 32, "%6" PRId64 " %s", sz, unit[u]);
+  snprintf(b, 32, r->fmt, v, r->names[u]);
   return b;
 }
 
-/* PyTorch's _format_count(cnt, pref_cnt): 10 characters. */
+static const char *fmt_size(char b[32], int64_t sz, int64_t pref) {
+  return fmt_unit(b, sz, pref, &size_rule);
+}
 static const char *fmt_count(char b[32], int64_t n, int64_t pref) {
-  static const char *const unit[] = {" ", "K", "M"};
-  double p = (double)pref;
-  int u = 0;
-  while (u < 2 && !(p < 750.0 * 1000.0)) {
-    u++;
-    n = floordiv(n, 1000);
-    p /= 1000.0;
-  }
-  snprintf(b, 32, "%7" PRId64 " %s ", n, unit[u]);
-  return b;
+  return fmt_unit(b, n, pref, &count_rule);
 }
 
 typedef const char *(*fmt_fn)(char b[32], int64_t v, int64_t pref);

@@ -8,6 +8,7 @@
 
 #include "alloc_support.h"
 #include "expseg.h"
+#include "snapshot_check.h"
 
 #include <dirent.h>
 #include <inttypes.h>
@@ -22,14 +23,8 @@
 
 namespace {
 
-bool have_python() {
-  static int ok = -1;
-  if (ok < 0) ok = system("python3 -c 'import pickle, pickletools' >/dev/null 2>&1") == 0;
-  return ok == 1;
-}
-
 #define REQUIRE_PYTHON() \
-  if (!have_python()) GTEST_SKIP() << "python3 is not on PATH: the snapshot checker needs it"
+  if (!snapshot_have_python()) GTEST_SKIP() << "python3 is not on PATH: the snapshot checker needs it"
 
 std::string tmp_dir() {
   static std::string dir;
@@ -41,27 +36,9 @@ std::string tmp_dir() {
   return dir;
 }
 
-// Runs tests/check_snapshot.py; returns its exit status, its output in *out.
 int check(const std::string &path, const std::string &expect_json, bool from_creation,
           std::string *out) {
-  std::string cmd = "python3 " EXPSEG_SOURCE_DIR "/tests/check_snapshot.py --quiet '" + path + "'";
-  if (!expect_json.empty()) {
-    std::string ej = path + ".expect.json";
-    FILE *f = fopen(ej.c_str(), "w");
-    if (!f) return -1;
-    fputs(expect_json.c_str(), f);
-    fclose(f);
-    cmd += " --expect '" + ej + "'";
-  }
-  if (from_creation) cmd += " --from-creation";
-  cmd += " 2>&1";
-  FILE *p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  out->clear();
-  while (fgets(buf, sizeof buf, p)) *out += buf;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return snapshot_check(path, expect_json, from_creation, out);
 }
 
 int64_t stat(expseg_allocator *a, const char *key) {

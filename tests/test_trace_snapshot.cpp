@@ -7,6 +7,8 @@
 // and frees, in order, with the same sizes, streams and ids.
 #include <gtest/gtest.h>
 
+#include "snapshot_check.h"
+
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -42,18 +44,6 @@ int Replay(std::vector<std::string> args, std::string *out_text) {
     fclose(f);
   }
   return rc;
-}
-
-int Check(const std::string &path, std::string *out) {
-  std::string cmd = "python3 " EXPSEG_SOURCE_DIR "/tests/check_snapshot.py --quiet --from-creation '" +
-                    path + "' 2>&1";
-  FILE *p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  out->clear();
-  while (fgets(buf, sizeof buf, p)) *out += buf;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 // Walks the opcodes of a pickle and fails on any that MemoryViz.js's unpickler does not
@@ -122,7 +112,7 @@ TEST_P(TraceSnapshot, ReplayedWorkloadSnapshotReadsBackIntoTheSameHistory) {
   if (stat((dir + "/raw").c_str(), &st) != 0)
     GTEST_SKIP() << "the recorded traces are missing: expected " << dir
                  << "/raw (../shared/traces next to the repository)";
-  bool python = system("python3 -c 'import pickle, pickletools' >/dev/null 2>&1") == 0;
+  bool python = snapshot_have_python();
   const char *stem = "wedsonlin_medium_128_inference";
   std::string raw = dir + "/raw/" + stem + ".pickle";
   char tmpl[] = "/tmp/expseg_trace_snapshot_XXXXXX";
@@ -143,7 +133,7 @@ TEST_P(TraceSnapshot, ReplayedWorkloadSnapshotReadsBackIntoTheSameHistory) {
     EXPECT_GT(WalkViewerOpcodes(snap), 1000u);
     if (python) {
       std::string out;
-      EXPECT_EQ(Check(snap, &out), 0) << out;
+      EXPECT_EQ(snapshot_check(snap, "", true, &out), 0) << out;
     }
     if (std::string(when) != "end") continue;
     Set orig, back;
@@ -175,7 +165,7 @@ TEST_P(TraceSnapshot, ReplayedWorkloadSnapshotReadsBackIntoTheSameHistory) {
 // the peaks it reports equal the replay's reserved_bytes/allocated_bytes peaks, with samples
 // only every 50 events.
 TEST(PlotMemory, MarkedPeaksEqualTheStatistics) {
-  if (system("python3 -c 'import csv, json' >/dev/null 2>&1") != 0)
+  if (!snapshot_have_python())
     GTEST_SKIP() << "python3 is not on PATH: the plot script needs it";
   char tmpl[] = "/tmp/expseg_plot_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
@@ -192,14 +182,12 @@ TEST(PlotMemory, MarkedPeaksEqualTheStatistics) {
       size_t p = s.find("\"" + key + "\":");
       return p == std::string::npos ? -1.0 : atof(s.c_str() + p + key.size() + 3);
     };
-    std::string cmd = "python3 " EXPSEG_SOURCE_DIR "/bench/plot_memory.py --json --csv '" + csv +
-                      "' --out '" + svg + "' 2>&1";
-    FILE *p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr);
     std::string plot;
-    char buf[4096];
-    while (fgets(buf, sizeof buf, p)) plot += buf;
-    ASSERT_EQ(pclose(p), 0) << plot;
+    ASSERT_EQ(snapshot_run("python3 " EXPSEG_SOURCE_DIR "/bench/plot_memory.py --json --csv '" + csv +
+                               "' --out '" + svg + "'",
+                           &plot),
+              0)
+        << plot;
     EXPECT_EQ(num(plot, "peak_reserved"), num(text, "peak_reserved")) << plot << text;
     EXPECT_EQ(num(plot, "peak_allocated"), num(text, "peak_allocated")) << plot << text;
     // the lines pass through the peaks: the rows where they were reached are in the file
@@ -209,6 +197,7 @@ TEST(PlotMemory, MarkedPeaksEqualTheStatistics) {
     FILE *f = fopen(svg.c_str(), "r");
     ASSERT_NE(f, nullptr);
     std::string s;
+    char buf[4096];
     while (fgets(buf, sizeof buf, f)) s += buf;
     fclose(f);
     EXPECT_EQ(s.find("<svg"), 0u);
