@@ -7,6 +7,7 @@
 // and frees, in order, with the same sizes, streams and ids.
 #include <gtest/gtest.h>
 
+#include "expseg.h"
 #include "snapshot_check.h"
 
 #include <sys/stat.h>
@@ -203,6 +204,70 @@ TEST(PlotMemory, MarkedPeaksEqualTheStatistics) {
     EXPECT_EQ(s.find("<svg"), 0u);
     EXPECT_NE(s.find("class=\"peak\""), std::string::npos);
     EXPECT_NE(s.find("peak reserved"), std::string::npos);
+  }
+  EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
+}
+
+// plot_memory.py --snapshot: the history of a snapshot walked as the viewer walks it; its
+// peaks are exact (every event is a point) and equal expseg's statistics for a history
+// recorded from creation: live requested bytes = requested_bytes.all.peak, mapped bytes =
+// expseg.mapped_bytes.peak (expandable segments only). On PyTorch's own recorded snapshot
+// they equal the figures of ../shared/traces/README.md.
+TEST(PlotMemory, SnapshotPeaksEqualTheStatistics) {
+  if (!snapshot_have_python()) GTEST_SKIP() << "python3 is not on PATH: the plot script needs it";
+  char tmpl[] = "/tmp/expseg_plot_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl, snap = dir + "/s.pickle", svg = dir + "/s.svg";
+  expseg_allocator *a = nullptr;
+  ASSERT_EQ(expseg_create("sim:capacity=64G", 0, "expandable_segments:True", &a), EXPSEG_OK);
+  ASSERT_EQ(expseg_record_history_ex(a, true, SIZE_MAX, 0), EXPSEG_OK);
+  std::vector<void *> live;
+  uint64_t x = 12345;
+  for (int i = 0; i < 3000; i++) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    if (live.empty() || (x >> 60) < 9) {
+      void *p = nullptr;
+      ASSERT_EQ(expseg_malloc(a, (x >> 33) % (48 << 20) + 1, (x >> 20) % 2, &p), EXPSEG_OK)
+          << expseg_last_error();
+      live.push_back(p);
+    } else {
+      size_t k = (x >> 8) % live.size();
+      ASSERT_EQ(expseg_free(a, live[k]), EXPSEG_OK);
+      live[k] = live.back();
+      live.pop_back();
+    }
+    if (i == 2000) {
+      ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+    }
+  }
+  ASSERT_EQ(expseg_snapshot_dump(a, snap.c_str()), EXPSEG_OK) << expseg_last_error();
+  int64_t req = -1, mapped = -1;
+  ASSERT_EQ(expseg_stat(a, "requested_bytes.all.peak", &req), EXPSEG_OK);
+  ASSERT_EQ(expseg_stat(a, "expseg.mapped_bytes.peak", &mapped), EXPSEG_OK);
+  std::string plot;
+  ASSERT_EQ(snapshot_run("python3 " EXPSEG_SOURCE_DIR "/bench/plot_memory.py --json --snapshot '" +
+                             snap + "' --out '" + svg + "'",
+                         &plot),
+            0)
+      << plot;
+  auto num = [](const std::string &t, const std::string &key) {
+    size_t p = t.find("\"" + key + "\":");
+    return p == std::string::npos ? -1.0 : atof(t.c_str() + p + key.size() + 3);
+  };
+  EXPECT_EQ(num(plot, "peak_requested"), (double)req) << plot;
+  EXPECT_EQ(num(plot, "peak_mapped"), (double)mapped) << plot;
+  for (void *p : live) ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
+  expseg_destroy(a);
+  std::string raw = std::string(EXPSEG_TRACES_DIR) + "/raw/ftcourse_qlora_finetune.pickle";
+  struct stat st;
+  if (stat(raw.c_str(), &st) == 0) { // README: peak live requested, recorded peak reserved
+    ASSERT_EQ(snapshot_run("python3 " EXPSEG_SOURCE_DIR "/bench/plot_memory.py --json --snapshot '" +
+                               raw + "' --out '" + svg + "'",
+                           &plot),
+              0)
+        << plot;
+    EXPECT_EQ(num(plot, "peak_requested"), 5876132840.0) << plot;
+    EXPECT_EQ(num(plot, "peak_mapped"), 6471811072.0) << plot;
   }
   EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
 }
