@@ -3,8 +3,9 @@
  *
  * Each allocator that records owns a ring of the newest `max` events (grown by doubling up
  * to `max`, so a large bound costs nothing until used). An event holds its action, address,
- * size (the caller's requested size for alloc/free, as PyTorch), stream, time in µs since
- * the epoch and a stack: up to HIST_C_MAX return addresses from backtrace() (kept raw,
+ * size (the caller's requested size for alloc/free, as PyTorch), stream, time (the CPU's
+ * time-stamp counter where there is one, turned into µs since the epoch when written) and a
+ * stack: up to HIST_C_MAX return addresses from backtrace() (kept raw,
  * symbolized only when a snapshot is written, with dladdr) when EXPSEG_HISTORY_C_STACKS is
  * set, and the innermost HIST_HOST_MAX frames the calling thread pushed with
  * expseg_history_push_frames. Pushed frames are interned once, process-wide, in a table
@@ -134,10 +135,32 @@ void expseg_history_pop_frames(size_t n) { tl_depth = n < tl_depth ? tl_depth - 
 
 /* ---- recording ---- */
 
-static uint64_t now_us(void) {
+static uint64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+static inline uint64_t ticks_now(void) { return __rdtsc(); }
+#else
+static inline uint64_t ticks_now(void) { return now_ns(); }
+#endif
+
+double _expseg_hist_scale(const history_t *h) {
+#if defined(__x86_64__) || defined(__i386__)
+  uint64_t t1 = ticks_now(), n1 = now_ns();
+  return t1 > h->ticks0 && n1 > h->ns0 ? (double)(n1 - h->ns0) / (double)(t1 - h->ticks0) : 0.0;
+#else
+  (void)h;
+  return 1.0; /* ticks are CLOCK_REALTIME nanoseconds */
+#endif
+}
+
+uint64_t _expseg_hist_time_us(const history_t *h, double scale, uint64_t ticks) {
+  double ns = (double)h->ns0 + ((double)ticks - (double)h->ticks0) * scale;
+  return ns > 0 ? (uint64_t)(ns / 1000.0) : 0;
 }
 
 void _expseg_hist_add(expseg_allocator *a, int action, uint64_t addr, uint64_t size,
@@ -161,7 +184,7 @@ void _expseg_hist_add(expseg_allocator *a, int action, uint64_t addr, uint64_t s
     h->head = h->head + 1 == h->max ? 0 : h->head + 1;
   }
   h->total++;
-  e->time_us = now_us();
+  e->ticks = ticks_now();
   e->addr = addr;
   e->size = size;
   e->stream = stream;
@@ -246,6 +269,8 @@ expseg_status expseg_record_history_ex(expseg_allocator *a, bool enabled, size_t
     h->cap = cap;
     h->max = max_entries;
     h->flags = flags;
+    h->ticks0 = ticks_now();
+    h->ns0 = now_ns();
     if (flags & EXPSEG_HISTORY_C_STACKS) { /* the first backtrace() loads the unwinder */
       void *warm[4];
       (void)backtrace(warm, 4);
@@ -265,6 +290,8 @@ expseg_status expseg_record_history_ex(expseg_allocator *a, bool enabled, size_t
       }
       h->count = keep;
       h->total = old->total;
+      h->ticks0 = old->ticks0; /* the kept events' ticks count from the same origin */
+      h->ns0 = old->ns0;
     }
   }
   a->hist = h; /* disabling clears the history (as PyTorch) */

@@ -189,6 +189,7 @@ static void write_traces(ctx_t *c) {
     _expseg_pkw_appends(w);
   }
   _expseg_pkw_list(w);
+  double scale = c->h ? _expseg_hist_scale(c->h) : 0.0;
   for (size_t i = 0; c->h && i < c->h->count; i++) {
     const hist_event_t *e = _expseg_hist_at(c->h, i);
     _expseg_pkw_dict(w);
@@ -196,7 +197,7 @@ static void write_traces(ctx_t *c) {
     _expseg_pkw_kuint(w, e->action == HIST_OOM ? "device_free" : "addr", e->addr);
     _expseg_pkw_kuint(w, "size", e->size);
     _expseg_pkw_kuint(w, "stream", e->stream);
-    _expseg_pkw_kuint(w, "time_us", e->time_us);
+    _expseg_pkw_kuint(w, "time_us", _expseg_hist_time_us(c->h, scale, e->ticks));
     _expseg_pkw_str(w, "frames");
     write_frames(c, e);
     _expseg_pkw_setitems(w);

@@ -120,6 +120,11 @@ def check_structure(snap):
         if k not in settings:
             fail("allocator_settings: '%s' is missing" % k)
     for d, trace in enumerate(snap["device_traces"]):
+        times = [e.get("time_us", 0) for e in trace]
+        if any(b < a for a, b in zip(times, times[1:])):
+            fail("device_traces[%d]: time_us goes backwards" % d)
+        if times and not 1500000000 * 10**6 < times[0] < 4000000000 * 10**6:
+            fail("device_traces[%d]: time_us %d is not microseconds since the epoch" % (d, times[0]))
         for i, e in enumerate(trace):
             w = "device_traces[%d][%d]" % (d, i)
             if e.get("action") not in ACTIONS:
