@@ -17,8 +17,10 @@ Checks, exit status 1 with one line per failure:
     simulate_memory does (alloc removes its block, free_completed adds it back,
     segment_map/unmap and segment_alloc/free undo the ranges) and requires an empty state:
     no block and no mapped byte before the first event. Every undo must find what it
-    undoes (the viewer would fail otherwise).
+    undoes, and every live block must lie in a mapped range wherever the viewer may draw
+    (checked at 200 points spread over the history): the viewer would fail otherwise.
 """
+import bisect
 import json
 import pickle
 import pickletools
@@ -137,6 +139,18 @@ def check_structure(snap):
             check_frames(w, e.get("frames", []))
 
 
+def blocks_inside(blocks, segs, i):
+    """The viewer draws the state after event i: every live block must lie in a mapped range
+    (its find_segment would return null and the drawing fail)."""
+    starts = [s[0] for s in segs]
+    for a, n in blocks.items():
+        k = bisect.bisect_right(starts, a) - 1
+        if k < 0 or a + n > segs[k][0] + segs[k][1]:
+            fail("after event %d: live block %#x+%d lies outside every mapped range" % (i, a, n))
+            return False
+    return True
+
+
 def replay_backwards(snap, device):
     """The viewer's simulate_memory(-1): the state before the first event."""
     segs = []  # [addr, size, stream], sorted
@@ -150,7 +164,10 @@ def replay_backwards(snap, device):
                 blocks[b["address"]] = b["size"]
     segs.sort()
     trace = snap["device_traces"][device] if device < len(snap["device_traces"]) else []
+    every = max(1, len(trace) // 200)  # where the viewer's find_segment is checked
     for i in range(len(trace) - 1, -1, -1):
+        if i % every == 0 and not blocks_inside(blocks, segs, i):
+            return
         e = trace[i]
         a, n, st = e.get("addr"), e["size"], e["stream"]
         act = e["action"]
