@@ -96,8 +96,7 @@ EXPSEG_EXPORT void expseg_reset_accumulated_stats(expseg_allocator *a);
  * the first violation in expseg_last_error(). Costs O(blocks): for tests and --check. */
 EXPSEG_EXPORT expseg_status expseg_check(const expseg_allocator *a);
 
-/* History and snapshots (the memory_viz format). Not built yet: both return
- * EXPSEG_ERR_UNSUPPORTED (docs/api.md). */
+/* History and snapshots (PyTorch's memory_viz format): declared in the block below. */
 EXPSEG_EXPORT expseg_status expseg_record_history(expseg_allocator *a, bool enabled,
                                                   size_t max_entries);
 EXPSEG_EXPORT expseg_status expseg_snapshot_dump(expseg_allocator *a, const char *path);
@@ -150,6 +149,35 @@ EXPSEG_EXPORT void expseg_host_stats_foreach(const expseg_host_pool *h,
                                                         int64_t value),
                                              void *ctx);
 EXPSEG_EXPORT void expseg_host_reset_peak_stats(expseg_host_pool *h);
+
+/* ---- History, snapshots and readable reports (docs/snapshots.md) ----
+ * expseg_record_history(a, true, n) keeps the newest n (>= 1) events (alloc, free_requested,
+ * free_completed, segment_alloc/free/map/unmap, oom, snapshot) with C stacks and the frames
+ * pushed by the calling thread; false stops recording and clears the history (as PyTorch).
+ * The _ex form takes EXPSEG_HISTORY_* flags (0 = no C stacks: the cheaper recording). */
+#define EXPSEG_HISTORY_C_STACKS 1u
+EXPSEG_EXPORT expseg_status expseg_record_history_ex(expseg_allocator *a, bool enabled,
+                                                     size_t max_entries, unsigned flags);
+/* Frames an embedding framework (e.g. Python's interpreter) attaches to the next events of
+ * the calling thread, on every allocator: push outermost first; the strings are copied. */
+typedef struct expseg_frame {
+  const char *filename;
+  const char *name;
+  int line;
+} expseg_frame;
+EXPSEG_EXPORT expseg_status expseg_history_push_frames(const expseg_frame *frames, size_t n);
+/* Pops the n innermost pushed frames (fewer if fewer are pushed). */
+EXPSEG_EXPORT void expseg_history_pop_frames(size_t n);
+/* The snapshot pickle (protocol 4, memory_viz's opcodes only) in a buffer the caller frees
+ * with expseg_snapshot_free. expseg_snapshot_dump writes it to path through a temporary
+ * file and a rename. */
+EXPSEG_EXPORT expseg_status expseg_snapshot(expseg_allocator *a, unsigned char **buf,
+                                            size_t *len);
+EXPSEG_EXPORT void expseg_snapshot_free(unsigned char *buf);
+/* torch.cuda.memory_summary()'s text, then expseg's own section. Writes at most len bytes
+ * (NUL included); returns the length it needs (0 when a is NULL). */
+EXPSEG_EXPORT size_t expseg_memory_summary(expseg_allocator *a, char *buf, size_t len,
+                                           bool abbreviated);
 
 #ifdef __cplusplus
 }
