@@ -6,7 +6,8 @@
 #  subproject: configure and build tests/install/parent (add_subdirectory of SOURCE_DIR) and
 #              configure SOURCE_DIR with -DEXPSEG_BUILD_TESTS=OFF, GoogleTest unfindable in
 #              both (CMAKE_DISABLE_FIND_PACKAGE_GTest).
-# Environment: CMAKE (cmake), CC (C compiler), BENCH (ON when the tools were built).
+# Environment: CMAKE (cmake), CC (C compiler), BENCH and TORCH (ON when the tools and
+# libexpseg_torch.so were built).
 set -euo pipefail
 mode=$1 build=$2 src=$3 work=$4
 cmake=${CMAKE:-cmake}
@@ -47,11 +48,19 @@ prefix=$work/prefix
 lib=$(dirname "$(find "$prefix" -name libexpseg.a | head -n 1)")
 [ -d "$lib" ] || fail "no libexpseg.a under $prefix"
 say "installed into $prefix (libraries in ${lib#"$prefix"/})"
-for f in include/expseg.h include/expseg_torch.h "${lib#"$prefix"/}/libexpseg.so.0.1.0" \
-         "${lib#"$prefix"/}/libexpseg_torch.so" "${lib#"$prefix"/}/cmake/expseg/expsegConfig.cmake" \
-         "${lib#"$prefix"/}/pkgconfig/expseg.pc" share/expseg/python/expseg.py; do
+rel=${lib#"$prefix"/}
+want=(include/expseg.h "$rel/libexpseg.so.0.1.0" "$rel/cmake/expseg/expsegConfig.cmake"
+      "$rel/pkgconfig/expseg.pc")
+if [ "${TORCH:-ON}" = ON ]; then
+  want+=(include/expseg_torch.h "$rel/libexpseg_torch.so" share/expseg/python/expseg.py)
+fi
+for f in "${want[@]}"; do
   [ -e "$prefix/$f" ] || fail "not installed: $f"
 done
+if [ "${TORCH:-ON}" = ON ]; then # loadable from its installed place (RUNPATH $ORIGIN)
+  readelf -d "$lib/libexpseg_torch.so" | grep -q 'R.*PATH.*\[\$ORIGIN\]' ||
+    fail "libexpseg_torch.so has no RUNPATH \$ORIGIN"
+fi
 if [ "${BENCH:-ON}" = ON ]; then
   for t in expseg-replay expseg-bench-hit expseg-bench-grow expseg-bench-driver; do
     [ -x "$prefix/bin/$t" ] || fail "not installed: bin/$t"
@@ -92,4 +101,11 @@ say "pkg-config, static"
   $(pkg-config --static --libs-only-l expseg | sed 's/-lexpseg\b//')
 check_linked "$work/pc-static" static
 "$work/pc-static" "pkg-config, static"
+if [ "${TORCH:-ON}" = ON ] && command -v python3 >/dev/null; then
+  say "installed python helper finds the installed libexpseg_torch.so"
+  got=$(env -u EXPSEG_TORCH_LIB EXPSEG_DRIVER=host:capacity=16M \
+        PYTHONPATH="$prefix/share/expseg/python" python3 -c \
+        'import expseg; print(expseg.library_path(), expseg.memory_stats(0)["allocation.all.current"])')
+  [ "$got" = "$(cd "$lib" && pwd)/libexpseg_torch.so 0" ] || fail "python helper: got '$got'"
+fi
 echo "installed tree: 4 consumers built and run: ok"

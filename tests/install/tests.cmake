@@ -10,12 +10,16 @@ if(NOT EXPSEG_SANITIZE STREQUAL "")
   return()
 endif()
 set(_pkg ${CMAKE_CURRENT_LIST_DIR}/package_test.sh)
+set(_torch OFF)
+if(TARGET expseg_torch)
+  set(_torch ON)
+endif()
 if(EXPSEG_INSTALL)
   add_test(NAME install_consumer
            COMMAND bash ${_pkg} install ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR}
                    ${CMAKE_CURRENT_BINARY_DIR}/install_consumer)
   set_tests_properties(install_consumer PROPERTIES LABELS cpu TIMEOUT 600
-                       ENVIRONMENT "CMAKE=${CMAKE_COMMAND};CC=${CMAKE_C_COMPILER};BENCH=${EXPSEG_BUILD_BENCH}")
+                       ENVIRONMENT "CMAKE=${CMAKE_COMMAND};CC=${CMAKE_C_COMPILER};BENCH=${EXPSEG_BUILD_BENCH};TORCH=${_torch}")
 endif()
 add_test(NAME subproject_without_gtest
          COMMAND bash ${_pkg} subproject ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR}

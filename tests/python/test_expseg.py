@@ -54,7 +54,14 @@ def one_line(test, text):
     test.assertTrue(text.strip(), "empty message")
     test.assertNotIn("\n", text.strip(), text)
     test.assertNotIn("Traceback", text, text)
-    test.assertNotIn("ctypes", text.lower().replace("ctypes only", ""), text)
+    test.assertNotIn("ctypes.", text, text)
+
+
+def torch_with_gpu():
+    """True where PyTorch is importable (in a child: importing it here would hide the
+    no-PyTorch tests) and sees a GPU."""
+    rc, out, _ = run_child("import torch; print(torch.cuda.is_available())")
+    return rc == 0 and out.strip() == "True"
 
 
 def fake_torch(available=True, initialized=False, refuse=None):
@@ -183,6 +190,41 @@ class WithLibrary(unittest.TestCase):
         lib = expseg._load()
         for name in ("expseg_torch_alloc", "expseg_torch_free"):
             self.assertTrue(getattr(lib, name))
+
+
+@unittest.skipUnless(LIB and os.path.isfile(LIB) and torch_with_gpu(),
+                     "needs PyTorch with a CUDA device (and EXPSEG_TEST_TORCH_LIB)")
+class WithTorch(unittest.TestCase):
+    def test_install_then_tensors_come_from_expseg(self):
+        rc, out, err = run_child("""
+            import torch, expseg
+            expseg.install()
+            x = torch.ones(1 << 20, device="cuda")
+            s = expseg.memory_stats(0)
+            assert s["allocation.all.current"] >= 1, s
+            assert s["allocated_bytes.all.current"] >= 4 << 20, s
+            y = (x * 2).sum().item()
+            del x
+            torch.cuda.synchronize()
+            expseg.empty_cache()
+            print(torch.cuda.memory.get_allocator_backend(), expseg.driver(0), int(y))
+            """)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out.split(), ["pluggable", "cuda", str(2 << 20)])
+
+    def test_install_after_cuda_use_is_too_late(self):
+        rc, out, err = run_child("""
+            import torch, expseg
+            torch.ones(1, device="cuda")
+            try:
+                expseg.install()
+                print("installed")
+            except expseg.ExpsegError as e:
+                print(e)
+            """)
+        self.assertEqual(rc, 0, err)
+        one_line(self, out)
+        self.assertIn("too late", out)
 
 
 class Messages(unittest.TestCase):
