@@ -22,7 +22,7 @@ namespace {
 
 // Before anything creates an allocator: every device of this process runs on host memory.
 const int kEnvSet = [] {
-  setenv("EXPSEG_DRIVER", "host:capacity=128M", 1);
+  setenv("EXPSEG_DRIVER", "host:capacity=256M", 1);
   unsetenv("EXPSEG_ALLOC_CONF");
   unsetenv("PYTORCH_CUDA_ALLOC_CONF");
   unsetenv("PYTORCH_ALLOC_CONF");
@@ -111,7 +111,7 @@ TEST(Torch, EightThreadsTwoDevicesKeepTheirOwnStatistics) {
       std::vector<Kept> live;
       for (int i = 0; i < 3000; i++) {
         if (live.empty() || rng() % 3 != 0) {
-          size_t size = rng() % 4 == 0 ? 1 + rng() % (3u << 20) : 1 + rng() % 20000;
+          size_t size = rng() % 4 == 0 ? 1 + rng() % (1u << 20) : 1 + rng() % 20000;
           void *stream = reinterpret_cast<void *>((uintptr_t)(rng() % 3) * 0x1000);
           void *p = L.alloc(size, dev, stream);
           if (!p) {
@@ -126,7 +126,7 @@ TEST(Torch, EightThreadsTwoDevicesKeepTheirOwnStatistics) {
           live[k] = live.back();
           live.pop_back();
         }
-        if (live.size() > 40) { // bound the working set: 8 x 40 x 3 MiB < 2 x 128 MiB
+        if (live.size() > 24) { // bound the working set: 4 threads x 25 x 1 MiB per device
           L.free(live.front().p, live.front().size, dev, nullptr);
           live.erase(live.begin());
         }
@@ -158,7 +158,7 @@ TEST(Torch, EightThreadsTwoDevicesKeepTheirOwnStatistics) {
 TEST(Torch, OutOfMemoryIsNullWithTheMessageKeptAndPrinted) {
   Lib &L = lib();
   testing::internal::CaptureStderr();
-  void *p = L.alloc(1ull << 30, 1, nullptr); // device capacity is 128 MiB
+  void *p = L.alloc(1ull << 30, 1, nullptr); // device capacity is 256 MiB
   std::string printed = testing::internal::GetCapturedStderr();
   EXPECT_EQ(nullptr, p);
   std::string m = L.last_error(1);
@@ -241,14 +241,14 @@ TEST(Torch, StatisticsResetsCacheAndHooks) {
   expseg_info info;
   ASSERT_EQ(EXPSEG_OK, L.get_info(0, &info));
   EXPECT_STREQ("host", info.driver);
-  EXPECT_EQ(128u << 20, info.total_memory);
+  EXPECT_EQ(256u << 20, info.total_memory);
   size_t fr = 0, tot = 0;
   ASSERT_EQ(EXPSEG_OK, L.mem_get_info(0, &fr, &tot));
-  EXPECT_EQ(128u << 20, tot);
+  EXPECT_EQ(256u << 20, tot);
   EXPECT_EQ(tot, fr);
 
-  // memory fraction: a quarter of 128 MiB refuses 40 MiB, then lifting it allows it
-  L.memory_fraction(0.25, 0);
+  // memory fraction: an eighth of 256 MiB refuses 40 MiB, then lifting it allows it
+  L.memory_fraction(0.125, 0);
   EXPECT_EQ(nullptr, L.alloc(40u << 20, 0, nullptr));
   L.memory_fraction(1.0, 0);
   p = L.alloc(40u << 20, 0, nullptr);
