@@ -60,3 +60,8 @@ size_t _expseg_gc_select(expseg_gc_item_t *items, size_t n, size_t target, uint6
   for (size_t i = 0, j = n - 1; i < j; i++, j--) swap(&items[i], &items[j]);
   return k;
 }
+
+size_t _expseg_gc_target_for_request(size_t target, size_t reclaimable, size_t keep) {
+  size_t most = reclaimable > keep ? reclaimable - keep : 0;
+  return target < most ? target : most;
+}

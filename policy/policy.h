@@ -139,6 +139,10 @@ size_t _expseg_gc_target(const expseg_config_t *c, size_t held, size_t allowed);
  * ties by larger bytes; takes items until their bytes reach target. Returns the number of
  * victims. now_ns is the caller's clock (items idle since later than now count as age 0). */
 size_t _expseg_gc_select(expseg_gc_item_t *items, size_t n, size_t target, uint64_t now_ns);
+/* Caps a collection target so that `keep` bytes of the `reclaimable` ones stay: collection
+ * before a request must not release what the request itself could use (idle pages it
+ * would otherwise move) and then be refused by the cap. */
+size_t _expseg_gc_target_for_request(size_t target, size_t reclaimable, size_t keep);
 
 #ifdef __cplusplus
 }

@@ -99,16 +99,21 @@ expseg_status expseg_create(const char *driver, int device, const char *config,
   return _expseg_create_with_driver(drv, config, out);
 }
 
-void expseg_destroy(expseg_allocator *a) {
+void expseg_destroy(expseg_allocator *a) { _expseg_destroy_with(a, NULL, NULL); }
+
+void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, expseg_vmm_t *),
+                          void *ctx) {
   if (a == NULL) return;
-  pthread_mutex_lock(&a->lock);
-  _expseg_streams_destroy(a);
+  api_lock(a);
+  _expseg_sync_all_events(a); /* blocks used on other streams: wait for that work first */
   _expseg_segments_destroy(a);
+  _expseg_streams_destroy(a);
   _expseg_ptrmap_destroy(&a->live);
   _expseg_blocks_destroy(a);
   free(a->observers);
-  pthread_mutex_unlock(&a->lock);
+  api_unlock(a);
   pthread_mutex_destroy(&a->lock);
+  if (before_close) before_close(ctx, a->drv);
   _expseg_vmm_close(a->drv);
   free(a);
 }
@@ -152,89 +157,35 @@ static expseg_status take_block(expseg_allocator *a, block_t *b, size_t rounded,
   return EXPSEG_OK;
 }
 
-static size_t oom_message_hint(const expseg_allocator *a, size_t rounded, char *buf, size_t len) {
-  size_t held = held_bytes(a);
-  size_t allocated = (size_t)a->stats.allocated_bytes[STAT_ALL].current;
-  char b1[32], b2[32];
-  if (!a->cfg.expandable_segments && held - allocated >= rounded)
-    return (size_t)snprintf(buf, len,
-                            "%s is held but unallocated, split across segments: "
-                            "expandable_segments:True lets such memory serve one request",
-                            _expseg_format_size(b1, held - allocated));
-  if (a->allowed != SIZE_MAX)
-    return (size_t)snprintf(buf, len,
-                            "the memory fraction %.3g caps this allocator at %s: raise it "
-                            "(per_process_memory_fraction or expseg_set_memory_fraction), or "
-                            "free memory",
-                            a->cfg.per_process_memory_fraction,
-                            _expseg_format_size(b2, a->allowed));
-  return (size_t)snprintf(buf, len, "%s; free tensors you no longer need, or use smaller batches",
-                          a->cfg.expandable_segments
-                              ? "expandable segments are on and nothing cached can serve it"
-                              : "nothing cached can serve it");
-}
-
-static expseg_status fail_oom(expseg_allocator *a, size_t size, size_t rounded,
-                              expseg_stream stream, expseg_status cause, const char *cause_msg) {
-  a->stats.num_ooms++;
-  size_t dev_free = 0, dev_total = 0;
-  _expseg_vmm_mem_info(a->drv, &dev_free, &dev_total);
-  size_t held = held_bytes(a);
-  size_t allocated = (size_t)a->stats.allocated_bytes[STAT_ALL].current;
-  size_t cached = (size_t)a->stats.cached_physical_bytes.current;
-  size_t largest = _expseg_largest_free(a);
-  char s1[32], s2[32], s3[32], s4[32], s5[32], s6[32], s7[32], s8[32], s9[32], s10[32];
-  char hint[400], cap[96] = "";
-  oom_message_hint(a, rounded, hint, sizeof hint);
-  if (a->allowed != SIZE_MAX)
-    snprintf(cap, sizeof cap, " %s allowed (memory fraction %.3g).",
-             _expseg_format_size(s10, a->allowed), a->cfg.per_process_memory_fraction);
-  char msg[1400];
-  snprintf(msg, sizeof msg,
-           "out of memory: tried to allocate %s (%zu bytes, rounded to %s, %s pool, stream "
-           "%#llx) on device %d. The device has %s in total, %s free.%s This allocator "
-           "holds %s: %s allocated, %s cached (%s as unmapped pages), largest free block %s. "
-           "Hint: %s. [%s: %s]",
-           _expseg_format_size(s1, size), size, _expseg_format_size(s2, rounded),
-           _expseg_is_small(rounded) ? "small" : "large", (unsigned long long)stream, a->device,
-           _expseg_format_size(s3, dev_total), _expseg_format_size(s4, dev_free), cap,
-           _expseg_format_size(s5, held), _expseg_format_size(s6, allocated),
-           _expseg_format_size(s7, held - allocated), _expseg_format_size(s8, cached),
-           _expseg_format_size(s9, largest), hint, expseg_status_name(cause), cause_msg);
-  size_t n_obs = a->n_observers;
-  observer_t local[8];
-  observer_t *obs = n_obs <= 8 ? local : malloc(n_obs * sizeof *obs);
-  if (obs == NULL) n_obs = 0;
-  else if (n_obs > 0) memcpy(obs, a->observers, n_obs * sizeof *obs);
-  size_t third = a->allowed != SIZE_MAX ? a->allowed : dev_total;
-  int device = a->device;
-  pthread_mutex_unlock(&a->lock);
-  for (size_t i = 0; i < n_obs; i++) obs[i].fn(obs[i].ctx, device, rounded, third, dev_free);
-  if (obs != local) free(obs);
-  return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s", msg);
-}
-
 expseg_status expseg_malloc(expseg_allocator *a, size_t size, expseg_stream stream, void **out) {
   if (out == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_malloc: out is NULL");
   *out = NULL;
   if (a == NULL) return null_allocator("expseg_malloc");
   if (size == 0) return EXPSEG_OK;
-  pthread_mutex_lock(&a->lock);
+  api_lock(a);
   if (a->n_pending_events > 0 || a->n_orphans > 0) _expseg_process_events(a);
   size_t rounded = _expseg_round_size(&a->cfg, size);
   if (rounded == 0) {
-    pthread_mutex_unlock(&a->lock);
+    api_unlock(a);
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_malloc: size %zu is too large; at most %zu bytes (1 EiB) "
                              "can be asked for",
                              size, (size_t)EXPSEG_MAX_REQUEST);
   }
+  a->oom_kind = OOM_MEMORY;
+  if (rounded > a->total_mem) { /* no cache, no setting can serve it: no driver call */
+    a->oom_kind = OOM_TOO_LARGE;
+    char total[32];
+    _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "the device has %s in total",
+                      _expseg_format_size(total, a->total_mem));
+    return _expseg_fail_oom(a, size, rounded, stream, expseg_last_error()); /* unlocks */
+  }
   int pool = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
   block_t *b = find_free(a, pool, stream, rounded);
   expseg_status st = EXPSEG_OK;
   if (b == NULL) {
-    _expseg_garbage_collect(a);
+    _expseg_garbage_collect(a, a->cfg.expandable_segments ? rounded : 0);
     b = _expseg_grow(a, pool, stream, rounded, false, &st);
     /* another thread may have freed a fit while the lock was dropped */
     if (b == NULL) b = find_free(a, pool, stream, rounded);
@@ -251,22 +202,19 @@ expseg_status expseg_malloc(expseg_allocator *a, size_t size, expseg_stream stre
   }
   if (b == NULL) {
     if (st == EXPSEG_OK) st = EXPSEG_ERR_OUT_OF_MEMORY;
-    char cause[600];
+    char cause[1024];
     snprintf(cause, sizeof cause, "%s", expseg_last_error());
     if (st != EXPSEG_ERR_OUT_OF_MEMORY) { /* a driver failure, not a lack of memory */
-      pthread_mutex_unlock(&a->lock);
+      api_unlock(a);
       return _expseg_error_set(st, "expseg_malloc(%zu): %s", size, cause);
     }
-    /* pages created for this request before the device ran out help no one: give the
-     * page cache back, so the device and the message show what is really free */
-    _expseg_cache_trim(a, 0);
-    return fail_oom(a, size, rounded, stream, st, cause); /* unlocks */
+    return _expseg_fail_oom(a, size, rounded, stream, cause); /* unlocks */
   }
   st = take_block(a, b, rounded, size, out);
   /* the page cache's bound (growth may have left more pages there than it allows); the
    * block is handed out already, so dropping the lock to release is safe */
   if (a->cache_count * a->page > a->cfg.page_cache_max) _expseg_cache_trim(a, a->cfg.page_cache_max);
-  pthread_mutex_unlock(&a->lock);
+  api_unlock(a);
   return st;
 }
 
@@ -290,10 +238,10 @@ void _expseg_free_block(expseg_allocator *a, block_t *b) {
 expseg_status expseg_free(expseg_allocator *a, void *ptr) {
   if (a == NULL) return null_allocator("expseg_free");
   if (ptr == NULL) return EXPSEG_OK;
-  pthread_mutex_lock(&a->lock);
+  api_lock(a);
   block_t *b = _expseg_ptrmap_take(&a->live, (uintptr_t)ptr);
   if (b == NULL) {
-    pthread_mutex_unlock(&a->lock);
+    api_unlock(a);
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_free(%p): not a pointer this allocator handed out, or "
                              "already freed",
@@ -311,7 +259,7 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
     if (!pending && !waited) {
       if (!_expseg_orphan_add(a, b)) {
         (void)_expseg_ptrmap_put(&a->live, b->ptr, b); /* it was there: a slot is free */
-        pthread_mutex_unlock(&a->lock);
+        api_unlock(a);
         return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
                                  "expseg_free(%p): out of host memory; it stays allocated", ptr);
       }
@@ -329,14 +277,14 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
   } else {
     _expseg_free_block(a, b);
   }
-  pthread_mutex_unlock(&a->lock);
+  api_unlock(a);
   return EXPSEG_OK;
 }
 
 expseg_status expseg_record_stream(expseg_allocator *a, void *ptr, expseg_stream stream) {
   if (a == NULL) return null_allocator("expseg_record_stream");
   if (ptr == NULL) return EXPSEG_OK; /* as PyTorch: nothing to record */
-  pthread_mutex_lock(&a->lock);
+  api_lock(a);
   block_t *b = _expseg_ptrmap_get(&a->live, (uintptr_t)ptr);
   expseg_status st;
   if (b == NULL)
@@ -344,7 +292,7 @@ expseg_status expseg_record_stream(expseg_allocator *a, void *ptr, expseg_stream
                            "expseg_record_stream(%p): not a live pointer of this allocator", ptr);
   else
     st = _expseg_block_add_use(b, stream);
-  pthread_mutex_unlock(&a->lock);
+  api_unlock(a);
   return st;
 }
 
@@ -352,23 +300,27 @@ expseg_status expseg_record_stream(expseg_allocator *a, void *ptr, expseg_stream
 
 expseg_status expseg_empty_cache(expseg_allocator *a) {
   if (a == NULL) return null_allocator("expseg_empty_cache");
-  pthread_mutex_lock(&a->lock);
+  api_lock(a);
   _expseg_sync_all_events(a);
   _expseg_release_cached(a, false);
-  pthread_mutex_unlock(&a->lock);
+  api_unlock(a);
   return EXPSEG_OK;
 }
 
 expseg_status expseg_set_memory_fraction(expseg_allocator *a, double fraction) {
   if (a == NULL) return null_allocator("expseg_set_memory_fraction");
-  if (!(fraction >= 0.0 && fraction <= 1.0))
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    char num[40]; /* short, unless the short form would look inside the range */
+    snprintf(num, sizeof num, "%g", fraction);
+    double back = strtod(num, NULL);
+    if (back >= 0.0 && back <= 1.0) snprintf(num, sizeof num, "%.17g", fraction);
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                             "expseg_set_memory_fraction: fraction %g is outside [0, 1]",
-                             fraction);
-  pthread_mutex_lock(&a->lock);
+                             "expseg_set_memory_fraction: fraction %s is outside [0, 1]", num);
+  }
+  api_lock(a);
   a->cfg.per_process_memory_fraction = fraction;
   refresh_derived(a);
-  pthread_mutex_unlock(&a->lock);
+  api_unlock(a);
   return EXPSEG_OK;
 }
 
@@ -378,7 +330,7 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_configure: config is NULL; pass option text such as "
                              "\"expandable_segments:False\"");
-  pthread_mutex_lock(&a->lock);
+  api_lock(a);
   expseg_config_t next;
   char err[512];
   expseg_status st = _expseg_config_parse(config, "expseg_configure", &a->cfg, &next, err,
@@ -394,16 +346,16 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
     a->cfg = next;
     refresh_derived(a);
   }
-  pthread_mutex_unlock(&a->lock);
+  api_unlock(a);
   return st;
 }
 
 size_t expseg_config_string(const expseg_allocator *a, char *buf, size_t len) {
   if (a == NULL) return 0;
   expseg_allocator *m = (expseg_allocator *)a;
-  pthread_mutex_lock(&m->lock);
+  api_lock(m);
   size_t n = _expseg_config_print(&a->cfg, buf, len);
-  pthread_mutex_unlock(&m->lock);
+  api_unlock(m);
   return n;
 }
 
@@ -411,7 +363,7 @@ expseg_status expseg_add_oom_observer(expseg_allocator *a, expseg_oom_observer f
   if (a == NULL) return null_allocator("expseg_add_oom_observer");
   if (fn == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_add_oom_observer: fn is NULL");
-  pthread_mutex_lock(&a->lock);
+  api_lock(a);
   observer_t *o = realloc(a->observers, (a->n_observers + 1) * sizeof *o);
   expseg_status st = EXPSEG_OK;
   if (o == NULL) {
@@ -420,7 +372,7 @@ expseg_status expseg_add_oom_observer(expseg_allocator *a, expseg_oom_observer f
     a->observers = o;
     o[a->n_observers++] = (observer_t){fn, ctx};
   }
-  pthread_mutex_unlock(&a->lock);
+  api_unlock(a);
   return st;
 }
 
@@ -432,9 +384,9 @@ expseg_status expseg_stat(const expseg_allocator *a, const char *key, int64_t *v
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_stat: %s is NULL",
                              key == NULL ? "key" : "value");
   expseg_allocator *m = (expseg_allocator *)a;
-  pthread_mutex_lock(&m->lock);
+  api_lock(m);
   bool found = _expseg_stats_get(a, key, value);
-  pthread_mutex_unlock(&m->lock);
+  api_unlock(m);
   if (!found)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_stat: unknown key '%s'; keys are those of "
@@ -463,9 +415,9 @@ void expseg_stats_foreach(const expseg_allocator *a,
   collect_t c = {malloc(n * sizeof(char *)), malloc(n * sizeof(int64_t)), 0};
   expseg_allocator *m = (expseg_allocator *)a;
   if (c.keys != NULL && c.vals != NULL) { /* values taken under the lock, fn called outside */
-    pthread_mutex_lock(&m->lock);
+    api_lock(m);
     _expseg_stats_visit(a, collect, &c);
-    pthread_mutex_unlock(&m->lock);
+    api_unlock(m);
     for (size_t i = 0; i < c.n; i++) fn(ctx, c.keys[i], c.vals[i]);
   }
   free(c.keys);
@@ -474,24 +426,24 @@ void expseg_stats_foreach(const expseg_allocator *a,
 
 void expseg_reset_peak_stats(expseg_allocator *a) {
   if (a == NULL) return;
-  pthread_mutex_lock(&a->lock);
+  api_lock(a);
   _expseg_stats_reset_peak(&a->stats);
-  pthread_mutex_unlock(&a->lock);
+  api_unlock(a);
 }
 
 void expseg_reset_accumulated_stats(expseg_allocator *a) {
   if (a == NULL) return;
-  pthread_mutex_lock(&a->lock);
+  api_lock(a);
   _expseg_stats_reset_accumulated(&a->stats, a->drv);
-  pthread_mutex_unlock(&a->lock);
+  api_unlock(a);
 }
 
 expseg_status expseg_check(const expseg_allocator *a) {
   if (a == NULL) return null_allocator("expseg_check");
   expseg_allocator *m = (expseg_allocator *)a;
-  pthread_mutex_lock(&m->lock);
+  api_lock(m);
   expseg_status st = _expseg_check_locked(a);
-  pthread_mutex_unlock(&m->lock);
+  api_unlock(m);
   return st;
 }
 

@@ -6,7 +6,8 @@
  *  - unmapped blocks are page-aligned, in the unmapped index, cover only unmapped pages;
  *  - mapped pages back every live block; allocated blocks are in the pointer map;
  *  - every statistic with a recountable value agrees with the recount, and the driver's
- *    own counts (mapped bytes, live chunks) agree with what the allocator believes it holds.
+ *    own counts (mapped bytes, live chunks and their bytes, reserved address space) agree
+ *    with what the allocator believes it holds, the retry list of refused releases included.
  * O(blocks): for tests and expseg-replay --check. */
 #include "error.h"
 #include "internal.h"
@@ -18,7 +19,7 @@ typedef struct recount_s {
   int64_t allocation[3], allocated_bytes[3], active[3], active_bytes[3], requested[3];
   int64_t segment[3], reserved[3], inactive_split[3], inactive_split_bytes[3];
   int64_t mapped, va, pending, oversize, free_blocks[POOL_COUNT], unmapped_blocks[POOL_COUNT];
-  int64_t idle, chunks, driver_mapped;
+  int64_t idle, chunks, driver_mapped, oversize_segments;
 } recount_t;
 
 #define FAIL(...) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_check: " __VA_ARGS__)
@@ -135,6 +136,7 @@ static expseg_status check_segment(const expseg_allocator *a, const segment_t *s
     r->chunks += (int64_t)mapped;
   } else {
     if (s->mapped_bytes != s->va_size) FAIL("classic segment %#lx: mapped bytes", base);
+    r->oversize_segments += s->oversize;
     add3(r->reserved, s->pool, (int64_t)s->va_size);
     r->chunks += 1;
   }
@@ -189,7 +191,7 @@ expseg_status _expseg_check_locked(const expseg_allocator *a) {
   SAME("pointer map size", (int64_t)a->live.count, r.allocation[STAT_ALL]);
   for (size_t i = 0; i < a->cache_count; i++) add3(r.reserved, a->cache[i].pool, (int64_t)a->page);
   r.chunks += (int64_t)a->cache_count;
-  _expseg_zombie_totals(a, r.reserved, &r.va, &r.chunks);
+  _expseg_zombie_totals(a, r.reserved, &r.va, &r.chunks, &r.driver_mapped);
   const stats_t *s = &a->stats;
   if ((st = check_pool_stats(s->allocation, r.allocation, "allocation")) ||
       (st = check_pool_stats(s->allocated_bytes, r.allocated_bytes, "allocated_bytes")) ||
@@ -203,6 +205,7 @@ expseg_status _expseg_check_locked(const expseg_allocator *a) {
                              "inactive_split_bytes")))
     return st;
   SAME("oversize_allocations.current", s->oversize_allocations.current, r.oversize);
+  SAME("oversize_segments.current", s->oversize_segments.current, r.oversize_segments);
   SAME("expseg.mapped_bytes.current", s->mapped_bytes.current, r.mapped);
   SAME("expseg.cached_physical_bytes.current", s->cached_physical_bytes.current,
        (int64_t)(a->cache_count * a->page));
@@ -214,6 +217,9 @@ expseg_status _expseg_check_locked(const expseg_allocator *a) {
   if (a->unlocked_ops == 0) { /* no chunk is being created or released with the lock dropped */
     SAME("driver mapped bytes", atomic_load(&a->drv->mapped_bytes), r.driver_mapped);
     SAME("driver live chunks", atomic_load(&a->drv->live_chunks), r.chunks);
+    SAME("driver live chunk bytes", atomic_load(&a->drv->live_chunk_bytes),
+         r.reserved[STAT_ALL]);
+    SAME("driver reserved address space", atomic_load(&a->drv->reserved_va_bytes), r.va);
   }
   return EXPSEG_OK;
 }

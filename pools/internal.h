@@ -15,6 +15,7 @@
 #ifndef EXPSEG_POOLS_INTERNAL_H
 #define EXPSEG_POOLS_INTERNAL_H
 
+#include "error.h"
 #include "expseg.h"
 #include "policy.h"
 #include "vmm.h"
@@ -28,8 +29,15 @@
 #define EXPSEG_DEBUG 1
 #endif
 #if EXPSEG_DEBUG >= 1
-#include <assert.h>
-#define expseg_assert(x) assert(x)
+/* Runs in every build (NDEBUG does not remove it): a broken invariant stops the process
+ * with the file, line and expression instead of corrupting memory later. */
+#include <stdio.h>
+#include <stdlib.h>
+#define expseg_assert(x)                                                                    \
+  ((x) ? (void)0                                                                            \
+       : (fprintf(stderr, "expseg: internal check failed at %s:%d: %s\n", __FILE__, __LINE__, \
+                  #x),                                                                      \
+          abort()))
 #else
 #define expseg_assert(x) ((void)0)
 #endif
@@ -37,6 +45,8 @@
 enum { POOL_SMALL = 0, POOL_LARGE = 1, POOL_COUNT = 2 };
 enum { STAT_ALL = 0, STAT_SMALL = 1, STAT_LARGE = 2 }; /* PyTorch's StatType order */
 enum { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_PENDING = 2 };
+/* What ran out when a request fails (the OOM message's hint). */
+enum { OOM_MEMORY = 0, OOM_ADDRESS_SPACE = 1, OOM_TOO_LARGE = 2 };
 
 typedef struct segment_s segment_t;
 typedef struct block_s block_t;
@@ -73,6 +83,7 @@ struct segment_s {
   uintptr_t base;
   size_t va_size;
   bool expandable;
+  bool oversize;         /* classic, counted in oversize_segments when created */
   uint8_t pool;
   expseg_stream stream;
   segment_t *next_all, *prev_all;
@@ -177,6 +188,7 @@ struct expseg_allocator {
 
   observer_t *observers;
   size_t n_observers;
+  uint8_t oom_kind;           /* OOM_*: why the current request's growth failed */
 
   stats_t stats;
   int64_t isplit_n[POOL_COUNT], isplit_b[POOL_COUNT]; /* inactive_split change not yet applied */
@@ -238,11 +250,13 @@ block_t *_expseg_grow(expseg_allocator *a, int pool, expseg_stream stream, size_
 size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages);
 size_t _expseg_cache_trim(expseg_allocator *a, size_t keep_bytes);
 void _expseg_segments_destroy(expseg_allocator *a);
-void _expseg_garbage_collect(expseg_allocator *a);
+/* Collection before growing for a request; keep: reclaimable bytes to leave for it. */
+void _expseg_garbage_collect(expseg_allocator *a, size_t keep);
 size_t _expseg_largest_free(const expseg_allocator *a);
-/* What the retry list still holds: reserved bytes by stat pool, address space, chunks. */
+/* What the retry list still holds: reserved bytes by stat pool, address space, chunks,
+ * mapped bytes. */
 void _expseg_zombie_totals(const expseg_allocator *a, int64_t reserved[3], int64_t *va,
-                           int64_t *chunks);
+                           int64_t *chunks, int64_t *mapped);
 
 /* ---- streams.c: record_stream, events, pending frees ---- */
 expseg_status _expseg_block_add_use(block_t *b, expseg_stream s);
@@ -264,11 +278,34 @@ void _expseg_event_put(expseg_allocator *a, expseg_vmm_event ev);
  * drv, also on failure. */
 expseg_status _expseg_create_with_driver(expseg_vmm_t *drv, const char *config,
                                          expseg_allocator **out);
+/* expseg_destroy, calling before_close(ctx, driver) once everything is given back and
+ * before the driver closes (expseg_testing_destroy reads the driver's gauges there). */
+void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, expseg_vmm_t *),
+                          void *ctx);
 /* Frees a block whose last use is complete: stats, merge, back into the free sets. */
 void _expseg_free_block(expseg_allocator *a, block_t *b);
 
+/* ---- oom.c ---- */
+/* Counts the OOM, writes the message (what was asked, what the device and this allocator
+ * hold, a hint that fits what ran out, the cause), gives the page cache back, unlocks
+ * (api_unlock), runs the observers and returns EXPSEG_ERR_OUT_OF_MEMORY. */
+expseg_status _expseg_fail_oom(expseg_allocator *a, size_t size, size_t rounded,
+                               expseg_stream stream, const char *cause_msg);
+
 /* ---- check.c ---- */
 expseg_status _expseg_check_locked(const expseg_allocator *a);
+
+/* The allocator's lock as the public entry points take it: warnings raised inside wait
+ * until the lock is let go (error.c), so a log sink never runs under an expseg lock. Driver
+ * calls made with the lock dropped inside an operation use pthread_mutex_* directly. */
+static inline void api_lock(const expseg_allocator *a) {
+  _expseg_log_defer(true);
+  pthread_mutex_lock((pthread_mutex_t *)&a->lock);
+}
+static inline void api_unlock(const expseg_allocator *a) {
+  pthread_mutex_unlock((pthread_mutex_t *)&a->lock);
+  _expseg_log_defer(false);
+}
 
 static inline int stat_pool(int pool) { return pool == POOL_SMALL ? STAT_SMALL : STAT_LARGE; }
 

@@ -23,12 +23,18 @@ static inline uintptr_t round_up(uintptr_t x, size_t m) { return (x + m - 1) / m
 
 /* ---- release batches: chunks and reservations given back with the lock dropped ---- */
 
+/* One thing to give back, in order: a mapping (size_map > 0), a chunk (size_h > 0), a
+ * reservation (size_va > 0). A step the driver refuses stops the item there: what is left
+ * is kept on the retry list (zombies) with its accounting, and tried again at the next
+ * empty_cache, out-of-memory retry or destroy. */
 typedef struct release_item_s {
+  uintptr_t map_va;    /* mapping to remove first, when size_map > 0 */
+  size_t size_map;
   expseg_vmm_handle h; /* chunk, when size_h > 0 */
   size_t size_h;
   uintptr_t va;        /* reservation, when size_va > 0 */
   size_t size_va;
-  uint8_t pool;        /* whose reserved_bytes counted the chunk */
+  uint8_t pool;        /* whose reserved_bytes counts the chunk */
 } release_item_t;
 
 typedef struct release_batch_s {
@@ -51,20 +57,35 @@ static bool batch_add(release_batch_t *rb, release_item_t it) {
 /* Gives the item back to the driver; what the driver refused is returned (sizes 0 = all
  * done). No accounting: callable with the lock dropped. */
 static release_item_t do_release(expseg_vmm_t *drv, release_item_t it) {
-  release_item_t left = {.pool = it.pool};
-  if (it.size_h > 0 && _expseg_vmm_release(drv, it.h, it.size_h) != EXPSEG_OK) {
-    _expseg_warn("releasing a %zu-byte chunk failed; kept to retry: %s", it.size_h,
-                 expseg_last_error());
-    left.h = it.h;
-    left.size_h = it.size_h;
+  if (it.size_map > 0) {
+    if (_expseg_vmm_unmap(drv, it.map_va, it.size_map) != EXPSEG_OK) {
+      _expseg_warn("unmapping %zu bytes at %#lx failed; kept to retry: %s", it.size_map,
+                   (unsigned long)it.map_va, expseg_last_error());
+      return it; /* nothing under a mapping can go */
+    }
+    it.size_map = 0;
   }
-  if (it.size_va > 0 && _expseg_vmm_unreserve(drv, it.va, it.size_va) != EXPSEG_OK) {
-    _expseg_warn("freeing a %zu-byte reservation failed; kept to retry: %s", it.size_va,
-                 expseg_last_error());
-    left.va = it.va;
-    left.size_va = it.size_va;
+  if (it.size_h > 0) {
+    if (_expseg_vmm_release(drv, it.h, it.size_h) != EXPSEG_OK) {
+      _expseg_warn("releasing a %zu-byte chunk failed; kept to retry: %s", it.size_h,
+                   expseg_last_error());
+    } else {
+      it.size_h = 0;
+    }
   }
-  return left;
+  if (it.size_va > 0) {
+    if (_expseg_vmm_unreserve(drv, it.va, it.size_va) != EXPSEG_OK) {
+      _expseg_warn("freeing a %zu-byte reservation failed; kept to retry: %s", it.size_va,
+                   expseg_last_error());
+    } else {
+      it.size_va = 0;
+    }
+  }
+  return it;
+}
+
+static bool item_done(release_item_t it) {
+  return it.size_map == 0 && it.size_h == 0 && it.size_va == 0;
 }
 
 static bool zombie_add(expseg_allocator *a, release_item_t it) {
@@ -81,23 +102,36 @@ static bool zombie_add(expseg_allocator *a, release_item_t it) {
 
 static bool cache_push(expseg_allocator *a, expseg_vmm_handle h, int pool);
 
-/* Lock held: what the driver refused to take back is memory still held. A page-sized chunk
- * goes back to the page cache; anything else waits in the retry list (still counted in
- * reserved_bytes and reserved address space) for the next empty_cache or destroy. */
+/* Lock held: what the driver refused to take back is memory still held. Its accounting
+ * comes back (reserved_bytes, address space); a page-sized chunk alone goes back to the
+ * page cache; anything else waits in the retry list for the next empty_cache, OOM retry
+ * or destroy. */
 static void keep_unreleased(expseg_allocator *a, release_item_t f) {
-  if (f.size_h == 0 && f.size_va == 0) return;
+  if (item_done(f)) return;
   if (f.size_h > 0) {
     _expseg_stat_pool_add(a->stats.reserved_bytes, f.pool, (int64_t)f.size_h);
     a->stats.released_bytes -= (int64_t)f.size_h;
   }
   if (f.size_va > 0) _expseg_stat_add(&a->stats.reserved_va_bytes, (int64_t)f.size_va);
-  if (f.size_h == a->page && f.size_va == 0 && cache_push(a, f.h, f.pool)) return;
+  if (f.size_h == a->page && f.size_va == 0 && f.size_map == 0 && cache_push(a, f.h, f.pool))
+    return;
   if (!zombie_add(a, f)) _expseg_warn("out of host memory: a refused release is lost");
 }
 
 /* Lock held. */
 static void release_item_now(expseg_allocator *a, release_item_t it) {
   keep_unreleased(a, do_release(a->drv, it));
+}
+
+/* Lock held. Memory the driver gave this allocator that no segment owns (the undo of a
+ * failed growth): counted as created, then given back like any release, so a refused step
+ * lands on the retry list with its accounting instead of being lost. */
+static void release_orphan(expseg_allocator *a, release_item_t it) {
+  if (it.size_h > 0) {
+    a->stats.created_bytes += (int64_t)it.size_h;
+    a->stats.released_bytes += (int64_t)it.size_h;
+  }
+  release_item_now(a, it);
 }
 
 static void batch_push(expseg_allocator *a, release_batch_t *rb, release_item_t it) {
@@ -119,7 +153,8 @@ static void batch_flush(expseg_allocator *a, release_batch_t *rb) {
   rb->n = rb->cap = 0;
 }
 
-/* Moves the retry list into the batch (its accounting leaves with it). */
+/* Moves the retry list into the batch (its accounting leaves with it), in the order the
+ * items were kept: a refused mapping is retried before the reservation around it. */
 static void zombies_retry(expseg_allocator *a, release_batch_t *rb) {
   release_item_t *z = a->zombies;
   size_t n = a->n_zombies;
@@ -261,6 +296,7 @@ static segment_t *expandable_new(expseg_allocator *a, int pool, expseg_stream st
   uintptr_t base;
   *st = _expseg_vmm_reserve(a->drv, va, 0, &base);
   if (*st != EXPSEG_OK) {
+    if (*st == EXPSEG_ERR_OUT_OF_MEMORY) a->oom_kind = OOM_ADDRESS_SPACE;
     free(s);
     _expseg_block_delete(a, b);
     return NULL;
@@ -372,7 +408,11 @@ static block_t *map_pages(expseg_allocator *a, block_t *u, uintptr_t lo, size_t 
     expseg_vmm_handle h = cache_pop(a, s->pool);
     *st = _expseg_vmm_map(a->drv, lo + done * a->page, a->page, h, 0);
     if (*st != EXPSEG_OK) {
-      cache_push(a, h, s->pool);
+      if (!cache_push(a, h, s->pool)) {
+        _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)a->page);
+        a->stats.released_bytes += (int64_t)a->page;
+        release_item_now(a, (release_item_t){.h = h, .size_h = a->page, .pool = s->pool});
+      }
       break;
     }
     s->pages[first + done] = (page_t){.h = h, .mapped = true};
@@ -383,13 +423,22 @@ static block_t *map_pages(expseg_allocator *a, block_t *u, uintptr_t lo, size_t 
     char msg[512];
     snprintf(msg, sizeof msg, "%s", expseg_last_error());
     for (size_t i = done; i-- > 0;) {
-      if (_expseg_vmm_unmap(a->drv, lo + i * a->page, a->page) == EXPSEG_OK) {
-        cache_push(a, s->pages[first + i].h, s->pool);
-      } else { /* cannot happen on a sane driver: keep the chunk out of use, loudly */
-        _expseg_warn("could not undo a mapping at %#lx: %s", (unsigned long)(lo + i * a->page),
-                     expseg_last_error());
-      }
+      expseg_vmm_handle h = s->pages[first + i].h;
+      uintptr_t at = lo + i * a->page;
       s->pages[first + i].mapped = false;
+      bool unmapped = _expseg_vmm_unmap(a->drv, at, a->page) == EXPSEG_OK;
+      if (unmapped && cache_push(a, h, s->pool)) continue;
+      /* the undo was refused (or no room in the cache): the mapping and the chunk go on
+       * the retry list, still counted in reserved_bytes, retried before the next growth
+       * (which could otherwise map over it) and before the reservation around it */
+      _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)a->page);
+      a->stats.released_bytes += (int64_t)a->page;
+      release_item_t it = {.h = h, .size_h = a->page, .pool = s->pool};
+      if (!unmapped) {
+        it.map_va = at;
+        it.size_map = a->page;
+      }
+      keep_unreleased(a, it);
     }
     *st = _expseg_error_set(keep, "%s", msg);
     return NULL;
@@ -408,6 +457,8 @@ static block_t *map_pages(expseg_allocator *a, block_t *u, uintptr_t lo, size_t 
 }
 
 /* ---- moving idle pages ---- */
+
+enum { SEEN_MAX = 32 }; /* streams whose idleness one pass remembers */
 
 typedef struct stream_seen_s {
   expseg_stream s;
@@ -439,7 +490,7 @@ static bool stream_idle(expseg_allocator *a, expseg_stream stream, bool blocking
  * done. Pages are taken from the top of each block. Returns pages moved. */
 static size_t steal_pages(expseg_allocator *a, int pool, size_t want, const block_t *ex1,
                           const block_t *ex2, bool blocking) {
-  stream_seen_t seen[32];
+  stream_seen_t seen[SEEN_MAX];
   size_t n_seen = 0, got = 0;
   for (int pass = 0; pass < 2 && got < want; pass++) {
     int p = pass == 0 ? pool : 1 - pool;
@@ -447,7 +498,7 @@ static size_t steal_pages(expseg_allocator *a, int pool, size_t want, const bloc
     block_t *b = a->idle_head[p];
     while (b != NULL && got < want) {
       block_t *next = b->idle_next;
-      if (b != ex1 && b != ex2 && stream_idle(a, b->stream, blocking, seen, &n_seen, 32)) {
+      if (b != ex1 && b != ex2 && stream_idle(a, b->stream, blocking, seen, &n_seen, SEEN_MAX)) {
         uintptr_t first;
         size_t n = _expseg_block_whole_pages(a, b, &first);
         size_t take = n < want - got ? n : want - got;
@@ -605,18 +656,21 @@ static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream
     mapped = true;
     *st = _expseg_vmm_set_access(a->drv, base, size);
   }
-  if (*st != EXPSEG_OK) { /* undo in reverse; keep the first failure's message */
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", expseg_last_error());
-    if (mapped) (void)_expseg_vmm_unmap(a->drv, base, size);
-    if (created) (void)_expseg_vmm_release(a->drv, h, size);
-    if (reserved) (void)_expseg_vmm_unreserve(a->drv, base, size);
-    _expseg_error_set(*st, "%s", msg);
-  }
   pthread_mutex_lock(&a->lock);
   a->unlocked_ops--;
   a->inflight -= size;
   if (*st != EXPSEG_OK) {
+    if (!reserved && *st == EXPSEG_ERR_OUT_OF_MEMORY) a->oom_kind = OOM_ADDRESS_SPACE;
+    /* undo in reverse, keeping the first failure's message; a refused step goes on the
+     * retry list with its accounting */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", expseg_last_error());
+    release_item_t it = {.pool = (uint8_t)pool};
+    if (mapped) it = (release_item_t){.map_va = base, .size_map = size, .pool = (uint8_t)pool};
+    if (created) it.h = h, it.size_h = size;
+    if (reserved) it.va = base, it.size_va = size;
+    release_orphan(a, it);
+    _expseg_error_set(*st, "%s", msg);
     free(s);
     _expseg_block_delete(a, b);
     return NULL;
@@ -625,7 +679,8 @@ static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream
   s->handle = h;
   s->mapped_bytes = size;
   _expseg_stat_pool_add(a->stats.reserved_bytes, pool, (int64_t)size);
-  if (size >= a->cfg.max_split_size) _expseg_stat_add(&a->stats.oversize_segments, 1);
+  s->oversize = size >= a->cfg.max_split_size;
+  if (s->oversize) _expseg_stat_add(&a->stats.oversize_segments, 1);
   a->stats.num_device_alloc++;
   a->stats.created_bytes += (int64_t)size;
   return b;
@@ -633,32 +688,44 @@ static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream
 
 block_t *_expseg_grow(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
                       bool blocking, expseg_status *st) {
+  if (a->n_zombies > 0) { /* refused releases first: a mapping left there blocks growth */
+    release_batch_t rb = {0};
+    zombies_retry(a, &rb);
+    batch_flush(a, &rb);
+  }
   if (a->cfg.expandable_segments) return grow_expandable(a, pool, stream, rounded, blocking, st);
   return grow_classic(a, pool, stream, rounded, st);
 }
 
 /* ---- giving memory back ---- */
 
-static void classic_release(expseg_allocator *a, segment_t *s, release_batch_t *rb) {
+/* Gives a free classic segment back, but only once the work queued on its stream is done
+ * (an event, or with `blocking` a wait): unmapping memory that queued kernels still use
+ * would be a use-after-free on the device. false: kept (its stream is busy, or the unmap
+ * was refused). */
+static bool classic_release(expseg_allocator *a, segment_t *s, release_batch_t *rb,
+                            bool blocking, stream_seen_t *seen, size_t *n_seen) {
   block_t *b = s->first;
   expseg_assert(!s->expandable && b->next == NULL && b->state == BLOCK_FREE);
+  if (!stream_idle(a, s->stream, blocking, seen, n_seen, SEEN_MAX)) return false;
   _expseg_free_remove(a, b);
   if (_expseg_vmm_unmap(a->drv, s->base, s->va_size) != EXPSEG_OK) {
     _expseg_warn("unmapping a classic segment failed, keeping it: %s", expseg_last_error());
     _expseg_free_insert(a, b);
-    return;
+    return false;
   }
   _expseg_block_delete(a, b);
   segment_unlink(a, s);
   _expseg_stat_pool_add(a->stats.segment, s->pool, -1);
   _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)s->va_size);
   _expseg_stat_add(&a->stats.reserved_va_bytes, -(int64_t)s->va_size);
-  if (s->va_size >= a->cfg.max_split_size) _expseg_stat_add(&a->stats.oversize_segments, -1);
+  if (s->oversize) _expseg_stat_add(&a->stats.oversize_segments, -1);
   a->stats.num_device_free++;
   a->stats.released_bytes += (int64_t)s->va_size;
   batch_push(a, rb, (release_item_t){.h = s->handle, .size_h = s->va_size, .va = s->base,
                                      .size_va = s->va_size, .pool = s->pool});
   free(s);
+  return true;
 }
 
 static bool classic_is_free(const segment_t *s) {
@@ -669,9 +736,11 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
   size_t before = held_bytes(a);
   release_batch_t rb = {0};
   zombies_retry(a, &rb);
+  stream_seen_t seen[SEEN_MAX];
+  size_t n_seen = 0;
   for (segment_t *s = a->segments, *next; s; s = next) {
     next = s->next_all;
-    if (classic_is_free(s)) classic_release(a, s, &rb);
+    if (classic_is_free(s)) (void)classic_release(a, s, &rb, true, seen, &n_seen);
   }
   if (keep_pages) {
     _expseg_isplit_flush(a);
@@ -691,8 +760,11 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
 }
 
 /* Garbage collection (policy/gc.c decides): idle free pages, free classic segments and
- * cached pages, oldest first, until held memory is under threshold x allowed. */
-void _expseg_garbage_collect(expseg_allocator *a) {
+ * cached pages, oldest first, until held memory is under threshold x allowed, leaving
+ * `keep` reclaimable bytes for the request that triggered it. A victim is released only
+ * as far as the target still needs (an idle block gives its top pages), and only when its
+ * stream's work is done. */
+void _expseg_garbage_collect(expseg_allocator *a, size_t keep) {
   size_t target = _expseg_gc_target(&a->cfg, held_bytes(a), a->allowed);
   if (target == 0) return;
   size_t n = a->cache_count;
@@ -702,7 +774,7 @@ void _expseg_garbage_collect(expseg_allocator *a) {
   if (n == 0) return;
   expseg_gc_item_t *items = malloc(n * sizeof *items);
   if (items == NULL) return;
-  size_t i = 0;
+  size_t i = 0, reclaimable = 0;
   for (size_t c = 0; c < a->cache_count; c++)
     items[i++] = (expseg_gc_item_t){a->page, a->cache[c].idle_since, 0};
   for (int p = 0; p < POOL_COUNT; p++)
@@ -712,25 +784,37 @@ void _expseg_garbage_collect(expseg_allocator *a) {
   for (segment_t *s = a->segments; s; s = s->next_all)
     if (classic_is_free(s))
       items[i++] = (expseg_gc_item_t){s->va_size, s->first->idle_since, (uintptr_t)s | 1};
+  for (size_t j = 0; j < n; j++) reclaimable += items[j].bytes;
+  target = _expseg_gc_target_for_request(target, reclaimable, keep);
   size_t k = _expseg_gc_select(items, n, target, a->tick);
-  size_t before = held_bytes(a), cached_victims = 0, unmapped = 0;
+  size_t before = held_bytes(a), cached_victims = 0, unmapped = 0, left = target;
   release_batch_t rb = {0};
-  stream_seen_t seen[32];
+  stream_seen_t seen[SEEN_MAX];
   size_t n_seen = 0;
-  for (size_t v = 0; v < k; v++) {
+  for (size_t v = 0; v < k && left > 0; v++) {
     uintptr_t tag = items[v].tag;
+    size_t gone = 0;
     if (tag == 0) {
       cached_victims++;
+      gone = a->page;
     } else if (tag & 1) {
-      classic_release(a, (segment_t *)(tag & ~(uintptr_t)1), &rb);
+      segment_t *s = (segment_t *)(tag & ~(uintptr_t)1);
+      size_t size = s->va_size;
+      if (classic_release(a, s, &rb, false, seen, &n_seen)) gone = size;
     } else {
       block_t *b = (block_t *)tag;
-      if (!stream_idle(a, b->stream, false, seen, &n_seen, 32)) continue;
+      if (!stream_idle(a, b->stream, false, seen, &n_seen, SEEN_MAX)) continue;
       uintptr_t first;
       size_t pages = _expseg_block_whole_pages(a, b, &first);
+      size_t need = (left + a->page - 1) / a->page;
+      size_t take = pages < need ? pages : need;
+      uintptr_t lo = first + (pages - take) * a->page;
       expseg_status st;
-      unmapped += unmap_pages(a, b, first, first + pages * a->page, &st);
+      size_t moved = unmap_pages(a, b, lo, lo + take * a->page, &st);
+      unmapped += moved;
+      gone = moved * a->page;
     }
+    left = gone >= left ? 0 : left - gone;
   }
   free(items);
   /* cached pages are interchangeable: give back as many as were chosen or unmapped */
@@ -760,6 +844,18 @@ static void destroy_unmap(expseg_vmm_t *drv, uintptr_t addr, size_t size, releas
 }
 
 void _expseg_segments_destroy(expseg_allocator *a) {
+  /* memory goes back only after the work queued on its stream is done (a wait); a stream
+   * that cannot be waited for is reported, and its memory is given back all the same:
+   * the allocator is going away */
+  stream_seen_t seen[SEEN_MAX];
+  size_t n_seen = 0;
+  for (segment_t *s = a->segments; s; s = s->next_all) {
+    size_t known = n_seen;
+    if (!stream_idle(a, s->stream, true, seen, &n_seen, SEEN_MAX) && n_seen > known)
+      _expseg_warn("destroy: work queued on stream %#llx could not be waited for (%s); its "
+                   "memory is given back anyway",
+                   (unsigned long long)s->stream, expseg_last_error());
+  }
   for (segment_t *s = a->segments, *next; s; s = next) {
     next = s->next_all;
     if (s->expandable) {
@@ -791,9 +887,10 @@ void _expseg_segments_destroy(expseg_allocator *a) {
 }
 
 void _expseg_zombie_totals(const expseg_allocator *a, int64_t reserved[3], int64_t *va,
-                           int64_t *chunks) {
+                           int64_t *chunks, int64_t *mapped) {
   const release_item_t *z = a->zombies;
   for (size_t i = 0; i < a->n_zombies; i++) {
+    *mapped += (int64_t)z[i].size_map;
     if (z[i].size_h > 0) {
       reserved[STAT_ALL] += (int64_t)z[i].size_h;
       reserved[stat_pool(z[i].pool)] += (int64_t)z[i].size_h;

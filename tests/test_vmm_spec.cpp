@@ -144,23 +144,25 @@ TEST(VmmSpec, CallNames) {
 
 // ---- error.c ----
 
-TEST(VmmError, FormatSizeMatchesPyTorch) {
+TEST(VmmError, FormatSizeUsesTheLargestUnitWithAValueOfAtLeastOne) {
   const struct {
     uint64_t bytes;
     const char *text;
   } t[] = {
       {0, "0 bytes"},
       {512, "512 bytes"},
-      {1024, "1024 bytes"},
-      {1025, "1.00 KiB"},
+      {1023, "1023 bytes"},
+      {1024, "1.00 KiB"},
       {1536, "1.50 KiB"},
-      {1048576, "1024.00 KiB"},
-      {1048577, "1.00 MiB"},
+      {1048575, "1024.00 KiB"}, /* 1023.999 KiB rounds up in the last digit */
+      {1048576, "1.00 MiB"},
       {20ull << 20, "20.00 MiB"},
-      {1ull << 30, "1024.00 MiB"},
-      {(1ull << 30) + 1, "1.00 GiB"},
+      {1ull << 30, "1.00 GiB"},
       {80ull << 30, "80.00 GiB"},
-      {UINT64_MAX, "17179869184.00 GiB"},
+      {1ull << 40, "1.00 TiB"},
+      {5ull << 50, "5.00 PiB"},
+      {1ull << 60, "1.00 EiB"},
+      {UINT64_MAX, "16.00 EiB"},
   };
   for (auto &c : t) {
     char buf[32];

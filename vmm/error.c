@@ -2,8 +2,13 @@
  *
  * Each thread owns a fixed 1 KiB buffer (_Thread_local): setting a message never allocates,
  * so it works on out-of-memory paths. Messages longer than the buffer are cut, ending in
- * "...". Warnings go through one process-wide sink (stderr by default) under a mutex so lines
- * from several threads never interleave. */
+ * "...". Warnings go through one process-wide sink (stderr by default), one line a call,
+ * and never with an expseg lock held: a thread inside the allocator (between
+ * _expseg_log_defer(true) and (false), which the allocator's lock/unlock pair does) keeps
+ * its lines in a small thread-local queue and delivers them once it has let go of the
+ * allocator. The sink is called with no expseg mutex held either (the sink's own pointer
+ * is read under a mutex, then released), so a sink may call any expseg function; calls are
+ * serialized by an emit mutex that a sink re-entering from its own thread skips. */
 #include "error.h"
 
 #include <pthread.h>
@@ -11,13 +16,19 @@
 #include <stdio.h>
 #include <string.h>
 
-enum { MSG_CAP = 1024 };
+enum { MSG_CAP = 1024, DEFER_MAX = 4 };
 
 static _Thread_local char tl_msg[MSG_CAP];
 
-static pthread_mutex_t sink_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t sink_mu = PTHREAD_MUTEX_INITIALIZER; /* guards sink_fn, sink_ctx */
+static pthread_mutex_t emit_mu = PTHREAD_MUTEX_INITIALIZER; /* one sink call at a time */
 static expseg_log_sink sink_fn; /* NULL = stderr */
 static void *sink_ctx;
+
+static _Thread_local int tl_defer;        /* > 0: inside the allocator, lines wait */
+static _Thread_local bool tl_in_sink;     /* this thread is running the sink */
+static _Thread_local char tl_lines[DEFER_MAX][MSG_CAP];
+static _Thread_local unsigned tl_nlines, tl_dropped;
 
 /* Marks a cut message with "..." so a reader knows text is missing. */
 static void mark_cut(char *buf, size_t cap, int wanted) {
@@ -59,6 +70,51 @@ void expseg_set_log_sink(expseg_log_sink fn, void *ctx) {
   pthread_mutex_unlock(&sink_mu);
 }
 
+static void deliver(const char *line) {
+  pthread_mutex_lock(&sink_mu);
+  expseg_log_sink fn = sink_fn;
+  void *ctx = sink_ctx;
+  pthread_mutex_unlock(&sink_mu);
+  if (fn) {
+    fn(ctx, line);
+  } else {
+    fprintf(stderr, "%s\n", line);
+    fflush(stderr);
+  }
+}
+
+static void emit(const char *line) {
+  if (tl_in_sink) { /* the sink itself warned: this thread already holds emit_mu */
+    deliver(line);
+    return;
+  }
+  pthread_mutex_lock(&emit_mu);
+  tl_in_sink = true;
+  deliver(line);
+  tl_in_sink = false;
+  pthread_mutex_unlock(&emit_mu);
+}
+
+void _expseg_log_defer(bool on) {
+  if (on) {
+    tl_defer++;
+    return;
+  }
+  if (tl_defer > 0 && --tl_defer > 0) return;
+  /* copy the queue first: the sink may call into expseg and warn again */
+  unsigned n = tl_nlines, dropped = tl_dropped;
+  char lines[DEFER_MAX][MSG_CAP];
+  for (unsigned i = 0; i < n; i++) memcpy(lines[i], tl_lines[i], MSG_CAP);
+  tl_nlines = tl_dropped = 0;
+  for (unsigned i = 0; i < n; i++) emit(lines[i]);
+  if (dropped > 0) {
+    char line[96];
+    snprintf(line, sizeof line, "expseg: %u more warnings in the same call were dropped",
+             dropped);
+    emit(line);
+  }
+}
+
 void _expseg_warn(const char *fmt, ...) {
   char line[MSG_CAP];
   int p = snprintf(line, sizeof line, "expseg: ");
@@ -68,27 +124,25 @@ void _expseg_warn(const char *fmt, ...) {
   va_end(ap);
   if (n < 0) return;
   mark_cut(line, sizeof line, p + n);
-  pthread_mutex_lock(&sink_mu);
-  if (sink_fn) {
-    sink_fn(sink_ctx, line);
-  } else {
-    fprintf(stderr, "%s\n", line);
-    fflush(stderr);
+  if (tl_defer > 0) {
+    if (tl_nlines < DEFER_MAX) memcpy(tl_lines[tl_nlines++], line, MSG_CAP);
+    else tl_dropped++;
+    return;
   }
-  pthread_mutex_unlock(&sink_mu);
+  emit(line);
 }
 
 const char *_expseg_format_size(char buf[32], uint64_t bytes) {
-  const double kib = 1024.0, mib = kib * 1024.0, gib = mib * 1024.0;
-  if (bytes <= 1024) {
+  /* the largest unit that leaves a value of at least 1: 1 MiB is "1.00 MiB", not
+   * "1024.00 KiB" (PyTorch's format_size steps at <=), up to EiB */
+  static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) {
     snprintf(buf, 32, "%llu bytes", (unsigned long long)bytes);
-  } else if (bytes <= 1048576ull) {
-    snprintf(buf, 32, "%.2f KiB", (double)bytes / kib);
-  } else if (bytes <= 1073741824ull) {
-    snprintf(buf, 32, "%.2f MiB", (double)bytes / mib);
-  } else {
-    snprintf(buf, 32, "%.2f GiB", (double)bytes / gib);
+    return buf;
   }
+  int u = 0;
+  while (u < 5 && bytes >= (1ull << (10 * (u + 2)))) u++;
+  snprintf(buf, 32, "%.2f %s", (double)bytes / (double)(1ull << (10 * (u + 1))), units[u]);
   return buf;
 }
 

@@ -6,6 +6,8 @@
 
 #include "expseg.h"
 
+#include <stdbool.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -24,7 +26,12 @@ void _expseg_error_prefix(const char *fmt, ...) EXPSEG_PRINTF(1, 2);
 void _expseg_error_clear(void);
 /* One line to the log sink (stderr by default), prefixed "expseg: ". */
 void _expseg_warn(const char *fmt, ...) EXPSEG_PRINTF(1, 2);
-/* Formats bytes as PyTorch's format_size does ("20.00 MiB", "512 bytes"). */
+/* on = true: this thread enters the allocator (its lock is about to be taken): warnings
+ * wait in a thread-local queue; on = false: it has let go, and the queue goes to the sink.
+ * Nests. */
+void _expseg_log_defer(bool on);
+/* Formats bytes for messages: "512 bytes", "1.00 MiB", "20.50 GiB", up to EiB (the largest
+ * unit with a value >= 1; torch.cuda.memory_summary's own rules live in the summary). */
 const char *_expseg_format_size(char buf[32], uint64_t bytes);
 
 #ifdef __cplusplus

@@ -30,6 +30,7 @@ typedef struct {
 typedef struct {
   expseg_vmm_t *inner;
   _Atomic uint64_t seen[EXPSEG_VMM_CALL_COUNT];
+  _Atomic uint64_t injected; /* calls failed by a rule so far */
   pthread_mutex_t mu;
   expseg_fault_rule_t *rules;
   size_t nrules;
@@ -107,6 +108,7 @@ static expseg_status inject(fault_t *f, expseg_vmm_call c) {
   }
   pthread_mutex_unlock(&f->mu);
   if (s != EXPSEG_OK) {
+    atomic_fetch_add(&f->injected, 1);
     _expseg_error_set(s, "fault driver: injected %s on %s call #%llu (inner driver: %s)",
                       expseg_status_name(s), _expseg_vmm_call_name(c), (unsigned long long)n,
                       f->inner->ops->name);
@@ -295,4 +297,108 @@ uint64_t _expseg_fault_seen(expseg_vmm_t *fault, expseg_vmm_call call) {
 expseg_vmm_t *_expseg_fault_inner(expseg_vmm_t *fault) {
   fault_t *f = fault_of(fault);
   return f ? f->inner : NULL;
+}
+
+uint64_t _expseg_fault_injected(expseg_vmm_t *fault) {
+  fault_t *f = fault_of(fault);
+  return f ? atomic_load(&f->injected) : 0;
+}
+
+/* ---- rules as text: KIND@N[..[M]][:oom|:driver], comma-separated ---- */
+
+static bool parse_u64(const char **p, const char *end, uint64_t *v) {
+  const char *q = *p;
+  uint64_t x = 0;
+  if (q == end || *q < '0' || *q > '9') return false;
+  for (; q < end && *q >= '0' && *q <= '9'; q++) {
+    if (x > (UINT64_MAX - (uint64_t)(*q - '0')) / 10) return false;
+    x = x * 10 + (uint64_t)(*q - '0');
+  }
+  *p = q;
+  *v = x;
+  return true;
+}
+
+static expseg_status rule_error(const char *text, size_t len, const char *at, const char *why) {
+  return _expseg_error_set(EXPSEG_ERR_CONFIG,
+                           "fault rules '%.*s': %s at position %zu; expected KIND@N, KIND@N..M "
+                           "or KIND@N.. (every call from N on), optionally :oom or :driver "
+                           "(the status; default driver), comma-separated; KIND is one of "
+                           "reserve, unreserve, create, release, map, unmap, set_access, "
+                           "event_create, event_destroy, event_record, event_query, "
+                           "event_synchronize, stream_synchronize, export_fd, import_fd",
+                           (int)(len > 200 ? 200 : len), text, why, (size_t)(at - text) + 1);
+}
+
+static expseg_status parse_rule(const char *text, size_t len, const char *p, const char *end,
+                                expseg_fault_rule_t *r) {
+  const char *at = memchr(p, '@', (size_t)(end - p));
+  if (!at) return rule_error(text, len, p, "no '@'");
+  int kind = -1;
+  for (int c = 0; c < EXPSEG_VMM_CALL_COUNT; c++) {
+    const char *name = _expseg_vmm_call_name((expseg_vmm_call)c);
+    if (strlen(name) == (size_t)(at - p) && memcmp(name, p, (size_t)(at - p)) == 0) kind = c;
+  }
+  if (kind < 0) return rule_error(text, len, p, "unknown call kind");
+  const char *q = at + 1;
+  uint64_t nth, last;
+  if (!parse_u64(&q, end, &nth) || nth == 0) return rule_error(text, len, at + 1, "N must be >= 1");
+  uint64_t count = 1;
+  if (end - q >= 2 && q[0] == '.' && q[1] == '.') {
+    q += 2;
+    if (q == end || *q == ':') {
+      count = UINT64_MAX - nth + 1;
+    } else {
+      const char *m = q;
+      if (!parse_u64(&q, end, &last) || last < nth)
+        return rule_error(text, len, m, "M must be a number >= N");
+      count = last - nth + 1;
+    }
+  }
+  expseg_status status = EXPSEG_ERR_DRIVER;
+  if (q < end && *q == ':') {
+    q++;
+    if ((size_t)(end - q) == 3 && memcmp(q, "oom", 3) == 0) status = EXPSEG_ERR_OUT_OF_MEMORY;
+    else if ((size_t)(end - q) == 6 && memcmp(q, "driver", 6) == 0) status = EXPSEG_ERR_DRIVER;
+    else return rule_error(text, len, q, "the status must be oom or driver");
+    q = end;
+  }
+  if (q != end) return rule_error(text, len, q, "unexpected text");
+  *r = (expseg_fault_rule_t){(expseg_vmm_call)kind, nth, count, status};
+  return EXPSEG_OK;
+}
+
+expseg_status _expseg_fault_set_rules_text(expseg_vmm_t *fault, const char *text, size_t len,
+                                           bool relative) {
+  fault_t *f = fault_of(fault);
+  if (!f)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "fault rules: the driver is not a fault driver (create the "
+                             "allocator on a spec such as \"fault:fail=map@3;host\")");
+  size_t n = 0;
+  for (size_t i = 0; i < len; i++) n += text[i] == ',';
+  n += len > 0;
+  expseg_fault_rule_t *rules = n ? calloc(n, sizeof *rules) : NULL;
+  if (n && !rules) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "fault rules: out of host memory");
+  const char *p = text, *end = text + len;
+  for (size_t i = 0; i < n; i++) {
+    const char *comma = memchr(p, ',', (size_t)(end - p));
+    const char *e = comma ? comma : end;
+    expseg_status st = parse_rule(text, len, p, e, &rules[i]);
+    if (st != EXPSEG_OK) {
+      free(rules);
+      return st;
+    }
+    if (relative) { /* N counts from the calls seen so far */
+      uint64_t seen = atomic_load(&f->seen[rules[i].call]);
+      rules[i].nth = rules[i].nth > UINT64_MAX - seen ? UINT64_MAX : rules[i].nth + seen;
+    }
+    p = e + 1;
+  }
+  pthread_mutex_lock(&f->mu);
+  free(f->rules);
+  f->rules = rules;
+  f->nrules = n;
+  pthread_mutex_unlock(&f->mu);
+  return EXPSEG_OK;
 }

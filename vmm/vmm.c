@@ -312,7 +312,43 @@ static expseg_status parse_opts(const char *spec, size_t speclen, const char *na
   return EXPSEG_OK;
 }
 
+static expseg_status open_spec(const char *spec, int device, expseg_vmm_t **out);
+
+/* "fault[:fail=RULES];INNER": the fault wrapper over the driver INNER names. */
+static expseg_status open_fault(const char *spec, int device, expseg_vmm_t **out) {
+  size_t speclen = strlen(spec);
+  const char *semi = strchr(spec, ';');
+  if (!semi || !semi[1])
+    return _expseg_error_set(EXPSEG_ERR_CONFIG,
+                             SPEC_FMT "the fault driver wraps another: write "
+                             "fault:fail=RULES;DRIVER, e.g. fault:fail=map@3..5;host:capacity=64M",
+                             SPEC_ARG);
+  const char *rules = NULL;
+  size_t rlen = 0;
+  if (spec[5] == ':') {
+    const char *o = spec + 6;
+    if ((size_t)(semi - o) < 5 || memcmp(o, "fail=", 5) != 0)
+      return _expseg_error_set(EXPSEG_ERR_CONFIG,
+                               SPEC_FMT "unknown option '%.*s' for the fault driver; accepted: "
+                               "fail=RULES",
+                               SPEC_ARG, (int)(semi - o > 64 ? 64 : semi - o), o);
+    rules = o + 5;
+    rlen = (size_t)(semi - rules);
+  }
+  expseg_vmm_t *inner = NULL;
+  expseg_status st = open_spec(semi + 1, device, &inner);
+  if (st != EXPSEG_OK) return st;
+  st = _expseg_fault_new(inner, out);
+  if (st == EXPSEG_OK && rules && (st = _expseg_fault_set_rules_text(*out, rules, rlen, false))) {
+    _expseg_vmm_close(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
 static expseg_status open_spec(const char *spec, int device, expseg_vmm_t **out) {
+  if (strncmp(spec, "fault", 5) == 0 && (spec[5] == ':' || spec[5] == ';'))
+    return open_fault(spec, device, out);
   size_t speclen = strlen(spec);
   const char *colon = strchr(spec, ':');
   size_t nlen = colon ? (size_t)(colon - spec) : speclen;
@@ -344,8 +380,9 @@ static expseg_status open_spec(const char *spec, int device, expseg_vmm_t **out)
     st = _expseg_cuda_new(device, out);
   } else {
     return _expseg_error_set(EXPSEG_ERR_CONFIG,
-                             SPEC_FMT "unknown driver '%.*s'; accepted: cuda, host, sim "
-                             "(options after ':', e.g. host:capacity=8G)",
+                             SPEC_FMT "unknown driver '%.*s'; accepted: cuda, host, sim, fault "
+                             "(options after ':', e.g. host:capacity=8G; "
+                             "fault:fail=map@3;host wraps host)",
                              SPEC_ARG, (int)(nlen > 64 ? 64 : nlen), spec);
   }
   if (st == EXPSEG_ERR_CONFIG) _expseg_error_prefix(SPEC_FMT "rejected", SPEC_ARG);

@@ -194,6 +194,13 @@ void _expseg_fault_set_rules(expseg_vmm_t *fault, const expseg_fault_rule_t *rul
 /* Calls of each kind that reached the fault wrapper so far. */
 uint64_t _expseg_fault_seen(expseg_vmm_t *fault, expseg_vmm_call call);
 expseg_vmm_t *_expseg_fault_inner(expseg_vmm_t *fault);
+/* Calls failed by a rule so far. */
+uint64_t _expseg_fault_injected(expseg_vmm_t *fault);
+/* Replaces the rules with text "KIND@N[..[M]][:oom|:driver],..." (docs/driver.md); with
+ * relative, N counts from the calls of that kind seen so far. EXPSEG_ERR_CONFIG with a
+ * message naming the position and what is accepted; rules unchanged then. */
+expseg_status _expseg_fault_set_rules_text(expseg_vmm_t *fault, const char *text, size_t len,
+                                           bool relative);
 
 /* ---- topo.c: topology through hwloc ---- */
 

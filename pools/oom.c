@@ -1,0 +1,108 @@
+/* oom.c: the out-of-memory report. When a request fails after every retry, the message says
+ * what was asked, what the device and this allocator held at that moment (taken before the
+ * page cache is given back, so its figures agree with the driver's own words in the cause),
+ * and one hint chosen by what ran out: the whole device is too small for the request, the
+ * address space is exhausted (many streams), the memory fraction caps the allocator,
+ * classic segments strand free memory, or memory is simply full. Observers then run with no
+ * lock held, and are told the device's free memory after that give-back. */
+#include "error.h"
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static size_t count_streams(const expseg_allocator *a) {
+  size_t n = 0;
+  for (const segment_t *s = a->segments; s; s = s->next_all) {
+    bool seen = false;
+    for (const segment_t *t = a->segments; t != s && !seen; t = t->next_all)
+      seen = t->stream == s->stream;
+    n += !seen;
+  }
+  return n;
+}
+
+static void hint(const expseg_allocator *a, size_t rounded, char *buf, size_t len) {
+  size_t held = held_bytes(a);
+  size_t allocated = (size_t)a->stats.allocated_bytes[STAT_ALL].current;
+  char b1[32], b2[32];
+  if (a->oom_kind == OOM_TOO_LARGE) {
+    snprintf(buf, len,
+             "the request is larger than the whole device (%s): no setting can serve it; split "
+             "the work or use a device with more memory",
+             _expseg_format_size(b1, a->total_mem));
+  } else if (a->oom_kind == OOM_ADDRESS_SPACE) {
+    snprintf(buf, len,
+             "the address space ran out, not memory: %s reserved in %zu segments on %zu "
+             "streams; set va_reserve_mb lower to reserve less per segment, or use fewer "
+             "streams",
+             _expseg_format_size(b1, (uint64_t)a->stats.reserved_va_bytes.current),
+             a->n_segments, count_streams(a));
+  } else if (!a->cfg.expandable_segments && held - allocated >= rounded) {
+    snprintf(buf, len,
+             "%s is held but unallocated, split across segments: expandable_segments:True "
+             "lets such memory serve one request",
+             _expseg_format_size(b1, held - allocated));
+  } else if (a->allowed != SIZE_MAX) {
+    snprintf(buf, len,
+             "the memory fraction %.3g caps this allocator at %s: raise it "
+             "(per_process_memory_fraction or expseg_set_memory_fraction), or free memory",
+             a->cfg.per_process_memory_fraction, _expseg_format_size(b2, a->allowed));
+  } else {
+    snprintf(buf, len, "%s; free tensors you no longer need, or use smaller batches",
+             a->cfg.expandable_segments
+                 ? "expandable segments are on and nothing cached can serve it"
+                 : "nothing cached can serve it");
+  }
+}
+
+expseg_status _expseg_fail_oom(expseg_allocator *a, size_t size, size_t rounded,
+                               expseg_stream stream, const char *cause_msg) {
+  char cause[1024];
+  snprintf(cause, sizeof cause, "%s", cause_msg); /* may be the thread's own message */
+  a->stats.num_ooms++;
+  size_t dev_free = 0, dev_total = 0;
+  _expseg_vmm_mem_info(a->drv, &dev_free, &dev_total);
+  size_t held = held_bytes(a);
+  size_t allocated = (size_t)a->stats.allocated_bytes[STAT_ALL].current;
+  size_t cached = (size_t)a->stats.cached_physical_bytes.current;
+  size_t largest = _expseg_largest_free(a);
+  char s1[32], s2[32], s3[32], s4[32], s5[32], s6[32], s7[32], s8[32], s9[32], s10[32];
+  char why[480], cap[96] = "";
+  hint(a, rounded, why, sizeof why);
+  if (a->allowed != SIZE_MAX)
+    snprintf(cap, sizeof cap, " %s allowed (memory fraction %.3g).",
+             _expseg_format_size(s10, a->allowed), a->cfg.per_process_memory_fraction);
+  char msg[2600];
+  int n = snprintf(msg, sizeof msg,
+                   "out of memory: tried to allocate %s (%zu bytes, rounded to %s, %s pool, "
+                   "stream %#llx) on device %d. The device has %s in total, %s free.%s This "
+                   "allocator holds %s: %s allocated, %s cached (%s as unmapped pages), "
+                   "largest free block %s. Hint: %s. [%s]",
+                   _expseg_format_size(s1, size), size, _expseg_format_size(s2, rounded),
+                   _expseg_is_small(rounded) ? "small" : "large", (unsigned long long)stream,
+                   a->device, _expseg_format_size(s3, dev_total), _expseg_format_size(s4, dev_free),
+                   cap, _expseg_format_size(s5, held), _expseg_format_size(s6, allocated),
+                   _expseg_format_size(s7, held - allocated), _expseg_format_size(s8, cached),
+                   _expseg_format_size(s9, largest), why, cause);
+  /* pages created for this request before the device ran out help no one: the page cache
+   * goes back now; the figures above are those of the failure */
+  size_t given = _expseg_cache_trim(a, 0);
+  if (given > 0) _expseg_vmm_mem_info(a->drv, &dev_free, &dev_total);
+  if (given > 0 && n > 0 && (size_t)n < sizeof msg)
+    snprintf(msg + n, sizeof msg - (size_t)n,
+             " Then %s of cached pages went back to the device (now %s free).",
+             _expseg_format_size(s1, given), _expseg_format_size(s2, dev_free));
+  size_t n_obs = a->n_observers;
+  observer_t local[8];
+  observer_t *obs = n_obs <= 8 ? local : malloc(n_obs * sizeof *obs);
+  if (obs == NULL) n_obs = 0;
+  else if (n_obs > 0) memcpy(obs, a->observers, n_obs * sizeof *obs);
+  size_t third = a->allowed != SIZE_MAX ? a->allowed : dev_total;
+  int device = a->device;
+  api_unlock(a);
+  for (size_t i = 0; i < n_obs; i++) obs[i].fn(obs[i].ctx, device, rounded, third, dev_free);
+  if (obs != local) free(obs);
+  return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s", msg);
+}

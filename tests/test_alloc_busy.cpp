@@ -1,0 +1,292 @@
+// test_alloc_busy.cpp: a seeded random run that tracks busy memory, through the public API
+// and the testing hooks only (expseg.h, expseg_testing.h), on the host driver (real memory)
+// behind a fault wrapper that fails driver calls of every kind at random points.
+//
+// Streams 1..5 are held and released at random (work on a held stream does not complete).
+// A block freed while its stream is held stays busy for every *other* stream until that
+// stream is released (reuse on its own stream is ordered after its work, as in PyTorch); a
+// block used through record_stream on a held stream is busy for everyone. Any allocation
+// overlapping busy memory fails the test: the allocator handed out memory the GPU may
+// still be using. After each operation: expseg_check (every structure and statistic
+// recounted, driver counts included), the statistics against this test's own model, the
+// data of the block just touched, and every 500 operations the data of every live block.
+// An out-of-memory error is accepted only where a fault was injected during the call, a
+// stream is held, the memory fraction caps the allocator, or what it reserves plus the
+// request exceeds the device; anything else is a spurious OOM and fails. At the end:
+// destroy, the driver holds nothing, the process's descriptor count is back where it was.
+//
+// EXPSEG_TEST_SEED: the seed (printed); EXPSEG_TEST_OPS: operations (default 100000).
+#include "expseg.h"
+#include "expseg_testing.h"
+
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr size_t KiB = 1024, MiB = 1024 * KiB;
+constexpr size_t kCapacity = 256 * MiB;
+constexpr int kStreams = 6; // 0 .. 5; 0 is never held
+
+const char *const kKinds[] = {"reserve",     "unreserve",         "create",
+                              "release",     "map",               "unmap",
+                              "set_access",  "event_create",      "event_destroy",
+                              "event_record", "event_query",      "event_synchronize",
+                              "stream_synchronize"};
+
+int open_fds() {
+  int n = 0;
+  if (DIR *d = opendir("/proc/self/fd")) {
+    while (readdir(d)) n++;
+    closedir(d);
+  }
+  return n;
+}
+
+uint64_t env_u64(const char *name, uint64_t dflt) {
+  const char *e = std::getenv(name);
+  return e && *e ? std::strtoull(e, nullptr, 0) : dflt;
+}
+
+struct Block {
+  size_t size;
+  expseg_stream stream;
+  std::vector<expseg_stream> uses; // record_stream
+  uint64_t tag;
+};
+
+struct Busy {
+  uintptr_t lo, hi;
+  expseg_stream owner; // busy for streams other than owner, until owner is released
+  bool everyone;       // busy for every stream (a record_stream use), until `owner` released
+};
+
+// A pattern at both ends and the middle of a block (whole small blocks).
+void spots(size_t size, size_t out[3], size_t *n) {
+  *n = 0;
+  out[(*n)++] = 0;
+  if (size >= 16) out[(*n)++] = (size / 2) & ~(size_t)7;
+  if (size >= 24) out[(*n)++] = (size - 8) & ~(size_t)7;
+}
+
+void write_tag(void *p, size_t size, uint64_t tag) {
+  size_t at[3], n;
+  spots(size, at, &n);
+  for (size_t i = 0; i < n; i++) {
+    if (size - at[i] >= 8) std::memcpy((char *)p + at[i], &tag, 8);
+    else std::memcpy((char *)p + at[i], &tag, size - at[i]);
+  }
+}
+
+bool tag_ok(const void *p, size_t size, uint64_t tag) {
+  size_t at[3], n;
+  spots(size, at, &n);
+  for (size_t i = 0; i < n; i++) {
+    size_t k = size - at[i] >= 8 ? 8 : size - at[i];
+    if (std::memcmp((const char *)p + at[i], &tag, k) != 0) return false;
+  }
+  return true;
+}
+
+int64_t stat(const expseg_allocator *a, const char *key) {
+  int64_t v = INT64_MIN;
+  EXPECT_EQ(expseg_stat(a, key, &v), EXPSEG_OK) << key;
+  return v;
+}
+
+} // namespace
+
+TEST(AllocBusy, NoBusyMemoryHandedOutNothingLeakedUnderFaults) {
+  const uint64_t seed = env_u64("EXPSEG_TEST_SEED", 20261122);
+  const uint64_t ops = env_u64("EXPSEG_TEST_OPS", 100000);
+  std::printf("seed %llu, %llu operations (EXPSEG_TEST_SEED / EXPSEG_TEST_OPS reproduce)\n",
+              (unsigned long long)seed, (unsigned long long)ops);
+  const std::string S = "seed " + std::to_string(seed) + ": ";
+  std::mt19937_64 rng(seed);
+  auto below = [&](uint64_t n) { return rng() % n; };
+  auto chance = [&](double p) { return (double)(rng() >> 11) / 9007199254740992.0 < p; };
+
+  int warnings = 0;
+  expseg_set_log_sink([](void *ctx, const char *) { ++*static_cast<int *>(ctx); }, &warnings);
+  const int fds_before = open_fds();
+  expseg_allocator *a = nullptr;
+  ASSERT_EQ(expseg_create("fault;host:capacity=256M", 0, "expandable_segments:True", &a),
+            EXPSEG_OK)
+      << expseg_last_error();
+
+  std::map<uintptr_t, Block> live;
+  std::vector<Busy> busy;
+  bool held[kStreams] = {false};
+  int n_held = 0;
+  int64_t model_requested = 0;
+  double fraction = 1.0;
+  uint64_t next_tag = 1, overlaps_checked = 0, ooms = 0, driver_errors = 0;
+
+  auto release_stream = [&](expseg_stream s) {
+    ASSERT_EQ(expseg_testing_hold_stream(a, s, false), EXPSEG_OK);
+    held[s] = false;
+    n_held--;
+    std::vector<Busy> keep;
+    for (const Busy &b : busy)
+      if (b.owner != s) keep.push_back(b);
+    busy.swap(keep);
+  };
+
+  for (uint64_t op = 0; op < ops; op++) {
+    const std::string where = S + "op " + std::to_string(op);
+    // a fault in one driver call kind, now and then (map@1: the next map fails)
+    if (chance(0.06)) {
+      std::string rule = std::string(kKinds[below(sizeof kKinds / sizeof *kKinds)]) + "@" +
+                         std::to_string(1 + below(3));
+      if (chance(0.3)) rule += ":oom";
+      ASSERT_EQ(expseg_testing_set_faults(a, rule.c_str()), EXPSEG_OK) << where;
+    }
+    const uint64_t injected_before = expseg_testing_faults_injected(a);
+    const uint64_t pick = below(1000);
+    size_t live_bytes = (size_t)model_requested;
+    if (pick < 470 && live_bytes < 96 * MiB) { // ---- malloc
+      size_t size;
+      uint64_t u = below(100);
+      if (u < 55) size = 1 + below(1 * MiB);
+      else if (u < 90) size = 1 * MiB + below(9 * MiB);
+      else size = 10 * MiB + below(22 * MiB);
+      expseg_stream s = below(kStreams);
+      void *p = nullptr;
+      expseg_status st = expseg_malloc(a, size, s, &p);
+      bool faulted = expseg_testing_faults_injected(a) != injected_before;
+      if (st == EXPSEG_OK) {
+        ASSERT_NE(p, nullptr) << where;
+        uintptr_t lo = (uintptr_t)p, hi = lo + size;
+        for (const Busy &b : busy) {
+          overlaps_checked++;
+          if ((b.everyone || b.owner != s) && lo < b.hi && b.lo < hi)
+            FAIL() << where << ": stream " << s << " was handed [" << std::hex << lo << ", "
+                   << hi << ") overlapping [" << b.lo << ", " << b.hi << ") freed on held stream "
+                   << std::dec << b.owner << (b.everyone ? " (record_stream use)" : "");
+        }
+        auto it = live.lower_bound(lo);
+        if (it != live.end()) {
+          ASSERT_GE(it->first, hi) << where << ": overlaps a live block";
+        }
+        if (it != live.begin()) {
+          --it;
+          ASSERT_LE(it->first + it->second.size, lo) << where << ": overlaps a live block";
+        }
+        uint64_t tag = next_tag++ * 0x9E3779B97F4A7C15ull;
+        write_tag(p, size, tag);
+        live[lo] = Block{size, s, {}, tag};
+        model_requested += (int64_t)size;
+      } else if (st == EXPSEG_ERR_OUT_OF_MEMORY) {
+        ooms++;
+        int64_t reserved = stat(a, "reserved_bytes.all.current");
+        size_t need = (size + 20 * MiB - 1) / (20 * MiB) * (20 * MiB) + 2 * MiB;
+        bool explained = faulted || n_held > 0 || fraction < 1.0 ||
+                         (size_t)reserved + need > kCapacity;
+        ASSERT_TRUE(explained) << where << ": spurious out-of-memory for " << size
+                               << " bytes with " << reserved << " reserved: "
+                               << expseg_last_error();
+      } else {
+        driver_errors++;
+        ASSERT_EQ(st, EXPSEG_ERR_DRIVER) << where << ": " << expseg_last_error();
+        ASSERT_TRUE(faulted) << where << ": a driver error without an injected fault: "
+                             << expseg_last_error();
+      }
+    } else if (pick < 880 && !live.empty()) { // ---- free (sometimes after record_stream)
+      auto it = live.begin();
+      std::advance(it, (long)below(live.size()));
+      Block &b = it->second;
+      ASSERT_TRUE(tag_ok((void *)it->first, b.size, b.tag)) << where << ": data of a live block "
+                                                            << "changed before its free";
+      if (chance(0.25)) {
+        expseg_stream u = below(kStreams);
+        ASSERT_EQ(expseg_record_stream(a, (void *)it->first, u), EXPSEG_OK) << where;
+        if (u != b.stream) b.uses.push_back(u);
+      }
+      expseg_status st = expseg_free(a, (void *)it->first);
+      ASSERT_EQ(st, EXPSEG_OK) << where << ": " << expseg_last_error();
+      if (held[b.stream]) busy.push_back({it->first, it->first + b.size, b.stream, false});
+      for (expseg_stream u : b.uses)
+        if (held[u]) busy.push_back({it->first, it->first + b.size, u, true});
+      model_requested -= (int64_t)b.size;
+      live.erase(it);
+    } else if (pick < 940) { // ---- hold or release a stream
+      expseg_stream s = 1 + below(kStreams - 1);
+      if (held[s]) {
+        release_stream(s);
+      } else if (n_held < 3) {
+        ASSERT_EQ(expseg_testing_hold_stream(a, s, true), EXPSEG_OK) << where;
+        held[s] = true;
+        n_held++;
+      }
+    } else if (pick < 960) { // ---- give cached memory back
+      ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << where;
+    } else if (pick < 975) { // ---- memory fraction and garbage collection
+      fraction = chance(0.5) ? 1.0 : 0.5 + 0.5 * (double)below(100) / 100.0;
+      ASSERT_EQ(expseg_set_memory_fraction(a, fraction), EXPSEG_OK) << where;
+      ASSERT_EQ(expseg_configure(a, chance(0.5) ? "garbage_collection_threshold:0.6"
+                                                : "garbage_collection_threshold:0.99"),
+                EXPSEG_OK)
+          << where << ": " << expseg_last_error();
+    } else if (pick < 985) { // ---- switch segment kinds at run time
+      ASSERT_EQ(expseg_configure(a, chance(0.5) ? "expandable_segments:True"
+                                                : "expandable_segments:False"),
+                EXPSEG_OK)
+          << where;
+    } else if (pick < 990) { // ---- a run-time max_split_size change
+      ASSERT_EQ(expseg_configure(a, chance(0.5) ? "max_split_size_mb:24"
+                                                : "max_split_size_mb:1000000"),
+                EXPSEG_OK)
+          << where;
+    }
+    // ---- after every operation
+    ASSERT_EQ(expseg_check(a), EXPSEG_OK) << where << ": " << expseg_last_error();
+    ASSERT_EQ(stat(a, "allocation.all.current"), (int64_t)live.size()) << where;
+    // requested_bytes leaves at the real free (PyTorch's rule): pending blocks still count
+    if (stat(a, "expseg.pending_free_blocks.current") == 0)
+      ASSERT_EQ(stat(a, "requested_bytes.all.current"), model_requested) << where;
+    else
+      ASSERT_GT(stat(a, "requested_bytes.all.current"), model_requested) << where;
+    ASSERT_LE(stat(a, "allocated_bytes.all.current"), stat(a, "reserved_bytes.all.current"))
+        << where;
+    if (op % 500 == 499) {
+      for (const auto &kv : live)
+        ASSERT_TRUE(tag_ok((void *)kv.first, kv.second.size, kv.second.tag))
+            << where << ": data of the live block at " << std::hex << kv.first << " changed";
+    }
+  }
+  for (expseg_stream s = 1; s < kStreams; s++)
+    if (held[s]) release_stream(s);
+  ASSERT_EQ(expseg_testing_set_faults(a, ""), EXPSEG_OK);
+  for (const auto &kv : live) {
+    ASSERT_TRUE(tag_ok((void *)kv.first, kv.second.size, kv.second.tag)) << S << "at the end";
+    ASSERT_EQ(expseg_free(a, (void *)kv.first), EXPSEG_OK) << S << expseg_last_error();
+  }
+  const uint64_t injected = expseg_testing_faults_injected(a);
+  ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+  ASSERT_EQ(expseg_check(a), EXPSEG_OK) << S << expseg_last_error();
+  EXPECT_EQ(stat(a, "reserved_bytes.all.current"), 0) << S;
+  expseg_testing_driver_counts left;
+  expseg_testing_destroy(a, &left);
+  expseg_set_log_sink(nullptr, nullptr);
+  std::printf("%llu faults injected, %llu out-of-memory and %llu driver errors seen, %llu "
+              "busy-range checks, %d warnings\n",
+              (unsigned long long)injected, (unsigned long long)ooms,
+              (unsigned long long)driver_errors, (unsigned long long)overlaps_checked, warnings);
+  EXPECT_GE(injected, ops / 100) << S << "too few faults reached the driver";
+  EXPECT_EQ(left.live_chunks, 0) << S;
+  EXPECT_EQ(left.live_chunk_bytes, 0) << S;
+  EXPECT_EQ(left.live_reservations, 0) << S;
+  EXPECT_EQ(left.reserved_va_bytes, 0) << S;
+  EXPECT_EQ(left.mapped_bytes, 0) << S;
+  EXPECT_EQ(left.live_events, 0) << S;
+  EXPECT_EQ(open_fds(), fds_before) << S << "descriptors leaked";
+}

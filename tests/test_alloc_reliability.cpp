@@ -1,0 +1,368 @@
+// Reliability defects found by adversarial testing (issue 8), each pinned through the public
+// API and the testing hooks of expseg_testing.h: memory freed on a busy stream is never
+// given back or handed out before that stream's work is done; refused undo steps are kept
+// and retried, never leaked; oversize_segments survives a run-time max_split_size change; a
+// log sink may call back into expseg; garbage collection does not turn a request that could
+// be served into an out-of-memory error.
+#include "expseg.h"
+#include "expseg_testing.h"
+
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr size_t MiB = 1024 * 1024;
+
+int64_t stat(const expseg_allocator *a, const char *key) {
+  int64_t v = INT64_MIN;
+  EXPECT_EQ(expseg_stat(a, key, &v), EXPSEG_OK) << key << ": " << expseg_last_error();
+  return v;
+}
+
+expseg_allocator *make(const char *driver, const char *config) {
+  expseg_allocator *a = nullptr;
+  EXPECT_EQ(expseg_create(driver, 0, config, &a), EXPSEG_OK) << driver << ": "
+                                                             << expseg_last_error();
+  return a;
+}
+
+struct Quiet { // warnings counted, not printed
+  int lines = 0;
+  std::string all;
+  Quiet() { expseg_set_log_sink(&Quiet::sink, this); }
+  ~Quiet() { expseg_set_log_sink(nullptr, nullptr); }
+  static void sink(void *ctx, const char *line) {
+    auto *q = static_cast<Quiet *>(ctx);
+    q->lines++;
+    q->all += line;
+    q->all += '\n';
+  }
+};
+
+void expect_nothing_left(expseg_allocator *a, const std::string &where) {
+  expseg_testing_driver_counts left;
+  expseg_testing_destroy(a, &left);
+  EXPECT_EQ(left.live_chunks, 0) << where;
+  EXPECT_EQ(left.live_chunk_bytes, 0) << where;
+  EXPECT_EQ(left.live_reservations, 0) << where;
+  EXPECT_EQ(left.reserved_va_bytes, 0) << where;
+  EXPECT_EQ(left.mapped_bytes, 0) << where;
+  EXPECT_EQ(left.live_events, 0) << where;
+}
+
+bool overlaps(uintptr_t a, size_t as, uintptr_t b, size_t bs) { return a < b + bs && b < a + as; }
+
+} // namespace
+
+// ---- 1. busy classic segments are not given back ----
+
+TEST(Reliability, EmptyCacheKeepsAClassicSegmentWhoseStreamIsBusy) {
+  Quiet q;
+  expseg_allocator *a = make("host:capacity=64M", "expandable_segments:False");
+  ASSERT_EQ(expseg_testing_hold_stream(a, 3, true), EXPSEG_OK) << expseg_last_error();
+  void *p = nullptr, *r = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 5 * MiB, 3, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
+  ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+  EXPECT_EQ(stat(a, "num_device_free"), 0) << "unmapped while stream 3 still had work queued";
+  EXPECT_GT(stat(a, "reserved_bytes.all.current"), 0);
+  ASSERT_EQ(expseg_malloc(a, 5 * MiB, 1, &r), EXPSEG_OK);
+  EXPECT_FALSE(overlaps((uintptr_t)p, 5 * MiB, (uintptr_t)r, 5 * MiB))
+      << "stream 1 was handed memory stream 3 may still use";
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_testing_hold_stream(a, 3, false), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(a, r), EXPSEG_OK);
+  ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+  EXPECT_EQ(stat(a, "reserved_bytes.all.current"), 0) << "released once the stream is idle";
+  EXPECT_EQ(stat(a, "num_device_free"), 2);
+  expect_nothing_left(a, "empty_cache");
+}
+
+TEST(Reliability, OutOfMemoryRetryDoesNotReleaseABusyClassicSegment) {
+  Quiet q;
+  expseg_allocator *a = make("host:capacity=48M", "expandable_segments:False");
+  ASSERT_EQ(expseg_testing_hold_stream(a, 3, true), EXPSEG_OK);
+  void *p = nullptr, *r = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 25 * MiB, 3, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
+  EXPECT_EQ(expseg_malloc(a, 30 * MiB, 1, &r), EXPSEG_ERR_OUT_OF_MEMORY)
+      << "only the busy segment's memory could have served it";
+  EXPECT_EQ(stat(a, "num_device_free"), 0);
+  EXPECT_EQ(stat(a, "num_ooms"), 1);
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_testing_hold_stream(a, 3, false), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 30 * MiB, 1, &r), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(stat(a, "num_device_free"), 1) << "the idle segment is released on the retry";
+  ASSERT_EQ(expseg_free(a, r), EXPSEG_OK);
+  expect_nothing_left(a, "oom retry");
+}
+
+TEST(Reliability, GarbageCollectionSkipsABusyClassicSegment) {
+  Quiet q;
+  expseg_allocator *a =
+      make("host:capacity=128M", "expandable_segments:False,garbage_collection_threshold:0.5");
+  ASSERT_EQ(expseg_set_memory_fraction(a, 0.5), EXPSEG_OK); // 64 MiB allowed, GC above 32
+  ASSERT_EQ(expseg_testing_hold_stream(a, 3, true), EXPSEG_OK);
+  void *p = nullptr, *r = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 40 * MiB, 3, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
+  EXPECT_EQ(expseg_malloc(a, 4 * MiB, 1, &r), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(stat(a, "num_device_free"), 0) << "collection released a segment of a busy stream";
+  EXPECT_FALSE(overlaps((uintptr_t)p, 40 * MiB, (uintptr_t)r, 4 * MiB));
+  ASSERT_EQ(expseg_free(a, r), EXPSEG_OK);
+  ASSERT_EQ(expseg_testing_hold_stream(a, 3, false), EXPSEG_OK);
+  void *s = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 4 * MiB, 5, &s), EXPSEG_OK); // a miss: collects now
+  EXPECT_GE(stat(a, "num_device_free"), 1) << "idle now: collection may take it";
+  ASSERT_EQ(expseg_free(a, s), EXPSEG_OK);
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
+  expect_nothing_left(a, "gc");
+}
+
+TEST(Reliability, ExpandablePagesOfABusyStreamAreNotMovedOrReleased) {
+  Quiet q;
+  expseg_allocator *a = make("host:capacity=64M", "");
+  ASSERT_EQ(expseg_testing_hold_stream(a, 3, true), EXPSEG_OK);
+  void *p = nullptr, *r = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 40 * MiB, 3, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
+  ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+  EXPECT_EQ(stat(a, "reserved_bytes.all.current"), (int64_t)(40 * MiB));
+  EXPECT_EQ(expseg_malloc(a, 30 * MiB, 1, &r), EXPSEG_ERR_OUT_OF_MEMORY)
+      << "stream 1 got pages stream 3 may still use";
+  ASSERT_EQ(expseg_testing_hold_stream(a, 3, false), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 30 * MiB, 1, &r), EXPSEG_OK) << expseg_last_error();
+  EXPECT_GT(stat(a, "expseg.pages_moved"), 0);
+  ASSERT_EQ(expseg_free(a, r), EXPSEG_OK);
+  expect_nothing_left(a, "expandable");
+}
+
+// ---- 2. refused undo steps are kept and retried, never leaked ----
+
+// Every growth step fails once, and then one step of its undo is refused too.
+TEST(Reliability, RefusedUndoStepsAreRetriedNotLeaked) {
+  const char *grow_fail[] = {"create@1:oom", "map@1", "set_access@1", "reserve@1:oom"};
+  const char *undo_fail[] = {"unmap@1", "release@1", "unreserve@1", "unmap@1..2",
+                             "release@1,unreserve@1"};
+  const char *modes[] = {"expandable_segments:False", "expandable_segments:True"};
+  for (const char *mode : modes)
+    for (const char *g : grow_fail)
+      for (const char *u : undo_fail) {
+        std::string spec = std::string("fault:fail=") + g + "," + u + ";host:capacity=64M";
+        std::string where = std::string(mode) + " / " + spec;
+        Quiet q;
+        expseg_allocator *a = make(spec.c_str(), mode);
+        ASSERT_NE(a, nullptr) << where;
+        void *p = nullptr;
+        expseg_status st = expseg_malloc(a, 5 * MiB, 0, &p);
+        EXPECT_TRUE(st == EXPSEG_OK || st == EXPSEG_ERR_DRIVER ||
+                    st == EXPSEG_ERR_OUT_OF_MEMORY)
+            << where << ": " << expseg_status_name(st);
+        EXPECT_EQ(expseg_check(a), EXPSEG_OK) << where << ": " << expseg_last_error();
+        if (p) {
+          EXPECT_EQ(expseg_free(a, p), EXPSEG_OK);
+        }
+        // the allocator keeps working after the faults
+        void *r = nullptr;
+        EXPECT_EQ(expseg_malloc(a, 5 * MiB, 0, &r), EXPSEG_OK) << where << ": "
+                                                              << expseg_last_error();
+        EXPECT_EQ(expseg_check(a), EXPSEG_OK) << where << ": " << expseg_last_error();
+        EXPECT_EQ(expseg_free(a, r), EXPSEG_OK);
+        // a release refused now is kept and retried: at most one empty_cache per refusal
+        for (int i = 0; i < 4 && stat(a, "reserved_bytes.all.current") +
+                                         stat(a, "expseg.reserved_va_bytes.current") > 0;
+             i++) {
+          EXPECT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+          EXPECT_EQ(expseg_check(a), EXPSEG_OK) << where << ": " << expseg_last_error();
+        }
+        EXPECT_EQ(stat(a, "reserved_bytes.all.current"), 0) << where;
+        EXPECT_EQ(stat(a, "expseg.reserved_va_bytes.current"), 0) << where;
+        expect_nothing_left(a, where);
+      }
+}
+
+TEST(Reliability, AnUnreserveRefusedAfterANaturalOutOfMemoryIsRetried) {
+  Quiet q;
+  expseg_allocator *a = make("fault:fail=unreserve@1;host:capacity=32M",
+                             "expandable_segments:False");
+  void *p = nullptr, *r = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 10 * MiB, 0, &r), EXPSEG_OK); // a 20 MiB segment
+  EXPECT_EQ(expseg_malloc(a, 24 * MiB, 0, &p), EXPSEG_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(expseg_testing_faults_injected(a), 1u);
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(expseg_free(a, r), EXPSEG_OK);
+  EXPECT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+  EXPECT_EQ(stat(a, "expseg.reserved_va_bytes.current"), 0);
+  expect_nothing_left(a, "natural oom");
+}
+
+// ---- 3. oversize_segments follows each segment, not today's setting ----
+
+TEST(Reliability, OversizeSegmentsSurviveARunTimeMaxSplitSizeChange) {
+  for (int raise = 0; raise < 2; raise++) {
+    expseg_allocator *a = make("sim", raise ? "expandable_segments:False,max_split_size_mb:20"
+                                            : "expandable_segments:False");
+    void *p = nullptr;
+    ASSERT_EQ(expseg_malloc(a, 25 * MiB, 0, &p), EXPSEG_OK);
+    EXPECT_EQ(stat(a, "oversize_segments.current"), raise ? 1 : 0);
+    ASSERT_EQ(expseg_configure(a, raise ? "max_split_size_mb:100" : "max_split_size_mb:20"),
+              EXPSEG_OK);
+    ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
+    ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+    EXPECT_EQ(stat(a, "segment.all.current"), 0);
+    EXPECT_EQ(stat(a, "oversize_segments.current"), 0) << (raise ? "raised" : "lowered");
+    EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
+    expseg_destroy(a);
+  }
+}
+
+// ---- 4. a log sink may call back into expseg ----
+
+namespace {
+expseg_allocator *g_sink_alloc;
+int g_sink_calls;
+void sink_reentering(void *, const char *) {
+  g_sink_calls++;
+  int64_t v;
+  (void)expseg_stat(g_sink_alloc, "num_ooms", &v);          // takes the allocator's lock
+  expseg_set_log_sink(&sink_reentering, nullptr);           // takes the sink's mutex
+  void *p = nullptr;                                        // and allocates
+  if (expseg_malloc(g_sink_alloc, 1024, 0, &p) == EXPSEG_OK) (void)expseg_free(g_sink_alloc, p);
+}
+} // namespace
+
+TEST(Reliability, ALogSinkMayCallIntoExpseg) {
+  // run in a child with an alarm: a deadlock fails the test instead of hanging the suite
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    alarm(20);
+    g_sink_alloc = make("fault:fail=release@1..;host:capacity=64M", "expandable_segments:False");
+    expseg_set_log_sink(&sink_reentering, nullptr);
+    void *p = nullptr;
+    if (expseg_malloc(g_sink_alloc, 5 * MiB, 0, &p) != EXPSEG_OK) _exit(3);
+    (void)expseg_free(g_sink_alloc, p);
+    (void)expseg_empty_cache(g_sink_alloc); // release refused: a warning inside the allocator
+    if (g_sink_calls == 0) _exit(4);
+    if (expseg_testing_set_faults(g_sink_alloc, "") != EXPSEG_OK) _exit(5);
+    expseg_set_log_sink(nullptr, nullptr);
+    expseg_destroy(g_sink_alloc);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_FALSE(WIFSIGNALED(status)) << "the child died of signal " << WTERMSIG(status)
+                                    << (WTERMSIG(status) == SIGALRM ? " (deadlock)" : "");
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// ---- 5. garbage collection leaves what the request can use ----
+
+TEST(Reliability, GarbageCollectionDoesNotTurnAServableRequestIntoAnOutOfMemory) {
+  for (const char *conf : {"", "garbage_collection_threshold:0.5"}) {
+    Quiet q;
+    expseg_allocator *a = make("host:capacity=64M", conf);
+    void *p0 = nullptr, *p1 = nullptr, *r = nullptr;
+    ASSERT_EQ(expseg_malloc(a, 24 * MiB, 0, &p0), EXPSEG_OK);
+    ASSERT_EQ(expseg_malloc(a, 24 * MiB, 1, &p1), EXPSEG_OK);
+    ASSERT_EQ(expseg_set_memory_fraction(a, 0.25), EXPSEG_OK);
+    ASSERT_EQ(expseg_free(a, p0), EXPSEG_OK);
+    EXPECT_EQ(expseg_malloc(a, 4 * MiB, 7, &r), EXPSEG_OK)
+        << "'" << conf << "': " << expseg_last_error();
+    EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
+    if (r) {
+      EXPECT_EQ(expseg_free(a, r), EXPSEG_OK);
+    }
+    EXPECT_EQ(expseg_free(a, p1), EXPSEG_OK);
+    expect_nothing_left(a, conf);
+  }
+}
+
+// ---- 8. messages ----
+
+TEST(Reliability, MessagesSayWhatHappened) {
+  expseg_allocator *a = make("host:capacity=64M", "");
+  EXPECT_EQ(expseg_set_memory_fraction(a, 1.0000001), EXPSEG_ERR_INVALID_ARGUMENT);
+  std::string m = expseg_last_error();
+  EXPECT_NE(m.find("1.0000001"), std::string::npos) << m;
+  EXPECT_EQ(m.find("fraction 1 is"), std::string::npos) << m;
+
+  // larger than the whole device: refused at once, no driver call, the right hint
+  int64_t calls_before = stat(a, "expseg.driver.create");
+  void *p = nullptr;
+  EXPECT_EQ(expseg_malloc(a, 100 * MiB, 0, &p), EXPSEG_ERR_OUT_OF_MEMORY);
+  m = expseg_last_error();
+  EXPECT_NE(m.find("larger than the whole device"), std::string::npos) << m;
+  EXPECT_EQ(m.find("smaller batches"), std::string::npos) << m;
+  EXPECT_EQ(stat(a, "expseg.driver.create"), calls_before);
+  EXPECT_EQ(stat(a, "num_ooms"), 1);
+
+  // the OOM message's figures agree with each other (taken before the page cache goes back)
+  void *q = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 40 * MiB, 0, &q), EXPSEG_OK);
+  EXPECT_EQ(expseg_malloc(a, 30 * MiB, 1, &p), EXPSEG_ERR_OUT_OF_MEMORY);
+  m = expseg_last_error();
+  EXPECT_NE(m.find("64.00 MiB in total, 0 bytes free"), std::string::npos) << m;
+  EXPECT_NE(m.find("asked 2.00 MiB"), std::string::npos) << m; // not "2048.00 KiB"
+  EXPECT_EQ(expseg_free(a, q), EXPSEG_OK);
+  expseg_destroy(a);
+}
+
+TEST(Reliability, ExhaustedAddressSpaceIsNamedAsSuch) {
+  Quiet q;
+  // a tiny address space: a few streams use it up long before memory runs out
+  expseg_allocator *a = make("sim:capacity=64G,va=4G", "");
+  std::vector<void *> ps;
+  expseg_status st = EXPSEG_OK;
+  for (expseg_stream s = 1; s < 4096 && st == EXPSEG_OK; s++) {
+    void *p = nullptr;
+    st = expseg_malloc(a, 1 * MiB, s, &p);
+    if (p) ps.push_back(p);
+  }
+  ASSERT_EQ(st, EXPSEG_ERR_OUT_OF_MEMORY);
+  std::string m = expseg_last_error();
+  EXPECT_NE(m.find("address space ran out"), std::string::npos) << m;
+  EXPECT_EQ(m.find("free tensors"), std::string::npos) << m;
+  for (void *p : ps) EXPECT_EQ(expseg_free(a, p), EXPSEG_OK);
+  expseg_destroy(a);
+}
+
+// ---- testing hooks: their own errors ----
+
+TEST(Reliability, FaultRulesAreCheckedAndNamed) {
+  expseg_allocator *a = make("host:capacity=64M", "");
+  EXPECT_EQ(expseg_testing_set_faults(a, "map@1"), EXPSEG_ERR_INVALID_ARGUMENT)
+      << "not a fault driver";
+  expseg_destroy(a);
+  expseg_allocator *f = nullptr;
+  EXPECT_EQ(expseg_create("fault:fail=mapp@1;host", 0, "", &f), EXPSEG_ERR_CONFIG);
+  EXPECT_NE(std::string(expseg_last_error()).find("unknown call kind"), std::string::npos)
+      << expseg_last_error();
+  EXPECT_EQ(expseg_create("fault:fail=map@0;host", 0, "", &f), EXPSEG_ERR_CONFIG);
+  EXPECT_EQ(expseg_create("fault:fail=map@3..2;host", 0, "", &f), EXPSEG_ERR_CONFIG);
+  EXPECT_EQ(expseg_create("fault:fail=map@3:maybe;host", 0, "", &f), EXPSEG_ERR_CONFIG);
+  EXPECT_EQ(expseg_create("fault:fail=map@1", 0, "", &f), EXPSEG_ERR_CONFIG) << "no inner driver";
+  EXPECT_EQ(expseg_create("fault:rate=1;host", 0, "", &f), EXPSEG_ERR_CONFIG);
+  EXPECT_EQ(expseg_create("fault;sim", 0, "", &f), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(expseg_testing_set_faults(f, "create@2..3:oom,unmap@1.."), EXPSEG_OK)
+      << expseg_last_error();
+  EXPECT_EQ(expseg_testing_set_faults(f, "create@"), EXPSEG_ERR_CONFIG);
+  EXPECT_NE(std::string(expseg_last_error()).find("position"), std::string::npos);
+  EXPECT_EQ(expseg_testing_set_faults(f, ""), EXPSEG_OK);
+  EXPECT_EQ(expseg_testing_set_faults(f, "map@1"), EXPSEG_OK);
+  void *p = nullptr;
+  EXPECT_EQ(expseg_malloc(f, 1 * MiB, 0, &p), EXPSEG_ERR_DRIVER);
+  EXPECT_EQ(expseg_testing_faults_injected(f), 1u);
+  EXPECT_EQ(expseg_malloc(f, 1 * MiB, 0, &p), EXPSEG_OK) << "map@1 fails only the next map";
+  EXPECT_EQ(expseg_free(f, p), EXPSEG_OK);
+  EXPECT_EQ(expseg_testing_hold_stream(nullptr, 1, true), EXPSEG_ERR_INVALID_ARGUMENT);
+  expect_nothing_left(f, "fault rules");
+}
