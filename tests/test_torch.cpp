@@ -163,7 +163,7 @@ TEST(Torch, OutOfMemoryIsNullWithTheMessageKeptAndPrinted) {
   EXPECT_EQ(nullptr, p);
   std::string m = L.last_error(1);
   EXPECT_NE(std::string::npos, m.find("out of memory")) << m;
-  EXPECT_NE(std::string::npos, m.find("1024.00 MiB")) << m;
+  EXPECT_NE(std::string::npos, m.find("tried to allocate")) << m; // expseg's own OOM text
   EXPECT_NE(std::string::npos, m.find("device 1")) << m;
   EXPECT_NE(std::string::npos, printed.find(m)) << "stderr: " << printed;
   EXPECT_EQ(1u, (size_t)std::count(printed.begin(), printed.end(), '\n')) << printed;
@@ -171,7 +171,7 @@ TEST(Torch, OutOfMemoryIsNullWithTheMessageKeptAndPrinted) {
   std::string other;
   std::thread([&] { other = L.last_error(1); }).join();
   EXPECT_EQ(m, other);
-  EXPECT_EQ(std::string::npos, std::string(L.last_error(0)).find("1024.00 MiB"));
+  EXPECT_EQ(std::string::npos, std::string(L.last_error(0)).find("1073741824"));
   EXPECT_GE(L.get(1, "num_ooms"), 1);
   // and the allocator still works
   p = L.alloc(1000, 1, nullptr);
