@@ -51,6 +51,7 @@ say "installed into $prefix (libraries in ${lib#"$prefix"/})"
 rel=${lib#"$prefix"/}
 want=(include/expseg.h "$rel/libexpseg.so.0.1.0" "$rel/cmake/expseg/expsegConfig.cmake"
       "$rel/pkgconfig/expseg.pc")
+[ -e "$src/include/expseg_testing.h" ] && want+=(include/expseg_testing.h)
 if [ "${TORCH:-ON}" = ON ]; then
   want+=(include/expseg_torch.h "$rel/libexpseg_torch.so" share/expseg/python/expseg.py)
 fi
