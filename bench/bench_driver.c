@@ -2,7 +2,7 @@
  * 2 MiB and 20 MiB (or --sizes), repeats reserve -> create -> map -> set_access -> unmap ->
  * release -> unreserve through the checked wrappers of vmm/vmm.h and reports the median and
  * p99 of each call in microseconds. On `cuda` this is the physical floor of growth
- * (docs/benchmarks.md); on `host` it is memfd + mmap; on `sim` bookkeeping. */
+ * (docs/benchmarks.md); on `host` it is a range of a memfd arena + mmap; on `sim` bookkeeping. */
 #include "error.h"
 #include "vmm.h"
 #include "tool_version.h"

@@ -2,8 +2,9 @@
  *
  * Readers build an expseg_trace_t with _expseg_trace_push and pass every event through the
  * checker (_expseg_trace_check), which owns the rules of a well-formed trace and computes
- * peak_live_requested; the rules are in docs/formats.md. expseg_trace_read_file reads the
- * whole file and picks the reader by the first bytes; expseg_trace_write_memtrace writes
+ * peak_live_requested; the rules are in docs/formats.md. expseg_trace_read_file opens only
+ * regular files (without blocking on a FIFO), picks the reader by the first bytes and only
+ * then reads the whole file; expseg_trace_write_memtrace writes
  * memtrace v1 in the layout of the reference files in ../shared/traces/memtrace. */
 #include "trace_internal.h"
 
@@ -14,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- u64 map */
 
@@ -285,51 +288,118 @@ void expseg_trace_set_free(expseg_trace_set_t *s) {
   s->n = 0;
 }
 
+/* Reads up to n bytes at the file position, retrying short reads and EINTR; returns the
+ * count read (< n at end of file) or -1 with errno set. */
+static ssize_t read_full(int fd, unsigned char *buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = read(fd, buf + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -1;
+    if (r == 0) break;
+    got += (size_t)r;
+  }
+  return (ssize_t)got;
+}
+
+typedef enum { FMT_UNKNOWN, FMT_PICKLE, FMT_MEMTRACE, FMT_CSV } trace_format_t;
+
+static const char memtrace_magic[] = "# memtrace v1";
+static const char csv_magic[] = "Thread,Time,Action,Pointer,Size,Stream";
+
+/* The format of a file from its first bytes (head: up to sizeof csv_magic of them). */
+static trace_format_t detect_format(const unsigned char *head, size_t n) {
+  if (n > 0 && head[0] == 0x80) return FMT_PICKLE;
+  if (n >= sizeof memtrace_magic - 1 && memcmp(head, memtrace_magic, sizeof memtrace_magic - 1) == 0)
+    return FMT_MEMTRACE;
+  if (n >= sizeof csv_magic - 1 && memcmp(head, csv_magic, sizeof csv_magic - 1) == 0)
+    return FMT_CSV;
+  return FMT_UNKNOWN;
+}
+
+/* Opens path without blocking (a FIFO or a device would block or never end) and accepts
+ * only a regular file; the descriptor is blocking again on success. */
+static expseg_status open_regular(const char *path, int *fd_out, size_t *len) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: cannot open the trace: %s", path,
+                             strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    close(fd);
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: cannot stat the trace: %s", path,
+                             strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    const char *what = S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISCHR(st.st_mode) ? "a character device" : S_ISSOCK(st.st_mode) ? "a socket"
+                     : S_ISBLK(st.st_mode) ? "a block device" : "not a regular file";
+    close(fd);
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: is %s; a trace must be a regular "
+                             "file (memtrace v1, RMM CSV or a PyTorch snapshot pickle), not a "
+                             "pipe, FIFO, device or directory", path, what);
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+    int e = errno;
+    close(fd);
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: fcntl failed: %s", path,
+                             strerror(e));
+  }
+  if ((uint64_t)st.st_size > SIZE_MAX) {
+    close(fd);
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: %lld bytes do not fit in memory",
+                             path, (long long)st.st_size);
+  }
+  *fd_out = fd;
+  *len = (size_t)st.st_size;
+  return EXPSEG_OK;
+}
+
 expseg_status expseg_trace_read_file(const char *path, expseg_trace_set_t *out) {
   if (!out) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "trace read: out is NULL");
   out->traces = NULL;
   out->n = 0;
   if (!path) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "trace read: path is NULL");
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: cannot open the trace: %s", path,
-                             strerror(errno));
-  struct stat st;
-  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-    fclose(f);
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: not a regular file", path);
+  int fd = -1;
+  size_t len = 0;
+  expseg_status s = open_regular(path, &fd, &len);
+  if (s) return s;
+  /* The format is known from the first bytes: anything else is refused before the rest of
+   * a possibly huge file is read. */
+  unsigned char head[sizeof csv_magic];
+  ssize_t hn = read_full(fd, head, len < sizeof head ? len : sizeof head);
+  trace_format_t fmt = hn < 0 ? FMT_UNKNOWN : detect_format(head, (size_t)hn);
+  if (hn < 0 || fmt == FMT_UNKNOWN) {
+    int e = errno;
+    close(fd);
+    if (hn < 0)
+      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: cannot read the trace: %s",
+                               path, strerror(e));
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: unknown trace format (%zu bytes): "
+                             "accepted are a PyTorch snapshot pickle (first byte 0x80), memtrace "
+                             "v1 (first line '%s') and an RMM log (header '%s')", path, len,
+                             memtrace_magic, csv_magic);
   }
-  size_t len = (size_t)st.st_size;
   unsigned char *buf = malloc(len ? len : 1);
   if (!buf) {
-    fclose(f);
+    close(fd);
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory reading %zu "
                              "bytes", path, len);
   }
-  size_t got = len ? fread(buf, 1, len, f) : 0;
-  int rerr = ferror(f);
-  fclose(f);
-  if (got != len || rerr) {
+  memcpy(buf, head, (size_t)hn);
+  ssize_t rest = read_full(fd, buf + hn, len - (size_t)hn);
+  size_t got = (size_t)hn + (rest > 0 ? (size_t)rest : 0);
+  close(fd);
+  if (rest < 0 || got != len) {
     free(buf);
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: read %zu of %zu bytes (the file "
                              "is unreadable or changed while read)", path, got, len);
   }
-  static const char memtrace_magic[] = "# memtrace v1";
-  static const char csv_magic[] = "Thread,Time,Action,Pointer,Size,Stream";
-  expseg_status s;
-  if (len > 0 && buf[0] == 0x80) {
-    s = expseg_trace_read_pickle(path, buf, len, out);
-  } else if (len >= sizeof memtrace_magic - 1 &&
-             memcmp(buf, memtrace_magic, sizeof memtrace_magic - 1) == 0) {
-    s = expseg_trace_read_memtrace(path, (const char *)buf, len, out);
-  } else if (len >= sizeof csv_magic - 1 && memcmp(buf, csv_magic, sizeof csv_magic - 1) == 0) {
-    s = expseg_trace_read_rmm_csv(path, (const char *)buf, len, out);
-  } else {
-    s = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: unknown trace format (%zu bytes): "
-                          "accepted are a PyTorch snapshot pickle (first byte 0x80), memtrace "
-                          "v1 (first line '%s') and an RMM log (header '%s')", path, len,
-                          memtrace_magic, csv_magic);
-  }
+  if (fmt == FMT_PICKLE) s = expseg_trace_read_pickle(path, buf, len, out);
+  else if (fmt == FMT_MEMTRACE) s = expseg_trace_read_memtrace(path, (const char *)buf, len, out);
+  else s = expseg_trace_read_rmm_csv(path, (const char *)buf, len, out);
   free(buf);
   return s;
 }

@@ -109,7 +109,9 @@ typedef void (*expseg_oom_observer)(void *ctx, int device, size_t alloc_size,
 EXPSEG_EXPORT expseg_status expseg_add_oom_observer(expseg_allocator *a, expseg_oom_observer fn,
                                                     void *ctx);
 
-/* Where warnings go (default: stderr). fn = NULL restores the default. */
+/* Where warnings go (default: stderr). fn = NULL restores the default. The sink is called
+ * with no expseg lock held (warnings raised inside a call are delivered when the call lets
+ * go of the allocator), so it may call any expseg function. */
 typedef void (*expseg_log_sink)(void *ctx, const char *line);
 EXPSEG_EXPORT void expseg_set_log_sink(expseg_log_sink fn, void *ctx);
 

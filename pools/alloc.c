@@ -43,12 +43,14 @@ expseg_status _expseg_create_with_driver(expseg_vmm_t *drv, const char *config,
   _expseg_config_source(config, NULL, &src);
   expseg_config_t defaults, cfg;
   _expseg_config_defaults(&defaults);
-  char err[512];
-  if (_expseg_config_parse(src.text, src.name, &defaults, &cfg, err, sizeof err) != EXPSEG_OK) {
+  char err[EXPSEG_CONFIG_MSG_MAX], warn[EXPSEG_CONFIG_MSG_MAX];
+  if (_expseg_config_parse_warn(src.text, src.name, &defaults, &cfg, err, sizeof err, warn,
+                                sizeof warn) != EXPSEG_OK) {
     _expseg_vmm_close(drv);
     return _expseg_error_set(EXPSEG_ERR_CONFIG, "%s", err);
   }
   warn_ignored_once(&src);
+  if (warn[0] != '\0') _expseg_warn("%s", warn);
   expseg_allocator *a = calloc(1, sizeof *a);
   if (a == NULL || !_expseg_ptrmap_init(&a->live)) {
     free(a);
@@ -168,9 +170,10 @@ expseg_status expseg_malloc(expseg_allocator *a, size_t size, expseg_stream stre
   size_t rounded = _expseg_round_size(&a->cfg, size);
   if (rounded == 0) {
     api_unlock(a);
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                             "expseg_malloc: size %zu is too large; at most %zu bytes (1 EiB) "
-                             "can be asked for",
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                             "expseg_malloc: out of memory: tried to allocate %zu bytes; 1 EiB "
+                             "(%zu bytes) or more is refused before any driver call, as PyTorch "
+                             "does",
                              size, (size_t)EXPSEG_MAX_REQUEST);
   }
   a->oom_kind = OOM_MEMORY;
@@ -332,9 +335,9 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
                              "\"expandable_segments:False\"");
   api_lock(a);
   expseg_config_t next;
-  char err[512];
-  expseg_status st = _expseg_config_parse(config, "expseg_configure", &a->cfg, &next, err,
-                                          sizeof err);
+  char err[EXPSEG_CONFIG_MSG_MAX], warn[EXPSEG_CONFIG_MSG_MAX];
+  expseg_status st = _expseg_config_parse_warn(config, "expseg_configure", &a->cfg, &next, err,
+                                               sizeof err, warn, sizeof warn);
   if (st != EXPSEG_OK) {
     st = _expseg_error_set(EXPSEG_ERR_CONFIG, "%s", err);
   } else if (_expseg_page_size(&next, a->granularity) != a->page) {
@@ -347,6 +350,7 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
     refresh_derived(a);
   }
   api_unlock(a);
+  if (st == EXPSEG_OK && warn[0] != '\0') _expseg_warn("%s", warn); /* no lock held */
   return st;
 }
 

@@ -3,7 +3,8 @@
 // threads to free, and now and then empties the cache, reads statistics or runs the checker.
 // Afterwards the allocator must be consistent and give everything back. Seeded
 // (EXPSEG_TEST_SEED); EXPSEG_TEST_OPS scales the operations per thread (default 200000 / 10).
-// Meant to run under ThreadSanitizer too (-DEXPSEG_SANITIZE=thread).
+// Meant to run under ThreadSanitizer too (-DEXPSEG_SANITIZE=thread); the borrow-driver run
+// also covers the tests' own driver (tests/support), which the fault and random suites share.
 #include "alloc_support.h"
 
 #include <gtest/gtest.h>
@@ -117,11 +118,24 @@ void worker(Shared *sh, int id, uint64_t seed, size_t ops) {
     if (expseg_free(a, p) != EXPSEG_OK) fail("final free");
 }
 
-void run_threads(const char *driver, const char *config) {
+// borrow: the allocator runs on alloc_test_borrow(driver) instead of its own driver, and
+// the driver below must be idle after expseg_destroy.
+void run_threads(const char *driver, const char *config, bool borrow = false) {
   uint64_t seed = test_seed(4242);
   const char *e = std::getenv("EXPSEG_TEST_OPS");
   size_t ops = (e && *e ? (size_t)std::strtoull(e, nullptr, 0) : 200000) / 10;
-  AllocPtr a = make_alloc(driver, config);
+  expseg_vmm_t *inner = nullptr;
+  AllocPtr a;
+  if (borrow) {
+    expseg_vmm_t *b = nullptr;
+    expseg_allocator *raw = nullptr;
+    ASSERT_EQ(_expseg_vmm_open(driver, 0, &inner), EXPSEG_OK) << expseg_last_error();
+    ASSERT_EQ(alloc_test_borrow(inner, &b), EXPSEG_OK);
+    ASSERT_EQ(alloc_test_create(b, config, &raw), EXPSEG_OK) << expseg_last_error();
+    a.reset(raw);
+  } else {
+    a = make_alloc(driver, config);
+  }
   ASSERT_TRUE(a);
   Shared sh;
   sh.a = a.get();
@@ -139,6 +153,12 @@ void run_threads(const char *driver, const char *config) {
   EXPECT_EQ(stat_of(a.get(), "reserved_bytes.all.current"), 0);
   EXPECT_EQ(stat_of(a.get(), "segment.all.current"), 0);
   EXPECT_EQ(expseg_check(a.get()), EXPSEG_OK) << expseg_last_error();
+  if (inner) {
+    a.reset();
+    char why[128];
+    EXPECT_TRUE(vmm_test_is_idle(inner, why, sizeof why)) << why;
+    _expseg_vmm_close(inner);
+  }
 }
 
 TEST(Threads, EightThreadsExpandable) { run_threads("sim:capacity=4G", ""); }
@@ -149,6 +169,12 @@ TEST(Threads, EightThreadsClassic) {
 
 TEST(Threads, EightThreadsHostWithCap) {
   run_threads("host:capacity=1G,granularity=2M", "per_process_memory_fraction:0.5");
+}
+
+// The borrow driver of tests/support forwards from 8 threads at once (it used to read its
+// chunk count outside its mutex: ThreadSanitizer reported it).
+TEST(Threads, EightThreadsThroughBorrowDriver) {
+  run_threads("host:capacity=1G,granularity=2M", "per_process_memory_fraction:0.5", true);
 }
 
 }  // namespace

@@ -8,6 +8,11 @@
 #include <map>
 #include <random>
 #include <string>
+#include <chrono>
+#include <fcntl.h>
+#include <future>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 extern "C" {
@@ -257,6 +262,60 @@ TEST(TraceReadFile, PicksTheFormatByContent) {
     }
   }
   std::remove(path.c_str());
+}
+
+// A FIFO is refused at once (opening one for reading used to block until a writer came),
+// with a message naming the path and what is accepted.
+TEST(TraceReadFile, RefusesAFifoWithoutBlocking) {
+  std::string path = tmp_path("trace.fifo");
+  std::remove(path.c_str());
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0) << std::strerror(errno);
+  std::string msg;
+  auto done = std::async(std::launch::async, [&] {
+    Set s;
+    expseg_status st = expseg_trace_read_file(path.c_str(), &s.s);
+    msg = expseg_last_error(); // the message is per thread
+    return st;
+  });
+  bool prompt = done.wait_for(std::chrono::seconds(3)) == std::future_status::ready;
+  if (!prompt) { // unblock the reader so the test ends: a writer opens and closes the FIFO
+    int w = open(path.c_str(), O_WRONLY | O_NONBLOCK);
+    if (w >= 0) close(w);
+  }
+  expseg_status st = done.get();
+  EXPECT_TRUE(prompt) << "expseg_trace_read_file blocked on a FIFO";
+  EXPECT_EQ(st, EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg.find(path + ": is a FIFO"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("regular file"), std::string::npos) << msg;
+  std::remove(path.c_str());
+}
+
+// A 2 GiB file that is no trace is refused from its first bytes, without reading it whole
+// (it used to be read into memory first: seconds and 2 GiB of memory).
+TEST(TraceReadFile, RefusesAHugeNonTraceFromItsFirstBytes) {
+  std::string path = tmp_path("huge.bin");
+  int fd = open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  const char garbage[] = "\x01\x02 not a trace at all";
+  ASSERT_EQ(write(fd, garbage, sizeof garbage), (ssize_t)sizeof garbage);
+  ASSERT_EQ(ftruncate(fd, off_t(2) << 30), 0) << std::strerror(errno); // sparse
+  close(fd);
+  struct rusage before {}, after {};
+  getrusage(RUSAGE_SELF, &before);
+  auto t0 = std::chrono::steady_clock::now();
+  Set s;
+  EXPECT_EQ(expseg_trace_read_file(path.c_str(), &s.s), EXPSEG_ERR_INVALID_ARGUMENT);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string msg = expseg_last_error();
+  getrusage(RUSAGE_SELF, &after);
+  std::remove(path.c_str());
+  EXPECT_NE(msg.find("unknown trace format"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("memtrace v1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("RMM"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("pickle"), std::string::npos) << msg;
+  EXPECT_LT(secs, 1.0) << "refusing took " << secs << " s";
+  long grew_kb = after.ru_maxrss - before.ru_maxrss;
+  EXPECT_LT(grew_kb, 100 * 1024) << "peak RSS grew by " << grew_kb << " KiB";
 }
 
 // The map behind every reader (addresses -> ids): random puts and deletes against std::map.

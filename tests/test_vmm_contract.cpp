@@ -203,8 +203,12 @@ TEST_P(VmmContract, WrapperRefusesBadArgumentsWithoutCallingTheBackend) {
   EXPECT_INVALID(_expseg_vmm_event_record(v, 0, 0));
   bool done;
   EXPECT_INVALID(_expseg_vmm_event_query(v, 0, &done));
-  EXPECT_INVALID(_expseg_vmm_export_fd(v, h, nullptr));
-  EXPECT_INVALID(_expseg_vmm_import_fd(v, -1, g, &h));
+  size_t off = 0;
+  EXPECT_INVALID(_expseg_vmm_export_fd(v, h, nullptr, &off));
+  int no_fd = -1;
+  EXPECT_INVALID(_expseg_vmm_export_fd(v, h, &no_fd, nullptr));
+  EXPECT_INVALID(_expseg_vmm_import_fd(v, -1, 0, g, &h));
+  EXPECT_INVALID(_expseg_vmm_import_fd(v, 0, SIZE_MAX - g + 1, g, &h)); // offset + size wraps
 
   EXPECT_EQ(5u, failures(EXPSEG_VMM_CALL_map));
   EXPECT_EQ(5u, calls(EXPSEG_VMM_CALL_map));
@@ -365,23 +369,27 @@ TEST_P(VmmContract, ExportedFdIsReadableInAnotherProcess) {
   if (base == "sim") {
     expseg_vmm_handle h = 0;
     int fd = -1;
+    size_t off = 0;
     ASSERT_OK(_expseg_vmm_create(v, g, &h));
-    EXPECT_EQ(EXPSEG_ERR_UNSUPPORTED, _expseg_vmm_export_fd(v, h, &fd));
+    EXPECT_EQ(EXPSEG_ERR_UNSUPPORTED, _expseg_vmm_export_fd(v, h, &fd, &off));
     ASSERT_OK(_expseg_vmm_release(v, h, g));
     return;
   }
   if (!is_host()) GTEST_SKIP() << "cross-process check reads memory from the CPU";
   uintptr_t va = 0;
-  expseg_vmm_handle h = 0;
+  expseg_vmm_handle h = 0, first = 0;
   ASSERT_OK(_expseg_vmm_reserve(v, 2 * g, 0, &va));
+  ASSERT_OK(_expseg_vmm_create(v, g, &first)); // so that h does not start the file
   ASSERT_OK(_expseg_vmm_create(v, 2 * g, &h));
   ASSERT_OK(_expseg_vmm_map(v, va, 2 * g, h, 0));
   ASSERT_OK(_expseg_vmm_set_access(v, va, 2 * g));
   const char msg[] = "written by the parent";
   memcpy(reinterpret_cast<void *>(va + g), msg, sizeof msg);
   int fd = -1;
-  ASSERT_OK(_expseg_vmm_export_fd(v, h, &fd));
+  size_t off = 0;
+  ASSERT_OK(_expseg_vmm_export_fd(v, h, &fd, &off));
   ASSERT_GE(fd, 0);
+  EXPECT_EQ(g, off) << "h is the second range of the host driver's arena file";
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -393,7 +401,7 @@ TEST_P(VmmContract, ExportedFdIsReadableInAnotherProcess) {
     uintptr_t cva = 0;
     expseg_vmm_handle ch = 0;
     if (_expseg_vmm_reserve(c, 2 * g, 0, &cva) != EXPSEG_OK) _exit(3);
-    if (_expseg_vmm_import_fd(c, fd, 2 * g, &ch) != EXPSEG_OK) _exit(4);
+    if (_expseg_vmm_import_fd(c, fd, off, 2 * g, &ch) != EXPSEG_OK) _exit(4);
     if (_expseg_vmm_map(c, cva, 2 * g, ch, 0) != EXPSEG_OK) _exit(5);
     if (_expseg_vmm_set_access(c, cva, 2 * g) != EXPSEG_OK) _exit(6);
     if (memcmp(reinterpret_cast<void *>(cva + g), msg, sizeof msg) != 0) _exit(7);
@@ -414,12 +422,14 @@ TEST_P(VmmContract, ExportedFdIsReadableInAnotherProcess) {
   EXPECT_EQ('C', reinterpret_cast<char *>(va)[0]);
   close(fd);
   // Import into this driver too: a second handle on the same memory.
-  ASSERT_OK(_expseg_vmm_export_fd(v, h, &fd));
+  size_t off2 = 1;
+  ASSERT_OK(_expseg_vmm_export_fd(v, h, &fd, &off2));
+  EXPECT_EQ(off, off2);
   expseg_vmm_handle h2 = 0;
-  ASSERT_OK(_expseg_vmm_import_fd(v, fd, 2 * g, &h2));
+  ASSERT_OK(_expseg_vmm_import_fd(v, fd, off, 2 * g, &h2));
   close(fd); // import took a duplicate
-  EXPECT_EQ(2, vmm_test_gauges(v).live_chunks);
-  EXPECT_INVALID(_expseg_vmm_import_fd(v, 0 /* stdin is no chunk */, 2 * g, &h2));
+  EXPECT_EQ(3, vmm_test_gauges(v).live_chunks);
+  EXPECT_INVALID(_expseg_vmm_import_fd(v, 0 /* stdin is no chunk */, 0, 2 * g, &h2));
   ASSERT_OK(_expseg_vmm_unmap(v, va, 2 * g));
   ASSERT_OK(_expseg_vmm_map(v, va, 2 * g, h2, 0));
   ASSERT_OK(_expseg_vmm_set_access(v, va, 2 * g));
@@ -427,7 +437,40 @@ TEST_P(VmmContract, ExportedFdIsReadableInAnotherProcess) {
   ASSERT_OK(_expseg_vmm_unmap(v, va, 2 * g));
   ASSERT_OK(_expseg_vmm_release(v, h2, 2 * g));
   ASSERT_OK(_expseg_vmm_release(v, h, 2 * g));
+  ASSERT_OK(_expseg_vmm_release(v, first, g));
   ASSERT_OK(_expseg_vmm_unreserve(v, va, 2 * g));
+}
+
+// host: an exported chunk is a range of an arena file another process may still map, so its
+// release neither punches nor reuses that range (the importer keeps the data).
+TEST_P(VmmContract, ExportedRangeOutlivesItsRelease) {
+  if (!is_host()) GTEST_SKIP() << "host arenas only";
+  uintptr_t va = 0;
+  expseg_vmm_handle h = 0, h2 = 0;
+  ASSERT_OK(_expseg_vmm_reserve(v, g, 0, &va));
+  ASSERT_OK(_expseg_vmm_create(v, g, &h));
+  ASSERT_OK(_expseg_vmm_map(v, va, g, h, 0));
+  ASSERT_OK(_expseg_vmm_set_access(v, va, g));
+  const char msg[] = "still here";
+  memcpy(reinterpret_cast<void *>(va), msg, sizeof msg);
+  int fd = -1;
+  size_t off = 0;
+  ASSERT_OK(_expseg_vmm_export_fd(v, h, &fd, &off));
+  ASSERT_OK(_expseg_vmm_unmap(v, va, g));
+  ASSERT_OK(_expseg_vmm_release(v, h, g));
+  char back[sizeof msg] = {0};
+  ASSERT_EQ(ssize_t(sizeof back), pread(fd, back, sizeof back, off_t(off)));
+  EXPECT_STREQ(msg, back) << "the exported range was punched on release";
+  ASSERT_OK(_expseg_vmm_create(v, g, &h2)); // never the exported range
+  ASSERT_OK(_expseg_vmm_map(v, va, g, h2, 0));
+  ASSERT_OK(_expseg_vmm_set_access(v, va, g));
+  EXPECT_EQ(0, reinterpret_cast<volatile char *>(va)[0]);
+  ASSERT_EQ(ssize_t(sizeof back), pread(fd, back, sizeof back, off_t(off)));
+  EXPECT_STREQ(msg, back) << "the exported range was reused";
+  close(fd);
+  ASSERT_OK(_expseg_vmm_unmap(v, va, g));
+  ASSERT_OK(_expseg_vmm_release(v, h2, g));
+  ASSERT_OK(_expseg_vmm_unreserve(v, va, g));
 }
 
 TEST_P(VmmContract, ClockIsMonotonic) {

@@ -286,7 +286,7 @@ static expseg_status cuda_stream_synchronize(void *st, expseg_stream s) {
   LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuStreamSynchronize", NULL));
 }
 
-static expseg_status cuda_export_fd(void *st, expseg_vmm_handle h, int *fd) {
+static expseg_status cuda_export_fd(void *st, expseg_vmm_handle h, int *fd, size_t *offset) {
   cuda_t *c = st;
   if (c->htype != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
     return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
@@ -300,12 +300,19 @@ static expseg_status cuda_export_fd(void *st, expseg_vmm_handle h, int *fd) {
                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
   if (r != CUDA_SUCCESS) LEAVE_RETURN(cu_fail(r, "cuMemExportToShareableHandle", NULL));
   *fd = out;
+  *offset = 0; /* a CUDA handle is the whole allocation */
   LEAVE_RETURN(EXPSEG_OK);
 }
 
-static expseg_status cuda_import_fd(void *st, int fd, size_t size, expseg_vmm_handle *h) {
+static expseg_status cuda_import_fd(void *st, int fd, size_t offset, size_t size,
+                                    expseg_vmm_handle *h) {
   cuda_t *c = st;
   (void)size; /* the handle knows its size */
+  if (offset != 0)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "cuda driver: import_fd(fd=%d, offset=%zu): a CUDA handle is a "
+                             "whole allocation; the offset must be 0",
+                             fd, offset);
   if (c->htype != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
     return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
                              "cuda driver: import_fd: device %d cannot import POSIX fd handles",

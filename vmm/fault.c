@@ -158,11 +158,12 @@ static expseg_status fault_create(void *st, size_t size, expseg_vmm_handle *h) {
   return s;
 }
 
-static expseg_status fault_import_fd(void *st, int fd, size_t size, expseg_vmm_handle *h) {
+static expseg_status fault_import_fd(void *st, int fd, size_t offset, size_t size,
+                                     expseg_vmm_handle *h) {
   fault_t *f = st;
   expseg_status s = inject(f, EXPSEG_VMM_CALL_import_fd);
   if (s) return s;
-  s = INNER(f)->import_fd(IST(f), fd, size, h);
+  s = INNER(f)->import_fd(IST(f), fd, offset, size, h);
   if (s == EXPSEG_OK && (s = remember(f, EXPSEG_VMM_CALL_import_fd, *h, size))) return s;
   _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_import_fd, s, size);
   return s;
@@ -204,7 +205,8 @@ FORWARD(event_synchronize, 0, (void *st, expseg_vmm_event ev), (IST(f), ev))
 
 FORWARD(stream_synchronize, 0, (void *st, expseg_stream strm), (IST(f), strm))
 
-FORWARD(export_fd, 0, (void *st, expseg_vmm_handle h, int *fd), (IST(f), h, fd))
+FORWARD(export_fd, 0, (void *st, expseg_vmm_handle h, int *fd, size_t *offset),
+        (IST(f), h, fd, offset))
 
 static size_t fault_granularity(void *st) { return ((fault_t *)st)->inner->granularity; }
 

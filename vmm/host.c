@@ -2,17 +2,23 @@
  *
  * reserve   = mmap(PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE), over-reserved and
  *             trimmed to the alignment asked (at least the granularity);
- * create    = memfd_create + ftruncate: a chunk is a file; its pages exist once touched;
- * map       = mmap(MAP_FIXED|MAP_SHARED, fd, offset) with PROT_NONE (like cuMemMap: no access
- *             until set_access), then bound to the NUMA node when numa=N was given;
+ * create    = a range of a large sparse memfd "arena" (host_arena.c): no descriptor per
+ *             chunk; its pages exist once touched;
+ * release   = the range's pages punched out of the arena (back to the OS), range reusable;
+ * map       = mmap(MAP_FIXED|MAP_SHARED, arena fd, chunk offset + offset) with PROT_NONE
+ *             (like cuMemMap: no access until set_access), then bound to the NUMA node when
+ *             numa=N was given;
  * set_access= mprotect(PROT_READ|PROT_WRITE);
  * unmap     = mmap(MAP_FIXED, PROT_NONE, private anonymous) over the range, so the
  *             reservation stays reserved (munmap would open a hole);
- * unreserve = munmap.
+ * unreserve = munmap;
+ * export_fd = a dup of the arena fd and the chunk's offset in it (the range is then never
+ *             reused); import_fd = a dup of the given fd kept with the offset, one per chunk.
  * Chunks count against `capacity`; imported chunks do not (they are another process's
  * memory, counted by its driver). Every call is checked against a ledger first, so a call
  * that breaks a precondition is refused instead of silently replacing a mapping. Streams
- * and events are the shared model (stream_model.c). One mutex guards the ledger and counters. */
+ * and events are the shared model (stream_model.c). One mutex guards the ledger, the arenas
+ * and the counters. */
 #include "vmm_impl.h"
 
 #include <errno.h>
@@ -32,6 +38,7 @@ typedef struct {
   expseg_host_opts_t o;
   size_t in_use; /* bytes of created (not imported) chunks */
   expseg_ledger_t *ledger;
+  expseg_arenas_t *arenas; /* where chunks live */
   atomic_bool bind_warned;
 } host_t;
 _Static_assert(offsetof(host_t, streams) == 0, "the stream model comes first");
@@ -94,22 +101,13 @@ static expseg_status host_create(void *st, size_t size, expseg_vmm_handle *out) 
                              _expseg_format_size(b1, h->o.capacity), _expseg_format_size(b2, used),
                              _expseg_format_size(b3, size));
   }
-  h->in_use += size; /* claimed now; the file is made outside the lock */
-  pthread_mutex_unlock(&h->mu);
-  expseg_status s = EXPSEG_OK;
-  int fd = memfd_create("expseg-chunk", MFD_CLOEXEC);
-  if (fd < 0) {
-    s = sys_fail("create", errno, "memfd_create");
-  } else if (ftruncate(fd, (off_t)size) != 0) {
-    s = sys_fail("create", errno, "ftruncate");
-    close(fd);
-  }
-  pthread_mutex_lock(&h->mu);
+  uint64_t user = 0;
+  expseg_status s = _expseg_arenas_claim(h->arenas, size, &user);
   if (s == EXPSEG_OK) {
-    s = _expseg_ledger_chunk_new(h->ledger, size, (uint64_t)fd, false, out);
-    if (s) close(fd);
+    s = _expseg_ledger_chunk_new(h->ledger, size, user, false, out);
+    if (s) _expseg_arenas_give_back(h->arenas, user, size);
   }
-  if (s) h->in_use -= size;
+  if (s == EXPSEG_OK) h->in_use += size;
   pthread_mutex_unlock(&h->mu);
   return s;
 }
@@ -118,13 +116,16 @@ static expseg_status host_release(void *st, expseg_vmm_handle hd) {
   host_t *h = st;
   pthread_mutex_lock(&h->mu);
   size_t size = 0;
-  uint64_t fd = 0;
+  uint64_t user = 0;
   bool imported = false;
   expseg_status s = _expseg_ledger_chunk_release(h->ledger, hd, false);
   if (s == EXPSEG_OK) {
-    _expseg_ledger_chunk_get(h->ledger, hd, &size, &fd, &imported);
+    _expseg_ledger_chunk_get(h->ledger, hd, &size, &user, &imported);
+    if (imported) _expseg_arenas_drop(h->arenas, user);
+    else s = _expseg_arenas_give_back(h->arenas, user, size);
+  }
+  if (s == EXPSEG_OK) {
     _expseg_ledger_chunk_release(h->ledger, hd, true);
-    close((int)fd);
     if (!imported) h->in_use -= size;
   }
   pthread_mutex_unlock(&h->mu);
@@ -134,12 +135,15 @@ static expseg_status host_release(void *st, expseg_vmm_handle hd) {
 static expseg_status host_map(void *st, uintptr_t addr, size_t size, expseg_vmm_handle hd,
                               size_t offset) {
   host_t *h = st;
-  uint64_t fd = 0;
+  uint64_t user = 0;
+  size_t base = 0;
   pthread_mutex_lock(&h->mu);
   expseg_status s = _expseg_ledger_map(h->ledger, addr, size, hd, offset);
   if (s == EXPSEG_OK) {
-    _expseg_ledger_chunk_get(h->ledger, hd, NULL, &fd, NULL);
-    void *p = mmap((void *)addr, size, PROT_NONE, MAP_FIXED | MAP_SHARED, (int)fd, (off_t)offset);
+    _expseg_ledger_chunk_get(h->ledger, hd, NULL, &user, NULL);
+    int fd = _expseg_arenas_fd(h->arenas, user, &base);
+    void *p = mmap((void *)addr, size, PROT_NONE, MAP_FIXED | MAP_SHARED, fd,
+                   (off_t)(base + offset));
     if (p == MAP_FAILED) {
       s = sys_fail("map", errno, "mmap(MAP_FIXED|MAP_SHARED)");
       _expseg_ledger_unmap(h->ledger, addr, size, true);
@@ -184,39 +188,60 @@ static expseg_status host_set_access(void *st, uintptr_t addr, size_t size, int 
   return s;
 }
 
-static expseg_status host_export_fd(void *st, expseg_vmm_handle hd, int *fd) {
+static expseg_status host_export_fd(void *st, expseg_vmm_handle hd, int *fd, size_t *offset) {
   host_t *h = st;
-  uint64_t mine = 0;
+  uint64_t user = 0;
+  bool imported = false;
   pthread_mutex_lock(&h->mu);
-  expseg_status s = _expseg_ledger_chunk_get(h->ledger, hd, NULL, &mine, NULL);
+  expseg_status s = _expseg_ledger_chunk_get(h->ledger, hd, NULL, &user, &imported);
   if (s == EXPSEG_OK) {
-    int d = fcntl((int)mine, F_DUPFD_CLOEXEC, 0);
-    if (d < 0) s = sys_fail("export_fd", errno, "dup");
-    else *fd = d;
+    size_t base = 0;
+    int d = fcntl(_expseg_arenas_fd(h->arenas, user, &base), F_DUPFD_CLOEXEC, 0);
+    if (d < 0) {
+      s = sys_fail("export_fd", errno, "dup");
+    } else {
+      *fd = d;
+      *offset = base;
+      /* Another process may map the range from now on: never punch nor reuse it. */
+      if (!imported)
+        _expseg_ledger_chunk_set_user(h->ledger, hd, _expseg_arenas_mark_exported(user));
+    }
   }
   pthread_mutex_unlock(&h->mu);
   return s;
 }
 
-static expseg_status host_import_fd(void *st, int fd, size_t size, expseg_vmm_handle *out) {
+static expseg_status host_import_fd(void *st, int fd, size_t offset, size_t size,
+                                    expseg_vmm_handle *out) {
   host_t *h = st;
   struct stat sb;
+  char b[32];
   if (fstat(fd, &sb) != 0)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "host driver: import_fd(fd=%d): %s",
                              fd, strerror(errno));
-  if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size < size) {
-    char b[32];
+  if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size < size ||
+      (uint64_t)sb.st_size - size < offset)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                             "host driver: import_fd(fd=%d, size=%s): the fd is not a chunk of "
-                             "at least that size (%lld bytes)",
-                             fd, _expseg_format_size(b, size), (long long)sb.st_size);
-  }
+                             "host driver: import_fd(fd=%d, offset=%zu, size=%s): the fd is not "
+                             "a file holding that range (%lld bytes)",
+                             fd, offset, _expseg_format_size(b, size), (long long)sb.st_size);
+  if (offset % os_page())
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "host driver: import_fd(fd=%d, offset=%zu): the offset is not a "
+                             "multiple of the OS page (%zu)",
+                             fd, offset, os_page());
   int d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (d < 0) return sys_fail("import_fd", errno, "dup");
+  uint64_t user = 0;
   pthread_mutex_lock(&h->mu);
-  expseg_status s = _expseg_ledger_chunk_new(h->ledger, size, (uint64_t)d, true, out);
+  expseg_status s = _expseg_arenas_adopt(h->arenas, d, offset, &user);
+  if (s == EXPSEG_OK) {
+    s = _expseg_ledger_chunk_new(h->ledger, size, user, true, out);
+    if (s) _expseg_arenas_drop(h->arenas, user); /* closes d */
+  } else {
+    close(d);
+  }
   pthread_mutex_unlock(&h->mu);
-  if (s) close(d);
   return s;
 }
 
@@ -231,11 +256,6 @@ static void host_mem_info(void *st, size_t *free_bytes, size_t *total_bytes) {
 }
 
 
-static void close_chunk(void *ctx, size_t size, uint64_t user, bool imported) {
-  (void)ctx, (void)size, (void)imported;
-  close((int)user);
-}
-
 static void drop_resv(void *ctx, uintptr_t addr, size_t size) {
   (void)ctx;
   munmap((void *)addr, size);
@@ -245,12 +265,12 @@ static void host_destroy(void *st) {
   host_t *h = st;
   if (!h) return;
   /* Whatever the caller left behind goes: live reservations (with their mappings) are
-   * unmapped, live chunks closed. */
+   * unmapped, the arenas and imported chunks closed. */
   if (h->ledger) {
     _expseg_ledger_foreach_resv(h->ledger, drop_resv, NULL);
-    _expseg_ledger_foreach_chunk(h->ledger, close_chunk, NULL);
     _expseg_ledger_free(h->ledger);
   }
+  _expseg_arenas_free(h->arenas);
   _expseg_smodel_free(h->streams);
   pthread_mutex_destroy(&h->mu);
   free(h);
@@ -317,7 +337,8 @@ expseg_status _expseg_host_new(const expseg_host_opts_t *o, int device, expseg_v
   h->o = opt;
   h->ledger = _expseg_ledger_new("host", g);
   h->streams = _expseg_smodel_new("host");
-  if (!h->ledger || !h->streams) {
+  h->arenas = _expseg_arenas_new(opt.capacity, g);
+  if (!h->ledger || !h->streams || !h->arenas) {
     host_destroy(h);
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "host driver: out of host memory");
   }

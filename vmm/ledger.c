@@ -217,6 +217,14 @@ expseg_status _expseg_ledger_chunk_get(expseg_ledger_t *l, expseg_vmm_handle h, 
   return EXPSEG_OK;
 }
 
+expseg_status _expseg_ledger_chunk_set_user(expseg_ledger_t *l, expseg_vmm_handle h,
+                                            uint64_t user) {
+  chunk_t *c = chunk_lookup(l, h, "chunk");
+  if (!c) return EXPSEG_ERR_INVALID_ARGUMENT;
+  c->user = user;
+  return EXPSEG_OK;
+}
+
 expseg_status _expseg_ledger_chunk_release(expseg_ledger_t *l, expseg_vmm_handle h,
                                            bool commit) {
   chunk_t *c = chunk_lookup(l, h, "release");
@@ -232,13 +240,6 @@ expseg_status _expseg_ledger_chunk_release(expseg_ledger_t *l, expseg_vmm_handle
     l->chunk_free = (uint32_t)(c - l->chunks) + 1;
   }
   return EXPSEG_OK;
-}
-
-void _expseg_ledger_foreach_chunk(expseg_ledger_t *l,
-                                  void (*fn)(void *ctx, size_t size, uint64_t user, bool imported),
-                                  void *ctx) {
-  for (size_t i = 0; i < l->nchunks; i++)
-    if (l->chunks[i].live) fn(ctx, l->chunks[i].size, l->chunks[i].user, l->chunks[i].imported);
 }
 
 void _expseg_ledger_foreach_resv(expseg_ledger_t *l,

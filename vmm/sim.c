@@ -3,7 +3,7 @@
  * Lets the allocator replay traces of an 80 GiB GPU on a laptop, fast. reserve hands out
  * addresses from a fake space starting at 2^48 (above the 47-bit user space of x86-64 and
  * aarch64 with 4-level tables, so a stray dereference faults instead of corrupting memory);
- * free extents are a sorted array with first fit and coalescing (reservations are few).
+ * free extents are a range set (ranges.c: first fit, coalescing; reservations are few).
  * Chunks, mappings and every precondition are the ledger's (ledger.c: O(log n) per call);
  * capacity is enforced as in host; streams and events are the shared model (stream_model.c).
  * One mutex guards the state. */
@@ -17,81 +17,32 @@
 #define SIM_BASE (1ull << 48)
 
 typedef struct {
-  uintptr_t addr;
-  uint64_t size;
-} extent_t;
-
-typedef struct {
   expseg_smodel_t *streams; /* first: the shared event entry points find it here */
   pthread_mutex_t mu;
   expseg_sim_opts_t o;
   size_t in_use;
   expseg_ledger_t *ledger;
-  extent_t *free_va; /* sorted, coalesced */
-  size_t nfree, capfree;
+  expseg_ranges_t free_va;
 } sim_t;
 _Static_assert(offsetof(sim_t, streams) == 0, "the stream model comes first");
-
-static bool free_insert_at(sim_t *s, size_t i, extent_t e) {
-  if (s->nfree == s->capfree) {
-    size_t cap = s->capfree ? s->capfree * 2 : 16;
-    extent_t *n = realloc(s->free_va, cap * sizeof *n);
-    if (!n) return false;
-    s->free_va = n;
-    s->capfree = cap;
-  }
-  memmove(&s->free_va[i + 1], &s->free_va[i], (s->nfree - i) * sizeof *s->free_va);
-  s->free_va[i] = e;
-  s->nfree++;
-  return true;
-}
-
-static void free_remove_at(sim_t *s, size_t i) {
-  memmove(&s->free_va[i], &s->free_va[i + 1], (s->nfree - i - 1) * sizeof *s->free_va);
-  s->nfree--;
-}
 
 static expseg_status sim_reserve(void *st, size_t size, size_t align, uintptr_t *addr) {
   sim_t *s = st;
   if (align < s->o.granularity) align = s->o.granularity;
   pthread_mutex_lock(&s->mu);
+  uint64_t a = 0;
+  int got = _expseg_ranges_take(&s->free_va, size, align, &a);
   expseg_status r = EXPSEG_ERR_OUT_OF_MEMORY;
-  for (size_t i = 0; i < s->nfree; i++) {
-    extent_t e = s->free_va[i];
-    uintptr_t a = (e.addr + align - 1) & ~(uintptr_t)(align - 1);
-    if (a < e.addr || a - e.addr > e.size || size > e.size - (a - e.addr)) continue;
-    uintptr_t end = a + size, eend = e.addr + e.size;
-    /* Carve [a, end) out of e: keep the head in place, add the tail after it. */
-    bool ok = true;
-    if (a > e.addr) {
-      s->free_va[i].size = a - e.addr;
-      if (end < eend) ok = free_insert_at(s, i + 1, (extent_t){end, eend - end});
-    } else if (end < eend) {
-      s->free_va[i] = (extent_t){end, eend - end};
-    } else {
-      free_remove_at(s, i);
-    }
-    if (ok) r = _expseg_ledger_reserve(s->ledger, a, size);
-    if (!ok || r != EXPSEG_OK) { /* put the extent back as it was */
-      if (a > e.addr) {
-        if (end < eend && ok) free_remove_at(s, i + 1);
-        s->free_va[i] = e;
-      } else if (end < eend) {
-        s->free_va[i] = e;
-      } else {
-        free_insert_at(s, i, e); /* capacity is there: we just removed it */
-      }
-      if (!ok)
-        r = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
-                              "sim driver: reserve: out of host memory for the free list");
-      pthread_mutex_unlock(&s->mu);
-      return r;
-    }
-    *addr = a;
-    pthread_mutex_unlock(&s->mu);
-    return EXPSEG_OK;
+  if (got > 0) {
+    r = _expseg_ledger_reserve(s->ledger, (uintptr_t)a, size);
+    if (r != EXPSEG_OK) _expseg_ranges_put(&s->free_va, a, size); /* as it was: cannot fail */
+  } else if (got < 0) {
+    r = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                          "sim driver: reserve: out of host memory for the free list");
   }
   pthread_mutex_unlock(&s->mu);
+  if (got > 0 && r == EXPSEG_OK) *addr = (uintptr_t)a;
+  if (got != 0) return r;
   char b1[32], b2[32];
   return _expseg_error_set(r, "sim driver: reserve(size=%s): address space exhausted (va=%s); "
                               "raise va= in the driver spec",
@@ -103,23 +54,10 @@ static expseg_status sim_unreserve(void *st, uintptr_t addr, size_t size) {
   pthread_mutex_lock(&s->mu);
   expseg_status r = _expseg_ledger_unreserve(s->ledger, addr, size, false);
   if (r == EXPSEG_OK) {
-    size_t i = 0; /* first free extent after addr */
-    while (i < s->nfree && s->free_va[i].addr < addr) i++;
-    bool join_prev = i > 0 && s->free_va[i - 1].addr + s->free_va[i - 1].size == addr;
-    bool join_next = i < s->nfree && addr + size == s->free_va[i].addr;
-    if (join_prev && join_next) {
-      s->free_va[i - 1].size += size + s->free_va[i].size;
-      free_remove_at(s, i);
-    } else if (join_prev) {
-      s->free_va[i - 1].size += size;
-    } else if (join_next) {
-      s->free_va[i].addr = addr;
-      s->free_va[i].size += size;
-    } else if (!free_insert_at(s, i, (extent_t){addr, size})) {
+    if (!_expseg_ranges_put(&s->free_va, addr, size))
       r = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
                             "sim driver: unreserve: out of host memory for the free list");
-    }
-    if (r == EXPSEG_OK) _expseg_ledger_unreserve(s->ledger, addr, size, true);
+    else _expseg_ledger_unreserve(s->ledger, addr, size, true);
   }
   pthread_mutex_unlock(&s->mu);
   return r;
@@ -183,15 +121,16 @@ static expseg_status sim_set_access(void *st, uintptr_t addr, size_t size, int d
   return r;
 }
 
-static expseg_status sim_export_fd(void *st, expseg_vmm_handle h, int *fd) {
-  (void)st, (void)h, (void)fd;
+static expseg_status sim_export_fd(void *st, expseg_vmm_handle h, int *fd, size_t *offset) {
+  (void)st, (void)h, (void)fd, (void)offset;
   return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
                            "sim driver: export_fd: simulated chunks have no memory to share "
                            "(use the host driver)");
 }
 
-static expseg_status sim_import_fd(void *st, int fd, size_t size, expseg_vmm_handle *h) {
-  (void)st, (void)fd, (void)size, (void)h;
+static expseg_status sim_import_fd(void *st, int fd, size_t offset, size_t size,
+                                   expseg_vmm_handle *h) {
+  (void)st, (void)fd, (void)offset, (void)size, (void)h;
   return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
                            "sim driver: import_fd: simulated chunks have no memory to share "
                            "(use the host driver)");
@@ -213,7 +152,7 @@ static void sim_destroy(void *st) {
   if (!s) return;
   _expseg_ledger_free(s->ledger);
   _expseg_smodel_free(s->streams);
-  free(s->free_va);
+  _expseg_ranges_free(&s->free_va);
   pthread_mutex_destroy(&s->mu);
   free(s);
 }
@@ -266,7 +205,7 @@ expseg_status _expseg_sim_new(const expseg_sim_opts_t *o, int device, expseg_vmm
   s->o.va_size &= ~(uint64_t)(g - 1);
   s->ledger = _expseg_ledger_new("sim", g);
   s->streams = _expseg_smodel_new("sim");
-  if (!s->ledger || !s->streams || !free_insert_at(s, 0, (extent_t){SIM_BASE, s->o.va_size})) {
+  if (!s->ledger || !s->streams || !_expseg_ranges_put(&s->free_va, SIM_BASE, s->o.va_size)) {
     sim_destroy(s);
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "sim driver: out of host memory");
   }

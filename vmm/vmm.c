@@ -594,15 +594,18 @@ expseg_status _expseg_vmm_stream_synchronize(expseg_vmm_t *v, expseg_stream s) {
   return st;
 }
 
-expseg_status _expseg_vmm_export_fd(expseg_vmm_t *v, expseg_vmm_handle h, int *fd) {
+expseg_status _expseg_vmm_export_fd(expseg_vmm_t *v, expseg_vmm_handle h, int *fd,
+                                    size_t *offset) {
   const expseg_vmm_call c = EXPSEG_VMM_CALL_export_fd;
-  if (!fd) return null_out(v, c);
-  expseg_status st = v->ops->export_fd(v->st, h, fd);
+  if (!fd || !offset) return null_out(v, c);
+  *offset = 0;
+  expseg_status st = v->ops->export_fd(v->st, h, fd, offset);
   _expseg_vmm_account(v, c, st, 0);
   return st;
 }
 
-expseg_status _expseg_vmm_import_fd(expseg_vmm_t *v, int fd, size_t size, expseg_vmm_handle *h) {
+expseg_status _expseg_vmm_import_fd(expseg_vmm_t *v, int fd, size_t offset, size_t size,
+                                    expseg_vmm_handle *h) {
   const expseg_vmm_call c = EXPSEG_VMM_CALL_import_fd;
   if (!h) return null_out(v, c);
   if (fd < 0) {
@@ -612,7 +615,8 @@ expseg_status _expseg_vmm_import_fd(expseg_vmm_t *v, int fd, size_t size, expseg
   }
   if (size == 0 || (size & (v->granularity - 1)))
     return bad_arg(v, c, 0, size, "size is 0 or not a multiple of the granularity");
-  expseg_status st = v->ops->import_fd(v->st, fd, size, h);
+  if (offset + size < offset) return bad_arg(v, c, 0, size, "offset + size overflows");
+  expseg_status st = v->ops->import_fd(v->st, fd, offset, size, h);
   _expseg_vmm_account(v, c, st, size);
   return st;
 }

@@ -87,9 +87,12 @@ typedef struct expseg_vmm_ops_s {
   expseg_status (*event_query)(void *st, expseg_vmm_event ev, bool *done);
   expseg_status (*event_synchronize)(void *st, expseg_vmm_event ev);
   expseg_status (*stream_synchronize)(void *st, expseg_stream stream);
-  /* Sharing between processes: a new fd the caller owns; import takes a duplicate. */
-  expseg_status (*export_fd)(void *st, expseg_vmm_handle h, int *fd);
-  expseg_status (*import_fd)(void *st, int fd, size_t size, expseg_vmm_handle *h);
+  /* Sharing between processes: a new fd the caller owns, and where the chunk starts in the
+   * file it names (host: chunks are ranges of a shared arena file; cuda: always 0). import
+   * takes a duplicate of fd and the same offset. */
+  expseg_status (*export_fd)(void *st, expseg_vmm_handle h, int *fd, size_t *offset);
+  expseg_status (*import_fd)(void *st, int fd, size_t offset, size_t size,
+                             expseg_vmm_handle *h);
   /* Never fail. */
   size_t (*granularity)(void *st);
   void (*mem_info)(void *st, size_t *free_bytes, size_t *total_bytes);
@@ -150,8 +153,12 @@ expseg_status _expseg_vmm_event_record(expseg_vmm_t *v, expseg_vmm_event ev, exp
 expseg_status _expseg_vmm_event_query(expseg_vmm_t *v, expseg_vmm_event ev, bool *done);
 expseg_status _expseg_vmm_event_synchronize(expseg_vmm_t *v, expseg_vmm_event ev);
 expseg_status _expseg_vmm_stream_synchronize(expseg_vmm_t *v, expseg_stream s);
-expseg_status _expseg_vmm_export_fd(expseg_vmm_t *v, expseg_vmm_handle h, int *fd);
-expseg_status _expseg_vmm_import_fd(expseg_vmm_t *v, int fd, size_t size, expseg_vmm_handle *h);
+/* export_fd: *fd (the caller closes it) and *offset of the chunk in that file; pass both to
+ * import_fd in the other process. offset + size must not overflow. */
+expseg_status _expseg_vmm_export_fd(expseg_vmm_t *v, expseg_vmm_handle h, int *fd,
+                                    size_t *offset);
+expseg_status _expseg_vmm_import_fd(expseg_vmm_t *v, int fd, size_t offset, size_t size,
+                                    expseg_vmm_handle *h);
 void _expseg_vmm_mem_info(expseg_vmm_t *v, size_t *free_bytes, size_t *total_bytes);
 uint64_t _expseg_vmm_now_ns(expseg_vmm_t *v);
 /* EXPSEG_ERR_UNSUPPORTED where the backend has no hold hook (cuda). */

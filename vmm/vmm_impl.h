@@ -64,9 +64,12 @@ expseg_status _expseg_ledger_reserve(expseg_ledger_t *l, uintptr_t addr, size_t 
  * when commit. */
 expseg_status _expseg_ledger_unreserve(expseg_ledger_t *l, uintptr_t addr, size_t size,
                                        bool commit);
-/* New chunk of `size` bytes; `user` is the backend's own word (host: the memfd). */
+/* New chunk of `size` bytes; `user` is the backend's own word (host: its arena range). */
 expseg_status _expseg_ledger_chunk_new(expseg_ledger_t *l, size_t size, uint64_t user,
                                        bool imported, expseg_vmm_handle *h);
+/* Replaces a live chunk's user word (host: marks it exported). */
+expseg_status _expseg_ledger_chunk_set_user(expseg_ledger_t *l, expseg_vmm_handle h,
+                                            uint64_t user);
 /* Looks a live chunk up: its size, user word and whether it was imported. */
 expseg_status _expseg_ledger_chunk_get(expseg_ledger_t *l, expseg_vmm_handle h, size_t *size,
                                        uint64_t *user, bool *imported);
@@ -82,13 +85,52 @@ expseg_status _expseg_ledger_unmap(expseg_ledger_t *l, uintptr_t addr, size_t si
 /* Checks that every byte of [addr, addr+size) is mapped, inside one reservation. */
 expseg_status _expseg_ledger_check_mapped(expseg_ledger_t *l, uintptr_t addr, size_t size,
                                           const char *call);
-/* Live chunks (for destroy: the backend closes what is left). Calls fn on each. */
-void _expseg_ledger_foreach_chunk(expseg_ledger_t *l,
-                                  void (*fn)(void *ctx, size_t size, uint64_t user, bool imported),
-                                  void *ctx);
+/* Live reservations (for destroy: the backend unmaps what is left). Calls fn on each. */
 void _expseg_ledger_foreach_resv(expseg_ledger_t *l,
                                  void (*fn)(void *ctx, uintptr_t addr, size_t size), void *ctx);
 size_t _expseg_ledger_mapping_count(const expseg_ledger_t *l);
+
+/* ---- ranges.c: free ranges of a space, sorted and coalesced (sim's addresses, arenas) ---- */
+
+typedef struct expseg_range_s {
+  uint64_t start, len;
+} expseg_range_t;
+
+typedef struct expseg_ranges_s {
+  expseg_range_t *r; /* sorted by start, never adjacent */
+  size_t n, cap;
+} expseg_ranges_t; /* zero-initialised = empty */
+
+/* First fit: carves `size` bytes starting at a multiple of `align` (a power of two) out of
+ * the first range that holds them. 1: taken (*start); 0: no range has room; -1: out of host
+ * memory (nothing changed). */
+int _expseg_ranges_take(expseg_ranges_t *s, uint64_t size, uint64_t align, uint64_t *start);
+/* Gives [start, start+len) back (it must not overlap a free range), merged with its
+ * neighbours. false: out of host memory (nothing changed). Putting back what the last take
+ * returned never fails. */
+bool _expseg_ranges_put(expseg_ranges_t *s, uint64_t start, uint64_t len);
+void _expseg_ranges_free(expseg_ranges_t *s);
+
+/* ---- host_arena.c: the host backend's chunks as ranges of a few sparse memfds ---- */
+
+typedef struct expseg_arenas_s expseg_arenas_t;
+
+/* Arenas of max(capacity, 1 GiB) bytes (rounded to the granularity); NULL when out of memory. */
+expseg_arenas_t *_expseg_arenas_new(size_t capacity, size_t granularity);
+void _expseg_arenas_free(expseg_arenas_t *s); /* closes every arena and imported fd */
+/* A free range of `size` bytes (first fit; opens a new arena when none has room). `user` is
+ * the word to keep in the ledger. */
+expseg_status _expseg_arenas_claim(expseg_arenas_t *s, size_t size, uint64_t *user);
+/* The ledger word of a chunk once exported: its range is then never punched nor reused. */
+uint64_t _expseg_arenas_mark_exported(uint64_t user);
+/* Gives a claimed range back: pages returned to the OS (punched), range free again. Fails
+ * with nothing changed. */
+expseg_status _expseg_arenas_give_back(expseg_arenas_t *s, uint64_t user, size_t size);
+/* An imported chunk: keeps fd (the caller's dup) and where the chunk starts in it. */
+expseg_status _expseg_arenas_adopt(expseg_arenas_t *s, int fd, size_t base, uint64_t *user);
+void _expseg_arenas_drop(expseg_arenas_t *s, uint64_t user); /* closes an adopted fd */
+/* The file holding a chunk and the chunk's offset in it. */
+int _expseg_arenas_fd(const expseg_arenas_t *s, uint64_t user, size_t *offset);
 
 #ifdef __cplusplus
 }

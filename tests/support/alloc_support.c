@@ -3,6 +3,7 @@
  * every call) and remembers each chunk's size, which release needs and the backend op
  * lacks. */
 #include "alloc_support.h"
+#include "expseg_testing.h"
 
 #include "internal.h"
 
@@ -12,7 +13,7 @@
 expseg_vmm_t *alloc_test_driver(expseg_allocator *a) { return a->drv; }
 
 expseg_status alloc_test_hold(expseg_allocator *a, expseg_stream s, bool hold) {
-  return _expseg_vmm_hold_stream(a->drv, s, hold);
+  return expseg_testing_hold_stream(a, s, hold);
 }
 
 expseg_status alloc_test_create(expseg_vmm_t *drv, const char *config, expseg_allocator **out) {
@@ -76,7 +77,7 @@ static expseg_status b_release(void *st, expseg_vmm_handle h) {
   if (i < b->n) size = b->tab[i].size;
   pthread_mutex_unlock(&b->mu);
   expseg_status s = _expseg_vmm_release(b->inner, h, size);
-  if (s == EXPSEG_OK && i < b->n) {
+  if (s == EXPSEG_OK) { /* b->n is read under the mutex only: other threads change it */
     pthread_mutex_lock(&b->mu);
     for (i = 0; i < b->n; i++)
       if (b->tab[i].h == h) {
@@ -116,11 +117,12 @@ static expseg_status b_event_synchronize(void *st, expseg_vmm_event ev) {
 static expseg_status b_stream_synchronize(void *st, expseg_stream s) {
   return _expseg_vmm_stream_synchronize(((borrow_t *)st)->inner, s);
 }
-static expseg_status b_export_fd(void *st, expseg_vmm_handle h, int *fd) {
-  return _expseg_vmm_export_fd(((borrow_t *)st)->inner, h, fd);
+static expseg_status b_export_fd(void *st, expseg_vmm_handle h, int *fd, size_t *offset) {
+  return _expseg_vmm_export_fd(((borrow_t *)st)->inner, h, fd, offset);
 }
-static expseg_status b_import_fd(void *st, int fd, size_t size, expseg_vmm_handle *h) {
-  return _expseg_vmm_import_fd(((borrow_t *)st)->inner, fd, size, h);
+static expseg_status b_import_fd(void *st, int fd, size_t offset, size_t size,
+                                 expseg_vmm_handle *h) {
+  return _expseg_vmm_import_fd(((borrow_t *)st)->inner, fd, offset, size, h);
 }
 static size_t b_granularity(void *st) { return ((borrow_t *)st)->inner->granularity; }
 static void b_mem_info(void *st, size_t *free_bytes, size_t *total_bytes) {
