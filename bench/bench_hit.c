@@ -16,6 +16,7 @@
  * many times while timing) without or with C stacks. Results: docs/benchmarks.md. */
 #include "trace.h"
 #include "trace_internal.h"
+#include "tool_version.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -124,6 +125,7 @@ static int parse_args(int argc, char **argv, args_t *a) {
 }
 
 int main(int argc, char **argv) {
+  if (expseg_tool_version(argc, argv, "expseg-bench-hit")) return 0;
   args_t arg;
   if (parse_args(argc, argv, &arg)) return 2;
   expseg_trace_set_t set;

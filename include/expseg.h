@@ -53,8 +53,9 @@ EXPSEG_EXPORT const char *expseg_status_name(expseg_status s);
 EXPSEG_EXPORT const char *expseg_last_error(void);
 
 /* driver: "cuda", "host", "sim", with options, e.g. "host:capacity=8G,granularity=2M"
- *         (docs/driver.md). NULL = $EXPSEG_DRIVER, else "cuda" when a CUDA device is
- *         usable, else "host".
+ *         (docs/driver.md). NULL = $EXPSEG_DRIVER, else "cuda"; never a silent fallback:
+ *         without a usable CUDA device that fails with EXPSEG_ERR_UNSUPPORTED and a message
+ *         saying why and how to choose "host" or "sim" on purpose.
  * config: option text in PYTORCH_CUDA_ALLOC_CONF grammar (docs/config.md); NULL = the
  *         environment ($EXPSEG_ALLOC_CONF, else $PYTORCH_CUDA_ALLOC_CONF, else
  *         $PYTORCH_ALLOC_CONF). */
@@ -178,6 +179,33 @@ EXPSEG_EXPORT void expseg_snapshot_free(unsigned char *buf);
  * (NUL included); returns the length it needs (0 when a is NULL). */
 EXPSEG_EXPORT size_t expseg_memory_summary(expseg_allocator *a, char *buf, size_t len,
                                            bool abbreviated);
+
+/* ---- Identity: version, driver, device (issue 9; docs/api.md "Identity") ---- */
+
+#define EXPSEG_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH, for #if checks against the header compiled with. */
+#define EXPSEG_VERSION_NUMBER \
+  (EXPSEG_VERSION_MAJOR * 10000 + EXPSEG_VERSION_MINOR * 100 + EXPSEG_VERSION_PATCH)
+
+/* The version of the library loaded at run time, "MAJOR.MINOR.PATCH" (static storage). */
+EXPSEG_EXPORT const char *expseg_version(void);
+
+/* What an allocator runs on. Filled by expseg_get_info; strings have static storage. */
+typedef struct expseg_info {
+  const char *driver;    /* "cuda", "host" or "sim" (a fault-injecting wrapper: "fault") */
+  int device;            /* the device ordinal given to expseg_create */
+  size_t total_memory;   /* bytes the device has (cuMemGetInfo's total; host/sim: capacity) */
+  size_t granularity;    /* the driver's allocation granularity in bytes */
+  size_t page_size;      /* bytes per page of expandable segments, as configured */
+} expseg_info;
+
+EXPSEG_EXPORT expseg_status expseg_get_info(const expseg_allocator *a, expseg_info *info);
+/* The driver's name, as expseg_info.driver; "" for a NULL allocator. */
+EXPSEG_EXPORT const char *expseg_driver_name(const expseg_allocator *a);
+/* Free and total bytes of the device now, as cudaMemGetInfo reports them (free counts what
+ * every process has taken, this allocator's cache included); either pointer may be NULL. */
+EXPSEG_EXPORT expseg_status expseg_mem_get_info(expseg_allocator *a, size_t *free_bytes,
+                                                size_t *total_bytes);
 
 #ifdef __cplusplus
 }
