@@ -418,6 +418,7 @@ static block_t *map_pages(expseg_allocator *a, block_t *u, uintptr_t lo, size_t 
     s->pages[first + done] = (page_t){.h = h, .mapped = true};
   }
   if (done == k) *st = _expseg_vmm_set_access(a->drv, lo, k * a->page);
+  if (done == k && *st == EXPSEG_OK && a->peers) *st = _expseg_peers_grant(a, lo, k * a->page);
   if (done < k || *st != EXPSEG_OK) {
     expseg_status keep = *st;
     char msg[512];
@@ -627,9 +628,11 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
   return NULL;
 }
 
+/* exact: a segment of rounded bytes (single-chunk), else the policy's classic size. */
 static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
-                             expseg_status *st) {
-  size_t size = round_up(_expseg_classic_segment_size(&a->cfg, rounded), a->granularity);
+                             bool exact, expseg_status *st) {
+  size_t size = round_up(exact ? rounded : _expseg_classic_segment_size(&a->cfg, rounded),
+                         a->granularity);
   if (!cap_allows(a, size)) {
     *st = cap_error(a, size);
     return NULL;
@@ -659,6 +662,7 @@ static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream
   pthread_mutex_lock(&a->lock);
   a->unlocked_ops--;
   a->inflight -= size;
+  if (*st == EXPSEG_OK && a->peers) *st = _expseg_peers_grant(a, base, size); /* lock held */
   if (*st != EXPSEG_OK) {
     if (!reserved && *st == EXPSEG_ERR_OUT_OF_MEMORY) a->oom_kind = OOM_ADDRESS_SPACE;
     /* undo in reverse, keeping the first failure's message; a refused step goes on the
@@ -694,7 +698,17 @@ block_t *_expseg_grow(expseg_allocator *a, int pool, expseg_stream stream, size_
     batch_flush(a, &rb);
   }
   if (a->cfg.expandable_segments) return grow_expandable(a, pool, stream, rounded, blocking, st);
-  return grow_classic(a, pool, stream, rounded, st);
+  return grow_classic(a, pool, stream, rounded, false, st);
+}
+
+block_t *_expseg_grow_single(expseg_allocator *a, int pool, expseg_stream stream,
+                             size_t rounded, expseg_status *st) {
+  if (a->n_zombies > 0) {
+    release_batch_t rb = {0};
+    zombies_retry(a, &rb);
+    batch_flush(a, &rb);
+  }
+  return grow_classic(a, pool, stream, rounded, true, st);
 }
 
 /* ---- giving memory back ---- */
