@@ -123,6 +123,7 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
 
 static block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded) {
   block_t *b = _expseg_tree_lower_bound(&a->free_idx[pool], stream, rounded, 0);
+  while (b != NULL && b->seg->single) b = _expseg_tree_next(&a->free_idx[pool], b);
   if (b == NULL || b->stream != stream) return NULL;
   if (!b->seg->expandable && !_expseg_oversize_ok(&a->cfg, rounded, b->size)) return NULL;
   _expseg_free_remove(a, b);
@@ -162,11 +163,13 @@ expseg_status expseg_malloc(expseg_allocator *a, size_t size, expseg_stream stre
   return expseg_malloc_ex(a, size, stream, 0, out);
 }
 
-/* A free whole single-chunk segment that fits rounded exactly (at the granularity). */
+/* A free single-chunk segment of exactly rounded bytes (at the granularity); ordinary
+ * requests never take those (find_free skips them), so it is whole. */
 static block_t *find_single(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded) {
   block_t *b = _expseg_tree_lower_bound(&a->free_idx[pool], stream, rounded, 0);
-  if (b == NULL || b->stream != stream || b->seg->expandable || b->prev || b->next ||
-      b->size - rounded >= a->granularity)
+  while (b != NULL && b->stream == stream && !b->seg->single && b->size - rounded < a->granularity)
+    b = _expseg_tree_next(&a->free_idx[pool], b);
+  if (b == NULL || b->stream != stream || !b->seg->single || b->size - rounded >= a->granularity)
     return NULL;
   _expseg_free_remove(a, b);
   return b;

@@ -84,6 +84,7 @@ struct segment_s {
   size_t va_size;
   bool expandable;
   bool oversize;         /* classic, counted in oversize_segments when created */
+  bool single;           /* classic, made for a single-chunk allocation: serves only those */
   uint8_t pool;
   expseg_stream stream;
   segment_t *next_all, *prev_all;

@@ -701,14 +701,28 @@ block_t *_expseg_grow(expseg_allocator *a, int pool, expseg_stream stream, size_
   return grow_classic(a, pool, stream, rounded, false, st);
 }
 
+static bool classic_release(expseg_allocator *a, segment_t *s, release_batch_t *rb,
+                            bool blocking, stream_seen_t *seen, size_t *n_seen);
+static bool classic_is_free(const segment_t *s);
+
 block_t *_expseg_grow_single(expseg_allocator *a, int pool, expseg_stream stream,
                              size_t rounded, expseg_status *st) {
-  if (a->n_zombies > 0) {
-    release_batch_t rb = {0};
-    zombies_retry(a, &rb);
-    batch_flush(a, &rb);
+  /* Single-chunk segments serve only their own size: cached ones of other sizes in this
+   * pool go back before a new one is made (docs/benchmarks.md measures the trade). */
+  release_batch_t rb = {0};
+  if (a->n_zombies > 0) zombies_retry(a, &rb);
+  stream_seen_t seen[SEEN_MAX];
+  size_t n_seen = 0;
+  for (segment_t *s = a->segments, *next; s; s = next) {
+    next = s->next_all;
+    if (s->single && s->pool == pool && classic_is_free(s))
+      (void)classic_release(a, s, &rb, false, seen, &n_seen);
   }
-  return grow_classic(a, pool, stream, rounded, true, st);
+  _expseg_isplit_flush(a);
+  batch_flush(a, &rb);
+  block_t *b = grow_classic(a, pool, stream, rounded, true, st);
+  if (b != NULL) b->seg->single = true;
+  return b;
 }
 
 /* ---- giving memory back ---- */
