@@ -70,6 +70,9 @@ typedef struct opts_s {
   const char *timeline;   /* CSV path or NULL */
   uint64_t timeline_every; /* 0 = auto */
   uint64_t limit;         /* replay only the first `limit` events of each history; 0 = all */
+  const char *snapshot;   /* --snapshot OUT.pickle */
+  int snapshot_end;       /* --snapshot-at end (else at the peak) */
+  int report;             /* --report: memory summary at the peak */
 } opts_t;
 
 typedef struct result_s {
@@ -87,6 +90,7 @@ typedef struct result_s {
   uint64_t loop_ns;
   char driver[128];
   char config[1024];
+  int64_t peak_event;     /* event after which reserved memory first reached its peak */
 } result_t;
 
 static uint64_t now_ns(void) {
@@ -135,8 +139,9 @@ static void default_driver(const expseg_trace_t *t, char *buf, size_t len) {
 /* Returns 0 on success, 1 when --check found a violation or the allocator failed in a way
  * that is not an OOM, 2 when the allocator could not be created (bad --driver/--conf). */
 static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf,
-                      FILE *timeline, FILE *err, result_t *r) {
+                      FILE *timeline, FILE *err, result_t *r, const capture_t *cap) {
   memset(r, 0, sizeof *r);
+  r->peak_event = -1;
   if (o->driver) snprintf(r->driver, sizeof r->driver, "%s", o->driver);
   else default_driver(t, r->driver, sizeof r->driver);
 
@@ -148,6 +153,14 @@ static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf
     return 2;
   }
   expseg_config_string(a, r->config, sizeof r->config);
+  if (cap && cap->snapshot && expseg_record_history_ex(a, true, SIZE_MAX, 0) != EXPSEG_OK) {
+    fprintf(err, "expseg-replay: recording the history: %s\n", expseg_last_error());
+    expseg_destroy(a);
+    return 1;
+  }
+  int64_t peak_reserved = -1;
+  timeline_t tl;
+  memset(&tl, 0, sizeof tl);
   void **ptr = calloc(t->n_ids ? t->n_ids : 1, sizeof *ptr);
   if (!ptr) {
     expseg_destroy(a);
@@ -226,10 +239,17 @@ static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf
       rc = 1;
       break;
     }
-    if (timeline && (events % every == 0 || i + 1 == n)) {
-      fprintf(timeline, "%s,%zu,%" PRIu64 ",%" PRId64 "\n", t->name, i, live,
-              stat_or(a, "reserved_bytes.all.current", -1, NULL));
+    if (cap && cap->at == -1) { /* first pass: where reserved memory peaks */
+      int64_t resv = stat_or(a, "reserved_bytes.all.current", -1, NULL);
+      if (resv > peak_reserved) {
+        peak_reserved = resv;
+        r->peak_event = (int64_t)i;
+      }
     }
+    if (cap && cap->at == (int64_t)i && _expseg_replay_capture(a, t->name, cap, i, 0, err))
+      rc = 1;
+    if (timeline) _expseg_timeline_step(&tl, timeline, t->name, a, i, live,
+                                        events % every == 0 || i + 1 == n);
     if ((i & 8191) == 8191 && err && !o->quiet) {
       uint64_t el = now_ns() - t0;
       if (el > 1000000000ull) {
@@ -241,7 +261,10 @@ static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf
     }
   }
   r->loop_ns = now_ns() - t0;
+  if (timeline) _expseg_timeline_flush(&tl, timeline, t->name);
   if (progress) fprintf(err, "\n");
+  if (cap && cap->at_end && _expseg_replay_capture(a, t->name, cap, n ? n - 1 : 0, 1, err))
+    rc = 1;
 
   r->events = events;
   r->ops = ops;
@@ -387,7 +410,7 @@ static int sweep_one(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *
       fprintf(err, "\r%s: setting %zu/%zu (%s)%20s", t->name, i + 1, n, w->label, "");
     /* a setting the allocator fails on (not an OOM) is ranked last and the sweep goes on;
      * the exit status is then 1 */
-    rc = replay_one(t, o, w->conf, NULL, err, &w->r);
+    rc = replay_one(t, o, w->conf, NULL, err, &w->r, NULL);
     if (rc == 1) {
       failed = 1;
       if (!w->r.errors) w->r.errors = 1; /* a --check violation */
@@ -458,9 +481,14 @@ static void usage(FILE *f) {
           "  --check               check the allocator's invariants after every event\n"
           "  --json                one JSON object per history per line\n"
           "  --sweep               replay under every setting of the sweep table, best first\n"
-          "  --timeline FILE.csv   write trace,event,live_requested,reserved samples\n"
+          "  --timeline FILE.csv   write samples: trace, event, live requested, reserved,\n"
+          "                        allocated, cached bytes and the running peaks\n"
           "  --timeline-every N    sample every N events (default: events / 2000)\n"
           "  --limit N             replay only the first N events of each history\n"
+          "  --snapshot OUT.pickle write a memory_viz snapshot (history recorded from the\n"
+          "                        start) at the peak of reserved memory (one history only)\n"
+          "  --snapshot-at peak|end  when to take it (default peak)\n"
+          "  --report              print the memory summary at the peak of reserved memory\n"
           "  --quiet               no progress lines on stderr\n"
           "Exit status: 0 ok, 1 check violation or allocator error, 2 bad arguments/input.\n"
           "See docs/replay.md.\n");
@@ -543,7 +571,8 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     const int takes = !strcmp(arg, "--driver") || !strcmp(arg, "--conf") ||
                       !strcmp(arg, "--device") || !strcmp(arg, "--synth") ||
                       !strcmp(arg, "--timeline") || !strcmp(arg, "--timeline-every") ||
-                      !strcmp(arg, "--limit");
+                      !strcmp(arg, "--limit") || !strcmp(arg, "--snapshot") ||
+                      !strcmp(arg, "--snapshot-at");
     if (takes && !val) {
       if (i + 1 >= argc) {
         rc = bad(err, "option %s needs a value", arg);
@@ -577,7 +606,15 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
         goto done;
       }
       o.limit = v;
-    } else if (!strcmp(arg, "--check")) o.check = 1;
+    } else if (!strcmp(arg, "--snapshot")) o.snapshot = val;
+    else if (!strcmp(arg, "--snapshot-at")) {
+      if (strcmp(val, "peak") && strcmp(val, "end")) {
+        rc = bad(err, "--snapshot-at '%s': expected peak or end", val);
+        goto done;
+      }
+      o.snapshot_end = !strcmp(val, "end");
+    } else if (!strcmp(arg, "--report")) o.report = 1;
+    else if (!strcmp(arg, "--check")) o.check = 1;
     else if (!strcmp(arg, "--json")) o.json = 1;
     else if (!strcmp(arg, "--sweep")) o.sweep = 1;
     else if (!strcmp(arg, "--quiet")) o.quiet = 1;
@@ -593,6 +630,10 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     rc = bad(err, "nothing to replay: give trace files and/or --synth NAME");
     goto done;
   }
+  if ((o.snapshot || o.report) && o.sweep) {
+    rc = bad(err, "--snapshot and --report cannot be combined with --sweep");
+    goto done;
+  }
   if (o.sweep && o.timeline) {
     rc = bad(err, "--timeline and --sweep cannot be combined");
     goto done;
@@ -604,13 +645,18 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     rc = 1;
     goto done;
   }
+  size_t n_histories = n_synths;
   for (size_t i = 0; i < n_files; i++) {
     if (expseg_trace_read_file(files[i], &h.sets[h.n_sets]) != EXPSEG_OK) {
       fprintf(err, "expseg-replay: %s\n", expseg_last_error());
       rc = 2;
       goto done;
     }
-    h.n_sets++;
+    n_histories += h.sets[h.n_sets++].n;
+  }
+  if (o.snapshot && n_histories != 1) {
+    rc = bad(err, "--snapshot writes one file: give exactly one history (got %zu)", n_histories);
+    goto done;
   }
   for (size_t i = 0; i < n_synths; i++) {
     char name[64];
@@ -635,7 +681,7 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
       rc = 2;
       goto done;
     }
-    fprintf(timeline, "trace,event,live_requested,reserved\n");
+    fprintf(timeline, "%s\n", EXPSEG_TIMELINE_HEADER);
   }
 
   int header = 0;
@@ -648,7 +694,15 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
         continue;
       }
       result_t r;
-      rc = replay_one(t, &o, o.conf, timeline, err, &r);
+      capture_t cap = {-2, o.snapshot_end, o.snapshot, o.report, out};
+      if (o.report || (o.snapshot && !o.snapshot_end)) { /* first pass: find the peak */
+        capture_t find = {-1, 0, NULL, 0, NULL};
+        rc = replay_one(t, &o, o.conf, NULL, err, &r, &find);
+        if (rc == 2) break;
+        cap.at = r.peak_event;
+      }
+      rc = replay_one(t, &o, o.conf, timeline, err, &r,
+                      o.snapshot || o.report ? &cap : NULL);
       if (rc == 2) break;
       if (o.json) {
         print_json(out, t, &r, NULL, 0);

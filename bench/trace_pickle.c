@@ -186,10 +186,10 @@ typedef struct evf_s {
 } evf_t;
 
 static expseg_status fields_of(ex_t *x, uint32_t ev, evf_t *f) {
+  f->addr = f->size = f->stream = f->device_free = 0; /* also for skipped actions */
   expseg_status s = action_of(x, ev, &f->action);
   if (s != EXPSEG_OK || f->action == A_SKIP) return s;
   int64_t v;
-  f->addr = f->device_free = 0;
   if (f->action == A_OOM) {
     const char *k = _expseg_pickle_dict_get(x->pk, ev, "device_free") ? "device_free" : "addr";
     if ((s = get_int(x, ev, k, true, &v)) != EXPSEG_OK) return s;

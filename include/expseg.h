@@ -53,8 +53,9 @@ EXPSEG_EXPORT const char *expseg_status_name(expseg_status s);
 EXPSEG_EXPORT const char *expseg_last_error(void);
 
 /* driver: "cuda", "host", "sim", with options, e.g. "host:capacity=8G,granularity=2M"
- *         (docs/driver.md). NULL = $EXPSEG_DRIVER, else "cuda" when a CUDA device is
- *         usable, else "host".
+ *         (docs/driver.md). NULL = $EXPSEG_DRIVER, else "cuda"; never a silent fallback:
+ *         without a usable CUDA device that fails with EXPSEG_ERR_UNSUPPORTED and a message
+ *         saying why and how to choose "host" or "sim" on purpose.
  * config: option text in PYTORCH_CUDA_ALLOC_CONF grammar (docs/config.md); NULL = the
  *         environment ($EXPSEG_ALLOC_CONF, else $PYTORCH_CUDA_ALLOC_CONF, else
  *         $PYTORCH_ALLOC_CONF). */
@@ -96,8 +97,7 @@ EXPSEG_EXPORT void expseg_reset_accumulated_stats(expseg_allocator *a);
  * the first violation in expseg_last_error(). Costs O(blocks): for tests and --check. */
 EXPSEG_EXPORT expseg_status expseg_check(const expseg_allocator *a);
 
-/* History and snapshots (the memory_viz format). Not built yet: both return
- * EXPSEG_ERR_UNSUPPORTED (docs/api.md). */
+/* History and snapshots (PyTorch's memory_viz format): declared in the block below. */
 EXPSEG_EXPORT expseg_status expseg_record_history(expseg_allocator *a, bool enabled,
                                                   size_t max_entries);
 EXPSEG_EXPORT expseg_status expseg_snapshot_dump(expseg_allocator *a, const char *path);
@@ -113,6 +113,99 @@ EXPSEG_EXPORT expseg_status expseg_add_oom_observer(expseg_allocator *a, expseg_
  * go of the allocator), so it may call any expseg function. */
 typedef void (*expseg_log_sink)(void *ctx, const char *line);
 EXPSEG_EXPORT void expseg_set_log_sink(expseg_log_sink fn, void *ctx);
+
+/* ---- Pinned host memory pool (docs/host_pool.md) ----
+ * A caching pool of page-locked host memory for fast host <-> device copies, placed on the
+ * NUMA node nearest the device (or the node the driver spec names: "host:numa=N",
+ * "cuda:numa=N"), tuned by the pinned_* options of the configuration. Blocks are
+ * power-of-two sized and reused only after the work of every stream recorded on them
+ * has completed. driver, device and config as for expseg_create; keys of the configuration
+ * that only concern device memory are accepted and ignored. */
+typedef struct expseg_host_pool expseg_host_pool;
+EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_host_create(const char *driver, int device,
+                                                                const char *config,
+                                                                expseg_host_pool **out);
+/* Frees every chunk, live blocks included (their pointers become invalid). */
+EXPSEG_EXPORT void expseg_host_destroy(expseg_host_pool *h);
+/* size 0 gives EXPSEG_OK with *out = NULL; sizes above 2^60 are EXPSEG_ERR_INVALID_ARGUMENT. */
+EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size,
+                                                                void **out);
+/* NULL is OK; a pointer this pool did not hand out is EXPSEG_ERR_INVALID_ARGUMENT. */
+EXPSEG_EXPORT expseg_status expseg_host_free(expseg_host_pool *h, void *ptr);
+/* ptr (as expseg_host_malloc returned it) is used by work queued on `stream`: once freed,
+ * its block is reused only after that work completes. */
+EXPSEG_EXPORT expseg_status expseg_host_record_stream(expseg_host_pool *h, void *ptr,
+                                                      expseg_stream stream);
+/* Gives back every cached block whose streams are done (not the reserve segment). */
+EXPSEG_EXPORT expseg_status expseg_host_empty_cache(expseg_host_pool *h);
+/* The NUMA node the pool's memory is placed on; -1 = left to the OS (unknown locality). */
+EXPSEG_EXPORT int expseg_host_numa_node(const expseg_host_pool *h);
+/* Statistics: torch.cuda.host_memory_stats() keys ("allocation.current",
+ * "reserved_bytes.peak", "num_host_alloc", "host_alloc_time.total", ...) plus expseg's own
+ * ("expseg.numa_node", "expseg.pending_blocks.current", ...); docs/host_pool.md. */
+EXPSEG_EXPORT expseg_status expseg_host_stat(const expseg_host_pool *h, const char *key,
+                                             int64_t *value);
+EXPSEG_EXPORT void expseg_host_stats_foreach(const expseg_host_pool *h,
+                                             void (*fn)(void *ctx, const char *key,
+                                                        int64_t value),
+                                             void *ctx);
+EXPSEG_EXPORT void expseg_host_reset_peak_stats(expseg_host_pool *h);
+
+/* ---- History, snapshots and readable reports (docs/snapshots.md) ----
+ * expseg_record_history(a, true, n) keeps the newest n (>= 1) events (alloc, free_requested,
+ * free_completed, segment_alloc/free/map/unmap, oom, snapshot) with C stacks and the frames
+ * pushed by the calling thread; false stops recording and clears the history (as PyTorch).
+ * The _ex form takes EXPSEG_HISTORY_* flags (0 = no C stacks: the cheaper recording). */
+#define EXPSEG_HISTORY_C_STACKS 1u
+EXPSEG_EXPORT expseg_status expseg_record_history_ex(expseg_allocator *a, bool enabled,
+                                                     size_t max_entries, unsigned flags);
+/* Frames an embedding framework (e.g. Python's interpreter) attaches to the next events of
+ * the calling thread, on every allocator: push outermost first; the strings are copied. */
+typedef struct expseg_frame {
+  const char *filename;
+  const char *name;
+  int line;
+} expseg_frame;
+EXPSEG_EXPORT expseg_status expseg_history_push_frames(const expseg_frame *frames, size_t n);
+/* Pops the n innermost pushed frames (fewer if fewer are pushed). */
+EXPSEG_EXPORT void expseg_history_pop_frames(size_t n);
+/* The snapshot pickle (protocol 4, memory_viz's opcodes only) in a buffer the caller frees
+ * with expseg_snapshot_free. expseg_snapshot_dump writes it to path through a temporary
+ * file and a rename. */
+EXPSEG_EXPORT expseg_status expseg_snapshot(expseg_allocator *a, unsigned char **buf,
+                                            size_t *len);
+EXPSEG_EXPORT void expseg_snapshot_free(unsigned char *buf);
+/* torch.cuda.memory_summary()'s text, then expseg's own section. Writes at most len bytes
+ * (NUL included); returns the length it needs (0 when a is NULL). */
+EXPSEG_EXPORT size_t expseg_memory_summary(expseg_allocator *a, char *buf, size_t len,
+                                           bool abbreviated);
+
+/* ---- Identity: version, driver, device (issue 9; docs/api.md "Identity") ---- */
+
+#define EXPSEG_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH, for #if checks against the header compiled with. */
+#define EXPSEG_VERSION_NUMBER \
+  (EXPSEG_VERSION_MAJOR * 10000 + EXPSEG_VERSION_MINOR * 100 + EXPSEG_VERSION_PATCH)
+
+/* The version of the library loaded at run time, "MAJOR.MINOR.PATCH" (static storage). */
+EXPSEG_EXPORT const char *expseg_version(void);
+
+/* What an allocator runs on. Filled by expseg_get_info; strings have static storage. */
+typedef struct expseg_info {
+  const char *driver;    /* "cuda", "host" or "sim" (a fault-injecting wrapper: "fault") */
+  int device;            /* the device ordinal given to expseg_create */
+  size_t total_memory;   /* bytes the device has (cuMemGetInfo's total; host/sim: capacity) */
+  size_t granularity;    /* the driver's allocation granularity in bytes */
+  size_t page_size;      /* bytes per page of expandable segments, as configured */
+} expseg_info;
+
+EXPSEG_EXPORT expseg_status expseg_get_info(const expseg_allocator *a, expseg_info *info);
+/* The driver's name, as expseg_info.driver; "" for a NULL allocator. */
+EXPSEG_EXPORT const char *expseg_driver_name(const expseg_allocator *a);
+/* Free and total bytes of the device now, as cudaMemGetInfo reports them (free counts what
+ * every process has taken, this allocator's cache included); either pointer may be NULL. */
+EXPSEG_EXPORT expseg_status expseg_mem_get_info(expseg_allocator *a, size_t *free_bytes,
+                                                size_t *total_bytes);
 
 /* ---- Several devices, peer access, sharing between processes, single-chunk allocations
  * (docs/api.md "Devices, peers and sharing", docs/ipc.md) ---- */

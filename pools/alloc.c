@@ -40,13 +40,10 @@ static void warn_ignored_once(const expseg_config_source_t *src) {
 expseg_status _expseg_create_with_driver(expseg_vmm_t *drv, const char *config,
                                          expseg_allocator **out) {
   expseg_config_source_t src;
-  _expseg_config_source(config, NULL, &src);
-  expseg_config_t defaults, cfg;
-  _expseg_config_defaults(&defaults);
-  char err[512];
-  if (_expseg_config_parse(src.text, src.name, &defaults, &cfg, err, sizeof err) != EXPSEG_OK) {
+  expseg_config_t cfg;
+  if (_expseg_config_load(config, "", &src, &cfg) != EXPSEG_OK) {
     _expseg_vmm_close(drv);
-    return _expseg_error_set(EXPSEG_ERR_CONFIG, "%s", err);
+    return EXPSEG_ERR_CONFIG;
   }
   warn_ignored_once(&src);
   expseg_allocator *a = calloc(1, sizeof *a);
@@ -112,6 +109,7 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
   _expseg_ptrmap_destroy(&a->live);
   _expseg_blocks_destroy(a);
   free(a->observers);
+  _expseg_hist_destroy(a);
   api_unlock(a);
   pthread_mutex_destroy(&a->lock);
   if (before_close) before_close(ctx, a->drv);
@@ -155,6 +153,7 @@ static expseg_status take_block(expseg_allocator *a, block_t *b, size_t rounded,
   _expseg_stat_pool_add(s->active_bytes, pool, (int64_t)b->size);
   if (b->oversize) _expseg_stat_add(&s->oversize_allocations, 1);
   _expseg_isplit_flush(a);
+  EXPSEG_HIST(a, HIST_ALLOC, b->ptr, size, b->stream);
   *out = (void *)b->ptr;
   return EXPSEG_OK;
 }
@@ -207,9 +206,10 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
   size_t rounded = _expseg_round_size(&a->cfg, size);
   if (rounded == 0) {
     api_unlock(a);
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                             "expseg_malloc: size %zu is too large; at most %zu bytes (1 EiB) "
-                             "can be asked for",
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                             "expseg_malloc: out of memory: tried to allocate %zu bytes; 1 EiB "
+                             "(%zu bytes) or more is refused before any driver call, as PyTorch "
+                             "does",
                              size, (size_t)EXPSEG_MAX_REQUEST);
   }
   a->oom_kind = OOM_MEMORY;
@@ -260,6 +260,7 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
 void _expseg_free_block(expseg_allocator *a, block_t *b) {
   int pool = b->seg->pool;
   stats_t *s = &a->stats;
+  EXPSEG_HIST(a, HIST_FREE_COMPLETED, b->ptr, b->requested, b->stream);
   if (b->state == BLOCK_PENDING) _expseg_stat_add(&s->pending_free_blocks, -1);
   _expseg_stat_pool_add(s->requested_bytes, pool, -(int64_t)b->requested);
   _expseg_stat_pool_add(s->active, pool, -1);
@@ -288,8 +289,8 @@ expseg_status _expseg_free_locked(expseg_allocator *a, void *ptr) {
   if (b == NULL) {
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_free(%p): not a pointer this allocator handed out, or "
-                             "already freed",
-                             ptr);
+                             "already freed%s",
+                             ptr, _expseg_host_pool_hint(ptr));
   }
   bool pending = false;
   if (b->n_uses > 0) {
@@ -309,6 +310,7 @@ expseg_status _expseg_free_locked(expseg_allocator *a, void *ptr) {
       pending = true;
     }
   }
+  EXPSEG_HIST(a, HIST_FREE_REQUESTED, b->ptr, b->requested, b->stream);
   int pool = b->seg->pool;
   stats_t *s = &a->stats;
   _expseg_stat_pool_add(s->allocation, pool, -1);
@@ -331,7 +333,8 @@ expseg_status expseg_record_stream(expseg_allocator *a, void *ptr, expseg_stream
   expseg_status st;
   if (b == NULL)
     st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                           "expseg_record_stream(%p): not a live pointer of this allocator", ptr);
+                           "expseg_record_stream(%p): not a live pointer of this allocator%s",
+                           ptr, _expseg_host_pool_hint(ptr));
   else
     st = _expseg_block_add_use(b, stream);
   api_unlock(a);
@@ -375,9 +378,9 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
                              "\"expandable_segments:False\"");
   api_lock(a);
   expseg_config_t next;
-  char err[512];
-  expseg_status st = _expseg_config_parse(config, "expseg_configure", &a->cfg, &next, err,
-                                          sizeof err);
+  char err[EXPSEG_CONFIG_MSG_MAX], warn[EXPSEG_CONFIG_MSG_MAX];
+  expseg_status st = _expseg_config_parse_warn(config, "expseg_configure", &a->cfg, &next, err,
+                                               sizeof err, warn, sizeof warn);
   if (st != EXPSEG_OK) {
     st = _expseg_error_set(EXPSEG_ERR_CONFIG, "%s", err);
   } else if (_expseg_page_size(&next, a->granularity) != a->page) {
@@ -390,6 +393,7 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
     refresh_derived(a);
   }
   api_unlock(a);
+  if (st == EXPSEG_OK && warn[0] != '\0') _expseg_warn("%s", warn); /* no lock held */
   return st;
 }
 
@@ -488,21 +492,4 @@ expseg_status expseg_check(const expseg_allocator *a) {
   expseg_status st = _expseg_check_locked(a);
   api_unlock(m);
   return st;
-}
-
-/* ---- not built yet ---- */
-
-expseg_status expseg_record_history(expseg_allocator *a, bool enabled, size_t max_entries) {
-  (void)a;
-  (void)enabled;
-  (void)max_entries;
-  return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
-                           "expseg_record_history: history recording is not built yet");
-}
-
-expseg_status expseg_snapshot_dump(expseg_allocator *a, const char *path) {
-  (void)a;
-  return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
-                           "expseg_snapshot_dump(%s): snapshots are not built yet",
-                           path ? path : "NULL");
 }

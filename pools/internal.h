@@ -192,6 +192,7 @@ struct expseg_allocator {
   uint8_t oom_kind;           /* OOM_*: why the current request's growth failed */
 
   stats_t stats;
+  struct history_s *hist;     /* history.c: the recorded events; NULL = not recording */
   int64_t isplit_n[POOL_COUNT], isplit_b[POOL_COUNT]; /* inactive_split change not yet applied */
 
   uint64_t peers;             /* devices given access to every mapping (peer.c), bit = ordinal */
@@ -281,6 +282,17 @@ void _expseg_streams_destroy(expseg_allocator *a);
 expseg_status _expseg_event_get(expseg_allocator *a, expseg_vmm_event *ev);
 void _expseg_event_put(expseg_allocator *a, expseg_vmm_event ev);
 
+/* ---- config.c ---- */
+/* The option text (config, else the environment) parsed over the defaults into *cfg;
+ * EXPSEG_ERR_CONFIG with the message, prefixed by `who`, on bad text. */
+expseg_status _expseg_config_load(const char *config, const char *who,
+                                  expseg_config_source_t *src, expseg_config_t *cfg);
+
+/* ---- host_pool.c ---- */
+/* For messages about a pointer an allocator does not know: a hint when it belongs to a
+ * pinned host pool, else "". Takes the pools' locks (never the allocator's). */
+const char *_expseg_host_pool_hint(const void *ptr);
+
 /* ---- alloc.c ---- */
 /* expseg_create over an already-open driver (tests: the fault wrapper). Takes ownership of
  * drv, also on failure. */
@@ -355,5 +367,7 @@ static inline void _expseg_stat_pool_add(stat_t arr[3], int pool, int64_t delta)
 static inline size_t held_bytes(const expseg_allocator *a) {
   return (size_t)a->stats.reserved_bytes[STAT_ALL].current;
 }
+
+#include "history.h" /* EXPSEG_HIST: the history hooks */
 
 #endif
