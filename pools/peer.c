@@ -75,40 +75,29 @@ static expseg_status apply_all(expseg_allocator *a, int arg, int undo_arg) {
   return _expseg_error_set(st, "%s", msg);
 }
 
-expseg_status expseg_enable_peer_access(expseg_allocator *a, int peer_device) {
-  if (a == NULL)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                             "expseg_enable_peer_access: the allocator is NULL");
-  expseg_status st = check_peer(a, peer_device, "expseg_enable_peer_access");
+/* Adds (enable) or removes the peer, granting or revoking every range. */
+static expseg_status change_peer(expseg_allocator *a, int peer, bool enable, const char *fn) {
+  if (a == NULL) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: the allocator is NULL", fn);
+  expseg_status st = check_peer(a, peer, fn);
   if (st) return st;
   api_lock(a);
-  uint64_t bit = UINT64_C(1) << peer_device;
-  if (!(a->peers & bit)) {
-    st = apply_all(a, peer_device, EXPSEG_VMM_REVOKE(peer_device));
-    if (st == EXPSEG_OK) a->peers |= bit;
-    else _expseg_error_prefix("expseg_enable_peer_access(device %d -> peer %d)", a->device,
-                              peer_device);
+  uint64_t bit = UINT64_C(1) << peer;
+  if (!(a->peers & bit) == enable) { /* else nothing to do */
+    int grant = peer, revoke = EXPSEG_VMM_REVOKE(peer);
+    st = enable ? apply_all(a, grant, revoke) : apply_all(a, revoke, grant);
+    if (st == EXPSEG_OK) a->peers = enable ? a->peers | bit : a->peers & ~bit;
+    else _expseg_error_prefix("%s(device %d -> peer %d)", fn, a->device, peer);
   }
   api_unlock(a);
   return st;
 }
 
+expseg_status expseg_enable_peer_access(expseg_allocator *a, int peer_device) {
+  return change_peer(a, peer_device, true, "expseg_enable_peer_access");
+}
+
 expseg_status expseg_disable_peer_access(expseg_allocator *a, int peer_device) {
-  if (a == NULL)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                             "expseg_disable_peer_access: the allocator is NULL");
-  expseg_status st = check_peer(a, peer_device, "expseg_disable_peer_access");
-  if (st) return st;
-  api_lock(a);
-  uint64_t bit = UINT64_C(1) << peer_device;
-  if (a->peers & bit) {
-    st = apply_all(a, EXPSEG_VMM_REVOKE(peer_device), peer_device);
-    if (st == EXPSEG_OK) a->peers &= ~bit;
-    else _expseg_error_prefix("expseg_disable_peer_access(device %d -> peer %d)", a->device,
-                              peer_device);
-  }
-  api_unlock(a);
-  return st;
+  return change_peer(a, peer_device, false, "expseg_disable_peer_access");
 }
 
 expseg_status _expseg_peers_grant(expseg_allocator *a, uintptr_t addr, size_t size) {

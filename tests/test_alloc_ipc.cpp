@@ -96,21 +96,26 @@ void finish(TwoProc &r) {
 
 class Ipc : public ::testing::TestWithParam<const char *> {};
 
+// Parent side: allocate, fill, export, send, free the handle, wait for the child's byte.
+void share(TwoProc &r, const char *config, size_t size, void **p, char expect) {
+  ASSERT_EQ(EXPSEG_OK, expseg_configure(r.a, config));
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(r.a, size, 0, p));
+  fill(*p, size, 1);
+  expseg_ipc_handle h = {};
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_export(r.a, *p, &h)) << expseg_last_error();
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_send(r.sv[0], &h)) << expseg_last_error();
+  expseg_ipc_handle_free(&h);
+  char b = 0;
+  ASSERT_EQ(1, read(r.sv[0], &b, 1)) << "the child stopped early";
+  EXPECT_EQ(expect, b);
+}
+
 TEST_P(Ipc, ChildReadsAndWritesBack) {
   const size_t size = 6u << 20;
   TwoProc r;
   start(r, size, true);
-  ASSERT_EQ(EXPSEG_OK, expseg_configure(r.a, GetParam()));
   void *p = nullptr;
-  ASSERT_EQ(EXPSEG_OK, expseg_malloc(r.a, size, 0, &p));
-  fill(p, size, 1);
-  expseg_ipc_handle h = {};
-  ASSERT_EQ(EXPSEG_OK, expseg_ipc_export(r.a, p, &h)) << expseg_last_error();
-  ASSERT_EQ(EXPSEG_OK, expseg_ipc_send(r.sv[0], &h)) << expseg_last_error();
-  expseg_ipc_handle_free(&h);
-  char b = 0;
-  ASSERT_EQ(1, read(r.sv[0], &b, 1));
-  EXPECT_EQ('d', b);
+  share(r, GetParam(), size, &p, 'd');
   int status = 0;
   ASSERT_EQ(r.pid, waitpid(r.pid, &status, 0));
   ASSERT_TRUE(WIFEXITED(status));
@@ -128,16 +133,8 @@ TEST_P(Ipc, KilledChildReleasesTheBlock) {
   const size_t size = 6u << 20;
   TwoProc r;
   start(r, size, false);
-  ASSERT_EQ(EXPSEG_OK, expseg_configure(r.a, GetParam()));
   void *p = nullptr;
-  ASSERT_EQ(EXPSEG_OK, expseg_malloc(r.a, size, 0, &p));
-  fill(p, size, 1);
-  expseg_ipc_handle h = {};
-  ASSERT_EQ(EXPSEG_OK, expseg_ipc_export(r.a, p, &h)) << expseg_last_error();
-  ASSERT_EQ(EXPSEG_OK, expseg_ipc_send(r.sv[0], &h));
-  expseg_ipc_handle_free(&h);
-  char b = 0;
-  ASSERT_EQ(1, read(r.sv[0], &b, 1)) << "the child imported";
+  share(r, GetParam(), size, &p, 'i'); // the child imported, then waits
   ASSERT_EQ(EXPSEG_OK, expseg_free(r.a, p)) << "deferred while the child holds it";
   EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, expseg_free(r.a, p)) << "a second free is an error";
   EXPECT_NE(std::string(expseg_last_error()).find("already freed"), std::string::npos);

@@ -8,6 +8,7 @@
  * backend holds its mutex around every call. */
 #include "vmm_impl.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -160,10 +161,12 @@ expseg_status _expseg_access_apply(expseg_access_t *s, const char *backend, uint
                                 backend);
 }
 
-expseg_status _expseg_access_query(expseg_access_t *s, uintptr_t addr, size_t size, int device,
-                                   int *state) {
+expseg_status _expseg_access_query(pthread_mutex_t *mu, expseg_access_t *s, uintptr_t addr,
+                                   size_t size, int device, int *state) {
+  pthread_mutex_lock(mu);
   *state = _expseg_access_covers(s, addr, size, device) ? 2
            : _expseg_access_any(s, addr, size, device)  ? 1
                                                         : 0;
+  pthread_mutex_unlock(mu);
   return EXPSEG_OK;
 }

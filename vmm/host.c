@@ -252,10 +252,7 @@ static expseg_status host_import_fd(void *st, int fd, size_t offset, size_t size
 static expseg_status host_has_access(void *st, uintptr_t addr, size_t size, int device,
                                      int *state) {
   host_t *h = st;
-  pthread_mutex_lock(&h->mu);
-  expseg_status s = _expseg_access_query(h->access, addr, size, device, state);
-  pthread_mutex_unlock(&h->mu);
-  return s;
+  return _expseg_access_query(&h->mu, h->access, addr, size, device, state);
 }
 
 static size_t host_granularity(void *st) { return ((host_t *)st)->o.granularity; }

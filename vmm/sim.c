@@ -127,10 +127,7 @@ static expseg_status sim_set_access(void *st, uintptr_t addr, size_t size, int d
 static expseg_status sim_has_access(void *st, uintptr_t addr, size_t size, int device,
                                     int *state) {
   sim_t *s = st;
-  pthread_mutex_lock(&s->mu);
-  expseg_status r = _expseg_access_query(s->access, addr, size, device, state);
-  pthread_mutex_unlock(&s->mu);
-  return r;
+  return _expseg_access_query(&s->mu, s->access, addr, size, device, state);
 }
 
 static expseg_status sim_export_fd(void *st, expseg_vmm_handle h, int *fd, size_t *offset) {

@@ -12,6 +12,8 @@
 #include "error.h"
 #include "vmm.h"
 
+#include <pthread.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -150,8 +152,8 @@ bool _expseg_access_any(expseg_access_t *s, uintptr_t addr, size_t size, int dev
  * >= 0 grants, EXPSEG_VMM_REVOKE(d) revokes d), has_access answers from the record. */
 expseg_status _expseg_access_apply(expseg_access_t *s, const char *backend, uintptr_t addr,
                                    size_t size, int device, int owner);
-expseg_status _expseg_access_query(expseg_access_t *s, uintptr_t addr, size_t size, int device,
-                                   int *state);
+expseg_status _expseg_access_query(pthread_mutex_t *mu, expseg_access_t *s, uintptr_t addr,
+                                   size_t size, int device, int *state); /* under mu */
 
 #ifdef __cplusplus
 }
