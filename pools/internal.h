@@ -326,6 +326,9 @@ expseg_status _expseg_ipc_foreach_import(expseg_allocator *a,
                                          expseg_status (*fn)(void *ctx, uintptr_t, size_t),
                                          void *ctx);
 void _expseg_ipc_destroy(expseg_allocator *a); /* closes and unmaps everything */
+/* What imports hold from the driver: t[0] mapped bytes, t[1] chunks, t[2] chunk bytes,
+ * t[3] reserved address space (expseg_check leaves them out of its recount). */
+void _expseg_ipc_totals(const expseg_allocator *a, int64_t t[4]);
 /* expseg_free with the lock held (alloc.c). */
 expseg_status _expseg_free_locked(expseg_allocator *a, void *ptr);
 

@@ -437,6 +437,16 @@ expseg_status _expseg_ipc_foreach_import(expseg_allocator *a,
   return EXPSEG_OK;
 }
 
+void _expseg_ipc_totals(const expseg_allocator *a, int64_t t[4]) {
+  for (size_t i = 0; a->ipc && i < a->ipc->n_im; i++) {
+    const import_t *im = &a->ipc->im[i];
+    t[0] += (int64_t)im->extent;
+    t[1] += (int64_t)im->n;
+    t[2] += (int64_t)im->extent;
+    t[3] += (int64_t)im->extent;
+  }
+}
+
 void _expseg_ipc_destroy(expseg_allocator *a) {
   struct ipc_state_s *S = a->ipc;
   if (!S) return;

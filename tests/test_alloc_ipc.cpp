@@ -192,6 +192,8 @@ TEST(IpcHandle, MalformedHandlesAreRejected) {
   uintptr_t lo = (uintptr_t)q / (2u << 20) * (2u << 20);
   ASSERT_EQ(EXPSEG_OK, _expseg_vmm_has_access(alloc_test_driver(b), lo, 6u << 20, 3, &state));
   EXPECT_EQ(state, 2) << "imports get the enabled peers' access";
+  EXPECT_EQ(EXPSEG_OK, expseg_check(b)) << "imports are not segments: " << expseg_last_error();
+  EXPECT_EQ(EXPSEG_OK, expseg_check(a)) << expseg_last_error();
   ASSERT_EQ(EXPSEG_OK, expseg_ipc_close(b, q));
   EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, expseg_ipc_close(b, q));
 
@@ -279,6 +281,7 @@ TEST(IpcHandle, DestroyClosesImportsAndRecvRejectsGarbage) {
   ASSERT_EQ(EXPSEG_OK, expseg_ipc_import(b, &got, &q1));
   ASSERT_EQ(EXPSEG_OK, expseg_ipc_import(b, &got, &q2));
   EXPECT_NE(q1, q2);
+  EXPECT_EQ(EXPSEG_OK, expseg_check(b)) << expseg_last_error();
   expseg_ipc_handle_free(&got);
   ASSERT_EQ(4, write(sv[0], "junk", 4));
   close(sv[0]);
