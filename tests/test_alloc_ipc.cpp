@@ -192,6 +192,11 @@ TEST(IpcHandle, MalformedHandlesAreRejected) {
   uintptr_t lo = (uintptr_t)q / (2u << 20) * (2u << 20);
   ASSERT_EQ(EXPSEG_OK, _expseg_vmm_has_access(alloc_test_driver(b), lo, 6u << 20, 3, &state));
   EXPECT_EQ(state, 2) << "imports get the enabled peers' access";
+  uint64_t calls = alloc_test_calls(b, EXPSEG_VMM_CALL_set_access);
+  ASSERT_EQ(EXPSEG_OK, expseg_enable_peer_access(b, 4));
+  EXPECT_EQ(alloc_test_calls(b, EXPSEG_VMM_CALL_set_access) - calls, 1u) << "the import's range";
+  ASSERT_EQ(EXPSEG_OK, _expseg_vmm_has_access(alloc_test_driver(b), lo, 6u << 20, 4, &state));
+  EXPECT_EQ(state, 2) << "and the peers enabled later";
   EXPECT_EQ(EXPSEG_OK, expseg_check(b)) << "imports are not segments: " << expseg_last_error();
   EXPECT_EQ(EXPSEG_OK, expseg_check(a)) << expseg_last_error();
   ASSERT_EQ(EXPSEG_OK, expseg_ipc_close(b, q));
