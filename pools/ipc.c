@@ -61,7 +61,10 @@ struct ipc_state_s {
   size_t n_im, cap_im;
 };
 
-static void put16(unsigned char *p, uint16_t v) { p[0] = (unsigned char)v, p[1] = (unsigned char)(v >> 8); }
+static void put16(unsigned char *p, uint16_t v) {
+  p[0] = (unsigned char)v;
+  p[1] = (unsigned char)(v >> 8);
+}
 static void put32(unsigned char *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
@@ -234,7 +237,8 @@ void _expseg_ipc_poll_locked(expseg_allocator *a) {
   struct pollfd local[16];
   struct pollfd *p = S->n_ex <= 16 ? local : malloc(S->n_ex * sizeof *p);
   if (!p) return; /* tried again at the next call */
-  for (size_t i = 0; i < S->n_ex; i++) p[i] = (struct pollfd){.fd = S->ex[i].sock, .events = POLLIN};
+  for (size_t i = 0; i < S->n_ex; i++)
+    p[i] = (struct pollfd){.fd = S->ex[i].sock, .events = POLLIN};
   if (poll(p, S->n_ex, 0) > 0) {
     /* nobody writes on the socket: readable or hung up means every importer is gone */
     size_t n = S->n_ex, k = 0;
@@ -277,7 +281,8 @@ bool _expseg_ipc_hold_free(expseg_allocator *a, uintptr_t ptr, expseg_status *st
 }
 
 expseg_status expseg_ipc_poll(expseg_allocator *a, size_t *held) {
-  if (!a) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_ipc_poll: the allocator is NULL");
+  if (!a)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_ipc_poll: the allocator is NULL");
   api_lock(a);
   _expseg_ipc_poll_locked(a);
   if (held) *held = a->ipc ? a->ipc->n_ex : 0;
@@ -297,7 +302,8 @@ static expseg_status bad(const char *what, uint64_t got, const char *expected) {
 static expseg_status validate(const expseg_allocator *a, const expseg_ipc_handle *h) {
   if (!h->data || h->size < HDR) return bad("the handle size", h->size, "at least 64 bytes");
   const unsigned char *d = h->data;
-  if (memcmp(d, "EXIP", 4) != 0) return bad("the magic (first 4 bytes, as a number)", getn(d, 4), "\"EXIP\"");
+  if (memcmp(d, "EXIP", 4) != 0)
+    return bad("the magic (first 4 bytes, as a number)", getn(d, 4), "\"EXIP\"");
   if (getn(d + 4, 2) != VERSION) return bad("the version", getn(d + 4, 2), "1 (this library's)");
   if (getn(d + 6, 2) != HDR) return bad("the header size", getn(d + 6, 2), "64");
   if (getn(d + 8, 2) != ENT) return bad("the entry size", getn(d + 8, 2), "32");
@@ -310,7 +316,8 @@ static expseg_status validate(const expseg_allocator *a, const expseg_ipc_handle
   if (nf != h->n_fds || nf < 1 || !h->fds)
     return bad("the descriptor count", nf, "the descriptors received (at least the liveness one)");
   for (size_t i = 0; i < h->n_fds; i++)
-    if (h->fds[i] < 0) return bad("a descriptor", (uint64_t)(int64_t)h->fds[i], "an open descriptor");
+    if (h->fds[i] < 0)
+      return bad("a descriptor", (uint64_t)(int64_t)h->fds[i], "an open descriptor");
   if (live >= nf) return bad("the liveness descriptor index", live, "below the descriptor count");
   size_t g = a->granularity;
   if (extent == 0 || extent % g || extent > (UINT64_C(1) << 50))
@@ -321,7 +328,8 @@ static expseg_status validate(const expseg_allocator *a, const expseg_ipc_handle
   for (uint64_t i = 0; i < n; i++) {
     const unsigned char *e = d + HDR + i * ENT;
     uint64_t idx = getn(e, 4), fo = getn(e + 8, 8), eo = getn(e + 16, 8), es = getn(e + 24, 8);
-    if (idx >= nf || idx == live) return bad("a chunk's descriptor index", idx, "a chunk descriptor");
+    if (idx >= nf || idx == live)
+      return bad("a chunk's descriptor index", idx, "a chunk descriptor");
     if (getn(e + 4, 4) != 0) return bad("a chunk entry's padding", getn(e + 4, 4), "zero");
     if (eo != at) return bad("a chunk's offset in the extent", eo, "the end of the previous chunk");
     if (es == 0 || es % g || es > extent - at)
@@ -333,7 +341,8 @@ static expseg_status validate(const expseg_allocator *a, const expseg_ipc_handle
   int type = 0;
   socklen_t tl = sizeof type;
   if (getsockopt(h->fds[live], SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM)
-    return bad("the liveness descriptor's kind", (uint64_t)type, "a stream socket (the exporter's)");
+    return bad("the liveness descriptor's kind", (uint64_t)type,
+               "a stream socket (the exporter's)");
   return EXPSEG_OK;
 }
 
@@ -407,7 +416,9 @@ expseg_status expseg_ipc_import(expseg_allocator *a, const expseg_ipc_handle *h,
 }
 
 expseg_status expseg_ipc_close(expseg_allocator *a, void *ptr) {
-  if (!a) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_ipc_close: the allocator is NULL");
+  if (!a)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_ipc_close: the allocator is NULL");
   api_lock(a);
   struct ipc_state_s *S = a->ipc;
   size_t i = 0;

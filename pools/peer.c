@@ -77,7 +77,8 @@ static expseg_status apply_all(expseg_allocator *a, int arg, int undo_arg) {
 
 /* Adds (enable) or removes the peer, granting or revoking every range. */
 static expseg_status change_peer(expseg_allocator *a, int peer, bool enable, const char *fn) {
-  if (a == NULL) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: the allocator is NULL", fn);
+  if (a == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: the allocator is NULL", fn);
   expseg_status st = check_peer(a, peer, fn);
   if (st) return st;
   api_lock(a);

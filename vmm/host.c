@@ -172,8 +172,12 @@ static expseg_status host_unmap(void *st, uintptr_t addr, size_t size) {
   if (s == EXPSEG_OK) {
     void *p = mmap((void *)addr, size, PROT_NONE,
                    MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) s = sys_fail("unmap", errno, "mmap(MAP_FIXED, PROT_NONE)");
-    else _expseg_ledger_unmap(h->ledger, addr, size, true), _expseg_access_unmap(h->access, addr, size);
+    if (p == MAP_FAILED) {
+      s = sys_fail("unmap", errno, "mmap(MAP_FIXED, PROT_NONE)");
+    } else {
+      _expseg_ledger_unmap(h->ledger, addr, size, true);
+      _expseg_access_unmap(h->access, addr, size); /* access goes with the mapping */
+    }
   }
   pthread_mutex_unlock(&h->mu);
   return s;

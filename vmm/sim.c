@@ -220,7 +220,8 @@ expseg_status _expseg_sim_new(const expseg_sim_opts_t *o, int device, expseg_vmm
   s->streams = _expseg_smodel_new("sim");
   s->access = _expseg_access_new();
   s->device = device;
-  if (!s->ledger || !s->streams || !s->access || !_expseg_ranges_put(&s->free_va, SIM_BASE, s->o.va_size)) {
+  if (!s->ledger || !s->streams || !s->access ||
+      !_expseg_ranges_put(&s->free_va, SIM_BASE, s->o.va_size)) {
     sim_destroy(s);
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "sim driver: out of host memory");
   }
