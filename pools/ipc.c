@@ -245,12 +245,12 @@ void _expseg_ipc_poll_locked(expseg_allocator *a) {
     uintptr_t *to_free = malloc(n * sizeof *to_free);
     size_t nf = 0;
     for (size_t i = 0; i < n; i++) {
-      if (p[i].revents == 0) {
+      if (p[i].revents == 0 || (S->ex[i].freed && !to_free)) { /* no memory: next poll */
         S->ex[k++] = S->ex[i];
         continue;
       }
       close(S->ex[i].sock);
-      if (S->ex[i].freed && to_free) to_free[nf++] = S->ex[i].ptr;
+      if (S->ex[i].freed) to_free[nf++] = S->ex[i].ptr;
     }
     S->n_ex = k;
     for (size_t i = 0; i < nf; i++) {
