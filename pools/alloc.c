@@ -233,7 +233,7 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
     _expseg_sync_all_events(a);
     b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
     if (b == NULL) {
-      _expseg_release_cached(a, a->cfg.expandable_segments);
+      _expseg_release_cached(a, !single && a->cfg.expandable_segments); /* single: pages too */
       b = find_or_grow(a, pool, stream, rounded, single, true, &st);
     }
   }

@@ -76,4 +76,20 @@ TEST(SingleChunk, OptionFromASize) {
   EXPECT_EQ(EXPSEG_ERR_CONFIG, expseg_create("sim", 0, "single_chunk_min_mb:0", &bad));
 }
 
+// Out of memory for a single chunk while idle expandable pages hold the memory: the pages
+// go back and the request succeeds.
+TEST(SingleChunk, IdlePagesMakeRoom) {
+  expseg_allocator *A = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_create("sim:capacity=64M", 0, "expandable_segments:True", &A));
+  void *p = nullptr, *q = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 40u << 20, 0, &p));
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, p));
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc_ex(A, 40u << 20, 0, EXPSEG_MALLOC_SINGLE_CHUNK, &q))
+      << expseg_last_error();
+  EXPECT_EQ(stat_of(A, "reserved_bytes.all.current"), 40 << 20) << "the pages went back";
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, q));
+  EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
+  expseg_destroy(A);
+}
+
 } // namespace
