@@ -102,6 +102,15 @@ static bool zombie_add(expseg_allocator *a, release_item_t it) {
 
 static bool cache_push(expseg_allocator *a, expseg_vmm_handle h, int pool);
 
+/* Does a mapping the driver refused to remove (on the retry list) lie in [lo, lo+len)? */
+static bool zombie_mapped_in(const expseg_allocator *a, uintptr_t lo, size_t len) {
+  const release_item_t *z = a->zombies;
+  for (size_t i = 0; i < a->n_zombies; i++)
+    if (z[i].size_map > 0 && z[i].map_va < lo + len && lo < z[i].map_va + z[i].size_map)
+      return true;
+  return false;
+}
+
 /* Lock held: what the driver refused to take back is memory still held. Its accounting
  * comes back (reserved_bytes, address space); a page-sized chunk alone goes back to the
  * page cache; anything else waits in the retry list for the next empty_cache, OOM retry
@@ -613,6 +622,13 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     }
     if (a->cache_count < pl.pages)
       steal_pages(a, pool, pl.pages - a->cache_count, pl.prefix, pl.suffix, blocking);
+    if (a->cache_count >= pl.pages && zombie_mapped_in(a, pl.u->ptr, pl.pages * a->page)) {
+      *st = _expseg_error_set(EXPSEG_ERR_DRIVER,
+                              "growth at %#lx waits for an unmap the driver refused (kept on "
+                              "the retry list and tried again before the next growth)",
+                              (unsigned long)pl.u->ptr);
+      return NULL;
+    }
     if (a->cache_count >= pl.pages) {
       /* stealing never touches u, its prefix or suffix: the place still holds */
       block_t *b = map_pages(a, pl.u, pl.u->ptr, pl.pages, st);
@@ -888,6 +904,13 @@ void _expseg_segments_destroy(expseg_allocator *a) {
                    "memory is given back anyway",
                    (unsigned long long)s->stream, expseg_last_error());
   }
+  /* the retry list first: a refused unmap inside a live segment must go before that
+   * segment's reservation can */
+  release_item_t *z = a->zombies;
+  for (size_t i = 0; i < a->n_zombies; i++) destroy_release(a->drv, z[i]);
+  free(a->zombies);
+  a->zombies = NULL;
+  a->n_zombies = a->cap_zombies = 0;
   for (segment_t *s = a->segments, *next; s; s = next) {
     next = s->next_all;
     if (s->expandable) {
@@ -911,11 +934,6 @@ void _expseg_segments_destroy(expseg_allocator *a) {
   a->cache_count = 0;
   free(a->cache);
   a->cache = NULL;
-  release_item_t *z = a->zombies;
-  for (size_t i = 0; i < a->n_zombies; i++) destroy_release(a->drv, z[i]);
-  free(a->zombies);
-  a->zombies = NULL;
-  a->n_zombies = a->cap_zombies = 0;
 }
 
 void _expseg_zombie_totals(const expseg_allocator *a, int64_t reserved[3], int64_t *va,

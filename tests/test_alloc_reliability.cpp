@@ -336,3 +336,35 @@ TEST(Reliability, FaultRulesAreCheckedAndNamed) {
   EXPECT_EQ(expseg_testing_hold_stream(nullptr, 1, true), EXPSEG_ERR_INVALID_ARGUMENT);
   expect_nothing_left(f, "fault rules");
 }
+
+// A refused undo-unmap inside a live expandable segment: destroy retries it before the
+// segment's reservation goes (it leaked 128 MiB of address space before), and a growth
+// whose retry is refused again reports a driver error instead of mapping over the range.
+TEST(Reliability, ARefusedUndoUnmapIsNeitherMappedOverNorLeakedAtDestroy) {
+  for (const char *drv : {"fault;sim:capacity=1G", "fault;host:capacity=256M"}) {
+    QuietLog q;
+    for (int refuse_again = 0; refuse_again < 2; refuse_again++) {
+      std::string where = std::string(drv) + (refuse_again ? " / refused twice" : "");
+      expseg_allocator *a = make(drv, "");
+      void *p1 = nullptr, *p2 = nullptr;
+      ASSERT_EQ(expseg_malloc(a, 4 * MiB, 0, &p1), EXPSEG_OK);
+      ASSERT_EQ(expseg_testing_set_faults(a, "set_access@1,unmap@1"), EXPSEG_OK);
+      EXPECT_EQ(expseg_malloc(a, 8 * MiB, 0, &p2), EXPSEG_ERR_DRIVER) << where;
+      EXPECT_EQ(expseg_check(a), EXPSEG_OK) << where << ": " << expseg_last_error();
+      if (refuse_again) {
+        ASSERT_EQ(expseg_testing_set_faults(a, "unmap@1"), EXPSEG_OK);
+        EXPECT_EQ(expseg_malloc(a, 8 * MiB, 0, &p2), EXPSEG_ERR_DRIVER) << where;
+        EXPECT_NE(std::string(expseg_last_error()).find("refused"), std::string::npos)
+            << expseg_last_error();
+        ASSERT_EQ(expseg_testing_set_faults(a, ""), EXPSEG_OK);
+        ASSERT_EQ(expseg_malloc(a, 8 * MiB, 0, &p2), EXPSEG_OK) << where << ": "
+                                                               << expseg_last_error();
+        EXPECT_EQ(expseg_free(a, p2), EXPSEG_OK);
+      }
+      ASSERT_EQ(expseg_testing_set_faults(a, ""), EXPSEG_OK);
+      EXPECT_EQ(expseg_check(a), EXPSEG_OK) << where << ": " << expseg_last_error();
+      EXPECT_EQ(expseg_free(a, p1), EXPSEG_OK);
+      expect_nothing_left(a, where);
+    }
+  }
+}
