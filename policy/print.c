@@ -181,11 +181,24 @@ size_t _expseg_config_print(const expseg_config_t *c, char *buf, size_t len) {
   return _expseg_config_print_keys(c, UINT64_MAX, buf, len);
 }
 
+/* Is option i at its default in c (compared through its printed form)? */
+static bool at_default(const expseg_config_t *c, int i) {
+  expseg_config_t d;
+  _expseg_config_defaults(&d);
+  char x[512], y[512];
+  size_t nx = _expseg_config_print_keys(c, (uint64_t)1 << i, x, sizeof x);
+  size_t ny = _expseg_config_print_keys(&d, (uint64_t)1 << i, y, sizeof y);
+  return nx == ny && nx < sizeof x && strcmp(x, y) == 0;
+}
+
 size_t _expseg_config_no_effect(const expseg_config_t *c, char *buf, size_t len) {
   out_t o = {buf, len, 0};
   bool any = false;
   for (int i = 0; i < EXPSEG_OPT_COUNT; i++) {
+    /* named when given with a value other than its default (the canonical form, which
+     * writes every key, parses back without this warning) */
     if (_expseg_option_table[i].pytorch != 2 || !(c->given & ((uint64_t)1 << i))) continue;
+    if (at_default(c, i)) continue;
     _expseg_out_str(&o, any ? ", " : "accepted for PyTorch compatibility, but without effect in expseg: ");
     _expseg_out_str(&o, _expseg_option_table[i].key);
     any = true;

@@ -370,6 +370,16 @@ expseg_status expseg_set_memory_fraction(expseg_allocator *a, double fraction) {
   return EXPSEG_OK;
 }
 
+/* Does the configuration's printed form parse back (from the defaults)? err: why not. */
+static bool config_consistent(const expseg_config_t *c, char *err, size_t len) {
+  char text[4096], warn[EXPSEG_CONFIG_MSG_MAX];
+  expseg_config_t defaults, back;
+  if (_expseg_config_print(c, text, sizeof text) >= sizeof text) return true; /* cannot tell */
+  _expseg_config_defaults(&defaults);
+  return _expseg_config_parse_warn(text, "the resulting configuration", &defaults, &back, err,
+                                   len, warn, sizeof warn) == EXPSEG_OK;
+}
+
 expseg_status expseg_configure(expseg_allocator *a, const char *config) {
   if (a == NULL) return null_allocator("expseg_configure");
   if (config == NULL)
@@ -388,6 +398,12 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
                            "expseg_configure: page_size_mb can only be set at creation (in force: "
                            "%zu bytes)",
                            a->page);
+  } else if (!config_consistent(&next, err, sizeof err)) {
+    /* the keys given are fine alone but not with those in force (large_segment_size_mb
+     * above max_split_size_mb, say): a state whose printed form would not parse back */
+    st = _expseg_error_set(EXPSEG_ERR_CONFIG,
+                           "expseg_configure(\"%.200s\"): not with the settings in force: %s",
+                           config, err);
   } else {
     a->cfg = next;
     refresh_derived(a);
@@ -399,6 +415,7 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
 
 size_t expseg_config_string(const expseg_allocator *a, char *buf, size_t len) {
   if (a == NULL) return 0;
+  if (buf == NULL) len = 0; /* only the length needed */
   expseg_allocator *m = (expseg_allocator *)a;
   api_lock(m);
   size_t n = _expseg_config_print(&a->cfg, buf, len);

@@ -12,7 +12,8 @@
  * frame dicts are written once and shared (LONG_BINPUT / LONG_BINGET). Writing a snapshot
  * records a `snapshot` event (size = active bytes), as PyTorch does. The whole pickle is
  * built under the allocator's lock (C frames are symbolized then); the file is written
- * after, to a temporary name in the same directory, then renamed over the target. */
+ * after, to a temporary name in the same directory, then renamed over the target (a
+ * regular file or a new name; a symbolic link's target; never a FIFO, device or directory). */
 #include "error.h"
 #include "history.h"
 #include "internal.h"
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- key -> history or memo index, on the allocator's pointer map (value = index + 1) ---- */
@@ -308,14 +310,48 @@ expseg_status expseg_snapshot_dump(expseg_allocator *a, const char *path) {
                              "expseg_snapshot_dump: path is %s; give a file name such as "
                              "\"snapshot.pickle\"",
                              path == NULL ? "NULL" : "empty");
+  /* the file is replaced by a rename: only a regular file (or a new name) may be there; a
+   * symbolic link is followed, so its target is written and the link stays */
+  char *resolved = NULL;
+  struct stat sb;
+  if (lstat(path, &sb) == 0) {
+    if (S_ISLNK(sb.st_mode)) {
+      resolved = realpath(path, NULL);
+      if (resolved == NULL || stat(resolved, &sb) != 0) {
+        free(resolved);
+        return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                                 "expseg_snapshot_dump(%s): a symbolic link whose target cannot "
+                                 "be written (%s); give a regular file's name",
+                                 path, strerror(errno));
+      }
+      path = resolved;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+      const char *what = S_ISDIR(sb.st_mode)    ? "a directory"
+                         : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                         : S_ISSOCK(sb.st_mode) ? "a socket"
+                                                : "a device";
+      expseg_status bad = _expseg_error_set(
+          EXPSEG_ERR_INVALID_ARGUMENT,
+          "expseg_snapshot_dump(%s): it is %s; snapshots are written to regular files (through "
+          "a temporary file renamed over the name, which would replace it)",
+          path, what);
+      free(resolved);
+      return bad;
+    }
+  }
   unsigned char *buf;
   size_t len;
   expseg_status st = expseg_snapshot(a, &buf, &len);
-  if (st != EXPSEG_OK) return st;
+  if (st != EXPSEG_OK) {
+    free(resolved);
+    return st;
+  }
   size_t n = strlen(path) + 32;
   char *tmp = malloc(n);
   if (tmp == NULL) {
     free(buf);
+    free(resolved);
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_snapshot_dump: out of host memory");
   }
   snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
@@ -340,5 +376,6 @@ expseg_status expseg_snapshot_dump(expseg_allocator *a, const char *path) {
                            path, !opened ? "the temporary file" : "the snapshot",
                            strerror(err), path);
   free(tmp);
+  free(resolved);
   return st;
 }

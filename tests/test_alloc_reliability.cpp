@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -367,4 +368,64 @@ TEST(Reliability, ARefusedUndoUnmapIsNeitherMappedOverNorLeakedAtDestroy) {
       expect_nothing_left(a, where);
     }
   }
+}
+
+// expseg_configure cannot reach a state whose printed form does not parse back, and the
+// printed form of any configuration recreates it without warnings.
+TEST(Reliability, ConfigureKeepsTheConfigurationConsistent) {
+  QuietLog q;
+  expseg_allocator *a = make("sim", "max_split_size_mb:100");
+  EXPECT_EQ(expseg_configure(a, "large_segment_size_mb:200"), EXPSEG_ERR_CONFIG);
+  std::string m = expseg_last_error();
+  EXPECT_NE(m.find("not with the settings in force"), std::string::npos) << m;
+  EXPECT_NE(m.find("max_split_size_mb"), std::string::npos) << m;
+  EXPECT_EQ(expseg_configure(a, "large_segment_size_mb:50"), EXPSEG_OK) << expseg_last_error();
+  size_t need = expseg_config_string(a, nullptr, 100); // NULL buffer: only the length
+  ASSERT_GT(need, 0u);
+  std::string text(need, '\0');
+  ASSERT_EQ(expseg_config_string(a, &text[0], need + 1), need);
+  int before = q.lines;
+  expseg_allocator *b = make("sim", text.c_str());
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(q.lines, before) << "the canonical form warned: " << q.last;
+  std::string again(need, '\0');
+  ASSERT_EQ(expseg_config_string(b, &again[0], need + 1), need);
+  EXPECT_EQ(again, text);
+  expseg_destroy(b);
+  expseg_destroy(a);
+}
+
+// expseg_snapshot_dump renames a temporary file over its path: it refuses what a rename
+// would destroy (a FIFO, a directory) and writes a symbolic link's target, keeping the link.
+TEST(Reliability, SnapshotDumpReplacesOnlyRegularFiles) {
+  char dir[] = "/tmp/expseg_dump_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  std::string d = dir, fifo = d + "/fifo", sub = d + "/sub", target = d + "/target",
+              link = d + "/link";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_EQ(mkdir(sub.c_str(), 0700), 0);
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  expseg_allocator *a = make("sim", "");
+  EXPECT_EQ(expseg_snapshot_dump(a, fifo.c_str()), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(expseg_last_error()).find("a FIFO"), std::string::npos)
+      << expseg_last_error();
+  EXPECT_EQ(expseg_snapshot_dump(a, sub.c_str()), EXPSEG_ERR_INVALID_ARGUMENT);
+  struct stat sb;
+  ASSERT_EQ(lstat(fifo.c_str(), &sb), 0);
+  EXPECT_TRUE(S_ISFIFO(sb.st_mode)) << "the FIFO was replaced";
+  EXPECT_EQ(expseg_snapshot_dump(a, link.c_str()), EXPSEG_ERR_INVALID_ARGUMENT)
+      << "a dangling link is refused";
+  if (FILE *f = std::fopen(target.c_str(), "w")) std::fclose(f);
+  EXPECT_EQ(expseg_snapshot_dump(a, link.c_str()), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(lstat(link.c_str(), &sb), 0);
+  EXPECT_TRUE(S_ISLNK(sb.st_mode)) << "the link was replaced";
+  ASSERT_EQ(stat(target.c_str(), &sb), 0);
+  EXPECT_TRUE(S_ISREG(sb.st_mode));
+  EXPECT_GT(sb.st_size, 0);
+  expseg_destroy(a);
+  unlink(link.c_str());
+  unlink(target.c_str());
+  unlink(fifo.c_str());
+  rmdir(sub.c_str());
+  rmdir(dir);
 }
