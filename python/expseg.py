@@ -116,16 +116,31 @@ def _device(device):
         if torch is not None and torch.cuda.is_initialized():
             return int(torch.cuda.current_device())
         return 0
-    index = getattr(device, "index", device)  # torch.device("cuda:1") -> 1
-    if index is None:
-        return _device(None)
-    if isinstance(index, str):
-        index = index.split(":")[-1] if ":" in index else "0"
+    bad = ExpsegError("device %r: expected an int >= 0, 'cuda', 'cuda:N' or a torch.device"
+                      % (device,))
+    if isinstance(device, bool):
+        raise bad
+    if isinstance(device, str):  # 'cuda' -> the current device, 'cuda:1' -> 1
+        name, _, index = device.partition(":")
+        if name != "cuda":
+            raise bad
+        if not index:
+            return _device(None)
+    elif isinstance(device, int):
+        index = device
+    else:  # torch.device("cuda:1") -> 1; torch.device("cuda") -> the current device
+        if getattr(device, "type", "cuda") != "cuda":
+            raise bad
+        index = getattr(device, "index", None)
+        if index is None:
+            return _device(None)
     try:
-        return int(index)
+        index = int(index)
     except (TypeError, ValueError):
-        raise ExpsegError("device %r: expected an int, 'cuda:N' or a torch.device" % (device,)) \
-            from None
+        raise bad from None
+    if index < 0:
+        raise bad
+    return index
 
 
 def last_error(device=None):
@@ -193,7 +208,15 @@ def reset_accumulated_memory_stats(device=None):
 def snapshot(path, device=None):
     """Writes the device's memory snapshot (the memory_viz pickle) to path."""
     d = _device(device)
-    _check(_load().expseg_torch_snapshot_dump(d, os.fsencode(path)), "expseg.snapshot", d)
+    try:
+        raw = os.fsencode(path)
+    except TypeError:
+        raise ExpsegError("expseg.snapshot(%r): expected a file name (str or bytes)" % (path,)) \
+            from None
+    if not raw or b"\0" in raw:
+        raise ExpsegError("expseg.snapshot(%r): the file name is empty or holds a NUL byte"
+                          % (path,))
+    _check(_load().expseg_torch_snapshot_dump(d, raw), "expseg.snapshot", d)
 
 
 def install():

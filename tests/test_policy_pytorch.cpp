@@ -371,6 +371,7 @@ TEST(PolicyPyTorch, TableOfVerdictsAndValues) {
     ASSERT_NE(at, std::string::npos) << p.warn;
     size_t end = p.warn.find(" (", at);
     std::string clean = p.warn.substr(at + 12, end - at - 12);
+    if (clean == "\"\"") clean = ""; // nothing to write: the key is left out
     Parsed q = parse(clean.c_str());
     ASSERT_EQ(q.st, EXPSEG_OK) << clean << ": " << q.err;
     EXPECT_EQ(q.warn, "") << clean;

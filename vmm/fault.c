@@ -19,6 +19,7 @@
 #include "vmm_impl.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -333,14 +334,23 @@ static bool parse_u64(const char **p, const char *end, uint64_t *v) {
 }
 
 static expseg_status rule_error(const char *text, size_t len, const char *at, const char *why) {
+  char kinds[400];
+  size_t n = 0;
+  kinds[0] = '\0';
+  for (int c = 0; c < EXPSEG_VMM_CALL_COUNT && n < sizeof kinds; c++) {
+    int w = snprintf(kinds + n, sizeof kinds - n, "%s%s", c ? ", " : "",
+                     _expseg_vmm_call_name((expseg_vmm_call)c));
+    if (w > 0) n += (size_t)w;
+  }
+  const char *end = memchr(at, ',', (size_t)(text + len - at));
+  size_t wlen = end ? (size_t)(end - at) : (size_t)(text + len - at);
   return _expseg_error_set(EXPSEG_ERR_CONFIG,
-                           "fault rules '%.*s': %s at position %zu; expected KIND@N, KIND@N..M "
-                           "or KIND@N.. (every call from N on), optionally :oom or :driver "
-                           "(the status; default driver), comma-separated; KIND is one of "
-                           "reserve, unreserve, create, release, map, unmap, set_access, "
-                           "event_create, event_destroy, event_record, event_query, "
-                           "event_synchronize, stream_synchronize, export_fd, import_fd",
-                           (int)(len > 200 ? 200 : len), text, why, (size_t)(at - text) + 1);
+                           "fault rules '%.*s': %s at position %zu ('%.*s'); expected KIND@N, "
+                           "KIND@N..M or KIND@N.. (every call from N on), optionally :oom or "
+                           ":driver (the status; default driver), comma-separated; KIND is one "
+                           "of %s",
+                           (int)(len > 200 ? 200 : len), text, why, (size_t)(at - text) + 1,
+                           (int)(wlen > 60 ? 60 : wlen), at, kinds);
 }
 
 static expseg_status parse_rule(const char *text, size_t len, const char *p, const char *end,

@@ -409,7 +409,7 @@ static expseg_status open_default(int device, expseg_vmm_t **out) {
   char why[768];
   snprintf(why, sizeof why, "%s", expseg_last_error());
   return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
-                           "no driver given and $EXPSEG_DRIVER unset, so the cuda driver was "
+                           "no driver given and $EXPSEG_DRIVER unset or empty, so the cuda driver was "
                            "asked for device %d and it is not usable: %s. To use host memory or "
                            "the bookkeeping-only simulator on purpose, pass the driver \"host\" "
                            "or \"sim\" to expseg_create, or set EXPSEG_DRIVER=host (or sim)",

@@ -132,6 +132,28 @@ class WithLibrary(unittest.TestCase):
         self.assertEqual(r["reset"]["allocation.all.allocated"], 1)
         self.assertEqual(r["acc"]["allocation.all.allocated"], 0)
 
+    def test_device_strings_and_bad_paths(self):
+        rc, out, err = run_child("""
+            import expseg
+            print(expseg.memory_stats("cuda:1")["allocation.all.current"],
+                  expseg.driver("cuda"), expseg.driver("cuda:0"))
+            for call in (lambda: expseg.snapshot(None), lambda: expseg.snapshot("/tmp/a\\0b"),
+                         lambda: expseg.memory_stats("cpu:0"), lambda: expseg.memory_stats(True)):
+                try:
+                    call()
+                    print("no error")
+                except expseg.ExpsegError as e:
+                    print(e)
+            """, EXPSEG_DRIVER="sim:capacity=1G")
+        self.assertEqual(rc, 0, err)
+        lines = out.strip().split("\n")
+        self.assertEqual(lines[0], "0 sim sim", out)
+        self.assertEqual(len(lines), 5, out)
+        self.assertIn("expected a file name", lines[1])
+        self.assertIn("NUL", lines[2])
+        self.assertIn("'cpu:0'", lines[3])
+        self.assertIn("True", lines[4])
+
     def test_no_gpu_and_no_driver_named_is_one_line(self):
         rc, out, err = run_child("""
             import expseg
