@@ -14,6 +14,7 @@
  * by peak reserved memory, then by driver calls. Usage and output fields: docs/replay.md. */
 #include "trace.h"
 #include "trace_internal.h"
+#include "synth_model.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -65,6 +66,7 @@ static const char *const mem_calls[] = {"reserve", "unreserve", "create", "relea
 typedef struct opts_s {
   const char *driver;     /* NULL = sim sized from the trace */
   const char *conf;       /* NULL = environment */
+  int model;              /* EXPSEG_MODEL_* */
   int device;
   int check, json, sweep, quiet;
   const char *timeline;   /* CSV path or NULL */
@@ -87,6 +89,8 @@ typedef struct result_s {
   uint64_t loop_ns;
   char driver[128];
   char config[1024];
+  int model;              /* EXPSEG_MODEL_* */
+  int warm_started;       /* the recorded start state was rebuilt */
 } result_t;
 
 static uint64_t now_ns(void) {
@@ -134,11 +138,14 @@ static void default_driver(const expseg_trace_t *t, char *buf, size_t len) {
 
 /* Returns 0 on success, 1 when --check found a violation or the allocator failed in a way
  * that is not an OOM, 2 when the allocator could not be created (bad --driver/--conf). */
-static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf,
-                      FILE *timeline, FILE *err, result_t *r) {
+static int replay_one(const expseg_trace_t *t, const opts_t *o, int model,
+                      const char *user_conf, FILE *timeline, FILE *err, result_t *r) {
   memset(r, 0, sizeof *r);
+  r->model = model;
   if (o->driver) snprintf(r->driver, sizeof r->driver, "%s", o->driver);
   else default_driver(t, r->driver, sizeof r->driver);
+  char confbuf[1024];
+  const char *conf = _expseg_model_conf(model, user_conf, t, confbuf, sizeof confbuf);
 
   expseg_allocator *a = NULL;
   expseg_status s = expseg_create(r->driver, o->device, conf, &a);
@@ -154,6 +161,17 @@ static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf
     fprintf(err, "expseg-replay: out of host memory for %" PRIu64 " ids of %s\n", t->n_ids,
             t->name);
     return 1;
+  }
+  if (model == EXPSEG_MODEL_PYTORCH && _expseg_conf_expandable(conf) != 1) {
+    char why[256] = "";
+    if (_expseg_model_warm_start(a, t, ptr, why, sizeof why)) {
+      fprintf(err, "expseg-replay: %s: cannot rebuild the recorded start state: %s\n",
+              t->name, why);
+      free(ptr);
+      expseg_destroy(a);
+      return 1;
+    }
+    r->warm_started = t->n_start_segs > 0;
   }
   uint64_t every = o->timeline_every;
   if (!every) every = t->n_events / 2000 ? t->n_events / 2000 : 1;
@@ -175,6 +193,11 @@ static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf
     case EXPSEG_TR_ALLOC: {
       events++;
       ops++;
+      if (e->kind == EXPSEG_TR_PRELIVE && e->id < t->n_ids && ptr[e->id]) {
+        live += e->size; /* placed by the warm start */
+        if (live > peak) peak = live;
+        break;
+      }
       if (e->id >= t->n_ids || ptr[e->id]) {
         if (!errors++)
           fprintf(err, "expseg-replay: %s event %zu: id %" PRIu64 " out of range or live\n",
@@ -287,7 +310,8 @@ static void print_json(FILE *f, const expseg_trace_t *t, const result_t *r, cons
     json_str(f, label);
     fprintf(f, ",\"rank\":%d", rank);
   }
-  fprintf(f, ",\"driver\":");
+  fprintf(f, ",\"model\":\"%s\",\"warm_start\":%s,\"driver\":", _expseg_model_name(r->model),
+          r->warm_started ? "true" : "false");
   json_str(f, r->driver);
   fprintf(f, ",\"config\":");
   json_str(f, r->config);
@@ -347,7 +371,7 @@ static void print_table_row(FILE *f, const expseg_trace_t *t, const result_t *r)
 
 typedef struct sweep_row_s {
   const char *label, *conf;
-  int pytorch;
+  int pytorch, model;
   result_t r;
 } sweep_row_t;
 
@@ -387,7 +411,7 @@ static int sweep_one(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *
       fprintf(err, "\r%s: setting %zu/%zu (%s)%20s", t->name, i + 1, n, w->label, "");
     /* a setting the allocator fails on (not an OOM) is ranked last and the sweep goes on;
      * the exit status is then 1 */
-    rc = replay_one(t, o, w->conf, NULL, err, &w->r);
+    rc = replay_one(t, o, w->model, w->conf, NULL, err, &w->r);
     if (rc == 1) {
       failed = 1;
       if (!w->r.errors) w->r.errors = 1; /* a --check violation */
@@ -543,7 +567,7 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     const int takes = !strcmp(arg, "--driver") || !strcmp(arg, "--conf") ||
                       !strcmp(arg, "--device") || !strcmp(arg, "--synth") ||
                       !strcmp(arg, "--timeline") || !strcmp(arg, "--timeline-every") ||
-                      !strcmp(arg, "--limit");
+                      !strcmp(arg, "--limit") || !strcmp(arg, "--model");
     if (takes && !val) {
       if (i + 1 >= argc) {
         rc = bad(err, "option %s needs a value", arg);
@@ -557,6 +581,12 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     uint64_t v;
     if (!strcmp(arg, "--driver")) o.driver = val;
     else if (!strcmp(arg, "--conf")) o.conf = val;
+    else if (!strcmp(arg, "--model")) {
+      if (_expseg_model_parse(val, &o.model)) {
+        rc = bad(err, "--model '%s' is not a model: accepted are expseg and pytorch", val);
+        goto done;
+      }
+    }
     else if (!strcmp(arg, "--device")) {
       if (_expseg_arg_u64(val, &v) || v > 1024) {
         rc = bad(err, "--device '%s' is not a device ordinal (0 .. 1024)", val);
@@ -648,7 +678,7 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
         continue;
       }
       result_t r;
-      rc = replay_one(t, &o, o.conf, timeline, err, &r);
+      rc = replay_one(t, &o, o.model, o.conf, timeline, err, &r);
       if (rc == 2) break;
       if (o.json) {
         print_json(out, t, &r, NULL, 0);

@@ -254,15 +254,18 @@ uint32_t _expseg_streams_index(_expseg_streams_t *s, uint64_t handle) {
   return s->n++;
 }
 
-void _expseg_streams_finish(_expseg_streams_t *s, expseg_trace_t *t) {
+uint32_t _expseg_streams_final(const _expseg_streams_t *s, uint32_t p) {
   uint64_t *z = _expseg_u64map_get(&s->map, 0);
-  if (z && *z != 0) {
-    uint32_t zi = (uint32_t)*z;
-    for (size_t i = 0; i < t->n_events; i++) {
-      uint32_t p = t->events[i].stream;
-      t->events[i].stream = p == zi ? 0 : (p < zi ? p + 1 : p);
-    }
-  }
+  if (!z || *z == 0) return p;
+  uint32_t zi = (uint32_t)*z;
+  return p == zi ? 0 : (p < zi ? p + 1 : p);
+}
+
+void _expseg_streams_finish(_expseg_streams_t *s, expseg_trace_t *t) {
+  for (size_t i = 0; i < t->n_events; i++)
+    t->events[i].stream = _expseg_streams_final(s, t->events[i].stream);
+  for (size_t i = 0; i < t->n_start_segs; i++)
+    t->start_segs[i].stream = _expseg_streams_final(s, t->start_segs[i].stream);
   t->n_streams = s->n;
 }
 
@@ -278,6 +281,9 @@ void expseg_trace_free(expseg_trace_t *t) {
   free(t->events);
   t->events = NULL;
   t->n_events = t->cap_events = 0;
+  free(t->start_segs);
+  t->start_segs = NULL;
+  t->n_start_segs = 0;
 }
 
 void expseg_trace_set_free(expseg_trace_set_t *s) {

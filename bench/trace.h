@@ -33,7 +33,7 @@ typedef struct expseg_trace_event_s {
   uint32_t stream;   /* dense stream index, 0 = default stream, in order of first use */
   uint64_t id;       /* dense allocation id from 0 (alloc/free kinds); address for M X m u */
   uint64_t size;     /* requested bytes (device_free for O is in `extra`) */
-  uint64_t extra;    /* O: device_free; otherwise 0 */
+  uint64_t extra;    /* O: device_free; p: the recorded block address (0 = unknown); else 0 */
 } expseg_trace_event_t;
 
 typedef struct expseg_trace_baseline_s {
@@ -41,6 +41,14 @@ typedef struct expseg_trace_baseline_s {
   uint64_t start_reserved, peak_reserved, end_reserved;
   uint64_t segment_alloc, segment_free, map, unmap, oom;
 } expseg_trace_baseline_t;
+
+/* One segment the recorded allocator held when recording started (pickles only): rebuilt
+ * backwards from the end state through the window's segment events (docs/formats.md). */
+typedef struct expseg_trace_segment_s {
+  uint64_t addr, size;
+  uint32_t stream;   /* dense stream index, as in the events */
+  uint8_t small;     /* 1: small pool (2 MiB segment), 0: large pool */
+} expseg_trace_segment_t;
 
 typedef struct expseg_trace_s {
   char name[256];          /* file name without directory and extension, e.g. "x.dev0" */
@@ -51,6 +59,14 @@ typedef struct expseg_trace_s {
   uint32_t n_streams;
   uint64_t peak_live_requested; /* computed by the reader from the events */
   expseg_trace_baseline_t baseline;
+  /* The recorded allocator's state at the start of the window (pickles; NULL otherwise):
+   * its segments, and for each 'p' event the block's address in `extra`. */
+  expseg_trace_segment_t *start_segs;
+  size_t n_start_segs;
+  /* The recorded run's allocator setting in PYTORCH_CUDA_ALLOC_CONF grammar, rebuilt from
+   * the snapshot's allocator_settings, or from its events (maps mean expandable segments);
+   * empty when the file says nothing (memtrace, CSV, synthetic). */
+  char recorded_conf[256];
 } expseg_trace_t;
 
 typedef struct expseg_trace_set_s {

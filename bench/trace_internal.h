@@ -92,6 +92,8 @@ typedef struct _expseg_streams_s {
  * there are too many streams. */
 uint32_t _expseg_streams_index(_expseg_streams_t *s, uint64_t handle);
 void _expseg_streams_finish(_expseg_streams_t *s, expseg_trace_t *t);
+/* The final index of provisional index p (what _expseg_streams_finish applies). */
+uint32_t _expseg_streams_final(const _expseg_streams_t *s, uint32_t p);
 void _expseg_streams_free(_expseg_streams_t *s);
 
 /* ---- pickle.c: a safe unpickler for snapshot files ---- */
