@@ -230,3 +230,32 @@ out:
   if (!rc) expseg_reset_peak_stats(a); /* the carving's transient blocks are no peak */
   return rc;
 }
+
+/* ---------------------------------------------------------------------------------- */
+/* The recorded figures over a window                                                  */
+
+void _expseg_window_baseline(const expseg_trace_t *t, size_t n, expseg_trace_baseline_t *b) {
+  *b = t->baseline;
+  if (!b->present) return;
+  if (n > t->n_events) n = t->n_events;
+  uint64_t res = b->start_reserved;
+  b->peak_reserved = res;
+  b->segment_alloc = b->segment_free = b->map = b->unmap = b->oom = 0;
+  for (size_t i = 0; i < n; i++) {
+    const expseg_trace_event_t *e = &t->events[i];
+    switch (e->kind) {
+    case EXPSEG_TR_SEG_ALLOC: case EXPSEG_TR_MAP:
+      res += e->size;
+      if (res > b->peak_reserved) b->peak_reserved = res;
+      if (e->kind == EXPSEG_TR_SEG_ALLOC) b->segment_alloc++; else b->map++;
+      break;
+    case EXPSEG_TR_SEG_FREE: case EXPSEG_TR_UNMAP:
+      res = res > e->size ? res - e->size : 0;
+      if (e->kind == EXPSEG_TR_SEG_FREE) b->segment_free++; else b->unmap++;
+      break;
+    case EXPSEG_TR_OOM: b->oom++; break;
+    default: break;
+    }
+  }
+  b->end_reserved = res;
+}

@@ -6,6 +6,7 @@
 #include "trace.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,6 +29,32 @@ const char *_expseg_model_conf(int model, const char *user, const expseg_trace_t
  * placed. 0 on success, -1 with why set (the allocator then holds a partial state). */
 int _expseg_model_warm_start(expseg_allocator *a, const expseg_trace_t *t, void **ptr,
                              char *why, size_t wlen);
+
+/* The recorded allocator's figures over events [0, n) of t (b->present = 0 when the
+ * trace carries none): what --limit compares with. */
+void _expseg_window_baseline(const expseg_trace_t *t, size_t n, expseg_trace_baseline_t *b);
+
+/* ---- synth_cost.c: priced driver work ---- */
+enum { EXPSEG_COST_RESERVE, EXPSEG_COST_CREATE, EXPSEG_COST_RELEASE, EXPSEG_COST_MAP,
+       EXPSEG_COST_UNMAP, EXPSEG_COST_SET_ACCESS, EXPSEG_COST_CUDA_MALLOC,
+       EXPSEG_COST_CUDA_FREE, EXPSEG_COST_N };
+extern const char *const _expseg_cost_names[EXPSEG_COST_N];
+typedef struct expseg_costs_s {
+  double call_us[EXPSEG_COST_N]; /* per call */
+  double page_us[EXPSEG_COST_N]; /* per 2 MiB the call covers */
+} expseg_costs_t;
+typedef struct expseg_calls_s {
+  uint64_t calls[EXPSEG_COST_N];
+  uint64_t pages[EXPSEG_COST_N]; /* 2 MiB units */
+} expseg_calls_t;
+void _expseg_costs_default(expseg_costs_t *c);
+/* The defaults, then every "KIND[.page] MICROSECONDS" line of path; errors name the line. */
+expseg_status _expseg_costs_read(const char *path, expseg_costs_t *c);
+double _expseg_costs_ms(const expseg_costs_t *c, const expseg_calls_t *n);
+/* The recorded run's driver calls over events [0, n): M/X as cudaMalloc/cudaFree, m/u as
+ * PyTorch's expandable segments make them (per page create+map, one set_access; per page
+ * unmap+release). */
+void _expseg_recorded_calls(const expseg_trace_t *t, size_t n, expseg_calls_t *out);
 
 #ifdef __cplusplus
 }
