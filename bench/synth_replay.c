@@ -100,7 +100,12 @@ static void driver_spec(const expseg_trace_t *t, const opts_t *o, const char *ca
   if (!base && getenv("EXPSEG_DRIVER") && *getenv("EXPSEG_DRIVER"))
     base = getenv("EXPSEG_DRIVER");
   if (!capacity) capacity = o->capacity;
-  if (base && capacity)
+  const char *had = base && capacity ? strstr(base, "capacity=") : NULL;
+  if (had) { /* --capacity replaces the spec's own capacity */
+    const char *rest = had + strlen("capacity=");
+    rest += strcspn(rest, ",;");
+    snprintf(buf, len, "%.*scapacity=%s%s", (int)(had - base), base, capacity, rest);
+  } else if (base && capacity)
     snprintf(buf, len, "%s%scapacity=%s", base, strchr(base, ':') ? "," : ":", capacity);
   else if (base) snprintf(buf, len, "%s", base);
   else if (capacity) snprintf(buf, len, "sim:capacity=%s", capacity);
@@ -124,6 +129,14 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
   char confbuf[1024];
   const char *conf = _expseg_model_conf(model, user_conf, t, confbuf, sizeof confbuf);
 
+  if (!strncmp(r->driver, "cuda", 4) && t->n_streams > 1) {
+    /* the trace's stream indices are no CUDA streams; replaying them as handles would pass
+     * garbage to the driver, and the library has no call that creates streams yet */
+    fprintf(err, "expseg-replay: %s uses %" PRIu32 " streams: replaying several streams on "
+                 "the cuda driver is not supported yet (use sim or host)\n",
+            t->name, t->n_streams);
+    return 2;
+  }
   expseg_allocator *a = NULL;
   expseg_status s = expseg_create(r->driver, o->device, conf, &a);
   if (s != EXPSEG_OK) {

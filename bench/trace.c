@@ -236,6 +236,36 @@ expseg_status _expseg_trace_push(expseg_trace_t *t, uint8_t kind, uint32_t strea
   return EXPSEG_OK;
 }
 
+expseg_status _expseg_trace_mark_empty_cache(expseg_trace_t *t) {
+  size_t runs = 0;
+  for (size_t i = 0; i < t->n_events; i++) {
+    uint8_t k = t->events[i].kind, prev = i ? t->events[i - 1].kind : 0;
+    if ((k == EXPSEG_TR_SEG_FREE || k == EXPSEG_TR_UNMAP) && prev != EXPSEG_TR_SEG_FREE &&
+        prev != EXPSEG_TR_UNMAP && prev != EXPSEG_TR_OOM && prev != EXPSEG_TR_EMPTY)
+      runs++;
+  }
+  if (!runs) return EXPSEG_OK;
+  expseg_trace_event_t *ev = malloc((t->n_events + runs) * sizeof *ev);
+  if (!ev)
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu trace "
+                             "events", t->name, t->n_events + runs);
+  size_t k = 0;
+  for (size_t i = 0; i < t->n_events; i++) {
+    uint8_t kind = t->events[i].kind, prev = i ? t->events[i - 1].kind : 0;
+    if ((kind == EXPSEG_TR_SEG_FREE || kind == EXPSEG_TR_UNMAP) &&
+        prev != EXPSEG_TR_SEG_FREE && prev != EXPSEG_TR_UNMAP && prev != EXPSEG_TR_OOM &&
+        prev != EXPSEG_TR_EMPTY) {
+      memset(&ev[k], 0, sizeof ev[k]);
+      ev[k++].kind = EXPSEG_TR_EMPTY;
+    }
+    ev[k++] = t->events[i];
+  }
+  free(t->events);
+  t->events = ev;
+  t->n_events = t->cap_events = k;
+  return EXPSEG_OK;
+}
+
 void _expseg_trace_set_name(expseg_trace_t *t, const char *name, const char *suffix) {
   const char *base = name ? strrchr(name, '/') : NULL;
   base = base ? base + 1 : (name ? name : "trace");

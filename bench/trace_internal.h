@@ -79,6 +79,10 @@ void _expseg_trace_check_free(_expseg_trace_check_t *c);
 /* Appends an event; EXPSEG_ERR_OUT_OF_MEMORY (message set) when the host is out of memory. */
 expseg_status _expseg_trace_push(expseg_trace_t *t, uint8_t kind, uint32_t stream, uint64_t id,
                                  uint64_t size, uint64_t extra);
+/* The program's empty_cache() calls: before every run of recorded segment frees/unmaps
+ * (X/u) that does not follow an OOM (O) or an explicit E, inserts an E event, which the
+ * replay feeds to the allocator under test (docs/formats.md: the rule and its limits). */
+expseg_status _expseg_trace_mark_empty_cache(expseg_trace_t *t);
 /* Sets t->name to the last path component of name without its extension, then suffix. */
 void _expseg_trace_set_name(expseg_trace_t *t, const char *name, const char *suffix);
 /* Maps stream handles to dense indices: handle 0 (the default stream) is index 0 when it

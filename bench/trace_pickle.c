@@ -403,6 +403,7 @@ static expseg_status convert(ex_t *x, uint32_t segments, uint32_t events, devst_
   x->where[0] = 0;
   if ((s = start_segments(x, d, t)) != EXPSEG_OK) return s;
   _expseg_streams_finish(&d->streams, t);
+  if ((s = _expseg_trace_mark_empty_cache(t)) != EXPSEG_OK) return s;
   t->n_ids = d->chk.n_ids;
   t->peak_live_requested = d->chk.peak;
   return EXPSEG_OK;
