@@ -4,6 +4,7 @@
  * p99 of each call in microseconds. On `cuda` this is the physical floor of growth
  * (docs/benchmarks.md); on `host` it is a range of a memfd arena + mmap; on `sim` bookkeeping. */
 #include "error.h"
+#include "trace_internal.h"
 #include "vmm.h"
 
 #include <inttypes.h>
@@ -15,17 +16,6 @@
 enum { K_CREATE, K_MAP, K_ACCESS, K_UNMAP, K_RELEASE, K_COUNT };
 static const char *const kind_names[K_COUNT] = {"create", "map", "set_access", "unmap",
                                                 "release"};
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *x, const void *y) {
-  uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
-  return a < b ? -1 : a > b;
-}
 
 static int usage(void) {
   fprintf(stderr, "usage: expseg-bench-driver [--driver SPEC] [--rounds N] [--sizes MB,MB]\n"
@@ -45,28 +35,28 @@ static int bench_size(expseg_vmm_t *v, size_t size, unsigned rounds, const char 
     expseg_vmm_handle h = 0;
     uint64_t s0, s1;
     if (_expseg_vmm_reserve(v, size, 0, &va) != EXPSEG_OK) rc = 1;
-    s0 = now_ns();
+    s0 = _expseg_bench_now_ns();
     if (!rc && _expseg_vmm_create(v, size, &h) != EXPSEG_OK) rc = 1;
-    s1 = now_ns();
+    s1 = _expseg_bench_now_ns();
     t[K_CREATE][r] = s1 - s0;
     if (!rc && _expseg_vmm_map(v, va, size, h, 0) != EXPSEG_OK) rc = 1;
-    s0 = now_ns();
+    s0 = _expseg_bench_now_ns();
     t[K_MAP][r] = s0 - s1;
     if (!rc && _expseg_vmm_set_access(v, va, size) != EXPSEG_OK) rc = 1;
-    s1 = now_ns();
+    s1 = _expseg_bench_now_ns();
     t[K_ACCESS][r] = s1 - s0;
     if (!rc && _expseg_vmm_unmap(v, va, size) != EXPSEG_OK) rc = 1;
-    s0 = now_ns();
+    s0 = _expseg_bench_now_ns();
     t[K_UNMAP][r] = s0 - s1;
     if (!rc && _expseg_vmm_release(v, h, size) != EXPSEG_OK) rc = 1;
-    s1 = now_ns();
+    s1 = _expseg_bench_now_ns();
     t[K_RELEASE][r] = s1 - s0;
     if (!rc && _expseg_vmm_unreserve(v, va, size) != EXPSEG_OK) rc = 1;
     if (rc) fprintf(stderr, "expseg-bench-driver: round %u: %s\n", r, expseg_last_error());
   }
   if (rc == 0) {
     for (int k = 0; k < K_COUNT; k++) {
-      qsort(t[k], rounds, sizeof *t[k], cmp_u64);
+      qsort(t[k], rounds, sizeof *t[k], _expseg_u64_cmp);
       size_t p99 = (size_t)((double)rounds * 0.99);
       if (p99 >= rounds) p99 = rounds - 1;
       printf("%-28s %8zu %-11s %10.2f %10.2f\n", spec, size >> 20, kind_names[k],

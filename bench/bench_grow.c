@@ -9,6 +9,7 @@
  * measurement, "re-grow", frees and re-allocates without empty_cache (a cache hit, for
  * contrast). Settings compared: the --conf values given, or a built-in list. */
 #include "expseg.h"
+#include "trace_internal.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -16,17 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
 
 static int64_t stat0(const expseg_allocator *a, const char *key) {
   int64_t v = 0;
@@ -43,7 +33,7 @@ static const char *const calls[] = {"create", "map", "set_access", "unmap", "rel
 #define N_CALLS (sizeof calls / sizeof calls[0])
 
 static uint64_t median(uint64_t *v, size_t n) {
-  qsort(v, n, sizeof *v, cmp_u64);
+  qsort(v, n, sizeof *v, _expseg_u64_cmp);
   return v[n / 2];
 }
 
@@ -112,9 +102,9 @@ int main(int argc, char **argv) {
           snprintf(key, sizeof key, "expseg.driver.%s", calls[k]);
           before[k] = stat0(a, key);
         }
-      uint64_t t0 = now_ns();
+      uint64_t t0 = _expseg_bench_now_ns();
       expseg_status s = expseg_malloc(a, size, 0, &p);
-      uint64_t t1 = now_ns();
+      uint64_t t1 = _expseg_bench_now_ns();
       if (s != EXPSEG_OK) {
         fprintf(stderr, "expseg-bench-grow: malloc(%" PRIu64 "): %s\n", size,
                 expseg_last_error());
@@ -122,13 +112,13 @@ int main(int argc, char **argv) {
         break;
       }
       (void)expseg_free(a, p);
-      uint64_t t2 = now_ns();
+      uint64_t t2 = _expseg_bench_now_ns();
       s = expseg_malloc(a, size, 0, &p); /* hit */
-      uint64_t t3 = now_ns();
+      uint64_t t3 = _expseg_bench_now_ns();
       if (s == EXPSEG_OK) (void)expseg_free(a, p);
-      uint64_t t4 = now_ns();
+      uint64_t t4 = _expseg_bench_now_ns();
       (void)expseg_empty_cache(a);
-      uint64_t t5 = now_ns();
+      uint64_t t5 = _expseg_bench_now_ns();
       tg[r] = t1 - t0;
       th[r] = t3 - t2;
       ts[r] = t5 - t4;

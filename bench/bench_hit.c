@@ -24,12 +24,6 @@
 
 #define SEQ 4096 /* sizes in the timed sequence (power of two) */
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static uint64_t splitmix(uint64_t *s) {
   uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -208,13 +202,13 @@ int main(int argc, char **argv) {
     const int64_t dev0 = stat0(a, "num_device_alloc");
     size_t k = 0;
     for (uint64_t b = 0; b < arg.batches && rc == 0; b++) {
-      const uint64_t t0 = now_ns();
+      const uint64_t t0 = _expseg_bench_now_ns();
       for (uint64_t j = 0; j < arg.batch; j++) {
         void *p;
         if (expseg_malloc(a, seq[k++ & (SEQ - 1)], 0, &p) != EXPSEG_OK) rc = 1;
         (void)expseg_free(a, p);
       }
-      per[b] = (double)(now_ns() - t0) / (double)arg.batch;
+      per[b] = (double)(_expseg_bench_now_ns() - t0) / (double)arg.batch;
     }
     if (rc) fprintf(stderr, "expseg-bench-hit: a timed malloc failed: %s\n", expseg_last_error());
     const int64_t dev1 = stat0(a, "num_device_alloc");

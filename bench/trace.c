@@ -11,6 +11,7 @@
 #include "error.h"
 
 #include <errno.h>
+#include <time.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -524,4 +525,15 @@ bool _expseg_field_is(_expseg_field_t f, const char *s) {
 
 int _expseg_arg_u64(const char *s, uint64_t *v) {
   return _expseg_field_dec((_expseg_field_t){s, strlen(s)}, v) ? 0 : -1;
+}
+
+uint64_t _expseg_bench_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int _expseg_u64_cmp(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
 }

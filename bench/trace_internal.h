@@ -39,6 +39,9 @@ bool _expseg_field_hex(_expseg_field_t f, uint64_t *out);
 bool _expseg_field_is(_expseg_field_t f, const char *s);
 /* A command-line number (tools): 0 when s is an unsigned decimal, -1 otherwise. */
 int _expseg_arg_u64(const char *s, uint64_t *v);
+/* The benchmarks' clock (CLOCK_MONOTONIC, ns) and qsort order for uint64_t timings. */
+uint64_t _expseg_bench_now_ns(void);
+int _expseg_u64_cmp(const void *a, const void *b);
 
 typedef struct _expseg_u64map_s {
   uint64_t *keys;

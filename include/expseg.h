@@ -114,6 +114,43 @@ EXPSEG_EXPORT expseg_status expseg_add_oom_observer(expseg_allocator *a, expseg_
 typedef void (*expseg_log_sink)(void *ctx, const char *line);
 EXPSEG_EXPORT void expseg_set_log_sink(expseg_log_sink fn, void *ctx);
 
+/* ---- Pinned host memory pool (docs/host_pool.md) ----
+ * A caching pool of page-locked host memory for fast host <-> device copies, placed on the
+ * NUMA node nearest the device (or the node the driver spec names: "host:numa=N",
+ * "cuda:numa=N"), tuned by the pinned_* options of the configuration. Blocks are
+ * power-of-two sized and reused only after the work of every stream recorded on them
+ * has completed. driver, device and config as for expseg_create; keys of the configuration
+ * that only concern device memory are accepted and ignored. */
+typedef struct expseg_host_pool expseg_host_pool;
+EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_host_create(const char *driver, int device,
+                                                                const char *config,
+                                                                expseg_host_pool **out);
+/* Frees every chunk, live blocks included (their pointers become invalid). */
+EXPSEG_EXPORT void expseg_host_destroy(expseg_host_pool *h);
+/* size 0 gives EXPSEG_OK with *out = NULL; sizes above 2^60 are EXPSEG_ERR_INVALID_ARGUMENT. */
+EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size,
+                                                                void **out);
+/* NULL is OK; a pointer this pool did not hand out is EXPSEG_ERR_INVALID_ARGUMENT. */
+EXPSEG_EXPORT expseg_status expseg_host_free(expseg_host_pool *h, void *ptr);
+/* ptr (as expseg_host_malloc returned it) is used by work queued on `stream`: once freed,
+ * its block is reused only after that work completes. */
+EXPSEG_EXPORT expseg_status expseg_host_record_stream(expseg_host_pool *h, void *ptr,
+                                                      expseg_stream stream);
+/* Gives back every cached block whose streams are done (not the reserve segment). */
+EXPSEG_EXPORT expseg_status expseg_host_empty_cache(expseg_host_pool *h);
+/* The NUMA node the pool's memory is placed on; -1 = left to the OS (unknown locality). */
+EXPSEG_EXPORT int expseg_host_numa_node(const expseg_host_pool *h);
+/* Statistics: torch.cuda.host_memory_stats() keys ("allocation.current",
+ * "reserved_bytes.peak", "num_host_alloc", "host_alloc_time.total", ...) plus expseg's own
+ * ("expseg.numa_node", "expseg.pending_blocks.current", ...); docs/host_pool.md. */
+EXPSEG_EXPORT expseg_status expseg_host_stat(const expseg_host_pool *h, const char *key,
+                                             int64_t *value);
+EXPSEG_EXPORT void expseg_host_stats_foreach(const expseg_host_pool *h,
+                                             void (*fn)(void *ctx, const char *key,
+                                                        int64_t value),
+                                             void *ctx);
+EXPSEG_EXPORT void expseg_host_reset_peak_stats(expseg_host_pool *h);
+
 #ifdef __cplusplus
 }
 #endif

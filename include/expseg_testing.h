@@ -27,7 +27,8 @@ EXPSEG_EXPORT expseg_status expseg_testing_hold_stream(expseg_allocator *a, exps
 /* Replaces the fault rules: "KIND@N[..[M]][:oom|:driver],..." where N counts calls of that
  * kind from now on (map@1 fails the next map). "" removes every rule. KIND is a driver call:
  * reserve, unreserve, create, release, map, unmap, set_access, event_create, event_destroy,
- * event_record, event_query, event_synchronize, stream_synchronize, export_fd, import_fd.
+ * event_record, event_query, event_synchronize, stream_synchronize, export_fd, import_fd,
+ * host_alloc, host_free (the pinned host pool's, docs/host_pool.md).
  * EXPSEG_ERR_INVALID_ARGUMENT when the allocator's driver is not a fault driver,
  * EXPSEG_ERR_CONFIG for text that does not parse (message with the position). */
 EXPSEG_EXPORT expseg_status expseg_testing_set_faults(expseg_allocator *a, const char *rules);

@@ -3,7 +3,9 @@
  * fake environment. Precedence: text passed to the API, else EXPSEG_ALLOC_CONF, else
  * PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF. Values are never merged: one source is
  * used and the other variables that are set are named in `ignored` so the caller can warn
- * once. A variable set to the empty string counts as not set. */
+ * once. A variable set to the empty string counts as set, as in PyTorch main (std::optional
+ * from c10::utils::get_env has a value): it means "all defaults" and the later variables are
+ * not read. */
 #include "policy.h"
 
 #include <stdlib.h>
@@ -27,7 +29,7 @@ void _expseg_config_source(const char *api_text, const char *(*getenv_fn)(const 
   size_t used = 0;
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
     const char *v = getenv_fn(vars[i]);
-    if (!v || !*v) continue;
+    if (!v) continue;
     if (!out->text) {
       out->text = v;
       out->name = vars[i];

@@ -1,41 +1,34 @@
-/* parse.c: the option table, the defaults, the config parser and the canonical printer.
+/* parse.c: the option table, the defaults and the config parser.
  *
  * Everything here is generated from policy/options.def: one descriptor per row (key, alias,
  * kind, field offset, default, range), and the parser dispatches on the descriptor's kind to
  * one typed, range-checked handler per kind. No other list of option names exists.
  *
- * The parser is pure: it reads only its arguments, writes only *out and err, keeps no
- * globals, never allocates, and does not use the locale (numbers are read and written by
- * hand, so a process that set LC_NUMERIC to a comma locale still parses "0.5").
- * Grammar (PyTorch's, see docs/config.md):
- *   config := [ pair (',' pair)* ]      pair := key ':' value
- *   value  := word | '[' item (',' item)* ']'       item := word ':' word
- * Whitespace anywhere is dropped (as PyTorch's tokenizer does). A key given twice: the last
- * one wins (PyTorch's behaviour; scripts append overrides to an existing variable). Any error
- * leaves *out untouched. */
-#include "policy.h"
+ * The verdict and the values are PyTorch main's (2026; c10/core/AllocatorConfig.cpp and
+ * c10/cuda/CUDAAllocatorConfig.cpp, see docs/config.md). PyTorch tokenizes the text into
+ * words and the separators , : [ ] (whitespace dropped) and walks the tokens three times:
+ * once for large_segment_size_mb wherever it stands, then its generic parser (the
+ * AcceleratorAllocatorConfig keys) and its CUDA parser (the others), each skipping the other's
+ * keys. Its separator checks return a result nobody reads, so any single token stands where
+ * ':' or ',' belongs. expseg walks the same three times over the same tokens (a cursor with
+ * one token of look-ahead: no allocation) and so accepts exactly what PyTorch accepts, with
+ * PyTorch's values. Where PyTorch's reading is an accident of its parser rather than a
+ * meaning (junk after a number, a sign, a wrong separator, a trailing ',', an empty list),
+ * the parse succeeds and one warning line names each place, the value taken and the clean
+ * form. Whatever PyTorch refuses is refused with a message naming the source, the byte
+ * position, the key, the value and what is accepted.
+ *
+ * Pure: reads only its arguments, writes only *out, err and warn, keeps no globals, never
+ * allocates, does not use the locale. A key given twice: the last one wins, except that
+ * roundup_power2_divisions lists merge (PyTorch's fill rules). Any error leaves *out
+ * untouched. */
+#include "text.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-#define MiB ((size_t)1 << 20)
-#define MB_CEIL (SIZE_MAX / MiB) /* an MB value at or above this means SIZE_MAX bytes */
-#define DIV_MAX ((uint64_t)1 << 30) /* largest division count (PyTorch reads it with stoi) */
-#define TOK_MAX 96                  /* longest word kept; longer ones are an error */
-
 /* ---- the table ---- */
-
-typedef enum kind_e { K_BOOL, K_MB, K_DOUBLE, K_DOUBLE_OPEN, K_UINT, K_POW2, K_DIVISIONS, K_BACKEND } kind_t;
-
-typedef struct option_s {
-  const char *key, *alias;
-  kind_t kind;
-  size_t offset;    /* of the field in expseg_config_t */
-  uint64_t ilo, ihi; /* integer kinds: accepted range (MB for K_MB) */
-  double dlo, dhi;   /* double kinds */
-  int pytorch;      /* 0 expseg's own, 1 PyTorch key, 2 PyTorch key without effect here */
-} option_t;
 
 /* Each field must have the type its kind stores (checked at compile time). */
 #define FIELD_IS_BOOL(f) _Generic((f), bool: 1, default: 0)
@@ -44,21 +37,24 @@ typedef struct option_s {
 #define FIELD_IS_DOUBLE_OPEN(f) _Generic((f), double: 1, default: 0)
 #define FIELD_IS_UINT(f) _Generic((f), uint32_t: 1, default: 0)
 #define FIELD_IS_POW2(f) _Generic((f), uint32_t: 1, default: 0)
-#define FIELD_IS_DIVISIONS(f) _Generic((f), uint32_t *: 1, default: 0)
+#define FIELD_IS_DIVISIONS(f) _Generic((f), uint64_t *: 1, default: 0)
 #define FIELD_IS_BACKEND(f) _Generic((f), int: 1, default: 0)
+#define FIELD_IS_RESERVE(f) _Generic((f), double: 1, default: 0)
+#define FIELD_IS_RESERVE_CLASSES(f) _Generic((f), char *: 1, default: 0)
 #define EXPSEG_OPTION(key, alias, kind, field, def, lo, hi, pt, help)                        \
   _Static_assert(FIELD_IS_##kind(((expseg_config_t *)0)->field),                             \
                  "options.def: field " #field " has the wrong type for kind " #kind);
 #include "options.def"
 #undef EXPSEG_OPTION
 
-static const option_t options[EXPSEG_OPT_COUNT] = {
+const option_t _expseg_option_table[EXPSEG_OPT_COUNT] = {
 #define EXPSEG_OPTION(key, alias, kind, field, def, lo, hi, pt, help)                        \
   {#key, alias, K_##kind, offsetof(expseg_config_t, field), (uint64_t)(lo), (uint64_t)(hi),   \
    (double)(lo), (double)(hi), pt},
 #include "options.def"
 #undef EXPSEG_OPTION
 };
+#define options _expseg_option_table
 
 const expseg_option_info_t _expseg_options[EXPSEG_OPT_COUNT] = {
 #define EXPSEG_OPTION(key, alias, kind, field, def, lo, hi, pt, help) {#key, alias, #kind, help, pt != 0},
@@ -73,8 +69,10 @@ const expseg_option_info_t _expseg_options[EXPSEG_OPT_COUNT] = {
 #define DEF_UINT(f, v) (f) = (uint32_t)(v)
 #define DEF_POW2(f, v) (f) = (uint32_t)(v)
 #define DEF_DIVISIONS(f, v)                                                                   \
-  for (int i_ = 0; i_ < EXPSEG_ROUNDUP_INTERVALS; i_++) (f)[i_] = (uint32_t)(v)
+  for (int i_ = 0; i_ < EXPSEG_ROUNDUP_INTERVALS; i_++) (f)[i_] = (uint64_t)(v)
 #define DEF_BACKEND(f, v) (f) = (int)(v)
+#define DEF_RESERVE(f, v) (f) = (double)(v)
+#define DEF_RESERVE_CLASSES(f, v) memset((f), (v), sizeof(f))
 
 void _expseg_config_defaults(expseg_config_t *c) {
   memset(c, 0, sizeof *c);
@@ -84,13 +82,27 @@ void _expseg_config_defaults(expseg_config_t *c) {
   c->given = 0;
 }
 
-/* ---- small helpers (locale-free) ---- */
+/* The keys of PyTorch's generic parser (AcceleratorAllocatorConfig); every other key is
+ * the CUDA parser's (expseg's own keys too). */
+static bool generic_key(int id) {
+  switch (id) {
+  case EXPSEG_OPT_max_split_size_mb:
+  case EXPSEG_OPT_max_non_split_rounding_mb:
+  case EXPSEG_OPT_garbage_collection_threshold:
+  case EXPSEG_OPT_roundup_power2_divisions:
+  case EXPSEG_OPT_expandable_segments:
+  case EXPSEG_OPT_large_segment_size_mb:
+  case EXPSEG_OPT_pinned_use_background_threads: return true;
+  default: return false;
+  }
+}
+
+/* ---- tokenizer ---- */
 
 static bool is_space(char ch) {
   return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f';
 }
 static bool is_sep(char ch) { return ch == ',' || ch == ':' || ch == '[' || ch == ']'; }
-static bool is_digit(char ch) { return ch >= '0' && ch <= '9'; }
 static bool is_pow2(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 static unsigned log2_floor(uint64_t v) {
   unsigned r = 0;
@@ -98,178 +110,16 @@ static unsigned log2_floor(uint64_t v) {
   return r;
 }
 
-typedef enum num_e { NUM_OK, NUM_NOT_NUMBER, NUM_SIGN, NUM_OVERFLOW } num_t;
-
-/* Digits only: no sign, no spaces, no suffix, no hex; overflow is an error. */
-static num_t parse_u64(const char *s, uint64_t *out) {
-  if (*s == '+' || *s == '-') return NUM_SIGN;
-  if (!*s) return NUM_NOT_NUMBER;
-  uint64_t v = 0;
-  for (; *s; s++) {
-    if (!is_digit(*s)) return NUM_NOT_NUMBER;
-    unsigned d = (unsigned)(*s - '0');
-    if (v > (UINT64_MAX - d) / 10) {
-      for (s++; *s; s++)
-        if (!is_digit(*s)) return NUM_NOT_NUMBER;
-      return NUM_OVERFLOW;
-    }
-    v = v * 10 + d;
-  }
-  *out = v;
-  return NUM_OK;
-}
-
-/* Decimal number: digits [. digits] [e [+-] digits], at least one mantissa digit; no sign,
- * no inf/nan/hex. Up to 19 significant digits are kept and scaled in long double, which
- * reads back every string the printer writes exactly. */
-static num_t parse_decimal(const char *s, double *out) {
-  static const long double p10[] = {1e0L,  1e1L,  1e2L,  1e3L,  1e4L,  1e5L,  1e6L,
-                                     1e7L,  1e8L,  1e9L,  1e10L, 1e11L, 1e12L, 1e13L,
-                                     1e14L, 1e15L, 1e16L, 1e17L, 1e18L, 1e19L, 1e20L,
-                                     1e21L, 1e22L, 1e23L, 1e24L, 1e25L, 1e26L, 1e27L};
-  if (*s == '+' || *s == '-') return NUM_SIGN;
-  uint64_t m = 0;
-  int kept = 0, digits = 0;
-  long e10 = 0;
-  for (; is_digit(*s); s++, digits++) {
-    if (kept < 19) {
-      m = m * 10 + (uint64_t)(*s - '0');
-      if (m) kept++;
-    } else {
-      e10++;
-    }
-  }
-  if (*s == '.') {
-    for (s++; is_digit(*s); s++, digits++) {
-      if (kept < 19) {
-        m = m * 10 + (uint64_t)(*s - '0');
-        if (m) kept++;
-        e10--;
-      }
-    }
-  }
-  if (!digits) return NUM_NOT_NUMBER;
-  if (*s == 'e' || *s == 'E') {
-    s++;
-    bool neg = false;
-    if (*s == '+' || *s == '-') neg = *s++ == '-';
-    if (!is_digit(*s)) return NUM_NOT_NUMBER;
-    long x = 0;
-    for (; is_digit(*s); s++)
-      if (x < 100000) x = x * 10 + (*s - '0');
-    e10 += neg ? -x : x;
-  }
-  if (*s) return NUM_NOT_NUMBER;
-  long double v = (long double)m;
-  if (m == 0) {
-    v = 0;
-  } else if (e10 > 400) {
-    return NUM_OVERFLOW;
-  } else if (e10 < -400) {
-    v = 0;
-  } else {
-    for (; e10 > 27; e10 -= 27) v *= p10[27];
-    for (; e10 < -27; e10 += 27) v /= p10[27];
-    v = e10 >= 0 ? v * p10[e10] : v / p10[-e10];
-  }
-  *out = (double)v;
-  return NUM_OK;
-}
-
-/* ---- output buffer with snprintf semantics ---- */
-
-typedef struct out_s {
-  char *buf;
-  size_t len, pos; /* pos counts every byte wanted, even past len */
-} out_t;
-
-static void out_raw(out_t *o, const char *s, size_t n) {
-  for (size_t i = 0; i < n; i++, o->pos++)
-    if (o->pos + 1 < o->len) o->buf[o->pos] = s[i];
-}
-static void out_str(out_t *o, const char *s) { out_raw(o, s, strlen(s)); }
-static void out_u64(out_t *o, uint64_t v) {
-  char t[24];
-  int n = 0;
-  do t[sizeof t - 1 - n++] = (char)('0' + v % 10);
-  while (v /= 10);
-  out_raw(o, t + sizeof t - n, (size_t)n);
-}
-static size_t out_end(out_t *o) {
-  if (o->len) o->buf[o->pos < o->len ? o->pos : o->len - 1] = '\0';
-  return o->pos;
-}
-
-/* Shortest decimal (at most 17 significant digits) that parse_decimal reads back as x. */
-static void out_double(out_t *o, double x) {
-  if (!(x == x) || x < 0 || x > 1e300) { /* not a valid config value; print something */
-    char t[40];
-    snprintf(t, sizeof t, "%g", x);
-    out_str(o, t);
-    return;
-  }
-  if (x == 0) {
-    out_str(o, "0");
-    return;
-  }
-  char best[64] = "";
-  for (int prec = 0; prec <= 16; prec++) {
-    char t[48], d[24];
-    snprintf(t, sizeof t, "%.*e", prec, x);
-    /* the digits before 'e' (whatever the decimal point is), then the exponent */
-    int nd = 0;
-    const char *p = t;
-    for (; *p && *p != 'e'; p++)
-      if (is_digit(*p) && nd < 20) d[nd++] = *p;
-    long ex = 0;
-    bool neg = false;
-    if (*p == 'e') p++;
-    if (*p == '+' || *p == '-') neg = *p++ == '-';
-    for (; is_digit(*p); p++) ex = ex * 10 + (*p - '0');
-    if (neg) ex = -ex;
-    while (nd > 1 && d[nd - 1] == '0') nd--;
-    d[nd] = '\0';
-    /* value = d[0].d[1..] x 10^ex */
-    char s[64];
-    size_t k = 0;
-    if (ex < -5 || ex >= 17) {
-      s[k++] = d[0];
-      if (nd > 1) {
-        s[k++] = '.';
-        for (int i = 1; i < nd; i++) s[k++] = d[i];
-      }
-      k += (size_t)snprintf(s + k, sizeof s - k, "e%ld", ex);
-    } else if (ex < 0) {
-      s[k++] = '0';
-      s[k++] = '.';
-      for (long i = 0; i < -ex - 1; i++) s[k++] = '0';
-      for (int i = 0; i < nd; i++) s[k++] = d[i];
-      s[k] = '\0';
-    } else {
-      for (long i = 0; i <= ex; i++) s[k++] = i < nd ? d[i] : '0';
-      if (nd > ex + 1) {
-        s[k++] = '.';
-        for (int i = (int)ex + 1; i < nd; i++) s[k++] = d[i];
-      }
-      s[k] = '\0';
-    }
-    memcpy(best, s, k + 1);
-    double back;
-    if (parse_decimal(s, &back) == NUM_OK && back == x) break;
-  }
-  out_str(o, best);
-}
-
-/* ---- tokenizer ---- */
-
 typedef enum tt_e { T_END, T_WORD, T_COMMA, T_COLON, T_OPEN, T_CLOSE } tt_t;
 
 typedef struct tok_s {
   tt_t type;
-  size_t at;        /* byte offset of the token's first character */
-  char w[TOK_MAX];  /* the word without whitespace (T_WORD) */
-  size_t n;         /* its length (may exceed TOK_MAX - 1: then w is cut) */
+  size_t at;             /* byte offset of the token's first character */
+  char w[TOK_TEXT_MAX];  /* the word without whitespace, or the separator */
+  size_t n;              /* its length (may exceed TOK_TEXT_MAX - 1: then w is cut) */
 } tok_t;
+
+typedef enum pass_e { PASS_LARGE, PASS_GENERIC, PASS_DEVICE } pass_t;
 
 typedef struct parser_s {
   const char *text;
@@ -278,6 +128,9 @@ typedef struct parser_s {
   char *err;
   size_t errlen;
   const char *key; /* the key being parsed, as written */
+  pass_t pass;
+  out_t warn;      /* accidents, "; "-separated */
+  bool divisions_seen;
 } parser_t;
 
 static void next(parser_t *p, tok_t *t) {
@@ -296,22 +149,32 @@ static void next(parser_t *p, tok_t *t) {
     t->type = ch == ',' ? T_COMMA : ch == ':' ? T_COLON : ch == '[' ? T_OPEN : T_CLOSE;
     t->w[0] = ch;
     t->w[1] = '\0';
+    t->n = 1;
     return;
   }
   t->type = T_WORD;
   for (; s[p->pos] && !is_sep(s[p->pos]); p->pos++) {
     if (is_space(s[p->pos])) continue;
-    if (t->n < TOK_MAX - 1) t->w[t->n] = s[p->pos];
+    if (t->n < TOK_TEXT_MAX - 1) t->w[t->n] = s[p->pos];
     t->n++;
   }
-  t->w[t->n < TOK_MAX - 1 ? t->n : TOK_MAX - 1] = '\0';
+  t->w[t->n < TOK_TEXT_MAX - 1 ? t->n : TOK_TEXT_MAX - 1] = '\0';
 }
 
-/* The token as shown in a message: quoted, non-printable bytes escaped, long ones cut. */
-static const char *shown(const tok_t *t, char q[TOK_MAX * 4 + 8]) {
-  size_t k = 0;
+static tt_t peek(parser_t *p, tok_t *t) {
+  size_t keep = p->pos;
+  next(p, t);
+  p->pos = keep;
+  return t->type;
+}
+
+/* The token as shown in a message: quoted, non-printable bytes escaped, cut after max
+ * characters. */
+#define SHOWN_MAX 48
+static const char *shown(const tok_t *t, char q[SHOWN_MAX * 4 + 8]) {
+  size_t k = 0, i = 0;
   q[k++] = '\'';
-  for (const char *s = t->w; *s; s++) {
+  for (const char *s = t->w; *s && i < SHOWN_MAX; s++, i++) {
     unsigned char ch = (unsigned char)*s;
     if (ch >= 0x20 && ch < 0x7f && ch != '\'' && ch != '\\') {
       q[k++] = (char)ch;
@@ -323,7 +186,7 @@ static const char *shown(const tok_t *t, char q[TOK_MAX * 4 + 8]) {
       q[k++] = hex[ch & 15];
     }
   }
-  if (t->n >= TOK_MAX) {
+  if (t->n > SHOWN_MAX) {
     memcpy(q + k, "...", 3);
     k += 3;
   }
@@ -331,6 +194,7 @@ static const char *shown(const tok_t *t, char q[TOK_MAX * 4 + 8]) {
   q[k] = '\0';
   return q;
 }
+typedef char shown_t[SHOWN_MAX * 4 + 8];
 
 /* One error line: "<source>: position <n>: <what>". Always returns EXPSEG_ERR_CONFIG. */
 static expseg_status fail(parser_t *p, size_t at, const char *fmt, ...)
@@ -352,14 +216,36 @@ static expseg_status fail(parser_t *p, size_t at, const char *fmt, ...) {
   return EXPSEG_ERR_CONFIG;
 }
 
+/* One accident, appended to the warning: "position <n>: <what>". */
+static void note(parser_t *p, size_t at, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static void note(parser_t *p, size_t at, const char *fmt, ...) {
+  char line[320];
+  int n = snprintf(line, sizeof line, "%sposition %zu: ", p->warn.pos ? "; " : "", at + 1);
+  va_list ap;
+  va_start(ap, fmt);
+  if (n >= 0 && (size_t)n < sizeof line) vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+  va_end(ap);
+  _expseg_out_str(&p->warn, line);
+}
+
 /* What an option accepts, for messages. */
 static void accepted(const option_t *o, char *buf, size_t len) {
   switch (o->kind) {
   case K_BOOL: snprintf(buf, len, "True or False (exactly; case-sensitive)"); break;
   case K_MB:
-    if (o->ihi == MB_CEIL)
+    if (o == &options[EXPSEG_OPT_max_split_size_mb] ||
+        o == &options[EXPSEG_OPT_max_non_split_rounding_mb])
       snprintf(buf, len,
-               "an integer number of MB >= %llu (values of %llu and above mean unlimited)",
+               "an integer number of MB >= large_segment_size_mb (20 unless set; values of %llu "
+               "and above are clamped to it and mean unlimited)",
+               (unsigned long long)MB_CEIL);
+    else if (o->ihi == MB_CEIL)
+      snprintf(buf, len,
+               "an integer number of MB >= %llu (values of %llu and above are clamped to it)",
                (unsigned long long)o->ilo, (unsigned long long)MB_CEIL);
     else
       snprintf(buf, len, "an integer number of MB in [%llu, %llu]",
@@ -382,24 +268,354 @@ static void accepted(const option_t *o, char *buf, size_t len) {
     break;
   case K_DIVISIONS:
     snprintf(buf, len,
-             "a power of two N in [1, %llu] (1 = no rounding), or a list [K:N,...,>:N] with K "
-             "a power of two in MB and N a power of two or 0",
-             (unsigned long long)DIV_MAX);
+             "a power of two N (1 = no rounding, at most 2^63), or a list [K:N,...,>:N] with K "
+             "a power of two in MB and N a power of two or 0");
     break;
   case K_BACKEND: snprintf(buf, len, "native (expseg implements the native allocator only)"); break;
+  case K_RESERVE:
+    snprintf(buf, len, "a positive fraction of device memory (0.5) or a size in GiB (40G)");
+    break;
+  case K_RESERVE_CLASSES:
+    snprintf(buf, len, "a list [name:R,...] with R a fraction (0.25) or GiB (8G)");
+    break;
   }
 }
 
-static const char *num_problem(num_t r) {
-  return r == NUM_SIGN ? "has a sign" : r == NUM_OVERFLOW ? "is too large" : "is not a number";
+static expseg_status bad_value(parser_t *p, const option_t *o, const tok_t *v,
+                               const char *problem) {
+  char acc[256];
+  shown_t q;
+  accepted(o, acc, sizeof acc);
+  return fail(p, v->at, "%s value %s %s; accepted: %s", p->key ? p->key : o->key, shown(v, q),
+              problem, acc);
 }
+
+/* The value token is missing or a separator where a word is needed. */
+static expseg_status no_value(parser_t *p, const option_t *o, const tok_t *v) {
+  char acc[256];
+  shown_t q;
+  accepted(o, acc, sizeof acc);
+  return fail(p, v->at, "%s has no value (found %s); accepted: %s", p->key ? p->key : o->key,
+              v->type == T_END ? "the end of the text" : shown(v, q), acc);
+}
+
+/* Notes what the number's flags say about how it was written. */
+static void note_number(parser_t *p, const tok_t *v, unsigned fl, const char *taken) {
+  if (!fl) return;
+  shown_t q;
+  note(p, v->at, "%s value %s read as %s (%s); write %s", p->key, shown(v, q), taken,
+       fl & NUMF_WRAPPED ? "a negative number wraps around, as PyTorch's stoull does"
+       : fl & NUMF_JUNK  ? "PyTorch ignores what follows the number"
+       : fl & NUMF_FORM  ? "PyTorch reads it with strtod"
+                         : "a sign is not part of the clean form",
+       taken);
+}
+
+/* Notes a separator that stands where `want` belongs. */
+static void note_sep(parser_t *p, const tok_t *t, char want) {
+  if (t->type == T_END || t->w[0] == want) return;
+  shown_t q;
+  note(p, t->at, "%s taken as '%c'", shown(t, q), want);
+}
+
+static const char *num_problem(num_t r) {
+  return r == NUM_OVERFLOW ? "is out of range (PyTorch's stoull/stod throw)" : "is not a number";
+}
+
+/* ---- typed handlers: v is the value token (whatever it is) ---- */
+
+static expseg_status mb_value(parser_t *p, const option_t *o, const tok_t *v, expseg_config_t *c) {
+  uint64_t u;
+  unsigned fl;
+  if (v->type != T_WORD) return no_value(p, o, v);
+  if (v->n >= TOK_TEXT_MAX) return bad_value(p, o, v, "is too long");
+  num_t r = _expseg_read_u64(v->w, &u, &fl);
+  if (r != NUM_OK) return bad_value(p, o, v, num_problem(r));
+  uint64_t lo = o->ilo;
+  if (o == &options[EXPSEG_OPT_max_split_size_mb] ||
+      o == &options[EXPSEG_OPT_max_non_split_rounding_mb])
+    lo = c->large_segment_size / MiB;
+  if (u < lo) {
+    char what[96];
+    snprintf(what, sizeof what, "is too small (at least %llu)", (unsigned long long)lo);
+    return bad_value(p, o, v, what);
+  }
+  if (o->ihi != MB_CEIL && u > o->ihi) return bad_value(p, o, v, "is too large");
+  if (u > MB_CEIL) u = MB_CEIL;
+  char taken[32];
+  snprintf(taken, sizeof taken, "%llu", (unsigned long long)u);
+  note_number(p, v, fl, taken);
+  FIELD(c, o, size_t) = (size_t)u * MiB;
+  return EXPSEG_OK;
+}
+
+static expseg_status word_value(parser_t *p, const option_t *o, const tok_t *v,
+                                expseg_config_t *c) {
+  uint64_t u;
+  double d;
+  unsigned fl;
+  num_t r;
+  char taken[48];
+  if (o->kind == K_MB) return mb_value(p, o, v, c);
+  if (v->type != T_WORD) return no_value(p, o, v);
+  if (v->n >= TOK_TEXT_MAX) return bad_value(p, o, v, "is too long");
+  switch (o->kind) {
+  case K_BOOL:
+    if (strcmp(v->w, "True") && strcmp(v->w, "False"))
+      return bad_value(p, o, v, "is not a boolean");
+    FIELD(c, o, bool) = v->w[0] == 'T';
+    return EXPSEG_OK;
+  case K_DOUBLE:
+  case K_DOUBLE_OPEN:
+    if ((r = _expseg_read_double(v->w, &d, &fl)) != NUM_OK) return bad_value(p, o, v, num_problem(r));
+    if (o->kind == K_DOUBLE ? !(d >= o->dlo && d <= o->dhi) : !(d > o->dlo && d < o->dhi))
+      return bad_value(p, o, v, "is out of range");
+    if (d == 0) d = 0.0; /* -0 is 0 */
+    {
+      out_t t = {taken, sizeof taken, 0};
+      _expseg_out_double(&t, d);
+      _expseg_out_end(&t);
+    }
+    note_number(p, v, fl, taken);
+    FIELD(c, o, double) = d;
+    return EXPSEG_OK;
+  case K_UINT:
+  case K_POW2:
+    if ((r = _expseg_read_u64(v->w, &u, &fl)) != NUM_OK) return bad_value(p, o, v, num_problem(r));
+    if (o->kind == K_POW2 && !is_pow2(u)) return bad_value(p, o, v, "is not a power of two");
+    if (u < o->ilo || u > o->ihi) return bad_value(p, o, v, "is out of range");
+    snprintf(taken, sizeof taken, "%llu", (unsigned long long)u);
+    note_number(p, v, fl, taken);
+    FIELD(c, o, uint32_t) = (uint32_t)u;
+    return EXPSEG_OK;
+  case K_DIVISIONS:
+    if ((r = _expseg_read_u64(v->w, &u, &fl)) != NUM_OK) return bad_value(p, o, v, num_problem(r));
+    if (u == 0) return bad_value(p, o, v, "is 0 (the single-number form needs a power of two; 1 = no rounding)");
+    if (!is_pow2(u)) return bad_value(p, o, v, "is not a power of two");
+    snprintf(taken, sizeof taken, "%llu", (unsigned long long)u);
+    note_number(p, v, fl, taken);
+    for (int i = 0; i < EXPSEG_ROUNDUP_INTERVALS; i++) c->roundup_power2_divisions[i] = u;
+    return EXPSEG_OK;
+  case K_BACKEND:
+    if (!strcmp(v->w, "native")) {
+      FIELD(c, o, int) = 0;
+      return EXPSEG_OK;
+    }
+    if (!strcmp(v->w, "cudaMallocAsync") || !strcmp(v->w, "hipMallocAsync"))
+      return bad_value(p, o, v,
+                       "is not available: expseg implements PyTorch's native caching allocator "
+                       "only (remove the key; cudaMallocAsync is PyTorch's other backend)");
+    return bad_value(p, o, v, "is unknown");
+  default: break;
+  }
+  return bad_value(p, o, v, "is not accepted");
+}
+
+/* A reserve value as PyTorch's parseReserveSpec reads it: a positive finite number, GiB when
+ * it ends in G or g, else a fraction of device memory. */
+static bool reserve_spec(const tok_t *v, double *value, bool *gib) {
+  if (v->type != T_WORD || v->n >= TOK_TEXT_MAX || v->n == 0) return false;
+  size_t n = v->n;
+  *gib = v->w[n - 1] == 'G' || v->w[n - 1] == 'g';
+  if (*gib) n--;
+  return n > 0 && _expseg_read_stream_double(v->w, n, value) && *value > 0;
+}
+
+static void out_reserve(out_t *o, double value, bool gib) {
+  _expseg_out_double(o, value);
+  if (gib) _expseg_out_str(o, "G");
+}
+
+/* roundup_power2_divisions list, after '[' (PyTorch's generic parser): each entry K:N sets
+ * interval log2(K) (clamped to 15) and the first numeric one also every interval below it;
+ * '>:N' sets every interval after the last one set (after interval 0 when none was), and
+ * may stand anywhere; intervals not reached keep their value. */
+static expseg_status divisions_list(parser_t *p, const option_t *o, expseg_config_t *c) {
+  uint64_t *div = c->roundup_power2_divisions;
+  bool first = true, any = false;
+  size_t last = 0;
+  tok_t k, t, v;
+  shown_t q;
+  char acc[256];
+  accepted(o, acc, sizeof acc);
+  for (;;) {
+    next(p, &k);
+    if (k.type == T_END)
+      return fail(p, k.at, "%s: the list has no closing ']'; accepted: %s", p->key, acc);
+    if (k.type == T_CLOSE) break;
+    next(p, &t);
+    if (t.type == T_END)
+      return fail(p, t.at, "%s: list entry %s has no ':N' (the text ends); accepted: %s", p->key,
+                  shown(&k, q), acc);
+    next(p, &v);
+    if (v.type == T_END)
+      return fail(p, v.at, "%s: list entry %s has no value N (the text ends); accepted: %s",
+                  p->key, shown(&k, q), acc);
+    uint64_t n, kmb;
+    unsigned fl, fk;
+    num_t r = v.type != T_WORD ? NUM_NOT_NUMBER : _expseg_read_u64(v.w, &n, &fl);
+    if (v.type == T_WORD && v.n >= TOK_TEXT_MAX) return bad_value(p, o, &v, "is too long");
+    if (r != NUM_OK) return bad_value(p, o, &v, num_problem(r));
+    if (n != 0 && !is_pow2(n)) return bad_value(p, o, &v, "is not a power of two or 0");
+    note_sep(p, &t, ':');
+    char taken[32];
+    snprintf(taken, sizeof taken, "%llu", (unsigned long long)n);
+    note_number(p, &v, fl, taken);
+    if (k.type == T_WORD && !strcmp(k.w, ">")) {
+      if (!any && n != 0)
+        note(p, k.at,
+             "%s: '>' as the first entry sets the intervals from 2 MiB up and leaves sizes "
+             "below 2 MiB unrounded (PyTorch's rule); write [1:0,>:%llu] to say so, or %llu to "
+             "round every size",
+             p->key, (unsigned long long)n, (unsigned long long)n);
+      for (size_t i = last + 1; i < EXPSEG_ROUNDUP_INTERVALS; i++) div[i] = n;
+    } else {
+      r = k.type != T_WORD ? NUM_NOT_NUMBER : _expseg_read_u64(k.w, &kmb, &fk);
+      if (k.type == T_WORD && k.n >= TOK_TEXT_MAX) return bad_value(p, o, &k, "is too long");
+      if (r != NUM_OK) return bad_value(p, o, &k, num_problem(r));
+      if (!is_pow2(kmb)) return bad_value(p, o, &k, "is not a power of two (interval K in MB)");
+      snprintf(taken, sizeof taken, "%llu", (unsigned long long)kmb);
+      note_number(p, &k, fk, taken);
+      size_t idx = log2_floor(kmb);
+      if (idx >= EXPSEG_ROUNDUP_INTERVALS) idx = EXPSEG_ROUNDUP_INTERVALS - 1;
+      if (first)
+        for (size_t i = 0; i < idx; i++) div[i] = n;
+      first = false;
+      div[idx] = n;
+      last = idx;
+    }
+    any = true;
+    if (peek(p, &t) == T_END)
+      return fail(p, t.at, "%s: the list has no closing ']'; accepted: %s", p->key, acc);
+    if (t.type != T_CLOSE) {
+      next(p, &t);
+      note_sep(p, &t, ',');
+      tok_t u;
+      if (peek(p, &u) == T_CLOSE) note(p, t.at, "%s: trailing %s in the list ignored", p->key, shown(&t, q));
+    }
+  }
+  if (!any) note(p, k.at - 1, "%s: empty list [] sets nothing (no rounding); write [>:0]", p->key);
+  return EXPSEG_OK;
+}
+
+/* expandable_segments_reserve_by_class (PyTorch's CUDA parser): the token after ':' is taken
+ * as '[' whatever it is; entries name:R follow until a ']' stands where a name would. Bad
+ * values are ignored with a warning, as PyTorch does. */
+static expseg_status reserve_classes(parser_t *p, const option_t *o, const tok_t *open,
+                                     expseg_config_t *c) {
+  char cls[EXPSEG_RESERVE_CLASSES_MAX];
+  out_t b = {cls, sizeof cls, 0};
+  tok_t name, t, v;
+  shown_t q;
+  char acc[256];
+  accepted(o, acc, sizeof acc);
+  note_sep(p, open, '[');
+  for (;;) {
+    if (peek(p, &t) == T_END)
+      return fail(p, t.at, "%s: the list has no closing ']'; accepted: %s", p->key, acc);
+    if (t.type == T_CLOSE) break;
+    next(p, &name);
+    next(p, &t);
+    next(p, &v);
+    if (t.type == T_END || v.type == T_END)
+      return fail(p, v.at, "%s: list entry %s has no value (the text ends); accepted: %s",
+                  p->key, shown(&name, q), acc);
+    note_sep(p, &t, ':');
+    double value;
+    bool gib;
+    if (name.type != T_WORD || name.n >= TOK_TEXT_MAX) {
+      note(p, name.at, "%s: entry named %s dropped (not a name)", p->key, shown(&name, q));
+    } else if (!reserve_spec(&v, &value, &gib)) {
+      note(p, v.at, "%s: value %s of class %s ignored, as PyTorch ignores it; accepted: %s",
+           p->key, shown(&v, q), name.w, acc);
+    } else {
+      size_t keep = b.pos;
+      if (b.pos) _expseg_out_str(&b, ",");
+      _expseg_out_str(&b, name.w);
+      _expseg_out_str(&b, ":");
+      out_reserve(&b, value, gib);
+      if (b.pos >= sizeof cls) {
+        b.pos = keep;
+        note(p, name.at, "%s: class %s dropped: expseg keeps %d bytes of classes (no effect)",
+             p->key, name.w, EXPSEG_RESERVE_CLASSES_MAX - 1);
+      }
+    }
+    if (peek(p, &t) == T_END)
+      return fail(p, t.at, "%s: the list has no closing ']'; accepted: %s", p->key, acc);
+    if (t.type == T_COMMA) {
+      next(p, &t);
+      tok_t u;
+      if (peek(p, &u) == T_CLOSE) note(p, t.at, "%s: trailing ',' in the list ignored", p->key);
+    } else if (t.type != T_CLOSE) {
+      note(p, t.at, "%s: %s read as the next class name", p->key, shown(&t, q));
+    }
+  }
+  next(p, &t); /* the ']' */
+  _expseg_out_end(&b);
+  memset(c->expandable_segments_reserve_by_class, 0, sizeof c->expandable_segments_reserve_by_class);
+  memcpy(c->expandable_segments_reserve_by_class, cls, strlen(cls));
+  return EXPSEG_OK;
+}
+
+/* Parses option o whose key token is k: the separator slot, the value, the handler. */
+static expseg_status parse_option(parser_t *p, const option_t *o, expseg_config_t *c) {
+  tok_t t, v;
+  shown_t q;
+  next(p, &t);
+  if (t.type == T_END) return no_value(p, o, &t);
+  next(p, &v);
+  if (v.type == T_END) return no_value(p, o, &v);
+  note_sep(p, &t, ':');
+  switch (o->kind) {
+  case K_DIVISIONS:
+    if (!p->divisions_seen) /* PyTorch resets the divisions once per parse; keys then merge */
+      memset(c->roundup_power2_divisions, 0, sizeof c->roundup_power2_divisions);
+    p->divisions_seen = true;
+    return v.type == T_OPEN ? divisions_list(p, o, c) : word_value(p, o, &v, c);
+  case K_RESERVE: {
+    double value;
+    bool gib;
+    if (reserve_spec(&v, &value, &gib)) {
+      c->expandable_segments_reserve = value;
+      c->expandable_segments_reserve_gib = gib;
+    } else {
+      char acc[256];
+      accepted(o, acc, sizeof acc);
+      note(p, v.at, "%s value %s ignored, as PyTorch ignores it (the value in force stays); "
+           "accepted: %s", p->key, shown(&v, q), acc);
+    }
+    return EXPSEG_OK;
+  }
+  case K_RESERVE_CLASSES: return reserve_classes(p, o, &v, c);
+  default: return word_value(p, o, &v, c);
+  }
+}
+
+/* PyTorch's skipKey: a separator slot, a value; a value '[' runs to the first ']'. */
+static expseg_status skip_option(parser_t *p, const option_t *o) {
+  tok_t t, v;
+  next(p, &t);
+  if (t.type == T_END) return no_value(p, o, &t);
+  next(p, &v);
+  if (v.type == T_END) return no_value(p, o, &v);
+  if (v.type != T_OPEN) return EXPSEG_OK;
+  for (next(p, &t); t.type != T_CLOSE; next(p, &t))
+    if (t.type == T_END) {
+      char acc[256];
+      accepted(o, acc, sizeof acc);
+      return fail(p, t.at, "%s: the list has no closing ']'; accepted: %s", p->key, acc);
+    }
+  return EXPSEG_OK;
+}
+
+/* ---- unknown keys ---- */
 
 /* Edit distance, for "did you mean"; SIZE_MAX once it is certainly above 3. */
 static size_t distance(const char *a, const char *b) {
   size_t la = strlen(a), lb = strlen(b);
-  if (la >= TOK_MAX || lb >= TOK_MAX) return SIZE_MAX;
+  if (la >= 64 || lb >= 64) return SIZE_MAX;
   if (la > lb + 3 || lb > la + 3) return SIZE_MAX; /* too far to suggest anyway */
-  size_t row[TOK_MAX];
+  size_t row[64];
   for (size_t j = 0; j <= lb; j++) row[j] = j;
   for (size_t i = 1; i <= la; i++) {
     size_t diag = row[0], low = i;
@@ -418,176 +634,110 @@ static size_t distance(const char *a, const char *b) {
   return row[lb];
 }
 
+/* The message names the suggestion first, then every key (PyTorch's, then expseg's own; an
+ * alias as "key (or alias)"). The shown key is cut at SHOWN_MAX characters, so the whole
+ * line always fits in EXPSEG_CONFIG_MSG_MAX (tests/test_policy_table.cpp checks it). */
 static expseg_status unknown_key(parser_t *p, const tok_t *t) {
-  char q[TOK_MAX * 4 + 8], keys[700];
+  char keys[800];
+  shown_t q;
   out_t o = {keys, sizeof keys, 0};
   const char *near = NULL;
   size_t best = SIZE_MAX;
-  for (int i = 0; i < EXPSEG_OPT_COUNT; i++) {
-    if (i) out_str(&o, ", ");
-    out_str(&o, options[i].key);
-    size_t d = distance(t->w, options[i].key);
-    if (d < best) best = d, near = options[i].key;
-    if (options[i].alias) {
-      out_str(&o, ", ");
-      out_str(&o, options[i].alias);
-      d = distance(t->w, options[i].alias);
-      if (d < best) best = d, near = options[i].alias;
+  for (int own = 0; own < 2; own++) {
+    bool any = false;
+    if (own) _expseg_out_str(&o, "; expseg's own: ");
+    for (int i = 0; i < EXPSEG_OPT_COUNT; i++) {
+      if ((options[i].pytorch == 0) != (own == 1)) continue;
+      if (any) _expseg_out_str(&o, ", ");
+      any = true;
+      _expseg_out_str(&o, options[i].key);
+      size_t d = t->n < TOK_TEXT_MAX ? distance(t->w, options[i].key) : SIZE_MAX;
+      if (d < best) best = d, near = options[i].key;
+      if (options[i].alias) {
+        _expseg_out_str(&o, " (or ");
+        _expseg_out_str(&o, options[i].alias);
+        _expseg_out_str(&o, ")");
+        d = t->n < TOK_TEXT_MAX ? distance(t->w, options[i].alias) : SIZE_MAX;
+        if (d < best) best = d, near = options[i].alias;
+      }
     }
   }
-  out_end(&o);
+  _expseg_out_end(&o);
   if (near && best <= 3)
     return fail(p, t->at, "unknown key %s (did you mean '%s'?); accepted keys: %s", shown(t, q),
                 near, keys);
   return fail(p, t->at, "unknown key %s; accepted keys: %s", shown(t, q), keys);
 }
 
-/* ---- typed handlers ---- */
-
-#define FIELD(c, o, type) (*(type *)(void *)((char *)(c) + (o)->offset))
-
-/* The key is named as written (the HIP alias stays the HIP alias). */
-static expseg_status bad_value(parser_t *p, const option_t *o, const tok_t *v,
-                               const char *problem) {
-  char q[TOK_MAX * 4 + 8], acc[256];
-  accepted(o, acc, sizeof acc);
-  return fail(p, v->at, "%s value %s %s; accepted: %s", p->key ? p->key : o->key, shown(v, q),
-              problem, acc);
-}
-
-static expseg_status word_value(parser_t *p, const option_t *o, const tok_t *v,
-                                expseg_config_t *c) {
-  uint64_t u;
-  double d;
-  num_t r;
-  if (v->n >= TOK_MAX) return bad_value(p, o, v, "is too long");
-  switch (o->kind) {
-  case K_BOOL:
-    if (strcmp(v->w, "True") && strcmp(v->w, "False"))
-      return bad_value(p, o, v, "is not a boolean");
-    FIELD(c, o, bool) = v->w[0] == 'T';
-    return EXPSEG_OK;
-  case K_MB:
-    if ((r = parse_u64(v->w, &u)) != NUM_OK) return bad_value(p, o, v, num_problem(r));
-    if (u < o->ilo) return bad_value(p, o, v, "is too small");
-    if (o->ihi == MB_CEIL && u >= MB_CEIL) {
-      FIELD(c, o, size_t) = SIZE_MAX;
-      return EXPSEG_OK;
-    }
-    if (u > o->ihi) return bad_value(p, o, v, "is too large");
-    FIELD(c, o, size_t) = (size_t)u * MiB;
-    return EXPSEG_OK;
-  case K_DOUBLE:
-  case K_DOUBLE_OPEN:
-    if ((r = parse_decimal(v->w, &d)) != NUM_OK) return bad_value(p, o, v, num_problem(r));
-    if (o->kind == K_DOUBLE ? (d < o->dlo || d > o->dhi) : (d <= o->dlo || d >= o->dhi))
-      return bad_value(p, o, v, "is out of range");
-    FIELD(c, o, double) = d;
-    return EXPSEG_OK;
-  case K_UINT:
-  case K_POW2:
-    if ((r = parse_u64(v->w, &u)) != NUM_OK) return bad_value(p, o, v, num_problem(r));
-    if (o->kind == K_POW2 && !is_pow2(u)) return bad_value(p, o, v, "is not a power of two");
-    if (u < o->ilo || u > o->ihi) return bad_value(p, o, v, "is out of range");
-    FIELD(c, o, uint32_t) = (uint32_t)u;
-    return EXPSEG_OK;
-  case K_DIVISIONS:
-    if ((r = parse_u64(v->w, &u)) != NUM_OK) return bad_value(p, o, v, num_problem(r));
-    if (u == 0) return bad_value(p, o, v, "is 0 (the single-number form needs a power of two; 1 = no rounding)");
-    if (!is_pow2(u)) return bad_value(p, o, v, "is not a power of two");
-    if (u > DIV_MAX) return bad_value(p, o, v, "is too large");
-    for (int i = 0; i < EXPSEG_ROUNDUP_INTERVALS; i++) c->roundup_power2_divisions[i] = (uint32_t)u;
-    return EXPSEG_OK;
-  case K_BACKEND:
-    if (!strcmp(v->w, "native")) {
-      FIELD(c, o, int) = 0;
-      return EXPSEG_OK;
-    }
-    if (!strcmp(v->w, "cudaMallocAsync") || !strcmp(v->w, "hipMallocAsync"))
-      return bad_value(p, o, v,
-                       "is not available: expseg implements PyTorch's native caching allocator "
-                       "only (remove the key; cudaMallocAsync is PyTorch's other backend)");
-    return bad_value(p, o, v, "is unknown");
-  }
-  return bad_value(p, o, v, "is not accepted");
-}
-
-/* roundup_power2_divisions list form, after '['. Entries apply in order: K (MB, a power of
- * two) sets interval log2(K) (clamped to 15), the first one also every interval below it;
- * '>' sets every interval after the last explicit one (every interval if none came before)
- * and must be the last entry. Intervals not reached stay 0. */
-static expseg_status divisions_list(parser_t *p, const option_t *o, const tok_t *open,
-                                    expseg_config_t *c) {
-  uint32_t div[EXPSEG_ROUNDUP_INTERVALS] = {0};
-  bool first = true, closed_by_gt = false;
-  int last = -1;
-  char q[TOK_MAX * 4 + 8], q2[TOK_MAX * 4 + 8], acc[256];
-  accepted(o, acc, sizeof acc);
-  tok_t k, t, v;
-  next(p, &k);
-  if (k.type == T_CLOSE)
-    return fail(p, k.at, "%s: empty list '[]'; accepted: %s", o->key, acc);
-  for (;;) {
-    if (k.type != T_WORD)
-      return fail(p, k.at, "%s: malformed list: expected an entry K:N but found %s; accepted: %s",
-                  o->key, k.type == T_END ? "the end of the text" : shown(&k, q), acc);
-    if (closed_by_gt)
-      return fail(p, k.at, "%s: list entry %s after '>:N'; '>' must be the last entry", o->key,
-                  shown(&k, q));
-    next(p, &t);
-    if (t.type != T_COLON)
-      return fail(p, t.at, "%s: malformed list: entry %s has no ':N'; accepted: %s", o->key,
-                  shown(&k, q), acc);
-    next(p, &v);
-    if (v.type != T_WORD)
-      return fail(p, v.at, "%s: malformed list: entry %s has no value N; accepted: %s", o->key,
-                  shown(&k, q), acc);
-    uint64_t n, kmb;
-    num_t r = v.n >= TOK_MAX ? NUM_OVERFLOW : parse_u64(v.w, &n);
-    if (r != NUM_OK) return bad_value(p, o, &v, num_problem(r));
-    if (n != 0 && !is_pow2(n)) return bad_value(p, o, &v, "is not a power of two or 0");
-    if (n > DIV_MAX) return bad_value(p, o, &v, "is too large");
-    if (!strcmp(k.w, ">")) {
-      for (int i = last + 1; i < EXPSEG_ROUNDUP_INTERVALS; i++) div[i] = (uint32_t)n;
-      closed_by_gt = true;
-    } else {
-      r = k.n >= TOK_MAX ? NUM_OVERFLOW : parse_u64(k.w, &kmb);
-      if (r != NUM_OK) return bad_value(p, o, &k, num_problem(r));
-      if (!is_pow2(kmb)) return bad_value(p, o, &k, "is not a power of two (interval K in MB)");
-      unsigned idx = log2_floor(kmb);
-      if (idx >= EXPSEG_ROUNDUP_INTERVALS) idx = EXPSEG_ROUNDUP_INTERVALS - 1;
-      if (first)
-        for (unsigned i = 0; i < idx; i++) div[i] = (uint32_t)n;
-      first = false;
-      div[idx] = (uint32_t)n;
-      last = (int)idx;
-    }
-    next(p, &t);
-    if (t.type == T_CLOSE) break;
-    if (t.type != T_COMMA)
-      return fail(p, t.at, "%s: malformed list: expected ',' or ']' after entry %s but found %s",
-                  o->key, shown(&k, q), t.type == T_END ? "the end of the text" : shown(&t, q2));
-    next(p, &k);
-    if (k.type == T_CLOSE)
-      return fail(p, t.at, "%s: malformed list: trailing ',' before ']'; accepted: %s", o->key,
-                  acc);
-  }
-  (void)open;
-  memcpy(c->roundup_power2_divisions, div, sizeof div);
-  return EXPSEG_OK;
-}
-
-static const option_t *find_option(const char *w) {
+static const option_t *find_option(const tok_t *t) {
+  if (t->type != T_WORD || t->n >= TOK_TEXT_MAX) return NULL;
   for (int i = 0; i < EXPSEG_OPT_COUNT; i++)
-    if (!strcmp(w, options[i].key) || (options[i].alias && !strcmp(w, options[i].alias)))
+    if (!strcmp(t->w, options[i].key) || (options[i].alias && !strcmp(t->w, options[i].alias)))
       return &options[i];
   return NULL;
 }
 
-expseg_status _expseg_config_parse(const char *text, const char *source,
-                                   const expseg_config_t *base, expseg_config_t *out,
-                                   char *err, size_t errlen) {
-  parser_t p = {text ? text : "", 0, source, err, errlen, NULL};
+/* ---- the walks ---- */
+
+/* PyTorch's first walk: every token equal to large_segment_size_mb, wherever it stands. */
+static expseg_status walk_large(parser_t *p, expseg_config_t *c) {
+  const option_t *o = &options[EXPSEG_OPT_large_segment_size_mb];
+  tok_t k;
+  p->pass = PASS_LARGE;
+  p->pos = 0;
+  for (next(p, &k); k.type != T_END; next(p, &k)) {
+    if (k.type != T_WORD || strcmp(k.w, o->key)) continue;
+    p->key = o->key;
+    expseg_status s = parse_option(p, o, c);
+    if (s != EXPSEG_OK) return s;
+    c->given |= (uint64_t)1 << EXPSEG_OPT_large_segment_size_mb;
+  }
+  return EXPSEG_OK;
+}
+
+/* The generic or the CUDA walk: key, separator slot, value, one token taken as ','. */
+static expseg_status walk(parser_t *p, pass_t pass, expseg_config_t *c) {
+  tok_t k, t;
+  shown_t q, q2;
+  p->pass = pass;
+  p->pos = 0;
+  next(p, &k);
+  while (k.type != T_END) {
+    const option_t *o = find_option(&k);
+    if (!o) {
+      if (k.type == T_COMMA)
+        return fail(p, k.at, "empty option before ','; accepted: key:value pairs separated by ','");
+      if (k.type != T_WORD)
+        return fail(p, k.at, "expected a key but found %s; accepted: key:value pairs separated by ','",
+                    shown(&k, q));
+      return unknown_key(p, &k);
+    }
+    int id = (int)(o - options);
+    p->key = !strcmp(k.w, o->key) ? o->key : o->alias;
+    bool mine = id != EXPSEG_OPT_large_segment_size_mb && generic_key(id) == (pass == PASS_GENERIC);
+    expseg_status s = mine ? parse_option(p, o, c) : skip_option(p, o);
+    if (s != EXPSEG_OK) return s;
+    if (mine) c->given |= (uint64_t)1 << id;
+    next(p, &t);
+    if (t.type == T_END) break;
+    next(p, &k);
+    if (pass != PASS_DEVICE) continue; /* separators are noted once, in the last walk */
+    if (k.type == T_END)
+      note(p, t.at, "trailing %s after %s ignored", shown(&t, q), p->key);
+    else if (t.type == T_WORD)
+      note(p, t.at, "%s after %s ignored where ',' belongs", shown(&t, q2), p->key);
+    else
+      note_sep(p, &t, ',');
+  }
+  return EXPSEG_OK;
+}
+
+expseg_status _expseg_config_parse_warn(const char *text, const char *source,
+                                        const expseg_config_t *base, expseg_config_t *out,
+                                        char *err, size_t errlen, char *warn, size_t warnlen) {
+  char wbuf[EXPSEG_CONFIG_MSG_MAX];
+  parser_t p = {text ? text : "", 0, source, err, errlen, NULL, PASS_LARGE,
+                {wbuf, sizeof wbuf, 0}, false};
   expseg_config_t c;
   if (base)
     c = *base;
@@ -595,143 +745,34 @@ expseg_status _expseg_config_parse(const char *text, const char *source,
     _expseg_config_defaults(&c);
   c.given = 0;
   if (err && errlen) err[0] = '\0';
-  char q[TOK_MAX * 4 + 8], q2[TOK_MAX * 4 + 8];
-  tok_t k, t, v;
-  next(&p, &k);
-  if (k.type == T_END) goto done;
-  for (;;) {
-    if (k.type != T_WORD) {
-      if (k.type == T_COMMA)
-        return fail(&p, k.at, "empty option before ','; accepted: key:value pairs separated by ','");
-      return fail(&p, k.at, "expected a key but found %s; accepted: key:value pairs separated by ','",
-                  shown(&k, q));
-    }
-    const option_t *o = k.n < TOK_MAX ? find_option(k.w) : NULL;
-    if (!o) return unknown_key(&p, &k);
-    p.key = !strcmp(k.w, o->key) ? o->key : o->alias;
-    next(&p, &t);
-    if (t.type != T_COLON)
-      return fail(&p, t.at, "%s has no value (expected ':' after the key, found %s)", p.key,
-                  t.type == T_END ? "the end of the text" : shown(&t, q));
-    next(&p, &v);
-    expseg_status s;
-    if (v.type == T_WORD) {
-      s = word_value(&p, o, &v, &c);
-    } else if (v.type == T_OPEN && o->kind == K_DIVISIONS) {
-      s = divisions_list(&p, o, &v, &c);
-    } else if (v.type == T_OPEN) {
-      char acc[256];
-      accepted(o, acc, sizeof acc);
-      s = fail(&p, v.at, "%s value is a list, but only roundup_power2_divisions takes one; accepted: %s",
-               p.key, acc);
-    } else {
-      char acc[256];
-      accepted(o, acc, sizeof acc);
-      s = fail(&p, v.at, "%s has no value (found %s after ':'); accepted: %s", p.key,
-               v.type == T_END ? "the end of the text" : shown(&v, q), acc);
-    }
-    if (s != EXPSEG_OK) return s;
-    c.given |= (uint64_t)1 << (o - options);
-    next(&p, &t);
-    if (t.type == T_END) break;
-    if (t.type != T_COMMA)
-      return fail(&p, t.at, "expected ',' after %s:%s but found %s", p.key,
-                  v.type == T_WORD ? shown(&v, q2) : "[...]", shown(&t, q));
-    next(&p, &k);
-    if (k.type == T_END)
-      return fail(&p, t.at, "trailing ',' after %s:%s; remove it", p.key,
-                  v.type == T_WORD ? shown(&v, q2) : "[...]");
+  if (warn && warnlen) warn[0] = '\0';
+  expseg_status s = walk_large(&p, &c);
+  /* PyTorch: every parse sets max_non_split_rounding to the large segment size; expseg does
+   * so when the text sets large_segment_size_mb (other keys not given keep their values) */
+  if (s == EXPSEG_OK && (c.given >> EXPSEG_OPT_large_segment_size_mb & 1))
+    c.max_non_split_rounding = c.large_segment_size;
+  if (s == EXPSEG_OK) s = walk(&p, PASS_GENERIC, &c);
+  if (s == EXPSEG_OK) s = walk(&p, PASS_DEVICE, &c);
+  if (s != EXPSEG_OK) return s;
+  _expseg_out_end(&p.warn);
+  if (p.warn.pos && warn && warnlen) {
+    char clean[EXPSEG_CONFIG_MSG_MAX];
+    _expseg_config_print_keys(&c, c.given, clean, sizeof clean);
+    out_t w = {warn, warnlen, 0};
+    _expseg_out_str(&w, source ? source : "config");
+    _expseg_out_str(&w, ": accepted as PyTorch's parser reads it; write it as ");
+    _expseg_out_str(&w, clean);
+    _expseg_out_str(&w, " (");
+    _expseg_out_str(&w, wbuf);
+    _expseg_out_str(&w, ")");
+    _expseg_out_end(&w);
   }
-done:
   *out = c;
   return EXPSEG_OK;
 }
 
-/* ---- the canonical printer ---- */
-
-static void print_divisions(out_t *o, const uint32_t *d) {
-  const int n = EXPSEG_ROUNDUP_INTERVALS;
-  int k = 0; /* end of the first run */
-  while (k + 1 < n && d[k + 1] == d[0]) k++;
-  if (k == n - 1 && is_pow2(d[0])) {
-    out_u64(o, d[0]);
-    return;
-  }
-  int j = n - 1; /* start of the last run */
-  while (j > 0 && d[j - 1] == d[n - 1]) j--;
-  out_str(o, "[");
-  if (k == n - 1) { /* one run of a value that is not a power of two (0): '>' fills all */
-    out_str(o, ">:");
-    out_u64(o, d[0]);
-    out_str(o, "]");
-    return;
-  }
-  out_u64(o, (uint64_t)1 << k); /* the first entry fills every interval below it */
-  out_str(o, ":");
-  out_u64(o, d[k]);
-  for (int i = k + 1; i < j; i++) {
-    out_str(o, ",");
-    out_u64(o, (uint64_t)1 << i);
-    out_str(o, ":");
-    out_u64(o, d[i]);
-  }
-  out_str(o, ",>:"); /* the last run: every interval after the last explicit one */
-  out_u64(o, d[j]);
-  out_str(o, "]");
-}
-
-/* False when the value cannot be written (an "off" default outside the accepted range). */
-static bool printable(const option_t *o, const expseg_config_t *c) {
-  switch (o->kind) {
-  case K_MB: {
-    size_t b = FIELD(c, o, size_t);
-    uint64_t mb = b == SIZE_MAX ? MB_CEIL : b / MiB;
-    return mb >= o->ilo;
-  }
-  case K_DOUBLE_OPEN: {
-    double d = FIELD(c, o, double);
-    return d > o->dlo && d < o->dhi;
-  }
-  default: return true;
-  }
-}
-
-size_t _expseg_config_print(const expseg_config_t *c, char *buf, size_t len) {
-  out_t o = {buf, len, 0};
-  bool any = false;
-  for (int i = 0; i < EXPSEG_OPT_COUNT; i++) {
-    const option_t *op = &options[i];
-    if (!printable(op, c)) continue;
-    if (any) out_str(&o, ",");
-    any = true;
-    out_str(&o, op->key);
-    out_str(&o, ":");
-    switch (op->kind) {
-    case K_BOOL: out_str(&o, FIELD(c, op, bool) ? "True" : "False"); break;
-    case K_MB: {
-      size_t b = FIELD(c, op, size_t);
-      out_u64(&o, b == SIZE_MAX ? MB_CEIL : b / MiB);
-      break;
-    }
-    case K_DOUBLE:
-    case K_DOUBLE_OPEN: out_double(&o, FIELD(c, op, double)); break;
-    case K_UINT:
-    case K_POW2: out_u64(&o, FIELD(c, op, uint32_t)); break;
-    case K_DIVISIONS: print_divisions(&o, c->roundup_power2_divisions); break;
-    case K_BACKEND: out_str(&o, "native"); break;
-    }
-  }
-  return out_end(&o);
-}
-
-size_t _expseg_config_no_effect(const expseg_config_t *c, char *buf, size_t len) {
-  out_t o = {buf, len, 0};
-  bool any = false;
-  for (int i = 0; i < EXPSEG_OPT_COUNT; i++) {
-    if (options[i].pytorch != 2 || !(c->given & ((uint64_t)1 << i))) continue;
-    out_str(&o, any ? ", " : "accepted for PyTorch compatibility, but without effect in expseg: ");
-    out_str(&o, options[i].key);
-    any = true;
-  }
-  return out_end(&o);
+expseg_status _expseg_config_parse(const char *text, const char *source,
+                                   const expseg_config_t *base, expseg_config_t *out,
+                                   char *err, size_t errlen) {
+  return _expseg_config_parse_warn(text, source, base, out, err, errlen, NULL, 0);
 }

@@ -20,7 +20,12 @@ extern "C" {
 #define EXPSEG_MIN_LARGE_ALLOC ((size_t)10 << 20)
 #define EXPSEG_ROUND_LARGE ((size_t)2 << 20)
 #define EXPSEG_ROUNDUP_INTERVALS 16
-#define EXPSEG_MAX_REQUEST ((size_t)1 << 60)     /* PyTorch's one-exabyte guard */
+#define EXPSEG_MAX_REQUEST ((size_t)1 << 60)     /* PyTorch's one-exabyte guard: sizes >=
+                                                    this are refused as out of memory */
+#define EXPSEG_RESERVE_CLASSES_MAX 256           /* bytes kept of a class list (no effect) */
+/* Size of every buffer a config message (error or warning) passes through, from the parser to
+ * expseg_last_error() (vmm/error.c keeps 1024 bytes): the parser's messages fit in it. */
+#define EXPSEG_CONFIG_MSG_MAX 1024
 
 typedef enum expseg_option_id {
 #define EXPSEG_OPTION(key, alias, kind, field, def, lo, hi, pt, help) EXPSEG_OPT_##key,
@@ -34,7 +39,7 @@ typedef struct expseg_config_s {
   size_t max_split_size;                /* bytes; SIZE_MAX = unlimited */
   size_t max_non_split_rounding;        /* bytes */
   double garbage_collection_threshold;  /* 0 = off */
-  uint32_t roundup_power2_divisions[EXPSEG_ROUNDUP_INTERVALS]; /* 0 = off per interval */
+  uint64_t roundup_power2_divisions[EXPSEG_ROUNDUP_INTERVALS]; /* 0 = off per interval */
   bool expandable_segments;
   size_t large_segment_size;            /* bytes */
   bool release_lock_on_cudamalloc;
@@ -44,6 +49,11 @@ typedef struct expseg_config_s {
   size_t pinned_reserve_segment_size;   /* bytes; 0 = off */
   bool graph_capture_record_stream_reuse;
   double per_process_memory_fraction;
+  bool throw_on_cudamalloc_oom;
+  bool pinned_free_catch_all;
+  double expandable_segments_reserve;   /* 0 = not set; a fraction, or GiB when _gib */
+  bool expandable_segments_reserve_gib; /* set with expandable_segments_reserve */
+  char expandable_segments_reserve_by_class[EXPSEG_RESERVE_CLASSES_MAX]; /* "a:0.5,b:8G" */
   size_t page_size;                     /* bytes; 0 = granularity */
   size_t page_cache_max;                /* bytes */
   size_t va_reserve;                    /* bytes; 0 = auto */
@@ -63,6 +73,13 @@ void _expseg_config_defaults(expseg_config_t *c);
 expseg_status _expseg_config_parse(const char *text, const char *source,
                                    const expseg_config_t *base, expseg_config_t *out,
                                    char *err, size_t errlen);
+/* The same, and on success writes into warn (warnlen bytes; "" when none) one line naming
+ * every place where the text relied on an accident of PyTorch's parser (a sign, junk after a
+ * number, a separator other than the grammar's, a trailing ',', an empty list, an ignored
+ * reserve value...), the value taken for it, and the clean form of the keys given. */
+expseg_status _expseg_config_parse_warn(const char *text, const char *source,
+                                        const expseg_config_t *base, expseg_config_t *out,
+                                        char *err, size_t errlen, char *warn, size_t warnlen);
 /* The whole configuration as one option string that parses back to the same config
  * (every key, canonical spelling). Returns the length needed (snprintf semantics). */
 size_t _expseg_config_print(const expseg_config_t *c, char *buf, size_t len);
@@ -90,8 +107,9 @@ void _expseg_config_source(const char *api_text, const char *(*getenv_fn)(const 
 
 /* ---- round.c: size policy ---- */
 
-/* Rounded size (512 B steps, or roundup_power2_divisions as PyTorch's code does);
- * 0 when size > EXPSEG_MAX_REQUEST or rounding would overflow. size 0 -> 512. */
+/* Rounded size (512 B steps, or roundup_power2_divisions as PyTorch's round_size does,
+ * including its 64-bit wrap of 512 x divisions); 0 when size >= EXPSEG_MAX_REQUEST (PyTorch
+ * refuses those before rounding). size 0 -> 512. */
 size_t _expseg_round_size(const expseg_config_t *c, size_t size);
 static inline bool _expseg_is_small(size_t rounded) { return rounded <= EXPSEG_SMALL_SIZE; }
 /* Classic segment size: <= 1 MiB -> 2 MiB; < 10 MiB -> large_segment_size; else rounded up
@@ -115,7 +133,8 @@ size_t _expseg_grow_bytes(size_t need, size_t segment_mapped);
  * unmap each time; the pool creates its own pages instead, once. */
 #define EXPSEG_NO_TAKE_BACK 64
 bool _expseg_may_take_back(uint64_t robbed, uint64_t now);
-/* Address space for a new expandable segment: va_reserve_mb (0 = total / 8) for the first
+/* Address space for a new expandable segment: va_reserve_mb (0 = expandable_segments_reserve
+ * when set, a fraction of total or GiB; else total / 8) for the first
  * large-pool segment of a stream, an eighth of that for the small pool (requests of at
  * most 1 MiB), at least 64 pages; doubled for each segment the stream and pool already
  * have (at most 4 times, not past 9/8 of total); never less than `need`. A multiple of

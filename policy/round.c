@@ -2,7 +2,9 @@
  * roundup_power2_divisions, classic segment sizes, the split rule, the oversize rules of
  * max_split_size / max_non_split_rounding (classic segments only), the expandable page size
  * and the memory-fraction cap. Each matches PyTorch's CUDACachingAllocator (see
- * docs/config.md and the reference, section 2); overflow gives 0 rather than wrapping. */
+ * docs/config.md and the reference, section 2); overflow gives 0 rather than wrapping.
+ * Sizes of 2^60 bytes and more are refused (0) before any rounding, as PyTorch refuses them
+ * as out of memory before it rounds. */
 #include "policy.h"
 
 static unsigned log2_floor(size_t v) {
@@ -21,7 +23,7 @@ static size_t round_up(size_t v, size_t step) {
 
 /* Divisions for a size: interval k covers [2^(20+k), 2^(21+k)); sizes below 1 MiB use
  * interval 0 and sizes of 32 GiB and more interval 15. */
-static uint32_t divisions_for(const expseg_config_t *c, size_t size) {
+static uint64_t divisions_for(const expseg_config_t *c, size_t size) {
   int idx = (int)log2_floor(size) - 20;
   if (idx < 0) idx = 0;
   if (idx > EXPSEG_ROUNDUP_INTERVALS - 1) idx = EXPSEG_ROUNDUP_INTERVALS - 1;
@@ -29,19 +31,28 @@ static uint32_t divisions_for(const expseg_config_t *c, size_t size) {
 }
 
 size_t _expseg_round_size(const expseg_config_t *c, size_t size) {
-  if (size > EXPSEG_MAX_REQUEST) return 0;
+  if (size >= EXPSEG_MAX_REQUEST) return 0;
   if (size < EXPSEG_MIN_BLOCK) return EXPSEG_MIN_BLOCK;
-  uint32_t div = divisions_for(c, size);
-  /* PyTorch applies the divisions only when size > 512 x divisions: below that a step
-   * would be smaller than the 512-byte minimum. */
-  if (div > 1 && size > EXPSEG_MIN_BLOCK * (size_t)div) {
+  uint64_t div = divisions_for(c, size);
+  /* PyTorch applies the divisions only when size > 512 x divisions (a 64-bit product that
+   * wraps for divisions >= 2^55, as in PyTorch): below that a step would be smaller than the
+   * 512-byte minimum. Sizes below 2^60 cannot overflow here. */
+  if (div > 1 && (uint64_t)size > (uint64_t)EXPSEG_MIN_BLOCK * div) {
     if ((size & (size - 1)) == 0) return size;
     size_t floor2 = (size_t)1 << log2_floor(size);
-    size_t step = floor2 >> log2_floor(div);
-    if (step == 0) return floor2 > SIZE_MAX / 2 ? 0 : 2 * floor2;
+    size_t step = floor2 >> log2_floor((size_t)div);
+    if (step == 0) return 2 * floor2;
     return round_up(size, step);
   }
   return round_up(size, EXPSEG_MIN_BLOCK);
+}
+
+/* expandable_segments_reserve in bytes: a fraction of total, or GiB; saturates. */
+static size_t reserve_bytes(const expseg_config_t *c, size_t total) {
+  double v = c->expandable_segments_reserve;
+  v = c->expandable_segments_reserve_gib ? v * 1073741824.0 : v * (double)total;
+  if (!(v < 18446744073709551615.0)) return SIZE_MAX;
+  return (size_t)v;
 }
 
 size_t _expseg_grow_bytes(size_t need, size_t segment_mapped) {
@@ -55,7 +66,14 @@ bool _expseg_may_take_back(uint64_t robbed, uint64_t now) {
 
 size_t _expseg_segment_va(const expseg_config_t *c, bool small, size_t existing, size_t need,
                           size_t total, size_t page) {
-  size_t va = c->va_reserve ? c->va_reserve : total / 8;
+  size_t va = total / 8;
+  if (c->va_reserve) {
+    va = c->va_reserve;
+  } else if (c->expandable_segments_reserve > 0) {
+    /* PyTorch bounds a reserve to its full reserve, 9/8 of device memory */
+    va = reserve_bytes(c, total);
+    if (va > total + total / 8) va = total + total / 8;
+  }
   if (small) va /= 8;
   if (va < 64 * page) va = 64 * page;
   va = round_up(va, page);

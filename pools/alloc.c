@@ -40,13 +40,10 @@ static void warn_ignored_once(const expseg_config_source_t *src) {
 expseg_status _expseg_create_with_driver(expseg_vmm_t *drv, const char *config,
                                          expseg_allocator **out) {
   expseg_config_source_t src;
-  _expseg_config_source(config, NULL, &src);
-  expseg_config_t defaults, cfg;
-  _expseg_config_defaults(&defaults);
-  char err[512];
-  if (_expseg_config_parse(src.text, src.name, &defaults, &cfg, err, sizeof err) != EXPSEG_OK) {
+  expseg_config_t cfg;
+  if (_expseg_config_load(config, "", &src, &cfg) != EXPSEG_OK) {
     _expseg_vmm_close(drv);
-    return _expseg_error_set(EXPSEG_ERR_CONFIG, "%s", err);
+    return EXPSEG_ERR_CONFIG;
   }
   warn_ignored_once(&src);
   expseg_allocator *a = calloc(1, sizeof *a);
@@ -168,9 +165,10 @@ expseg_status expseg_malloc(expseg_allocator *a, size_t size, expseg_stream stre
   size_t rounded = _expseg_round_size(&a->cfg, size);
   if (rounded == 0) {
     api_unlock(a);
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                             "expseg_malloc: size %zu is too large; at most %zu bytes (1 EiB) "
-                             "can be asked for",
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                             "expseg_malloc: out of memory: tried to allocate %zu bytes; 1 EiB "
+                             "(%zu bytes) or more is refused before any driver call, as PyTorch "
+                             "does",
                              size, (size_t)EXPSEG_MAX_REQUEST);
   }
   a->oom_kind = OOM_MEMORY;
@@ -244,8 +242,8 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
     api_unlock(a);
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_free(%p): not a pointer this allocator handed out, or "
-                             "already freed",
-                             ptr);
+                             "already freed%s",
+                             ptr, _expseg_host_pool_hint(ptr));
   }
   bool pending = false;
   if (b->n_uses > 0) {
@@ -289,7 +287,8 @@ expseg_status expseg_record_stream(expseg_allocator *a, void *ptr, expseg_stream
   expseg_status st;
   if (b == NULL)
     st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                           "expseg_record_stream(%p): not a live pointer of this allocator", ptr);
+                           "expseg_record_stream(%p): not a live pointer of this allocator%s",
+                           ptr, _expseg_host_pool_hint(ptr));
   else
     st = _expseg_block_add_use(b, stream);
   api_unlock(a);
@@ -332,9 +331,9 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
                              "\"expandable_segments:False\"");
   api_lock(a);
   expseg_config_t next;
-  char err[512];
-  expseg_status st = _expseg_config_parse(config, "expseg_configure", &a->cfg, &next, err,
-                                          sizeof err);
+  char err[EXPSEG_CONFIG_MSG_MAX], warn[EXPSEG_CONFIG_MSG_MAX];
+  expseg_status st = _expseg_config_parse_warn(config, "expseg_configure", &a->cfg, &next, err,
+                                               sizeof err, warn, sizeof warn);
   if (st != EXPSEG_OK) {
     st = _expseg_error_set(EXPSEG_ERR_CONFIG, "%s", err);
   } else if (_expseg_page_size(&next, a->granularity) != a->page) {
@@ -347,6 +346,7 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
     refresh_derived(a);
   }
   api_unlock(a);
+  if (st == EXPSEG_OK && warn[0] != '\0') _expseg_warn("%s", warn); /* no lock held */
   return st;
 }
 

@@ -273,6 +273,17 @@ void _expseg_streams_destroy(expseg_allocator *a);
 expseg_status _expseg_event_get(expseg_allocator *a, expseg_vmm_event *ev);
 void _expseg_event_put(expseg_allocator *a, expseg_vmm_event ev);
 
+/* ---- config.c ---- */
+/* The option text (config, else the environment) parsed over the defaults into *cfg;
+ * EXPSEG_ERR_CONFIG with the message, prefixed by `who`, on bad text. */
+expseg_status _expseg_config_load(const char *config, const char *who,
+                                  expseg_config_source_t *src, expseg_config_t *cfg);
+
+/* ---- host_pool.c ---- */
+/* For messages about a pointer an allocator does not know: a hint when it belongs to a
+ * pinned host pool, else "". Takes the pools' locks (never the allocator's). */
+const char *_expseg_host_pool_hint(const void *ptr);
+
 /* ---- alloc.c ---- */
 /* expseg_create over an already-open driver (tests: the fault wrapper). Takes ownership of
  * drv, also on failure. */

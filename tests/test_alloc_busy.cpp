@@ -16,8 +16,7 @@
 // destroy, the driver holds nothing, the process's descriptor count is back where it was.
 //
 // EXPSEG_TEST_SEED: the seed (printed); EXPSEG_TEST_OPS: operations (default 100000).
-#include "expseg.h"
-#include "expseg_testing.h"
+#include "alloc_support.h"
 
 #include <gtest/gtest.h>
 
@@ -97,11 +96,6 @@ bool tag_ok(const void *p, size_t size, uint64_t tag) {
   return true;
 }
 
-int64_t stat(const expseg_allocator *a, const char *key) {
-  int64_t v = INT64_MIN;
-  EXPECT_EQ(expseg_stat(a, key, &v), EXPSEG_OK) << key;
-  return v;
-}
 
 } // namespace
 
@@ -187,7 +181,7 @@ TEST(AllocBusy, NoBusyMemoryHandedOutNothingLeakedUnderFaults) {
         model_requested += (int64_t)size;
       } else if (st == EXPSEG_ERR_OUT_OF_MEMORY) {
         ooms++;
-        int64_t reserved = stat(a, "reserved_bytes.all.current");
+        int64_t reserved = stat_of(a, "reserved_bytes.all.current");
         size_t need = (size + 20 * MiB - 1) / (20 * MiB) * (20 * MiB) + 2 * MiB;
         bool explained = faulted || n_held > 0 || fraction < 1.0 ||
                          (size_t)reserved + need > kCapacity;
@@ -249,13 +243,13 @@ TEST(AllocBusy, NoBusyMemoryHandedOutNothingLeakedUnderFaults) {
     }
     // ---- after every operation
     ASSERT_EQ(expseg_check(a), EXPSEG_OK) << where << ": " << expseg_last_error();
-    ASSERT_EQ(stat(a, "allocation.all.current"), (int64_t)live.size()) << where;
+    ASSERT_EQ(stat_of(a, "allocation.all.current"), (int64_t)live.size()) << where;
     // requested_bytes leaves at the real free (PyTorch's rule): pending blocks still count
-    if (stat(a, "expseg.pending_free_blocks.current") == 0)
-      ASSERT_EQ(stat(a, "requested_bytes.all.current"), model_requested) << where;
+    if (stat_of(a, "expseg.pending_free_blocks.current") == 0)
+      ASSERT_EQ(stat_of(a, "requested_bytes.all.current"), model_requested) << where;
     else
-      ASSERT_GT(stat(a, "requested_bytes.all.current"), model_requested) << where;
-    ASSERT_LE(stat(a, "allocated_bytes.all.current"), stat(a, "reserved_bytes.all.current"))
+      ASSERT_GT(stat_of(a, "requested_bytes.all.current"), model_requested) << where;
+    ASSERT_LE(stat_of(a, "allocated_bytes.all.current"), stat_of(a, "reserved_bytes.all.current"))
         << where;
     if (op % 500 == 499) {
       for (const auto &kv : live)
@@ -273,20 +267,13 @@ TEST(AllocBusy, NoBusyMemoryHandedOutNothingLeakedUnderFaults) {
   const uint64_t injected = expseg_testing_faults_injected(a);
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
   ASSERT_EQ(expseg_check(a), EXPSEG_OK) << S << expseg_last_error();
-  EXPECT_EQ(stat(a, "reserved_bytes.all.current"), 0) << S;
-  expseg_testing_driver_counts left;
-  expseg_testing_destroy(a, &left);
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0) << S;
   expseg_set_log_sink(nullptr, nullptr);
   std::printf("%llu faults injected, %llu out-of-memory and %llu driver errors seen, %llu "
               "busy-range checks, %d warnings\n",
               (unsigned long long)injected, (unsigned long long)ooms,
               (unsigned long long)driver_errors, (unsigned long long)overlaps_checked, warnings);
   EXPECT_GE(injected, ops / 100) << S << "too few faults reached the driver";
-  EXPECT_EQ(left.live_chunks, 0) << S;
-  EXPECT_EQ(left.live_chunk_bytes, 0) << S;
-  EXPECT_EQ(left.live_reservations, 0) << S;
-  EXPECT_EQ(left.reserved_va_bytes, 0) << S;
-  EXPECT_EQ(left.mapped_bytes, 0) << S;
-  EXPECT_EQ(left.live_events, 0) << S;
+  expect_nothing_left(a, S);
   EXPECT_EQ(open_fds(), fds_before) << S << "descriptors leaked";
 }

@@ -4,8 +4,7 @@
 // and retried, never leaked; oversize_segments survives a run-time max_split_size change; a
 // log sink may call back into expseg; garbage collection does not turn a request that could
 // be served into an out-of-memory error.
-#include "expseg.h"
-#include "expseg_testing.h"
+#include "alloc_support.h"
 
 #include <gtest/gtest.h>
 
@@ -21,41 +20,12 @@ namespace {
 
 constexpr size_t MiB = 1024 * 1024;
 
-int64_t stat(const expseg_allocator *a, const char *key) {
-  int64_t v = INT64_MIN;
-  EXPECT_EQ(expseg_stat(a, key, &v), EXPSEG_OK) << key << ": " << expseg_last_error();
-  return v;
-}
 
 expseg_allocator *make(const char *driver, const char *config) {
   expseg_allocator *a = nullptr;
   EXPECT_EQ(expseg_create(driver, 0, config, &a), EXPSEG_OK) << driver << ": "
                                                              << expseg_last_error();
   return a;
-}
-
-struct Quiet { // warnings counted, not printed
-  int lines = 0;
-  std::string all;
-  Quiet() { expseg_set_log_sink(&Quiet::sink, this); }
-  ~Quiet() { expseg_set_log_sink(nullptr, nullptr); }
-  static void sink(void *ctx, const char *line) {
-    auto *q = static_cast<Quiet *>(ctx);
-    q->lines++;
-    q->all += line;
-    q->all += '\n';
-  }
-};
-
-void expect_nothing_left(expseg_allocator *a, const std::string &where) {
-  expseg_testing_driver_counts left;
-  expseg_testing_destroy(a, &left);
-  EXPECT_EQ(left.live_chunks, 0) << where;
-  EXPECT_EQ(left.live_chunk_bytes, 0) << where;
-  EXPECT_EQ(left.live_reservations, 0) << where;
-  EXPECT_EQ(left.reserved_va_bytes, 0) << where;
-  EXPECT_EQ(left.mapped_bytes, 0) << where;
-  EXPECT_EQ(left.live_events, 0) << where;
 }
 
 bool overlaps(uintptr_t a, size_t as, uintptr_t b, size_t bs) { return a < b + bs && b < a + as; }
@@ -65,15 +35,15 @@ bool overlaps(uintptr_t a, size_t as, uintptr_t b, size_t bs) { return a < b + b
 // ---- 1. busy classic segments are not given back ----
 
 TEST(Reliability, EmptyCacheKeepsAClassicSegmentWhoseStreamIsBusy) {
-  Quiet q;
+  QuietLog q;
   expseg_allocator *a = make("host:capacity=64M", "expandable_segments:False");
   ASSERT_EQ(expseg_testing_hold_stream(a, 3, true), EXPSEG_OK) << expseg_last_error();
   void *p = nullptr, *r = nullptr;
   ASSERT_EQ(expseg_malloc(a, 5 * MiB, 3, &p), EXPSEG_OK);
   ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
-  EXPECT_EQ(stat(a, "num_device_free"), 0) << "unmapped while stream 3 still had work queued";
-  EXPECT_GT(stat(a, "reserved_bytes.all.current"), 0);
+  EXPECT_EQ(stat_of(a, "num_device_free"), 0) << "unmapped while stream 3 still had work queued";
+  EXPECT_GT(stat_of(a, "reserved_bytes.all.current"), 0);
   ASSERT_EQ(expseg_malloc(a, 5 * MiB, 1, &r), EXPSEG_OK);
   EXPECT_FALSE(overlaps((uintptr_t)p, 5 * MiB, (uintptr_t)r, 5 * MiB))
       << "stream 1 was handed memory stream 3 may still use";
@@ -81,13 +51,13 @@ TEST(Reliability, EmptyCacheKeepsAClassicSegmentWhoseStreamIsBusy) {
   ASSERT_EQ(expseg_testing_hold_stream(a, 3, false), EXPSEG_OK);
   ASSERT_EQ(expseg_free(a, r), EXPSEG_OK);
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
-  EXPECT_EQ(stat(a, "reserved_bytes.all.current"), 0) << "released once the stream is idle";
-  EXPECT_EQ(stat(a, "num_device_free"), 2);
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0) << "released once the stream is idle";
+  EXPECT_EQ(stat_of(a, "num_device_free"), 2);
   expect_nothing_left(a, "empty_cache");
 }
 
 TEST(Reliability, OutOfMemoryRetryDoesNotReleaseABusyClassicSegment) {
-  Quiet q;
+  QuietLog q;
   expseg_allocator *a = make("host:capacity=48M", "expandable_segments:False");
   ASSERT_EQ(expseg_testing_hold_stream(a, 3, true), EXPSEG_OK);
   void *p = nullptr, *r = nullptr;
@@ -95,18 +65,18 @@ TEST(Reliability, OutOfMemoryRetryDoesNotReleaseABusyClassicSegment) {
   ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
   EXPECT_EQ(expseg_malloc(a, 30 * MiB, 1, &r), EXPSEG_ERR_OUT_OF_MEMORY)
       << "only the busy segment's memory could have served it";
-  EXPECT_EQ(stat(a, "num_device_free"), 0);
-  EXPECT_EQ(stat(a, "num_ooms"), 1);
+  EXPECT_EQ(stat_of(a, "num_device_free"), 0);
+  EXPECT_EQ(stat_of(a, "num_ooms"), 1);
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
   ASSERT_EQ(expseg_testing_hold_stream(a, 3, false), EXPSEG_OK);
   ASSERT_EQ(expseg_malloc(a, 30 * MiB, 1, &r), EXPSEG_OK) << expseg_last_error();
-  EXPECT_EQ(stat(a, "num_device_free"), 1) << "the idle segment is released on the retry";
+  EXPECT_EQ(stat_of(a, "num_device_free"), 1) << "the idle segment is released on the retry";
   ASSERT_EQ(expseg_free(a, r), EXPSEG_OK);
   expect_nothing_left(a, "oom retry");
 }
 
 TEST(Reliability, GarbageCollectionSkipsABusyClassicSegment) {
-  Quiet q;
+  QuietLog q;
   expseg_allocator *a =
       make("host:capacity=128M", "expandable_segments:False,garbage_collection_threshold:0.5");
   ASSERT_EQ(expseg_set_memory_fraction(a, 0.5), EXPSEG_OK); // 64 MiB allowed, GC above 32
@@ -115,32 +85,32 @@ TEST(Reliability, GarbageCollectionSkipsABusyClassicSegment) {
   ASSERT_EQ(expseg_malloc(a, 40 * MiB, 3, &p), EXPSEG_OK);
   ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
   EXPECT_EQ(expseg_malloc(a, 4 * MiB, 1, &r), EXPSEG_OK) << expseg_last_error();
-  EXPECT_EQ(stat(a, "num_device_free"), 0) << "collection released a segment of a busy stream";
+  EXPECT_EQ(stat_of(a, "num_device_free"), 0) << "collection released a segment of a busy stream";
   EXPECT_FALSE(overlaps((uintptr_t)p, 40 * MiB, (uintptr_t)r, 4 * MiB));
   ASSERT_EQ(expseg_free(a, r), EXPSEG_OK);
   ASSERT_EQ(expseg_testing_hold_stream(a, 3, false), EXPSEG_OK);
   void *s = nullptr;
   ASSERT_EQ(expseg_malloc(a, 4 * MiB, 5, &s), EXPSEG_OK); // a miss: collects now
-  EXPECT_GE(stat(a, "num_device_free"), 1) << "idle now: collection may take it";
+  EXPECT_GE(stat_of(a, "num_device_free"), 1) << "idle now: collection may take it";
   ASSERT_EQ(expseg_free(a, s), EXPSEG_OK);
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
   expect_nothing_left(a, "gc");
 }
 
 TEST(Reliability, ExpandablePagesOfABusyStreamAreNotMovedOrReleased) {
-  Quiet q;
+  QuietLog q;
   expseg_allocator *a = make("host:capacity=64M", "");
   ASSERT_EQ(expseg_testing_hold_stream(a, 3, true), EXPSEG_OK);
   void *p = nullptr, *r = nullptr;
   ASSERT_EQ(expseg_malloc(a, 40 * MiB, 3, &p), EXPSEG_OK);
   ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
-  EXPECT_EQ(stat(a, "reserved_bytes.all.current"), (int64_t)(40 * MiB));
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), (int64_t)(40 * MiB));
   EXPECT_EQ(expseg_malloc(a, 30 * MiB, 1, &r), EXPSEG_ERR_OUT_OF_MEMORY)
       << "stream 1 got pages stream 3 may still use";
   ASSERT_EQ(expseg_testing_hold_stream(a, 3, false), EXPSEG_OK);
   ASSERT_EQ(expseg_malloc(a, 30 * MiB, 1, &r), EXPSEG_OK) << expseg_last_error();
-  EXPECT_GT(stat(a, "expseg.pages_moved"), 0);
+  EXPECT_GT(stat_of(a, "expseg.pages_moved"), 0);
   ASSERT_EQ(expseg_free(a, r), EXPSEG_OK);
   expect_nothing_left(a, "expandable");
 }
@@ -158,7 +128,7 @@ TEST(Reliability, RefusedUndoStepsAreRetriedNotLeaked) {
       for (const char *u : undo_fail) {
         std::string spec = std::string("fault:fail=") + g + "," + u + ";host:capacity=64M";
         std::string where = std::string(mode) + " / " + spec;
-        Quiet q;
+        QuietLog q;
         expseg_allocator *a = make(spec.c_str(), mode);
         ASSERT_NE(a, nullptr) << where;
         void *p = nullptr;
@@ -177,20 +147,20 @@ TEST(Reliability, RefusedUndoStepsAreRetriedNotLeaked) {
         EXPECT_EQ(expseg_check(a), EXPSEG_OK) << where << ": " << expseg_last_error();
         EXPECT_EQ(expseg_free(a, r), EXPSEG_OK);
         // a release refused now is kept and retried: at most one empty_cache per refusal
-        for (int i = 0; i < 4 && stat(a, "reserved_bytes.all.current") +
-                                         stat(a, "expseg.reserved_va_bytes.current") > 0;
+        for (int i = 0; i < 4 && stat_of(a, "reserved_bytes.all.current") +
+                                         stat_of(a, "expseg.reserved_va_bytes.current") > 0;
              i++) {
           EXPECT_EQ(expseg_empty_cache(a), EXPSEG_OK);
           EXPECT_EQ(expseg_check(a), EXPSEG_OK) << where << ": " << expseg_last_error();
         }
-        EXPECT_EQ(stat(a, "reserved_bytes.all.current"), 0) << where;
-        EXPECT_EQ(stat(a, "expseg.reserved_va_bytes.current"), 0) << where;
+        EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0) << where;
+        EXPECT_EQ(stat_of(a, "expseg.reserved_va_bytes.current"), 0) << where;
         expect_nothing_left(a, where);
       }
 }
 
 TEST(Reliability, AnUnreserveRefusedAfterANaturalOutOfMemoryIsRetried) {
-  Quiet q;
+  QuietLog q;
   expseg_allocator *a = make("fault:fail=unreserve@1;host:capacity=32M",
                              "expandable_segments:False");
   void *p = nullptr, *r = nullptr;
@@ -200,7 +170,7 @@ TEST(Reliability, AnUnreserveRefusedAfterANaturalOutOfMemoryIsRetried) {
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
   EXPECT_EQ(expseg_free(a, r), EXPSEG_OK);
   EXPECT_EQ(expseg_empty_cache(a), EXPSEG_OK);
-  EXPECT_EQ(stat(a, "expseg.reserved_va_bytes.current"), 0);
+  EXPECT_EQ(stat_of(a, "expseg.reserved_va_bytes.current"), 0);
   expect_nothing_left(a, "natural oom");
 }
 
@@ -212,13 +182,13 @@ TEST(Reliability, OversizeSegmentsSurviveARunTimeMaxSplitSizeChange) {
                                             : "expandable_segments:False");
     void *p = nullptr;
     ASSERT_EQ(expseg_malloc(a, 25 * MiB, 0, &p), EXPSEG_OK);
-    EXPECT_EQ(stat(a, "oversize_segments.current"), raise ? 1 : 0);
+    EXPECT_EQ(stat_of(a, "oversize_segments.current"), raise ? 1 : 0);
     ASSERT_EQ(expseg_configure(a, raise ? "max_split_size_mb:100" : "max_split_size_mb:20"),
               EXPSEG_OK);
     ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
     ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
-    EXPECT_EQ(stat(a, "segment.all.current"), 0);
-    EXPECT_EQ(stat(a, "oversize_segments.current"), 0) << (raise ? "raised" : "lowered");
+    EXPECT_EQ(stat_of(a, "segment.all.current"), 0);
+    EXPECT_EQ(stat_of(a, "oversize_segments.current"), 0) << (raise ? "raised" : "lowered");
     EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
     expseg_destroy(a);
   }
@@ -268,7 +238,7 @@ TEST(Reliability, ALogSinkMayCallIntoExpseg) {
 
 TEST(Reliability, GarbageCollectionDoesNotTurnAServableRequestIntoAnOutOfMemory) {
   for (const char *conf : {"", "garbage_collection_threshold:0.5"}) {
-    Quiet q;
+    QuietLog q;
     expseg_allocator *a = make("host:capacity=64M", conf);
     void *p0 = nullptr, *p1 = nullptr, *r = nullptr;
     ASSERT_EQ(expseg_malloc(a, 24 * MiB, 0, &p0), EXPSEG_OK);
@@ -296,14 +266,14 @@ TEST(Reliability, MessagesSayWhatHappened) {
   EXPECT_EQ(m.find("fraction 1 is"), std::string::npos) << m;
 
   // larger than the whole device: refused at once, no driver call, the right hint
-  int64_t calls_before = stat(a, "expseg.driver.create");
+  int64_t calls_before = stat_of(a, "expseg.driver.create");
   void *p = nullptr;
   EXPECT_EQ(expseg_malloc(a, 100 * MiB, 0, &p), EXPSEG_ERR_OUT_OF_MEMORY);
   m = expseg_last_error();
   EXPECT_NE(m.find("larger than the whole device"), std::string::npos) << m;
   EXPECT_EQ(m.find("smaller batches"), std::string::npos) << m;
-  EXPECT_EQ(stat(a, "expseg.driver.create"), calls_before);
-  EXPECT_EQ(stat(a, "num_ooms"), 1);
+  EXPECT_EQ(stat_of(a, "expseg.driver.create"), calls_before);
+  EXPECT_EQ(stat_of(a, "num_ooms"), 1);
 
   // the OOM message's figures agree with each other (taken before the page cache goes back)
   void *q = nullptr;
@@ -317,7 +287,7 @@ TEST(Reliability, MessagesSayWhatHappened) {
 }
 
 TEST(Reliability, ExhaustedAddressSpaceIsNamedAsSuch) {
-  Quiet q;
+  QuietLog q;
   // a tiny address space: a few streams use it up long before memory runs out
   expseg_allocator *a = make("sim:capacity=64G,va=4G", "");
   std::vector<void *> ps;

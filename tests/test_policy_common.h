@@ -26,7 +26,7 @@ inline std::string differs(const expseg_config_t &a, const expseg_config_t &b) {
   return "";
 }
 
-enum Kind { BOOL, MB, DOUBLE, DOUBLE_OPEN, UINT, POW2, DIVISIONS, BACKEND };
+enum Kind { BOOL, MB, DOUBLE, DOUBLE_OPEN, UINT, POW2, DIVISIONS, BACKEND, RESERVE, RESERVE_CLASSES };
 
 struct Row {
   const char *key, *alias;

@@ -1,6 +1,6 @@
 // test_policy_env.cpp: where the configuration comes from (policy/env.c), with a fake
 // environment: every combination of API text and the three variables, the ignored list, empty
-// variables, and the source name reaching the parser's error message.
+// variables (set, as in PyTorch main), and the source name reaching the parser's error message.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -66,17 +66,28 @@ TEST(PolicyEnv, AllSetNamesTheOthers) {
   EXPECT_STREQ(s.ignored, "PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF");
 }
 
-TEST(PolicyEnv, EmptyVariableCountsAsUnset) {
-  g_env = {{"EXPSEG_ALLOC_CONF", ""}, {"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False"}};
+TEST(PolicyEnv, EmptyVariableCountsAsSet) {
+  // PyTorch main: an empty PYTORCH_CUDA_ALLOC_CONF is set (all defaults), so
+  // PYTORCH_ALLOC_CONF is not read
+  g_env = {{"PYTORCH_CUDA_ALLOC_CONF", ""}, {"PYTORCH_ALLOC_CONF", "expandable_segments:False"}};
   expseg_config_source_t s;
   _expseg_config_source(nullptr, fake_getenv, &s);
   EXPECT_STREQ(s.name, "PYTORCH_CUDA_ALLOC_CONF");
-  EXPECT_STREQ(s.ignored, "");
+  EXPECT_STREQ(s.text, "");
+  EXPECT_STREQ(s.ignored, "PYTORCH_ALLOC_CONF");
+  expseg_config_t c;
+  char err[256];
+  ASSERT_EQ(_expseg_config_parse(s.text, s.name, nullptr, &c, err, sizeof err), EXPSEG_OK);
+  EXPECT_TRUE(c.expandable_segments) << "the defaults, not PYTORCH_ALLOC_CONF's text";
+  g_env = {{"EXPSEG_ALLOC_CONF", ""}, {"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False"}};
+  _expseg_config_source(nullptr, fake_getenv, &s);
+  EXPECT_STREQ(s.name, "EXPSEG_ALLOC_CONF");
+  EXPECT_STREQ(s.ignored, "PYTORCH_CUDA_ALLOC_CONF");
   // explicit empty API text wins (= defaults), and the variables are reported as ignored
   _expseg_config_source("", fake_getenv, &s);
   EXPECT_STREQ(s.name, "expseg_create");
   EXPECT_STREQ(s.text, "");
-  EXPECT_STREQ(s.ignored, "PYTORCH_CUDA_ALLOC_CONF");
+  EXPECT_STREQ(s.ignored, "EXPSEG_ALLOC_CONF, PYTORCH_CUDA_ALLOC_CONF");
 }
 
 TEST(PolicyEnv, SourceNameInParseError) {

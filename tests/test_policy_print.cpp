@@ -9,6 +9,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -83,6 +84,8 @@ struct Gen {
     case BOOL: return coin() ? "True" : "False";
     case MB: {
       uint64_t lo = (uint64_t)r.lo, hi = (uint64_t)r.hi;
+      // large_segment_size_mb is the lower bound of max_split_size_mb (20 here): keep it below
+      if (!strcmp(r.key, "large_segment_size_mb")) return std::to_string(u(11, 20));
       switch (u(0, 4)) {
       case 0: return std::to_string(lo);
       case 1: return std::to_string(hi);
@@ -96,6 +99,10 @@ struct Gen {
     case UINT: return std::to_string(u((uint64_t)r.lo, (uint64_t)r.hi));
     case POW2: return pow2((uint64_t)r.lo, (uint64_t)r.hi);
     case BACKEND: return "native";
+    case RESERVE: return coin() ? std::to_string(u(1, 80)) + "G" : decimal_text(0, 1, true);
+    case RESERVE_CLASSES:
+      return coin() ? "[]" : "[a:" + decimal_text(0, 1, true) + ",b" + ws() + ":" + ws() +
+                                 std::to_string(u(1, 9)) + "G]";
     case DIVISIONS: {
       if (coin(0.3)) return pow2(1, uint64_t(1) << 30);
       std::string s = "[";
@@ -141,7 +148,7 @@ TEST(PolicyPrint, RoundTripRandomStrings) {
     // the printed text also round-trips over an arbitrary base (every printable key is given)
     expseg_config_t base = c1;
     base.expandable_segments = !base.expandable_segments;
-    base.max_split_size = 77 * MiB;
+    if (c1.max_split_size != SIZE_MAX) base.max_split_size = 77 * MiB;  // unlimited: not printed
     ASSERT_EQ(_expseg_config_parse(p1.c_str(), "printed", &base, &c3, err, sizeof err), EXPSEG_OK);
     EXPECT_EQ(differs(c1, c3), "") << p1;
   }
@@ -152,15 +159,15 @@ TEST(PolicyPrint, RoundTripRandomConfigs) {
   char err[1024];
   for (int iter = 0; iter < 20000; iter++) {
     expseg_config_t c = defaults();
-    c.max_split_size = g.coin(0.2) ? SIZE_MAX : g.u(20, kMbCeil - 1) * MiB;
-    c.max_non_split_rounding = g.coin(0.2) ? SIZE_MAX : g.u(20, 1 << 20) * MiB;
+    c.max_split_size = g.coin(0.2) ? SIZE_MAX : g.u(20, kMbCeil) * MiB;
+    c.max_non_split_rounding = g.coin(0.2) ? kMbCeil * MiB : g.u(20, 1 << 20) * MiB;
     c.garbage_collection_threshold = g.coin(0.2) ? 0.0 : g.unit();  // 0 = off (not printed)
-    for (uint32_t &d : c.roundup_power2_divisions)
-      d = g.coin(0.3) ? 0 : uint32_t(1) << g.u(0, 30);
+    for (uint64_t &d : c.roundup_power2_divisions)
+      d = g.coin(0.3) ? 0 : uint64_t(1) << g.u(0, 63);
     if (g.coin(0.3))
-      for (uint32_t &d : c.roundup_power2_divisions) d = c.roundup_power2_divisions[0];
+      for (uint64_t &d : c.roundup_power2_divisions) d = c.roundup_power2_divisions[0];
     c.expandable_segments = g.coin();
-    c.large_segment_size = g.u(11, 1 << 20) * MiB;
+    c.large_segment_size = g.u(11, 20) * MiB;  // <= the max_split / max_non_split bounds
     c.release_lock_on_cudamalloc = g.coin();
     c.pinned_use_cuda_host_register = g.coin();
     c.pinned_num_register_threads = uint32_t(1) << g.u(0, 7);
@@ -168,6 +175,11 @@ TEST(PolicyPrint, RoundTripRandomConfigs) {
     c.pinned_reserve_segment_size = g.coin(0.3) ? 0 : g.u(1, 1 << 30) * MiB;
     c.graph_capture_record_stream_reuse = g.coin();
     c.per_process_memory_fraction = g.coin(0.1) ? 0.0 : g.coin(0.1) ? 1.0 : g.unit();
+    c.throw_on_cudamalloc_oom = g.coin();
+    c.pinned_free_catch_all = g.coin();
+    c.expandable_segments_reserve = g.coin(0.3) ? 0.0 : g.coin() ? g.unit() : (double)g.u(1, 80);
+    c.expandable_segments_reserve_gib = c.expandable_segments_reserve >= 1;
+    if (g.coin()) snprintf(c.expandable_segments_reserve_by_class, 64, "x:0.25,y:%dG", (int)g.u(1, 9));
     c.page_size = g.u(0, 1024) * MiB;
     c.page_cache_max = g.coin(0.2) ? SIZE_MAX : g.u(0, 1 << 30) * MiB;
     c.va_reserve = g.u(0, 1 << 30) * MiB;
@@ -188,7 +200,9 @@ TEST(PolicyPrint, DefaultsAndShape) {
   for (int i = 0; i < EXPSEG_OPT_COUNT; i++) {
     std::string k = std::string(kRows[i].key) + ":";
     size_t f = p.find(k);
-    if (i == EXPSEG_OPT_garbage_collection_threshold || i == EXPSEG_OPT_pinned_reserve_segment_size_mb) {
+    if (i == EXPSEG_OPT_garbage_collection_threshold || i == EXPSEG_OPT_pinned_reserve_segment_size_mb ||
+        i == EXPSEG_OPT_max_split_size_mb || i == EXPSEG_OPT_page_cache_max_mb ||
+        i == EXPSEG_OPT_expandable_segments_reserve) {
       EXPECT_EQ(f, std::string::npos) << "off by default, cannot be written: " << p;
       continue;
     }
@@ -197,7 +211,7 @@ TEST(PolicyPrint, DefaultsAndShape) {
     at = f;
   }
   EXPECT_NE(p.find("expandable_segments:True"), std::string::npos);
-  EXPECT_NE(p.find("max_split_size_mb:17592186044415"), std::string::npos);
+  EXPECT_EQ(p.find("max_split_size_mb:"), std::string::npos) << "unlimited cannot be written";
   EXPECT_NE(p.find("per_process_memory_fraction:1,"), std::string::npos);
   EXPECT_EQ(p.find("hip"), std::string::npos);
   EXPECT_EQ(p.find(' '), std::string::npos);
@@ -208,7 +222,9 @@ TEST(PolicyPrint, Divisions) {
     const char *in, *out;
   } cases[] = {
       {"roundup_power2_divisions:4", "roundup_power2_divisions:4,"},
-      {"roundup_power2_divisions:[>:4]", "roundup_power2_divisions:4,"},
+      {"roundup_power2_divisions:[>:4]", "roundup_power2_divisions:[1:0,>:4],"},
+      {"roundup_power2_divisions:[1:4,>:4]", "roundup_power2_divisions:4,"},
+      {"roundup_power2_divisions:[256,4]", "roundup_power2_divisions:[256:4,>:0],"},
       {"roundup_power2_divisions:[64:8,256:4,1024:4,>:1]",
        "roundup_power2_divisions:[64:8,128:0,256:4,512:0,1024:4,>:1],"},
       {"roundup_power2_divisions:[1:4]", "roundup_power2_divisions:[1:4,>:0],"},

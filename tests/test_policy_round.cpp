@@ -30,6 +30,7 @@ expseg_config_t conf(const char *text) {
 
 // PyTorch's round_size, written from its code (CUDACachingAllocator.cpp / AllocatorConfig).
 size_t model_round(const expseg_config_t &c, size_t size) {
+  if (size >= EXPSEG_MAX_REQUEST) return 0;
   if (size < 512) return 512;
   int lg = 63 - __builtin_clzll(size);
   int idx = std::max(0, std::min(lg - 20, 15));
@@ -49,8 +50,8 @@ TEST(PolicyRound, PlainRounding) {
   expseg_config_t c = defaults();
   struct { size_t in, out; } k[] = {{0, 512}, {1, 512}, {511, 512}, {512, 512}, {513, 1024},
                                      {1200, 1536}, {9000, 9216}, {MiB, MiB}, {MiB + 1, MiB + 512},
-                                     {EXPSEG_MAX_REQUEST - 511, EXPSEG_MAX_REQUEST},
-                                     {EXPSEG_MAX_REQUEST, EXPSEG_MAX_REQUEST}};
+                                     {EXPSEG_MAX_REQUEST - 1023, EXPSEG_MAX_REQUEST - 512},
+                                     {EXPSEG_MAX_REQUEST - 511, EXPSEG_MAX_REQUEST}};
   for (auto &x : k) EXPECT_EQ(_expseg_round_size(&c, x.in), x.out) << x.in;
 }
 
@@ -60,10 +61,12 @@ TEST(PolicyRound, Overflow) {
     EXPECT_EQ(_expseg_round_size(p, EXPSEG_MAX_REQUEST + 1), 0u);
     EXPECT_EQ(_expseg_round_size(p, SIZE_MAX), 0u);
     EXPECT_EQ(_expseg_round_size(p, SIZE_MAX - 100), 0u);
-    EXPECT_EQ(_expseg_round_size(p, EXPSEG_MAX_REQUEST), EXPSEG_MAX_REQUEST);
+    EXPECT_EQ(_expseg_round_size(p, EXPSEG_MAX_REQUEST), 0u);  // PyTorch: >= 1 EiB refused
   }
   expseg_config_t d = defaults();
   EXPECT_EQ(_expseg_round_size(&d, EXPSEG_MAX_REQUEST + 1), 0u);
+  EXPECT_EQ(_expseg_round_size(&d, EXPSEG_MAX_REQUEST), 0u);
+  EXPECT_EQ(_expseg_round_size(&d, EXPSEG_MAX_REQUEST - 1), EXPSEG_MAX_REQUEST);
 }
 
 TEST(PolicyRound, DivisionsAsPyTorchCodeDoes) {
@@ -108,14 +111,17 @@ TEST(PolicyRound, MatchesModelOnRandomSizes) {
   std::mt19937_64 rng(seed);
   for (int cfg = 0; cfg < 200; cfg++) {
     expseg_config_t c = defaults();
-    for (uint32_t &d : c.roundup_power2_divisions) d = rng() % 3 == 0 ? 0 : uint32_t(1) << (rng() % 31);
+    for (uint64_t &d : c.roundup_power2_divisions) d = rng() % 3 == 0 ? 0 : uint64_t(1) << (rng() % 64);
     for (int i = 0; i < 2000; i++) {
       size_t size = (size_t)(rng() >> (rng() % 64));
-      if (size > EXPSEG_MAX_REQUEST) size >>= 4;
+      if (size >= EXPSEG_MAX_REQUEST) size >>= 4;
       ASSERT_EQ(_expseg_round_size(&c, size), model_round(c, size)) << size;
       size_t r = _expseg_round_size(&c, size);
       ASSERT_GE(r, size);
-      ASSERT_EQ(r % 512, 0u);
+      // PyTorch's steps get below 512 B only for sizes >= 2^55 with divisions >= 2^47
+      if (size < (size_t(1) << 55)) {
+        ASSERT_EQ(r % 512, 0u) << size;
+      }
     }
   }
 }
@@ -245,4 +251,23 @@ TEST(PolicyRound, SegmentAddressSpaceGrowsPerSegment) {
   EXPECT_EQ(_expseg_segment_va(&c, true, 0, MiB, 8 * GiB, page), 128 * MiB) << "64 pages";
   c.va_reserve = 3 * GiB;
   EXPECT_EQ(_expseg_segment_va(&c, false, 0, MiB, total, page), 3 * GiB);
+  // expandable_segments_reserve (PyTorch main): used when va_reserve_mb is 0; a fraction of
+  // device memory or GiB, at most 9/8 of device memory; va_reserve_mb wins
+  expseg_config_t r = defaults();
+  char err[256];
+  ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:0.25", "t", nullptr, &r, err, sizeof err),
+            EXPSEG_OK);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page), total / 4);
+  EXPECT_EQ(_expseg_segment_va(&r, true, 0, MiB, total, page), total / 32) << "small: / 8";
+  ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:40G", "t", nullptr, &r, err, sizeof err),
+            EXPSEG_OK);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page), 40 * GiB);
+  ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:1e6G", "t", nullptr, &r, err, sizeof err),
+            EXPSEG_OK);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page), total + total / 8) << "bounded";
+  ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:1e300G", "t", nullptr, &r, err, sizeof err),
+            EXPSEG_OK);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page), total + total / 8) << "saturates";
+  r.va_reserve = 3 * GiB;
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page), 3 * GiB);
 }

@@ -15,15 +15,25 @@
  * POSIX fd handle type when the device supports it), map = cuMemMap (offset 0 only:
  * UNSUPPORTED otherwise), set_access = cuMemSetAccess(READWRITE for the device), unmap =
  * cuMemUnmap, release = cuMemRelease, unreserve = cuMemAddressFree. Events are created with
- * CU_EVENT_DISABLE_TIMING. Every failure names the CUDA call and cuGetErrorName's text. */
+ * CU_EVENT_DISABLE_TIMING. Every failure names the CUDA call and cuGetErrorName's text.
+ *
+ * Pinned host memory (host_alloc): where the device supports host-NUMA locations for the
+ * VMM API (CUDA 12.4+ headers, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_
+ * SUPPORTED) and a node is asked, cuMemCreate on {HOST_NUMA, node}, mapped at a reserved
+ * address with read-write access for the device and the host; else (and always with
+ * use_register) mmap, bind to the node, pre-fault with the asked threads, then
+ * cuMemHostRegister(PORTABLE | DEVICEMAP). host_numa: the node hwloc finds nearest the
+ * device's PCI bus id. */
 #include "vmm_impl.h"
 
 #include <cuda.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* ---- the loaded driver (process-wide) ---- */
 
@@ -34,7 +44,8 @@
   X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemAddressReserve) X(cuMemAddressFree)    \
   X(cuMemGetInfo) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery)       \
   X(cuEventSynchronize) X(cuStreamSynchronize) X(cuMemExportToShareableHandle)              \
-  X(cuMemImportFromShareableHandle) X(cuGetErrorName)
+  X(cuMemImportFromShareableHandle) X(cuGetErrorName) X(cuMemHostRegister)                \
+  X(cuMemHostUnregister) X(cuDeviceGetPCIBusId)
 
 typedef struct {
 #define CU_FIELD_(f) __typeof__(&f) f;
@@ -122,6 +133,8 @@ typedef struct {
   int ordinal;
   size_t granularity;
   CUmemAllocationHandleType htype; /* POSIX fd where supported, else NONE */
+  bool host_numa_vmm;              /* cuMemCreate accepts HOST_NUMA locations */
+  int host_numa;                   /* node nearest the device; -1 unknown */
 } cuda_t;
 
 typedef struct {
@@ -327,6 +340,109 @@ static expseg_status cuda_import_fd(void *st, int fd, size_t offset, size_t size
   LEAVE_RETURN(EXPSEG_OK);
 }
 
+/* ---- pinned host memory ---- */
+
+static expseg_status host_register(cuda_t *c, expseg_host_chunk_t *hc) {
+  void *p = mmap(NULL, hc->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "cuda driver: host_alloc: mmap: %s",
+                             strerror(errno));
+  if (hc->numa_node >= 0) hc->placed = _expseg_topo_bind(p, hc->size, hc->numa_node) == 0;
+  hc->threads_used = _expseg_pinned_prefault(p, hc->size, hc->fault_threads, hc->numa_node);
+  ctx_guard_t g;
+  expseg_status s = enter(c, &g);
+  if (s == EXPSEG_OK) {
+    CUresult r = cu.cuMemHostRegister(p, hc->size,
+                                      CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    if (r != CUDA_SUCCESS) s = cu_fail(r, "cuMemHostRegister", NULL);
+    leave(&g);
+  }
+  if (s != EXPSEG_OK) {
+    munmap(p, hc->size);
+    return s;
+  }
+  hc->ptr = p;
+  hc->locked = true;
+  hc->method = EXPSEG_HOST_REGISTERED;
+  return EXPSEG_OK;
+}
+
+#if CUDA_VERSION >= 12040
+/* cuMemCreate on a host NUMA node, mapped for the device and the host. UNSUPPORTED when
+ * the size is not a multiple of that allocation's granularity (the caller registers). */
+static expseg_status host_create(cuda_t *c, expseg_host_chunk_t *hc) {
+  CUmemAllocationProp p;
+  memset(&p, 0, sizeof p);
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  p.location.id = hc->numa_node;
+  ENTER(c);
+  size_t g = 0;
+  CUresult r = cu.cuMemGetAllocationGranularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (r != CUDA_SUCCESS || g == 0 || hc->size % g) LEAVE_RETURN(EXPSEG_ERR_UNSUPPORTED);
+  CUmemGenericAllocationHandle h = 0;
+  CUdeviceptr va = 0;
+  const char *what = "cuMemCreate(HOST_NUMA)";
+  if ((r = cu.cuMemCreate(&h, hc->size, &p, 0)) == CUDA_SUCCESS) {
+    what = "cuMemAddressReserve";
+    if ((r = cu.cuMemAddressReserve(&va, hc->size, g, 0, 0)) == CUDA_SUCCESS) {
+      what = "cuMemMap";
+      if ((r = cu.cuMemMap(va, hc->size, 0, h, 0)) == CUDA_SUCCESS) {
+        CUmemAccessDesc d[2];
+        memset(d, 0, sizeof d);
+        d[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        d[0].location.id = c->dev;
+        d[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        d[1].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA; /* id ignored: the host */
+        d[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        what = "cuMemSetAccess";
+        if ((r = cu.cuMemSetAccess(va, hc->size, d, 2)) != CUDA_SUCCESS)
+          cu.cuMemUnmap(va, hc->size);
+      }
+      if (r != CUDA_SUCCESS) cu.cuMemAddressFree(va, hc->size);
+    }
+    if (r != CUDA_SUCCESS) cu.cuMemRelease(h);
+  }
+  if (r != CUDA_SUCCESS) LEAVE_RETURN(cu_fail(r, what, "(pinned host memory)"));
+  hc->ptr = (void *)(uintptr_t)va;
+  hc->handle = (uint64_t)h;
+  hc->locked = hc->placed = true;
+  hc->method = EXPSEG_HOST_CREATED;
+  LEAVE_RETURN(EXPSEG_OK);
+}
+#endif
+
+static expseg_status cuda_host_alloc(void *st, expseg_host_chunk_t *hc) {
+  cuda_t *c = st;
+#if CUDA_VERSION >= 12040
+  if (!hc->use_register && c->host_numa_vmm && hc->numa_node >= 0) {
+    expseg_status s = host_create(c, hc);
+    if (s != EXPSEG_ERR_UNSUPPORTED) return s;
+  }
+#endif
+  return host_register(c, hc);
+}
+
+static expseg_status cuda_host_free(void *st, const expseg_host_chunk_t *hc) {
+  cuda_t *c = st;
+  ENTER(c);
+  CUresult r;
+  if (hc->method == EXPSEG_HOST_CREATED) {
+    CUdeviceptr va = (CUdeviceptr)(uintptr_t)hc->ptr;
+    if ((r = cu.cuMemUnmap(va, hc->size)) != CUDA_SUCCESS)
+      LEAVE_RETURN(cu_fail(r, "cuMemUnmap", "(pinned host memory)"));
+    cu.cuMemAddressFree(va, hc->size);
+    r = cu.cuMemRelease((CUmemGenericAllocationHandle)hc->handle);
+    LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuMemRelease", "(pinned host memory)"));
+  }
+  if ((r = cu.cuMemHostUnregister(hc->ptr)) != CUDA_SUCCESS)
+    LEAVE_RETURN(cu_fail(r, "cuMemHostUnregister", NULL));
+  munmap(hc->ptr, hc->size);
+  LEAVE_RETURN(EXPSEG_OK);
+}
+
+static int cuda_host_numa(void *st) { return ((cuda_t *)st)->host_numa; }
+
 static size_t cuda_granularity(void *st) { return ((cuda_t *)st)->granularity; }
 
 static void cuda_mem_info(void *st, size_t *free_bytes, size_t *total_bytes) {
@@ -374,6 +490,9 @@ static const expseg_vmm_ops_t cuda_ops = {
     .mem_info = cuda_mem_info,
     .now_ns = cuda_now_ns,
     .hold_stream = NULL,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .host_numa = cuda_host_numa,
     .destroy = cuda_destroy,
 };
 
@@ -424,6 +543,18 @@ expseg_status _expseg_cuda_new(int device, expseg_vmm_t **out) {
                             "cuda driver: granularity %zu of device %d is not a power of two", g,
                             device);
     c->granularity = g;
+    char bus[32] = "";
+    c->host_numa = -1;
+    if (cu.cuDeviceGetPCIBusId(bus, (int)sizeof bus, c->dev) == CUDA_SUCCESS)
+      c->host_numa = _expseg_topo_numa_of_pci(bus);
+#if CUDA_VERSION >= 12040
+    int hn = 0;
+    c->host_numa_vmm =
+        cu.cuDeviceGetAttribute(
+            &hn, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, c->dev) ==
+            CUDA_SUCCESS &&
+        hn;
+#endif
   }
   if (s != EXPSEG_OK) {
     cuda_destroy(c);

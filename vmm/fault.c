@@ -208,6 +208,15 @@ FORWARD(stream_synchronize, 0, (void *st, expseg_stream strm), (IST(f), strm))
 FORWARD(export_fd, 0, (void *st, expseg_vmm_handle h, int *fd, size_t *offset),
         (IST(f), h, fd, offset))
 
+FORWARD(host_alloc, c->size, (void *st, expseg_host_chunk_t *c), (IST(f), c))
+
+FORWARD(host_free, c->size, (void *st, const expseg_host_chunk_t *c), (IST(f), c))
+
+static int fault_host_numa(void *st) {
+  fault_t *f = st;
+  return _expseg_vmm_host_numa(f->inner); /* the inner spec's numa=N counts */
+}
+
 static size_t fault_granularity(void *st) { return ((fault_t *)st)->inner->granularity; }
 
 static void fault_mem_info(void *st, size_t *free_bytes, size_t *total_bytes) {
@@ -246,6 +255,8 @@ static void fault_destroy(void *st) {
     .stream_synchronize = fault_stream_synchronize, .export_fd = fault_export_fd,          \
     .import_fd = fault_import_fd, .granularity = fault_granularity,                        \
     .mem_info = fault_mem_info, .now_ns = fault_now_ns, .hold_stream = hold,               \
+    .host_alloc = fault_host_alloc, .host_free = fault_host_free,                          \
+    .host_numa = fault_host_numa,                                                          \
     .destroy = fault_destroy,                                                              \
   }
 

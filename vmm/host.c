@@ -297,6 +297,8 @@ static const expseg_vmm_ops_t host_ops = {
     .mem_info = host_mem_info,
     .now_ns = _expseg_modelled_now_ns,
     .hold_stream = _expseg_modelled_hold_stream,
+    .host_alloc = _expseg_pinned_alloc,
+    .host_free = _expseg_pinned_free,
     .destroy = host_destroy,
 };
 
@@ -325,7 +327,7 @@ expseg_status _expseg_host_new(const expseg_host_opts_t *o, int device, expseg_v
                              opt.capacity, _expseg_format_size(b, g));
   if (opt.numa_node >= 0) {
     int n = _expseg_topo_numa_count();
-    if (opt.numa_node >= n)
+    if (!_expseg_topo_node_exists(opt.numa_node))
       return _expseg_error_set(EXPSEG_ERR_CONFIG,
                                "host driver: numa=%d: this machine has %d NUMA node(s) "
                                "(accepted: 0..%d)",

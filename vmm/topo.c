@@ -1,5 +1,6 @@
 /* topo.c: machine topology through hwloc: NUMA node count, the node nearest a PCI device,
- * and binding host memory to a node (used by the host backend's numa=N option).
+ * binding host memory to a node (the host backend's numa=N option, pinned host memory) and
+ * binding a thread to a node's cores (the threads that pre-fault pinned host memory).
  *
  * The topology is loaded once per process (pthread_once) with PCI devices kept, and never
  * freed (it is small and read-only after loading). Built with EXPSEG_WITH_HWLOC=0, the
@@ -42,6 +43,13 @@ int _expseg_topo_numa_count(void) {
   return n > 0 ? n : 1;
 }
 
+bool _expseg_topo_node_exists(int node) {
+  hwloc_topology_t t = get_topo();
+  if (node < 0) return false;
+  if (!t || hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_NUMANODE) <= 0) return node == 0;
+  return hwloc_get_numanode_obj_by_os_index(t, (unsigned)node) != NULL;
+}
+
 int _expseg_topo_numa_of_pci(const char *pci_bus_id) {
   hwloc_topology_t t = get_topo();
   if (!t || !pci_bus_id) return -1;
@@ -68,9 +76,24 @@ expseg_status _expseg_topo_bind(void *addr, size_t size, int node) {
   return EXPSEG_OK;
 }
 
+expseg_status _expseg_topo_bind_thread(int node) {
+  hwloc_topology_t t = get_topo();
+  hwloc_obj_t obj = t ? hwloc_get_numanode_obj_by_os_index(t, (unsigned)node) : NULL;
+  if (!obj || !obj->cpuset || hwloc_bitmap_iszero(obj->cpuset))
+    return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED, "topology: NUMA node %d has no cores "
+                             "hwloc knows of", node);
+  if (hwloc_set_cpubind(t, obj->cpuset, HWLOC_CPUBIND_THREAD) != 0)
+    return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                             "topology: binding a thread to the cores of NUMA node %d failed: %s",
+                             node, strerror(errno));
+  return EXPSEG_OK;
+}
+
 #else /* !EXPSEG_WITH_HWLOC */
 
 int _expseg_topo_numa_count(void) { return 1; }
+
+bool _expseg_topo_node_exists(int node) { return node == 0; }
 
 int _expseg_topo_numa_of_pci(const char *pci_bus_id) {
   (void)pci_bus_id;
@@ -82,6 +105,12 @@ expseg_status _expseg_topo_bind(void *addr, size_t size, int node) {
   return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
                            "topology: cannot bind to NUMA node %d: expseg was built without "
                            "hwloc (EXPSEG_WITH_HWLOC=OFF)",
+                           node);
+}
+
+expseg_status _expseg_topo_bind_thread(int node) {
+  return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                           "topology: cannot bind a thread to NUMA node %d: built without hwloc",
                            node);
 }
 

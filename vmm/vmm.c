@@ -166,6 +166,7 @@ expseg_status _expseg_vmm_wrap(const expseg_vmm_ops_t *ops, void *st, int device
   f->pub.ops = ops;
   f->pub.st = st;
   f->pub.device = device;
+  f->pub.numa_override = -1;
   f->pub.granularity = ops->granularity(st);
   size_t g = f->pub.granularity;
   if (g == 0 || (g & (g - 1))) {
@@ -205,6 +206,9 @@ static const optdef_t sim_opts[] = {
     {"capacity", OPT_SIZE, "SIZE > 0"},
     {"granularity", OPT_SIZE, "SIZE, a power of two from 4K to 1G"},
     {"va", OPT_SIZE, "SIZE from the granularity to 4096T"},
+};
+static const optdef_t cuda_opts[] = {
+    {"numa", OPT_INT, "a NUMA node number >= 0 (pinned host memory)"},
 };
 
 enum { MAX_OPTS = 3 };
@@ -367,6 +371,7 @@ static expseg_status open_spec(const char *spec, int device, expseg_vmm_t **out)
     if (seen[1]) o.granularity = vals[1];
     if (seen[2]) o.numa_node = (int)vals[2];
     st = _expseg_host_new(&o, device, out);
+    if (st == EXPSEG_OK) (*out)->numa_override = o.numa_node;
   } else if (nlen == 3 && memcmp(spec, "sim", 3) == 0) {
     if (opts && (st = parse_opts(spec, speclen, "sim", opts, sim_opts, 3, vals, seen)))
       return st;
@@ -376,8 +381,14 @@ static expseg_status open_spec(const char *spec, int device, expseg_vmm_t **out)
     if (seen[2]) o.va_size = vals[2];
     st = _expseg_sim_new(&o, device, out);
   } else if (nlen == 4 && memcmp(spec, "cuda", 4) == 0) {
-    if (opts && (st = parse_opts(spec, speclen, "cuda", opts, NULL, 0, vals, seen))) return st;
+    if (opts && (st = parse_opts(spec, speclen, "cuda", opts, cuda_opts, 1, vals, seen)))
+      return st;
+    if (seen[0] && (vals[0] > INT32_MAX || !_expseg_topo_node_exists((int)vals[0])))
+      return _expseg_error_set(EXPSEG_ERR_CONFIG,
+                               SPEC_FMT "numa=%llu: no such NUMA node (this machine has %d)",
+                               SPEC_ARG, (unsigned long long)vals[0], _expseg_topo_numa_count());
     st = _expseg_cuda_new(device, out);
+    if (st == EXPSEG_OK && seen[0]) (*out)->numa_override = (int)vals[0];
   } else {
     return _expseg_error_set(EXPSEG_ERR_CONFIG,
                              SPEC_FMT "unknown driver '%.*s'; accepted: cuda, host, sim, fault "
@@ -622,4 +633,58 @@ expseg_status _expseg_vmm_hold_stream(expseg_vmm_t *v, expseg_stream s, bool hol
                              v->ops->name);
   v->ops->hold_stream(v->st, s, hold);
   return EXPSEG_OK;
+}
+
+/* ---- pinned host memory ---- */
+
+expseg_status _expseg_vmm_host_alloc(expseg_vmm_t *v, expseg_host_chunk_t *c) {
+  const expseg_vmm_call k = EXPSEG_VMM_CALL_host_alloc;
+  if (!c) return null_out(v, k);
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  uint32_t t = c->fault_threads;
+  char b[32];
+  if (c->size == 0 || c->size % page ||
+      (c->numa_node != -1 && !_expseg_topo_node_exists(c->numa_node)) || t == 0 ||
+      (t & (t - 1)) || t > 128) {
+    _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                      "%s driver: host_alloc(size=%s, numa_node=%d, fault_threads=%u): size "
+                      "must be a non-zero multiple of the OS page (%zu), the node -1 or one of "
+                      "this machine's %d node(s), the threads a power of two from 1 to 128",
+                      v->ops->name, _expseg_format_size(b, c->size), c->numa_node, t, page,
+                      _expseg_topo_numa_count());
+    return refuse(v, k);
+  }
+  if (!v->ops->host_alloc) {
+    _expseg_error_set(EXPSEG_ERR_UNSUPPORTED, "%s driver: no pinned host memory",
+                      v->ops->name);
+    _expseg_vmm_account(v, k, EXPSEG_ERR_UNSUPPORTED, 0);
+    return EXPSEG_ERR_UNSUPPORTED;
+  }
+  c->ptr = NULL;
+  c->locked = c->placed = false;
+  c->method = 0;
+  c->threads_used = 0;
+  c->handle = 0;
+  expseg_status st = v->ops->host_alloc(v->st, c);
+  _expseg_vmm_account(v, k, st, c->size);
+  return st;
+}
+
+expseg_status _expseg_vmm_host_free(expseg_vmm_t *v, const expseg_host_chunk_t *c) {
+  const expseg_vmm_call k = EXPSEG_VMM_CALL_host_free;
+  if (!c || !c->ptr || !c->method || !v->ops->host_free) {
+    _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                      "%s driver: host_free: not a chunk made by host_alloc", v->ops->name);
+    return refuse(v, k);
+  }
+  expseg_status st = v->ops->host_free(v->st, c);
+  _expseg_vmm_account(v, k, st, c->size);
+  return st;
+}
+
+int _expseg_vmm_host_numa(expseg_vmm_t *v) {
+  if (v->numa_override >= 0) return v->numa_override;
+  int n = v->ops->host_numa ? v->ops->host_numa(v->st) : -1;
+  if (n < 0 && _expseg_topo_numa_count() == 1) n = 0;
+  return n;
 }

@@ -59,7 +59,7 @@ extern "C" {
 #define EXPSEG_VMM_CALLS(X)                                                               \
   X(reserve) X(unreserve) X(create) X(release) X(map) X(unmap) X(set_access)              \
   X(event_create) X(event_destroy) X(event_record) X(event_query) X(event_synchronize)    \
-  X(stream_synchronize) X(export_fd) X(import_fd)
+  X(stream_synchronize) X(export_fd) X(import_fd) X(host_alloc) X(host_free)
 
 typedef enum expseg_vmm_call {
 #define EXPSEG_VMM_CALL_ENUM_(n) EXPSEG_VMM_CALL_##n,
@@ -70,6 +70,24 @@ typedef enum expseg_vmm_call {
 
 typedef uint64_t expseg_vmm_handle; /* physical chunk (CUmemGenericAllocationHandle) */
 typedef uint64_t expseg_vmm_event;  /* CUevent or the backend's own id; never 0 when live */
+
+/* A chunk of pinned host memory (the host pool, pools/host_pool.c). The caller fills the
+ * inputs; host_alloc fills the outputs; host_free takes the record back unchanged.
+ * Preconditions (vmm.c): size > 0 and a multiple of the OS page; numa_node is -1 (no
+ * placement) or a node of this machine (_expseg_topo_node_exists); fault_threads is a power of two from 1 to 128. */
+typedef struct expseg_host_chunk_s {
+  size_t size;            /* in */
+  int numa_node;          /* in: node the pages must sit on; -1 = the OS's choice */
+  bool use_register;      /* in: ordinary memory, pre-faulted, then registered (locked) */
+  uint32_t fault_threads; /* in: threads that pre-fault the pages (register path) */
+  void *ptr;              /* out: host address (also the device's, unified addressing) */
+  bool locked;            /* out: page-locked (host: mlock worked; cuda: always) */
+  bool placed;            /* out: bound to numa_node */
+  uint8_t method;         /* out: EXPSEG_HOST_* below, for host_free */
+  uint32_t threads_used;  /* out: pre-faulting threads started */
+  uint64_t handle;        /* out: the backend's word (cuda: the cuMemCreate handle) */
+} expseg_host_chunk_t;
+enum { EXPSEG_HOST_REGISTERED = 1, EXPSEG_HOST_CREATED = 2 };
 
 typedef struct expseg_vmm_ops_s {
   const char *name; /* "cuda", "host", "sim", "fault" */
@@ -100,6 +118,11 @@ typedef struct expseg_vmm_ops_s {
   /* Test hook (host and sim; NULL elsewhere): hold = true keeps events recorded on the
    * stream from completing until hold = false. */
   void (*hold_stream)(void *st, expseg_stream stream, bool hold);
+  /* Pinned host memory (NULL = unsupported): see expseg_host_chunk_t. host_numa: the node
+   * nearest the device (cuda: PCI locality; host: its numa=N; -1 unknown). */
+  expseg_status (*host_alloc)(void *st, expseg_host_chunk_t *c);
+  expseg_status (*host_free)(void *st, const expseg_host_chunk_t *c);
+  int (*host_numa)(void *st);
   void (*destroy)(void *st); /* frees the backend's state (and an inner driver it owns) */
 } expseg_vmm_ops_t;
 
@@ -109,6 +132,7 @@ typedef struct expseg_vmm_s {
   const expseg_vmm_ops_t *ops;
   void *st;                 /* backend state */
   int device;               /* device ordinal the backend serves */
+  int numa_override;        /* numa=N of the spec for pinned host memory; -1 = ask host_numa */
   size_t granularity;       /* cached ops->granularity(st) */
   EXPSEG_ATOMIC(uint64_t) calls[EXPSEG_VMM_CALL_COUNT]; /* successful and failed calls by kind */
   EXPSEG_ATOMIC(uint64_t) failures[EXPSEG_VMM_CALL_COUNT];
@@ -127,7 +151,7 @@ typedef struct expseg_vmm_s {
  *   host: capacity=SIZE (default 8G, or physical memory / 2 when smaller),
  *         granularity=SIZE (default 2M; a power of two multiple of the OS page), numa=N
  *   sim:  capacity=SIZE (default 80G), granularity=SIZE (default 2M), va=SIZE (default 128T)
- *   cuda: (no options yet)
+ *   cuda: numa=N (node for pinned host memory; default: the node nearest the GPU)
  * SIZE is an integer with an optional K, M, G or T suffix (binary units).
  * NULL = $EXPSEG_DRIVER, else "cuda" when a CUDA device is usable, else "host".
  * Malformed specs are EXPSEG_ERR_CONFIG naming the bad part. */
@@ -163,6 +187,11 @@ uint64_t _expseg_vmm_now_ns(expseg_vmm_t *v);
 /* EXPSEG_ERR_UNSUPPORTED where the backend has no hold hook (cuda). */
 expseg_status _expseg_vmm_hold_stream(expseg_vmm_t *v, expseg_stream s, bool hold);
 const char *_expseg_vmm_call_name(expseg_vmm_call c);
+/* Pinned host memory: checked and counted as the calls above. host_numa: numa_override,
+ * else the backend's answer, else 0 on a one-node machine, else -1. */
+expseg_status _expseg_vmm_host_alloc(expseg_vmm_t *v, expseg_host_chunk_t *c);
+expseg_status _expseg_vmm_host_free(expseg_vmm_t *v, const expseg_host_chunk_t *c);
+int _expseg_vmm_host_numa(expseg_vmm_t *v);
 
 /* ---- backends: each builds its state from already-parsed options ---- */
 
@@ -212,11 +241,27 @@ expseg_status _expseg_fault_set_rules_text(expseg_vmm_t *fault, const char *text
 
 /* Number of NUMA nodes (1 when hwloc sees none or is not built in). */
 int _expseg_topo_numa_count(void);
+/* Whether NUMA node `node` (the OS's number: numbers may have holes) exists. */
+bool _expseg_topo_node_exists(int node);
 /* NUMA node nearest the PCI device "0000:17:00.0" (cuDeviceGetPCIBusId form); -1 unknown. */
 int _expseg_topo_numa_of_pci(const char *pci_bus_id);
 /* Binds [addr, addr+size) to NUMA node `node` (host memory). EXPSEG_ERR_UNSUPPORTED when
  * hwloc cannot; the memory stays usable. */
 expseg_status _expseg_topo_bind(void *addr, size_t size, int node);
+/* Binds the calling thread to the cores of NUMA node `node`. EXPSEG_ERR_UNSUPPORTED when
+ * hwloc cannot (the thread then runs anywhere). */
+expseg_status _expseg_topo_bind_thread(int node);
+
+/* ---- host_pinned.c: pinned host memory in ordinary host memory (host and sim) ---- */
+
+/* host_alloc of the host and sim backends: mmap, bind to the node (mbind through hwloc),
+ * pre-fault, then mlock as the stand-in for page locking (RLIMIT_MEMLOCK may refuse it:
+ * then locked = false and the memory stays usable). st is unused. */
+expseg_status _expseg_pinned_alloc(void *st, expseg_host_chunk_t *c);
+expseg_status _expseg_pinned_free(void *st, const expseg_host_chunk_t *c);
+/* Faults [p, p+size) in with n threads (bound to `node`'s cores when node >= 0); n = 1
+ * runs on the caller when node < 0 or size < 2 MiB. Returns the threads started. */
+uint32_t _expseg_pinned_prefault(void *p, size_t size, uint32_t n, int node);
 
 #ifdef __cplusplus
 }

@@ -1,8 +1,10 @@
 /* fuzz_config.c: libFuzzer target for the config parser. Arbitrary bytes (cut at the first
  * NUL) are parsed over the defaults; a rejected text must leave the output untouched and write
- * a one-line, NUL-terminated message naming the source; an accepted one must print, parse back
- * to the same configuration, and print identically again (the canonical form is a fixed
- * point). The same text is also parsed over a non-default base and with a tiny error buffer. */
+ * a one-line, NUL-terminated message naming the source, the position and what is accepted; an
+ * accepted one must print, parse back to the same configuration, and print identically again
+ * (the canonical form is a fixed point); when it warns (an accident of PyTorch's parser), the
+ * warning is one line and the clean form it gives parses, without a warning, to the same
+ * configuration. The same text is also parsed over a non-default base and with tiny buffers. */
 #include "policy.h"
 
 #include <stdint.h>
@@ -27,14 +29,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   _expseg_config_defaults(&base);
   memset(&out, 0x5a, sizeof out);
   sentinel = out;
-  char err[1024];
-  expseg_status st = _expseg_config_parse(text, "FUZZ_SOURCE", &base, &out, err, sizeof err);
+  char err[EXPSEG_CONFIG_MSG_MAX], warn[EXPSEG_CONFIG_MSG_MAX];
+  expseg_status st = _expseg_config_parse_warn(text, "FUZZ_SOURCE", &base, &out, err, sizeof err,
+                                               warn, sizeof warn);
   if (st != EXPSEG_OK) {
     if (st != EXPSEG_ERR_CONFIG) abort();
     if (memcmp(&out, &sentinel, sizeof out)) abort();       /* untouched on error */
     if (strncmp(err, "FUZZ_SOURCE: position ", 22)) abort(); /* names the source */
     if (memchr(err, '\n', strlen(err))) abort();             /* one line */
+    if (!strstr(err, "accepted")) abort();                   /* says what is accepted */
+    if (strlen(err) >= sizeof err - 1) abort();              /* never cut */
+    if (warn[0]) abort();
   } else {
+    if (warn[0]) {
+      const char *w = "FUZZ_SOURCE: accepted as PyTorch's parser reads it; write it as ";
+      if (strncmp(warn, w, strlen(w))) abort();
+      if (memchr(warn, '\n', strlen(warn))) abort();
+      if (strlen(warn) < sizeof warn - 1) { /* not cut: the clean form is complete */
+        char clean[EXPSEG_CONFIG_MSG_MAX], w2[EXPSEG_CONFIG_MSG_MAX];
+        const char *from = warn + strlen(w), *to = strstr(from, " (position ");
+        if (!to) abort();
+        memcpy(clean, from, (size_t)(to - from));
+        clean[to - from] = '\0';
+        expseg_config_t again;
+        if (_expseg_config_parse_warn(clean, "clean", &base, &again, err, sizeof err, w2,
+                                      sizeof w2) != EXPSEG_OK)
+          abort();
+        if (w2[0] || !same(&out, &again)) abort();
+      }
+    }
     char p1[4096], p2[4096];
     size_t n1 = _expseg_config_print(&out, p1, sizeof p1);
     if (n1 >= sizeof p1) abort();
@@ -42,7 +65,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!same(&out, &back)) abort();
     size_t n2 = _expseg_config_print(&back, p2, sizeof p2);
     if (n1 != n2 || memcmp(p1, p2, n1)) abort();
-    char ne[512];
+    char ne[EXPSEG_CONFIG_MSG_MAX];
     size_t m = _expseg_config_no_effect(&out, ne, sizeof ne);
     if (m >= sizeof ne || strlen(ne) != m) abort();
   }
@@ -61,10 +84,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       abort();
   }
 
-  /* tiny and missing error buffers */
-  char tiny[3];
-  if (_expseg_config_parse(text, "FUZZ_SOURCE", &base, &out2, tiny, sizeof tiny) != st) abort();
+  /* tiny and missing error and warning buffers */
+  char tiny[3], tw[5];
+  if (_expseg_config_parse_warn(text, "FUZZ_SOURCE", &base, &out2, tiny, sizeof tiny, tw,
+                                sizeof tw) != st)
+    abort();
   if (st != EXPSEG_OK && strlen(tiny) > 2) abort();
+  if (strlen(tw) > 4) abort();
   if (_expseg_config_parse(text, NULL, NULL, &out2, NULL, 0) != st) abort();
   return 0;
 }

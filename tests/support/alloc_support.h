@@ -6,6 +6,7 @@
 #ifndef EXPSEG_ALLOC_SUPPORT_H
 #define EXPSEG_ALLOC_SUPPORT_H
 
+#include "expseg_testing.h"
 #include "vmm_support.h"
 
 #ifdef __cplusplus
@@ -85,6 +86,18 @@ inline uint64_t test_seed(uint64_t dflt) {
   std::printf("seed %llu (EXPSEG_TEST_SEED=%llu reproduces)\n", (unsigned long long)s,
               (unsigned long long)s);
   return s;
+}
+
+/* Destroys a (expseg_testing_destroy) and expects its driver to hold nothing afterwards. */
+inline void expect_nothing_left(expseg_allocator *a, const std::string &where) {
+  expseg_testing_driver_counts left;
+  expseg_testing_destroy(a, &left);
+  EXPECT_EQ(left.live_chunks, 0) << where;
+  EXPECT_EQ(left.live_chunk_bytes, 0) << where;
+  EXPECT_EQ(left.live_reservations, 0) << where;
+  EXPECT_EQ(left.reserved_va_bytes, 0) << where;
+  EXPECT_EQ(left.mapped_bytes, 0) << where;
+  EXPECT_EQ(left.live_events, 0) << where;
 }
 
 /* Log sink that counts warnings instead of printing them. */

@@ -1,0 +1,225 @@
+/* number.c: numbers as PyTorch's configuration parser reads them, without the C locale.
+ *
+ * PyTorch reads integers with std::stoull and decimals with std::stod (glibc strtod), so it
+ * accepts a sign, junk after the number, hexadecimal floats, inf and nan. expseg takes the
+ * same values (see docs/config.md) and reports with flags where the text left the clean form,
+ * so the parser can warn and say how to write it. Everything is read by hand: a process that
+ * set LC_NUMERIC to a comma locale still reads "0.5" as one half. */
+#include "text.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+static bool is_digit(char ch) { return ch >= '0' && ch <= '9'; }
+static int hex_value(char ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+  return -1;
+}
+static char lower(char ch) { return ch >= 'A' && ch <= 'Z' ? (char)(ch - 'A' + 'a') : ch; }
+static bool prefix_ci(const char *s, const char *p) {
+  for (; *p; s++, p++)
+    if (lower(*s) != *p) return false;
+  return true;
+}
+
+num_t _expseg_read_u64(const char *s, uint64_t *v, unsigned *flags) {
+  *flags = 0;
+  bool neg = false;
+  if (*s == '+' || *s == '-') {
+    neg = *s++ == '-';
+    *flags |= NUMF_SIGN;
+  }
+  if (!is_digit(*s)) return NUM_NOT_NUMBER;
+  uint64_t x = 0;
+  bool over = false;
+  for (; is_digit(*s); s++) {
+    unsigned d = (unsigned)(*s - '0');
+    if (x > (UINT64_MAX - d) / 10) over = true;
+    else x = x * 10 + d;
+  }
+  if (over) return NUM_OVERFLOW;
+  if (*s) *flags |= NUMF_JUNK;
+  if (neg && x) {
+    x = (uint64_t)0 - x;
+    *flags |= NUMF_WRAPPED;
+  }
+  *v = x;
+  return NUM_OK;
+}
+
+/* An exponent after p: mark (either case), an optional sign, digits (saturated); added to
+ * *e. Returns the end, or p itself when no digit follows (strtod leaves "1e" at the e). */
+static const char *read_exponent(const char *p, char mark, long *e) {
+  if (lower(*p) != mark) return p;
+  const char *q = p + 1;
+  bool neg = false;
+  if (*q == '+' || *q == '-') neg = *q++ == '-';
+  if (!is_digit(*q)) return p;
+  long x = 0;
+  for (; is_digit(*q); q++)
+    if (x < 100000) x = x * 10 + (*q - '0');
+  *e += neg ? -x : x;
+  return q;
+}
+
+/* Decimal digits [. digits] [e [+-] digits]; *end after what was read (s if nothing).
+ * Up to 19 significant digits are kept and scaled in long double. */
+static long double read_decimal(const char *s, const char **end, bool *nonzero) {
+  static const long double p10[] = {1e0L,  1e1L,  1e2L,  1e3L,  1e4L,  1e5L,  1e6L,
+                                     1e7L,  1e8L,  1e9L,  1e10L, 1e11L, 1e12L, 1e13L,
+                                     1e14L, 1e15L, 1e16L, 1e17L, 1e18L, 1e19L, 1e20L,
+                                     1e21L, 1e22L, 1e23L, 1e24L, 1e25L, 1e26L, 1e27L};
+  const char *p = s;
+  uint64_t m = 0;
+  int kept = 0, digits = 0;
+  long e10 = 0;
+  *nonzero = false;
+  for (; is_digit(*p); p++, digits++) {
+    if (*p != '0') *nonzero = true;
+    if (kept < 19) {
+      m = m * 10 + (uint64_t)(*p - '0');
+      if (m) kept++;
+    } else {
+      e10++;
+    }
+  }
+  if (*p == '.') {
+    const char *q = p + 1;
+    int frac = 0;
+    for (; is_digit(*q); q++, frac++) {
+      if (*q != '0') *nonzero = true;
+      if (kept < 19) {
+        m = m * 10 + (uint64_t)(*q - '0');
+        if (m) kept++;
+        e10--;
+      }
+    }
+    if (digits || frac) p = q;
+    digits += frac;
+  }
+  if (!digits) {
+    *end = s;
+    return 0;
+  }
+  p = read_exponent(p, 'e', &e10);
+  *end = p;
+  if (m == 0) return 0;
+  long double v = (long double)m;
+  if (e10 > 400) return (long double)INFINITY;
+  if (e10 < -400) return 0;
+  for (; e10 > 27; e10 -= 27) v *= p10[27];
+  for (; e10 < -27; e10 += 27) v /= p10[27];
+  return e10 >= 0 ? v * p10[e10] : v / p10[-e10];
+}
+
+/* 0x hexdigits [. hexdigits] [p [+-] digits] after the "0x"; *end after what was read. */
+static long double read_hex(const char *s, const char **end, bool *nonzero) {
+  const char *p = s;
+  uint64_t m = 0;
+  long e2 = 0;
+  bool any = false;
+  *nonzero = false;
+  for (; hex_value(*p) >= 0; p++) {
+    any = true;
+    int d = hex_value(*p);
+    if (d) *nonzero = true;
+    if (m >> 56) e2 += 4;
+    else m = m * 16 + (uint64_t)d;
+  }
+  if (*p == '.') {
+    const char *q = p + 1;
+    for (; hex_value(*q) >= 0; q++) {
+      any = true;
+      int d = hex_value(*q);
+      if (d) *nonzero = true;
+      if (!(m >> 56)) {
+        m = m * 16 + (uint64_t)d;
+        e2 -= 4;
+      }
+    }
+    p = q;
+  }
+  if (!any) {
+    *end = s;
+    return 0;
+  }
+  p = read_exponent(p, 'p', &e2);
+  *end = p;
+  if (e2 > 5000) e2 = 5000;
+  if (e2 < -5000) e2 = -5000;
+  return ldexpl((long double)m, (int)e2);
+}
+
+num_t _expseg_read_double(const char *s, double *v, unsigned *flags) {
+  *flags = 0;
+  bool neg = false;
+  if (*s == '+' || *s == '-') {
+    neg = *s++ == '-';
+    *flags |= NUMF_SIGN;
+  }
+  const char *end = s;
+  long double x = 0;
+  bool nonzero = false;
+  if (prefix_ci(s, "inf")) {
+    end = s + (prefix_ci(s, "infinity") ? 8 : 3);
+    x = (long double)INFINITY;
+    *flags |= NUMF_FORM;
+  } else if (prefix_ci(s, "nan")) {
+    end = s + 3;
+    if (*end == '(') {
+      const char *q = end + 1;
+      while ((*q >= '0' && *q <= '9') || (lower(*q) >= 'a' && lower(*q) <= 'z') || *q == '_') q++;
+      if (*q == ')') end = q + 1;
+    }
+    *v = NAN;
+    *flags |= NUMF_FORM | (*end ? NUMF_JUNK : 0);
+    return NUM_OK;
+  } else if (s[0] == '0' && lower(s[1]) == 'x' &&
+             (hex_value(s[2]) >= 0 || (s[2] == '.' && hex_value(s[3]) >= 0))) {
+    x = read_hex(s + 2, &end, &nonzero);
+    *flags |= NUMF_FORM;
+  } else {
+    x = read_decimal(s, &end, &nonzero);
+    if (end == s) return NUM_NOT_NUMBER;
+  }
+  if (*end) *flags |= NUMF_JUNK;
+  double d = (double)x;
+  if (!(*flags & NUMF_FORM) || nonzero) {
+    if (isinf(d)) return NUM_OVERFLOW;                     /* ERANGE: too large */
+    if (nonzero && fabs(d) < DBL_MIN) return NUM_OVERFLOW; /* ERANGE: underflow */
+  }
+  *v = neg ? -d : d;
+  return NUM_OK;
+}
+
+bool _expseg_read_stream_double(const char *s, size_t n, double *v) {
+  const char *p = s, *e = s + n;
+  if (p < e && (*p == '+' || *p == '-')) p++;
+  size_t digits = 0;
+  for (; p < e && is_digit(*p); p++) digits++;
+  if (p < e && *p == '.')
+    for (p++; p < e && is_digit(*p); p++) digits++;
+  if (!digits) return false;
+  if (p < e && (*p == 'e' || *p == 'E')) {
+    p++;
+    if (p < e && (*p == '+' || *p == '-')) p++;
+    if (p >= e || !is_digit(*p)) return false;
+    while (p < e && is_digit(*p)) p++;
+  }
+  if (p != e) return false;
+  char t[TOK_TEXT_MAX];
+  if (n >= sizeof t) return false;
+  memcpy(t, s, n);
+  t[n] = '\0';
+  bool nonzero;
+  const char *end;
+  const char *q = t + (t[0] == '+' || t[0] == '-');
+  long double x = read_decimal(q, &end, &nonzero);
+  double d = (double)x;
+  if (!isfinite(d)) return false;
+  *v = t[0] == '-' ? -d : d;
+  return true;
+}

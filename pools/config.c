@@ -1,0 +1,19 @@
+/* config.c: the configuration an allocator or a host pool starts with: the option text
+ * from the API or the environment (policy/env.c), parsed over the defaults
+ * (policy/parse.c), with the parser's message turned into the thread's error and its
+ * warnings (text PyTorch's parser reads by accident) sent to the log sink. */
+#include "error.h"
+#include "internal.h"
+
+expseg_status _expseg_config_load(const char *config, const char *who,
+                                  expseg_config_source_t *src, expseg_config_t *cfg) {
+  _expseg_config_source(config, NULL, src);
+  expseg_config_t defaults;
+  _expseg_config_defaults(&defaults);
+  char err[EXPSEG_CONFIG_MSG_MAX], warn[EXPSEG_CONFIG_MSG_MAX];
+  if (_expseg_config_parse_warn(src->text, src->name, &defaults, cfg, err, sizeof err, warn,
+                                sizeof warn) != EXPSEG_OK)
+    return _expseg_error_set(EXPSEG_ERR_CONFIG, "%s%s", who, err);
+  if (warn[0] != '\0') _expseg_warn("%s%s", who, warn); /* no lock is held here */
+  return EXPSEG_OK;
+}

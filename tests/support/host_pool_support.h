@@ -1,0 +1,34 @@
+/* host_pool_support.h: C++ helpers for the pinned host pool tests (tests/test_host_pool.cpp,
+ * tests/test_gpu_host_pool.cpp): an owning pool handle, creation that fails the test with
+ * the message, and statistics by key. */
+#ifndef EXPSEG_HOST_POOL_SUPPORT_H
+#define EXPSEG_HOST_POOL_SUPPORT_H
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "expseg.h"
+#include "host_pool.h"
+
+struct PoolDeleter {
+  void operator()(expseg_host_pool *h) const { expseg_host_destroy(h); }
+};
+using PoolPtr = std::unique_ptr<expseg_host_pool, PoolDeleter>;
+
+inline PoolPtr make_pool(const char *driver, const char *config) {
+  expseg_host_pool *h = nullptr;
+  expseg_status st = expseg_host_create(driver, 0, config, &h);
+  EXPECT_EQ(st, EXPSEG_OK) << driver << " / " << config << ": " << expseg_last_error();
+  return PoolPtr(h);
+}
+
+inline int64_t hstat(const expseg_host_pool *h, const std::string &key) {
+  int64_t v = INT64_MIN;
+  EXPECT_EQ(expseg_host_stat(h, key.c_str(), &v), EXPSEG_OK) << key << ": " << expseg_last_error();
+  return v;
+}
+
+#endif

@@ -1,0 +1,792 @@
+// test_host_pool.cpp: the pinned host memory pool (expseg_host_*) on the host and sim
+// backends: placement on the chosen NUMA node as the kernel sees the pages (move_pages(2)
+// with NULL nodes), reuse only after the events of recorded streams complete, the effect of
+// each pinned_* option, and the error cases.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <linux/capability.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "alloc_support.h"
+#include "host_pool_support.h"
+
+namespace {
+
+constexpr size_t KiB = 1024, MiB = 1024 * 1024;
+
+void hold(expseg_host_pool *h, expseg_stream s, bool on) {
+  ASSERT_EQ(_expseg_vmm_hold_stream(_expseg_host_pool_driver(h), s, on), EXPSEG_OK);
+}
+
+// NUMA nodes with memory, from the kernel.
+std::vector<int> memory_nodes() {
+  std::vector<int> out;
+  FILE *f = std::fopen("/sys/devices/system/node/has_memory", "r");
+  if (!f) return {0};
+  char buf[256] = "";
+  if (!std::fgets(buf, sizeof buf, f)) buf[0] = '\0';
+  std::fclose(f);
+  for (char *p = buf; *p && *p != '\n';) {  // "0-1,3"
+    int lo = (int)std::strtol(p, &p, 10), hi = lo;
+    if (*p == '-') hi = (int)std::strtol(p + 1, &p, 10);
+    for (int n = lo; n <= hi; n++) out.push_back(n);
+    if (*p == ',') p++;
+  }
+  if (out.empty()) out.push_back(0);
+  return out;
+}
+
+// The node of every page of [p, p+size) as the kernel sees it (move_pages with NULL nodes
+// only reports); -ENOENT for a page that is not present.
+std::vector<int> page_nodes(void *p, size_t size) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE), n = size / page;
+  std::vector<void *> pages(n);
+  std::vector<int> status(n, -1000);
+  for (size_t i = 0; i < n; i++) pages[i] = (char *)p + i * page;
+  long r = syscall(SYS_move_pages, 0, (unsigned long)n, pages.data(), nullptr, status.data(), 0);
+  EXPECT_EQ(r, 0) << "move_pages: " << std::strerror(errno);
+  return status;
+}
+
+void expect_on_node(void *p, size_t size, int node, const std::string &what) {
+  std::vector<int> st = page_nodes(p, size);
+  size_t wrong = 0;
+  int first = 0;
+  for (int s : st)
+    if (s != node && wrong++ == 0) first = s;
+  EXPECT_EQ(wrong, 0u) << what << ": " << wrong << " of " << st.size()
+                       << " pages are not on node " << node << " (first: " << first << ")";
+}
+
+// ---- placement ----
+
+// Whether this build can bind memory to `node` (built with hwloc, node known).
+bool can_bind(int node) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  void *p = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  bool ok = p != MAP_FAILED && _expseg_topo_bind(p, page, node) == EXPSEG_OK;
+  if (p != MAP_FAILED) munmap(p, page);
+  if (!ok) std::printf("note: binding to node %d is unsupported here: %s\n", node, expseg_last_error());
+  return ok;
+}
+
+TEST(HostPool, PagesSitOnTheChosenNode) {
+  QuietLog quiet;  // mlock past RLIMIT_MEMLOCK is warned about
+  for (int node : memory_nodes()) {
+    for (const char *cfg : {"pinned_use_cuda_host_register:False",
+                            "pinned_use_cuda_host_register:True,pinned_num_register_threads:4"}) {
+      std::string spec = "host:numa=" + std::to_string(node);
+      SCOPED_TRACE(spec + " " + cfg);
+      PoolPtr h = make_pool(spec.c_str(), cfg);
+      ASSERT_TRUE(h);
+      EXPECT_EQ(expseg_host_numa_node(h.get()), node);
+      EXPECT_EQ(hstat(h.get(), "expseg.numa_node"), node);
+      void *p = nullptr;
+      ASSERT_EQ(expseg_host_malloc(h.get(), 6 * MiB, &p), EXPSEG_OK) << expseg_last_error();
+      // every page is already present (pre-faulted) and on the node, before we touch it
+      expect_on_node(p, 8 * MiB, node, "fresh block");
+      std::memset(p, 0xab, 6 * MiB);
+      expect_on_node(p, 8 * MiB, node, "after writing");
+      // bound, where this build can bind (hwloc); else left to the OS and counted as such
+      EXPECT_EQ(hstat(h.get(), "expseg.placed_bytes"), can_bind(node) ? int64_t(8 * MiB) : 0);
+      EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+    }
+  }
+}
+
+// The cuda backend's node comes from the GPU's PCI bus id: hwloc's answer for every PCI
+// device here must agree with the kernel's numa_node where both know one.
+TEST(HostPool, PciLocalityAgreesWithTheKernel) {
+  DIR *d = opendir("/sys/bus/pci/devices");
+  if (!d) GTEST_SKIP() << "no /sys/bus/pci/devices";
+  int known = 0, nodes = _expseg_topo_numa_count();
+  for (dirent *e; (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    int mine = _expseg_topo_numa_of_pci(e->d_name);
+    EXPECT_GE(mine, -1) << e->d_name;
+    EXPECT_LT(mine, nodes) << e->d_name;
+    FILE *f = std::fopen(("/sys/bus/pci/devices/" + std::string(e->d_name) + "/numa_node").c_str(), "r");
+    int kernel = -1;
+    if (f) {
+      if (std::fscanf(f, "%d", &kernel) != 1) kernel = -1;
+      std::fclose(f);
+    }
+    if (mine >= 0) known++;
+    if (mine >= 0 && kernel >= 0) {
+      EXPECT_EQ(mine, kernel) << e->d_name;
+    }
+  }
+  closedir(d);
+  std::printf("%d PCI device(s) with a known nearest node\n", known);
+  EXPECT_EQ(_expseg_topo_numa_of_pci("0000:ff:1f.7"), -1) << "no such device";
+  EXPECT_EQ(_expseg_topo_numa_of_pci("not a bus id"), -1);
+  EXPECT_EQ(_expseg_topo_numa_of_pci(nullptr), -1);
+}
+
+TEST(HostPool, NodesExistByTheirOsNumber) {
+  for (int node : memory_nodes()) EXPECT_TRUE(_expseg_topo_node_exists(node)) << node;
+  EXPECT_FALSE(_expseg_topo_node_exists(-1));
+  EXPECT_FALSE(_expseg_topo_node_exists(1 << 20));
+}
+
+TEST(HostPool, DefaultNodeIsReported) {
+  PoolPtr h = make_pool("host", "");
+  ASSERT_TRUE(h);
+  int node = expseg_host_numa_node(h.get());
+  if (memory_nodes().size() == 1) {
+    // one node: it is the nearest to any device, and the pages must be on it
+    EXPECT_EQ(node, memory_nodes()[0]);
+    void *p = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h.get(), 64 * KiB, &p), EXPSEG_OK);
+    expect_on_node(p, 64 * KiB, node, "default placement");
+    EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+  } else {
+    EXPECT_EQ(node, -1) << "the host backend has no PCI location: unknown without numa=N";
+  }
+}
+
+TEST(HostPool, BadNodeInSpecIsRejected) {
+  expseg_host_pool *h = nullptr;
+  EXPECT_EQ(expseg_host_create("host:numa=999", 0, "", &h), EXPSEG_ERR_CONFIG);
+  EXPECT_EQ(h, nullptr);
+  EXPECT_NE(std::string(expseg_last_error()).find("numa=999"), std::string::npos)
+      << expseg_last_error();
+}
+
+// ---- reuse after events ----
+
+TEST(HostPool, FreedBlockWithoutStreamsIsReusedAtOnce) {
+  for (const char *drv : {"host", "sim"}) {
+    SCOPED_TRACE(drv);
+    PoolPtr h = make_pool(drv, "");
+    ASSERT_TRUE(h);
+    void *p = nullptr, *q = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h.get(), 100 * KiB, &p), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_malloc(h.get(), 128 * KiB, &q), EXPSEG_OK);  // same class
+    EXPECT_EQ(p, q);
+    EXPECT_EQ(hstat(h.get(), "expseg.hits"), 1);
+    EXPECT_EQ(hstat(h.get(), "num_host_alloc"), 1);
+    EXPECT_EQ(expseg_host_free(h.get(), q), EXPSEG_OK);
+  }
+}
+
+TEST(HostPool, BlockWaitsForEveryRecordedStream) {
+  for (const char *drv : {"host", "sim"}) {
+    SCOPED_TRACE(drv);
+    PoolPtr h = make_pool(drv, "");
+    ASSERT_TRUE(h);
+    hold(h.get(), 7, true);
+    hold(h.get(), 8, true);
+    void *p = nullptr, *q = nullptr, *r = nullptr, *s = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h.get(), 1 * MiB, &p), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_record_stream(h.get(), p, 7), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_record_stream(h.get(), p, 8), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_record_stream(h.get(), p, 8), EXPSEG_OK);  // once per stream
+    ASSERT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+    EXPECT_EQ(hstat(h.get(), "expseg.pending_blocks.current"), 1);
+    EXPECT_EQ(hstat(h.get(), "expseg.pending_events"), 2);
+    // both streams busy: a new block
+    ASSERT_EQ(expseg_host_malloc(h.get(), 1 * MiB, &q), EXPSEG_OK);
+    EXPECT_NE(q, p);
+    hold(h.get(), 7, false);
+    // stream 8 still busy: still not reused
+    ASSERT_EQ(expseg_host_malloc(h.get(), 1 * MiB, &r), EXPSEG_OK);
+    EXPECT_NE(r, p);
+    EXPECT_EQ(hstat(h.get(), "expseg.pending_events"), 1);
+    hold(h.get(), 8, false);
+    ASSERT_EQ(expseg_host_malloc(h.get(), 1 * MiB, &s), EXPSEG_OK);
+    EXPECT_EQ(s, p) << "the block must be reused once its streams are done";
+    EXPECT_EQ(hstat(h.get(), "expseg.pending_blocks.current"), 0);
+    EXPECT_EQ(hstat(h.get(), "num_host_alloc"), 3);
+    for (void *x : {q, r, s}) EXPECT_EQ(expseg_host_free(h.get(), x), EXPSEG_OK);
+  }
+}
+
+TEST(HostPool, EmptyCacheKeepsPendingBlocks) {
+  PoolPtr h = make_pool("host", "");
+  ASSERT_TRUE(h);
+  hold(h.get(), 3, true);
+  void *p = nullptr, *q = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 256 * KiB, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_malloc(h.get(), 256 * KiB, &q), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_record_stream(h.get(), p, 3), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_free(h.get(), q), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "segment.current"), 1) << "only the idle block goes back";
+  EXPECT_EQ(hstat(h.get(), "num_host_free"), 1);
+  hold(h.get(), 3, false);
+  ASSERT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "segment.current"), 0);
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), 0);
+  EXPECT_EQ(hstat(h.get(), "expseg.cached_bytes.current"), 0);
+}
+
+// ---- pinned_use_background_threads ----
+
+int64_t wait_pending_zero(const expseg_host_pool *h, int ms) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  int64_t v;
+  while ((v = hstat(h, "expseg.pending_blocks.current")) != 0 &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return v;
+}
+
+TEST(HostPool, BackgroundThreadProcessesEvents) {
+  for (bool bg : {false, true}) {
+    SCOPED_TRACE(bg ? "background" : "caller");
+    PoolPtr h = make_pool("host", bg ? "pinned_use_background_threads:True"
+                                     : "pinned_use_background_threads:False");
+    ASSERT_TRUE(h);
+    hold(h.get(), 5, true);
+    void *p = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h.get(), 64 * KiB, &p), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_record_stream(h.get(), p, 5), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(hstat(h.get(), "expseg.pending_blocks.current"), 1) << "the stream is held";
+    hold(h.get(), 5, false);
+    // no pool call in between: only a background thread can move the block
+    if (bg) {
+      EXPECT_EQ(wait_pending_zero(h.get(), 2000), 0);
+      EXPECT_GT(hstat(h.get(), "expseg.background_passes"), 0);
+      EXPECT_EQ(hstat(h.get(), "expseg.cached_bytes.current"), int64_t(64 * KiB));
+    } else {
+      EXPECT_EQ(wait_pending_zero(h.get(), 50), 1);
+      EXPECT_EQ(hstat(h.get(), "expseg.background_passes"), 0);
+      void *q = nullptr;
+      ASSERT_EQ(expseg_host_malloc(h.get(), 64 * KiB, &q), EXPSEG_OK);  // the caller processes
+      EXPECT_EQ(q, p);
+      EXPECT_EQ(expseg_host_free(h.get(), q), EXPSEG_OK);
+    }
+  }
+}
+
+// ---- pinned_use_cuda_host_register and pinned_num_register_threads ----
+
+TEST(HostPool, RegisterPathPrefaultsWithTheAskedThreads) {
+  QuietLog quiet;
+  for (uint32_t threads : {1u, 2u, 4u, 8u}) {
+    SCOPED_TRACE(threads);
+    std::string cfg = "pinned_use_cuda_host_register:True,pinned_num_register_threads:" +
+                      std::to_string(threads);
+    PoolPtr h = make_pool("host:numa=0", cfg.c_str());
+    ASSERT_TRUE(h);
+    EXPECT_EQ(hstat(h.get(), "expseg.register_threads"), threads);
+    void *p = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h.get(), 4 * MiB, &p), EXPSEG_OK);
+    EXPECT_EQ(hstat(h.get(), "expseg.registered_segments"), 1);
+    EXPECT_EQ(hstat(h.get(), "expseg.created_segments"), 0);
+    EXPECT_EQ(hstat(h.get(), "expseg.fault_threads_started"), threads);
+    // every page present before the caller touches it
+    std::vector<unsigned char> vec(4 * MiB / (size_t)sysconf(_SC_PAGESIZE));
+    ASSERT_EQ(mincore(p, 4 * MiB, vec.data()), 0);
+    size_t absent = 0;
+    for (unsigned char c : vec) absent += !(c & 1);
+    EXPECT_EQ(absent, 0u);
+    EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+  }
+  {  // one thread for a small chunk: the caller faults it (no thread start to pay)
+    PoolPtr s = make_pool("host:numa=0", "pinned_use_cuda_host_register:True");
+    ASSERT_TRUE(s);
+    void *p = nullptr;
+    ASSERT_EQ(expseg_host_malloc(s.get(), 64 * KiB, &p), EXPSEG_OK);
+    EXPECT_EQ(hstat(s.get(), "expseg.fault_threads_started"), 0);
+    expect_on_node(p, 64 * KiB, 0, "small register chunk");
+    EXPECT_EQ(expseg_host_free(s.get(), p), EXPSEG_OK);
+  }
+  PoolPtr h = make_pool("host:numa=0", "pinned_use_cuda_host_register:False,"
+                                       "pinned_num_register_threads:8");
+  ASSERT_TRUE(h);
+  void *p = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 4 * MiB, &p), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "expseg.registered_segments"), 0);
+  EXPECT_EQ(hstat(h.get(), "expseg.created_segments"), 1);
+  EXPECT_EQ(hstat(h.get(), "expseg.fault_threads_started"), 0)
+      << "threads pre-fault only on the register path";
+  EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+}
+
+// In a child (death-test fork): CAP_IPC_LOCK dropped (root ignores the limit otherwise),
+// RLIMIT_MEMLOCK 0, then one block: it must be usable and reported unlocked. Exit code:
+// 0 = as expected, 1.. = which check failed.
+int locking_refused_child() {
+  __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  if (syscall(SYS_capget, &hdr, data) != 0) return 10;
+  data[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+  if (syscall(SYS_capset, &hdr, data) != 0) return 11;
+  struct rlimit none = {0, 0};
+  if (setrlimit(RLIMIT_MEMLOCK, &none) != 0) return 12;
+  expseg_set_log_sink([](void *, const char *) {}, nullptr);
+  expseg_host_pool *h = nullptr;
+  void *p = nullptr;
+  if (expseg_host_create("host", 0, "", &h) != EXPSEG_OK) return 2;
+  if (expseg_host_malloc(h, 2 * MiB, &p) != EXPSEG_OK) return 3;
+  std::memset(p, 1, 2 * MiB);  // usable all the same
+  int64_t locked = -1, unlocked = -1;
+  (void)expseg_host_stat(h, "expseg.locked_bytes", &locked);
+  (void)expseg_host_stat(h, "expseg.unlocked_bytes", &unlocked);
+  if (locked != 0) return 4;
+  if (unlocked != int64_t(2 * MiB)) return 5;
+  if (expseg_host_free(h, p) != EXPSEG_OK) return 6;
+  expseg_host_destroy(h);
+  return 0;
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define EXPSEG_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define EXPSEG_SANITIZED 1
+#endif
+#endif
+
+TEST(HostPool, PageLockingIsModelledUnderRlimitMemlock) {
+#ifdef EXPSEG_SANITIZED
+  GTEST_SKIP() << "sanitizers replace mlock with a no-op: refused locking cannot be observed";
+#endif
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::exit(locking_refused_child()), ::testing::ExitedWithCode(0), "");
+  // and where locking works, every byte is accounted as locked or not
+  QuietLog quiet;
+  PoolPtr h = make_pool("host", "");
+  void *p = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 2 * MiB, &p), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "expseg.locked_bytes") + hstat(h.get(), "expseg.unlocked_bytes"),
+            hstat(h.get(), "reserved_bytes.current"));
+  EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+}
+
+// ---- pinned_reserve_segment_size_mb ----
+
+TEST(HostPool, ReserveSegmentIsServedFirstAndKept) {
+  PoolPtr h = make_pool("host", "pinned_reserve_segment_size_mb:4");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(hstat(h.get(), "num_host_alloc"), 1);
+  EXPECT_EQ(hstat(h.get(), "segment.current"), 1);
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(4 * MiB));
+  EXPECT_EQ(hstat(h.get(), "expseg.reserve_segment_bytes"), int64_t(4 * MiB));
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 1 * MiB, &a), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_malloc(h.get(), 3000, &b), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "num_host_alloc"), 1) << "served from the reserve";
+  EXPECT_EQ(hstat(h.get(), "expseg.reserve_segment_used_bytes"), int64_t(1 * MiB + 4 * KiB));
+  EXPECT_EQ((char *)b - (char *)a, (ptrdiff_t)MiB) << "slices follow each other";
+  ASSERT_EQ(expseg_host_malloc(h.get(), 4 * MiB, &c), EXPSEG_OK);  // does not fit
+  EXPECT_EQ(hstat(h.get(), "num_host_alloc"), 2);
+  for (void *x : {a, b, c}) ASSERT_EQ(expseg_host_free(h.get(), x), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "segment.current"), 1) << "the reserve is never given back";
+  EXPECT_EQ(hstat(h.get(), "num_host_free"), 1);
+  void *again = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 1 * MiB, &again), EXPSEG_OK);
+  EXPECT_EQ(again, a) << "reserve slices are cached like other blocks";
+  EXPECT_EQ(expseg_host_free(h.get(), again), EXPSEG_OK);
+}
+
+// ---- sizes and statistics ----
+
+TEST(HostPool, SizesArePowersOfTwoOfAtLeastAPage) {
+  PoolPtr h = make_pool("host", "");
+  ASSERT_TRUE(h);
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  void *p = nullptr, *q = nullptr, *z = (void *)1;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 0, &z), EXPSEG_OK);
+  EXPECT_EQ(z, nullptr);
+  ASSERT_EQ(expseg_host_malloc(h.get(), 1, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_malloc(h.get(), 3 * MiB + 1, &q), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "allocated_bytes.current"), int64_t(page + 4 * MiB));
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(page + 4 * MiB));
+  EXPECT_EQ(hstat(h.get(), "allocation.current"), 2);
+  EXPECT_EQ(hstat(h.get(), "host_alloc_time.count"), 2);
+  EXPECT_EQ((uintptr_t)p % page, 0u);
+  EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+  EXPECT_EQ(expseg_host_free(h.get(), q), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "allocation.current"), 0);
+  EXPECT_EQ(hstat(h.get(), "allocation.peak"), 2);
+  EXPECT_EQ(hstat(h.get(), "expseg.cached_bytes.current"), int64_t(page + 4 * MiB));
+  expseg_host_reset_peak_stats(h.get());
+  EXPECT_EQ(hstat(h.get(), "allocation.peak"), 0);
+  // foreach: sorted, and the keys it names are the ones expseg_host_stat answers
+  std::vector<std::string> keys;
+  expseg_host_stats_foreach(
+      h.get(), [](void *ctx, const char *k, int64_t) {
+        static_cast<std::vector<std::string> *>(ctx)->push_back(k);
+      },
+      &keys);
+  ASSERT_GT(keys.size(), 30u);
+  for (size_t i = 1; i < keys.size(); i++) EXPECT_LT(keys[i - 1], keys[i]);
+  for (const char *k : {"allocation.current", "segment.peak", "allocated_bytes.freed",
+                        "reserved_bytes.allocated", "num_host_alloc", "num_host_free",
+                        "host_alloc_time.avg", "host_free_time.max", "expseg.numa_node"})
+    EXPECT_NE(std::find(keys.begin(), keys.end(), k), keys.end()) << k;
+}
+
+// ---- bad input ----
+
+TEST(HostPool, BadInputIsRefusedWithAMessage) {
+  PoolPtr h = make_pool("host", "");
+  ASSERT_TRUE(h);
+  void *p = nullptr;
+  auto msg = [] { return std::string(expseg_last_error()); };
+  for (size_t size : {SIZE_MAX, SIZE_MAX / 2 + 2, (size_t(1) << 60) + 1}) {
+    EXPECT_EQ(expseg_host_malloc(h.get(), size, &p), EXPSEG_ERR_INVALID_ARGUMENT) << size;
+    EXPECT_NE(msg().find("2^60"), std::string::npos) << msg();
+    EXPECT_EQ(p, nullptr);
+  }
+  EXPECT_EQ(expseg_host_malloc(h.get(), 16, nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_host_malloc(nullptr, 16, &p), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("NULL"), std::string::npos) << msg();
+  int local = 0;
+  EXPECT_EQ(expseg_host_free(h.get(), &local), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("not a pointer this host pool handed out"), std::string::npos) << msg();
+  EXPECT_EQ(expseg_host_record_stream(h.get(), &local, 1), EXPSEG_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(expseg_host_malloc(h.get(), 64 * KiB, &p), EXPSEG_OK);
+  EXPECT_EQ(expseg_host_free(h.get(), (char *)p + 8), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("points inside"), std::string::npos) << msg();
+  ASSERT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+  EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("already freed"), std::string::npos) << msg();
+  EXPECT_EQ(expseg_host_record_stream(h.get(), p, 1), EXPSEG_ERR_INVALID_ARGUMENT);
+  int64_t v = 0;
+  EXPECT_EQ(expseg_host_stat(h.get(), "allocation.all.current", &v), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("allocation.all.current"), std::string::npos) << msg();
+  EXPECT_EQ(expseg_host_free(h.get(), nullptr), EXPSEG_OK);
+  EXPECT_EQ(expseg_host_empty_cache(nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_host_numa_node(nullptr), -1);
+  expseg_host_destroy(nullptr);
+  // the pool still works
+  void *q = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 64 * KiB, &q), EXPSEG_OK);
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(hstat(h.get(), "allocation.current"), 1);
+  EXPECT_EQ(expseg_host_free(h.get(), q), EXPSEG_OK);
+}
+
+TEST(HostPool, DeviceAndHostPointersDoNotMix) {
+  PoolPtr h = make_pool("host", "");
+  expseg_allocator *a = nullptr;
+  ASSERT_EQ(expseg_create("host", 0, "", &a), EXPSEG_OK) << expseg_last_error();
+  void *dev = nullptr, *pin = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 1 * MiB, 0, &dev), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_malloc(h.get(), 1 * MiB, &pin), EXPSEG_OK);
+  EXPECT_EQ(expseg_host_free(h.get(), dev), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(expseg_last_error()).find("expseg_free"), std::string::npos)
+      << expseg_last_error();
+  EXPECT_EQ(expseg_host_record_stream(h.get(), dev, 2), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_free(a, pin), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(expseg_last_error()).find("expseg_host_free"), std::string::npos)
+      << expseg_last_error();
+  EXPECT_EQ(expseg_record_stream(a, pin, 2), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(expseg_last_error()).find("pinned host memory"), std::string::npos)
+      << expseg_last_error();
+  int local = 0;  // neither's: no hint
+  EXPECT_EQ(expseg_free(a, &local), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(expseg_last_error()).find("pinned"), std::string::npos)
+      << expseg_last_error();
+  // both still work and own what they own
+  EXPECT_EQ(expseg_free(a, dev), EXPSEG_OK);
+  EXPECT_EQ(expseg_host_free(h.get(), pin), EXPSEG_OK);
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
+  expseg_destroy(a);
+}
+
+TEST(HostPool, BadConfigurationIsRejected) {
+  expseg_host_pool *h = nullptr;
+  EXPECT_EQ(expseg_host_create("host", 0, "pinned_num_register_threads:3", &h),
+            EXPSEG_ERR_CONFIG);
+  EXPECT_NE(std::string(expseg_last_error()).find("power of two"), std::string::npos)
+      << expseg_last_error();
+  EXPECT_EQ(expseg_host_create("host", 0, "pinned_reserve_segment_size_mb:0", &h),
+            EXPSEG_ERR_CONFIG);
+  EXPECT_EQ(expseg_host_create("nosuch", 0, "", &h), EXPSEG_ERR_CONFIG);
+  EXPECT_EQ(expseg_host_create("host", -1, "", &h), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_host_create("host", 0, "", nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(h, nullptr);
+}
+
+// ---- driver failures (the fault wrapper) ----
+
+struct FaultPool {
+  expseg_vmm_t *fault = nullptr;  // owned by the pool
+  PoolPtr h;
+  explicit FaultPool(const char *config) {
+    expseg_vmm_t *inner = nullptr;
+    EXPECT_EQ(_expseg_vmm_open("host", 0, &inner), EXPSEG_OK) << expseg_last_error();
+    EXPECT_EQ(_expseg_fault_new(inner, &fault), EXPSEG_OK) << expseg_last_error();
+    expseg_host_pool *p = nullptr;
+    EXPECT_EQ(_expseg_host_create_with_driver(fault, config, &p), EXPSEG_OK)
+        << expseg_last_error();
+    h.reset(p);
+  }
+  void fail(expseg_vmm_call call, uint64_t nth, uint64_t count, expseg_status st) {
+    expseg_fault_rule_t r = {call, nth, count, st};
+    _expseg_fault_set_rules(fault, &r, 1);
+  }
+};
+
+TEST(HostPoolFault, FailedChunkIsReportedAndCacheGivenBackFirst) {
+  QuietLog quiet;
+  FaultPool f("");
+  ASSERT_TRUE(f.h);
+  void *a = nullptr, *b = nullptr;
+  f.fail(EXPSEG_VMM_CALL_host_alloc, 1, 1, EXPSEG_ERR_DRIVER);
+  EXPECT_EQ(expseg_host_malloc(f.h.get(), 1 * MiB, &a), EXPSEG_ERR_DRIVER);
+  EXPECT_NE(std::string(expseg_last_error()).find("expseg_host_malloc(size="),
+            std::string::npos) << expseg_last_error();
+  EXPECT_NE(std::string(expseg_last_error()).find("host_alloc"), std::string::npos)
+      << expseg_last_error();
+  EXPECT_EQ(a, nullptr);
+  ASSERT_EQ(expseg_host_malloc(f.h.get(), 1 * MiB, &a), EXPSEG_OK);  // call #2 works
+  ASSERT_EQ(expseg_host_free(f.h.get(), a), EXPSEG_OK);
+  // out of memory with 1 MiB cached: the cache goes back and the chunk is asked again
+  f.fail(EXPSEG_VMM_CALL_host_alloc, 3, 1, EXPSEG_ERR_OUT_OF_MEMORY);
+  ASSERT_EQ(expseg_host_malloc(f.h.get(), 2 * MiB, &b), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(hstat(f.h.get(), "num_host_free"), 1);
+  EXPECT_EQ(hstat(f.h.get(), "segment.current"), 1);
+  // nothing cached any more: the out-of-memory reaches the caller
+  f.fail(EXPSEG_VMM_CALL_host_alloc, 5, 1, EXPSEG_ERR_OUT_OF_MEMORY);
+  void *c = nullptr;
+  EXPECT_EQ(expseg_host_malloc(f.h.get(), 4 * MiB, &c), EXPSEG_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(expseg_host_free(f.h.get(), b), EXPSEG_OK);
+  EXPECT_EQ(hstat(f.h.get(), "allocation.current"), 0);
+}
+
+// The public fault spec reaches the pool's calls too.
+TEST(HostPoolFault, FaultSpecFailsHostAlloc) {
+  QuietLog quiet;
+  PoolPtr h = make_pool("fault:fail=host_alloc@1;host", "");
+  ASSERT_TRUE(h);
+  void *p = nullptr;
+  EXPECT_NE(expseg_host_malloc(h.get(), 64 * KiB, &p), EXPSEG_OK);
+  EXPECT_EQ(p, nullptr);
+  ASSERT_EQ(expseg_host_malloc(h.get(), 64 * KiB, &p), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+}
+
+TEST(HostPoolFault, NoEventMeansAWaitAndNoWaitMeansNoReuse) {
+  QuietLog quiet;
+  for (expseg_vmm_call kind : {EXPSEG_VMM_CALL_event_create, EXPSEG_VMM_CALL_event_record}) {
+    SCOPED_TRACE(_expseg_vmm_call_name(kind));
+    FaultPool f("");
+    ASSERT_TRUE(f.h);
+    f.fail(kind, 1, 1000, EXPSEG_ERR_DRIVER);
+    void *p = nullptr, *q = nullptr;
+    // the stream is idle: the wait works and the block is free at once
+    ASSERT_EQ(expseg_host_malloc(f.h.get(), 64 * KiB, &p), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_record_stream(f.h.get(), p, 4), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_free(f.h.get(), p), EXPSEG_OK);
+    EXPECT_EQ(hstat(f.h.get(), "expseg.stream_syncs"), 1);
+    ASSERT_EQ(expseg_host_malloc(f.h.get(), 64 * KiB, &q), EXPSEG_OK);
+    EXPECT_EQ(q, p);
+    // the stream is busy and cannot be waited for: the block is never handed out again
+    hold(f.h.get(), 4, true);
+    ASSERT_EQ(expseg_host_record_stream(f.h.get(), q, 4), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_free(f.h.get(), q), EXPSEG_OK);
+    EXPECT_EQ(hstat(f.h.get(), "expseg.stuck_blocks"), 1);
+    EXPECT_GE(quiet.lines, 1);
+    for (int i = 0; i < 3; i++) {
+      void *r = nullptr;
+      ASSERT_EQ(expseg_host_malloc(f.h.get(), 64 * KiB, &r), EXPSEG_OK);
+      EXPECT_NE(r, p);
+      hold(f.h.get(), 4, false);
+    }
+  }
+}
+
+// Warnings raised under the pool's lock reach the log sink only once it is let go: a sink
+// may call back into the pool.
+TEST(HostPoolFault, LogSinkRunsWithoutThePoolLock) {
+  FaultPool f("");
+  ASSERT_TRUE(f.h);
+  struct Ctx {
+    expseg_host_pool *h;
+    int lines = 0, under_lock = 0;
+  } ctx{f.h.get()};
+  expseg_set_log_sink(
+      [](void *c, const char *) {
+        auto *x = static_cast<Ctx *>(c);
+        x->lines++;
+        if (pthread_mutex_trylock(&x->h->lock) != 0) x->under_lock++;
+        else pthread_mutex_unlock(&x->h->lock);
+      },
+      &ctx);
+  f.fail(EXPSEG_VMM_CALL_event_record, 1, 1000, EXPSEG_ERR_DRIVER);
+  hold(f.h.get(), 6, true);
+  void *p = nullptr;
+  ASSERT_EQ(expseg_host_malloc(f.h.get(), 64 * KiB, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_record_stream(f.h.get(), p, 6), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_free(f.h.get(), p), EXPSEG_OK);  // stuck: warns under the lock
+  expseg_set_log_sink(nullptr, nullptr);
+  EXPECT_GE(ctx.lines, 1);
+  EXPECT_EQ(ctx.under_lock, 0);
+}
+
+TEST(HostPoolFault, FailedGiveBackKeepsTheBlockCached) {
+  QuietLog quiet;
+  FaultPool f("");
+  ASSERT_TRUE(f.h);
+  void *p = nullptr;
+  ASSERT_EQ(expseg_host_malloc(f.h.get(), 1 * MiB, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_free(f.h.get(), p), EXPSEG_OK);
+  f.fail(EXPSEG_VMM_CALL_host_free, 1, 1, EXPSEG_ERR_DRIVER);
+  EXPECT_EQ(expseg_host_empty_cache(f.h.get()), EXPSEG_OK);
+  EXPECT_EQ(hstat(f.h.get(), "segment.current"), 1);
+  EXPECT_EQ(hstat(f.h.get(), "expseg.cached_bytes.current"), int64_t(1 * MiB));
+  EXPECT_EQ(quiet.lines, 1);
+  EXPECT_EQ(expseg_host_empty_cache(f.h.get()), EXPSEG_OK);
+  EXPECT_EQ(hstat(f.h.get(), "segment.current"), 0);
+  EXPECT_EQ(hstat(f.h.get(), "num_host_free"), 1);
+}
+
+// ---- random operations ----
+
+// Seeded random malloc / record_stream / free / hold / release / empty_cache on two pools
+// (host and sim). A block freed while one of its streams is held must not come back before
+// that stream is released; every live block keeps its contents (each is filled with its
+// own tag and checked before it is freed); the books agree with what the test holds.
+TEST(HostPoolRandom, NoReuseBeforeStreamsAndNoOverlap) {
+  uint64_t seed = test_seed(20261122);
+  for (const char *drv : {"host", "sim"}) {
+    SCOPED_TRACE(drv);
+    for (const char *cfg : {"", "pinned_use_background_threads:True,pinned_reserve_segment_size_mb:2"}) {
+      SCOPED_TRACE(cfg);
+      PoolPtr h = make_pool(drv, cfg);
+      ASSERT_TRUE(h);
+      uint64_t x = seed;
+      auto next = [&x] {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        return x;
+      };
+      struct Live {
+        void *p;
+        size_t size;
+        uint8_t tag;
+        std::vector<expseg_stream> streams;
+      };
+      std::vector<Live> live;
+      // freed blocks that must stay out of use: pointer -> streams still held at free
+      std::vector<std::pair<void *, std::vector<expseg_stream>>> fenced;
+      bool held[4] = {};
+      uint8_t tag = 0;
+      for (int op = 0; op < 4000 && !HasFailure(); op++) {
+        uint64_t r = next() % 100;
+        if (r < 40 || live.empty()) {
+          size_t size = size_t(1) << (8 + next() % 12);  // 256 B .. 512 KiB
+          void *p = nullptr;
+          ASSERT_EQ(expseg_host_malloc(h.get(), size, &p), EXPSEG_OK) << expseg_last_error();
+          for (auto &f : fenced) ASSERT_NE(f.first, p) << "op " << op << ": reused before its streams";
+          for (auto &l : live) ASSERT_NE(l.p, p) << "op " << op << ": handed out twice";
+          tag++;
+          std::memset(p, tag, size);
+          live.push_back({p, size, tag, {}});
+        } else if (r < 60) {
+          Live &l = live[next() % live.size()];
+          expseg_stream s = 1 + next() % 4;
+          ASSERT_EQ(expseg_host_record_stream(h.get(), l.p, s), EXPSEG_OK);
+          l.streams.push_back(s);
+        } else if (r < 90) {
+          size_t i = next() % live.size();
+          Live l = live[i];
+          live.erase(live.begin() + (long)i);
+          const uint8_t *b = static_cast<const uint8_t *>(l.p);
+          for (size_t k = 0; k < l.size; k += 97) ASSERT_EQ(b[k], l.tag) << "op " << op << ": overwritten";
+          std::vector<expseg_stream> busy;
+          for (expseg_stream s : l.streams)
+            if (held[s - 1]) busy.push_back(s);
+          ASSERT_EQ(expseg_host_free(h.get(), l.p), EXPSEG_OK);
+          if (!busy.empty()) fenced.push_back({l.p, busy});
+        } else if (r < 97) {
+          expseg_stream s = 1 + next() % 4;
+          held[s - 1] = !held[s - 1];
+          hold(h.get(), s, held[s - 1]);
+          if (!held[s - 1]) {  // its fences fall; a block is free once none of its streams is held
+            for (auto &f : fenced)
+              f.second.erase(std::remove(f.second.begin(), f.second.end(), s), f.second.end());
+            fenced.erase(std::remove_if(fenced.begin(), fenced.end(),
+                                        [](const auto &f) { return f.second.empty(); }),
+                         fenced.end());
+          }
+        } else {
+          ASSERT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
+        }
+        // one snapshot: the background thread may move blocks between two lookups
+        std::map<std::string, int64_t> snap;
+        expseg_host_stats_foreach(
+            h.get(),
+            [](void *c, const char *k, int64_t v) {
+              (*static_cast<std::map<std::string, int64_t> *>(c))[k] = v;
+            },
+            &snap);
+        ASSERT_EQ(snap["allocation.current"] - snap["expseg.pending_blocks.current"],
+                  (int64_t)live.size()) << "op " << op;
+      }
+      for (int s = 1; s <= 4; s++) hold(h.get(), s, false);
+      for (auto &l : live) ASSERT_EQ(expseg_host_free(h.get(), l.p), EXPSEG_OK);
+      ASSERT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
+      EXPECT_EQ(hstat(h.get(), "allocation.current"), 0);
+      EXPECT_EQ(hstat(h.get(), "expseg.pending_events"), 0);
+      EXPECT_EQ(hstat(h.get(), "segment.current"), *cfg ? 1 : 0);
+    }
+  }
+}
+
+// ---- threads ----
+
+TEST(HostPool, ConcurrentCallersKeepTheBooks) {
+  for (const char *cfg : {"", "pinned_use_background_threads:True"}) {
+    SCOPED_TRACE(cfg);
+    PoolPtr h = make_pool("host", cfg);
+    ASSERT_TRUE(h);
+    std::atomic<int> failures{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 4; t++)
+      ts.emplace_back([&, t] {
+        uint32_t x = 12345u + (uint32_t)t;  // fixed seeds: the run is reproducible per thread
+        std::vector<void *> mine;
+        for (int i = 0; i < 2000; i++) {
+          x = x * 1103515245u + 12345u;
+          if (mine.size() < 8 && (x >> 16) % 3) {
+            void *p = nullptr;
+            size_t size = size_t(1) << (12 + (x >> 8) % 6);
+            if (expseg_host_malloc(h.get(), size, &p) != EXPSEG_OK) failures++;
+            else {
+              std::memset(p, t, 64);
+              if ((x >> 4) % 2) (void)expseg_host_record_stream(h.get(), p, 1 + t);
+              mine.push_back(p);
+            }
+          } else if (!mine.empty()) {
+            if (expseg_host_free(h.get(), mine.back()) != EXPSEG_OK) failures++;
+            mine.pop_back();
+          }
+        }
+        for (void *p : mine)
+          if (expseg_host_free(h.get(), p) != EXPSEG_OK) failures++;
+      });
+    for (auto &t : ts) t.join();
+    EXPECT_EQ(failures.load(), 0);
+    EXPECT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
+    EXPECT_EQ(hstat(h.get(), "allocation.current"), 0);
+    EXPECT_EQ(hstat(h.get(), "segment.current"), 0);
+    EXPECT_EQ(hstat(h.get(), "expseg.pending_events"), 0);
+    EXPECT_EQ(hstat(h.get(), "num_host_alloc"), hstat(h.get(), "num_host_free"));
+  }
+}
+
+}  // namespace
