@@ -10,8 +10,9 @@
  * only counted for the baseline. A failed malloc counts as an OOM and leaves the id
  * unallocated, so its later free is skipped. Only the event loop is timed.
  *
- * --sweep replays each history under every configuration in `sweep_table` and ranks them
- * by peak reserved memory, then by driver calls. Usage and output fields: docs/replay.md. */
+ * --model pytorch starts from the recorded allocator state and PyTorch's defaults
+ * (synth_model.c); driver calls are priced (synth_cost.c); --sweep and the output are in
+ * synth_sweep.c; --fit is here. Usage and output fields: docs/replay.md. */
 #include "trace.h"
 #include "trace_internal.h"
 #include "synth_replay.h"
@@ -341,11 +342,12 @@ static int fit_one(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *er
       else lo = mid;
     }
     char b[32];
-    if (o->json)
-      fprintf(out, "{\"trace\":\"%s\",\"device\":%d,\"model\":\"%s\",\"fit_capacity\":%" PRIu64
-                   ",\"fit_runs\":%u}\n", t->name, t->device, _expseg_model_name(model), hi,
-              runs);
-    else
+    if (o->json) {
+      fprintf(out, "{\"trace\":");
+      _expseg_json_str(out, t->name);
+      fprintf(out, ",\"device\":%d,\"model\":\"%s\",\"fit_capacity\":%" PRIu64
+                   ",\"fit_runs\":%u}\n", t->device, _expseg_model_name(model), hi, runs);
+    } else
       fprintf(out, "%s: runs without an OOM on %s of device memory (%" PRIu64
                    " bytes, to 1 %%) under --model %s\n", t->name, _expseg_human(b, (double)hi),
               hi, _expseg_model_name(model));
@@ -373,7 +375,13 @@ static void usage(FILE *f) {
           "  --timeline-every N    sample every N events (default: events / 2000)\n"
           "  --limit N             replay only the first N events of each history\n"
           "  --quiet               no progress lines on stderr\n"
-          "Exit status: 0 ok, 1 check violation or allocator error, 2 bad arguments/input.\n"
+          "  --model M             expseg (default) or pytorch (PyTorch's allocator: its\n"
+          "                        defaults, the recorded setting and start state)\n"
+          "  --capacity SIZE       device memory (e.g. 24G), added to the driver spec\n"
+          "  --fit                 per model, the smallest capacity that runs without OOM\n"
+          "  --allow-oom           a failed request does not make the exit status 1\n"
+          "  --costs FILE          per-call driver costs (KIND[.page] MICROSECONDS lines)\n"
+          "Exit status: 0 ok, 1 check violation, allocator error or OOM, 2 bad arguments/input.\n"
           "See docs/replay.md.\n");
 }
 

@@ -65,6 +65,7 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
                        const char *user_conf, const char *capacity, FILE *timeline, FILE *err,
                        result_t *r);
 /* synth_sweep.c */
+void _expseg_json_str(FILE *f, const char *s); /* a JSON string, quoted and escaped */
 const char *_expseg_human(char buf[32], double bytes);
 double _expseg_ratio(int64_t num, uint64_t den);
 void _expseg_replay_json(FILE *f, const expseg_trace_t *t, const result_t *r,

@@ -65,7 +65,7 @@ static int expseg_only(const char *conf) {
 /* ------------------------------------------------------------------------------------ */
 /* Output                                                                                */
 
-static void json_str(FILE *f, const char *s) {
+void _expseg_json_str(FILE *f, const char *s) {
   fputc('"', f);
   for (; *s; s++) {
     unsigned char c = (unsigned char)*s;
@@ -98,11 +98,11 @@ static void json_calls(FILE *f, const char *name, const expseg_calls_t *c, doubl
 void _expseg_replay_json(FILE *f, const expseg_trace_t *t, const result_t *r,
                          const char *label, int rank, const char *section, int flags) {
   fprintf(f, "{\"trace\":");
-  json_str(f, t->name);
+  _expseg_json_str(f, t->name);
   fprintf(f, ",\"device\":%d", t->device);
   if (label) {
     fprintf(f, ",\"section\":\"%s\",\"setting\":", section);
-    json_str(f, label);
+    _expseg_json_str(f, label);
     fprintf(f, ",\"rank\":%d,\"flags\":[", rank);
     const char *sep = "";
     if (flags & FLAG_EXPSEG_ONLY) fprintf(f, "%s\"expseg-only\"", sep), sep = ",";
@@ -112,9 +112,9 @@ void _expseg_replay_json(FILE *f, const expseg_trace_t *t, const result_t *r,
   }
   fprintf(f, ",\"model\":\"%s\",\"warm_start\":%s,\"driver\":", _expseg_model_name(r->model),
           r->warm_started ? "true" : "false");
-  json_str(f, r->driver);
+  _expseg_json_str(f, r->driver);
   fprintf(f, ",\"config\":");
-  json_str(f, r->config);
+  _expseg_json_str(f, r->config);
   fprintf(f,
           ",\"events\":%" PRIu64 ",\"ops\":%" PRIu64 ",\"peak_requested\":%" PRIu64
           ",\"peak_allocated\":%" PRId64 ",\"peak_reserved\":%" PRId64
