@@ -139,13 +139,18 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
     return 2;
   }
   expseg_allocator *a = NULL;
-  expseg_status s = expseg_create(r->driver, o->device, conf, &a);
+  /* The recorded start state was made under the recorded setting: rebuild it under that
+   * one, then switch to the row's (only the keys it gives change, docs/replay.md). */
+  const int warm = model == EXPSEG_MODEL_PYTORCH && t->n_start_segs > 0 &&
+                   _expseg_conf_expandable(conf) != 1;
+  char recbuf[1024];
+  const char *first = warm ? _expseg_model_conf(model, NULL, t, recbuf, sizeof recbuf) : conf;
+  expseg_status s = expseg_create(r->driver, o->device, first, &a);
   if (s != EXPSEG_OK) {
     fprintf(err, "expseg-replay: cannot create the allocator (driver '%s', config '%s'): %s\n",
-            r->driver, conf ? conf : "(environment)", expseg_last_error());
+            r->driver, first ? first : "(environment)", expseg_last_error());
     return 2;
   }
-  expseg_config_string(a, r->config, sizeof r->config);
   void **ptr = calloc(t->n_ids ? t->n_ids : 1, sizeof *ptr);
   uint8_t *failed = calloc(t->n_ids ? t->n_ids : 1, 1); /* ids whose malloc failed */
   if (!ptr || !failed) {
@@ -156,7 +161,7 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
             t->name);
     return 1;
   }
-  if (model == EXPSEG_MODEL_PYTORCH && _expseg_conf_expandable(conf) != 1) {
+  if (warm) {
     char why[256] = "";
     if (_expseg_model_warm_start(a, t, ptr, why, sizeof why)) {
       /* on a device too small for the recorded start state, that is the first OOM */
@@ -172,8 +177,17 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
       r->errors = !is_oom;
       return is_oom ? 0 : 1;
     }
-    r->warm_started = t->n_start_segs > 0;
+    r->warm_started = 1;
+    if (first != conf && strcmp(first, conf) && expseg_configure(a, conf) != EXPSEG_OK) {
+      fprintf(err, "expseg-replay: cannot switch to config '%s': %s\n", conf,
+              expseg_last_error());
+      free(failed);
+      free(ptr);
+      expseg_destroy(a);
+      return 2;
+    }
   }
+  expseg_config_string(a, r->config, sizeof r->config);
   uint64_t every = o->timeline_every;
   if (!every) every = t->n_events / 2000 ? t->n_events / 2000 : 1;
 

@@ -53,7 +53,7 @@ static const sweep_conf_t sweep_table[] = {
 #define N_SWEEP (sizeof sweep_table / sizeof sweep_table[0])
 
 /* Row flags (JSON "flags"). */
-enum { FLAG_EXPSEG_ONLY = 1, FLAG_RECORDED = 2, FLAG_YOURS = 4 };
+enum { FLAG_EXPSEG_ONLY = 1, FLAG_RECORDED = 2, FLAG_YOURS = 4, FLAG_COLD = 8 };
 
 static int expseg_only(const char *conf) {
   static const char *const keys[] = {"page_size_mb", "page_cache_max_mb", "va_reserve_mb"};
@@ -107,7 +107,8 @@ void _expseg_replay_json(FILE *f, const expseg_trace_t *t, const result_t *r,
     const char *sep = "";
     if (flags & FLAG_EXPSEG_ONLY) fprintf(f, "%s\"expseg-only\"", sep), sep = ",";
     if (flags & FLAG_RECORDED) fprintf(f, "%s\"recorded\"", sep), sep = ",";
-    if (flags & FLAG_YOURS) fprintf(f, "%s\"yours\"", sep);
+    if (flags & FLAG_YOURS) fprintf(f, "%s\"yours\"", sep), sep = ",";
+    if (flags & FLAG_COLD) fprintf(f, "%s\"cold-start\"", sep);
     fprintf(f, "]");
   }
   fprintf(f, ",\"model\":\"%s\",\"warm_start\":%s,\"driver\":", _expseg_model_name(r->model),
@@ -214,7 +215,10 @@ static const char *legend =
     "window (cudaMalloc/cudaFree or expseg's segment growth/shrink); drv ms = modelled time in\n"
     "driver calls over the window (per-call costs: docs/replay.md, --costs); ooms = requests\n"
     "that failed; flags: expseg-only = a key PyTorch does not read, recorded = the recorded\n"
-    "run's own setting, yours = --conf.\n";
+    "run's own setting, yours = --conf, cold start = replayed from an empty cache although\n"
+    "the recorded run started warm (expandable rows: the classic start state cannot be\n"
+    "mapped), so its memory is not comparable with warm rows and its driver time includes\n"
+    "growth the recorded run did not need.\n";
 
 static void print_section(FILE *out, const sweep_row_t *rows, size_t n, int model) {
   char b1[32];
@@ -233,13 +237,14 @@ static void print_section(FILE *out, const sweep_row_t *rows, size_t n, int mode
               rank, w->label, "FAILED", "-", "-", "-", "-", w->conf);
       continue;
     }
-    fprintf(out, "%4d  %-26s %10s %6.3f %8" PRId64 " %9.1f %5" PRIu64 "  %s%s%s\n", rank,
+    fprintf(out, "%4d  %-26s %10s %6.3f %8" PRId64 " %9.1f %5" PRIu64 "  %s%s%s%s\n", rank,
             w->label, _expseg_human(b1, (double)w->r.peak_reserved),
             _expseg_ratio(w->r.peak_reserved, w->r.peak_requested),
             w->r.num_device_alloc - w->r.warm_alloc + w->r.num_device_free - w->r.warm_free,
             w->r.driver_ms, w->r.num_ooms, w->conf,
             w->flags & FLAG_EXPSEG_ONLY ? "  [expseg-only]" : "",
-            w->flags & FLAG_RECORDED ? "  [recorded]" : "");
+            w->flags & FLAG_RECORDED ? "  [recorded]" : "",
+            w->flags & FLAG_COLD ? "  [cold start]" : "");
   }
 }
 
@@ -292,6 +297,7 @@ int _expseg_replay_sweep(const expseg_trace_t *t, const opts_t *o, FILE *out, FI
     /* a setting the allocator fails on (not an OOM) is ranked last and the sweep goes on;
      * the exit status is then 1 */
     rc = _expseg_replay_cap(t, o, w->model, w->conf, NULL, NULL, err, &w->r);
+    if (t->n_start_segs && !w->r.warm_started) w->flags |= FLAG_COLD;
     if (rc == 1) {
       failed = 1;
       if (!w->r.errors) w->r.errors = 1; /* a --check violation */
