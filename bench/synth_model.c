@@ -16,6 +16,8 @@
  * the warm start with a message. (The file name starts with "synth" for the library glob.) */
 #include "synth_model.h"
 
+#include "internal.h" /* _expseg_set_model_pytorch: the model switch (pools/model.c) */
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +62,10 @@ const char *_expseg_model_conf(int model, const char *user, const expseg_trace_t
     snprintf(buf + n, len - n, ",page_size_mb:2,page_cache_max_mb:0");
   }
   return buf;
+}
+
+expseg_status _expseg_model_apply(expseg_allocator *a, int model) {
+  return _expseg_set_model_pytorch(a, model == EXPSEG_MODEL_PYTORCH);
 }
 
 /* ---------------------------------------------------------------------------------- */

@@ -24,6 +24,10 @@ int _expseg_conf_expandable(const char *conf);
  * setting), written into buf. */
 const char *_expseg_model_conf(int model, const char *user, const expseg_trace_t *t,
                                char *buf, size_t len);
+/* Switches a fresh allocator to the model's behaviour where PyTorch differs from expseg
+ * (pools/model.c: no page moves, GC skips expandable memory, oversize rules on expandable
+ * blocks). */
+expseg_status _expseg_model_apply(expseg_allocator *a, int model);
 /* Rebuilds the recorded allocator's state at the start of the window in a fresh
  * allocator a (t->start_segs; no-op without them); ptr[id] receives each pre-live block
  * placed. 0 on success, -1 with why set (the allocator then holds a partial state). */

@@ -151,6 +151,11 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
             r->driver, first ? first : "(environment)", expseg_last_error());
     return 2;
   }
+  if (_expseg_model_apply(a, model) != EXPSEG_OK) {
+    fprintf(err, "expseg-replay: %s\n", expseg_last_error());
+    expseg_destroy(a);
+    return 2;
+  }
   void **ptr = calloc(t->n_ids ? t->n_ids : 1, sizeof *ptr);
   uint8_t *failed = calloc(t->n_ids ? t->n_ids : 1, 1); /* ids whose malloc failed */
   if (!ptr || !failed) {

@@ -120,7 +120,8 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
 static block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded) {
   block_t *b = _expseg_tree_lower_bound(&a->free_idx[pool], stream, rounded, 0);
   if (b == NULL || b->stream != stream) return NULL;
-  if (!b->seg->expandable && !_expseg_oversize_ok(&a->cfg, rounded, b->size)) return NULL;
+  if ((!b->seg->expandable || a->model_pytorch) && !_expseg_oversize_ok(&a->cfg, rounded, b->size))
+    return NULL;
   _expseg_free_remove(a, b);
   return b;
 }
