@@ -6,6 +6,7 @@
 #include "error.h"
 #include "trace_internal.h"
 #include "vmm.h"
+#include "tool_version.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -68,6 +69,7 @@ static int bench_size(expseg_vmm_t *v, size_t size, unsigned rounds, const char 
 }
 
 int main(int argc, char **argv) {
+  if (expseg_tool_version(argc, argv, "expseg-bench-driver")) return 0;
   const char *spec = "host:capacity=1G";
   unsigned rounds = 200;
   size_t sizes[8] = {2, 20};

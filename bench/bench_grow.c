@@ -9,6 +9,7 @@
  * measurement, "re-grow", frees and re-allocates without empty_cache (a cache hit, for
  * contrast). Settings compared: the --conf values given, or a built-in list. */
 #include "expseg.h"
+#include "tool_version.h"
 #include "trace_internal.h"
 
 #include <errno.h>
@@ -52,6 +53,7 @@ static int parse_size(const char *s, uint64_t *out) {
 }
 
 int main(int argc, char **argv) {
+  if (expseg_tool_version(argc, argv, "expseg-bench-grow")) return 0;
   const char *driver = "host:capacity=4G";
   uint64_t size = 1ull << 30, rounds = 20;
   const char *confs[16];

@@ -11,9 +11,12 @@
  * That is checked: the device allocations made while timing are reported (0 = every pair
  * was a hit).
  * Each batch of --batch pairs is timed with clock_gettime; the median and 99th percentile
- * of the per-pair time over --batches batches are reported. Results: docs/benchmarks.md. */
+ * of the per-pair time over --batches batches are reported. --history on|stacks records the
+ * allocation history (expseg_record_history_ex, a ring of --history-entries events, wrapped
+ * many times while timing) without or with C stacks. Results: docs/benchmarks.md. */
 #include "trace.h"
 #include "trace_internal.h"
+#include "tool_version.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -47,6 +50,8 @@ typedef struct args_s {
   uint64_t live[16];
   size_t n_live;
   int json;
+  int history; /* 0 off, 1 on, 2 on with C stacks */
+  uint64_t history_entries;
 } args_t;
 
 static void usage(FILE *f) {
@@ -64,6 +69,8 @@ static void usage(FILE *f) {
           "                   blocks between the L live ones (default); 0: just L live blocks\n"
           "  --driver SPEC    (default sim with a capacity that fits the live set)\n"
           "  --conf TEXT      allocator options (default: none, i.e. expseg's defaults)\n"
+          "  --history off|on|stacks  record the history while timing (default off)\n"
+          "  --history-entries N  its ring size (default 100000)\n"
           "  --json           one JSON object per live count\n");
 }
 
@@ -75,6 +82,7 @@ static int parse_args(int argc, char **argv, args_t *a) {
   a->batches = 2000;
   a->batch = 1000;
   a->holes = 1;
+  a->history_entries = 100000;
   const uint64_t dl[] = {0, 1000, 10000, 100000, 1000000};
   memcpy(a->live, dl, sizeof dl);
   a->n_live = 5;
@@ -92,6 +100,11 @@ static int parse_args(int argc, char **argv, args_t *a) {
     else if (!strcmp(k, "--batch") && !_expseg_arg_u64(v, &a->batch) && a->batch > 0) {}
     else if (!strcmp(k, "--max-live-size") && !_expseg_arg_u64(v, &a->max_live_size)) {}
     else if (!strcmp(k, "--holes") && !_expseg_arg_u64(v, &a->holes) && a->holes <= 1) {}
+    else if (!strcmp(k, "--history") && (!strcmp(v, "off") || !strcmp(v, "on") ||
+                                          !strcmp(v, "stacks")))
+      a->history = !strcmp(v, "off") ? 0 : !strcmp(v, "on") ? 1 : 2;
+    else if (!strcmp(k, "--history-entries") && !_expseg_arg_u64(v, &a->history_entries) &&
+             a->history_entries > 0) {}
     else if (!strcmp(k, "--live")) {
       char buf[256];
       snprintf(buf, sizeof buf, "%s", v);
@@ -112,6 +125,7 @@ static int parse_args(int argc, char **argv, args_t *a) {
 }
 
 int main(int argc, char **argv) {
+  if (expseg_tool_version(argc, argv, "expseg-bench-hit")) return 0;
   args_t arg;
   if (parse_args(argc, argv, &arg)) return 2;
   expseg_trace_set_t set;
@@ -199,6 +213,12 @@ int main(int argc, char **argv) {
         } else
           (void)expseg_free(a, p);
       }
+    if (arg.history && rc == 0 &&
+        expseg_record_history_ex(a, true, arg.history_entries,
+                                 arg.history == 2 ? EXPSEG_HISTORY_C_STACKS : 0) != EXPSEG_OK) {
+      fprintf(stderr, "expseg-bench-hit: --history: %s\n", expseg_last_error());
+      rc = 1;
+    }
     const int64_t dev0 = stat0(a, "num_device_alloc");
     size_t k = 0;
     for (uint64_t b = 0; b < arg.batches && rc == 0; b++) {
@@ -221,10 +241,11 @@ int main(int argc, char **argv) {
                                                                    : arg.batches - 1];
     const int64_t misses = dev1 - dev0; /* device allocations while timing: 0 = all hits */
     if (arg.json)
-      printf("{\"bench\":\"hit\",\"driver\":\"%s\",\"live\":%" PRIu64 ",\"holes\":%" PRIu64
+      printf("{\"bench\":\"hit\",\"driver\":\"%s\",\"history\":\"%s\",\"live\":%" PRIu64
+             ",\"holes\":%" PRIu64
              ",\"median_ns\":%.1f,\"p99_ns\":%.1f,\"mean_ns\":%.1f,\"device_allocs_timed\":%" PRId64 ","
              "\"batches\":%" PRIu64 ",\"batch\":%" PRIu64 "}\n",
-             drv, live, arg.holes, med, p99, mean, misses, arg.batches, arg.batch);
+             drv, arg.history == 0 ? "off" : arg.history == 1 ? "on" : "stacks", live, arg.holes, med, p99, mean, misses, arg.batches, arg.batch);
     else
       printf("%10" PRIu64 " %10.1f %10.1f %10.1f %12" PRId64 "\n", live, med, p99, mean, misses);
     fflush(stdout);

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""plot_memory.py: memory held over time for one workload under several allocator settings.
+"""plot_memory.py: memory held over time for one workload under several allocator settings,
+or (--timeline) allocated, reserved and cached memory of one replay with the true peaks marked.
 
 Runs expseg-replay once per setting with --timeline, then draws live requested bytes and
 each setting's reserved bytes against the event index, as a self-contained SVG written by
@@ -8,6 +9,15 @@ hand (no matplotlib needed). Usage (from the repository root):
   python3 bench/plot_memory.py --replay build-bench/bench/expseg-replay \
       --trace ../shared/traces/memtrace/ftcourse_qlora_finetune.dev0.memtrace \
       --out docs/memory_over_time.svg
+
+With --timeline (one setting, default expandable_segments:True) it draws allocated, reserved
+and cached bytes and marks the peaks of the statistics (reserved_bytes.all.peak,
+allocated_bytes.all.peak) at the event where they were reached: the replay writes that event
+as a row, so the mark is the statistic, not the largest sample. --csv FILE plots a timeline
+already written by expseg-replay --timeline; --json prints the plotted peaks.
+
+  python3 bench/plot_memory.py --timeline --replay build/bench/expseg-replay \
+      --trace ../shared/traces/raw/ftcourse_qlora_finetune.pickle --out docs/memory_timeline.svg
 
 Settings default to classic (expandable_segments:False) and expandable
 (expandable_segments:True); add or replace them with --setting LABEL=CONF (repeatable).
@@ -25,7 +35,7 @@ COLORS = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
 GIB = float(1 << 30)
 
 
-def replay(tool, trace, conf, every, driver):
+def replay(tool, trace, conf, every, driver, keep=False):
     fd, path = tempfile.mkstemp(suffix=".csv")
     os.close(fd)
     cmd = [tool, "--json", "--quiet", "--conf", conf, "--timeline", path,
@@ -37,6 +47,8 @@ def replay(tool, trace, conf, every, driver):
     if res.returncode != 0:
         sys.exit("plot_memory: %s failed (%d): %s" % (" ".join(cmd), res.returncode, res.stderr))
     summary = json.loads(res.stdout.splitlines()[0])
+    if keep:
+        return summary, None, " ".join(cmd), path
     rows = []
     with open(path) as f:
         for r in csv.DictReader(f):
@@ -54,10 +66,11 @@ def nice_step(span, ticks=6):
     return 10 * mag
 
 
-def svg(title, series, live, out):
+def chart(title, lines, markers, out):
+    """lines: (legend, color, width, dash, [(x, bytes)]); markers: (x, bytes, color, text)."""
     W, H, L, R, T, B = 960, 480, 80, 20, 50, 60
-    xmax = max(x for s in series for x, _ in s[2]) or 1
-    ymax = max(max(y for s in series for _, y in s[2]), max(y for _, y in live)) / GIB
+    xmax = max(x for ln in lines for x, _ in ln[4]) or 1
+    ymax = max([y for ln in lines for _, y in ln[4]] + [m[1] for m in markers]) / GIB
     ystep = nice_step(ymax) if ymax > 0 else 1
     ytop = ystep * (int(ymax / ystep) + 1)
     xstep = nice_step(xmax)
@@ -89,40 +102,168 @@ def svg(title, series, live, out):
     o.append('<text x="%d" y="%d" text-anchor="middle">event index</text>' % ((L + W - R) / 2, H - 20))
     o.append('<text transform="translate(20,%d) rotate(-90)" text-anchor="middle">GiB</text>'
              % ((T + H - B) / 2))
-
-    def poly(points, color, width, dash=""):
+    for _, color, width, dash, points in lines:
         pts = " ".join("%.1f,%.1f" % (px(a), py(b)) for a, b in points)
         d = ' stroke-dasharray="%s"' % dash if dash else ""
         o.append('<polyline fill="none" stroke="%s" stroke-width="%g"%s points="%s"/>'
                  % (color, width, d, pts))
-
-    legend = []
-    for i, (label, peak, pts) in enumerate(series):
-        c = COLORS[i % len(COLORS)]
-        poly(pts, c, 1.8)
-        legend.append((c, "%s: reserved (peak %.2f GiB)" % (label, peak / GIB), ""))
-    poly(live, "#000", 1.2, "4,3")
-    legend.append(("#000", "live requested (peak %.2f GiB)" % (max(y for _, y in live) / GIB), "4,3"))
-    for i, (c, text, dash) in enumerate(legend):
+    for i, (x, y, color, text) in enumerate(markers):
+        o.append('<circle class="peak" cx="%.1f" cy="%.1f" r="5" fill="none" stroke="%s" '
+                 'stroke-width="2"/>' % (px(x), py(y), color))
+        left = px(x) > (L + W - R) / 2  # the label goes to the side with more room
+        o.append('<text x="%.1f" y="%.1f" text-anchor="%s" fill="%s">%s</text>'
+                 % (px(x) + (-8 if left else 8), py(y) - 8 - 14 * i, "end" if left else "start",
+                    color, escape(text)))
+    for i, (legend, color, _, dash, _) in enumerate(lines):
         yy = T + 16 + 18 * i
         d = ' stroke-dasharray="%s"' % dash if dash else ""
         o.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"%s/>'
-                 % (L + 12, yy, L + 40, yy, c, d))
-        o.append('<text x="%d" y="%d">%s</text>' % (L + 46, yy + 4, escape(text)))
+                 % (L + 12, yy, L + 40, yy, color, d))
+        o.append('<text x="%d" y="%d">%s</text>' % (L + 46, yy + 4, escape(legend)))
     o.append("</svg>")
     with open(out, "w") as f:
         f.write("\n".join(o) + "\n")
 
 
+def svg(title, series, live, out):
+    lines = [("%s: reserved (peak %.2f GiB)" % (label, peak / GIB), COLORS[i % len(COLORS)], 1.8,
+              "", pts) for i, (label, peak, pts) in enumerate(series)]
+    lines.append(("live requested (peak %.2f GiB)" % (max(y for _, y in live) / GIB), "#000", 1.2,
+                  "4,3", live))
+    chart(title, lines, [], out)
+
+
+def read_timeline(path):
+    """Rows of expseg-replay --timeline: the first trace in the file."""
+    rows = []
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            if rows and r["trace"] != rows[0]["trace"]:
+                break
+            rows.append(r)
+    if not rows or "reserved_peak" not in rows[0]:
+        sys.exit("plot_memory: %s has no rows with the peak columns (expseg-replay --timeline)" % path)
+    return rows
+
+
+def timeline_plot(rows, title, out):
+    """Allocated, reserved and cached bytes of one replay; the peaks of the statistics marked
+    where they were reached (the replay writes that event as a row), at their exact value."""
+    ev = [int(r["event"]) for r in rows]
+    col = {k: [int(r[k]) for r in rows] for k in
+           ("live_requested", "allocated", "reserved", "cached", "reserved_peak", "allocated_peak")}
+    peaks = {}
+    for k in ("reserved", "allocated"):
+        final = col[k + "_peak"][-1]
+        at = next(i for i, v in enumerate(col[k + "_peak"]) if v == final)
+        peaks[k] = (final, ev[at])
+    lines = [("reserved (peak %.3f GiB)" % (peaks["reserved"][0] / GIB), COLORS[0], 1.8, "",
+              list(zip(ev, col["reserved"]))),
+             ("allocated (peak %.3f GiB)" % (peaks["allocated"][0] / GIB), COLORS[1], 1.8, "",
+              list(zip(ev, col["allocated"]))),
+             ("cached physical pages", COLORS[2], 1.5, "", list(zip(ev, col["cached"]))),
+             ("live requested", "#000", 1.0, "4,3", list(zip(ev, col["live_requested"])))]
+    markers = [(peaks["reserved"][1], peaks["reserved"][0], COLORS[0],
+                "peak reserved %.3f GiB (event %d)" % (peaks["reserved"][0] / GIB, peaks["reserved"][1])),
+               (peaks["allocated"][1], peaks["allocated"][0], COLORS[1],
+                "peak allocated %.3f GiB (event %d)" % (peaks["allocated"][0] / GIB, peaks["allocated"][1]))]
+    chart(title, lines, markers, out)
+    return {"peak_reserved": peaks["reserved"][0], "peak_reserved_event": peaks["reserved"][1],
+            "peak_allocated": peaks["allocated"][0], "peak_allocated_event": peaks["allocated"][1],
+            "line_max_reserved": max(col["reserved"]), "line_max_allocated": max(col["allocated"]),
+            "rows": len(rows)}
+
+
+def snapshot_series(path, device=0):
+    """From a snapshot pickle (expseg's or PyTorch's, with a history): live requested bytes
+    (alloc .. free_completed, as the viewer counts them) and mapped bytes (the viewer's
+    reserved: segment_alloc/map .. segment_free/unmap) after every event, walked backwards
+    from the end state to the start as the viewer does, then forwards. Exact: every event is
+    a point, so the maxima are the true peaks of what the history records."""
+    import pickle
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    trace = snap["device_traces"][device] if device < len(snap["device_traces"]) else []
+    if not trace:
+        sys.exit("plot_memory: %s has no history for device %d" % (path, device))
+    segs = [s for s in snap["segments"] if s["device"] == device]
+    live = sum(b["requested_size"] for s in segs for b in s["blocks"]
+               if b["state"] in ("active_allocated", "active_pending_free"))
+    mapped = sum(s["total_size"] for s in segs)
+    step = {"alloc": (1, 0), "free_completed": (-1, 0), "segment_alloc": (0, 1),
+            "segment_map": (0, 1), "segment_free": (0, -1), "segment_unmap": (0, -1)}
+    for e in reversed(trace):
+        dl, dm = step.get(e["action"], (0, 0))
+        live -= dl * e["size"]
+        mapped -= dm * e["size"]
+    pts = []
+    for i, e in enumerate(trace):
+        dl, dm = step.get(e["action"], (0, 0))
+        live += dl * e["size"]
+        mapped += dm * e["size"]
+        pts.append((i, live, mapped))
+    return snap, pts
+
+
+def snapshot_plot(path, out):
+    _, pts = snapshot_series(path)
+    ev = [p[0] for p in pts]
+    live = [p[1] for p in pts]
+    mapped = [p[2] for p in pts]
+    cached = [m - l for _, l, m in pts]
+    pl = max(range(len(pts)), key=lambda i: live[i])
+    pm = max(range(len(pts)), key=lambda i: mapped[i])
+    lines = [("reserved: mapped segments (peak %.3f GiB)" % (mapped[pm] / GIB), COLORS[0], 1.8, "",
+              list(zip(ev, mapped))),
+             ("allocated: live requested (peak %.3f GiB)" % (live[pl] / GIB), COLORS[1], 1.8, "",
+              list(zip(ev, live))),
+             ("cached: reserved - allocated", COLORS[2], 1.5, "", list(zip(ev, cached)))]
+    markers = [(ev[pm], mapped[pm], COLORS[0], "peak reserved %.3f GiB (event %d)" % (mapped[pm] / GIB, ev[pm])),
+               (ev[pl], live[pl], COLORS[1], "peak allocated %.3f GiB (event %d)" % (live[pl] / GIB, ev[pl]))]
+    name = os.path.basename(path)
+    chart("%s: memory over the recorded history" % name, lines, markers, out)
+    return {"peak_mapped": mapped[pm], "peak_mapped_event": ev[pm], "peak_requested": live[pl],
+            "peak_requested_event": ev[pl], "events": len(pts)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--replay", default="build-bench/bench/expseg-replay")
-    ap.add_argument("--trace", required=True)
+    ap.add_argument("--trace")
+    ap.add_argument("--timeline", action="store_true",
+                    help="one setting: allocated, reserved and cached over time, peaks marked")
+    ap.add_argument("--csv", help="plot this expseg-replay --timeline file instead of replaying")
+    ap.add_argument("--snapshot", help="plot the history of this snapshot pickle (expseg's or PyTorch's)")
+    ap.add_argument("--json", action="store_true", help="print the plotted peaks as JSON")
     ap.add_argument("--out", default="docs/memory_over_time.svg")
     ap.add_argument("--setting", action="append", default=[], metavar="LABEL=CONF")
     ap.add_argument("--every", type=int, default=10, help="sample every N events")
     ap.add_argument("--driver", default=None)
     a = ap.parse_args()
+    if a.snapshot:
+        res = snapshot_plot(a.snapshot, a.out)
+        print(json.dumps(res) if a.json else "wrote %s: peak mapped %d at event %d, peak live "
+              "requested %d at event %d" % (a.out, res["peak_mapped"], res["peak_mapped_event"],
+                                            res["peak_requested"], res["peak_requested_event"]))
+        return
+    if a.csv or a.timeline:
+        path = a.csv
+        if not path:
+            if not a.trace:
+                sys.exit("plot_memory: --timeline needs --trace (or --csv)")
+            conf = a.setting[0].split("=", 1)[1] if a.setting else "expandable_segments:True"
+            summary, _, cmd, path = replay(a.replay, a.trace, conf, a.every, a.driver, keep=True)
+            print(cmd, file=sys.stderr)
+        rows = read_timeline(path)
+        res = timeline_plot(rows, "%s: memory over time" % rows[0]["trace"], a.out)
+        if not a.csv:
+            os.unlink(path)
+        print(json.dumps(res) if a.json else "wrote %s: peak reserved %d at event %d, peak "
+              "allocated %d at event %d" % (a.out, res["peak_reserved"], res["peak_reserved_event"],
+                                            res["peak_allocated"], res["peak_allocated_event"]))
+        return
+    if not a.trace:
+        sys.exit("plot_memory: --trace is required")
     settings = [s.split("=", 1) for s in a.setting] or [
         ["classic", "expandable_segments:False"], ["expandable", "expandable_segments:True"]]
     series, live, name = [], None, None

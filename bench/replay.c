@@ -3,6 +3,11 @@
  * (expseg_replay_main) so that tests call it in-process; usage in docs/replay.md. */
 #include <stdio.h>
 
+#include "tool_version.h"
+
 int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err);
 
-int main(int argc, char **argv) { return expseg_replay_main(argc, argv, stdout, stderr); }
+int main(int argc, char **argv) {
+  if (expseg_tool_version(argc, argv, "expseg-replay")) return 0;
+  return expseg_replay_main(argc, argv, stdout, stderr);
+}

@@ -196,7 +196,7 @@ int _expseg_model_warm_start(expseg_allocator *a, const expseg_trace_t *t, void 
   if (!t->n_start_segs) return 0;
   size_t nl = 0;
   for (size_t i = 0; i < t->n_events; i++)
-    if (t->events[i].kind == 'p' && t->events[i].extra) nl++;
+    if (t->events[i].kind == 'p' && t->events[i].id < t->n_start_addr) nl++;
   live_t *l = malloc((nl ? nl : 1) * sizeof *l);
   piece_t *pc = malloc((2 * nl + 2) * sizeof *pc);
   gaps_t gaps = {NULL, 0, 0};
@@ -209,7 +209,8 @@ int _expseg_model_warm_start(expseg_allocator *a, const expseg_trace_t *t, void 
   nl = 0;
   for (size_t i = 0; i < t->n_events; i++) {
     const expseg_trace_event_t *e = &t->events[i];
-    if (e->kind == 'p' && e->extra) l[nl++] = (live_t){e->extra, e->id, e->size};
+    if (e->kind == 'p' && e->id < t->n_start_addr)
+      l[nl++] = (live_t){t->start_addr[e->id], e->id, e->size};
   }
   qsort(l, nl, sizeof *l, live_cmp);
   size_t j = 0;

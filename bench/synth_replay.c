@@ -121,8 +121,9 @@ static void driver_spec(const expseg_trace_t *t, const opts_t *o, const char *ca
  * that is not an OOM, 2 when the allocator could not be created (bad --driver/--conf). */
 int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
                        const char *user_conf, const char *capacity, FILE *timeline, FILE *err,
-                       result_t *r) {
+                       result_t *r, const capture_t *cap) {
   memset(r, 0, sizeof *r);
+  r->peak_event = -1;
   r->model = model;
   r->first_oom = -1;
   _expseg_window_baseline(t, o->limit ? (size_t)o->limit : t->n_events, &r->base);
@@ -193,6 +194,16 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
     }
   }
   expseg_config_string(a, r->config, sizeof r->config);
+  if (cap && cap->snapshot && expseg_record_history_ex(a, true, SIZE_MAX, 0) != EXPSEG_OK) {
+    fprintf(err, "expseg-replay: recording the history: %s\n", expseg_last_error());
+    free(failed);
+    free(ptr);
+    expseg_destroy(a);
+    return 1;
+  }
+  int64_t peak_reserved = -1;
+  timeline_t tl;
+  memset(&tl, 0, sizeof tl);
   uint64_t every = o->timeline_every;
   if (!every) every = t->n_events / 2000 ? t->n_events / 2000 : 1;
 
@@ -276,10 +287,17 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
       rc = 1;
       break;
     }
-    if (timeline && (events % every == 0 || i + 1 == n)) {
-      fprintf(timeline, "%s,%zu,%" PRIu64 ",%" PRId64 "\n", t->name, i, live,
-              stat_or(a, "reserved_bytes.all.current", -1, NULL));
+    if (cap && cap->at == -1) { /* first pass: where reserved memory peaks */
+      int64_t resv = stat_or(a, "reserved_bytes.all.current", -1, NULL);
+      if (resv > peak_reserved) {
+        peak_reserved = resv;
+        r->peak_event = (int64_t)i;
+      }
     }
+    if (cap && cap->at == (int64_t)i && _expseg_replay_capture(a, t->name, cap, i, 0, err))
+      rc = 1;
+    if (timeline) _expseg_timeline_step(&tl, timeline, t->name, a, i, live,
+                                        events % every == 0 || i + 1 == n);
     if ((i & 8191) == 8191 && err && !o->quiet) {
       uint64_t el = now_ns() - t0;
       if (el > 1000000000ull) {
@@ -291,7 +309,10 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
     }
   }
   r->loop_ns = now_ns() - t0;
+  if (timeline) _expseg_timeline_flush(&tl, timeline, t->name);
   if (progress) fprintf(err, "\n");
+  if (cap && cap->at_end && _expseg_replay_capture(a, t->name, cap, n ? n - 1 : 0, 1, err))
+    rc = 1;
 
   r->events = events;
   r->ops = ops;
@@ -329,7 +350,7 @@ static int fits(const expseg_trace_t *t, const opts_t *o, int model, uint64_t ca
                 FILE *err, result_t *r) {
   char c[32];
   snprintf(c, sizeof c, "%" PRIu64 "K", (cap + 1023) / 1024);
-  int rc = _expseg_replay_cap(t, o, model, o->conf, c, NULL, err, r);
+  int rc = _expseg_replay_cap(t, o, model, o->conf, c, NULL, err, r, NULL);
   return rc == 2 ? -2 : (rc == 0 && r->num_ooms == 0);
 }
 
@@ -339,7 +360,7 @@ static int fit_one(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *er
   const uint64_t gran = UINT64_C(2) << 20;
   for (int model = EXPSEG_MODEL_EXPSEG; model <= EXPSEG_MODEL_PYTORCH; model++) {
     result_t r;
-    int rc = _expseg_replay_cap(t, &q, model, o->conf, NULL, NULL, err, &r);
+    int rc = _expseg_replay_cap(t, &q, model, o->conf, NULL, NULL, err, &r, NULL);
     if (rc) return rc;
     uint64_t lo = r.peak_requested, hi = ((uint64_t)r.peak_reserved + gran - 1) / gran * gran;
     unsigned runs = 1;
@@ -390,9 +411,14 @@ static void usage(FILE *f) {
           "  --check               check the allocator's invariants after every event\n"
           "  --json                one JSON object per history per line\n"
           "  --sweep               replay under every setting of the sweep table, best first\n"
-          "  --timeline FILE.csv   write trace,event,live_requested,reserved samples\n"
+          "  --timeline FILE.csv   write samples: trace, event, live requested, reserved,\n"
+          "                        allocated, cached bytes and the running peaks\n"
           "  --timeline-every N    sample every N events (default: events / 2000)\n"
           "  --limit N             replay only the first N events of each history\n"
+          "  --snapshot OUT.pickle write a memory_viz snapshot (history recorded from the\n"
+          "                        start) at the peak of reserved memory (one history only)\n"
+          "  --snapshot-at peak|end  when to take it (default peak)\n"
+          "  --report              print the memory summary at the peak of reserved memory\n"
           "  --quiet               no progress lines on stderr\n"
           "  --model M             expseg (default) or pytorch (PyTorch's allocator: its\n"
           "                        defaults, the recorded setting and start state)\n"
@@ -483,7 +509,8 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
                       !strcmp(arg, "--device") || !strcmp(arg, "--synth") ||
                       !strcmp(arg, "--timeline") || !strcmp(arg, "--timeline-every") ||
                       !strcmp(arg, "--limit") || !strcmp(arg, "--model") ||
-                      !strcmp(arg, "--capacity") || !strcmp(arg, "--costs");
+                      !strcmp(arg, "--capacity") || !strcmp(arg, "--costs") ||
+                      !strcmp(arg, "--snapshot") || !strcmp(arg, "--snapshot-at");
     if (takes && !val) {
       if (i + 1 >= argc) {
         rc = bad(err, "option %s needs a value", arg);
@@ -523,7 +550,15 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
         goto done;
       }
       o.limit = v;
-    } else if (!strcmp(arg, "--check")) o.check = 1;
+    } else if (!strcmp(arg, "--snapshot")) o.snapshot = val;
+    else if (!strcmp(arg, "--snapshot-at")) {
+      if (strcmp(val, "peak") && strcmp(val, "end")) {
+        rc = bad(err, "--snapshot-at '%s': expected peak or end", val);
+        goto done;
+      }
+      o.snapshot_end = !strcmp(val, "end");
+    } else if (!strcmp(arg, "--report")) o.report = 1;
+    else if (!strcmp(arg, "--check")) o.check = 1;
     else if (!strcmp(arg, "--json")) o.json = 1;
     else if (!strcmp(arg, "--sweep")) o.sweep = 1;
     else if (!strcmp(arg, "--quiet")) o.quiet = 1;
@@ -549,6 +584,10 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     rc = bad(err, "nothing to replay: give trace files and/or --synth NAME");
     goto done;
   }
+  if ((o.snapshot || o.report) && (o.sweep || o.fit)) {
+    rc = bad(err, "--snapshot and --report cannot be combined with --sweep or --fit");
+    goto done;
+  }
   if (o.sweep && o.timeline) {
     rc = bad(err, "--timeline and --sweep cannot be combined");
     goto done;
@@ -560,13 +599,18 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     rc = 1;
     goto done;
   }
+  size_t n_histories = n_synths;
   for (size_t i = 0; i < n_files; i++) {
     if (expseg_trace_read_file(files[i], &h.sets[h.n_sets]) != EXPSEG_OK) {
       fprintf(err, "expseg-replay: %s\n", expseg_last_error());
       rc = 2;
       goto done;
     }
-    h.n_sets++;
+    n_histories += h.sets[h.n_sets++].n;
+  }
+  if (o.snapshot && n_histories != 1) {
+    rc = bad(err, "--snapshot writes one file: give exactly one history (got %zu)", n_histories);
+    goto done;
   }
   for (size_t i = 0; i < n_synths; i++) {
     char name[64];
@@ -591,7 +635,7 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
       rc = 2;
       goto done;
     }
-    fprintf(timeline, "trace,event,live_requested,reserved\n");
+    fprintf(timeline, "%s\n", EXPSEG_TIMELINE_HEADER);
   }
 
   char last_driver[128] = "";
@@ -609,7 +653,15 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
         continue;
       }
       result_t r;
-      rc = _expseg_replay_cap(t, &o, o.model, o.conf, NULL, timeline, err, &r);
+      capture_t cap = {-2, o.snapshot_end, o.snapshot, o.report, out};
+      if (o.report || (o.snapshot && !o.snapshot_end)) { /* first pass: find the peak */
+        capture_t find = {-1, 0, NULL, 0, NULL};
+        rc = _expseg_replay_cap(t, &o, o.model, o.conf, NULL, NULL, err, &r, &find);
+        if (rc == 2) break;
+        cap.at = r.peak_event;
+      }
+      rc = _expseg_replay_cap(t, &o, o.model, o.conf, NULL, timeline, err, &r,
+                              o.snapshot || o.report ? &cap : NULL);
       if (rc == 2) break;
       if (r.num_ooms) {
         fprintf(err, "expseg-replay: %s: %" PRIu64 " request(s) failed for lack of device "

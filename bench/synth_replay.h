@@ -5,6 +5,7 @@
 
 #include "synth_model.h"
 #include "trace.h"
+#include "trace_internal.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -26,6 +27,9 @@ typedef struct opts_s {
   const char *timeline;   /* CSV path or NULL */
   uint64_t timeline_every; /* 0 = auto */
   uint64_t limit;         /* replay only the first `limit` events of each history; 0 = all */
+  const char *snapshot;   /* --snapshot OUT.pickle */
+  int snapshot_end;       /* --snapshot-at end (else at the peak) */
+  int report;             /* --report: memory summary at the peak */
   int allow_oom;          /* a failed request does not make the exit status 1 */
   const char *capacity;   /* --capacity SIZE, or NULL */
   int fit;                /* --fit: the smallest capacity without an OOM, per model */
@@ -53,6 +57,7 @@ typedef struct result_s {
   uint64_t loop_ns;
   char driver[128];
   char config[1024];
+  int64_t peak_event;     /* event after which reserved memory first reached its peak */
   int model;              /* EXPSEG_MODEL_* */
   int warm_started;       /* the recorded start state was rebuilt */
   expseg_trace_baseline_t base; /* the recorded figures over the replayed window */
@@ -63,7 +68,7 @@ typedef struct result_s {
  * 0 ok, 1 check violation or allocator error, 2 allocator not created. */
 int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
                        const char *user_conf, const char *capacity, FILE *timeline, FILE *err,
-                       result_t *r);
+                       result_t *r, const capture_t *cap);
 /* synth_sweep.c */
 void _expseg_json_str(FILE *f, const char *s); /* a JSON string, quoted and escaped */
 const char *_expseg_human(char buf[32], double bytes);

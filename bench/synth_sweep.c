@@ -296,7 +296,7 @@ int _expseg_replay_sweep(const expseg_trace_t *t, const opts_t *o, FILE *out, FI
       fprintf(err, "\r%s: setting %zu/%zu (%s)%20s", t->name, i + 1, n, w->label, "");
     /* a setting the allocator fails on (not an OOM) is ranked last and the sweep goes on;
      * the exit status is then 1 */
-    rc = _expseg_replay_cap(t, o, w->model, w->conf, NULL, NULL, err, &w->r);
+    rc = _expseg_replay_cap(t, o, w->model, w->conf, NULL, NULL, err, &w->r, NULL);
     if (t->n_start_segs && !w->r.warm_started) w->flags |= FLAG_COLD;
     if (rc == 1) {
       failed = 1;

@@ -315,6 +315,9 @@ void expseg_trace_free(expseg_trace_t *t) {
   free(t->start_segs);
   t->start_segs = NULL;
   t->n_start_segs = 0;
+  free(t->start_addr);
+  t->start_addr = NULL;
+  t->n_start_addr = 0;
 }
 
 void expseg_trace_set_free(expseg_trace_set_t *s) {

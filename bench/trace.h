@@ -33,7 +33,7 @@ typedef struct expseg_trace_event_s {
   uint32_t stream;   /* dense stream index, 0 = default stream, in order of first use */
   uint64_t id;       /* dense allocation id from 0 (alloc/free kinds); address for M X m u */
   uint64_t size;     /* requested bytes (device_free for O is in `extra`) */
-  uint64_t extra;    /* O: device_free; p: the recorded block address (0 = unknown); else 0 */
+  uint64_t extra;    /* O: device_free; otherwise 0 */
 } expseg_trace_event_t;
 
 typedef struct expseg_trace_baseline_s {
@@ -60,9 +60,12 @@ typedef struct expseg_trace_s {
   uint64_t peak_live_requested; /* computed by the reader from the events */
   expseg_trace_baseline_t baseline;
   /* The recorded allocator's state at the start of the window (pickles; NULL otherwise):
-   * its segments, and for each 'p' event the block's address in `extra`. */
+   * its segments, and the block address of each pre-live id (ids 0 .. n_start_addr-1 are
+   * the 'p' events, in address order). */
   expseg_trace_segment_t *start_segs;
   size_t n_start_segs;
+  uint64_t *start_addr;
+  size_t n_start_addr;
   /* The recorded run's allocator setting in PYTORCH_CUDA_ALLOC_CONF grammar, rebuilt from
    * the snapshot's allocator_settings, or from its events (maps mean expandable segments);
    * empty when the file says nothing (memtrace, CSV, synthetic). */

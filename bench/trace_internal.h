@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -58,6 +59,37 @@ uint64_t *_expseg_u64map_get(const _expseg_u64map_t *m, uint64_t key);
 bool _expseg_u64map_put(_expseg_u64map_t *m, uint64_t key, uint64_t val);
 /* Removes key; false when it was absent. */
 bool _expseg_u64map_del(_expseg_u64map_t *m, uint64_t key);
+
+/* ---- synth_capture.c: what expseg-replay --snapshot / --report capture ---- */
+typedef struct capture_s {
+  int64_t at;           /* capture after this event; -1: first pass, find the peak; -2: none */
+  int at_end;           /* the snapshot after the last event (--snapshot-at end) */
+  const char *snapshot; /* --snapshot path, or NULL */
+  int report;           /* --report */
+  FILE *out;            /* where the report goes */
+} capture_t;
+/* At the peak (end = 0): the report and, unless at_end, the snapshot; at the end: the
+ * snapshot. 0 on success, 1 after printing why to err. */
+int _expseg_replay_capture(expseg_allocator *a, const char *name, const capture_t *c,
+                           size_t event, int end, FILE *err);
+/* --timeline rows: a sample every N events (sample = 1), plus the event at which a running
+ * peak (reserved or allocated bytes) last rose before each sample, so that the peak of the
+ * statistics is a row of the file, not a maximum of samples. */
+#define EXPSEG_TIMELINE_HEADER \
+  "trace,event,live_requested,reserved,allocated,cached,reserved_peak,allocated_peak"
+typedef struct timeline_row_s {
+  int pending;           /* not yet written */
+  size_t event;
+  uint64_t live;
+  int64_t v[5];          /* reserved, allocated, cached, reserved_peak, allocated_peak */
+} timeline_row_t;
+typedef struct timeline_s {
+  int64_t rpeak, apeak;  /* running peaks seen */
+  timeline_row_t at[2];  /* where each peak last rose */
+} timeline_t;
+void _expseg_timeline_step(timeline_t *tl, FILE *f, const char *name, const expseg_allocator *a,
+                           size_t event, uint64_t live, int sample);
+void _expseg_timeline_flush(timeline_t *tl, FILE *f, const char *name);
 
 /* ---- trace.c: the event checker ---- */
 typedef struct _expseg_trace_check_s {

@@ -203,10 +203,10 @@ typedef struct evf_s {
 } evf_t;
 
 static expseg_status fields_of(ex_t *x, uint32_t ev, evf_t *f) {
+  f->addr = f->size = f->stream = f->device_free = 0; /* also for skipped actions */
   expseg_status s = action_of(x, ev, &f->action);
   if (s != EXPSEG_OK || f->action == A_SKIP) return s;
   int64_t v;
-  f->addr = f->device_free = 0;
   if (f->action == A_OOM) {
     const char *k = _expseg_pickle_dict_get(x->pk, ev, "device_free") ? "device_free" : "addr";
     if ((s = get_int(x, ev, k, true, &v)) != EXPSEG_OK) return s;
@@ -333,8 +333,13 @@ static expseg_status convert(ex_t *x, uint32_t segments, uint32_t events, devst_
   for (size_t i = 0; i < np && s == EXPSEG_OK; i++) {
     uint64_t id = d->chk.n_ids;
     s = emit(x, segments, d, t, 'p', *_expseg_u64map_get(&d->live_stream, addrs[i]), id,
-             *_expseg_u64map_get(&d->live_size, addrs[i]), addrs[i]);
+             *_expseg_u64map_get(&d->live_size, addrs[i]), 0);
     if (s == EXPSEG_OK && !_expseg_u64map_put(&d->ids, addrs[i], id)) s = oom(x);
+  }
+  if (s == EXPSEG_OK && np > 0 && d->chk.n_ids == np) { /* ids 0 .. np-1, address order */
+    t->start_addr = addrs;
+    t->n_start_addr = np;
+    addrs = NULL;
   }
   free(addrs);
   if (s != EXPSEG_OK) return s;

@@ -53,8 +53,9 @@ EXPSEG_EXPORT const char *expseg_status_name(expseg_status s);
 EXPSEG_EXPORT const char *expseg_last_error(void);
 
 /* driver: "cuda", "host", "sim", with options, e.g. "host:capacity=8G,granularity=2M"
- *         (docs/driver.md). NULL = $EXPSEG_DRIVER, else "cuda" when a CUDA device is
- *         usable, else "host".
+ *         (docs/driver.md). NULL = $EXPSEG_DRIVER, else "cuda"; never a silent fallback:
+ *         without a usable CUDA device that fails with EXPSEG_ERR_UNSUPPORTED and a message
+ *         saying why and how to choose "host" or "sim" on purpose.
  * config: option text in PYTORCH_CUDA_ALLOC_CONF grammar (docs/config.md); NULL = the
  *         environment ($EXPSEG_ALLOC_CONF, else $PYTORCH_CUDA_ALLOC_CONF, else
  *         $PYTORCH_ALLOC_CONF). */
@@ -96,8 +97,7 @@ EXPSEG_EXPORT void expseg_reset_accumulated_stats(expseg_allocator *a);
  * the first violation in expseg_last_error(). Costs O(blocks): for tests and --check. */
 EXPSEG_EXPORT expseg_status expseg_check(const expseg_allocator *a);
 
-/* History and snapshots (the memory_viz format). Not built yet: both return
- * EXPSEG_ERR_UNSUPPORTED (docs/api.md). */
+/* History and snapshots (PyTorch's memory_viz format): declared in the block below. */
 EXPSEG_EXPORT expseg_status expseg_record_history(expseg_allocator *a, bool enabled,
                                                   size_t max_entries);
 EXPSEG_EXPORT expseg_status expseg_snapshot_dump(expseg_allocator *a, const char *path);
@@ -150,6 +150,62 @@ EXPSEG_EXPORT void expseg_host_stats_foreach(const expseg_host_pool *h,
                                                         int64_t value),
                                              void *ctx);
 EXPSEG_EXPORT void expseg_host_reset_peak_stats(expseg_host_pool *h);
+
+/* ---- History, snapshots and readable reports (docs/snapshots.md) ----
+ * expseg_record_history(a, true, n) keeps the newest n (>= 1) events (alloc, free_requested,
+ * free_completed, segment_alloc/free/map/unmap, oom, snapshot) with C stacks and the frames
+ * pushed by the calling thread; false stops recording and clears the history (as PyTorch).
+ * The _ex form takes EXPSEG_HISTORY_* flags (0 = no C stacks: the cheaper recording). */
+#define EXPSEG_HISTORY_C_STACKS 1u
+EXPSEG_EXPORT expseg_status expseg_record_history_ex(expseg_allocator *a, bool enabled,
+                                                     size_t max_entries, unsigned flags);
+/* Frames an embedding framework (e.g. Python's interpreter) attaches to the next events of
+ * the calling thread, on every allocator: push outermost first; the strings are copied. */
+typedef struct expseg_frame {
+  const char *filename;
+  const char *name;
+  int line;
+} expseg_frame;
+EXPSEG_EXPORT expseg_status expseg_history_push_frames(const expseg_frame *frames, size_t n);
+/* Pops the n innermost pushed frames (fewer if fewer are pushed). */
+EXPSEG_EXPORT void expseg_history_pop_frames(size_t n);
+/* The snapshot pickle (protocol 4, memory_viz's opcodes only) in a buffer the caller frees
+ * with expseg_snapshot_free. expseg_snapshot_dump writes it to path through a temporary
+ * file and a rename. */
+EXPSEG_EXPORT expseg_status expseg_snapshot(expseg_allocator *a, unsigned char **buf,
+                                            size_t *len);
+EXPSEG_EXPORT void expseg_snapshot_free(unsigned char *buf);
+/* torch.cuda.memory_summary()'s text, then expseg's own section. Writes at most len bytes
+ * (NUL included); returns the length it needs (0 when a is NULL). */
+EXPSEG_EXPORT size_t expseg_memory_summary(expseg_allocator *a, char *buf, size_t len,
+                                           bool abbreviated);
+
+/* ---- Identity: version, driver, device (issue 9; docs/api.md "Identity") ---- */
+
+#define EXPSEG_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH, for #if checks against the header compiled with. */
+#define EXPSEG_VERSION_NUMBER \
+  (EXPSEG_VERSION_MAJOR * 10000 + EXPSEG_VERSION_MINOR * 100 + EXPSEG_VERSION_PATCH)
+
+/* The version of the library loaded at run time, "MAJOR.MINOR.PATCH" (static storage). */
+EXPSEG_EXPORT const char *expseg_version(void);
+
+/* What an allocator runs on. Filled by expseg_get_info; strings have static storage. */
+typedef struct expseg_info {
+  const char *driver;    /* "cuda", "host" or "sim" (a fault-injecting wrapper: "fault") */
+  int device;            /* the device ordinal given to expseg_create */
+  size_t total_memory;   /* bytes the device has (cuMemGetInfo's total; host/sim: capacity) */
+  size_t granularity;    /* the driver's allocation granularity in bytes */
+  size_t page_size;      /* bytes per page of expandable segments, as configured */
+} expseg_info;
+
+EXPSEG_EXPORT expseg_status expseg_get_info(const expseg_allocator *a, expseg_info *info);
+/* The driver's name, as expseg_info.driver; "" for a NULL allocator. */
+EXPSEG_EXPORT const char *expseg_driver_name(const expseg_allocator *a);
+/* Free and total bytes of the device now, as cudaMemGetInfo reports them (free counts what
+ * every process has taken, this allocator's cache included); either pointer may be NULL. */
+EXPSEG_EXPORT expseg_status expseg_mem_get_info(expseg_allocator *a, size_t *free_bytes,
+                                                size_t *total_bytes);
 
 #ifdef __cplusplus
 }

@@ -108,6 +108,7 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
   _expseg_ptrmap_destroy(&a->live);
   _expseg_blocks_destroy(a);
   free(a->observers);
+  _expseg_hist_destroy(a);
   api_unlock(a);
   pthread_mutex_destroy(&a->lock);
   if (before_close) before_close(ctx, a->drv);
@@ -151,6 +152,7 @@ static expseg_status take_block(expseg_allocator *a, block_t *b, size_t rounded,
   _expseg_stat_pool_add(s->active_bytes, pool, (int64_t)b->size);
   if (b->oversize) _expseg_stat_add(&s->oversize_allocations, 1);
   _expseg_isplit_flush(a);
+  EXPSEG_HIST(a, HIST_ALLOC, b->ptr, size, b->stream);
   *out = (void *)b->ptr;
   return EXPSEG_OK;
 }
@@ -222,6 +224,7 @@ expseg_status expseg_malloc(expseg_allocator *a, size_t size, expseg_stream stre
 void _expseg_free_block(expseg_allocator *a, block_t *b) {
   int pool = b->seg->pool;
   stats_t *s = &a->stats;
+  EXPSEG_HIST(a, HIST_FREE_COMPLETED, b->ptr, b->requested, b->stream);
   if (b->state == BLOCK_PENDING) _expseg_stat_add(&s->pending_free_blocks, -1);
   _expseg_stat_pool_add(s->requested_bytes, pool, -(int64_t)b->requested);
   _expseg_stat_pool_add(s->active, pool, -1);
@@ -265,6 +268,7 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
       pending = true;
     }
   }
+  EXPSEG_HIST(a, HIST_FREE_REQUESTED, b->ptr, b->requested, b->stream);
   int pool = b->seg->pool;
   stats_t *s = &a->stats;
   _expseg_stat_pool_add(s->allocation, pool, -1);
@@ -446,21 +450,4 @@ expseg_status expseg_check(const expseg_allocator *a) {
   expseg_status st = _expseg_check_locked(a);
   api_unlock(m);
   return st;
-}
-
-/* ---- not built yet ---- */
-
-expseg_status expseg_record_history(expseg_allocator *a, bool enabled, size_t max_entries) {
-  (void)a;
-  (void)enabled;
-  (void)max_entries;
-  return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
-                           "expseg_record_history: history recording is not built yet");
-}
-
-expseg_status expseg_snapshot_dump(expseg_allocator *a, const char *path) {
-  (void)a;
-  return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
-                           "expseg_snapshot_dump(%s): snapshots are not built yet",
-                           path ? path : "NULL");
 }

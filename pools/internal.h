@@ -192,6 +192,7 @@ struct expseg_allocator {
   uint8_t oom_kind;           /* OOM_*: why the current request's growth failed */
 
   stats_t stats;
+  struct history_s *hist;     /* history.c: the recorded events; NULL = not recording */
   int64_t isplit_n[POOL_COUNT], isplit_b[POOL_COUNT]; /* inactive_split change not yet applied */
 };
 
@@ -345,5 +346,7 @@ static inline void _expseg_stat_pool_add(stat_t arr[3], int pool, int64_t delta)
 static inline size_t held_bytes(const expseg_allocator *a) {
   return (size_t)a->stats.reserved_bytes[STAT_ALL].current;
 }
+
+#include "history.h" /* EXPSEG_HIST: the history hooks */
 
 #endif

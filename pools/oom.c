@@ -64,10 +64,9 @@ expseg_status _expseg_fail_oom(expseg_allocator *a, size_t size, size_t rounded,
   a->stats.num_ooms++;
   size_t dev_free = 0, dev_total = 0;
   _expseg_vmm_mem_info(a->drv, &dev_free, &dev_total);
-  size_t held = held_bytes(a);
-  size_t allocated = (size_t)a->stats.allocated_bytes[STAT_ALL].current;
-  size_t cached = (size_t)a->stats.cached_physical_bytes.current;
-  size_t largest = _expseg_largest_free(a);
+  EXPSEG_HIST(a, HIST_OOM, dev_free, rounded, stream);
+  memfig_t fig = _expseg_memfig(a); /* the figures of expseg_memory_summary (summary.c) */
+  size_t held = fig.reserved, allocated = fig.allocated, cached = fig.cached, largest = fig.largest_free;
   char s1[32], s2[32], s3[32], s4[32], s5[32], s6[32], s7[32], s8[32], s9[32], s10[32];
   char why[480], cap[96] = "";
   hint(a, rounded, why, sizeof why);

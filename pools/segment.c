@@ -372,6 +372,7 @@ static size_t unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintptr
   s->mapped_bytes -= bytes;
   _expseg_stat_add(&a->stats.mapped_bytes, -(int64_t)bytes);
   a->stats.num_device_free++;
+  EXPSEG_HIST(a, HIST_SEGMENT_UNMAP, lo, bytes, s->stream);
   if (rest != NULL) { /* still mapped after a failed unmap: joins the free tail */
     _expseg_free_insert(a, _expseg_block_coalesce(a, rest));
     tail = NULL;
@@ -453,6 +454,7 @@ static block_t *map_pages(expseg_allocator *a, block_t *u, uintptr_t lo, size_t 
   s->mapped_bytes += bytes;
   _expseg_stat_add(&a->stats.mapped_bytes, (int64_t)bytes);
   a->stats.num_device_alloc++;
+  EXPSEG_HIST(a, HIST_SEGMENT_MAP, lo, bytes, s->stream);
   return _expseg_block_coalesce(a, u);
 }
 
@@ -683,6 +685,7 @@ static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream
   if (s->oversize) _expseg_stat_add(&a->stats.oversize_segments, 1);
   a->stats.num_device_alloc++;
   a->stats.created_bytes += (int64_t)size;
+  EXPSEG_HIST(a, HIST_SEGMENT_ALLOC, base, size, stream);
   return b;
 }
 
@@ -714,6 +717,7 @@ static bool classic_release(expseg_allocator *a, segment_t *s, release_batch_t *
     _expseg_free_insert(a, b);
     return false;
   }
+  EXPSEG_HIST(a, HIST_SEGMENT_FREE, s->base, s->va_size, s->stream);
   _expseg_block_delete(a, b);
   segment_unlink(a, s);
   _expseg_stat_pool_add(a->stats.segment, s->pool, -1);

@@ -203,7 +203,7 @@ TEST(Replay, TableOutputAndTimeline) {
   ASSERT_NE(c, nullptr);
   auto rows = Lines(Slurp(c));
   ASSERT_GT(rows.size(), 12u);
-  EXPECT_EQ(rows[0], "trace,event,live_requested,reserved");
+  EXPECT_EQ(rows[0], "trace,event,live_requested,reserved,allocated,cached,reserved_peak,allocated_peak");
   // every sample: reserved >= live requested
   for (size_t i = 1; i < rows.size(); i++) {
     unsigned long long ev, live;

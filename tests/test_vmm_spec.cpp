@@ -114,9 +114,15 @@ TEST(VmmSpec, NullSpecUsesEnvironmentThenDefault) {
   EXPECT_EQ(0, strncmp(expseg_last_error(), "$EXPSEG_DRIVER: ", 16)) << expseg_last_error();
   EXPECT_NE(nullptr, strstr(expseg_last_error(), "'capacty'")) << expseg_last_error();
   unsetenv("EXPSEG_DRIVER");
-  ASSERT_EQ(EXPSEG_OK, _expseg_vmm_open(nullptr, 0, &v)) << expseg_last_error();
-  EXPECT_STREQ(_expseg_cuda_usable(0) ? "cuda" : "host", v->ops->name);
-  _expseg_vmm_close(v);
+  if (_expseg_cuda_usable(0)) {
+    ASSERT_EQ(EXPSEG_OK, _expseg_vmm_open(nullptr, 0, &v)) << expseg_last_error();
+    EXPECT_STREQ("cuda", v->ops->name);
+    _expseg_vmm_close(v);
+  } else { // no silent fallback to host memory
+    EXPECT_EQ(EXPSEG_ERR_UNSUPPORTED, _expseg_vmm_open(nullptr, 0, &v));
+    EXPECT_EQ(nullptr, v);
+    EXPECT_NE(nullptr, strstr(expseg_last_error(), "EXPSEG_DRIVER=host")) << expseg_last_error();
+  }
   if (old) setenv("EXPSEG_DRIVER", saved.c_str(), 1);
   EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, _expseg_vmm_open("sim", -1, &v));
   EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, _expseg_vmm_open("sim", 0, nullptr));

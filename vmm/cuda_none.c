@@ -1,5 +1,6 @@
-/* cuda_none.c: the cuda backend of a build without cuda.h: always unsupported, so the
- * default driver choice falls back to host. Compiled instead of cuda.c. */
+/* cuda_none.c: the cuda backend of a build without cuda.h: always unsupported (so
+ * expseg_create(NULL, ...) fails with this reason unless $EXPSEG_DRIVER names a driver).
+ * Compiled instead of cuda.c. */
 #include "vmm_impl.h"
 
 expseg_status _expseg_cuda_new(int device, expseg_vmm_t **out) {

@@ -400,6 +400,22 @@ static expseg_status open_spec(const char *spec, int device, expseg_vmm_t **out)
   return st;
 }
 
+/* No driver named anywhere: cuda, and never a silent fallback to host memory. Whatever made
+ * cuda unusable (no libcuda, no device, no VMM support, built without CUDA) is reported as
+ * EXPSEG_ERR_UNSUPPORTED with the way to pick host or sim on purpose. */
+static expseg_status open_default(int device, expseg_vmm_t **out) {
+  expseg_status st = _expseg_cuda_new(device, out);
+  if (st == EXPSEG_OK) return st;
+  char why[768];
+  snprintf(why, sizeof why, "%s", expseg_last_error());
+  return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                           "no driver given and $EXPSEG_DRIVER unset, so the cuda driver was "
+                           "asked for device %d and it is not usable: %s. To use host memory or "
+                           "the bookkeeping-only simulator on purpose, pass the driver \"host\" "
+                           "or \"sim\" to expseg_create, or set EXPSEG_DRIVER=host (or sim)",
+                           device, why);
+}
+
 expseg_status _expseg_vmm_open(const char *spec, int device, expseg_vmm_t **out) {
   if (!out) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "vmm_open: out is NULL");
   *out = NULL;
@@ -413,8 +429,7 @@ expseg_status _expseg_vmm_open(const char *spec, int device, expseg_vmm_t **out)
     if (st) _expseg_error_prefix("$EXPSEG_DRIVER");
     return st;
   }
-  if (_expseg_cuda_usable(device)) return _expseg_cuda_new(device, out);
-  return open_spec("host", device, out);
+  return open_default(device, out);
 }
 
 /* ---- the wrappers ---- */

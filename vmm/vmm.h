@@ -153,7 +153,8 @@ typedef struct expseg_vmm_s {
  *   sim:  capacity=SIZE (default 80G), granularity=SIZE (default 2M), va=SIZE (default 128T)
  *   cuda: numa=N (node for pinned host memory; default: the node nearest the GPU)
  * SIZE is an integer with an optional K, M, G or T suffix (binary units).
- * NULL = $EXPSEG_DRIVER, else "cuda" when a CUDA device is usable, else "host".
+ * NULL = $EXPSEG_DRIVER, else "cuda"; no fallback: without a usable CUDA device that is
+ * EXPSEG_ERR_UNSUPPORTED with a message saying why and how to pick host or sim.
  * Malformed specs are EXPSEG_ERR_CONFIG naming the bad part. */
 expseg_status _expseg_vmm_open(const char *spec, int device, expseg_vmm_t **out);
 /* Wraps an already-built backend (used by the fault wrapper and by tests). Takes ownership

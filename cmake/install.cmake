@@ -1,0 +1,62 @@
+# install.cmake: what `cmake --install` puts where (GNUInstallDirs), the CMake package
+# (find_package(expseg) -> expseg::expseg, expseg::expseg_shared, expseg::expseg_static)
+# and expseg.pc for pkg-config. Included by the top-level CMakeLists.txt when EXPSEG_INSTALL.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+set(EXPSEG_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/expseg)
+
+install(FILES ${PROJECT_SOURCE_DIR}/include/expseg.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+if(EXISTS ${PROJECT_SOURCE_DIR}/include/expseg_testing.h)
+  install(FILES ${PROJECT_SOURCE_DIR}/include/expseg_testing.h
+          DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+endif()
+
+# Two export sets: the static library's needs hwloc found again by the consumer, the shared
+# one does not, so a machine without libhwloc-dev can still use expseg::expseg_shared.
+install(TARGETS expseg_shared EXPORT expsegTargets
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS expseg_static EXPORT expsegStaticTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(EXPORT expsegTargets NAMESPACE expseg:: DESTINATION ${EXPSEG_CMAKE_DIR})
+install(EXPORT expsegStaticTargets NAMESPACE expseg:: DESTINATION ${EXPSEG_CMAKE_DIR})
+configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/expsegConfig.cmake.in
+                              ${PROJECT_BINARY_DIR}/expsegConfig.cmake
+                              INSTALL_DESTINATION ${EXPSEG_CMAKE_DIR})
+# 0.x: a new minor version may break the API, so only the same minor matches.
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/expsegConfigVersion.cmake
+                                 COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/expsegConfig.cmake
+              ${PROJECT_BINARY_DIR}/expsegConfigVersion.cmake
+        DESTINATION ${EXPSEG_CMAKE_DIR})
+
+# pkg-config: Libs.private lists what libexpseg.a needs (pkg-config --static). The prefix
+# is found from the .pc file's own place, so `cmake --install --prefix P` stays right.
+set(EXPSEG_PC_LIBS_PRIVATE "-lpthread -ldl")
+if(EXPSEG_WITH_HWLOC)
+  set(EXPSEG_PC_LIBS_PRIVATE "-lhwloc ${EXPSEG_PC_LIBS_PRIVATE}")
+endif()
+file(RELATIVE_PATH EXPSEG_PC_UP /p/${CMAKE_INSTALL_LIBDIR}/pkgconfig /p)
+set(EXPSEG_PC_PREFIX "\${pcfiledir}/${EXPSEG_PC_UP}")
+foreach(d LIBDIR INCLUDEDIR)
+  if(IS_ABSOLUTE "${CMAKE_INSTALL_${d}}")
+    set(EXPSEG_PC_${d} "${CMAKE_INSTALL_${d}}")
+  else()
+    set(EXPSEG_PC_${d} "\${prefix}/${CMAKE_INSTALL_${d}}")
+  endif()
+endforeach()
+configure_file(${CMAKE_CURRENT_LIST_DIR}/expseg.pc.in ${PROJECT_BINARY_DIR}/expseg.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/expseg.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+# Tools (bench/), the PyTorch plug-in (torch/) and its Python helper (python/).
+foreach(t expseg-replay expseg-bench-hit expseg-bench-grow expseg-bench-driver)
+  if(TARGET ${t})
+    install(TARGETS ${t} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  endif()
+endforeach()
+if(TARGET expseg_torch)
+  install(TARGETS expseg_torch LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(FILES ${PROJECT_SOURCE_DIR}/torch/expseg_torch.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  install(FILES ${PROJECT_SOURCE_DIR}/python/expseg.py
+          DESTINATION ${CMAKE_INSTALL_DATADIR}/expseg/python)
+endif()

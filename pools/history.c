@@ -1,0 +1,312 @@
+/* history.c: the allocation history behind expseg_record_history, in PyTorch's TraceEntry
+ * terms (../shared/reference/pytorch-allocator.md §6).
+ *
+ * Each allocator that records owns a ring of the newest `max` events (grown by doubling up
+ * to `max`, so a large bound costs nothing until used). An event holds its action, address,
+ * size (the caller's requested size for alloc/free, as PyTorch), stream, time (the CPU's
+ * time-stamp counter where there is one, turned into µs since the epoch when written) and a
+ * stack: up to HIST_C_MAX return addresses from backtrace() (kept raw,
+ * symbolized only when a snapshot is written, with dladdr) when EXPSEG_HISTORY_C_STACKS is
+ * set, and the innermost HIST_HOST_MAX frames the calling thread pushed with
+ * expseg_history_push_frames. Pushed frames are interned once, process-wide, in a table
+ * guarded by its own mutex (the strings are copied; the table lives as long as the
+ * process), so a thread's stack is a small ring of ids and an event copies ids only.
+ * Hooks run with the allocator's lock held; recording off costs the hook's one branch. */
+#include "error.h"
+#include "history.h"
+#include "internal.h"
+
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char *const action_names[HIST_ACTION_COUNT] = {
+    "alloc",       "free_requested", "free_completed", "segment_alloc", "segment_free",
+    "segment_map", "segment_unmap",  "oom",            "snapshot"};
+
+const char *_expseg_hist_action_name(int action) {
+  return action >= 0 && action < HIST_ACTION_COUNT ? action_names[action] : "unknown";
+}
+
+/* ---- the process-wide table of pushed frames ---- */
+
+typedef struct frame_rec_s {
+  char *filename, *name;
+  int line;
+  uint64_t hash;
+} frame_rec_t;
+
+static pthread_mutex_t frames_lock = PTHREAD_MUTEX_INITIALIZER;
+static frame_rec_t *frames;          /* id - 1 -> frame */
+static size_t n_frames, cap_frames;
+static uint32_t *frame_slots;        /* open addressing: id or 0 */
+static size_t cap_slots;             /* power of two */
+
+static uint64_t fnv(uint64_t h, const char *s) {
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+  return (h ^ 0xff) * 0x100000001b3ull;
+}
+
+static bool slots_grow(void) {
+  size_t cap = cap_slots ? cap_slots * 2 : 1024;
+  uint32_t *s = calloc(cap, sizeof *s);
+  if (s == NULL) return false;
+  for (size_t i = 0; i < n_frames; i++) {
+    size_t j = frames[i].hash & (cap - 1);
+    while (s[j]) j = (j + 1) & (cap - 1);
+    s[j] = (uint32_t)(i + 1);
+  }
+  free(frame_slots);
+  frame_slots = s;
+  cap_slots = cap;
+  return true;
+}
+
+/* frames_lock held. 0 when out of host memory. */
+static uint32_t frame_intern(const char *filename, const char *name, int line) {
+  uint64_t h = fnv(fnv(0xcbf29ce484222325ull ^ (uint64_t)(uint32_t)line, filename), name);
+  if ((n_frames + 1) * 2 > cap_slots && !slots_grow()) return 0;
+  size_t j = h & (cap_slots - 1);
+  for (; frame_slots[j]; j = (j + 1) & (cap_slots - 1)) {
+    const frame_rec_t *f = &frames[frame_slots[j] - 1];
+    if (f->hash == h && f->line == line && !strcmp(f->filename, filename) &&
+        !strcmp(f->name, name))
+      return frame_slots[j];
+  }
+  if (n_frames == cap_frames) {
+    size_t cap = cap_frames ? cap_frames * 2 : 256;
+    frame_rec_t *p = realloc(frames, cap * sizeof *p);
+    if (p == NULL) return 0;
+    frames = p;
+    cap_frames = cap;
+  }
+  char *fn = strdup(filename), *nm = strdup(name);
+  if (fn == NULL || nm == NULL || n_frames >= UINT32_MAX - 1) {
+    free(fn);
+    free(nm);
+    return 0;
+  }
+  frames[n_frames++] = (frame_rec_t){fn, nm, line, h};
+  frame_slots[j] = (uint32_t)n_frames;
+  return (uint32_t)n_frames;
+}
+
+/* ---- the calling thread's pushed frames: a ring of ids, innermost at depth - 1 ---- */
+
+#define TL_RING 256 /* > HIST_HOST_MAX: deeper stacks keep their innermost frames */
+static _Thread_local uint32_t tl_ids[TL_RING];
+static _Thread_local size_t tl_depth;
+
+expseg_status expseg_history_push_frames(const expseg_frame *f, size_t n) {
+  if (n > 0 && f == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_history_push_frames: frames is NULL with n = %zu", n);
+  for (size_t i = 0; i < n; i++)
+    if (f[i].filename == NULL || f[i].name == NULL)
+      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                               "expseg_history_push_frames: frame %zu has a NULL %s; give "
+                               "\"\" for an unknown file or function",
+                               i, f[i].filename == NULL ? "filename" : "name");
+  uint32_t ids[64];
+  for (size_t done = 0; done < n;) {
+    size_t k = n - done < 64 ? n - done : 64;
+    pthread_mutex_lock(&frames_lock);
+    size_t got = 0;
+    for (; got < k; got++) {
+      ids[got] = frame_intern(f[done + got].filename, f[done + got].name, f[done + got].line);
+      if (ids[got] == 0) break;
+    }
+    pthread_mutex_unlock(&frames_lock);
+    for (size_t i = 0; i < got; i++) tl_ids[(tl_depth++) % TL_RING] = ids[i];
+    if (got < k)
+      return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                               "expseg_history_push_frames: out of host memory after %zu of "
+                               "%zu frames (those stay pushed)",
+                               done + got, n);
+    done += k;
+  }
+  return EXPSEG_OK;
+}
+
+void expseg_history_pop_frames(size_t n) { tl_depth = n < tl_depth ? tl_depth - n : 0; }
+
+/* ---- recording ---- */
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+static inline uint64_t ticks_now(void) { return __rdtsc(); }
+#else
+static inline uint64_t ticks_now(void) { return now_ns(); }
+#endif
+
+double _expseg_hist_scale(const history_t *h) {
+#if defined(__x86_64__) || defined(__i386__)
+  uint64_t t1 = ticks_now(), n1 = now_ns();
+  return t1 > h->ticks0 && n1 > h->ns0 ? (double)(n1 - h->ns0) / (double)(t1 - h->ticks0) : 0.0;
+#else
+  (void)h;
+  return 1.0; /* ticks are CLOCK_REALTIME nanoseconds */
+#endif
+}
+
+uint64_t _expseg_hist_time_us(const history_t *h, double scale, uint64_t ticks) {
+  double ns = (double)h->ns0 + ((double)ticks - (double)h->ticks0) * scale;
+  return ns > 0 ? (uint64_t)(ns / 1000.0) : 0;
+}
+
+void _expseg_hist_add(expseg_allocator *a, int action, uint64_t addr, uint64_t size,
+                      expseg_stream stream) {
+  history_t *h = a->hist;
+  hist_event_t *e;
+  if (h->count < h->max && h->count == h->cap) { /* grow (head is 0 until the ring is full) */
+    size_t cap = h->cap * 2 < h->max ? h->cap * 2 : h->max;
+    hist_event_t *p = realloc(h->ring, cap * sizeof *p);
+    if (p != NULL) {
+      h->ring = p;
+      h->cap = cap;
+    } else {
+      h->max = h->cap; /* keep the newest of what fits */
+    }
+  }
+  if (h->count < h->max) {
+    e = &h->ring[h->count++];
+  } else {
+    e = &h->ring[h->head];
+    h->head = h->head + 1 == h->max ? 0 : h->head + 1;
+  }
+  h->total++;
+  e->ticks = ticks_now();
+  e->addr = addr;
+  e->size = size;
+  e->stream = stream;
+  e->action = (uint8_t)action;
+  e->n_c = 0;
+  const hist_event_t *prev = h->count > 1 ? _expseg_hist_at(h, h->count - 2) : NULL;
+  if ((h->flags & EXPSEG_HISTORY_C_STACKS) && action == HIST_FREE_COMPLETED && prev != NULL &&
+      prev->action == HIST_FREE_REQUESTED && prev->addr == addr) {
+    e->n_c = prev->n_c; /* completed within the same expseg_free: the same C stack */
+    memcpy(e->c, prev->c, prev->n_c * sizeof(void *));
+  } else if (h->flags & EXPSEG_HISTORY_C_STACKS) {
+    void *raw[HIST_C_MAX + 1];
+    int n = backtrace(raw, HIST_C_MAX + 1); /* frame 0 is this function */
+    if (n > 1) {
+      e->n_c = (uint8_t)(n - 1);
+      memcpy(e->c, raw + 1, (size_t)(n - 1) * sizeof(void *));
+    }
+  }
+  size_t d = tl_depth < HIST_HOST_MAX ? tl_depth : HIST_HOST_MAX;
+  for (size_t i = 0; i < d; i++) e->host[i] = tl_ids[(tl_depth - 1 - i) % TL_RING];
+  e->n_host = (uint8_t)d;
+}
+
+const hist_event_t *_expseg_hist_at(const history_t *h, size_t i) {
+  size_t j = h->head + i;
+  if (j >= h->max) j -= h->max;
+  return &h->ring[j];
+}
+
+void _expseg_hist_frame(const hist_event_t *e, size_t k, const char **filename,
+                        const char **name, int *line, char *buf, size_t len) {
+  if (k < e->n_c) {
+    Dl_info info;
+    memset(&info, 0, sizeof info);
+    uintptr_t pc = (uintptr_t)e->c[k];
+    if (dladdr(e->c[k], &info) != 0 && info.dli_sname != NULL)
+      snprintf(buf, len, "%s+%#lx", info.dli_sname,
+               (unsigned long)(pc - (uintptr_t)info.dli_saddr));
+    else if (info.dli_fname != NULL)
+      snprintf(buf, len, "%#lx", (unsigned long)(pc - (uintptr_t)info.dli_fbase));
+    else
+      snprintf(buf, len, "%#lx", (unsigned long)pc);
+    *filename = info.dli_fname != NULL ? info.dli_fname : "??";
+    *name = buf;
+    *line = 0;
+    return;
+  }
+  uint32_t id = e->host[k - e->n_c];
+  pthread_mutex_lock(&frames_lock);
+  const frame_rec_t *f = &frames[id - 1];
+  *filename = f->filename; /* never freed or moved: the strings outlive the table's growth */
+  *name = f->name;
+  *line = f->line;
+  pthread_mutex_unlock(&frames_lock);
+}
+
+/* ---- the public switch ---- */
+
+expseg_status expseg_record_history_ex(expseg_allocator *a, bool enabled, size_t max_entries,
+                                       unsigned flags) {
+  if (a == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_record_history: the allocator is NULL");
+  if (enabled && max_entries == 0)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_record_history: max_entries is 0; at least 1 event must be "
+                             "kept (SIZE_MAX = no bound)");
+  if (flags & ~EXPSEG_HISTORY_C_STACKS)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_record_history_ex: unknown flags %#x; accepted: "
+                             "EXPSEG_HISTORY_C_STACKS (1)",
+                             flags);
+  history_t *h = NULL;
+  if (enabled) {
+    size_t cap = max_entries < 1024 ? max_entries : 1024;
+    h = calloc(1, sizeof *h);
+    if (h != NULL) h->ring = malloc(cap * sizeof *h->ring);
+    if (h == NULL || h->ring == NULL) {
+      free(h);
+      return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                               "expseg_record_history: out of host memory");
+    }
+    h->cap = cap;
+    h->max = max_entries;
+    h->flags = flags;
+    h->ticks0 = ticks_now();
+    h->ns0 = now_ns();
+    if (flags & EXPSEG_HISTORY_C_STACKS) { /* the first backtrace() loads the unwinder */
+      void *warm[4];
+      (void)backtrace(warm, 4);
+    }
+  }
+  api_lock(a);
+  history_t *old = a->hist;
+  if (old != NULL && h != NULL) { /* re-enabled: keep the newest events that fit */
+    size_t keep = old->count < max_entries ? old->count : max_entries;
+    hist_event_t *ring = keep > h->cap ? malloc(keep * sizeof *ring) : h->ring;
+    if (ring != NULL) {
+      for (size_t i = 0; i < keep; i++) ring[i] = *_expseg_hist_at(old, old->count - keep + i);
+      if (ring != h->ring) {
+        free(h->ring);
+        h->ring = ring;
+        h->cap = keep;
+      }
+      h->count = keep;
+      h->total = old->total;
+      h->ticks0 = old->ticks0; /* the kept events' ticks count from the same origin */
+      h->ns0 = old->ns0;
+    }
+  }
+  a->hist = h; /* disabling clears the history (as PyTorch) */
+  api_unlock(a);
+  if (old != NULL) free(old->ring);
+  free(old);
+  return EXPSEG_OK;
+}
+
+expseg_status expseg_record_history(expseg_allocator *a, bool enabled, size_t max_entries) {
+  return expseg_record_history_ex(a, enabled, max_entries, EXPSEG_HISTORY_C_STACKS);
+}
+
+void _expseg_hist_destroy(expseg_allocator *a) {
+  if (a->hist != NULL) free(a->hist->ring);
+  free(a->hist);
+  a->hist = NULL;
+}

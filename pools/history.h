@@ -1,0 +1,107 @@
+/* history.h: the allocation history (history.c), the snapshot builder (snapshot.c), the
+ * pickle writer (pickle_write.c) and the readable summary (summary.c), as seen by the rest
+ * of pools/. The allocator's hooks are one line each: EXPSEG_HIST(a, ...), one predictable
+ * branch when recording is off. */
+#ifndef EXPSEG_POOLS_HISTORY_H
+#define EXPSEG_POOLS_HISTORY_H
+
+#include "expseg.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* PyTorch's TraceEntry actions, in the order of their names in _expseg_hist_action_name. */
+enum {
+  HIST_ALLOC, HIST_FREE_REQUESTED, HIST_FREE_COMPLETED, HIST_SEGMENT_ALLOC, HIST_SEGMENT_FREE,
+  HIST_SEGMENT_MAP, HIST_SEGMENT_UNMAP, HIST_OOM, HIST_SNAPSHOT, HIST_ACTION_COUNT
+};
+#define HIST_C_MAX 16    /* C frames kept per event */
+#define HIST_HOST_MAX 16 /* innermost pushed frames kept per event */
+
+typedef struct hist_event_s {
+  uint64_t ticks;        /* when: _expseg_hist_time_us turns it into µs since the epoch */
+  uint64_t addr;         /* oom: device free bytes (as PyTorch's TraceEntry) */
+  uint64_t size;         /* alloc/free: requested bytes; segment: range; oom: rounded request */
+  expseg_stream stream;
+  uint8_t action, n_c, n_host;
+  void *c[HIST_C_MAX];           /* return addresses, innermost first */
+  uint32_t host[HIST_HOST_MAX];  /* pushed frame ids, innermost first */
+} hist_event_t;
+
+typedef struct history_s {
+  hist_event_t *ring;
+  size_t cap, max;   /* allocated entries; the bound asked for */
+  size_t head, count; /* oldest entry; entries held */
+  uint64_t total;    /* events recorded since recording started */
+  unsigned flags;    /* EXPSEG_HISTORY_* */
+  uint64_t ticks0, ns0; /* a tick count and CLOCK_REALTIME (ns) taken together */
+} history_t;
+
+struct expseg_allocator;
+
+/* Lock held. Appends one event (the ring keeps the newest max). */
+void _expseg_hist_add(struct expseg_allocator *a, int action, uint64_t addr, uint64_t size,
+                      expseg_stream stream);
+#define EXPSEG_HIST(a, action, addr, size, stream)                                        \
+  do {                                                                                    \
+    if (__builtin_expect((a)->hist != NULL, 0))                                           \
+      _expseg_hist_add((a), (action), (uint64_t)(addr), (uint64_t)(size), (stream));      \
+  } while (0)
+
+void _expseg_hist_destroy(struct expseg_allocator *a);
+const char *_expseg_hist_action_name(int action);
+/* µs since the Unix epoch of a tick count: ticks are the CPU's time-stamp counter where
+ * there is one (read in ~17 ns against ~35 ns for clock_gettime on the VM measured), scaled
+ * by two (ticks, CLOCK_REALTIME) samples: one when recording started, one now. */
+double _expseg_hist_scale(const history_t *h); /* ns per tick, measured now */
+uint64_t _expseg_hist_time_us(const history_t *h, double scale, uint64_t ticks);
+/* Event i (0 = oldest held). */
+const hist_event_t *_expseg_hist_at(const history_t *h, size_t i);
+/* Frame k of an event as (filename, name, line), C frames first then pushed frames; the
+ * strings live in buf (len bytes) or in the frame table (valid for the process). */
+void _expseg_hist_frame(const hist_event_t *e, size_t k, const char **filename,
+                        const char **name, int *line, char *buf, size_t len);
+
+/* ---- pickle_write.c: a pickle (protocol 4) writer using only the opcodes that PyTorch's
+ * memory viewer (MemoryViz.js) unpickles ---- */
+typedef struct pkw_s {
+  unsigned char *p;
+  size_t n, cap;
+  bool failed;  /* out of host memory: the output is incomplete */
+  uint32_t memo; /* memo entries written */
+} pkw_t;
+void _expseg_pkw_begin(pkw_t *w);
+void _expseg_pkw_end(pkw_t *w);
+void _expseg_pkw_int(pkw_t *w, int64_t v);
+void _expseg_pkw_uint(pkw_t *w, uint64_t v);
+void _expseg_pkw_float(pkw_t *w, double v);
+void _expseg_pkw_bool(pkw_t *w, bool v);
+void _expseg_pkw_none(pkw_t *w);
+void _expseg_pkw_str(pkw_t *w, const char *s); /* UTF-8; invalid bytes become U+FFFD */
+void _expseg_pkw_dict(pkw_t *w); /* EMPTY_DICT MARK: then key, value pairs, then _setitems */
+void _expseg_pkw_setitems(pkw_t *w);
+void _expseg_pkw_list(pkw_t *w); /* EMPTY_LIST MARK: then items, then _appends */
+void _expseg_pkw_appends(pkw_t *w);
+void _expseg_pkw_tuple2(pkw_t *w);
+uint32_t _expseg_pkw_memoize(pkw_t *w); /* remembers the top object; returns its index */
+void _expseg_pkw_get(pkw_t *w, uint32_t index);
+/* key/value helpers for dicts */
+void _expseg_pkw_kint(pkw_t *w, const char *key, int64_t v);
+void _expseg_pkw_kuint(pkw_t *w, const char *key, uint64_t v);
+void _expseg_pkw_kstr(pkw_t *w, const char *key, const char *v);
+void _expseg_pkw_kbool(pkw_t *w, const char *key, bool v);
+
+/* ---- summary.c: the figures of expseg_memory_summary and the out-of-memory message ---- */
+typedef struct memfig_s {
+  uint64_t reserved, allocated, active; /* reserved_bytes, allocated_bytes, active_bytes */
+  uint64_t mapped;     /* classic segments + mapped expandable pages */
+  uint64_t cached;     /* unmapped physical pages in the page cache */
+  uint64_t va;         /* address space reserved by all segments */
+  uint64_t largest_free;
+  double fragmentation; /* free bytes inside mapped memory / mapped bytes (0 when none) */
+} memfig_t;
+/* Lock held. */
+memfig_t _expseg_memfig(const struct expseg_allocator *a);
+
+#endif

@@ -1,0 +1,344 @@
+/* snapshot.c: expseg_snapshot / expseg_snapshot_dump, the allocator's state and history as
+ * PyTorch's memory snapshot (torch.cuda.memory._snapshot(); reference §6.3), so that
+ * pytorch.org/memory_viz and torch.cuda._memory_viz open it unchanged.
+ *
+ * {"segments": [...], "device_traces": [[] x device, [events]], "allocator_settings": {...},
+ *  "external_annotations": []}. Segments are sorted by address. A classic segment is one
+ * segment; an expandable segment is reported as PyTorch reports one: one segment per
+ * contiguous mapped run (unmapped address space is not reported), is_expandable True.
+ * Blocks tile each reported segment in address order (active_allocated,
+ * active_pending_free, inactive). Live blocks carry the frames of the alloc event that made
+ * them and classic segments those of their segment_alloc, when the history still holds it;
+ * frame dicts are written once and shared (LONG_BINPUT / LONG_BINGET). Writing a snapshot
+ * records a `snapshot` event (size = active bytes), as PyTorch does. The whole pickle is
+ * built under the allocator's lock (C frames are symbolized then); the file is written
+ * after, to a temporary name in the same directory, then renamed over the target. */
+#include "error.h"
+#include "history.h"
+#include "internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- key -> history or memo index, on the allocator's pointer map (value = index + 1) ---- */
+
+typedef ptrmap_t u64map_t;
+
+static bool map_put(u64map_t *m, uint64_t key, int64_t v) {
+  if (m->cap == 0 && !_expseg_ptrmap_init(m)) return false;
+  if (v < 0) {
+    (void)_expseg_ptrmap_take(m, (uintptr_t)key);
+    return true;
+  }
+  return _expseg_ptrmap_put(m, (uintptr_t)key, (block_t *)(uintptr_t)(v + 1));
+}
+
+static int64_t map_get(const u64map_t *m, uint64_t key) {
+  if (m->cap == 0) return -1;
+  return (int64_t)(uintptr_t)_expseg_ptrmap_get(m, (uintptr_t)key) - 1;
+}
+
+static void map_free(u64map_t *m) {
+  if (m->cap != 0) _expseg_ptrmap_destroy(m);
+}
+
+/* ---- frames ---- */
+
+typedef struct ctx_s {
+  pkw_t w;
+  const expseg_allocator *a;
+  const history_t *h;
+  u64map_t frame_memo; /* C pc, or host id | 1 << 63 -> memo index */
+  u64map_t live_alloc; /* block address -> history index of its alloc (-1: freed since) */
+  u64map_t seg_alloc;  /* classic segment address -> history index of its segment_alloc */
+  bool oom;
+} ctx_t;
+
+static void write_frames(ctx_t *c, const hist_event_t *e) {
+  _expseg_pkw_list(&c->w);
+  for (size_t k = 0; k < (size_t)e->n_c + e->n_host; k++) {
+    uint64_t key = k < e->n_c ? (uint64_t)(uintptr_t)e->c[k]
+                              : ((uint64_t)1 << 63) | e->host[k - e->n_c];
+    int64_t m = map_get(&c->frame_memo, key);
+    if (m >= 0) {
+      _expseg_pkw_get(&c->w, (uint32_t)m);
+      continue;
+    }
+    const char *filename, *name;
+    int line;
+    char buf[256];
+    _expseg_hist_frame(e, k, &filename, &name, &line, buf, sizeof buf);
+    _expseg_pkw_dict(&c->w);
+    _expseg_pkw_kstr(&c->w, "filename", filename);
+    _expseg_pkw_kint(&c->w, "line", line);
+    _expseg_pkw_kstr(&c->w, "name", name);
+    _expseg_pkw_setitems(&c->w);
+    if (!map_put(&c->frame_memo, key, _expseg_pkw_memoize(&c->w))) c->oom = true;
+  }
+  _expseg_pkw_appends(&c->w);
+}
+
+static void write_frames_of(ctx_t *c, int64_t idx) {
+  if (idx < 0) {
+    _expseg_pkw_list(&c->w);
+    _expseg_pkw_appends(&c->w);
+  } else {
+    write_frames(c, _expseg_hist_at(c->h, (size_t)idx));
+  }
+}
+
+/* ---- segments ---- */
+
+static const char *state_name(const block_t *b) {
+  return b->state == BLOCK_ALLOCATED ? "active_allocated"
+         : b->state == BLOCK_PENDING ? "active_pending_free"
+                                     : "inactive";
+}
+
+/* One reported segment: the blocks [first, end) (all mapped). */
+static void write_segment(ctx_t *c, const segment_t *s, const block_t *first, const block_t *end) {
+  uint64_t total = 0, allocated = 0, active = 0, requested = 0;
+  for (const block_t *b = first; b != end; b = b->next) {
+    total += b->size;
+    if (b->state == BLOCK_ALLOCATED) allocated += b->size;
+    if (b->state != BLOCK_FREE) {
+      active += b->size;
+      requested += b->requested;
+    }
+  }
+  pkw_t *w = &c->w;
+  _expseg_pkw_dict(w);
+  _expseg_pkw_kint(w, "device", c->a->device);
+  _expseg_pkw_kuint(w, "address", first->ptr);
+  _expseg_pkw_kuint(w, "total_size", total);
+  _expseg_pkw_kuint(w, "allocated_size", allocated);
+  _expseg_pkw_kuint(w, "active_size", active);
+  _expseg_pkw_kuint(w, "requested_size", requested);
+  _expseg_pkw_kuint(w, "stream", s->stream);
+  _expseg_pkw_kstr(w, "segment_type", s->pool == POOL_SMALL ? "small" : "large");
+  _expseg_pkw_str(w, "segment_pool_id");
+  _expseg_pkw_int(w, 0);
+  _expseg_pkw_int(w, 0);
+  _expseg_pkw_tuple2(w);
+  _expseg_pkw_kbool(w, "is_expandable", s->expandable);
+  _expseg_pkw_str(w, "frames");
+  write_frames_of(c, s->expandable ? -1 : map_get(&c->seg_alloc, s->base));
+  _expseg_pkw_str(w, "blocks");
+  _expseg_pkw_list(w);
+  for (const block_t *b = first; b != end; b = b->next) {
+    _expseg_pkw_dict(w);
+    _expseg_pkw_kuint(w, "address", b->ptr);
+    _expseg_pkw_kuint(w, "size", b->size);
+    _expseg_pkw_kuint(w, "requested_size", b->state == BLOCK_FREE ? 0 : b->requested);
+    _expseg_pkw_kstr(w, "state", state_name(b));
+    _expseg_pkw_str(w, "frames");
+    write_frames_of(c, b->state == BLOCK_FREE ? -1 : map_get(&c->live_alloc, b->ptr));
+    _expseg_pkw_setitems(w);
+  }
+  _expseg_pkw_appends(w);
+  _expseg_pkw_setitems(w);
+}
+
+static int by_base(const void *x, const void *y) {
+  uintptr_t a = (*(segment_t *const *)x)->base, b = (*(segment_t *const *)y)->base;
+  return a < b ? -1 : a > b;
+}
+
+static void write_segments(ctx_t *c) {
+  size_t n = c->a->n_segments;
+  segment_t **v = malloc((n ? n : 1) * sizeof *v);
+  if (v == NULL) {
+    c->oom = true;
+    return;
+  }
+  size_t i = 0;
+  for (segment_t *s = c->a->segments; s && i < n; s = s->next_all) v[i++] = s;
+  qsort(v, i, sizeof *v, by_base);
+  _expseg_pkw_list(&c->w);
+  for (size_t j = 0; j < i; j++) {
+    const segment_t *s = v[j];
+    if (!s->expandable) {
+      write_segment(c, s, s->first, NULL);
+      continue;
+    }
+    for (const block_t *b = s->first; b;) { /* one segment per mapped run */
+      if (!b->mapped) {
+        b = b->next;
+        continue;
+      }
+      const block_t *e = b;
+      while (e && e->mapped) e = e->next;
+      write_segment(c, s, b, e);
+      b = e;
+    }
+  }
+  _expseg_pkw_appends(&c->w);
+  free(v);
+}
+
+/* ---- history and settings ---- */
+
+static void write_traces(ctx_t *c) {
+  pkw_t *w = &c->w;
+  _expseg_pkw_list(w);
+  for (int d = 0; d < c->a->device; d++) {
+    _expseg_pkw_list(w);
+    _expseg_pkw_appends(w);
+  }
+  _expseg_pkw_list(w);
+  double scale = c->h ? _expseg_hist_scale(c->h) : 0.0;
+  for (size_t i = 0; c->h && i < c->h->count; i++) {
+    const hist_event_t *e = _expseg_hist_at(c->h, i);
+    _expseg_pkw_dict(w);
+    _expseg_pkw_kstr(w, "action", _expseg_hist_action_name(e->action));
+    _expseg_pkw_kuint(w, e->action == HIST_OOM ? "device_free" : "addr", e->addr);
+    _expseg_pkw_kuint(w, "size", e->size);
+    _expseg_pkw_kuint(w, "stream", e->stream);
+    _expseg_pkw_kuint(w, "time_us", _expseg_hist_time_us(c->h, scale, e->ticks));
+    _expseg_pkw_str(w, "frames");
+    write_frames(c, e);
+    _expseg_pkw_setitems(w);
+  }
+  _expseg_pkw_appends(w);
+  _expseg_pkw_appends(w);
+}
+
+static void write_settings(ctx_t *c) {
+  const expseg_config_t *k = &c->a->cfg;
+  pkw_t *w = &c->w;
+  char text[1024];
+  _expseg_config_print(k, text, sizeof text);
+  _expseg_pkw_dict(w);
+  _expseg_pkw_kstr(w, "PYTORCH_CUDA_ALLOC_CONF", text);
+  _expseg_pkw_kuint(w, "max_split_size", k->max_split_size);
+  _expseg_pkw_str(w, "garbage_collection_threshold");
+  _expseg_pkw_float(w, k->garbage_collection_threshold);
+  _expseg_pkw_kbool(w, "expandable_segments", k->expandable_segments);
+  _expseg_pkw_kint(w, "pinned_num_register_threads", k->pinned_num_register_threads);
+  _expseg_pkw_kbool(w, "release_lock_on_cudamalloc", k->release_lock_on_cudamalloc);
+  _expseg_pkw_kbool(w, "pinned_use_cuda_host_register", k->pinned_use_cuda_host_register);
+  _expseg_pkw_str(w, "roundup_power2_divisions");
+  _expseg_pkw_dict(w);
+  for (int i = 0; i < EXPSEG_ROUNDUP_INTERVALS; i++) { /* keys: interval start in MiB */
+    char key[16];
+    snprintf(key, sizeof key, "%u", 1u << i);
+    _expseg_pkw_kint(w, key, k->roundup_power2_divisions[i]);
+  }
+  _expseg_pkw_setitems(w);
+  _expseg_pkw_kbool(w, "graph_capture_record_stream_reuse", k->graph_capture_record_stream_reuse);
+  /* expseg's own */
+  _expseg_pkw_kstr(w, "expseg.driver", c->a->drv->ops->name);
+  _expseg_pkw_kuint(w, "expseg.page_size", c->a->page);
+  _expseg_pkw_kuint(w, "expseg.granularity", c->a->granularity);
+  _expseg_pkw_kuint(w, "expseg.page_cache_max", k->page_cache_max);
+  _expseg_pkw_kuint(w, "expseg.va_reserve", k->va_reserve);
+  _expseg_pkw_str(w, "expseg.per_process_memory_fraction");
+  _expseg_pkw_float(w, k->per_process_memory_fraction);
+  _expseg_pkw_kuint(w, "expseg.history_max_entries", c->h ? c->h->max : 0);
+  _expseg_pkw_kuint(w, "expseg.history_recorded", c->h ? c->h->total : 0);
+  _expseg_pkw_kbool(w, "expseg.history_c_stacks",
+                    c->h != NULL && (c->h->flags & EXPSEG_HISTORY_C_STACKS));
+  _expseg_pkw_setitems(w);
+}
+
+/* Lock held. */
+static expseg_status build(expseg_allocator *a, unsigned char **buf, size_t *len) {
+  EXPSEG_HIST(a, HIST_SNAPSHOT, 0, a->stats.active_bytes[STAT_ALL].current, 0);
+  ctx_t c;
+  memset(&c, 0, sizeof c);
+  c.a = a;
+  c.h = a->hist;
+  for (size_t i = 0; c.h && i < c.h->count; i++) {
+    const hist_event_t *e = _expseg_hist_at(c.h, i);
+    bool ok = true;
+    if (e->action == HIST_ALLOC) ok = map_put(&c.live_alloc, e->addr, (int64_t)i);
+    else if (e->action == HIST_FREE_COMPLETED) ok = map_put(&c.live_alloc, e->addr, -1);
+    else if (e->action == HIST_SEGMENT_ALLOC) ok = map_put(&c.seg_alloc, e->addr, (int64_t)i);
+    if (!ok) c.oom = true;
+  }
+  pkw_t *w = &c.w;
+  _expseg_pkw_begin(w);
+  _expseg_pkw_dict(w);
+  _expseg_pkw_str(w, "segments");
+  write_segments(&c);
+  _expseg_pkw_str(w, "device_traces");
+  write_traces(&c);
+  _expseg_pkw_str(w, "allocator_settings");
+  write_settings(&c);
+  _expseg_pkw_str(w, "external_annotations");
+  _expseg_pkw_list(w);
+  _expseg_pkw_appends(w);
+  _expseg_pkw_setitems(w);
+  _expseg_pkw_end(w);
+  map_free(&c.frame_memo);
+  map_free(&c.live_alloc);
+  map_free(&c.seg_alloc);
+  if (c.oom || w->failed) {
+    free(w->p);
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                             "expseg_snapshot: out of host memory building the snapshot");
+  }
+  *buf = w->p;
+  *len = w->n;
+  return EXPSEG_OK;
+}
+
+expseg_status expseg_snapshot(expseg_allocator *a, unsigned char **buf, size_t *len) {
+  if (buf == NULL || len == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_snapshot: %s is NULL",
+                             buf == NULL ? "buf" : "len");
+  *buf = NULL;
+  *len = 0;
+  if (a == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_snapshot: the allocator is NULL");
+  api_lock(a);
+  expseg_status st = build(a, buf, len);
+  api_unlock(a);
+  return st;
+}
+
+void expseg_snapshot_free(unsigned char *buf) { free(buf); }
+
+expseg_status expseg_snapshot_dump(expseg_allocator *a, const char *path) {
+  if (path == NULL || path[0] == '\0')
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_snapshot_dump: path is %s; give a file name such as "
+                             "\"snapshot.pickle\"",
+                             path == NULL ? "NULL" : "empty");
+  unsigned char *buf;
+  size_t len;
+  expseg_status st = expseg_snapshot(a, &buf, &len);
+  if (st != EXPSEG_OK) return st;
+  size_t n = strlen(path) + 32;
+  char *tmp = malloc(n);
+  if (tmp == NULL) {
+    free(buf);
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_snapshot_dump: out of host memory");
+  }
+  snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+  FILE *f = fopen(tmp, "wb");
+  int err = 0;
+  bool opened = f != NULL;
+  if (f == NULL) {
+    err = errno;
+  } else {
+    if (fwrite(buf, 1, len, f) != len) err = errno ? errno : EIO;
+    if (fflush(f) != 0 && !err) err = errno;
+    if (!err && fsync(fileno(f)) != 0) err = errno;
+    if (fclose(f) != 0 && !err) err = errno;
+    if (!err && rename(tmp, path) != 0) err = errno;
+    if (err) unlink(tmp);
+  }
+  free(buf);
+  if (err)
+    st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                           "expseg_snapshot_dump(%s): cannot write %s: %s (nothing was "
+                           "written at %s)",
+                           path, !opened ? "the temporary file" : "the snapshot",
+                           strerror(err), path);
+  free(tmp);
+  return st;
+}

@@ -1,0 +1,291 @@
+"""test_expseg.py: python/expseg.py without PyTorch (run by CTest: python3 -m unittest).
+
+The statistics calls are checked against the C library itself (libexpseg_torch.so on the
+host driver, through ctypes); install() is checked for its messages with stand-in torch
+modules (none, no GPU, too late, a refused swap) and for what it hands PyTorch. Each test
+runs in a child interpreter where the process-wide state matters (the library creates one
+allocator per device on first use, from $EXPSEG_DRIVER at that moment)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import types
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "python"))
+import expseg  # noqa: E402
+
+LIB = os.environ.get("EXPSEG_TEST_TORCH_LIB") or os.environ.get("EXPSEG_TORCH_LIB")
+
+# Keys torch.cuda.memory_stats() has (PyTorch 2.5-2.11), every one must be there.
+TORCH_KEYS = [
+    "%s.%s.%s" % (m, p, k)
+    for m in ("allocation", "segment", "active", "inactive_split", "allocated_bytes",
+              "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes")
+    for p in ("all", "small_pool", "large_pool")
+    for k in ("current", "peak", "allocated", "freed")
+] + ["%s.%s" % (m, k) for m in ("oversize_allocations", "oversize_segments")
+     for k in ("current", "peak", "allocated", "freed")] + [
+    "num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
+    "num_device_free", "max_split_size"]
+
+
+def run_child(code, **env):
+    """Runs code in a fresh interpreter with expseg importable; returns (rc, stdout, stderr)."""
+    e = dict(os.environ)
+    e.pop("EXPSEG_DRIVER", None)
+    e["PYTHONPATH"] = os.path.join(REPO, "python")
+    if LIB:
+        e["EXPSEG_TORCH_LIB"] = LIB
+    for k, v in env.items():
+        if v is None:
+            e.pop(k, None)
+        else:
+            e[k] = v
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=e,
+                       capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+def one_line(test, text):
+    test.assertTrue(text.strip(), "empty message")
+    test.assertNotIn("\n", text.strip(), text)
+    test.assertNotIn("Traceback", text, text)
+    test.assertNotIn("ctypes.", text, text)
+
+
+def torch_with_gpu():
+    """True where PyTorch is importable (in a child: importing it here would hide the
+    no-PyTorch tests) and sees a GPU."""
+    rc, out, _ = run_child("import torch; print(torch.cuda.is_available())")
+    return rc == 0 and out.strip() == "True"
+
+
+def fake_torch(available=True, initialized=False, refuse=None):
+    """A stand-in torch module recording what install() asks of it."""
+    t = types.ModuleType("torch")
+    calls = []
+
+    class Pluggable:
+        def __init__(self, path, alloc, free):
+            calls.append(("CUDAPluggableAllocator", path, alloc, free))
+
+    def change(a):
+        calls.append(("change_current_allocator", a))
+        if refuse:
+            raise RuntimeError(refuse)
+
+    memory = types.SimpleNamespace(CUDAPluggableAllocator=Pluggable,
+                                   change_current_allocator=change)
+    t.cuda = types.SimpleNamespace(is_available=lambda: available,
+                                   is_initialized=lambda: initialized,
+                                   current_device=lambda: 0, memory=memory)
+    return t, calls
+
+
+@unittest.skipUnless(LIB and os.path.isfile(LIB),
+                     "set EXPSEG_TEST_TORCH_LIB to the built libexpseg_torch.so")
+class WithLibrary(unittest.TestCase):
+    def test_memory_stats_shape_and_values_on_host(self):
+        rc, out, err = run_child("""
+            import ctypes, json, expseg
+            lib = expseg._load()
+            s0 = expseg.memory_stats(1)
+            p = lib.expseg_torch_alloc(3 << 20, 1, None)
+            assert p, expseg.last_error(1)
+            s = expseg.memory_stats(1)
+            lib.expseg_torch_free(p, 3 << 20, 1, None)
+            after_free = expseg.memory_stats(1)
+            expseg.empty_cache()
+            emptied = expseg.memory_stats(1)
+            expseg.reset_peak_memory_stats(1)
+            reset = expseg.memory_stats(1)
+            expseg.reset_accumulated_memory_stats(1)
+            acc = expseg.memory_stats(1)
+            print(json.dumps(dict(keys=list(s), types=sorted({type(v).__name__ for v in s.values()}),
+                cls=type(s).__name__, s0=s0, s=s, after_free=after_free, emptied=emptied,
+                reset=reset, acc=acc, driver=expseg.driver(1), info=expseg.mem_get_info(1))))
+            """, EXPSEG_DRIVER="host:capacity=64M")
+        self.assertEqual(rc, 0, err)
+        import json
+        r = json.loads(out)
+        self.assertEqual(r["keys"], sorted(r["keys"]))
+        self.assertEqual(r["types"], ["int"])
+        self.assertEqual(r["cls"], "OrderedDict")
+        for k in TORCH_KEYS:
+            self.assertIn(k, r["keys"])
+        self.assertTrue(any(k.startswith("expseg.") for k in r["keys"]))
+        self.assertEqual(r["driver"], "host")
+        self.assertEqual(r["info"][1], 64 << 20)
+        self.assertEqual(r["s0"]["allocated_bytes.all.current"], 0)
+        self.assertEqual(r["s"]["requested_bytes.all.current"], 3 << 20)
+        self.assertGreaterEqual(r["s"]["allocated_bytes.all.current"], 3 << 20)
+        self.assertEqual(r["s"]["allocation.all.current"], 1)
+        self.assertEqual(r["after_free"]["allocated_bytes.all.current"], 0)
+        self.assertGreater(r["after_free"]["reserved_bytes.all.current"], 0)
+        self.assertEqual(r["emptied"]["reserved_bytes.all.current"], 0)
+        self.assertGreater(r["emptied"]["allocated_bytes.all.peak"], 0)
+        self.assertEqual(r["reset"]["allocated_bytes.all.peak"], 0)
+        self.assertEqual(r["reset"]["allocation.all.allocated"], 1)
+        self.assertEqual(r["acc"]["allocation.all.allocated"], 0)
+
+    def test_no_gpu_and_no_driver_named_is_one_line(self):
+        rc, out, err = run_child("""
+            import expseg
+            try:
+                expseg.memory_stats(0)
+                print("no error: driver", expseg.driver(0))
+            except expseg.ExpsegError as e:
+                print(e)
+            """, EXPSEG_DRIVER=None)
+        self.assertEqual(rc, 0, err)
+        if out.startswith("no error: driver cuda"):
+            self.skipTest("a usable GPU: the default driver is cuda")
+        one_line(self, out)
+        self.assertIn("expseg.memory_stats(device 0)", out)
+        self.assertIn("EXPSEG_DRIVER=host", out)
+        self.assertIn("cuda driver", out)
+
+    def test_snapshot_and_bad_device_are_one_line(self):
+        rc, out, err = run_child("""
+            import os, tempfile, expseg
+            path = os.path.join(tempfile.mkdtemp(), "s.pickle")
+            try:
+                expseg.snapshot(path, 0)
+                print("written" if os.path.getsize(path) > 0 else "empty")
+            except expseg.ExpsegError as e:
+                print(e)
+            for bad in (-2, "cuda:x", 99):
+                try:
+                    expseg.memory_stats(bad)
+                    print("no error for", bad)
+                except expseg.ExpsegError as e:
+                    print(e)
+            """, EXPSEG_DRIVER="sim:capacity=1G")
+        self.assertEqual(rc, 0, err)
+        lines = out.strip().split("\n")
+        self.assertEqual(len(lines), 4, out)
+        self.assertTrue(lines[0] == "written" or "EXPSEG_ERR_UNSUPPORTED" in lines[0], lines[0])
+        self.assertIn("device -2", lines[1])
+        self.assertIn("'cuda:x'", lines[2])
+        self.assertIn("device 99", lines[3])
+
+    def test_install_hands_pytorch_the_two_functions(self):
+        t, calls = fake_torch()
+        sys.modules["torch"] = t
+        try:
+            os.environ["EXPSEG_TORCH_LIB"] = LIB
+            expseg._installed = None
+            path = expseg.install()
+        finally:
+            del sys.modules["torch"]
+            expseg._installed = None
+        self.assertEqual(os.path.realpath(path), os.path.realpath(LIB))
+        self.assertEqual(calls[0], ("CUDAPluggableAllocator", path, "expseg_torch_alloc",
+                                    "expseg_torch_free"))
+        self.assertEqual(calls[1][0], "change_current_allocator")
+        lib = expseg._load()
+        for name in ("expseg_torch_alloc", "expseg_torch_free"):
+            self.assertTrue(getattr(lib, name))
+
+
+@unittest.skipUnless(LIB and os.path.isfile(LIB) and torch_with_gpu(),
+                     "needs PyTorch with a CUDA device (and EXPSEG_TEST_TORCH_LIB)")
+class WithTorch(unittest.TestCase):
+    def test_install_then_tensors_come_from_expseg(self):
+        rc, out, err = run_child("""
+            import torch, expseg
+            expseg.install()
+            x = torch.ones(1 << 20, device="cuda")
+            s = expseg.memory_stats(0)
+            assert s["allocation.all.current"] >= 1, s
+            assert s["allocated_bytes.all.current"] >= 4 << 20, s
+            y = (x * 2).sum().item()
+            del x
+            torch.cuda.synchronize()
+            expseg.empty_cache()
+            print(torch.cuda.memory.get_allocator_backend(), expseg.driver(0), int(y))
+            """)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out.split(), ["pluggable", "cuda", str(2 << 20)])
+
+    def test_install_after_cuda_use_is_too_late(self):
+        rc, out, err = run_child("""
+            import torch, expseg
+            torch.ones(1, device="cuda")
+            try:
+                expseg.install()
+                print("installed")
+            except expseg.ExpsegError as e:
+                print(e)
+            """)
+        self.assertEqual(rc, 0, err)
+        one_line(self, out)
+        self.assertIn("too late", out)
+
+
+class Messages(unittest.TestCase):
+    def install_message(self, torch_module, env=None):
+        saved = sys.modules.get("torch")
+        if torch_module is None:
+            sys.modules["torch"] = None  # import torch raises ImportError
+        else:
+            sys.modules["torch"] = torch_module
+        old_env = dict(os.environ)
+        os.environ.update(env or {})
+        try:
+            expseg._installed = None
+            with self.assertRaises(expseg.ExpsegError) as cm:
+                expseg.install()
+            return str(cm.exception)
+        finally:
+            os.environ.clear()
+            os.environ.update(old_env)
+            if saved is None:
+                del sys.modules["torch"]
+            else:
+                sys.modules["torch"] = saved
+
+    def test_without_pytorch(self):
+        m = self.install_message(None)
+        one_line(self, m)
+        self.assertIn("needs PyTorch", m)
+
+    def test_without_gpu(self):
+        m = self.install_message(fake_torch(available=False)[0])
+        one_line(self, m)
+        self.assertIn("no CUDA device", m)
+
+    def test_too_late(self):
+        m = self.install_message(fake_torch(initialized=True)[0])
+        one_line(self, m)
+        self.assertIn("too late", m)
+        m = self.install_message(fake_torch(refuse="Can't swap an already initialized allocator")[0],
+                                 {"EXPSEG_TORCH_LIB": LIB or "/nonexistent"})
+        one_line(self, m)
+        if LIB:
+            self.assertIn("too late", m)
+
+    def test_host_driver_is_refused_for_pytorch(self):
+        m = self.install_message(fake_torch()[0], {"EXPSEG_DRIVER": "host"})
+        one_line(self, m)
+        self.assertIn("EXPSEG_DRIVER=host", m)
+
+    def test_library_not_found(self):
+        rc, out, err = run_child("""
+            import expseg
+            try:
+                expseg.memory_stats(0)
+            except expseg.ExpsegError as e:
+                print(e)
+            """, EXPSEG_TORCH_LIB="/nonexistent/libexpseg_torch.so")
+        self.assertEqual(rc, 0, err)
+        one_line(self, out)
+        self.assertIn("EXPSEG_TORCH_LIB=/nonexistent/libexpseg_torch.so", out)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,277 @@
+// libexpseg_torch.so (torch/expseg_torch.c) as PyTorch uses it: loaded with dlopen, every entry
+// point resolved by name, driven from 8 threads on two device ordinals of the host driver
+// (chosen through $EXPSEG_DRIVER, as a PyTorch user would), statistics checked per device,
+// NULL with the message kept on out-of-memory, foreign frees ignored without a crash.
+#include <gtest/gtest.h>
+
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "expseg.h"
+
+namespace {
+
+// Before anything creates an allocator: every device of this process runs on host memory.
+const int kEnvSet = [] {
+  setenv("EXPSEG_DRIVER", "host:capacity=256M", 1);
+  unsetenv("EXPSEG_ALLOC_CONF");
+  unsetenv("PYTORCH_CUDA_ALLOC_CONF");
+  unsetenv("PYTORCH_ALLOC_CONF");
+  return 0;
+}();
+
+struct Lib {
+  void *h = nullptr;
+  void *(*alloc)(size_t, int, void *);
+  void (*free)(void *, size_t, int, void *);
+  void (*init)(int);
+  void (*reset)();
+  void (*memory_fraction)(double, int);
+  void (*record_stream)(void *, void *);
+  const char *(*last_error)(int);
+  const char *(*driver_name)(int);
+  int (*get_info)(int, expseg_info *);
+  int (*mem_get_info)(int, size_t *, size_t *);
+  int (*stat)(int, const char *, int64_t *);
+  int (*stats_foreach)(int, void (*)(void *, const char *, int64_t), void *);
+  size_t (*stats_json)(int, char *, size_t);
+  int (*reset_peak_stats)(int);
+  int (*reset_accumulated_stats)(int);
+  int (*empty_cache)(int);
+  int (*snapshot_dump)(int, const char *);
+
+  template <class F> void resolve(F &f, const char *name) {
+    void *p = dlsym(h, name);
+    ASSERT_NE(nullptr, p) << name << " is not exported by " << EXPSEG_TORCH_LIB;
+    memcpy(&f, &p, sizeof p);
+  }
+  void load() {
+    h = dlopen(EXPSEG_TORCH_LIB, RTLD_NOW | RTLD_LOCAL);
+    ASSERT_NE(nullptr, h) << dlerror();
+#define R(n) resolve(n, "expseg_torch_" #n)
+    R(alloc); R(free); R(init); R(reset); R(memory_fraction); R(record_stream);
+    R(last_error); R(driver_name); R(get_info); R(mem_get_info); R(stat); R(stats_foreach);
+    R(stats_json); R(reset_peak_stats); R(reset_accumulated_stats); R(empty_cache);
+    R(snapshot_dump);
+#undef R
+  }
+  int64_t get(int device, const char *key) {
+    int64_t v = -1;
+    EXPECT_EQ(EXPSEG_OK, stat(device, key, &v)) << key << ": " << last_error(device);
+    return v;
+  }
+};
+
+Lib &lib() {
+  static Lib l;
+  if (!l.h) l.load();
+  return l;
+}
+
+TEST(Torch, EveryEntryPointResolvesByName) {
+  (void)kEnvSet;
+  ASSERT_NO_FATAL_FAILURE(lib());
+  EXPECT_STREQ("host", lib().driver_name(0));
+  EXPECT_STREQ("host", lib().driver_name(1));
+}
+
+// 8 threads, threads 0,2,4,6 on device 0 and 1,3,5,7 on device 1, random sizes and streams
+// (seeded), frees in random order; each thread keeps some blocks until the end, and the
+// statistics of each device must count exactly that device's live blocks.
+TEST(Torch, EightThreadsTwoDevicesKeepTheirOwnStatistics) {
+  Lib &L = lib();
+  const char *env_seed = getenv("EXPSEG_TEST_SEED");
+  const unsigned seed = env_seed ? (unsigned)strtoul(env_seed, nullptr, 10) : 20261122u;
+  std::printf("seed %u (EXPSEG_TEST_SEED)\n", seed);
+  for (int d = 0; d < 2; d++) ASSERT_EQ(EXPSEG_OK, L.empty_cache(d)) << L.last_error(d);
+  const int64_t base_alloc[2] = {L.get(0, "allocation.all.current"),
+                                 L.get(1, "allocation.all.current")};
+  const int64_t base_req[2] = {L.get(0, "requested_bytes.all.current"),
+                               L.get(1, "requested_bytes.all.current")};
+  struct Kept {
+    void *p;
+    size_t size;
+  };
+  std::vector<std::vector<Kept>> kept(8);
+  std::vector<std::thread> threads;
+  std::vector<int> failures(8, 0);
+  for (int t = 0; t < 8; t++) {
+    threads.emplace_back([&, t] {
+      const int dev = t % 2;
+      std::mt19937 rng(seed + (unsigned)t);
+      std::vector<Kept> live;
+      for (int i = 0; i < 3000; i++) {
+        if (live.empty() || rng() % 3 != 0) {
+          size_t size = rng() % 4 == 0 ? 1 + rng() % (1u << 20) : 1 + rng() % 20000;
+          void *stream = reinterpret_cast<void *>((uintptr_t)(rng() % 3) * 0x1000);
+          void *p = L.alloc(size, dev, stream);
+          if (!p) {
+            failures[t]++;
+            continue;
+          }
+          memset(p, t, size < 64 ? size : 64); // host driver: real memory
+          live.push_back({p, size});
+        } else {
+          size_t k = rng() % live.size();
+          L.free(live[k].p, live[k].size, dev, nullptr);
+          live[k] = live.back();
+          live.pop_back();
+        }
+        if (live.size() > 24) { // bound the working set: 4 threads x 25 x 1 MiB per device
+          L.free(live.front().p, live.front().size, dev, nullptr);
+          live.erase(live.begin());
+        }
+      }
+      kept[t] = live;
+    });
+  }
+  for (auto &th : threads) th.join();
+  for (int t = 0; t < 8; t++) EXPECT_EQ(0, failures[t]) << "thread " << t << ": "
+                                                          << L.last_error(t % 2);
+  for (int d = 0; d < 2; d++) {
+    int64_t n = 0, bytes = 0;
+    for (int t = d; t < 8; t += 2)
+      for (const Kept &k : kept[t]) n++, bytes += (int64_t)k.size;
+    EXPECT_EQ(base_alloc[d] + n, L.get(d, "allocation.all.current")) << "device " << d;
+    EXPECT_EQ(base_req[d] + bytes, L.get(d, "requested_bytes.all.current")) << "device " << d;
+    EXPECT_GE(L.get(d, "allocated_bytes.all.current"), bytes);
+    EXPECT_LE(L.get(d, "allocated_bytes.all.current"), L.get(d, "reserved_bytes.all.current"));
+  }
+  for (int t = 0; t < 8; t++)
+    for (const Kept &k : kept[t]) L.free(k.p, k.size, t % 2, nullptr);
+  for (int d = 0; d < 2; d++) {
+    EXPECT_EQ(base_alloc[d], L.get(d, "allocation.all.current"));
+    EXPECT_EQ(base_req[d], L.get(d, "requested_bytes.all.current"));
+    EXPECT_GT(L.get(d, "allocation.all.allocated"), 1000) << "device " << d << " was used";
+  }
+}
+
+TEST(Torch, OutOfMemoryIsNullWithTheMessageKeptAndPrinted) {
+  Lib &L = lib();
+  testing::internal::CaptureStderr();
+  void *p = L.alloc(1ull << 30, 1, nullptr); // device capacity is 256 MiB
+  std::string printed = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(nullptr, p);
+  std::string m = L.last_error(1);
+  EXPECT_NE(std::string::npos, m.find("out of memory")) << m;
+  EXPECT_NE(std::string::npos, m.find("tried to allocate")) << m; // expseg's own OOM text
+  EXPECT_NE(std::string::npos, m.find("device 1")) << m;
+  EXPECT_NE(std::string::npos, printed.find(m)) << "stderr: " << printed;
+  EXPECT_EQ(1u, (size_t)std::count(printed.begin(), printed.end(), '\n')) << printed;
+  // the message is the device's, readable from any thread; device 0 is untouched by it
+  std::string other;
+  std::thread([&] { other = L.last_error(1); }).join();
+  EXPECT_EQ(m, other);
+  EXPECT_EQ(std::string::npos, std::string(L.last_error(0)).find("1073741824"));
+  EXPECT_GE(L.get(1, "num_ooms"), 1);
+  // and the allocator still works
+  p = L.alloc(1000, 1, nullptr);
+  ASSERT_NE(nullptr, p) << L.last_error(1);
+  L.free(p, 1000, 1, nullptr);
+}
+
+TEST(Torch, ForeignFreesAreIgnoredWithAMessage) {
+  Lib &L = lib();
+  void *mine = L.alloc(4096, 0, nullptr);
+  ASSERT_NE(nullptr, mine) << L.last_error(0);
+  void *foreign = malloc(64);
+  testing::internal::CaptureStderr();
+  L.free(foreign, 64, 0, nullptr);          // not expseg's
+  L.free(foreign, 64, 40, nullptr);         // a device without an allocator
+  L.free(foreign, 64, -3, nullptr);         // no such device
+  L.free(mine, 4096, 1, nullptr);           // the wrong device's allocator
+  L.free(nullptr, 0, 0, nullptr);           // nothing
+  std::string printed = testing::internal::GetCapturedStderr();
+  EXPECT_NE(std::string::npos, std::string(L.last_error(1)).find("ignored")) << L.last_error(1);
+  EXPECT_NE(std::string::npos, std::string(L.last_error(40)).find("no expseg allocator"))
+      << L.last_error(40);
+  EXPECT_NE(std::string::npos, printed.find("ignored")) << printed;
+  free(foreign);
+  L.free(mine, 4096, 0, nullptr); // still live on device 0: freed properly now
+  EXPECT_EQ(0, L.get(0, "allocation.all.current"));
+}
+
+TEST(Torch, StatisticsResetsCacheAndHooks) {
+  Lib &L = lib();
+  void *p = L.alloc(5u << 20, 0, nullptr);
+  ASSERT_NE(nullptr, p) << L.last_error(0);
+  // JSON: every key of foreach, in the same order, with the same values
+  std::vector<std::pair<std::string, int64_t>> keys;
+  ASSERT_EQ(EXPSEG_OK, L.stats_foreach(0,
+                                       [](void *ctx, const char *k, int64_t v) {
+                                         static_cast<decltype(keys) *>(ctx)->emplace_back(k, v);
+                                       },
+                                       &keys));
+  ASSERT_GT(keys.size(), 50u);
+  size_t need = L.stats_json(0, nullptr, 0);
+  std::string json(need + 1, '\0');
+  ASSERT_EQ(need, L.stats_json(0, &json[0], json.size()));
+  json.resize(need);
+  std::string want = "{";
+  for (size_t i = 0; i < keys.size(); i++)
+    want += (i ? ", \"" : "\"") + keys[i].first + "\": " + std::to_string(keys[i].second);
+  want += "}";
+  EXPECT_EQ(want, json);
+  char small[8];
+  EXPECT_EQ(need, L.stats_json(0, small, sizeof small));
+  EXPECT_EQ(7u, strlen(small)) << "truncated, NUL-terminated";
+
+  int64_t peak = L.get(0, "allocated_bytes.all.peak");
+  EXPECT_GE(peak, 5 << 20);
+  L.record_stream(p, reinterpret_cast<void *>(0x2000));
+  L.free(p, 5u << 20, 0, nullptr);
+  EXPECT_EQ(EXPSEG_OK, L.reset_peak_stats(0));
+  EXPECT_EQ(L.get(0, "allocated_bytes.all.current"), L.get(0, "allocated_bytes.all.peak"));
+  EXPECT_EQ(EXPSEG_OK, L.reset_accumulated_stats(0));
+  EXPECT_EQ(0, L.get(0, "allocation.all.allocated"));
+  EXPECT_GT(L.get(0, "reserved_bytes.all.current"), 0);
+  L.reset(); // set_reset_fn: empty_cache everywhere
+  EXPECT_EQ(0, L.get(0, "reserved_bytes.all.current"));
+  EXPECT_EQ(EXPSEG_OK, L.empty_cache(-1));
+
+  expseg_info info;
+  ASSERT_EQ(EXPSEG_OK, L.get_info(0, &info));
+  EXPECT_STREQ("host", info.driver);
+  EXPECT_EQ(256u << 20, info.total_memory);
+  size_t fr = 0, tot = 0;
+  ASSERT_EQ(EXPSEG_OK, L.mem_get_info(0, &fr, &tot));
+  EXPECT_EQ(256u << 20, tot);
+  EXPECT_EQ(tot, fr);
+
+  // memory fraction: an eighth of 256 MiB refuses 40 MiB, then lifting it allows it
+  L.memory_fraction(0.125, 0);
+  EXPECT_EQ(nullptr, L.alloc(40u << 20, 0, nullptr));
+  L.memory_fraction(1.0, 0);
+  p = L.alloc(40u << 20, 0, nullptr);
+  EXPECT_NE(nullptr, p) << L.last_error(0);
+  L.free(p, 40u << 20, 0, nullptr);
+  L.memory_fraction(2.0, 0);
+  EXPECT_NE(std::string::npos, std::string(L.last_error(0)).find("outside [0, 1]"))
+      << L.last_error(0);
+  L.record_stream(reinterpret_cast<void *>(0x10), nullptr); // nobody's pointer: ignored
+  EXPECT_NE(std::string::npos, std::string(L.last_error(-1)).find("record_stream"));
+
+  int st = L.snapshot_dump(0, "/tmp/expseg-torch-test.pickle");
+  EXPECT_TRUE(st == EXPSEG_OK || st == EXPSEG_ERR_UNSUPPORTED) << L.last_error(0);
+  EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, L.stat(0, "no.such.key", &peak));
+  EXPECT_EQ(nullptr, L.alloc(10, -1, nullptr));
+  EXPECT_EQ(nullptr, L.alloc(10, 64, nullptr));
+  EXPECT_NE(std::string::npos, std::string(L.last_error(64)).find("device 64"));
+  EXPECT_EQ(nullptr, L.alloc(0, 0, nullptr)) << "size 0: NULL, as cudaMalloc";
+  // init: the device count bounds the ordinals afterwards
+  L.init(2);
+  EXPECT_EQ(nullptr, L.alloc(10, 2, nullptr));
+  EXPECT_NE(std::string::npos, std::string(L.last_error(2)).find("expseg_torch_init"))
+      << L.last_error(2);
+}
+
+} // namespace

@@ -1,0 +1,79 @@
+/* expseg_torch.h: the C ABI of libexpseg_torch.so, the allocator library PyTorch loads with
+ *   torch.cuda.memory.CUDAPluggableAllocator(path, "expseg_torch_alloc", "expseg_torch_free")
+ * (python/expseg.py does it for you: expseg.install()). Contract of each call: docs/torch.md.
+ *
+ * One expseg allocator per device ordinal, created on first use (thread-safe) by
+ * expseg_create(NULL, device, NULL): the driver from $EXPSEG_DRIVER, else cuda; the
+ * configuration from $EXPSEG_ALLOC_CONF, else $PYTORCH_CUDA_ALLOC_CONF, else
+ * $PYTORCH_ALLOC_CONF. Allocators live until the process ends.
+ *
+ * Streams: `void *stream` is PyTorch's cudaStream_t; its raw value is the expseg_stream.
+ * Functions returning int return an expseg_status (0 = EXPSEG_OK). On any failure the
+ * message is kept per device: expseg_torch_last_error(device). */
+#ifndef EXPSEG_TORCH_H
+#define EXPSEG_TORCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "expseg.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Devices 0 .. EXPSEG_TORCH_MAX_DEVICES-1. */
+#define EXPSEG_TORCH_MAX_DEVICES 64
+
+/* ---- the two functions CUDAPluggableAllocator takes ---- */
+
+/* NULL when size is 0, or on failure (out of memory, no usable driver, bad device): the
+ * message is kept (expseg_torch_last_error) and printed to stderr. */
+EXPSEG_EXPORT void *expseg_torch_alloc(size_t size, int device, void *stream);
+/* A pointer expseg did not hand out (or a device without an allocator) is ignored with a
+ * message: never a crash. size and stream are not needed (expseg knows both). */
+EXPSEG_EXPORT void expseg_torch_free(void *ptr, size_t size, int device, void *stream);
+
+/* ---- the optional hooks of torch::cuda::CUDAPluggableAllocator (C++ set_*_fn) ---- */
+
+/* set_init_fn: remembers the device count (later devices >= count are refused). */
+EXPSEG_EXPORT void expseg_torch_init(int device_count);
+/* set_reset_fn (torch.cuda.empty_cache): empty_cache on every device's allocator. */
+EXPSEG_EXPORT void expseg_torch_reset(void);
+/* set_memory_fraction_fn (torch.cuda.set_per_process_memory_fraction). */
+EXPSEG_EXPORT void expseg_torch_memory_fraction(double fraction, int device);
+/* set_record_stream_fn (Tensor.record_stream): finds the device owning ptr. */
+EXPSEG_EXPORT void expseg_torch_record_stream(void *ptr, void *stream);
+
+/* ---- for ctypes (python/expseg.py) and C callers ---- */
+
+/* This device's last failure message ("" if none), copied into a buffer of the calling
+ * thread (valid until its next call of this function). */
+EXPSEG_EXPORT const char *expseg_torch_last_error(int device);
+/* The driver of the device's allocator ("cuda", "host", "sim"), creating it if needed;
+ * "" when it cannot be created. */
+EXPSEG_EXPORT const char *expseg_torch_driver_name(int device);
+EXPSEG_EXPORT int expseg_torch_get_info(int device, expseg_info *info);
+EXPSEG_EXPORT int expseg_torch_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes);
+/* One statistic by key (the keys of torch.cuda.memory_stats() and expseg.*). */
+EXPSEG_EXPORT int expseg_torch_stat(int device, const char *key, int64_t *value);
+/* Every statistic in sorted key order. */
+EXPSEG_EXPORT int expseg_torch_stats_foreach(int device,
+                                             void (*fn)(void *ctx, const char *key,
+                                                        int64_t value),
+                                             void *ctx);
+/* Every statistic as one JSON object {"key": value, ...} in sorted key order. Writes at most
+ * len bytes (NUL included) and returns the length of the whole text (without the NUL), as
+ * snprintf does; 0 when the allocator cannot be created. */
+EXPSEG_EXPORT size_t expseg_torch_stats_json(int device, char *buf, size_t len);
+EXPSEG_EXPORT int expseg_torch_reset_peak_stats(int device);
+EXPSEG_EXPORT int expseg_torch_reset_accumulated_stats(int device);
+/* device -1: every device that has an allocator. */
+EXPSEG_EXPORT int expseg_torch_empty_cache(int device);
+/* Forwards to expseg_snapshot_dump (EXPSEG_ERR_UNSUPPORTED until snapshots are built). */
+EXPSEG_EXPORT int expseg_torch_snapshot_dump(int device, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EXPSEG_TORCH_H */
