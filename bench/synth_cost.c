@@ -35,55 +35,73 @@ void _expseg_costs_default(expseg_costs_t *c) {
   c->call_us[EXPSEG_COST_CUDA_FREE] = 33.0;
 }
 
-expseg_status _expseg_costs_read(const char *path, expseg_costs_t *c) {
+expseg_status _expseg_costs_parse(const char *name, const char *buf, size_t len,
+                                  expseg_costs_t *c) {
   _expseg_costs_default(c);
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "--costs '%s': %s", path,
-                             strerror(errno));
-  char line[256];
   unsigned ln = 0;
-  expseg_status s = EXPSEG_OK;
-  while (s == EXPSEG_OK && fgets(line, sizeof line, f)) {
+  for (size_t at = 0; at < len;) {
+    const char *nl = memchr(buf + at, '\n', len - at);
+    size_t n = nl ? (size_t)(nl - (buf + at)) : len - at;
+    char line[256];
     ln++;
+    if (n >= sizeof line)
+      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                               "--costs '%s' line %u: longer than %zu bytes", name, ln,
+                               sizeof line - 1);
+    memcpy(line, buf + at, n);
+    line[n] = 0;
+    at += n + (nl ? 1 : 0);
+    if (memchr(line, 0, n))
+      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                               "--costs '%s' line %u: a NUL byte (not a text file?)", name, ln);
     char key[64], extra[8];
     double v;
     char *hash = strchr(line, '#');
     if (hash) *hash = 0;
     int got = sscanf(line, "%63s %lf %7s", key, &v, extra);
     if (got <= 0) continue; /* blank or comment */
-    if (got != 2 || !(v >= 0.0) || v > 1e9) {
-      s = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                            "--costs '%s' line %u: expected 'KIND[.page] MICROSECONDS' with a "
-                            "number from 0 to 1e9",
-                            path, ln);
-      break;
-    }
+    if (got != 2 || !(v >= 0.0) || v > 1e9)
+      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                               "--costs '%s' line %u: expected 'KIND[.page] MICROSECONDS' with a "
+                               "number from 0 to 1e9",
+                               name, ln);
     char *dot = strchr(key, '.');
     int page = 0;
     if (dot) {
-      if (strcmp(dot, ".page")) {
-        s = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                              "--costs '%s' line %u: unknown suffix '%s' (accepted: .page)",
-                              path, ln, dot);
-        break;
-      }
+      if (strcmp(dot, ".page"))
+        return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                                 "--costs '%s' line %u: unknown suffix '%s' (accepted: .page)",
+                                 name, ln, dot);
       *dot = 0;
       page = 1;
     }
     int k = 0;
     while (k < EXPSEG_COST_N && strcmp(key, _expseg_cost_names[k])) k++;
-    if (k == EXPSEG_COST_N) {
-      s = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                            "--costs '%s' line %u: unknown call '%s' (accepted: reserve, create, "
-                            "release, map, unmap, set_access, cudaMalloc, cudaFree)",
-                            path, ln, key);
-      break;
-    }
+    if (k == EXPSEG_COST_N)
+      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                               "--costs '%s' line %u: unknown call '%s' (accepted: reserve, "
+                               "create, release, map, unmap, set_access, cudaMalloc, cudaFree)",
+                               name, ln, key);
     (page ? c->page_us : c->call_us)[k] = v;
   }
+  return EXPSEG_OK;
+}
+
+expseg_status _expseg_costs_read(const char *path, expseg_costs_t *c) {
+  _expseg_costs_default(c);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "--costs '%s': %s", path,
+                             strerror(errno));
+  char buf[65536];
+  size_t n = fread(buf, 1, sizeof buf, f);
+  int big = n == sizeof buf && fgetc(f) != EOF;
   fclose(f);
-  return s;
+  if (big)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "--costs '%s': larger than %zu bytes (a cost table is a few lines)",
+                             path, sizeof buf);
+  return _expseg_costs_parse(path, buf, n, c);
 }
 
 double _expseg_costs_ms(const expseg_costs_t *c, const expseg_calls_t *n) {

@@ -52,8 +52,11 @@ typedef struct expseg_calls_s {
   uint64_t pages[EXPSEG_COST_N]; /* 2 MiB units */
 } expseg_calls_t;
 void _expseg_costs_default(expseg_costs_t *c);
-/* The defaults, then every "KIND[.page] MICROSECONDS" line of path; errors name the line. */
+/* The defaults, then every "KIND[.page] MICROSECONDS" line of path (at most 64 KiB) or of
+ * buf; errors (EXPSEG_ERR_INVALID_ARGUMENT) name the file and line. */
 expseg_status _expseg_costs_read(const char *path, expseg_costs_t *c);
+expseg_status _expseg_costs_parse(const char *name, const char *buf, size_t len,
+                                  expseg_costs_t *c);
 double _expseg_costs_ms(const expseg_costs_t *c, const expseg_calls_t *n);
 /* The recorded run's driver calls over events [0, n): M/X as cudaMalloc/cudaFree, m/u as
  * PyTorch's expandable segments make them (per page create+map, one set_access; per page
