@@ -51,7 +51,12 @@ static int64_t stat_or(const expseg_allocator *a, const char *key, int64_t dflt,
 /* One replay                                                                            */
 
 /* The counters at the start of the recorded window (after the pre-live set). */
+static const char *const pool_keys[4] = {
+    "reserved_bytes.small_pool.allocated", "reserved_bytes.small_pool.freed",
+    "reserved_bytes.large_pool.allocated", "reserved_bytes.large_pool.freed"};
+
 static void window_snap(const expseg_allocator *a, result_t *r) {
+  for (int k = 0; k < 4; k++) r->warm_pool_bytes[k] = stat_or(a, pool_keys[k], 0, NULL);
   r->warm_alloc = stat_or(a, "num_device_alloc", 0, NULL);
   r->warm_free = stat_or(a, "num_device_free", 0, NULL);
   r->warm_created = stat_or(a, "expseg.created_bytes", 0, NULL);
@@ -77,6 +82,24 @@ static void window_calls(const expseg_trace_t *t, const opts_t *o, result_t *r, 
     w->calls[EXPSEG_COST_CUDA_MALLOC] = (uint64_t)(r->num_device_alloc - r->warm_alloc);
     w->calls[EXPSEG_COST_CUDA_FREE] = (uint64_t)(r->num_device_free - r->warm_free);
     w->pages[EXPSEG_COST_CUDA_MALLOC] = created;
+  } else if (r->model == EXPSEG_MODEL_PYTORCH) {
+    /* PyTorch's pages: 2 MiB small, large_segment_size_mb large, one create + map per page
+     * mapped and one unmap + release per page unmapped (the allocator maps the large pool
+     * in 2 MiB chunks: pools/model.c); reserve and set_access as counted */
+    const char *ls = strstr(r->config, "large_segment_size_mb:");
+    uint64_t large = (ls ? strtoull(ls + strlen("large_segment_size_mb:"), NULL, 10) : 20) << 20;
+    if (!large) large = UINT64_C(20) << 20;
+    uint64_t d[4];
+    for (int k = 0; k < 4; k++) d[k] = (uint64_t)(r->pool_bytes[k] - r->warm_pool_bytes[k]);
+    uint64_t maps = d[0] / two + (d[2] + large - 1) / large;
+    uint64_t unmaps = d[1] / two + (d[3] + large - 1) / large;
+    w->calls[EXPSEG_COST_CREATE] = w->calls[EXPSEG_COST_MAP] = maps;
+    w->calls[EXPSEG_COST_UNMAP] = w->calls[EXPSEG_COST_RELEASE] = unmaps;
+    w->pages[EXPSEG_COST_CREATE] = w->pages[EXPSEG_COST_MAP] = (d[0] + d[2]) / two;
+    w->pages[EXPSEG_COST_UNMAP] = w->pages[EXPSEG_COST_RELEASE] = (d[1] + d[3]) / two;
+    w->calls[EXPSEG_COST_RESERVE] = (uint64_t)(r->calls[0] - r->warm_calls[0]);
+    w->calls[EXPSEG_COST_SET_ACCESS] = (uint64_t)(r->calls[6] - r->warm_calls[6]);
+    w->pages[EXPSEG_COST_SET_ACCESS] = w->pages[EXPSEG_COST_MAP];
   } else {
     const char *ps = strstr(r->config, "page_size_mb:");
     uint64_t mb = ps ? strtoull(ps + strlen("page_size_mb:"), NULL, 10) : 2;
@@ -325,6 +348,7 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
   r->num_device_alloc = stat_or(a, "num_device_alloc", -1, NULL);
   r->num_device_free = stat_or(a, "num_device_free", -1, NULL);
   r->created_bytes = stat_or(a, "expseg.created_bytes", 0, &r->has_created);
+  for (int k = 0; k < 4; k++) r->pool_bytes[k] = stat_or(a, pool_keys[k], 0, NULL);
   for (size_t k = 0; k < N_MEM_CALLS; k++) {
     char key[64];
     int found = 0;

@@ -257,6 +257,10 @@ void _expseg_garbage_collect(expseg_allocator *a, size_t keep);
 /* ---- model.c: PyTorch's behaviour where expseg differs (for expseg-replay --model
  * pytorch; not a configuration key) ---- */
 expseg_status _expseg_set_model_pytorch(expseg_allocator *a, bool on);
+/* Where PyTorch's growth of unmapped block u (pool) ends for a block ending at need: whole
+ * pages from the segment's base, large_segment_size in the large pool, no growth floor. */
+uintptr_t _expseg_model_map_end(const expseg_allocator *a, const block_t *u, int pool,
+                                uintptr_t need);
 size_t _expseg_largest_free(const expseg_allocator *a);
 /* What the retry list still holds: reserved bytes by stat pool, address space, chunks,
  * mapped bytes. */

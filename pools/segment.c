@@ -546,6 +546,7 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
     if (need <= u->ptr) continue; /* the prefix alone fits: best fit would have found it */
     size_t grow = _expseg_grow_bytes(need - u->ptr, u->seg->mapped_bytes);
     uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + round_up(grow, a->page);
+    if (a->model_pytorch) hi = _expseg_model_map_end(a, u, pool, need);
     *pl = (place_t){u, prefix, suffix, (hi - u->ptr) / a->page};
     return true;
   }
