@@ -110,6 +110,8 @@ static void window_calls(const expseg_trace_t *t, const opts_t *o, result_t *r, 
       w->calls[kind_of[k]] = c;
       w->pages[kind_of[k]] = kind_of[k] == EXPSEG_COST_CREATE ? created : c * per;
     }
+    /* one set_access covers a whole newly mapped range: it touches every mapped page */
+    w->pages[EXPSEG_COST_SET_ACCESS] = w->pages[EXPSEG_COST_MAP];
   }
   r->driver_ms = _expseg_costs_ms(&o->costs, w);
   _expseg_recorded_calls(t, n, &r->rec);
