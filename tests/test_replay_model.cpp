@@ -104,6 +104,14 @@ TEST(ReplayModel, HonoursExpsegDriverAndNamesTheCapacity) {
   EXPECT_EQ(Str(j.out, "driver"), "sim:capacity=2G") << "--capacity replaces the capacity";
 }
 
+TEST(ReplayModel, CudaRefusesTraceStreamsItDidNotCreate) {
+  // the trace's stream indices are no CUDA stream handles: refused before any driver call
+  Outcome r = Replay({"--quiet", "--driver", "cuda", "--synth", "streams8:1:0.01"});
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("8 streams"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("not supported yet"), std::string::npos) << r.err;
+}
+
 TEST(ReplayModel, FitFindsACapacityThatRuns) {
   Outcome r = Replay({"--fit", "--json", "--quiet", "--synth", "infer:1:0.01"});
   ASSERT_EQ(r.rc, 0) << r.err;
