@@ -4,7 +4,7 @@
  * internal entry point. With it on: an expandable segment grows only with new pages (no
  * idle page moves from another place, stream or pool: segment.c), garbage collection skips
  * expandable memory (segment.c), and the oversize rules of max_split_size_mb /
- * max_non_split_rounding_mb apply to expandable blocks too (alloc.c), and a segment grows
+ * max_non_split_rounding_mb apply to expandable blocks too (alloc.c); a segment grows
  * to exactly what the request needs in PyTorch's page units (large_segment_size_mb in the
  * large pool, 2 MiB in the small, counted from the segment's base; expseg grows by at least
  * a fraction of what is mapped). The allocator keeps one physical page size, so a 20 MiB
