@@ -200,6 +200,7 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
       if (!is_oom || !o->quiet)
         fprintf(err, "expseg-replay: %s: cannot rebuild the recorded start state: %s\n",
                 t->name, why);
+      expseg_config_string(a, r->config, sizeof r->config);
       free(failed);
       free(ptr);
       expseg_destroy(a);
@@ -690,11 +691,13 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
                               o.snapshot || o.report ? &cap : NULL);
       if (rc == 2) break;
       if (r.num_ooms) {
+        char where[64];
+        if (r.first_oom == -2) snprintf(where, sizeof where, "while rebuilding the recorded "
+                                                             "start state");
+        else snprintf(where, sizeof where, "at event %" PRId64, r.first_oom);
         fprintf(err, "expseg-replay: %s: %" PRIu64 " request(s) failed for lack of device "
-                     "memory (driver %s), the first at %s%" PRId64 "%s\n",
-                t->name, r.num_ooms, r.driver, r.first_oom == -2 ? "" : "event ",
-                r.first_oom == -2 ? 0 : r.first_oom,
-                r.first_oom == -2 ? " (rebuilding the recorded start state)" : "");
+                     "memory (driver %s), the first %s\n",
+                t->name, r.num_ooms, r.driver, where);
         if (!o.allow_oom) oom_rc = 1;
       }
       if (o.json) {
