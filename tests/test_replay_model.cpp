@@ -47,6 +47,31 @@ TEST(ReplayModel, PytorchModelReproducesEveryRecordedHistory) {
   }
 }
 
+TEST(ReplayModel, WarmStartRebuildsTheRecordedSegmentsAndBlocks) {
+  // tests/fuzz/corpus/pickle/warm_p4.pickle (written by Python's pickle): a 20 MiB large
+  // segment holding a live 4 MiB block and 16 MiB free, a 2 MiB small segment holding a live
+  // 512-byte block; the window allocates 8 MB and 1000 bytes in the cached free space (no
+  // segment_alloc recorded) and frees them
+  const std::string f = std::string(EXPSEG_SOURCE_DIR) + "/tests/fuzz/corpus/pickle/warm_p4.pickle";
+  Outcome p = Replay({"--json", "--quiet", "--model", "pytorch", f});
+  ASSERT_EQ(p.rc, 0) << p.err;
+  EXPECT_NE(p.out.find("\"warm_start\":true"), std::string::npos) << p.out;
+  EXPECT_EQ(Num(p.out, "peak_reserved"), 22.0 * 1048576) << "both recorded segments: " << p.out;
+  EXPECT_EQ(Num(p.out, "window_device_alloc"), 0) << "the window fits the cached space";
+  EXPECT_EQ(Num(p.out, "driver_ms"), 0);
+  // expseg starts cold: it must grow in the window
+  Outcome e = Replay({"--json", "--quiet", "--model", "expseg", f});
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_NE(e.out.find("\"warm_start\":false"), std::string::npos) << e.out;
+  EXPECT_GE(Num(e.out, "window_device_alloc"), 1) << e.out;
+  // another classic setting starts from the same state, then applies its keys
+  Outcome m = Replay({"--json", "--quiet", "--model", "pytorch", "--conf",
+                      "max_split_size_mb:64", f});
+  ASSERT_EQ(m.rc, 0) << m.err;
+  EXPECT_NE(m.out.find("\"warm_start\":true"), std::string::npos) << m.out;
+  EXPECT_NE(Str(m.out, "config").find("max_split_size_mb:64"), std::string::npos) << m.out;
+}
+
 // ------------------------------------------------------------------ honest figures
 
 // Recorded segment events after event 4 must not count with --limit 4.
