@@ -5,8 +5,9 @@
  * recorded run's own setting, PyTorch's settings, and the user's --conf interpreted with
  * PyTorch's defaults when it holds only PyTorch keys); (b) "expseg": what switching
  * allocator gives, rows replayed under --model expseg (expseg-only keys flagged). Within a
- * section rows rank by: allocator failures last, then OOMs, then least peak reserved, then
- * least modelled driver time. Two closing lines name the best PyTorch setting against the
+ * section rows rank by: allocator failures last, then OOMs; rows within 1 % of the
+ * section's least peak reserved first, by least modelled driver time; then the others by
+ * least peak reserved. Two closing lines name the best PyTorch setting against the
  * recorded run, and expseg's saving beyond it. Usage and fields: docs/replay.md. (The file
  * name starts with "synth" for the library glob.) */
 #include "synth_replay.h"
@@ -53,7 +54,7 @@ static const sweep_conf_t sweep_table[] = {
 #define N_SWEEP (sizeof sweep_table / sizeof sweep_table[0])
 
 /* Row flags (JSON "flags"). */
-enum { FLAG_EXPSEG_ONLY = 1, FLAG_RECORDED = 2, FLAG_YOURS = 4, FLAG_COLD = 8 };
+enum { FLAG_EXPSEG_ONLY = 1, FLAG_RECORDED = 2, FLAG_YOURS = 4, FLAG_COLD = 8, FLAG_NEAR = 16 };
 
 static int expseg_only(const char *conf) {
   static const char *const keys[] = {"page_size_mb", "page_cache_max_mb", "va_reserve_mb"};
@@ -108,7 +109,8 @@ void _expseg_replay_json(FILE *f, const expseg_trace_t *t, const result_t *r,
     if (flags & FLAG_EXPSEG_ONLY) fprintf(f, "%s\"expseg-only\"", sep), sep = ",";
     if (flags & FLAG_RECORDED) fprintf(f, "%s\"recorded\"", sep), sep = ",";
     if (flags & FLAG_YOURS) fprintf(f, "%s\"yours\"", sep), sep = ",";
-    if (flags & FLAG_COLD) fprintf(f, "%s\"cold-start\"", sep);
+    if (flags & FLAG_COLD) fprintf(f, "%s\"cold-start\"", sep), sep = ",";
+    if (flags & FLAG_NEAR) fprintf(f, "%s\"near-best\"", sep);
     fprintf(f, "]");
   }
   fprintf(f, ",\"model\":\"%s\",\"warm_start\":%s,\"driver\":", _expseg_model_name(r->model),
@@ -178,33 +180,70 @@ void _expseg_replay_table_row(FILE *f, const expseg_trace_t *t, const result_t *
 typedef struct sweep_row_s {
   const char *label, *conf;
   int model, flags;
+  int near;   /* within SWEEP_NEAR of the section's least memory: ranked by driver time */
   result_t r;
 } sweep_row_t;
+
+/* Memory within 1 % of the section's best counts as a tie, broken by driver time: a setting
+ * does not rank first for 1 % less memory bought with thousands of extra driver calls. */
+#define SWEEP_NEAR 0.01
+
+static int cmp_ms(const sweep_row_t *a, const sweep_row_t *b) {
+  return a->r.driver_ms < b->r.driver_ms ? -1 : a->r.driver_ms > b->r.driver_ms;
+}
 
 static int row_cmp(const void *pa, const void *pb) {
   const sweep_row_t *a = pa, *b = pb;
   if (a->model != b->model) return a->model == EXPSEG_MODEL_PYTORCH ? -1 : 1; /* sections */
   if ((a->r.errors > 0) != (b->r.errors > 0)) return a->r.errors > 0 ? 1 : -1;
   if ((a->r.num_ooms > 0) != (b->r.num_ooms > 0)) return a->r.num_ooms > 0 ? 1 : -1;
+  if (a->near != b->near) return a->near ? -1 : 1;
+  if (a->near && cmp_ms(a, b)) return cmp_ms(a, b);
   if (a->r.peak_reserved != b->r.peak_reserved)
     return a->r.peak_reserved < b->r.peak_reserved ? -1 : 1;
-  return a->r.driver_ms < b->r.driver_ms ? -1 : a->r.driver_ms > b->r.driver_ms;
+  return cmp_ms(a, b);
+}
+
+/* Marks the rows within SWEEP_NEAR of their section's least memory (clean rows only). */
+static void mark_near(sweep_row_t *rows, size_t n) {
+  for (int m = EXPSEG_MODEL_EXPSEG; m <= EXPSEG_MODEL_PYTORCH; m++) {
+    int64_t best = -1;
+    for (size_t i = 0; i < n; i++)
+      if (rows[i].model == m && !rows[i].r.errors && !rows[i].r.num_ooms &&
+          (best < 0 || rows[i].r.peak_reserved < best))
+        best = rows[i].r.peak_reserved;
+    for (size_t i = 0; i < n; i++)
+      rows[i].near = rows[i].model == m && best >= 0 && !rows[i].r.errors &&
+                             !rows[i].r.num_ooms &&
+                             (double)rows[i].r.peak_reserved <= (1.0 + SWEEP_NEAR) * (double)best
+                         ? 1
+                         : rows[i].model == m ? 0 : rows[i].near;
+  }
+}
+
+static sweep_row_t row(const char *label, const char *conf, int model, int flags) {
+  sweep_row_t w;
+  memset(&w, 0, sizeof w);
+  w.label = label;
+  w.conf = conf;
+  w.model = model;
+  w.flags = flags;
+  return w;
 }
 
 static size_t build_rows(const expseg_trace_t *t, const opts_t *o, sweep_row_t *rows) {
   size_t n = 0;
   if (t->recorded_conf[0])
-    rows[n++] = (sweep_row_t){"recorded run's setting", t->recorded_conf, EXPSEG_MODEL_PYTORCH,
-                              FLAG_RECORDED, {0}};
+    rows[n++] = row("recorded run's setting", t->recorded_conf, EXPSEG_MODEL_PYTORCH,
+                    FLAG_RECORDED);
   for (size_t i = 0; i < N_SWEEP; i++)
-    rows[n++] = (sweep_row_t){sweep_table[i].label, sweep_table[i].conf, sweep_table[i].model,
-                              expseg_only(sweep_table[i].conf) ? FLAG_EXPSEG_ONLY : 0, {0}};
+    rows[n++] = row(sweep_table[i].label, sweep_table[i].conf, sweep_table[i].model,
+                    expseg_only(sweep_table[i].conf) ? FLAG_EXPSEG_ONLY : 0);
   if (o->conf) {
     if (!expseg_only(o->conf)) /* PyTorch reads it with its own defaults */
-      rows[n++] = (sweep_row_t){"yours (--conf)", o->conf, EXPSEG_MODEL_PYTORCH, FLAG_YOURS,
-                                {0}};
-    rows[n++] = (sweep_row_t){"yours (--conf) on expseg", o->conf, EXPSEG_MODEL_EXPSEG,
-                              FLAG_YOURS | (expseg_only(o->conf) ? FLAG_EXPSEG_ONLY : 0), {0}};
+      rows[n++] = row("yours (--conf)", o->conf, EXPSEG_MODEL_PYTORCH, FLAG_YOURS);
+    rows[n++] = row("yours (--conf) on expseg", o->conf, EXPSEG_MODEL_EXPSEG,
+                    FLAG_YOURS | (expseg_only(o->conf) ? FLAG_EXPSEG_ONLY : 0));
   }
   return n;
 }
@@ -218,7 +257,8 @@ static const char *legend =
     "run's own setting, yours = --conf, cold start = replayed from an empty cache although\n"
     "the recorded run started warm (expandable rows: the classic start state cannot be\n"
     "mapped), so its memory is not comparable with warm rows and its driver time includes\n"
-    "growth the recorded run did not need.\n";
+    "growth the recorded run did not need. Rows within 1 % of a section's least memory\n"
+    "rank by driver time, the others by memory.\n";
 
 static void print_section(FILE *out, const sweep_row_t *rows, size_t n, int model) {
   char b1[32];
@@ -308,6 +348,7 @@ int _expseg_replay_sweep(const expseg_trace_t *t, const opts_t *o, FILE *out, FI
     free(rows);
     return rc;
   }
+  mark_near(rows, n);
   qsort(rows, n, sizeof *rows, row_cmp);
   if (o->json) {
     int rank = 0, model = -1;
@@ -315,7 +356,8 @@ int _expseg_replay_sweep(const expseg_trace_t *t, const opts_t *o, FILE *out, FI
       rank = rows[i].model == model ? rank + 1 : 1;
       model = rows[i].model;
       _expseg_replay_json(out, t, &rows[i].r, rows[i].label, rank,
-                          model == EXPSEG_MODEL_PYTORCH ? "pytorch" : "expseg", rows[i].flags);
+                          model == EXPSEG_MODEL_PYTORCH ? "pytorch" : "expseg",
+                          rows[i].flags | (rows[i].near ? FLAG_NEAR : 0));
     }
     free(rows);
     return failed;
