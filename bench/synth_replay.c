@@ -389,6 +389,8 @@ static int fit_one(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *er
     result_t r;
     int rc = _expseg_replay_cap(t, &q, model, o->conf, NULL, NULL, err, &r, NULL);
     if (rc) return rc;
+    char config[sizeof r.config];
+    memcpy(config, r.config, sizeof config);
     uint64_t lo = r.peak_requested, hi = ((uint64_t)r.peak_reserved + gran - 1) / gran * gran;
     unsigned runs = 1;
     int ok = 0;
@@ -412,8 +414,10 @@ static int fit_one(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *er
     if (o->json) {
       fprintf(out, "{\"trace\":");
       _expseg_json_str(out, t->name);
-      fprintf(out, ",\"device\":%d,\"model\":\"%s\",\"fit_capacity\":%" PRIu64
-                   ",\"fit_runs\":%u}\n", t->device, _expseg_model_name(model), hi, runs);
+      fprintf(out, ",\"device\":%d,\"model\":\"%s\",\"config\":", t->device,
+              _expseg_model_name(model));
+      _expseg_json_str(out, config);
+      fprintf(out, ",\"fit_capacity\":%" PRIu64 ",\"fit_runs\":%u}\n", hi, runs);
     } else
       fprintf(out, "%s: runs without an OOM on %s of device memory (%" PRIu64
                    " bytes, to 1 %%) under --model %s\n", t->name, _expseg_human(b, (double)hi),
