@@ -177,6 +177,8 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
             r->driver, first ? first : "(environment)", expseg_last_error());
     return 2;
   }
+  expseg_info info;
+  if (expseg_get_info(a, &info) == EXPSEG_OK) r->capacity = info.total_memory;
   if (_expseg_model_apply(a, model) != EXPSEG_OK) {
     fprintf(err, "expseg-replay: %s\n", expseg_last_error());
     expseg_destroy(a);
@@ -708,10 +710,9 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
         _expseg_replay_json(out, t, &r, NULL, 0, NULL, 0);
       } else {
         if (strcmp(last_driver, r.driver)) {
-          /* the device capacity is the driver's (sim/host: capacity=, cuda: the device) */
-          fprintf(out, "# driver %s%s; config %s\n", r.driver,
-                  strstr(r.driver, "capacity=") ? "" : " (device capacity: the driver's default)",
-                  r.config);
+          char cb[32];
+          fprintf(out, "# driver %s, device capacity %s; config %s\n", r.driver,
+                  r.capacity ? _expseg_human(cb, (double)r.capacity) : "unknown", r.config);
           _expseg_replay_table_head(out);
           snprintf(last_driver, sizeof last_driver, "%s", r.driver);
         }

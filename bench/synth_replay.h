@@ -59,6 +59,7 @@ typedef struct result_s {
   char driver[128];
   char config[1024];
   int64_t peak_event;     /* event after which reserved memory first reached its peak */
+  uint64_t capacity;      /* the device's total memory (expseg_get_info), 0 unknown */
   int model;              /* EXPSEG_MODEL_* */
   int warm_started;       /* the recorded start state was rebuilt */
   expseg_trace_baseline_t base; /* the recorded figures over the replayed window */

@@ -116,7 +116,7 @@ void _expseg_replay_json(FILE *f, const expseg_trace_t *t, const result_t *r,
   fprintf(f, ",\"model\":\"%s\",\"warm_start\":%s,\"driver\":", _expseg_model_name(r->model),
           r->warm_started ? "true" : "false");
   _expseg_json_str(f, r->driver);
-  fprintf(f, ",\"config\":");
+  fprintf(f, ",\"capacity\":%" PRIu64 ",\"config\":", r->capacity);
   _expseg_json_str(f, r->config);
   fprintf(f,
           ",\"events\":%" PRIu64 ",\"ops\":%" PRIu64 ",\"peak_requested\":%" PRIu64

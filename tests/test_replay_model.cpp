@@ -112,6 +112,7 @@ TEST(ReplayModel, FailedRequestsAreReportedCountedAndFailTheRun) {
   EXPECT_EQ(Num(r.out, "first_oom_event"), 5);
   EXPECT_EQ(Num(r.out, "peak_requested"), 4096 + 40000000) << "the failed request counts";
   EXPECT_EQ(Str(r.out, "driver"), "sim:capacity=16M") << "--capacity sets the device size";
+  EXPECT_EQ(Num(r.out, "capacity"), 16.0 * 1048576);
   Outcome ok = Replay({"--json", "--quiet", "--allow-oom", "--capacity", "16M", f.path});
   EXPECT_EQ(ok.rc, 0) << ok.err;
   EXPECT_EQ(Num(ok.out, "num_ooms"), 1);
@@ -124,7 +125,8 @@ TEST(ReplayModel, HonoursExpsegDriverAndNamesTheCapacity) {
   Outcome j = Replay({"--json", "--quiet", "--capacity", "2G", f.path});
   unsetenv("EXPSEG_DRIVER");
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_NE(r.out.find("# driver sim:capacity=1G"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("# driver sim:capacity=1G, device capacity 1.00 GiB"), std::string::npos)
+      << r.out;
   ASSERT_EQ(j.rc, 0) << j.err;
   EXPECT_EQ(Str(j.out, "driver"), "sim:capacity=2G") << "--capacity replaces the capacity";
 }
