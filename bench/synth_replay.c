@@ -199,19 +199,39 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
     if (_expseg_model_warm_start(a, t, ptr, why, sizeof why)) {
       /* on a device too small for the recorded start state, that is the first OOM */
       const int is_oom = strstr(why, "out of memory") != NULL;
-      if (!is_oom || !o->quiet)
-        fprintf(err, "expseg-replay: %s: cannot rebuild the recorded start state: %s\n",
-                t->name, why);
-      expseg_config_string(a, r->config, sizeof r->config);
-      free(failed);
-      free(ptr);
-      expseg_destroy(a);
-      r->num_ooms = is_oom;
-      r->first_oom = -2;
-      r->errors = !is_oom;
-      return is_oom ? 0 : 1;
+      if (!is_oom) {
+        /* a layout PyTorch's rules do not produce (another PyTorch version, an edited
+         * file): said on stderr, flagged warm_start:false, replayed from an empty cache */
+        fprintf(err, "expseg-replay: %s: cannot rebuild the recorded start state (%s); "
+                     "replaying from an empty cache\n", t->name, why);
+        expseg_destroy(a);
+        a = NULL;
+        memset(ptr, 0, (t->n_ids ? t->n_ids : 1) * sizeof *ptr);
+        if (expseg_create(r->driver, o->device, conf, &a) != EXPSEG_OK ||
+            _expseg_model_apply(a, model) != EXPSEG_OK) {
+          fprintf(err, "expseg-replay: cannot create the allocator (driver '%s', config "
+                       "'%s'): %s\n", r->driver, conf, expseg_last_error());
+          if (a) expseg_destroy(a);
+          free(failed);
+          free(ptr);
+          return 2;
+        }
+        first = conf;
+      } else {
+        if (!o->quiet)
+          fprintf(err, "expseg-replay: %s: cannot rebuild the recorded start state: %s\n",
+                  t->name, why);
+        expseg_config_string(a, r->config, sizeof r->config);
+        free(failed);
+        free(ptr);
+        expseg_destroy(a);
+        r->num_ooms = 1;
+        r->first_oom = -2;
+        return 0;
+      }
+    } else {
+      r->warm_started = 1;
     }
-    r->warm_started = 1;
     if (first != conf && strcmp(first, conf) && expseg_configure(a, conf) != EXPSEG_OK) {
       fprintf(err, "expseg-replay: cannot switch to config '%s': %s\n", conf,
               expseg_last_error());

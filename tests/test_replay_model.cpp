@@ -72,6 +72,18 @@ TEST(ReplayModel, WarmStartRebuildsTheRecordedSegmentsAndBlocks) {
   EXPECT_NE(Str(m.out, "config").find("max_split_size_mb:64"), std::string::npos) << m.out;
 }
 
+TEST(ReplayModel, AStartStateThePytorchRulesCannotMakeReplaysColdAndSaysSo) {
+  // tests/fuzz/corpus/pickle/odd_layout_p4.pickle: a small-pool segment holding a live block
+  // above 1 MiB (PyTorch puts such a request in the large pool)
+  const std::string f =
+      std::string(EXPSEG_SOURCE_DIR) + "/tests/fuzz/corpus/pickle/odd_layout_p4.pickle";
+  Outcome p = Replay({"--json", "--quiet", "--check", "--model", "pytorch", f});
+  ASSERT_EQ(p.rc, 0) << p.err;
+  EXPECT_NE(p.err.find("replaying from an empty cache"), std::string::npos) << p.err;
+  EXPECT_NE(p.out.find("\"warm_start\":false"), std::string::npos) << p.out;
+  EXPECT_EQ(Num(p.out, "errors"), 0) << p.out;
+}
+
 // ------------------------------------------------------------------ honest figures
 
 // Recorded segment events after event 4 must not count with --limit 4.
