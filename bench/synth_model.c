@@ -13,7 +13,7 @@
  * lands at the start of the single free range (best fit, split at the front), so pieces
  * allocated in address order reproduce the layout; every piece's address is checked, and a
  * layout the allocator would not produce (a free range PyTorch could not have left) stops
- * the warm start with a message. (The file name starts with "synth" for the library glob.) */
+ * the warm start with a message (the replay then starts from an empty cache). (The file name starts with "synth" for the library glob.) */
 #include "synth_model.h"
 
 #include "internal.h" /* _expseg_set_model_pytorch: the model switch (pools/model.c) */
