@@ -237,14 +237,16 @@ expseg_status _expseg_trace_push(expseg_trace_t *t, uint8_t kind, uint32_t strea
   return EXPSEG_OK;
 }
 
+/* Event i starts a run of recorded releases that is not the out-of-memory path's. */
+static bool starts_empty_cache(const expseg_trace_t *t, size_t i) {
+  uint8_t k = t->events[i].kind, prev = i ? t->events[i - 1].kind : 0;
+  return (k == EXPSEG_TR_SEG_FREE || k == EXPSEG_TR_UNMAP) && prev != EXPSEG_TR_SEG_FREE &&
+         prev != EXPSEG_TR_UNMAP && prev != EXPSEG_TR_OOM && prev != EXPSEG_TR_EMPTY;
+}
+
 expseg_status _expseg_trace_mark_empty_cache(expseg_trace_t *t) {
   size_t runs = 0;
-  for (size_t i = 0; i < t->n_events; i++) {
-    uint8_t k = t->events[i].kind, prev = i ? t->events[i - 1].kind : 0;
-    if ((k == EXPSEG_TR_SEG_FREE || k == EXPSEG_TR_UNMAP) && prev != EXPSEG_TR_SEG_FREE &&
-        prev != EXPSEG_TR_UNMAP && prev != EXPSEG_TR_OOM && prev != EXPSEG_TR_EMPTY)
-      runs++;
-  }
+  for (size_t i = 0; i < t->n_events; i++) runs += starts_empty_cache(t, i);
   if (!runs) return EXPSEG_OK;
   expseg_trace_event_t *ev = malloc((t->n_events + runs) * sizeof *ev);
   if (!ev)
@@ -252,10 +254,7 @@ expseg_status _expseg_trace_mark_empty_cache(expseg_trace_t *t) {
                              "events", t->name, t->n_events + runs);
   size_t k = 0;
   for (size_t i = 0; i < t->n_events; i++) {
-    uint8_t kind = t->events[i].kind, prev = i ? t->events[i - 1].kind : 0;
-    if ((kind == EXPSEG_TR_SEG_FREE || kind == EXPSEG_TR_UNMAP) &&
-        prev != EXPSEG_TR_SEG_FREE && prev != EXPSEG_TR_UNMAP && prev != EXPSEG_TR_OOM &&
-        prev != EXPSEG_TR_EMPTY) {
+    if (starts_empty_cache(t, i)) {
       memset(&ev[k], 0, sizeof ev[k]);
       ev[k++].kind = EXPSEG_TR_EMPTY;
     }

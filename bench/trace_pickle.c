@@ -85,7 +85,7 @@ typedef struct dev_s {
   _expseg_u64map_t seg_size;     /* backwards: segment address -> total size */
   _expseg_u64map_t seg_stream;   /* segment address -> stream handle */
   _expseg_u64map_t seg_small;    /* segment address -> 1 small pool, 0 large */
-  bool mapped;                   /* the window maps or unmaps: expandable segments */
+  bool mapped;                   /* expandable segments: is_expandable, or maps/unmaps */
   _expseg_streams_t streams;
   _expseg_trace_check_t chk;
 } devst_t;
@@ -128,6 +128,8 @@ static expseg_status end_state(ex_t *x, uint32_t segments, devst_t *d, uint64_t 
     if ((uint64_t)size > EXPSEG_TRACE_MAX_SIZE)
       return failv(x, seg, "total_size %" PRId64 " is above the 2^50 bytes accepted", size);
     total += (uint64_t)size;
+    uint32_t ex = _expseg_pickle_dict_get(x->pk, seg, "is_expandable");
+    if (ex && val(x, ex)->kind == EXPSEG_PV_BOOL && val(x, ex)->u.iv) d->mapped = true;
     uint32_t ty = _expseg_pickle_dict_get(x->pk, seg, "segment_type");
     uint64_t small = ty ? is_str(x, ty, "small") : (uint64_t)size <= SMALL_SEGMENT;
     if (!_expseg_u64map_put(&d->seg_size, (uint64_t)addr, (uint64_t)size) ||
