@@ -13,7 +13,8 @@
  * lands at the start of the single free range (best fit, split at the front), so pieces
  * allocated in address order reproduce the layout; every piece's address is checked, and a
  * layout the allocator would not produce (a free range PyTorch could not have left) stops
- * the warm start with a message (the replay then starts from an empty cache). (The file name starts with "synth" for the library glob.) */
+ * the warm start with a message (the replay then starts from an empty cache). (The file
+ * name starts with "synth" for the library glob.) */
 #include "synth_model.h"
 
 #include "internal.h" /* _expseg_set_model_pytorch: the model switch (pools/model.c) */
@@ -127,10 +128,10 @@ static int gap_push(gaps_t *g, void *p) {
 }
 
 /* malloc(size) on stream, which must land at want (NULL: anywhere; *got = where). */
-static int place(expseg_allocator *a, uint64_t size, uint32_t stream, char *want, void **got,
-                 char *why, size_t wlen) {
+static int place(expseg_allocator *a, uint64_t size, expseg_stream stream, char *want,
+                 void **got, char *why, size_t wlen) {
   void *p = NULL;
-  if (expseg_malloc(a, (size_t)size, (expseg_stream)stream, &p) != EXPSEG_OK) {
+  if (expseg_malloc(a, (size_t)size, stream, &p) != EXPSEG_OK) {
     snprintf(why, wlen, "malloc(%" PRIu64 ") failed: %s", size, expseg_last_error());
     return -1;
   }
@@ -146,15 +147,15 @@ static int place(expseg_allocator *a, uint64_t size, uint32_t stream, char *want
 
 /* One segment: created, then its pieces allocated in address order. */
 static int seed_segment(expseg_allocator *a, const expseg_trace_segment_t *g,
-                        const piece_t *pc, size_t np, void **ptr, gaps_t *gaps, char *why,
-                        size_t wlen) {
+                        expseg_stream stream, const piece_t *pc, size_t np, void **ptr,
+                        gaps_t *gaps, char *why, size_t wlen) {
   char *base = NULL;
   void *p;
   if (!g->small) {
     /* the whole segment as one block, given back: the pool's only free range */
     int64_t before = 0, after = 0;
     expseg_stat(a, "num_device_alloc", &before);
-    if (place(a, g->size, g->stream, NULL, &p, why, wlen)) return -1;
+    if (place(a, g->size, stream, NULL, &p, why, wlen)) return -1;
     expseg_stat(a, "num_device_alloc", &after);
     base = p;
     expseg_free(a, p);
@@ -173,7 +174,7 @@ static int seed_segment(expseg_allocator *a, const expseg_trace_segment_t *g,
         snprintf(why, wlen, "small-pool block of %" PRIu64 " B", left);
         return -1;
       }
-      if (place(a, part, g->stream, base ? base + off : NULL, &p, why, wlen)) return -1;
+      if (place(a, part, stream, base ? base + off : NULL, &p, why, wlen)) return -1;
       if (!base) base = p; /* a small segment is created by its first piece */
       if (pc[i].gap) {
         if (gap_push(gaps, p)) {
@@ -191,8 +192,9 @@ static int seed_segment(expseg_allocator *a, const expseg_trace_segment_t *g,
   return 0;
 }
 
-int _expseg_model_warm_start(expseg_allocator *a, const expseg_trace_t *t, void **ptr,
-                             char *why, size_t wlen) {
+int _expseg_model_warm_start(expseg_allocator *a, const expseg_trace_t *t,
+                             const expseg_stream *streams, void **ptr, char *why,
+                             size_t wlen) {
   if (!t->n_start_segs) return 0;
   size_t nl = 0;
   for (size_t i = 0; i < t->n_events; i++)
@@ -221,7 +223,8 @@ int _expseg_model_warm_start(expseg_allocator *a, const expseg_trace_t *t, void 
     while (k < nl && l[k].addr < g->addr + g->size) k++;
     size_t np = 0;
     if (layout(g, l + j, k - j, pc, &np, why, wlen) ||
-        seed_segment(a, g, pc, np, ptr, &gaps, why, wlen)) {
+        seed_segment(a, g, streams ? streams[g->stream] : g->stream, pc, np, ptr, &gaps, why,
+                     wlen)) {
       size_t n = strlen(why);
       snprintf(why + n, wlen - n, " (segment at 0x%" PRIx64 ", %" PRIu64 " B)", g->addr,
                g->size);

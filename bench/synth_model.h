@@ -29,10 +29,10 @@ const char *_expseg_model_conf(int model, const char *user, const expseg_trace_t
  * blocks). */
 expseg_status _expseg_model_apply(expseg_allocator *a, int model);
 /* Rebuilds the recorded allocator's state at the start of the window in a fresh
- * allocator a (t->start_segs; no-op without them); ptr[id] receives each pre-live block
- * placed. 0 on success, -1 with why set (the allocator then holds a partial state). */
-int _expseg_model_warm_start(expseg_allocator *a, const expseg_trace_t *t, void **ptr,
-                             char *why, size_t wlen);
+ * allocator a (t->start_segs; no-op without them); streams maps trace stream indices to
+ * handles (NULL: the index itself); ptr[id] receives each pre-live block placed. 0 on success, -1 with why set (the allocator then holds a partial state). */
+int _expseg_model_warm_start(expseg_allocator *a, const expseg_trace_t *t,
+                             const expseg_stream *streams, void **ptr, char *why, size_t wlen);
 
 /* The recorded allocator's figures over events [0, n) of t (b->present = 0 when the
  * trace carries none): what --limit compares with. */

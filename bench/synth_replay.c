@@ -3,8 +3,8 @@
  * file name starts with "synth" so that the expseg_traces library's glob picks it up.)
  *
  * A history (expseg_trace_t) is replayed through a fresh allocator: 'p' and 'a' become
- * expseg_malloc on the event's stream index (used as the stream handle itself, 0 = the
- * default stream), 'f' becomes expseg_free, 'r' does nothing (the memory stays live until
+ * expseg_malloc on the event's stream (on cuda a stream the driver created per trace
+ * stream; on host and sim the index itself; 0 = the default stream), 'f' becomes expseg_free, 'r' does nothing (the memory stays live until
  * the matching 'f': the trace already says when the other stream's work completed), 'E'
  * becomes expseg_empty_cache, and the recorded allocator's own events (M X m u O) are
  * only counted for the baseline. A failed malloc counts as an OOM and leaves the id
@@ -118,6 +118,45 @@ static void window_calls(const expseg_trace_t *t, const opts_t *o, result_t *r, 
   r->rec_ms = _expseg_costs_ms(&o->costs, &r->rec);
 }
 
+/* The trace's streams as the driver's: on cuda each index but 0 (the default stream) gets a
+ * stream the driver creates; host and sim take any value, so the index itself (*out NULL).
+ * 0 on success, else 2 with the reason on err. */
+static int make_streams(expseg_allocator *a, const expseg_trace_t *t, expseg_stream **out,
+                        FILE *err) {
+  *out = NULL;
+  if (t->n_streams <= 1) return 0;
+  expseg_stream first = 0;
+  expseg_status st = expseg_stream_create(a, &first);
+  if (st == EXPSEG_ERR_UNSUPPORTED) return 0;
+  expseg_stream *h = calloc(t->n_streams, sizeof *h);
+  if (st != EXPSEG_OK || !h) {
+    fprintf(err, "expseg-replay: %s: cannot create the trace's %" PRIu32 " streams: %s\n",
+            t->name, t->n_streams, h ? expseg_last_error() : "out of host memory");
+    if (st == EXPSEG_OK) (void)expseg_stream_destroy(a, first);
+    free(h);
+    return 2;
+  }
+  h[1] = first;
+  for (uint32_t i = 2; i < t->n_streams; i++) {
+    if (expseg_stream_create(a, &h[i]) != EXPSEG_OK) {
+      fprintf(err, "expseg-replay: %s: cannot create stream %" PRIu32 " of %" PRIu32 ": %s\n",
+              t->name, i, t->n_streams, expseg_last_error());
+      for (uint32_t j = 1; j < i; j++) (void)expseg_stream_destroy(a, h[j]);
+      free(h);
+      return 2;
+    }
+  }
+  *out = h;
+  return 0;
+}
+
+/* Destroys the allocator and, before it, the streams made for the trace. */
+static void close_allocator(expseg_allocator *a, const expseg_trace_t *t, expseg_stream *sh) {
+  for (uint32_t i = 1; sh && i < t->n_streams; i++) (void)expseg_stream_destroy(a, sh[i]);
+  free(sh);
+  expseg_destroy(a);
+}
+
 /* The driver spec: --driver, else $EXPSEG_DRIVER, else sim sized from the trace
  * (max(80G, 2 x peak live requested)); capacity (--capacity or --fit) is added to it. */
 static void driver_spec(const expseg_trace_t *t, const opts_t *o, const char *capacity,
@@ -156,15 +195,8 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
   char confbuf[1024];
   const char *conf = _expseg_model_conf(model, user_conf, t, confbuf, sizeof confbuf);
 
-  if (!strncmp(r->driver, "cuda", 4) && t->n_streams > 1) {
-    /* the trace's stream indices are no CUDA streams; replaying them as handles would pass
-     * garbage to the driver, and the library has no call that creates streams yet */
-    fprintf(err, "expseg-replay: %s uses %" PRIu32 " streams: replaying several streams on "
-                 "the cuda driver is not supported yet (use sim or host)\n",
-            t->name, t->n_streams);
-    return 2;
-  }
   expseg_allocator *a = NULL;
+  expseg_stream *sh = NULL; /* the trace's streams as the driver's (make_streams) */
   /* The recorded start state was made under the recorded setting: rebuild it under that
    * one, then switch to the row's (only the keys it gives change, docs/replay.md). */
   const int warm = model == EXPSEG_MODEL_PYTORCH && t->n_start_segs > 0 &&
@@ -184,19 +216,23 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
     expseg_destroy(a);
     return 2;
   }
+  if (make_streams(a, t, &sh, err)) {
+    expseg_destroy(a);
+    return 2;
+  }
   void **ptr = calloc(t->n_ids ? t->n_ids : 1, sizeof *ptr);
   uint8_t *failed = calloc(t->n_ids ? t->n_ids : 1, 1); /* ids whose malloc failed */
   if (!ptr || !failed) {
     free(failed);
     free(ptr);
-    expseg_destroy(a);
+    close_allocator(a, t, sh);
     fprintf(err, "expseg-replay: out of host memory for %" PRIu64 " ids of %s\n", t->n_ids,
             t->name);
     return 1;
   }
   if (warm) {
     char why[256] = "";
-    if (_expseg_model_warm_start(a, t, ptr, why, sizeof why)) {
+    if (_expseg_model_warm_start(a, t, sh, ptr, why, sizeof why)) {
       /* on a device too small for the recorded start state, that is the first OOM */
       const int is_oom = strstr(why, "out of memory") != NULL;
       if (!is_oom) {
@@ -204,11 +240,12 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
          * file): said on stderr, flagged warm_start:false, replayed from an empty cache */
         fprintf(err, "expseg-replay: %s: cannot rebuild the recorded start state (%s); "
                      "replaying from an empty cache\n", t->name, why);
-        expseg_destroy(a);
+        close_allocator(a, t, sh);
         a = NULL;
+        sh = NULL;
         memset(ptr, 0, (t->n_ids ? t->n_ids : 1) * sizeof *ptr);
         if (expseg_create(r->driver, o->device, conf, &a) != EXPSEG_OK ||
-            _expseg_model_apply(a, model) != EXPSEG_OK) {
+            _expseg_model_apply(a, model) != EXPSEG_OK || make_streams(a, t, &sh, err)) {
           fprintf(err, "expseg-replay: cannot create the allocator (driver '%s', config "
                        "'%s'): %s\n", r->driver, conf, expseg_last_error());
           if (a) expseg_destroy(a);
@@ -224,7 +261,7 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
         expseg_config_string(a, r->config, sizeof r->config);
         free(failed);
         free(ptr);
-        expseg_destroy(a);
+        close_allocator(a, t, sh);
         r->num_ooms = 1;
         r->first_oom = -2;
         return 0;
@@ -237,7 +274,7 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
               expseg_last_error());
       free(failed);
       free(ptr);
-      expseg_destroy(a);
+      close_allocator(a, t, sh);
       return 2;
     }
   }
@@ -246,7 +283,7 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
     fprintf(err, "expseg-replay: recording the history: %s\n", expseg_last_error());
     free(failed);
     free(ptr);
-    expseg_destroy(a);
+    close_allocator(a, t, sh);
     return 1;
   }
   int64_t peak_reserved = -1;
@@ -284,7 +321,7 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
         break;
       }
       void *p = NULL;
-      s = expseg_malloc(a, (size_t)e->size, (expseg_stream)e->stream, &p);
+      s = expseg_malloc(a, (size_t)e->size, sh ? sh[e->stream] : e->stream, &p);
       if (s == EXPSEG_OK || s == EXPSEG_ERR_OUT_OF_MEMORY) {
         /* a failed request still counts in peak requested: the program asked for it */
         live += e->size;
@@ -387,7 +424,7 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
   window_calls(t, o, r, n);
   free(failed);
   free(ptr);
-  expseg_destroy(a);
+  close_allocator(a, t, sh);
   if (errors && !rc) rc = 1;
   return rc;
 }

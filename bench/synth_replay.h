@@ -43,7 +43,8 @@ typedef struct result_s {
   int64_t peak_allocated, peak_reserved, num_device_alloc, num_device_free;
   int64_t warm_alloc, warm_free; /* num_device_alloc/free once the pre-live set is in */
   int64_t warm_calls[N_MEM_CALLS], warm_created; /* the same for the calls by kind */
-  int64_t pool_bytes[4], warm_pool_bytes[4]; /* reserved_bytes.{small,large}_pool.{allocated,freed} */
+  /* reserved_bytes.{small,large}_pool.{allocated,freed}, at the end and at the window start */
+  int64_t pool_bytes[4], warm_pool_bytes[4];
   expseg_calls_t win;     /* the driver calls of the recorded window, priced as driver_ms */
   double driver_ms;
   expseg_calls_t rec;     /* the recorded run's own calls over the window, and their price */

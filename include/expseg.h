@@ -207,6 +207,14 @@ EXPSEG_EXPORT const char *expseg_driver_name(const expseg_allocator *a);
 EXPSEG_EXPORT expseg_status expseg_mem_get_info(expseg_allocator *a, size_t *free_bytes,
                                                 size_t *total_bytes);
 
+/* ---- Streams the driver creates (issue 11: replaying a history's streams on a GPU) ---- */
+/* A new stream on the allocator's device: on cuda a CUstream (cuStreamCreate, non-blocking)
+ * usable with expseg_malloc and expseg_record_stream; destroy it with
+ * expseg_stream_destroy. host and sim have none to create (any value is a stream there):
+ * EXPSEG_ERR_UNSUPPORTED. */
+EXPSEG_EXPORT expseg_status expseg_stream_create(expseg_allocator *a, expseg_stream *out);
+EXPSEG_EXPORT expseg_status expseg_stream_destroy(expseg_allocator *a, expseg_stream stream);
+
 #ifdef __cplusplus
 }
 #endif
