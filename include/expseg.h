@@ -207,6 +207,60 @@ EXPSEG_EXPORT const char *expseg_driver_name(const expseg_allocator *a);
 EXPSEG_EXPORT expseg_status expseg_mem_get_info(expseg_allocator *a, size_t *free_bytes,
                                                 size_t *total_bytes);
 
+/* ---- Several devices, peer access, sharing between processes, single-chunk allocations
+ * (docs/api.md "Devices, peers and sharing", docs/ipc.md) ---- */
+
+/* Makes every range the allocator has mapped, and every one it maps later (growth, page
+ * moves, page-cache re-maps, imports), readable and writable from peer_device: one
+ * set-access call per range per peer. cudaDeviceEnablePeerAccess alone does not do this for
+ * virtual-memory mappings. peer_device in [0, 63], not the allocator's own device; enabling
+ * twice is OK. On failure nothing changed. disable takes the access away again. */
+EXPSEG_EXPORT expseg_status expseg_enable_peer_access(expseg_allocator *a, int peer_device);
+EXPSEG_EXPORT expseg_status expseg_disable_peer_access(expseg_allocator *a, int peer_device);
+
+/* expseg_malloc with flags. EXPSEG_MALLOC_SINGLE_CHUNK: the allocation gets one physical
+ * chunk of its own, mapped contiguously (what NCCL and RDMA registration need), whatever
+ * its size; the option single_chunk_min_mb:N does the same for every allocation of N MB or
+ * more. Unknown flag bits are EXPSEG_ERR_INVALID_ARGUMENT. */
+#define EXPSEG_MALLOC_SINGLE_CHUNK 1u
+EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size,
+                                                              expseg_stream stream,
+                                                              unsigned flags, void **out);
+
+/* A live allocation described for another process: `data` (a versioned, fixed-layout
+ * description, docs/ipc.md) and the descriptors it names by index. The handle owns both:
+ * release it with expseg_ipc_handle_free (closes the descriptors). Zero-initialise before
+ * use. */
+typedef struct expseg_ipc_handle {
+  unsigned char *data;
+  size_t size;
+  int *fds;
+  size_t n_fds;
+} expseg_ipc_handle;
+
+/* Describes the live allocation starting at ptr. Until every process that imports it has
+ * closed it or exited (and the exporter has freed its handle), the allocation stays where
+ * it is: expseg_free of it is deferred, its memory is not reused, moved nor released. */
+EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_ipc_export(expseg_allocator *a, void *ptr,
+                                                               expseg_ipc_handle *out);
+/* Sends / receives a handle over a connected AF_UNIX SOCK_STREAM socket (descriptors with
+ * SCM_RIGHTS; no pidfd, no ptrace). recv fills a zeroed *out the caller frees. */
+EXPSEG_EXPORT expseg_status expseg_ipc_send(int socket_fd, const expseg_ipc_handle *h);
+EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_ipc_recv(int socket_fd,
+                                                             expseg_ipc_handle *out);
+/* Maps the described memory into this process (its own address range, its own device's
+ * access and the enabled peers'); *ptr is where the exported allocation starts. The handle
+ * stays the caller's. Malformed handles are EXPSEG_ERR_INVALID_ARGUMENT naming the field. */
+EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_ipc_import(expseg_allocator *a,
+                                                               const expseg_ipc_handle *h,
+                                                               void **ptr);
+/* Unmaps an imported allocation and closes everything it held. */
+EXPSEG_EXPORT expseg_status expseg_ipc_close(expseg_allocator *a, void *ptr);
+/* Checks now which importers are gone (also done by every malloc and empty_cache while
+ * exports are outstanding); *held (may be NULL) = exports still held open. */
+EXPSEG_EXPORT expseg_status expseg_ipc_poll(expseg_allocator *a, size_t *held);
+EXPSEG_EXPORT void expseg_ipc_handle_free(expseg_ipc_handle *h);
+
 /* ---- Streams the driver creates (issue 11: replaying a history's streams on a GPU) ---- */
 /* A new stream on the allocator's device: on cuda a CUstream (cuStreamCreate, non-blocking)
  * usable with expseg_malloc and expseg_record_stream; destroy it with

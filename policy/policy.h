@@ -57,6 +57,7 @@ typedef struct expseg_config_s {
   size_t page_size;                     /* bytes; 0 = granularity */
   size_t page_cache_max;                /* bytes */
   size_t va_reserve;                    /* bytes; 0 = auto */
+  size_t single_chunk_min;              /* bytes; SIZE_MAX = off (single_chunk_min_mb) */
   bool verbose;
   uint64_t given;                       /* bit EXPSEG_OPT_x set = key x was in the text */
 } expseg_config_t;

@@ -102,6 +102,7 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
                           void *ctx) {
   if (a == NULL) return;
   api_lock(a);
+  _expseg_ipc_destroy(a); /* imports unmapped, exports' sockets closed */
   _expseg_sync_all_events(a); /* blocks used on other streams: wait for that work first */
   _expseg_segments_destroy(a);
   _expseg_streams_destroy(a);
@@ -120,6 +121,7 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
 
 static block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded) {
   block_t *b = _expseg_tree_lower_bound(&a->free_idx[pool], stream, rounded, 0);
+  while (b != NULL && b->seg->single) b = _expseg_tree_next(&a->free_idx[pool], b);
   if (b == NULL || b->stream != stream) return NULL;
   if ((!b->seg->expandable || a->model_pytorch) && !_expseg_oversize_ok(&a->cfg, rounded, b->size))
     return NULL;
@@ -158,13 +160,50 @@ static expseg_status take_block(expseg_allocator *a, block_t *b, size_t rounded,
 }
 
 expseg_status expseg_malloc(expseg_allocator *a, size_t size, expseg_stream stream, void **out) {
+  return expseg_malloc_ex(a, size, stream, 0, out);
+}
+
+/* A free single-chunk segment of exactly rounded bytes (at the granularity); ordinary
+ * requests never take those (find_free skips them), so it is whole. */
+static block_t *find_single(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded) {
+  block_t *b = _expseg_tree_lower_bound(&a->free_idx[pool], stream, rounded, 0);
+  while (b != NULL && b->stream == stream && !b->seg->single && b->size - rounded < a->granularity)
+    b = _expseg_tree_next(&a->free_idx[pool], b);
+  if (b == NULL || b->stream != stream || !b->seg->single || b->size - rounded >= a->granularity)
+    return NULL;
+  _expseg_free_remove(a, b);
+  return b;
+}
+
+static block_t *find_or_grow(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
+                             bool single, bool blocking, expseg_status *st) {
+  block_t *b;
+  if (single) {
+    b = _expseg_grow_single(a, pool, stream, rounded, st);
+    return b ? b : find_single(a, pool, stream, rounded);
+  }
+  b = _expseg_grow(a, pool, stream, rounded, blocking, st);
+  /* another thread may have freed a fit while the lock was dropped */
+  return b ? b : find_free(a, pool, stream, rounded);
+}
+
+expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream stream,
+                               unsigned flags, void **out) {
   if (out == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_malloc: out is NULL");
   *out = NULL;
   if (a == NULL) return null_allocator("expseg_malloc");
+  if (flags & ~EXPSEG_MALLOC_SINGLE_CHUNK)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_malloc_ex: flags 0x%x: unknown bits 0x%x; accepted: "
+                             "EXPSEG_MALLOC_SINGLE_CHUNK (0x%x)",
+                             flags, flags & ~EXPSEG_MALLOC_SINGLE_CHUNK,
+                             EXPSEG_MALLOC_SINGLE_CHUNK);
   if (size == 0) return EXPSEG_OK;
   api_lock(a);
+  if (a->ipc != NULL) _expseg_ipc_poll_locked(a);
   if (a->n_pending_events > 0 || a->n_orphans > 0) _expseg_process_events(a);
+  bool single = (flags & EXPSEG_MALLOC_SINGLE_CHUNK) || size >= a->cfg.single_chunk_min;
   size_t rounded = _expseg_round_size(&a->cfg, size);
   if (rounded == 0) {
     api_unlock(a);
@@ -183,22 +222,20 @@ expseg_status expseg_malloc(expseg_allocator *a, size_t size, expseg_stream stre
     return _expseg_fail_oom(a, size, rounded, stream, expseg_last_error()); /* unlocks */
   }
   int pool = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
-  block_t *b = find_free(a, pool, stream, rounded);
+  if (single) rounded = (rounded + a->granularity - 1) / a->granularity * a->granularity;
+  block_t *b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
   expseg_status st = EXPSEG_OK;
   if (b == NULL) {
     _expseg_garbage_collect(a, a->cfg.expandable_segments ? rounded : 0);
-    b = _expseg_grow(a, pool, stream, rounded, false, &st);
-    /* another thread may have freed a fit while the lock was dropped */
-    if (b == NULL) b = find_free(a, pool, stream, rounded);
+    b = find_or_grow(a, pool, stream, rounded, single, false, &st);
   }
   if (b == NULL && st == EXPSEG_ERR_OUT_OF_MEMORY) {
     a->stats.num_alloc_retries++;
     _expseg_sync_all_events(a);
-    b = find_free(a, pool, stream, rounded);
+    b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
     if (b == NULL) {
-      _expseg_release_cached(a, a->cfg.expandable_segments);
-      b = _expseg_grow(a, pool, stream, rounded, true, &st);
-      if (b == NULL) b = find_free(a, pool, stream, rounded);
+      _expseg_release_cached(a, !single && a->cfg.expandable_segments); /* single: pages too */
+      b = find_or_grow(a, pool, stream, rounded, single, true, &st);
     }
   }
   if (b == NULL) {
@@ -211,7 +248,7 @@ expseg_status expseg_malloc(expseg_allocator *a, size_t size, expseg_stream stre
     }
     return _expseg_fail_oom(a, size, rounded, stream, cause); /* unlocks */
   }
-  st = take_block(a, b, rounded, size, out);
+  st = take_block(a, b, single ? b->size : rounded, size, out); /* single: never split */
   /* the page cache's bound (growth may have left more pages there than it allows); the
    * block is handed out already, so dropping the lock to release is safe */
   if (a->cache_count * a->page > a->cfg.page_cache_max) _expseg_cache_trim(a, a->cfg.page_cache_max);
@@ -241,9 +278,16 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
   if (a == NULL) return null_allocator("expseg_free");
   if (ptr == NULL) return EXPSEG_OK;
   api_lock(a);
+  expseg_status st = EXPSEG_OK;
+  if (a->ipc == NULL || !_expseg_ipc_hold_free(a, (uintptr_t)ptr, &st))
+    st = _expseg_free_locked(a, ptr);
+  api_unlock(a);
+  return st;
+}
+
+expseg_status _expseg_free_locked(expseg_allocator *a, void *ptr) {
   block_t *b = _expseg_ptrmap_take(&a->live, (uintptr_t)ptr);
   if (b == NULL) {
-    api_unlock(a);
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_free(%p): not a pointer this allocator handed out, or "
                              "already freed%s",
@@ -261,7 +305,6 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
     if (!pending && !waited) {
       if (!_expseg_orphan_add(a, b)) {
         (void)_expseg_ptrmap_put(&a->live, b->ptr, b); /* it was there: a slot is free */
-        api_unlock(a);
         return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
                                  "expseg_free(%p): out of host memory; it stays allocated", ptr);
       }
@@ -280,7 +323,6 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
   } else {
     _expseg_free_block(a, b);
   }
-  api_unlock(a);
   return EXPSEG_OK;
 }
 
@@ -305,6 +347,7 @@ expseg_status expseg_record_stream(expseg_allocator *a, void *ptr, expseg_stream
 expseg_status expseg_empty_cache(expseg_allocator *a) {
   if (a == NULL) return null_allocator("expseg_empty_cache");
   api_lock(a);
+  if (a->ipc != NULL) _expseg_ipc_poll_locked(a);
   _expseg_sync_all_events(a);
   _expseg_release_cached(a, false);
   api_unlock(a);

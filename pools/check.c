@@ -215,11 +215,13 @@ expseg_status _expseg_check_locked(const expseg_allocator *a) {
   for (size_t i = 0; i < a->n_queues; i++) queued += a->queues[i].count;
   SAME("pending events", (int64_t)a->n_pending_events, (int64_t)queued);
   if (a->unlocked_ops == 0) { /* no chunk is being created or released with the lock dropped */
-    SAME("driver mapped bytes", atomic_load(&a->drv->mapped_bytes), r.driver_mapped);
-    SAME("driver live chunks", atomic_load(&a->drv->live_chunks), r.chunks);
-    SAME("driver live chunk bytes", atomic_load(&a->drv->live_chunk_bytes),
+    int64_t im[4] = {0}; /* imported allocations (ipc.c): bytes mapped, chunks, their bytes, VA */
+    _expseg_ipc_totals(a, im);
+    SAME("driver mapped bytes", atomic_load(&a->drv->mapped_bytes) - im[0], r.driver_mapped);
+    SAME("driver live chunks", atomic_load(&a->drv->live_chunks) - im[1], r.chunks);
+    SAME("driver live chunk bytes", atomic_load(&a->drv->live_chunk_bytes) - im[2],
          r.reserved[STAT_ALL]);
-    SAME("driver reserved address space", atomic_load(&a->drv->reserved_va_bytes), r.va);
+    SAME("driver reserved address space", atomic_load(&a->drv->reserved_va_bytes) - im[3], r.va);
   }
   return EXPSEG_OK;
 }

@@ -84,6 +84,7 @@ struct segment_s {
   size_t va_size;
   bool expandable;
   bool oversize;         /* classic, counted in oversize_segments when created */
+  bool single;           /* classic, made for a single-chunk allocation: serves only those */
   uint8_t pool;
   expseg_stream stream;
   segment_t *next_all, *prev_all;
@@ -194,6 +195,9 @@ struct expseg_allocator {
   stats_t stats;
   struct history_s *hist;     /* history.c: the recorded events; NULL = not recording */
   int64_t isplit_n[POOL_COUNT], isplit_b[POOL_COUNT]; /* inactive_split change not yet applied */
+
+  uint64_t peers;             /* devices given access to every mapping (peer.c), bit = ordinal */
+  struct ipc_state_s *ipc;    /* exports and imports (ipc.c); NULL until the first */
 };
 
 /* ---- tree.c ---- */
@@ -246,6 +250,10 @@ size_t _expseg_block_whole_pages(const expseg_allocator *a, const block_t *b, ui
  * status in *st (OUT_OF_MEMORY when the cap or the device is full). */
 block_t *_expseg_grow(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
                       bool blocking, expseg_status *st);
+/* A classic segment of exactly rounded bytes (rounded to the granularity): one chunk, for a
+ * single-chunk allocation. */
+block_t *_expseg_grow_single(expseg_allocator *a, int pool, expseg_stream stream,
+                             size_t rounded, expseg_status *st);
 /* Gives back cached memory: free classic segments and, unless keep_pages, whole free pages
  * of expandable segments (after their streams' work completes), the page cache and fully
  * unmapped segments. Returns the bytes of physical memory released. */
@@ -311,6 +319,26 @@ void _expseg_free_block(expseg_allocator *a, block_t *b);
  * (api_unlock), runs the observers and returns EXPSEG_ERR_OUT_OF_MEMORY. */
 expseg_status _expseg_fail_oom(expseg_allocator *a, size_t size, size_t rounded,
                                expseg_stream stream, const char *cause_msg);
+
+/* ---- peer.c: access for peer devices ---- */
+/* Grants every enabled peer access to a newly mapped range (lock held). */
+expseg_status _expseg_peers_grant(expseg_allocator *a, uintptr_t addr, size_t size);
+
+/* ---- ipc.c: sharing with other processes (lock held) ---- */
+/* Importers gone: their exports dropped, deferred frees done. */
+void _expseg_ipc_poll_locked(expseg_allocator *a);
+/* expseg_free of an exported pointer: true when the free is deferred (*st its result). */
+bool _expseg_ipc_hold_free(expseg_allocator *a, uintptr_t ptr, expseg_status *st);
+/* Calls fn on every imported range (peer access). */
+expseg_status _expseg_ipc_foreach_import(expseg_allocator *a,
+                                         expseg_status (*fn)(void *ctx, uintptr_t, size_t),
+                                         void *ctx);
+void _expseg_ipc_destroy(expseg_allocator *a); /* closes and unmaps everything */
+/* What imports hold from the driver: t[0] mapped bytes, t[1] chunks, t[2] chunk bytes,
+ * t[3] reserved address space (expseg_check leaves them out of its recount). */
+void _expseg_ipc_totals(const expseg_allocator *a, int64_t t[4]);
+/* expseg_free with the lock held (alloc.c). */
+expseg_status _expseg_free_locked(expseg_allocator *a, void *ptr);
 
 /* ---- check.c ---- */
 expseg_status _expseg_check_locked(const expseg_allocator *a);

@@ -419,6 +419,7 @@ static block_t *map_pages(expseg_allocator *a, block_t *u, uintptr_t lo, size_t 
     s->pages[first + done] = (page_t){.h = h, .mapped = true};
   }
   if (done == k) *st = _expseg_vmm_set_access(a->drv, lo, k * a->page);
+  if (done == k && *st == EXPSEG_OK && a->peers) *st = _expseg_peers_grant(a, lo, k * a->page);
   if (done < k || *st != EXPSEG_OK) {
     expseg_status keep = *st;
     char msg[512];
@@ -630,9 +631,11 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
   return NULL;
 }
 
+/* exact: a segment of rounded bytes (single-chunk), else the policy's classic size. */
 static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
-                             expseg_status *st) {
-  size_t size = round_up(_expseg_classic_segment_size(&a->cfg, rounded), a->granularity);
+                             bool exact, expseg_status *st) {
+  size_t size = round_up(exact ? rounded : _expseg_classic_segment_size(&a->cfg, rounded),
+                         a->granularity);
   if (!cap_allows(a, size)) {
     *st = cap_error(a, size);
     return NULL;
@@ -662,6 +665,7 @@ static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream
   pthread_mutex_lock(&a->lock);
   a->unlocked_ops--;
   a->inflight -= size;
+  if (*st == EXPSEG_OK && a->peers) *st = _expseg_peers_grant(a, base, size); /* lock held */
   if (*st != EXPSEG_OK) {
     if (!reserved && *st == EXPSEG_ERR_OUT_OF_MEMORY) a->oom_kind = OOM_ADDRESS_SPACE;
     /* undo in reverse, keeping the first failure's message; a refused step goes on the
@@ -698,7 +702,31 @@ block_t *_expseg_grow(expseg_allocator *a, int pool, expseg_stream stream, size_
     batch_flush(a, &rb);
   }
   if (a->cfg.expandable_segments) return grow_expandable(a, pool, stream, rounded, blocking, st);
-  return grow_classic(a, pool, stream, rounded, st);
+  return grow_classic(a, pool, stream, rounded, false, st);
+}
+
+static bool classic_release(expseg_allocator *a, segment_t *s, release_batch_t *rb,
+                            bool blocking, stream_seen_t *seen, size_t *n_seen);
+static bool classic_is_free(const segment_t *s);
+
+block_t *_expseg_grow_single(expseg_allocator *a, int pool, expseg_stream stream,
+                             size_t rounded, expseg_status *st) {
+  /* Single-chunk segments serve only their own size: cached ones of other sizes in this
+   * pool go back before a new one is made (docs/benchmarks.md measures the trade). */
+  release_batch_t rb = {0};
+  if (a->n_zombies > 0) zombies_retry(a, &rb);
+  stream_seen_t seen[SEEN_MAX];
+  size_t n_seen = 0;
+  for (segment_t *s = a->segments, *next; s; s = next) {
+    next = s->next_all;
+    if (s->single && s->pool == pool && classic_is_free(s))
+      (void)classic_release(a, s, &rb, false, seen, &n_seen);
+  }
+  _expseg_isplit_flush(a);
+  batch_flush(a, &rb);
+  block_t *b = grow_classic(a, pool, stream, rounded, true, st);
+  if (b != NULL) b->seg->single = true;
+  return b;
 }
 
 /* ---- giving memory back ---- */

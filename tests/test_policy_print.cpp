@@ -202,7 +202,7 @@ TEST(PolicyPrint, DefaultsAndShape) {
     size_t f = p.find(k);
     if (i == EXPSEG_OPT_garbage_collection_threshold || i == EXPSEG_OPT_pinned_reserve_segment_size_mb ||
         i == EXPSEG_OPT_max_split_size_mb || i == EXPSEG_OPT_page_cache_max_mb ||
-        i == EXPSEG_OPT_expandable_segments_reserve) {
+        i == EXPSEG_OPT_expandable_segments_reserve || i == EXPSEG_OPT_single_chunk_min_mb) {
       EXPECT_EQ(f, std::string::npos) << "off by default, cannot be written: " << p;
       continue;
     }

@@ -13,7 +13,8 @@
  *
  * Mapping: reserve = cuMemAddressReserve, create = cuMemCreate (pinned device memory, with a
  * POSIX fd handle type when the device supports it), map = cuMemMap (offset 0 only:
- * UNSUPPORTED otherwise), set_access = cuMemSetAccess(READWRITE for the device), unmap =
+ * UNSUPPORTED otherwise), set_access = cuMemSetAccess(READWRITE for the device asked: its own
+ * or a peer; PROT_NONE to revoke a peer), unmap =
  * cuMemUnmap, release = cuMemRelease, unreserve = cuMemAddressFree. Events are created with
  * CU_EVENT_DISABLE_TIMING. Every failure names the CUDA call and cuGetErrorName's text.
  *
@@ -239,15 +240,29 @@ static expseg_status cuda_unmap(void *st, uintptr_t addr, size_t size) {
 
 static expseg_status cuda_set_access(void *st, uintptr_t addr, size_t size, int device) {
   cuda_t *c = st;
-  (void)device; /* this instance's device */
+  bool grant = device >= 0;
+  int ordinal = grant ? device : EXPSEG_VMM_REVOKED_DEVICE(device);
+  CUdevice target = c->dev;
+  CUresult r;
+  if (ordinal != c->ordinal && (r = cu.cuDeviceGet(&target, ordinal)) != CUDA_SUCCESS) {
+    char d[48];
+    snprintf(d, sizeof d, "(peer device %d)", ordinal);
+    return cu_fail(r, "cuDeviceGet", d);
+  }
   ENTER(c);
   CUmemAccessDesc d;
   memset(&d, 0, sizeof d);
   d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  d.location.id = c->dev;
-  d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  CUresult r = cu.cuMemSetAccess((CUdeviceptr)addr, size, &d, 1);
-  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuMemSetAccess", NULL));
+  d.location.id = target;
+  d.flags = grant ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  r = cu.cuMemSetAccess((CUdeviceptr)addr, size, &d, 1);
+  if (r != CUDA_SUCCESS) {
+    char what[64];
+    snprintf(what, sizeof what, "(%s device %d, memory of device %d)",
+             grant ? "grant" : "revoke", ordinal, c->ordinal);
+    LEAVE_RETURN(cu_fail(r, "cuMemSetAccess", what));
+  }
+  LEAVE_RETURN(EXPSEG_OK);
 }
 
 static expseg_status cuda_event_create(void *st, expseg_vmm_event *ev) {

@@ -39,6 +39,8 @@ typedef struct {
   size_t in_use; /* bytes of created (not imported) chunks */
   expseg_ledger_t *ledger;
   expseg_arenas_t *arenas; /* where chunks live */
+  expseg_access_t *access; /* which devices may access what (access.c) */
+  int device;
   atomic_bool bind_warned;
 } host_t;
 _Static_assert(offsetof(host_t, streams) == 0, "the stream model comes first");
@@ -170,8 +172,12 @@ static expseg_status host_unmap(void *st, uintptr_t addr, size_t size) {
   if (s == EXPSEG_OK) {
     void *p = mmap((void *)addr, size, PROT_NONE,
                    MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) s = sys_fail("unmap", errno, "mmap(MAP_FIXED, PROT_NONE)");
-    else _expseg_ledger_unmap(h->ledger, addr, size, true);
+    if (p == MAP_FAILED) {
+      s = sys_fail("unmap", errno, "mmap(MAP_FIXED, PROT_NONE)");
+    } else {
+      _expseg_ledger_unmap(h->ledger, addr, size, true);
+      _expseg_access_unmap(h->access, addr, size); /* access goes with the mapping */
+    }
   }
   pthread_mutex_unlock(&h->mu);
   return s;
@@ -179,12 +185,14 @@ static expseg_status host_unmap(void *st, uintptr_t addr, size_t size) {
 
 static expseg_status host_set_access(void *st, uintptr_t addr, size_t size, int device) {
   host_t *h = st;
-  (void)device;
   pthread_mutex_lock(&h->mu);
   expseg_status s = _expseg_ledger_check_mapped(h->ledger, addr, size, "set_access");
-  pthread_mutex_unlock(&h->mu);
-  if (s == EXPSEG_OK && mprotect((void *)addr, size, PROT_READ | PROT_WRITE) != 0)
+  /* peers share this process's view: only the owner's grant changes the protection */
+  if (s == EXPSEG_OK && device == h->device &&
+      mprotect((void *)addr, size, PROT_READ | PROT_WRITE) != 0)
     s = sys_fail("set_access", errno, "mprotect(PROT_READ|PROT_WRITE)");
+  if (s == EXPSEG_OK) s = _expseg_access_apply(h->access, "host", addr, size, device, h->device);
+  pthread_mutex_unlock(&h->mu);
   return s;
 }
 
@@ -245,6 +253,12 @@ static expseg_status host_import_fd(void *st, int fd, size_t offset, size_t size
   return s;
 }
 
+static expseg_status host_has_access(void *st, uintptr_t addr, size_t size, int device,
+                                     int *state) {
+  host_t *h = st;
+  return _expseg_access_query(&h->mu, h->access, addr, size, device, state);
+}
+
 static size_t host_granularity(void *st) { return ((host_t *)st)->o.granularity; }
 
 static void host_mem_info(void *st, size_t *free_bytes, size_t *total_bytes) {
@@ -271,6 +285,7 @@ static void host_destroy(void *st) {
     _expseg_ledger_free(h->ledger);
   }
   _expseg_arenas_free(h->arenas);
+  _expseg_access_free(h->access);
   _expseg_smodel_free(h->streams);
   pthread_mutex_destroy(&h->mu);
   free(h);
@@ -300,6 +315,7 @@ static const expseg_vmm_ops_t host_ops = {
     .host_alloc = _expseg_pinned_alloc,
     .host_free = _expseg_pinned_free,
     .destroy = host_destroy,
+    .has_access = host_has_access,
 };
 
 expseg_status _expseg_host_new(const expseg_host_opts_t *o, int device, expseg_vmm_t **out) {
@@ -340,7 +356,9 @@ expseg_status _expseg_host_new(const expseg_host_opts_t *o, int device, expseg_v
   h->ledger = _expseg_ledger_new("host", g);
   h->streams = _expseg_smodel_new("host");
   h->arenas = _expseg_arenas_new(opt.capacity, g);
-  if (!h->ledger || !h->streams || !h->arenas) {
+  h->access = _expseg_access_new();
+  h->device = device;
+  if (!h->ledger || !h->streams || !h->arenas || !h->access) {
     host_destroy(h);
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "host driver: out of host memory");
   }

@@ -23,6 +23,8 @@ typedef struct {
   size_t in_use;
   expseg_ledger_t *ledger;
   expseg_ranges_t free_va;
+  expseg_access_t *access; /* which devices may access what (access.c) */
+  int device;
 } sim_t;
 _Static_assert(offsetof(sim_t, streams) == 0, "the stream model comes first");
 
@@ -108,17 +110,24 @@ static expseg_status sim_unmap(void *st, uintptr_t addr, size_t size) {
   sim_t *s = st;
   pthread_mutex_lock(&s->mu);
   expseg_status r = _expseg_ledger_unmap(s->ledger, addr, size, true);
+  if (r == EXPSEG_OK) _expseg_access_unmap(s->access, addr, size);
   pthread_mutex_unlock(&s->mu);
   return r;
 }
 
 static expseg_status sim_set_access(void *st, uintptr_t addr, size_t size, int device) {
   sim_t *s = st;
-  (void)device;
   pthread_mutex_lock(&s->mu);
   expseg_status r = _expseg_ledger_check_mapped(s->ledger, addr, size, "set_access");
+  if (r == EXPSEG_OK) r = _expseg_access_apply(s->access, "sim", addr, size, device, s->device);
   pthread_mutex_unlock(&s->mu);
   return r;
+}
+
+static expseg_status sim_has_access(void *st, uintptr_t addr, size_t size, int device,
+                                    int *state) {
+  sim_t *s = st;
+  return _expseg_access_query(&s->mu, s->access, addr, size, device, state);
 }
 
 static expseg_status sim_export_fd(void *st, expseg_vmm_handle h, int *fd, size_t *offset) {
@@ -151,6 +160,7 @@ static void sim_destroy(void *st) {
   sim_t *s = st;
   if (!s) return;
   _expseg_ledger_free(s->ledger);
+  _expseg_access_free(s->access);
   _expseg_smodel_free(s->streams);
   _expseg_ranges_free(&s->free_va);
   pthread_mutex_destroy(&s->mu);
@@ -181,6 +191,7 @@ static const expseg_vmm_ops_t sim_ops = {
     .host_alloc = _expseg_pinned_alloc,
     .host_free = _expseg_pinned_free,
     .destroy = sim_destroy,
+    .has_access = sim_has_access,
 };
 
 expseg_status _expseg_sim_new(const expseg_sim_opts_t *o, int device, expseg_vmm_t **out) {
@@ -207,7 +218,10 @@ expseg_status _expseg_sim_new(const expseg_sim_opts_t *o, int device, expseg_vmm
   s->o.va_size &= ~(uint64_t)(g - 1);
   s->ledger = _expseg_ledger_new("sim", g);
   s->streams = _expseg_smodel_new("sim");
-  if (!s->ledger || !s->streams || !_expseg_ranges_put(&s->free_va, SIM_BASE, s->o.va_size)) {
+  s->access = _expseg_access_new();
+  s->device = device;
+  if (!s->ledger || !s->streams || !s->access ||
+      !_expseg_ranges_put(&s->free_va, SIM_BASE, s->o.va_size)) {
     sim_destroy(s);
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "sim driver: out of host memory");
   }

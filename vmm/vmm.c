@@ -545,11 +545,25 @@ expseg_status _expseg_vmm_unmap(expseg_vmm_t *v, uintptr_t addr, size_t size) {
 }
 
 expseg_status _expseg_vmm_set_access(expseg_vmm_t *v, uintptr_t addr, size_t size) {
+  return _expseg_vmm_set_access_dev(v, addr, size, v->device);
+}
+
+expseg_status _expseg_vmm_set_access_dev(expseg_vmm_t *v, uintptr_t addr, size_t size,
+                                         int device) {
   const expseg_vmm_call c = EXPSEG_VMM_CALL_set_access;
   if (!range_ok(v, c, addr, size)) return EXPSEG_ERR_INVALID_ARGUMENT;
-  expseg_status st = v->ops->set_access(v->st, addr, size, v->device);
+  expseg_status st = v->ops->set_access(v->st, addr, size, device);
   _expseg_vmm_account(v, c, st, 0);
   return st;
+}
+
+expseg_status _expseg_vmm_has_access(expseg_vmm_t *v, uintptr_t addr, size_t size, int device,
+                                     int *state) {
+  if (!v->ops->has_access)
+    return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                             "%s driver: has_access is a test hook of the host and sim drivers",
+                             v->ops->name);
+  return v->ops->has_access(v->st, addr, size, device, state);
 }
 
 static expseg_status no_event(expseg_vmm_t *v, expseg_vmm_call c) {

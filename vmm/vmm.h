@@ -24,7 +24,10 @@
  *  - unmap: [addr, addr+size) is exactly a union of whole earlier mappings (CUDA cannot
  *    unmap part of a mapping), all inside one reservation.
  *  - set_access: [addr, addr+size) is mapped (every byte) inside one reservation. The
- *    allocator calls it once per newly mapped contiguous range, never per chunk.
+ *    allocator calls it once per newly mapped contiguous range and device (its own, then
+ *    each peer given with expseg_enable_peer_access), never per chunk. `device` >= 0 grants
+ *    that device read-write access; EXPSEG_VMM_REVOKE(d) takes device d's access away
+ *    (never the owner's). Access goes with the mapping on unmap.
  *  - events: an event is recorded before it is queried or synchronized; destroy takes a
  *    live event.
  * A physical chunk cannot be split once created: mapping part of one is allowed, but the
@@ -67,6 +70,10 @@ typedef enum expseg_vmm_call {
 #undef EXPSEG_VMM_CALL_ENUM_
   EXPSEG_VMM_CALL_COUNT
 } expseg_vmm_call;
+
+/* set_access's device argument for taking device d's access away: ~d (always < 0). */
+#define EXPSEG_VMM_REVOKE(d) (~(d))
+#define EXPSEG_VMM_REVOKED_DEVICE(arg) (~(arg))
 
 typedef uint64_t expseg_vmm_handle; /* physical chunk (CUmemGenericAllocationHandle) */
 typedef uint64_t expseg_vmm_event;  /* CUevent or the backend's own id; never 0 when live */
@@ -127,6 +134,9 @@ typedef struct expseg_vmm_ops_s {
   expseg_status (*host_free)(void *st, const expseg_host_chunk_t *c);
   int (*host_numa)(void *st);
   void (*destroy)(void *st); /* frees the backend's state (and an inner driver it owns) */
+  /* Test hook (host and sim; NULL elsewhere): *state = 2 when every byte of [addr,
+   * addr+size) is accessible from device, 1 when some byte is, 0 when none is. */
+  expseg_status (*has_access)(void *st, uintptr_t addr, size_t size, int device, int *state);
 } expseg_vmm_ops_t;
 
 /* A driver instance. Counts are atomics: the allocator calls create/release outside its
@@ -174,6 +184,14 @@ expseg_status _expseg_vmm_map(expseg_vmm_t *v, uintptr_t addr, size_t size, exps
                               size_t offset);
 expseg_status _expseg_vmm_unmap(expseg_vmm_t *v, uintptr_t addr, size_t size);
 expseg_status _expseg_vmm_set_access(expseg_vmm_t *v, uintptr_t addr, size_t size);
+/* The same for another device: device >= 0 grants it, EXPSEG_VMM_REVOKE(d) revokes d.
+ * Counted as a set_access call. */
+expseg_status _expseg_vmm_set_access_dev(expseg_vmm_t *v, uintptr_t addr, size_t size,
+                                         int device);
+/* Test hook: the backend's record of device's access to the range (ops->has_access);
+ * EXPSEG_ERR_UNSUPPORTED where the backend keeps none (cuda, fault). Not counted. */
+expseg_status _expseg_vmm_has_access(expseg_vmm_t *v, uintptr_t addr, size_t size, int device,
+                                     int *state);
 expseg_status _expseg_vmm_event_create(expseg_vmm_t *v, expseg_vmm_event *ev);
 expseg_status _expseg_vmm_event_destroy(expseg_vmm_t *v, expseg_vmm_event ev);
 expseg_status _expseg_vmm_event_record(expseg_vmm_t *v, expseg_vmm_event ev, expseg_stream s);
@@ -243,6 +261,16 @@ uint64_t _expseg_fault_injected(expseg_vmm_t *fault);
  * message naming the position and what is accepted; rules unchanged then. */
 expseg_status _expseg_fault_set_rules_text(expseg_vmm_t *fault, const char *text, size_t len,
                                            bool relative);
+
+/* ---- ipc_socket.c: a handle's bytes and descriptors over a Unix stream socket ---- */
+
+/* Sends data and the descriptors (SCM_RIGHTS; the caller keeps its own). */
+expseg_status _expseg_ipc_sock_send(int sock, const void *data, size_t size, const int *fds,
+                                    size_t n_fds);
+/* Receives what send sent: malloc'd *data and *fds (close-on-exec) the caller owns. On
+ * failure nothing is left open. */
+expseg_status _expseg_ipc_sock_recv(int sock, unsigned char **data, size_t *size, int **fds,
+                                    size_t *n_fds);
 
 /* ---- topo.c: topology through hwloc ---- */
 

@@ -12,6 +12,8 @@
 #include "error.h"
 #include "vmm.h"
 
+#include <pthread.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -131,6 +133,27 @@ expseg_status _expseg_arenas_adopt(expseg_arenas_t *s, int fd, size_t base, uint
 void _expseg_arenas_drop(expseg_arenas_t *s, uint64_t user); /* closes an adopted fd */
 /* The file holding a chunk and the chunk's offset in it. */
 int _expseg_arenas_fd(const expseg_arenas_t *s, uint64_t user, size_t *offset);
+
+/* ---- access.c: which devices may access which ranges (host, sim; not thread-safe) ---- */
+
+typedef struct expseg_access_s expseg_access_t;
+
+expseg_access_t *_expseg_access_new(void); /* NULL when out of memory */
+void _expseg_access_free(expseg_access_t *s);
+/* false: out of host memory (nothing changed). */
+bool _expseg_access_grant(expseg_access_t *s, uintptr_t addr, size_t size, int device);
+bool _expseg_access_revoke(expseg_access_t *s, uintptr_t addr, size_t size, int device);
+bool _expseg_access_unmap(expseg_access_t *s, uintptr_t addr, size_t size); /* all devices */
+/* true: every byte of [addr, addr+size) is accessible from device. */
+bool _expseg_access_covers(expseg_access_t *s, uintptr_t addr, size_t size, int device);
+/* true: some byte is. */
+bool _expseg_access_any(expseg_access_t *s, uintptr_t addr, size_t size, int device);
+/* The ops entries host and sim share: set_access records grants and revocations (device
+ * >= 0 grants, EXPSEG_VMM_REVOKE(d) revokes d), has_access answers from the record. */
+expseg_status _expseg_access_apply(expseg_access_t *s, const char *backend, uintptr_t addr,
+                                   size_t size, int device, int owner);
+expseg_status _expseg_access_query(pthread_mutex_t *mu, expseg_access_t *s, uintptr_t addr,
+                                   size_t size, int device, int *state); /* under mu */
 
 #ifdef __cplusplus
 }

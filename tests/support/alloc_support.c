@@ -96,8 +96,7 @@ static expseg_status b_unmap(void *st, uintptr_t addr, size_t size) {
   return _expseg_vmm_unmap(((borrow_t *)st)->inner, addr, size);
 }
 static expseg_status b_set_access(void *st, uintptr_t addr, size_t size, int device) {
-  (void)device;
-  return _expseg_vmm_set_access(((borrow_t *)st)->inner, addr, size);
+  return _expseg_vmm_set_access_dev(((borrow_t *)st)->inner, addr, size, device);
 }
 static expseg_status b_event_create(void *st, expseg_vmm_event *ev) {
   return _expseg_vmm_event_create(((borrow_t *)st)->inner, ev);
