@@ -3,17 +3,19 @@
  * file name starts with "synth" so that the expseg_traces library's glob picks it up.)
  *
  * A history (expseg_trace_t) is replayed through a fresh allocator: 'p' and 'a' become
- * expseg_malloc on the event's stream index (used as the stream handle itself, 0 = the
- * default stream), 'f' becomes expseg_free, 'r' does nothing (the memory stays live until
+ * expseg_malloc on the event's stream (on cuda a stream the driver created per trace
+ * stream; on host and sim the index itself; 0 = the default stream), 'f' becomes expseg_free, 'r' does nothing (the memory stays live until
  * the matching 'f': the trace already says when the other stream's work completed), 'E'
  * becomes expseg_empty_cache, and the recorded allocator's own events (M X m u O) are
  * only counted for the baseline. A failed malloc counts as an OOM and leaves the id
  * unallocated, so its later free is skipped. Only the event loop is timed.
  *
- * --sweep replays each history under every configuration in `sweep_table` and ranks them
- * by peak reserved memory, then by driver calls. Usage and output fields: docs/replay.md. */
+ * --model pytorch starts from the recorded allocator state and PyTorch's defaults
+ * (synth_model.c); driver calls are priced (synth_cost.c); --sweep and the output are in
+ * synth_sweep.c; --fit is here. Usage and output fields: docs/replay.md. */
 #include "trace.h"
 #include "trace_internal.h"
+#include "synth_replay.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -26,72 +28,9 @@
 
 int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err);
 
-#define GIB ((uint64_t)1 << 30)
 
-/* ------------------------------------------------------------------------------------ */
-/* The sweep table: what --sweep tries. pytorch = 1 when the text is valid for PyTorch's  */
-/* own allocator too (expseg-only keys: page_size_mb, page_cache_max_mb, va_reserve_mb).  */
-
-typedef struct sweep_conf_s {
-  const char *label;
-  const char *conf;
-  int pytorch;
-} sweep_conf_t;
-
-static const sweep_conf_t sweep_table[] = {
-    {"classic", "expandable_segments:False", 1},
-    {"classic, max_split 512M", "expandable_segments:False,max_split_size_mb:512", 1},
-    {"classic, max_split 128M", "expandable_segments:False,max_split_size_mb:128", 1},
-    {"classic, max_split 32M", "expandable_segments:False,max_split_size_mb:32", 1},
-    {"classic, roundup 4", "expandable_segments:False,roundup_power2_divisions:4", 1},
-    {"classic, roundup 8", "expandable_segments:False,roundup_power2_divisions:8", 1},
-    {"expandable", "expandable_segments:True", 1},
-    {"expandable, page 8M", "expandable_segments:True,page_size_mb:8", 0},
-    {"expandable, page 20M", "expandable_segments:True,page_size_mb:20", 0},
-    {"expandable, roundup 4", "expandable_segments:True,roundup_power2_divisions:4", 1},
-    {"expandable, roundup 8", "expandable_segments:True,roundup_power2_divisions:8", 1},
-    {"expandable, max_split 128M", "expandable_segments:True,max_split_size_mb:128", 1},
-};
-#define N_SWEEP (sizeof sweep_table / sizeof sweep_table[0])
-
-/* Driver calls that touch memory (expseg.driver.<name>): the cost column of the sweep. */
-static const char *const mem_calls[] = {"reserve", "unreserve", "create", "release",
-                                        "map", "unmap", "set_access"};
-#define N_MEM_CALLS (sizeof mem_calls / sizeof mem_calls[0])
-
-/* ------------------------------------------------------------------------------------ */
-/* Options and results                                                                   */
-
-typedef struct opts_s {
-  const char *driver;     /* NULL = sim sized from the trace */
-  const char *conf;       /* NULL = environment */
-  int device;
-  int check, json, sweep, quiet;
-  const char *timeline;   /* CSV path or NULL */
-  uint64_t timeline_every; /* 0 = auto */
-  uint64_t limit;         /* replay only the first `limit` events of each history; 0 = all */
-  const char *snapshot;   /* --snapshot OUT.pickle */
-  int snapshot_end;       /* --snapshot-at end (else at the peak) */
-  int report;             /* --report: memory summary at the peak */
-} opts_t;
-
-typedef struct result_s {
-  uint64_t events;        /* replayed events (p a f r E) */
-  uint64_t ops;           /* allocator calls made (malloc, free, empty_cache) */
-  uint64_t peak_requested;
-  int64_t peak_allocated, peak_reserved, num_device_alloc, num_device_free;
-  int64_t warm_alloc, warm_free; /* num_device_alloc/free once the pre-live set is in */
-  uint64_t num_ooms;      /* failed mallocs */
-  uint64_t errors;        /* other failures (first one printed) */
-  int64_t created_bytes;  int has_created;
-  int64_t calls[N_MEM_CALLS]; int has_calls;
-  uint64_t driver_calls;  /* sum of calls[] */
-  double ns_per_op;
-  uint64_t loop_ns;
-  char driver[128];
-  char config[1024];
-  int64_t peak_event;     /* event after which reserved memory first reached its peak */
-} result_t;
+const char *const _expseg_mem_calls[N_MEM_CALLS] = {"reserve", "unreserve", "create", "release",
+                                                    "map", "unmap", "set_access"};
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -108,66 +47,248 @@ static int64_t stat_or(const expseg_allocator *a, const char *key, int64_t dflt,
   if (found) *found = 0;
   return dflt;
 }
-
-static void json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-    else if (c < 0x20) fprintf(f, "\\u%04x", c);
-    else fputc(c, f);
-  }
-  fputc('"', f);
-}
-
-static const char *human(char buf[32], double bytes) {
-  if (bytes >= (double)GIB) snprintf(buf, 32, "%.2f GiB", bytes / (double)GIB);
-  else if (bytes >= 1048576.0) snprintf(buf, 32, "%.1f MiB", bytes / 1048576.0);
-  else snprintf(buf, 32, "%.0f B", bytes);
-  return buf;
-}
-
 /* ------------------------------------------------------------------------------------ */
 /* One replay                                                                            */
 
-static void default_driver(const expseg_trace_t *t, char *buf, size_t len) {
-  uint64_t gib = (2 * t->peak_live_requested + GIB - 1) / GIB;
-  if (gib < 80) gib = 80;
-  snprintf(buf, len, "sim:capacity=%" PRIu64 "G", gib);
+/* The counters at the start of the recorded window (after the pre-live set). */
+static const char *const pool_keys[4] = {
+    "reserved_bytes.small_pool.allocated", "reserved_bytes.small_pool.freed",
+    "reserved_bytes.large_pool.allocated", "reserved_bytes.large_pool.freed"};
+
+static void window_snap(const expseg_allocator *a, result_t *r) {
+  for (int k = 0; k < 4; k++) r->warm_pool_bytes[k] = stat_or(a, pool_keys[k], 0, NULL);
+  r->warm_alloc = stat_or(a, "num_device_alloc", 0, NULL);
+  r->warm_free = stat_or(a, "num_device_free", 0, NULL);
+  r->warm_created = stat_or(a, "expseg.created_bytes", 0, NULL);
+  for (size_t k = 0; k < N_MEM_CALLS; k++) {
+    char key[64];
+    snprintf(key, sizeof key, "expseg.driver.%s", _expseg_mem_calls[k]);
+    r->warm_calls[k] = stat_or(a, key, 0, NULL);
+  }
+}
+
+/* The window's driver calls by kind: PyTorch's classic segments are cudaMalloc/cudaFree
+ * (one per device allocation/free); otherwise the VMM calls expseg made, with pages of
+ * page_size_mb (created chunks from their bytes). */
+static void window_calls(const expseg_trace_t *t, const opts_t *o, result_t *r, size_t n) {
+  static const int kind_of[N_MEM_CALLS] = {EXPSEG_COST_RESERVE, -1, EXPSEG_COST_CREATE,
+                                           EXPSEG_COST_RELEASE, EXPSEG_COST_MAP,
+                                           EXPSEG_COST_UNMAP, EXPSEG_COST_SET_ACCESS};
+  expseg_calls_t *w = &r->win;
+  memset(w, 0, sizeof *w);
+  const uint64_t two = UINT64_C(2) << 20;
+  const uint64_t created = (uint64_t)(r->created_bytes - r->warm_created) / two;
+  if (r->model == EXPSEG_MODEL_PYTORCH && _expseg_conf_expandable(r->config) != 1) {
+    w->calls[EXPSEG_COST_CUDA_MALLOC] = (uint64_t)(r->num_device_alloc - r->warm_alloc);
+    w->calls[EXPSEG_COST_CUDA_FREE] = (uint64_t)(r->num_device_free - r->warm_free);
+    w->pages[EXPSEG_COST_CUDA_MALLOC] = created;
+  } else if (r->model == EXPSEG_MODEL_PYTORCH) {
+    /* PyTorch's pages: 2 MiB small, large_segment_size_mb large, one create + map per page
+     * mapped and one unmap + release per page unmapped (the allocator maps the large pool
+     * in 2 MiB chunks: pools/model.c); reserve and set_access as counted */
+    const char *ls = strstr(r->config, "large_segment_size_mb:");
+    uint64_t large = (ls ? strtoull(ls + strlen("large_segment_size_mb:"), NULL, 10) : 20) << 20;
+    if (!large) large = UINT64_C(20) << 20;
+    uint64_t d[4];
+    for (int k = 0; k < 4; k++) d[k] = (uint64_t)(r->pool_bytes[k] - r->warm_pool_bytes[k]);
+    uint64_t maps = d[0] / two + (d[2] + large - 1) / large;
+    uint64_t unmaps = d[1] / two + (d[3] + large - 1) / large;
+    w->calls[EXPSEG_COST_CREATE] = w->calls[EXPSEG_COST_MAP] = maps;
+    w->calls[EXPSEG_COST_UNMAP] = w->calls[EXPSEG_COST_RELEASE] = unmaps;
+    w->pages[EXPSEG_COST_CREATE] = w->pages[EXPSEG_COST_MAP] = (d[0] + d[2]) / two;
+    w->pages[EXPSEG_COST_UNMAP] = w->pages[EXPSEG_COST_RELEASE] = (d[1] + d[3]) / two;
+    w->calls[EXPSEG_COST_RESERVE] = (uint64_t)(r->calls[0] - r->warm_calls[0]);
+    w->calls[EXPSEG_COST_SET_ACCESS] = (uint64_t)(r->calls[6] - r->warm_calls[6]);
+    w->pages[EXPSEG_COST_SET_ACCESS] = w->pages[EXPSEG_COST_MAP];
+  } else {
+    const char *ps = strstr(r->config, "page_size_mb:");
+    uint64_t mb = ps ? strtoull(ps + strlen("page_size_mb:"), NULL, 10) : 2;
+    uint64_t per = mb > 2 ? mb / 2 : 1;
+    for (size_t k = 0; k < N_MEM_CALLS; k++) {
+      if (kind_of[k] < 0) continue;
+      uint64_t c = (uint64_t)(r->calls[k] - r->warm_calls[k]);
+      w->calls[kind_of[k]] = c;
+      w->pages[kind_of[k]] = kind_of[k] == EXPSEG_COST_CREATE ? created : c * per;
+    }
+    /* one set_access covers a whole newly mapped range: it touches every mapped page */
+    w->pages[EXPSEG_COST_SET_ACCESS] = w->pages[EXPSEG_COST_MAP];
+  }
+  r->driver_ms = _expseg_costs_ms(&o->costs, w);
+  _expseg_recorded_calls(t, n, &r->rec);
+  r->rec_ms = _expseg_costs_ms(&o->costs, &r->rec);
+}
+
+/* The trace's streams as the driver's: on cuda each index but 0 (the default stream) gets a
+ * stream the driver creates; host and sim take any value, so the index itself (*out NULL).
+ * 0 on success, else 2 with the reason on err. */
+static int make_streams(expseg_allocator *a, const expseg_trace_t *t, expseg_stream **out,
+                        FILE *err) {
+  *out = NULL;
+  if (t->n_streams <= 1) return 0;
+  expseg_stream first = 0;
+  expseg_status st = expseg_stream_create(a, &first);
+  if (st == EXPSEG_ERR_UNSUPPORTED) return 0;
+  expseg_stream *h = calloc(t->n_streams, sizeof *h);
+  if (st != EXPSEG_OK || !h) {
+    fprintf(err, "expseg-replay: %s: cannot create the trace's %" PRIu32 " streams: %s\n",
+            t->name, t->n_streams, h ? expseg_last_error() : "out of host memory");
+    if (st == EXPSEG_OK) (void)expseg_stream_destroy(a, first);
+    free(h);
+    return 2;
+  }
+  h[1] = first;
+  for (uint32_t i = 2; i < t->n_streams; i++) {
+    if (expseg_stream_create(a, &h[i]) != EXPSEG_OK) {
+      fprintf(err, "expseg-replay: %s: cannot create stream %" PRIu32 " of %" PRIu32 ": %s\n",
+              t->name, i, t->n_streams, expseg_last_error());
+      for (uint32_t j = 1; j < i; j++) (void)expseg_stream_destroy(a, h[j]);
+      free(h);
+      return 2;
+    }
+  }
+  *out = h;
+  return 0;
+}
+
+/* Destroys the allocator and, before it, the streams made for the trace. */
+static void close_allocator(expseg_allocator *a, const expseg_trace_t *t, expseg_stream *sh) {
+  for (uint32_t i = 1; sh && i < t->n_streams; i++) (void)expseg_stream_destroy(a, sh[i]);
+  free(sh);
+  expseg_destroy(a);
+}
+
+/* The driver spec: --driver, else $EXPSEG_DRIVER, else sim sized from the trace
+ * (max(80G, 2 x peak live requested)); capacity (--capacity or --fit) is added to it. */
+static void driver_spec(const expseg_trace_t *t, const opts_t *o, const char *capacity,
+                        char *buf, size_t len) {
+  const char *base = o->driver;
+  if (!base && getenv("EXPSEG_DRIVER") && *getenv("EXPSEG_DRIVER"))
+    base = getenv("EXPSEG_DRIVER");
+  if (!capacity) capacity = o->capacity;
+  const char *had = base && capacity ? strstr(base, "capacity=") : NULL;
+  if (had) { /* --capacity replaces the spec's own capacity */
+    const char *rest = had + strlen("capacity=");
+    rest += strcspn(rest, ",;");
+    snprintf(buf, len, "%.*scapacity=%s%s", (int)(had - base), base, capacity, rest);
+  } else if (base && capacity)
+    snprintf(buf, len, "%s%scapacity=%s", base, strchr(base, ':') ? "," : ":", capacity);
+  else if (base) snprintf(buf, len, "%s", base);
+  else if (capacity) snprintf(buf, len, "sim:capacity=%s", capacity);
+  else {
+    uint64_t gib = (2 * t->peak_live_requested + GIB - 1) / GIB;
+    if (gib < 80) gib = 80;
+    snprintf(buf, len, "sim:capacity=%" PRIu64 "G", gib);
+  }
 }
 
 /* Returns 0 on success, 1 when --check found a violation or the allocator failed in a way
  * that is not an OOM, 2 when the allocator could not be created (bad --driver/--conf). */
-static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf,
-                      FILE *timeline, FILE *err, result_t *r, const capture_t *cap) {
+int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
+                       const char *user_conf, const char *capacity, FILE *timeline, FILE *err,
+                       result_t *r, const capture_t *cap) {
   memset(r, 0, sizeof *r);
   r->peak_event = -1;
-  if (o->driver) snprintf(r->driver, sizeof r->driver, "%s", o->driver);
-  else default_driver(t, r->driver, sizeof r->driver);
+  r->model = model;
+  r->first_oom = -1;
+  _expseg_window_baseline(t, o->limit ? (size_t)o->limit : t->n_events, &r->base);
+  driver_spec(t, o, capacity, r->driver, sizeof r->driver);
+  char confbuf[1024];
+  const char *conf = _expseg_model_conf(model, user_conf, t, confbuf, sizeof confbuf);
 
   expseg_allocator *a = NULL;
-  expseg_status s = expseg_create(r->driver, o->device, conf, &a);
+  expseg_stream *sh = NULL; /* the trace's streams as the driver's (make_streams) */
+  /* The recorded start state was made under the recorded setting: rebuild it under that
+   * one, then switch to the row's (only the keys it gives change, docs/replay.md). */
+  const int warm = model == EXPSEG_MODEL_PYTORCH && t->n_start_segs > 0 &&
+                   _expseg_conf_expandable(conf) != 1;
+  char recbuf[1024];
+  const char *first = warm ? _expseg_model_conf(model, NULL, t, recbuf, sizeof recbuf) : conf;
+  expseg_status s = expseg_create(r->driver, o->device, first, &a);
   if (s != EXPSEG_OK) {
     fprintf(err, "expseg-replay: cannot create the allocator (driver '%s', config '%s'): %s\n",
-            r->driver, conf ? conf : "(environment)", expseg_last_error());
+            r->driver, first ? first : "(environment)", expseg_last_error());
     return 2;
+  }
+  expseg_info info;
+  if (expseg_get_info(a, &info) == EXPSEG_OK) r->capacity = info.total_memory;
+  if (_expseg_model_apply(a, model) != EXPSEG_OK) {
+    fprintf(err, "expseg-replay: %s\n", expseg_last_error());
+    expseg_destroy(a);
+    return 2;
+  }
+  if (make_streams(a, t, &sh, err)) {
+    expseg_destroy(a);
+    return 2;
+  }
+  void **ptr = calloc(t->n_ids ? t->n_ids : 1, sizeof *ptr);
+  uint8_t *failed = calloc(t->n_ids ? t->n_ids : 1, 1); /* ids whose malloc failed */
+  if (!ptr || !failed) {
+    free(failed);
+    free(ptr);
+    close_allocator(a, t, sh);
+    fprintf(err, "expseg-replay: out of host memory for %" PRIu64 " ids of %s\n", t->n_ids,
+            t->name);
+    return 1;
+  }
+  if (warm) {
+    char why[256] = "";
+    if (_expseg_model_warm_start(a, t, sh, ptr, why, sizeof why)) {
+      /* on a device too small for the recorded start state, that is the first OOM */
+      const int is_oom = strstr(why, "out of memory") != NULL;
+      if (!is_oom) {
+        /* a layout PyTorch's rules do not produce (another PyTorch version, an edited
+         * file): said on stderr, flagged warm_start:false, replayed from an empty cache */
+        fprintf(err, "expseg-replay: %s: cannot rebuild the recorded start state (%s); "
+                     "replaying from an empty cache\n", t->name, why);
+        close_allocator(a, t, sh);
+        a = NULL;
+        sh = NULL;
+        memset(ptr, 0, (t->n_ids ? t->n_ids : 1) * sizeof *ptr);
+        if (expseg_create(r->driver, o->device, conf, &a) != EXPSEG_OK ||
+            _expseg_model_apply(a, model) != EXPSEG_OK || make_streams(a, t, &sh, err)) {
+          fprintf(err, "expseg-replay: cannot create the allocator (driver '%s', config "
+                       "'%s'): %s\n", r->driver, conf, expseg_last_error());
+          if (a) expseg_destroy(a);
+          free(failed);
+          free(ptr);
+          return 2;
+        }
+        first = conf;
+      } else {
+        if (!o->quiet)
+          fprintf(err, "expseg-replay: %s: cannot rebuild the recorded start state: %s\n",
+                  t->name, why);
+        expseg_config_string(a, r->config, sizeof r->config);
+        free(failed);
+        free(ptr);
+        close_allocator(a, t, sh);
+        r->num_ooms = 1;
+        r->first_oom = -2;
+        return 0;
+      }
+    } else {
+      r->warm_started = 1;
+    }
+    if (first != conf && strcmp(first, conf) && expseg_configure(a, conf) != EXPSEG_OK) {
+      fprintf(err, "expseg-replay: cannot switch to config '%s': %s\n", conf,
+              expseg_last_error());
+      free(failed);
+      free(ptr);
+      close_allocator(a, t, sh);
+      return 2;
+    }
   }
   expseg_config_string(a, r->config, sizeof r->config);
   if (cap && cap->snapshot && expseg_record_history_ex(a, true, SIZE_MAX, 0) != EXPSEG_OK) {
     fprintf(err, "expseg-replay: recording the history: %s\n", expseg_last_error());
-    expseg_destroy(a);
+    free(failed);
+    free(ptr);
+    close_allocator(a, t, sh);
     return 1;
   }
   int64_t peak_reserved = -1;
   timeline_t tl;
   memset(&tl, 0, sizeof tl);
-  void **ptr = calloc(t->n_ids ? t->n_ids : 1, sizeof *ptr);
-  if (!ptr) {
-    expseg_destroy(a);
-    fprintf(err, "expseg-replay: out of host memory for %" PRIu64 " ids of %s\n", t->n_ids,
-            t->name);
-    return 1;
-  }
   uint64_t every = o->timeline_every;
   if (!every) every = t->n_events / 2000 ? t->n_events / 2000 : 1;
 
@@ -175,19 +296,24 @@ static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf
   uint64_t live = 0, peak = 0, events = 0, ops = 0, ooms = 0, errors = 0;
   const expseg_trace_event_t *ev = t->events;
   const size_t n = o->limit && o->limit < t->n_events ? (size_t)o->limit : t->n_events;
+  _expseg_window_baseline(t, n, &r->base);
   const uint64_t t0 = now_ns();
   for (size_t i = 0; i < n; i++) {
     const expseg_trace_event_t *e = &ev[i];
     if (i > 0 && e->kind != EXPSEG_TR_PRELIVE && ev[i - 1].kind == EXPSEG_TR_PRELIVE) {
       /* the recorded window starts here: what came before rebuilt its starting state */
-      r->warm_alloc = stat_or(a, "num_device_alloc", 0, NULL);
-      r->warm_free = stat_or(a, "num_device_free", 0, NULL);
+      window_snap(a, r);
     }
     switch (e->kind) {
     case EXPSEG_TR_PRELIVE:
     case EXPSEG_TR_ALLOC: {
       events++;
       ops++;
+      if (e->kind == EXPSEG_TR_PRELIVE && e->id < t->n_ids && ptr[e->id]) {
+        live += e->size; /* placed by the warm start */
+        if (live > peak) peak = live;
+        break;
+      }
       if (e->id >= t->n_ids || ptr[e->id]) {
         if (!errors++)
           fprintf(err, "expseg-replay: %s event %zu: id %" PRIu64 " out of range or live\n",
@@ -195,13 +321,17 @@ static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf
         break;
       }
       void *p = NULL;
-      s = expseg_malloc(a, (size_t)e->size, (expseg_stream)e->stream, &p);
-      if (s == EXPSEG_OK) {
-        ptr[e->id] = p;
+      s = expseg_malloc(a, (size_t)e->size, sh ? sh[e->stream] : e->stream, &p);
+      if (s == EXPSEG_OK || s == EXPSEG_ERR_OUT_OF_MEMORY) {
+        /* a failed request still counts in peak requested: the program asked for it */
         live += e->size;
         if (live > peak) peak = live;
+      }
+      if (s == EXPSEG_OK) {
+        ptr[e->id] = p;
       } else if (s == EXPSEG_ERR_OUT_OF_MEMORY) {
-        ooms++;
+        if (!ooms++) r->first_oom = (int64_t)i;
+        failed[e->id] = 1;
       } else if (!errors++) {
         fprintf(err, "expseg-replay: %s event %zu: malloc(%" PRIu64 "): %s\n", t->name, i,
                 e->size, expseg_last_error());
@@ -216,6 +346,9 @@ static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf
           fprintf(err, "expseg-replay: %s event %zu: free(id %" PRIu64 "): %s\n", t->name, i,
                   e->id, expseg_last_error());
         ptr[e->id] = NULL;
+        live -= e->size;
+      } else if (e->id < t->n_ids && failed[e->id]) {
+        failed[e->id] = 0;
         live -= e->size;
       }
       break;
@@ -277,192 +410,79 @@ static int replay_one(const expseg_trace_t *t, const opts_t *o, const char *conf
   r->num_device_alloc = stat_or(a, "num_device_alloc", -1, NULL);
   r->num_device_free = stat_or(a, "num_device_free", -1, NULL);
   r->created_bytes = stat_or(a, "expseg.created_bytes", 0, &r->has_created);
+  for (int k = 0; k < 4; k++) r->pool_bytes[k] = stat_or(a, pool_keys[k], 0, NULL);
   for (size_t k = 0; k < N_MEM_CALLS; k++) {
     char key[64];
     int found = 0;
-    snprintf(key, sizeof key, "expseg.driver.%s", mem_calls[k]);
+    snprintf(key, sizeof key, "expseg.driver.%s", _expseg_mem_calls[k]);
     r->calls[k] = stat_or(a, key, 0, &found);
     if (found) {
       r->has_calls = 1;
       r->driver_calls += (uint64_t)r->calls[k];
     }
   }
+  window_calls(t, o, r, n);
+  free(failed);
   free(ptr);
-  expseg_destroy(a);
+  close_allocator(a, t, sh);
   if (errors && !rc) rc = 1;
   return rc;
 }
 
 /* ------------------------------------------------------------------------------------ */
-/* Output                                                                                */
+/* --fit: the smallest device capacity (to 1 %) on which a history runs without an OOM    */
 
-static double ratio(int64_t num, uint64_t den) {
-  return den && num >= 0 ? (double)num / (double)den : 0.0;
+static int fits(const expseg_trace_t *t, const opts_t *o, int model, uint64_t cap,
+                FILE *err, result_t *r) {
+  char c[32];
+  snprintf(c, sizeof c, "%" PRIu64 "K", (cap + 1023) / 1024);
+  int rc = _expseg_replay_cap(t, o, model, o->conf, c, NULL, err, r, NULL);
+  return rc == 2 ? -2 : (rc == 0 && r->num_ooms == 0);
 }
 
-static void print_json(FILE *f, const expseg_trace_t *t, const result_t *r, const char *label,
-                       int rank) {
-  fprintf(f, "{\"trace\":");
-  json_str(f, t->name);
-  fprintf(f, ",\"device\":%d", t->device);
-  if (label) {
-    fprintf(f, ",\"setting\":");
-    json_str(f, label);
-    fprintf(f, ",\"rank\":%d", rank);
-  }
-  fprintf(f, ",\"driver\":");
-  json_str(f, r->driver);
-  fprintf(f, ",\"config\":");
-  json_str(f, r->config);
-  fprintf(f,
-          ",\"events\":%" PRIu64 ",\"ops\":%" PRIu64 ",\"peak_requested\":%" PRIu64
-          ",\"peak_allocated\":%" PRId64 ",\"peak_reserved\":%" PRId64
-          ",\"num_device_alloc\":%" PRId64 ",\"num_device_free\":%" PRId64
-          ",\"num_ooms\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"ns_per_op\":%.1f",
-          r->events, r->ops, r->peak_requested, r->peak_allocated, r->peak_reserved,
-          r->num_device_alloc, r->num_device_free, r->num_ooms, r->errors, r->ns_per_op);
-  fprintf(f, ",\"window_device_alloc\":%" PRId64 ",\"window_device_free\":%" PRId64,
-          r->num_device_alloc - r->warm_alloc, r->num_device_free - r->warm_free);
-  if (r->has_created) fprintf(f, ",\"created_bytes\":%" PRId64, r->created_bytes);
-  fprintf(f, ",\"ratio\":%.4f", ratio(r->peak_reserved, r->peak_requested));
-  if (r->has_calls) {
-    fprintf(f, ",\"driver_calls\":{");
-    for (size_t k = 0; k < N_MEM_CALLS; k++)
-      fprintf(f, "%s\"%s\":%" PRId64, k ? "," : "", mem_calls[k], r->calls[k]);
-    fprintf(f, "}");
-  }
-  if (t->baseline.present) {
-    const expseg_trace_baseline_t *b = &t->baseline;
-    fprintf(f,
-            ",\"baseline\":{\"peak_reserved\":%" PRIu64 ",\"segment_alloc\":%" PRIu64
-            ",\"segment_free\":%" PRIu64 ",\"map\":%" PRIu64 ",\"unmap\":%" PRIu64
-            ",\"oom\":%" PRIu64 ",\"ratio\":%.4f}",
-            b->peak_reserved, b->segment_alloc, b->segment_free, b->map, b->unmap, b->oom,
-            ratio((int64_t)b->peak_reserved, r->peak_requested));
-  }
-  fprintf(f, "}\n");
-}
-
-static void print_table_head(FILE *f) {
-  fprintf(f, "%-44s %9s %11s %11s %6s %11s %6s %13s %5s %7s\n", "trace", "events",
-          "peak req", "peak resv", "ratio", "recorded", "ratio", "dev a/f", "ooms", "ns/op");
-}
-
-static void print_table_row(FILE *f, const expseg_trace_t *t, const result_t *r) {
-  char b1[32], b2[32], b3[32], af[32];
-  snprintf(af, sizeof af, "%" PRId64 "/%" PRId64, r->num_device_alloc, r->num_device_free);
-  if (t->baseline.present)
-    fprintf(f, "%-44.44s %9" PRIu64 " %11s %11s %6.3f %11s %6.3f %13s %5" PRIu64 " %7.1f\n",
-            t->name, r->events, human(b1, (double)r->peak_requested),
-            human(b2, (double)r->peak_reserved), ratio(r->peak_reserved, r->peak_requested),
-            human(b3, (double)t->baseline.peak_reserved),
-            ratio((int64_t)t->baseline.peak_reserved, r->peak_requested), af, r->num_ooms,
-            r->ns_per_op);
-  else
-    fprintf(f, "%-44.44s %9" PRIu64 " %11s %11s %6.3f %11s %6s %13s %5" PRIu64 " %7.1f\n",
-            t->name, r->events, human(b1, (double)r->peak_requested),
-            human(b2, (double)r->peak_reserved), ratio(r->peak_reserved, r->peak_requested),
-            "-", "-", af, r->num_ooms, r->ns_per_op);
-}
-
-/* ------------------------------------------------------------------------------------ */
-/* Sweep                                                                                 */
-
-typedef struct sweep_row_s {
-  const char *label, *conf;
-  int pytorch;
-  result_t r;
-} sweep_row_t;
-
-static uint64_t row_cost(const sweep_row_t *w) {
-  return (uint64_t)(w->r.num_device_alloc + w->r.num_device_free) + w->r.driver_calls;
-}
-
-static int row_cmp(const void *pa, const void *pb) {
-  const sweep_row_t *a = pa, *b = pb;
-  /* failed settings last, then OOMs, then least memory held, then fewest driver calls */
-  if ((a->r.errors > 0) != (b->r.errors > 0)) return a->r.errors > 0 ? 1 : -1;
-  if ((a->r.num_ooms > 0) != (b->r.num_ooms > 0)) return a->r.num_ooms > 0 ? 1 : -1;
-  if (a->r.peak_reserved != b->r.peak_reserved)
-    return a->r.peak_reserved < b->r.peak_reserved ? -1 : 1;
-  uint64_t ca = row_cost(a), cb = row_cost(b);
-  return ca < cb ? -1 : ca > cb;
-}
-
-static int sweep_one(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *err) {
-  size_t n = N_SWEEP + (o->conf ? 1 : 0);
-  sweep_row_t *rows = calloc(n, sizeof *rows);
-  if (!rows) return 1;
-  int rc = 0, failed = 0;
-  const int tty = !o->quiet && isatty(fileno(err));
-  for (size_t i = 0; i < n && rc != 2; i++) {
-    sweep_row_t *w = &rows[i];
-    if (i < N_SWEEP) {
-      w->label = sweep_table[i].label;
-      w->conf = sweep_table[i].conf;
-      w->pytorch = sweep_table[i].pytorch;
-    } else {
-      w->label = "yours (--conf)";
-      w->conf = o->conf;
-      w->pytorch = 1;
+static int fit_one(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *err) {
+  opts_t q = *o;
+  q.quiet = 1;
+  const uint64_t gran = UINT64_C(2) << 20;
+  for (int model = EXPSEG_MODEL_EXPSEG; model <= EXPSEG_MODEL_PYTORCH; model++) {
+    result_t r;
+    int rc = _expseg_replay_cap(t, &q, model, o->conf, NULL, NULL, err, &r, NULL);
+    if (rc) return rc;
+    char config[sizeof r.config];
+    memcpy(config, r.config, sizeof config);
+    uint64_t lo = r.peak_requested, hi = ((uint64_t)r.peak_reserved + gran - 1) / gran * gran;
+    unsigned runs = 1;
+    int ok = 0;
+    for (int k = 0; k < 8 && (ok = fits(t, &q, model, hi, err, &r)) == 0; k++, runs++) hi *= 2;
+    if (ok < 0) return 2;
+    if (!ok) {
+      fprintf(err, "expseg-replay: %s: --fit: no capacity up to %" PRIu64 " bytes runs "
+                   "without an OOM under --model %s\n",
+              t->name, hi, _expseg_model_name(model));
+      return 1;
     }
-    if (tty)
-      fprintf(err, "\r%s: setting %zu/%zu (%s)%20s", t->name, i + 1, n, w->label, "");
-    /* a setting the allocator fails on (not an OOM) is ranked last and the sweep goes on;
-     * the exit status is then 1 */
-    rc = replay_one(t, o, w->conf, NULL, err, &w->r, NULL);
-    if (rc == 1) {
-      failed = 1;
-      if (!w->r.errors) w->r.errors = 1; /* a --check violation */
+    while (hi - lo > hi / 100) {
+      uint64_t mid = lo + (hi - lo) / 2;
+      int f = fits(t, &q, model, mid, err, &r);
+      runs++;
+      if (f < 0) return 2;
+      if (f) hi = mid;
+      else lo = mid;
     }
+    char b[32];
+    if (o->json) {
+      fprintf(out, "{\"trace\":");
+      _expseg_json_str(out, t->name);
+      fprintf(out, ",\"device\":%d,\"model\":\"%s\",\"config\":", t->device,
+              _expseg_model_name(model));
+      _expseg_json_str(out, config);
+      fprintf(out, ",\"fit_capacity\":%" PRIu64 ",\"fit_runs\":%u}\n", hi, runs);
+    } else
+      fprintf(out, "%s: runs without an OOM on %s of device memory (%" PRIu64
+                   " bytes, to 1 %%) under --model %s\n", t->name, _expseg_human(b, (double)hi),
+              hi, _expseg_model_name(model));
   }
-  if (tty) fprintf(err, "\r%90s\r", "");
-  if (rc == 2) {
-    free(rows);
-    return rc;
-  }
-  qsort(rows, n, sizeof *rows, row_cmp);
-  if (o->json) {
-    for (size_t i = 0; i < n; i++) print_json(out, t, &rows[i].r, rows[i].label, (int)i + 1);
-    free(rows);
-    return failed;
-  }
-  char b1[32], b2[32];
-  fprintf(out, "\n%s: %" PRIu64 " events, peak requested %s", t->name, rows[0].r.events,
-          human(b1, (double)rows[0].r.peak_requested));
-  if (t->baseline.present)
-    fprintf(out, ", recorded allocator held %s (ratio %.3f)",
-            human(b2, (double)t->baseline.peak_reserved),
-            ratio((int64_t)t->baseline.peak_reserved, rows[0].r.peak_requested));
-  fprintf(out, "\n%4s  %-28s %11s %6s %8s %9s %5s  %s\n", "rank", "setting", "peak resv",
-          "ratio", "dev a+f", "drv calls", "ooms", "PYTORCH_CUDA_ALLOC_CONF");
-  for (size_t i = 0; i < n; i++) {
-    const sweep_row_t *w = &rows[i];
-    char calls[24];
-    if (w->r.has_calls) snprintf(calls, sizeof calls, "%" PRIu64, w->r.driver_calls);
-    else snprintf(calls, sizeof calls, "-");
-    if (w->r.errors) {
-      fprintf(out, "%4zu  %-28s %11s %6s %8s %9s %5s  %s  (allocator failed: see stderr)\n",
-              i + 1, w->label, "FAILED", "-", "-", "-", "-", w->conf);
-      continue;
-    }
-    fprintf(out, "%4zu  %-28s %11s %6.3f %8" PRId64 " %9s %5" PRIu64 "  %s%s\n", i + 1,
-            w->label, human(b1, (double)w->r.peak_reserved),
-            ratio(w->r.peak_reserved, w->r.peak_requested),
-            w->r.num_device_alloc + w->r.num_device_free, calls, w->r.num_ooms, w->conf,
-            w->pytorch ? "" : "  (expseg only)");
-  }
-  const sweep_row_t *best = &rows[0], *best_pt = NULL;
-  for (size_t i = 0; i < n && !best_pt; i++)
-    if (rows[i].pytorch) best_pt = &rows[i];
-  fprintf(out, "least memory: %s -> %s=%s\n", best->label,
-          best->pytorch ? "PYTORCH_CUDA_ALLOC_CONF" : "EXPSEG_ALLOC_CONF", best->conf);
-  if (best_pt && best_pt != best)
-    fprintf(out, "least memory with PyTorch's own allocator keys: %s -> "
-                 "PYTORCH_CUDA_ALLOC_CONF=%s\n",
-            best_pt->label, best_pt->conf);
-  free(rows);
-  return failed;
+  return 0;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -490,7 +510,13 @@ static void usage(FILE *f) {
           "  --snapshot-at peak|end  when to take it (default peak)\n"
           "  --report              print the memory summary at the peak of reserved memory\n"
           "  --quiet               no progress lines on stderr\n"
-          "Exit status: 0 ok, 1 check violation or allocator error, 2 bad arguments/input.\n"
+          "  --model M             expseg (default) or pytorch (PyTorch's allocator: its\n"
+          "                        defaults, the recorded setting and start state)\n"
+          "  --capacity SIZE       device memory (e.g. 24G), added to the driver spec\n"
+          "  --fit                 per model, the smallest capacity that runs without OOM\n"
+          "  --allow-oom           a failed request does not make the exit status 1\n"
+          "  --costs FILE          per-call driver costs (KIND[.page] MICROSECONDS lines)\n"
+          "Exit status: 0 ok, 1 check violation, allocator error or OOM, 2 bad arguments/input.\n"
           "See docs/replay.md.\n");
 }
 
@@ -547,6 +573,7 @@ static int bad(FILE *err, const char *fmt, ...) {
 int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
   opts_t o;
   memset(&o, 0, sizeof o);
+  _expseg_costs_default(&o.costs);
   const char **files = calloc((size_t)argc + 1, sizeof *files);
   const char **synths = calloc((size_t)argc + 1, sizeof *synths);
   size_t n_files = 0, n_synths = 0;
@@ -571,8 +598,9 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     const int takes = !strcmp(arg, "--driver") || !strcmp(arg, "--conf") ||
                       !strcmp(arg, "--device") || !strcmp(arg, "--synth") ||
                       !strcmp(arg, "--timeline") || !strcmp(arg, "--timeline-every") ||
-                      !strcmp(arg, "--limit") || !strcmp(arg, "--snapshot") ||
-                      !strcmp(arg, "--snapshot-at");
+                      !strcmp(arg, "--limit") || !strcmp(arg, "--model") ||
+                      !strcmp(arg, "--capacity") || !strcmp(arg, "--costs") ||
+                      !strcmp(arg, "--snapshot") || !strcmp(arg, "--snapshot-at");
     if (takes && !val) {
       if (i + 1 >= argc) {
         rc = bad(err, "option %s needs a value", arg);
@@ -586,6 +614,12 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     uint64_t v;
     if (!strcmp(arg, "--driver")) o.driver = val;
     else if (!strcmp(arg, "--conf")) o.conf = val;
+    else if (!strcmp(arg, "--model")) {
+      if (_expseg_model_parse(val, &o.model)) {
+        rc = bad(err, "--model '%s' is not a model: accepted are expseg and pytorch", val);
+        goto done;
+      }
+    }
     else if (!strcmp(arg, "--device")) {
       if (_expseg_arg_u64(val, &v) || v > 1024) {
         rc = bad(err, "--device '%s' is not a device ordinal (0 .. 1024)", val);
@@ -618,6 +652,16 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     else if (!strcmp(arg, "--json")) o.json = 1;
     else if (!strcmp(arg, "--sweep")) o.sweep = 1;
     else if (!strcmp(arg, "--quiet")) o.quiet = 1;
+    else if (!strcmp(arg, "--allow-oom")) o.allow_oom = 1;
+    else if (!strcmp(arg, "--fit")) o.fit = 1;
+    else if (!strcmp(arg, "--capacity")) o.capacity = val;
+    else if (!strcmp(arg, "--costs")) {
+      if (_expseg_costs_read(val, &o.costs) != EXPSEG_OK) {
+        fprintf(err, "expseg-replay: %s\n", expseg_last_error());
+        rc = 2;
+        goto done;
+      }
+    }
     else if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
       usage(out);
       goto done;
@@ -630,8 +674,8 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     rc = bad(err, "nothing to replay: give trace files and/or --synth NAME");
     goto done;
   }
-  if ((o.snapshot || o.report) && o.sweep) {
-    rc = bad(err, "--snapshot and --report cannot be combined with --sweep");
+  if ((o.snapshot || o.report) && (o.sweep || o.fit)) {
+    rc = bad(err, "--snapshot and --report cannot be combined with --sweep or --fit");
     goto done;
   }
   if (o.sweep && o.timeline) {
@@ -684,41 +728,58 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     fprintf(timeline, "%s\n", EXPSEG_TIMELINE_HEADER);
   }
 
-  int header = 0;
+  char last_driver[128] = "";
+  int oom_rc = 0;
   for (size_t i = 0; i < h.n_sets + h.n_synth && rc == 0; i++) {
     size_t count = i < h.n_sets ? h.sets[i].n : 1;
     for (size_t j = 0; j < count && rc == 0; j++) {
       const expseg_trace_t *t = i < h.n_sets ? &h.sets[i].traces[j] : &h.synth[i - h.n_sets];
       if (o.sweep) {
-        rc = sweep_one(t, &o, out, err);
+        rc = _expseg_replay_sweep(t, &o, out, err);
+        continue;
+      }
+      if (o.fit) {
+        rc = fit_one(t, &o, out, err);
         continue;
       }
       result_t r;
       capture_t cap = {-2, o.snapshot_end, o.snapshot, o.report, out};
       if (o.report || (o.snapshot && !o.snapshot_end)) { /* first pass: find the peak */
         capture_t find = {-1, 0, NULL, 0, NULL};
-        rc = replay_one(t, &o, o.conf, NULL, err, &r, &find);
+        rc = _expseg_replay_cap(t, &o, o.model, o.conf, NULL, NULL, err, &r, &find);
         if (rc == 2) break;
         cap.at = r.peak_event;
       }
-      rc = replay_one(t, &o, o.conf, timeline, err, &r,
-                      o.snapshot || o.report ? &cap : NULL);
+      rc = _expseg_replay_cap(t, &o, o.model, o.conf, NULL, timeline, err, &r,
+                              o.snapshot || o.report ? &cap : NULL);
       if (rc == 2) break;
+      if (r.num_ooms) {
+        char where[64];
+        if (r.first_oom == -2) snprintf(where, sizeof where, "while rebuilding the recorded "
+                                                             "start state");
+        else snprintf(where, sizeof where, "at event %" PRId64, r.first_oom);
+        fprintf(err, "expseg-replay: %s: %" PRIu64 " request(s) failed for lack of device "
+                     "memory (driver %s), the first %s\n",
+                t->name, r.num_ooms, r.driver, where);
+        if (!o.allow_oom) oom_rc = 1;
+      }
       if (o.json) {
-        print_json(out, t, &r, NULL, 0);
+        _expseg_replay_json(out, t, &r, NULL, 0, NULL, 0);
       } else {
-        if (!header) {
-          fprintf(out, "# driver %s; config %s\n", o.driver ? o.driver : "sim (sized per trace)",
-                  r.config);
-          print_table_head(out);
-          header = 1;
+        if (strcmp(last_driver, r.driver)) {
+          char cb[32];
+          fprintf(out, "# driver %s, device capacity %s; config %s\n", r.driver,
+                  r.capacity ? _expseg_human(cb, (double)r.capacity) : "unknown", r.config);
+          _expseg_replay_table_head(out);
+          snprintf(last_driver, sizeof last_driver, "%s", r.driver);
         }
-        print_table_row(out, t, &r);
+        _expseg_replay_table_row(out, t, &r);
       }
       fflush(out);
     }
   }
 
+  if (rc == 0) rc = oom_rc;
 done:
   if (timeline && fclose(timeline) != 0 && rc == 0) {
     fprintf(err, "expseg-replay: writing --timeline '%s' failed\n", o.timeline);

@@ -237,6 +237,35 @@ expseg_status _expseg_trace_push(expseg_trace_t *t, uint8_t kind, uint32_t strea
   return EXPSEG_OK;
 }
 
+/* Event i starts a run of recorded releases that is not the out-of-memory path's. */
+static bool starts_empty_cache(const expseg_trace_t *t, size_t i) {
+  uint8_t k = t->events[i].kind, prev = i ? t->events[i - 1].kind : 0;
+  return (k == EXPSEG_TR_SEG_FREE || k == EXPSEG_TR_UNMAP) && prev != EXPSEG_TR_SEG_FREE &&
+         prev != EXPSEG_TR_UNMAP && prev != EXPSEG_TR_OOM && prev != EXPSEG_TR_EMPTY;
+}
+
+expseg_status _expseg_trace_mark_empty_cache(expseg_trace_t *t) {
+  size_t runs = 0;
+  for (size_t i = 0; i < t->n_events; i++) runs += starts_empty_cache(t, i);
+  if (!runs) return EXPSEG_OK;
+  expseg_trace_event_t *ev = malloc((t->n_events + runs) * sizeof *ev);
+  if (!ev)
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu trace "
+                             "events", t->name, t->n_events + runs);
+  size_t k = 0;
+  for (size_t i = 0; i < t->n_events; i++) {
+    if (starts_empty_cache(t, i)) {
+      memset(&ev[k], 0, sizeof ev[k]);
+      ev[k++].kind = EXPSEG_TR_EMPTY;
+    }
+    ev[k++] = t->events[i];
+  }
+  free(t->events);
+  t->events = ev;
+  t->n_events = t->cap_events = k;
+  return EXPSEG_OK;
+}
+
 void _expseg_trace_set_name(expseg_trace_t *t, const char *name, const char *suffix) {
   const char *base = name ? strrchr(name, '/') : NULL;
   base = base ? base + 1 : (name ? name : "trace");
@@ -255,15 +284,18 @@ uint32_t _expseg_streams_index(_expseg_streams_t *s, uint64_t handle) {
   return s->n++;
 }
 
-void _expseg_streams_finish(_expseg_streams_t *s, expseg_trace_t *t) {
+uint32_t _expseg_streams_final(const _expseg_streams_t *s, uint32_t p) {
   uint64_t *z = _expseg_u64map_get(&s->map, 0);
-  if (z && *z != 0) {
-    uint32_t zi = (uint32_t)*z;
-    for (size_t i = 0; i < t->n_events; i++) {
-      uint32_t p = t->events[i].stream;
-      t->events[i].stream = p == zi ? 0 : (p < zi ? p + 1 : p);
-    }
-  }
+  if (!z || *z == 0) return p;
+  uint32_t zi = (uint32_t)*z;
+  return p == zi ? 0 : (p < zi ? p + 1 : p);
+}
+
+void _expseg_streams_finish(_expseg_streams_t *s, expseg_trace_t *t) {
+  for (size_t i = 0; i < t->n_events; i++)
+    t->events[i].stream = _expseg_streams_final(s, t->events[i].stream);
+  for (size_t i = 0; i < t->n_start_segs; i++)
+    t->start_segs[i].stream = _expseg_streams_final(s, t->start_segs[i].stream);
   t->n_streams = s->n;
 }
 
@@ -279,6 +311,12 @@ void expseg_trace_free(expseg_trace_t *t) {
   free(t->events);
   t->events = NULL;
   t->n_events = t->cap_events = 0;
+  free(t->start_segs);
+  t->start_segs = NULL;
+  t->n_start_segs = 0;
+  free(t->start_addr);
+  t->start_addr = NULL;
+  t->n_start_addr = 0;
 }
 
 void expseg_trace_set_free(expseg_trace_set_t *s) {

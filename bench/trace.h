@@ -42,6 +42,14 @@ typedef struct expseg_trace_baseline_s {
   uint64_t segment_alloc, segment_free, map, unmap, oom;
 } expseg_trace_baseline_t;
 
+/* One segment the recorded allocator held when recording started (pickles only): rebuilt
+ * backwards from the end state through the window's segment events (docs/formats.md). */
+typedef struct expseg_trace_segment_s {
+  uint64_t addr, size;
+  uint32_t stream;   /* dense stream index, as in the events */
+  uint8_t small;     /* 1: small pool (2 MiB segment), 0: large pool */
+} expseg_trace_segment_t;
+
 typedef struct expseg_trace_s {
   char name[256];          /* file name without directory and extension, e.g. "x.dev0" */
   int device;
@@ -51,6 +59,17 @@ typedef struct expseg_trace_s {
   uint32_t n_streams;
   uint64_t peak_live_requested; /* computed by the reader from the events */
   expseg_trace_baseline_t baseline;
+  /* The recorded allocator's state at the start of the window (pickles; NULL otherwise):
+   * its segments, and the block address of each pre-live id (ids 0 .. n_start_addr-1 are
+   * the 'p' events, in address order). */
+  expseg_trace_segment_t *start_segs;
+  size_t n_start_segs;
+  uint64_t *start_addr;
+  size_t n_start_addr;
+  /* The recorded run's allocator setting in PYTORCH_CUDA_ALLOC_CONF grammar, rebuilt from
+   * the snapshot's allocator_settings, or from its events (maps mean expandable segments);
+   * empty when the file says nothing (memtrace, CSV, synthetic). */
+  char recorded_conf[256];
 } expseg_trace_t;
 
 typedef struct expseg_trace_set_s {

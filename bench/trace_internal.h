@@ -114,6 +114,10 @@ void _expseg_trace_check_free(_expseg_trace_check_t *c);
 /* Appends an event; EXPSEG_ERR_OUT_OF_MEMORY (message set) when the host is out of memory. */
 expseg_status _expseg_trace_push(expseg_trace_t *t, uint8_t kind, uint32_t stream, uint64_t id,
                                  uint64_t size, uint64_t extra);
+/* The program's empty_cache() calls: before every run of recorded segment frees/unmaps
+ * (X/u) that does not follow an OOM (O) or an explicit E, inserts an E event, which the
+ * replay feeds to the allocator under test (docs/formats.md: the rule and its limits). */
+expseg_status _expseg_trace_mark_empty_cache(expseg_trace_t *t);
 /* Sets t->name to the last path component of name without its extension, then suffix. */
 void _expseg_trace_set_name(expseg_trace_t *t, const char *name, const char *suffix);
 /* Maps stream handles to dense indices: handle 0 (the default stream) is index 0 when it
@@ -127,6 +131,8 @@ typedef struct _expseg_streams_s {
  * there are too many streams. */
 uint32_t _expseg_streams_index(_expseg_streams_t *s, uint64_t handle);
 void _expseg_streams_finish(_expseg_streams_t *s, expseg_trace_t *t);
+/* The final index of provisional index p (what _expseg_streams_finish applies). */
+uint32_t _expseg_streams_final(const _expseg_streams_t *s, uint32_t p);
 void _expseg_streams_free(_expseg_streams_t *s);
 
 /* ---- pickle.c: a safe unpickler for snapshot files ---- */

@@ -255,7 +255,12 @@ expseg_status expseg_trace_read_memtrace(const char *name, const char *buf, size
              "delete that line to read it anyway)", stats[0], stats[1], chk.n_prelive, chk.peak);
     s = fail(&r, r.why);
   }
+  if (s == EXPSEG_OK) s = _expseg_trace_mark_empty_cache(t);
   if (s == EXPSEG_OK) {
+    /* the recorded run's setting, as far as the file tells: maps mean expandable segments */
+    if (t->baseline.present)
+      snprintf(t->recorded_conf, sizeof t->recorded_conf, "expandable_segments:%s",
+               chk.counts[2] + chk.counts[3] ? "True" : "False");
     t->n_ids = chk.n_ids;
     t->n_streams = chk.n_streams;
     t->peak_live_requested = chk.peak;

@@ -82,6 +82,10 @@ typedef struct dev_s {
   _expseg_u64map_t live_size;    /* backwards walk: address -> requested size */
   _expseg_u64map_t live_stream;  /* address -> stream handle */
   _expseg_u64map_t ids;          /* forwards: live address -> id */
+  _expseg_u64map_t seg_size;     /* backwards: segment address -> total size */
+  _expseg_u64map_t seg_stream;   /* segment address -> stream handle */
+  _expseg_u64map_t seg_small;    /* segment address -> 1 small pool, 0 large */
+  bool mapped;                   /* expandable segments: is_expandable, or maps/unmaps */
   _expseg_streams_t streams;
   _expseg_trace_check_t chk;
 } devst_t;
@@ -90,6 +94,9 @@ static void dev_free(devst_t *d) {
   _expseg_u64map_free(&d->live_size);
   _expseg_u64map_free(&d->live_stream);
   _expseg_u64map_free(&d->ids);
+  _expseg_u64map_free(&d->seg_size);
+  _expseg_u64map_free(&d->seg_stream);
+  _expseg_u64map_free(&d->seg_small);
   _expseg_streams_free(&d->streams);
   _expseg_trace_check_free(&d->chk);
 }
@@ -97,6 +104,10 @@ static void dev_free(devst_t *d) {
 static expseg_status oom(ex_t *x) {
   return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory", x->name);
 }
+
+/* PyTorch's small-pool segment size (kSmallBuffer): a freed segment of at most this size
+ * was a small-pool one. */
+#define SMALL_SEGMENT (UINT64_C(2) << 20)
 
 /* Blocks active at the end -> dev->live_*; the segments' total size -> *end_reserved. */
 static expseg_status end_state(ex_t *x, uint32_t segments, devst_t *d, uint64_t *end_reserved) {
@@ -117,6 +128,14 @@ static expseg_status end_state(ex_t *x, uint32_t segments, devst_t *d, uint64_t 
     if ((uint64_t)size > EXPSEG_TRACE_MAX_SIZE)
       return failv(x, seg, "total_size %" PRId64 " is above the 2^50 bytes accepted", size);
     total += (uint64_t)size;
+    uint32_t ex = _expseg_pickle_dict_get(x->pk, seg, "is_expandable");
+    if (ex && val(x, ex)->kind == EXPSEG_PV_BOOL && val(x, ex)->u.iv) d->mapped = true;
+    uint32_t ty = _expseg_pickle_dict_get(x->pk, seg, "segment_type");
+    uint64_t small = ty ? is_str(x, ty, "small") : (uint64_t)size <= SMALL_SEGMENT;
+    if (!_expseg_u64map_put(&d->seg_size, (uint64_t)addr, (uint64_t)size) ||
+        !_expseg_u64map_put(&d->seg_stream, (uint64_t)addr, (uint64_t)stream) ||
+        !_expseg_u64map_put(&d->seg_small, (uint64_t)addr, small))
+      return oom(x);
     uint64_t off = (uint64_t)addr;
     const _expseg_pv_t *bl = val(x, blocks);
     for (uint32_t j = 0; j < bl->u.c.n; j++) {
@@ -220,6 +239,37 @@ static int cmp_u64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* The segments held at the start (classic segments only: a window with maps leaves
+ * start_segs empty), in address order, with provisional stream indices. */
+static expseg_status start_segments(ex_t *x, devst_t *d, expseg_trace_t *t) {
+  if (d->mapped || d->seg_size.n == 0) return EXPSEG_OK;
+  size_t n = d->seg_size.n, k = 0;
+  uint64_t *addrs = malloc(n * sizeof *addrs);
+  t->start_segs = calloc(n, sizeof *t->start_segs);
+  if (!addrs || !t->start_segs) {
+    free(addrs);
+    return oom(x);
+  }
+  for (size_t i = 0; i < d->seg_size.cap; i++)
+    if (d->seg_size.used[i]) addrs[k++] = d->seg_size.keys[i];
+  qsort(addrs, n, sizeof *addrs, cmp_u64);
+  for (size_t i = 0; i < n; i++) {
+    expseg_trace_segment_t *g = &t->start_segs[i];
+    uint32_t st = _expseg_streams_index(&d->streams, *_expseg_u64map_get(&d->seg_stream, addrs[i]));
+    if (st == UINT32_MAX) {
+      free(addrs);
+      return failv(x, 0, "too many streams, or out of host memory");
+    }
+    g->addr = addrs[i];
+    g->size = *_expseg_u64map_get(&d->seg_size, addrs[i]);
+    g->stream = st;
+    g->small = (uint8_t)*_expseg_u64map_get(&d->seg_small, addrs[i]);
+  }
+  t->n_start_segs = n;
+  free(addrs);
+  return EXPSEG_OK;
+}
+
 static expseg_status convert(ex_t *x, uint32_t segments, uint32_t events, devst_t *d,
                              expseg_trace_t *t) {
   const _expseg_pv_t *el = val(x, events);
@@ -252,8 +302,19 @@ static expseg_status convert(ex_t *x, uint32_t segments, uint32_t events, devst_
           !_expseg_u64map_put(&d->live_stream, f.addr, f.stream))
         return oom(x);
       break;
-    case A_SEG_ALLOC: case A_MAP: reserved -= (int64_t)f.size; break;
-    case A_SEG_FREE: case A_UNMAP: reserved += (int64_t)f.size; break;
+    case A_SEG_ALLOC:
+      _expseg_u64map_del(&d->seg_size, f.addr);
+      reserved -= (int64_t)f.size;
+      break;
+    case A_SEG_FREE:
+      if (!_expseg_u64map_put(&d->seg_size, f.addr, f.size) ||
+          !_expseg_u64map_put(&d->seg_stream, f.addr, f.stream) ||
+          !_expseg_u64map_put(&d->seg_small, f.addr, f.size <= SMALL_SEGMENT))
+        return oom(x);
+      reserved += (int64_t)f.size;
+      break;
+    case A_MAP: d->mapped = true; reserved -= (int64_t)f.size; break;
+    case A_UNMAP: d->mapped = true; reserved += (int64_t)f.size; break;
     default: break;
     }
   }
@@ -276,6 +337,11 @@ static expseg_status convert(ex_t *x, uint32_t segments, uint32_t events, devst_
     s = emit(x, segments, d, t, 'p', *_expseg_u64map_get(&d->live_stream, addrs[i]), id,
              *_expseg_u64map_get(&d->live_size, addrs[i]), 0);
     if (s == EXPSEG_OK && !_expseg_u64map_put(&d->ids, addrs[i], id)) s = oom(x);
+  }
+  if (s == EXPSEG_OK && np > 0 && d->chk.n_ids == np) { /* ids 0 .. np-1, address order */
+    t->start_addr = addrs;
+    t->n_start_addr = np;
+    addrs = NULL;
   }
   free(addrs);
   if (s != EXPSEG_OK) return s;
@@ -342,10 +408,35 @@ static expseg_status convert(ex_t *x, uint32_t segments, uint32_t events, devst_
     }
   }
   x->where[0] = 0;
+  if ((s = start_segments(x, d, t)) != EXPSEG_OK) return s;
   _expseg_streams_finish(&d->streams, t);
+  if ((s = _expseg_trace_mark_empty_cache(t)) != EXPSEG_OK) return s;
   t->n_ids = d->chk.n_ids;
   t->peak_live_requested = d->chk.peak;
   return EXPSEG_OK;
+}
+
+/* t->recorded_conf: the recorded PYTORCH_CUDA_ALLOC_CONF when allocator_settings has it,
+ * with expandable_segments made explicit (from allocator_settings, else from the events:
+ * maps mean expandable segments were on). */
+static void recorded_conf(ex_t *x, uint32_t root, bool mapped, expseg_trace_t *t) {
+  uint32_t st = _expseg_pickle_dict_get(x->pk, root, "allocator_settings"), v;
+  const char *env = "";
+  int envlen = 0;
+  bool expandable = mapped;
+  if (st && val(x, st)->kind == EXPSEG_PV_DICT) {
+    if ((v = _expseg_pickle_dict_get(x->pk, st, "PYTORCH_CUDA_ALLOC_CONF")) &&
+        val(x, v)->kind == EXPSEG_PV_STR && val(x, v)->u.s.len < 200) {
+      env = val(x, v)->u.s.p;
+      envlen = (int)val(x, v)->u.s.len;
+    }
+    if ((v = _expseg_pickle_dict_get(x->pk, st, "expandable_segments")) &&
+        val(x, v)->kind == EXPSEG_PV_BOOL)
+      expandable = val(x, v)->u.iv != 0;
+  }
+  /* the recorded text first, then the setting the run actually had (the last key wins) */
+  snprintf(t->recorded_conf, sizeof t->recorded_conf, "%.*s%sexpandable_segments:%s", envlen,
+           env, envlen ? "," : "", expandable ? "True" : "False");
 }
 
 expseg_status expseg_trace_read_pickle(const char *name, const unsigned char *buf, size_t len,
@@ -406,6 +497,7 @@ expseg_status expseg_trace_read_pickle(const char *name, const unsigned char *bu
       devst_t d;
       memset(&d, 0, sizeof d);
       s = convert(&x, segments, h, &d, t);
+      if (s == EXPSEG_OK) recorded_conf(&x, pk.root, d.mapped, t);
       dev_free(&d);
     }
   }

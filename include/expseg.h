@@ -261,6 +261,14 @@ EXPSEG_EXPORT expseg_status expseg_ipc_close(expseg_allocator *a, void *ptr);
 EXPSEG_EXPORT expseg_status expseg_ipc_poll(expseg_allocator *a, size_t *held);
 EXPSEG_EXPORT void expseg_ipc_handle_free(expseg_ipc_handle *h);
 
+/* ---- Streams the driver creates (issue 11: replaying a history's streams on a GPU) ---- */
+/* A new stream on the allocator's device: on cuda a CUstream (cuStreamCreate, non-blocking)
+ * usable with expseg_malloc and expseg_record_stream; destroy it with
+ * expseg_stream_destroy. host and sim have none to create (any value is a stream there):
+ * EXPSEG_ERR_UNSUPPORTED. */
+EXPSEG_EXPORT expseg_status expseg_stream_create(expseg_allocator *a, expseg_stream *out);
+EXPSEG_EXPORT expseg_status expseg_stream_destroy(expseg_allocator *a, expseg_stream stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -123,7 +123,8 @@ static block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, s
   block_t *b = _expseg_tree_lower_bound(&a->free_idx[pool], stream, rounded, 0);
   while (b != NULL && b->seg->single) b = _expseg_tree_next(&a->free_idx[pool], b);
   if (b == NULL || b->stream != stream) return NULL;
-  if (!b->seg->expandable && !_expseg_oversize_ok(&a->cfg, rounded, b->size)) return NULL;
+  if ((!b->seg->expandable || a->model_pytorch) && !_expseg_oversize_ok(&a->cfg, rounded, b->size))
+    return NULL;
   _expseg_free_remove(a, b);
   return b;
 }

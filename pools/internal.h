@@ -173,6 +173,7 @@ struct expseg_allocator {
   uint64_t tick;              /* logical clock: advanced by every free */
   uint64_t robbed[POOL_COUNT]; /* tick when the other pool last took this pool's pages */
   uint32_t rng;               /* treap priorities */
+  bool model_pytorch;         /* behave as PyTorch's allocator where it differs (model.c) */
 
   stream_queue_t *queues;     /* per used stream: events outstanding */
   size_t n_queues, cap_queues;
@@ -261,6 +262,13 @@ size_t _expseg_cache_trim(expseg_allocator *a, size_t keep_bytes);
 void _expseg_segments_destroy(expseg_allocator *a);
 /* Collection before growing for a request; keep: reclaimable bytes to leave for it. */
 void _expseg_garbage_collect(expseg_allocator *a, size_t keep);
+/* ---- model.c: PyTorch's behaviour where expseg differs (for expseg-replay --model
+ * pytorch; not a configuration key) ---- */
+expseg_status _expseg_set_model_pytorch(expseg_allocator *a, bool on);
+/* Where PyTorch's growth of unmapped block u (pool) ends for a block ending at need: whole
+ * pages from the segment's base, large_segment_size in the large pool, no growth floor. */
+uintptr_t _expseg_model_map_end(const expseg_allocator *a, const block_t *u, int pool,
+                                uintptr_t need);
 size_t _expseg_largest_free(const expseg_allocator *a);
 /* What the retry list still holds: reserved bytes by stat pool, address space, chunks,
  * mapped bytes. */

@@ -556,6 +556,7 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
     if (need <= u->ptr) continue; /* the prefix alone fits: best fit would have found it */
     size_t grow = _expseg_grow_bytes(need - u->ptr, u->seg->mapped_bytes);
     uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + round_up(grow, a->page);
+    if (a->model_pytorch) hi = _expseg_model_map_end(a, u, pool, need);
     *pl = (place_t){u, prefix, suffix, (hi - u->ptr) / a->page};
     return true;
   }
@@ -620,7 +621,7 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
         return NULL;
       }
     }
-    if (a->cache_count < pl.pages)
+    if (a->cache_count < pl.pages && !a->model_pytorch) /* PyTorch moves no page */
       steal_pages(a, pool, pl.pages - a->cache_count, pl.prefix, pl.suffix, blocking);
     if (a->cache_count >= pl.pages && zombie_mapped_in(a, pl.u->ptr, pl.pages * a->page)) {
       *st = _expseg_error_set(EXPSEG_ERR_DRIVER,
@@ -815,17 +816,19 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
 void _expseg_garbage_collect(expseg_allocator *a, size_t keep) {
   size_t target = _expseg_gc_target(&a->cfg, held_bytes(a), a->allowed);
   if (target == 0) return;
-  size_t n = a->cache_count;
-  for (int p = 0; p < POOL_COUNT; p++)
+  /* PyTorch's garbage collection skips expandable memory (model.c) */
+  const bool with_pages = !a->model_pytorch;
+  size_t n = with_pages ? a->cache_count : 0;
+  for (int p = 0; p < POOL_COUNT && with_pages; p++)
     for (block_t *b = a->idle_head[p]; b; b = b->idle_next) n++;
   for (segment_t *s = a->segments; s; s = s->next_all) n += classic_is_free(s);
   if (n == 0) return;
   expseg_gc_item_t *items = malloc(n * sizeof *items);
   if (items == NULL) return;
   size_t i = 0, reclaimable = 0;
-  for (size_t c = 0; c < a->cache_count; c++)
+  for (size_t c = 0; c < a->cache_count && with_pages; c++)
     items[i++] = (expseg_gc_item_t){a->page, a->cache[c].idle_since, 0};
-  for (int p = 0; p < POOL_COUNT; p++)
+  for (int p = 0; p < POOL_COUNT && with_pages; p++)
     for (block_t *b = a->idle_head[p]; b; b = b->idle_next)
       items[i++] = (expseg_gc_item_t){_expseg_block_whole_pages(a, b, NULL) * a->page,
                                       b->idle_since, (uintptr_t)b};

@@ -46,7 +46,7 @@
   X(cuMemGetInfo) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery)       \
   X(cuEventSynchronize) X(cuStreamSynchronize) X(cuMemExportToShareableHandle)              \
   X(cuMemImportFromShareableHandle) X(cuGetErrorName) X(cuMemHostRegister)                \
-  X(cuMemHostUnregister) X(cuDeviceGetPCIBusId)
+  X(cuMemHostUnregister) X(cuDeviceGetPCIBusId) X(cuStreamCreate) X(cuStreamDestroy)
 
 typedef struct {
 #define CU_FIELD_(f) __typeof__(&f) f;
@@ -307,6 +307,23 @@ static expseg_status cuda_event_synchronize(void *st, expseg_vmm_event ev) {
   LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuEventSynchronize", NULL));
 }
 
+static expseg_status cuda_stream_create(void *st, expseg_stream *s) {
+  cuda_t *c = st;
+  ENTER(c);
+  CUstream h = NULL;
+  CUresult r = cu.cuStreamCreate(&h, CU_STREAM_NON_BLOCKING);
+  if (r != CUDA_SUCCESS) LEAVE_RETURN(cu_fail(r, "cuStreamCreate", NULL));
+  *s = (expseg_stream)(uintptr_t)h;
+  LEAVE_RETURN(EXPSEG_OK);
+}
+
+static expseg_status cuda_stream_destroy(void *st, expseg_stream s) {
+  cuda_t *c = st;
+  ENTER(c);
+  CUresult r = cu.cuStreamDestroy((CUstream)(uintptr_t)s);
+  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuStreamDestroy", NULL));
+}
+
 static expseg_status cuda_stream_synchronize(void *st, expseg_stream s) {
   cuda_t *c = st;
   ENTER(c);
@@ -505,6 +522,8 @@ static const expseg_vmm_ops_t cuda_ops = {
     .mem_info = cuda_mem_info,
     .now_ns = cuda_now_ns,
     .hold_stream = NULL,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .host_numa = cuda_host_numa,

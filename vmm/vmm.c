@@ -655,6 +655,23 @@ void _expseg_vmm_mem_info(expseg_vmm_t *v, size_t *free_bytes, size_t *total_byt
 
 uint64_t _expseg_vmm_now_ns(expseg_vmm_t *v) { return v->ops->now_ns(v->st); }
 
+expseg_status _expseg_vmm_stream_create(expseg_vmm_t *v, expseg_stream *s) {
+  if (!s) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "stream_create: out is NULL");
+  if (!v->ops->stream_create)
+    return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                             "%s driver: no streams to create (any value is a stream here)",
+                             v->ops->name);
+  return v->ops->stream_create(v->st, s);
+}
+
+expseg_status _expseg_vmm_stream_destroy(expseg_vmm_t *v, expseg_stream s) {
+  if (!v->ops->stream_destroy)
+    return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                             "%s driver: no streams to destroy (any value is a stream here)",
+                             v->ops->name);
+  return v->ops->stream_destroy(v->st, s);
+}
+
 expseg_status _expseg_vmm_hold_stream(expseg_vmm_t *v, expseg_stream s, bool hold) {
   if (!v->ops->hold_stream)
     return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,

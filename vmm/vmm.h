@@ -125,6 +125,9 @@ typedef struct expseg_vmm_ops_s {
   /* Test hook (host and sim; NULL elsewhere): hold = true keeps events recorded on the
    * stream from completing until hold = false. */
   void (*hold_stream)(void *st, expseg_stream stream, bool hold);
+  /* Streams the driver creates (cuda; NULL on host and sim, where any value is a stream). */
+  expseg_status (*stream_create)(void *st, expseg_stream *stream);
+  expseg_status (*stream_destroy)(void *st, expseg_stream stream);
   /* Pinned host memory (NULL = unsupported): see expseg_host_chunk_t. host_numa: the node
    * nearest the device (cuda: PCI locality; host: its numa=N; -1 unknown). */
   expseg_status (*host_alloc)(void *st, expseg_host_chunk_t *c);
@@ -205,6 +208,9 @@ void _expseg_vmm_mem_info(expseg_vmm_t *v, size_t *free_bytes, size_t *total_byt
 uint64_t _expseg_vmm_now_ns(expseg_vmm_t *v);
 /* EXPSEG_ERR_UNSUPPORTED where the backend has no hold hook (cuda). */
 expseg_status _expseg_vmm_hold_stream(expseg_vmm_t *v, expseg_stream s, bool hold);
+/* EXPSEG_ERR_UNSUPPORTED where the driver has no streams to create (host, sim). */
+expseg_status _expseg_vmm_stream_create(expseg_vmm_t *v, expseg_stream *s);
+expseg_status _expseg_vmm_stream_destroy(expseg_vmm_t *v, expseg_stream s);
 const char *_expseg_vmm_call_name(expseg_vmm_call c);
 /* Pinned host memory: checked and counted as the calls above. host_numa: numa_override,
  * else the backend's answer, else 0 on a one-node machine, else -1. */

@@ -18,6 +18,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       const expseg_trace_t *t = &s.traces[k];
       for (size_t i = 0; i < t->n_events; i++)
         if (t->events[i].stream >= t->n_streams) abort();
+      /* the start state: segments in address order, on known streams; addresses of ids */
+      for (size_t i = 0; i < t->n_start_segs; i++)
+        if ((i && t->start_segs[i].addr <= t->start_segs[i - 1].addr) ||
+            t->start_segs[i].stream >= t->n_streams)
+          abort();
+      if (t->n_start_addr > t->n_ids) abort();
     }
     expseg_trace_set_free(&s);
   } else if (st == EXPSEG_ERR_OUT_OF_MEMORY) {

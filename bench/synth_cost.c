@@ -1,0 +1,155 @@
+/* synth_cost.c: priced driver work for the replay tool (--costs FILE).
+ *
+ * Every driver call a replay (or the recorded run) made is priced from one table: a cost
+ * per call and a cost per 2 MiB page the call covers, in microseconds. The defaults are
+ * published measurements (../shared/reference/peers.md: A100, 2 MiB pages, kvcached's
+ * bench_vmm samples; cudaMalloc+cudaFree from RMM PR #284), taken at the middle of the
+ * published range; cuMemRelease has no published figure and is assumed equal to the fast
+ * unmap. The per-page costs default to 0 because the published figures are per call of one
+ * 2 MiB page. A GPU session replaces the defaults with measured ones through --costs.
+ * File grammar (docs/replay.md): one "KIND[.page] MICROSECONDS" per line, '#' comments. The
+ * file name starts with "synth" for the library glob. */
+#include "synth_model.h"
+#include "trace_internal.h"
+
+#include "error.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const _expseg_cost_names[EXPSEG_COST_N] = {
+    "reserve", "create", "release", "map", "unmap", "set_access", "cudaMalloc", "cudaFree"};
+
+void _expseg_costs_default(expseg_costs_t *c) {
+  memset(c, 0, sizeof *c);
+  c->call_us[EXPSEG_COST_RESERVE] = 14.0;     /* cuMemAddressReserve(8 GiB): 9-19 us */
+  c->call_us[EXPSEG_COST_CREATE] = 100.0;     /* cuMemCreate(2 MiB): 7.6-193 us */
+  c->call_us[EXPSEG_COST_RELEASE] = 11.5;     /* cuMemRelease: unpublished, assumed */
+  c->call_us[EXPSEG_COST_MAP] = 1.25;         /* cuMemMap(2 MiB): 1.05-1.45 us */
+  c->call_us[EXPSEG_COST_UNMAP] = 18.5;       /* cuMemUnmap(2 MiB): 11.5-25.6 us */
+  c->call_us[EXPSEG_COST_SET_ACCESS] = 28.5;  /* cuMemSetAccess(2 MiB): 20.8-36 us */
+  c->call_us[EXPSEG_COST_CUDA_MALLOC] = 33.0; /* cudaMalloc+cudaFree ~33 us per op */
+  c->call_us[EXPSEG_COST_CUDA_FREE] = 33.0;
+}
+
+expseg_status _expseg_costs_parse(const char *name, const char *buf, size_t len,
+                                  expseg_costs_t *c) {
+  _expseg_costs_default(c);
+  unsigned ln = 0;
+  for (size_t at = 0; at < len;) {
+    const char *nl = memchr(buf + at, '\n', len - at);
+    size_t n = nl ? (size_t)(nl - (buf + at)) : len - at;
+    char line[256];
+    ln++;
+    if (n >= sizeof line)
+      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                               "--costs '%s' line %u: longer than %zu bytes", name, ln,
+                               sizeof line - 1);
+    memcpy(line, buf + at, n);
+    line[n] = 0;
+    at += n + (nl ? 1 : 0);
+    if (memchr(line, 0, n))
+      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                               "--costs '%s' line %u: a NUL byte (not a text file?)", name, ln);
+    char key[64], extra[8];
+    double v;
+    char *hash = strchr(line, '#');
+    if (hash) *hash = 0;
+    int got = sscanf(line, "%63s %lf %7s", key, &v, extra);
+    if (got <= 0) continue; /* blank or comment */
+    if (got != 2 || !(v >= 0.0) || v > 1e9)
+      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                               "--costs '%s' line %u: expected 'KIND[.page] MICROSECONDS' with a "
+                               "number from 0 to 1e9",
+                               name, ln);
+    char *dot = strchr(key, '.');
+    int page = 0;
+    if (dot) {
+      if (strcmp(dot, ".page"))
+        return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                                 "--costs '%s' line %u: unknown suffix '%s' (accepted: .page)",
+                                 name, ln, dot);
+      *dot = 0;
+      page = 1;
+    }
+    int k = 0;
+    while (k < EXPSEG_COST_N && strcmp(key, _expseg_cost_names[k])) k++;
+    if (k == EXPSEG_COST_N)
+      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                               "--costs '%s' line %u: unknown call '%s' (accepted: reserve, "
+                               "create, release, map, unmap, set_access, cudaMalloc, cudaFree)",
+                               name, ln, key);
+    (page ? c->page_us : c->call_us)[k] = v;
+  }
+  return EXPSEG_OK;
+}
+
+expseg_status _expseg_costs_read(const char *path, expseg_costs_t *c) {
+  _expseg_costs_default(c);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "--costs '%s': %s", path,
+                             strerror(errno));
+  char buf[65536];
+  size_t n = fread(buf, 1, sizeof buf, f);
+  int big = n == sizeof buf && fgetc(f) != EOF;
+  fclose(f);
+  if (big)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "--costs '%s': larger than %zu bytes (a cost table is a few lines)",
+                             path, sizeof buf);
+  return _expseg_costs_parse(path, buf, n, c);
+}
+
+double _expseg_costs_ms(const expseg_costs_t *c, const expseg_calls_t *n) {
+  double us = 0.0;
+  for (int k = 0; k < EXPSEG_COST_N; k++)
+    us += (double)n->calls[k] * c->call_us[k] + (double)n->pages[k] * c->page_us[k];
+  return us / 1000.0;
+}
+
+/* PyTorch's expandable pages: 20 MiB in the large pool, 2 MiB in the small one; a map of a
+ * multiple of 20 MiB is taken as large-pool pages. */
+static uint64_t pt_page(uint64_t size) {
+  const uint64_t large = UINT64_C(20) << 20;
+  return size >= large && size % large == 0 ? large : UINT64_C(2) << 20;
+}
+
+void _expseg_recorded_calls(const expseg_trace_t *t, size_t n, expseg_calls_t *out) {
+  memset(out, 0, sizeof *out);
+  const uint64_t two = UINT64_C(2) << 20;
+  if (n > t->n_events) n = t->n_events;
+  for (size_t i = 0; i < n; i++) {
+    const expseg_trace_event_t *e = &t->events[i];
+    uint64_t pg = pt_page(e->size), pages = (e->size + pg - 1) / pg;
+    uint64_t p2 = (e->size + two - 1) / two;
+    switch (e->kind) {
+    case EXPSEG_TR_SEG_ALLOC:
+      out->calls[EXPSEG_COST_CUDA_MALLOC]++;
+      out->pages[EXPSEG_COST_CUDA_MALLOC] += p2;
+      break;
+    case EXPSEG_TR_SEG_FREE:
+      out->calls[EXPSEG_COST_CUDA_FREE]++;
+      out->pages[EXPSEG_COST_CUDA_FREE] += p2;
+      break;
+    case EXPSEG_TR_MAP: /* per page: create and map; one set_access over the range */
+      out->calls[EXPSEG_COST_CREATE] += pages;
+      out->calls[EXPSEG_COST_MAP] += pages;
+      out->calls[EXPSEG_COST_SET_ACCESS]++;
+      out->pages[EXPSEG_COST_CREATE] += p2;
+      out->pages[EXPSEG_COST_MAP] += p2;
+      out->pages[EXPSEG_COST_SET_ACCESS] += p2;
+      break;
+    case EXPSEG_TR_UNMAP: /* per page: unmap and release */
+      out->calls[EXPSEG_COST_UNMAP] += pages;
+      out->calls[EXPSEG_COST_RELEASE] += pages;
+      out->pages[EXPSEG_COST_UNMAP] += p2;
+      out->pages[EXPSEG_COST_RELEASE] += p2;
+      break;
+    default: break;
+    }
+  }
+}
