@@ -1,6 +1,6 @@
 /* segment.c: where memory comes from and goes back to. Classic segments (one chunk each)
- * and expandable segments (a reservation whose pages are mapped on demand), the physical
- * page cache, moving idle pages to where they are needed, and giving memory back.
+ * and expandable segments (a reservation whose pages are mapped on demand), moving idle
+ * pages to where they are needed, and deciding what to give back.
  *
  * Growth of an expandable segment (docs/design.md):
  *  1. place: the lowest-address unmapped range of the stream's segments that, with the free
@@ -10,225 +10,17 @@
  *     lock dropped, within the memory-fraction cap;
  *  3. map one chunk per page, then ONE set_access for the whole new range.
  * Physical memory is thus created once and reused; it goes back to the driver only on
- * empty_cache, garbage collection, the out-of-memory path, the page-cache bound, or destroy.
- * Chunk releases are batched and made with the lock dropped. */
+ * empty_cache, garbage collection, the out-of-memory path, the page-cache bound, or destroy,
+ * and only once the work queued on its stream is done. How it goes back (batches with the
+ * lock dropped, the retry list of refusals, the page cache) is release.c's. */
 #include "error.h"
-#include "internal.h"
+#include "release.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static inline uintptr_t round_up(uintptr_t x, size_t m) { return (x + m - 1) / m * m; }
-
-/* ---- release batches: chunks and reservations given back with the lock dropped ---- */
-
-/* One thing to give back, in order: a mapping (size_map > 0), a chunk (size_h > 0), a
- * reservation (size_va > 0). A step the driver refuses stops the item there: what is left
- * is kept on the retry list (zombies) with its accounting, and tried again at the next
- * empty_cache, out-of-memory retry or destroy. */
-typedef struct release_item_s {
-  uintptr_t map_va;    /* mapping to remove first, when size_map > 0 */
-  size_t size_map;
-  expseg_vmm_handle h; /* chunk, when size_h > 0 */
-  size_t size_h;
-  uintptr_t va;        /* reservation, when size_va > 0 */
-  size_t size_va;
-  uint8_t pool;        /* whose reserved_bytes counts the chunk */
-} release_item_t;
-
-typedef struct release_batch_s {
-  release_item_t *items;
-  size_t n, cap;
-} release_batch_t;
-
-static bool batch_add(release_batch_t *rb, release_item_t it) {
-  if (rb->n == rb->cap) {
-    size_t cap = rb->cap ? rb->cap * 2 : 16;
-    release_item_t *p = realloc(rb->items, cap * sizeof *p);
-    if (p == NULL) return false;
-    rb->items = p;
-    rb->cap = cap;
-  }
-  rb->items[rb->n++] = it;
-  return true;
-}
-
-/* Gives the item back to the driver; what the driver refused is returned (sizes 0 = all
- * done). No accounting: callable with the lock dropped. */
-static release_item_t do_release(expseg_vmm_t *drv, release_item_t it) {
-  if (it.size_map > 0) {
-    if (_expseg_vmm_unmap(drv, it.map_va, it.size_map) != EXPSEG_OK) {
-      _expseg_warn("unmapping %zu bytes at %#lx failed; kept to retry: %s", it.size_map,
-                   (unsigned long)it.map_va, expseg_last_error());
-      return it; /* nothing under a mapping can go */
-    }
-    it.size_map = 0;
-  }
-  if (it.size_h > 0) {
-    if (_expseg_vmm_release(drv, it.h, it.size_h) != EXPSEG_OK) {
-      _expseg_warn("releasing a %zu-byte chunk failed; kept to retry: %s", it.size_h,
-                   expseg_last_error());
-    } else {
-      it.size_h = 0;
-    }
-  }
-  if (it.size_va > 0) {
-    if (_expseg_vmm_unreserve(drv, it.va, it.size_va) != EXPSEG_OK) {
-      _expseg_warn("freeing a %zu-byte reservation failed; kept to retry: %s", it.size_va,
-                   expseg_last_error());
-    } else {
-      it.size_va = 0;
-    }
-  }
-  return it;
-}
-
-static bool item_done(release_item_t it) {
-  return it.size_map == 0 && it.size_h == 0 && it.size_va == 0;
-}
-
-static bool zombie_add(expseg_allocator *a, release_item_t it) {
-  if (a->n_zombies == a->cap_zombies) {
-    size_t cap = a->cap_zombies ? a->cap_zombies * 2 : 8;
-    void *p = realloc(a->zombies, cap * sizeof(release_item_t));
-    if (p == NULL) return false;
-    a->zombies = p;
-    a->cap_zombies = cap;
-  }
-  ((release_item_t *)a->zombies)[a->n_zombies++] = it;
-  return true;
-}
-
-static bool cache_push(expseg_allocator *a, expseg_vmm_handle h, int pool);
-
-/* Does a mapping the driver refused to remove (on the retry list) lie in [lo, lo+len)? */
-static bool zombie_mapped_in(const expseg_allocator *a, uintptr_t lo, size_t len) {
-  const release_item_t *z = a->zombies;
-  for (size_t i = 0; i < a->n_zombies; i++)
-    if (z[i].size_map > 0 && z[i].map_va < lo + len && lo < z[i].map_va + z[i].size_map)
-      return true;
-  return false;
-}
-
-/* Lock held: what the driver refused to take back is memory still held. Its accounting
- * comes back (reserved_bytes, address space); a page-sized chunk alone goes back to the
- * page cache; anything else waits in the retry list for the next empty_cache, OOM retry
- * or destroy. */
-static void keep_unreleased(expseg_allocator *a, release_item_t f) {
-  if (item_done(f)) return;
-  if (f.size_h > 0) {
-    _expseg_stat_pool_add(a->stats.reserved_bytes, f.pool, (int64_t)f.size_h);
-    a->stats.released_bytes -= (int64_t)f.size_h;
-  }
-  if (f.size_va > 0) _expseg_stat_add(&a->stats.reserved_va_bytes, (int64_t)f.size_va);
-  if (f.size_h == a->page && f.size_va == 0 && f.size_map == 0 && cache_push(a, f.h, f.pool))
-    return;
-  if (!zombie_add(a, f)) _expseg_warn("out of host memory: a refused release is lost");
-}
-
-/* Lock held. */
-static void release_item_now(expseg_allocator *a, release_item_t it) {
-  keep_unreleased(a, do_release(a->drv, it));
-}
-
-/* Lock held. Memory the driver gave this allocator that no segment owns (the undo of a
- * failed growth): counted as created, then given back like any release, so a refused step
- * lands on the retry list with its accounting instead of being lost. */
-static void release_orphan(expseg_allocator *a, release_item_t it) {
-  if (it.size_h > 0) {
-    a->stats.created_bytes += (int64_t)it.size_h;
-    a->stats.released_bytes += (int64_t)it.size_h;
-  }
-  release_item_now(a, it);
-}
-
-static void batch_push(expseg_allocator *a, release_batch_t *rb, release_item_t it) {
-  if (!batch_add(rb, it)) release_item_now(a, it);
-}
-
-/* Drops the lock, releases everything, retakes the lock and keeps what was refused. */
-static void batch_flush(expseg_allocator *a, release_batch_t *rb) {
-  if (rb->n > 0) {
-    a->unlocked_ops++;
-    pthread_mutex_unlock(&a->lock);
-    for (size_t i = 0; i < rb->n; i++) rb->items[i] = do_release(a->drv, rb->items[i]);
-    pthread_mutex_lock(&a->lock);
-    a->unlocked_ops--;
-    for (size_t i = 0; i < rb->n; i++) keep_unreleased(a, rb->items[i]);
-  }
-  free(rb->items);
-  rb->items = NULL;
-  rb->n = rb->cap = 0;
-}
-
-/* Moves the retry list into the batch (its accounting leaves with it), in the order the
- * items were kept: a refused mapping is retried before the reservation around it. */
-static void zombies_retry(expseg_allocator *a, release_batch_t *rb) {
-  release_item_t *z = a->zombies;
-  size_t n = a->n_zombies;
-  a->n_zombies = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (z[i].size_h > 0) {
-      _expseg_stat_pool_add(a->stats.reserved_bytes, z[i].pool, -(int64_t)z[i].size_h);
-      a->stats.released_bytes += (int64_t)z[i].size_h;
-    }
-    if (z[i].size_va > 0) _expseg_stat_add(&a->stats.reserved_va_bytes, -(int64_t)z[i].size_va);
-    batch_push(a, rb, z[i]);
-  }
-}
-
-/* ---- the page cache ---- */
-
-static bool cache_push(expseg_allocator *a, expseg_vmm_handle h, int pool) {
-  if (a->cache_count == a->cache_cap) {
-    size_t cap = a->cache_cap ? a->cache_cap * 2 : 64;
-    chunk_t *c = realloc(a->cache, cap * sizeof *c);
-    if (c == NULL) return false;
-    a->cache = c;
-    a->cache_cap = cap;
-  }
-  a->cache[a->cache_count++] = (chunk_t){.h = h, .pool = (uint8_t)pool, .idle_since = a->tick};
-  _expseg_stat_add(&a->stats.cached_physical_bytes, (int64_t)a->page);
-  return true;
-}
-
-/* Takes the newest cached chunk for `pool`, moving its reserved_bytes to that pool. */
-static expseg_vmm_handle cache_pop(expseg_allocator *a, int pool) {
-  chunk_t c = a->cache[--a->cache_count];
-  _expseg_stat_add(&a->stats.cached_physical_bytes, -(int64_t)a->page);
-  if (c.pool != pool) {
-    _expseg_stat_add(&a->stats.reserved_bytes[stat_pool(c.pool)], -(int64_t)a->page);
-    _expseg_stat_add(&a->stats.reserved_bytes[stat_pool(pool)], (int64_t)a->page);
-  }
-  return c.h;
-}
-
-/* Removes the n oldest cached chunks into the batch. */
-static size_t cache_release_oldest(expseg_allocator *a, size_t n, release_batch_t *rb) {
-  if (n > a->cache_count) n = a->cache_count;
-  for (size_t i = 0; i < n; i++) {
-    chunk_t c = a->cache[i];
-    _expseg_stat_add(&a->stats.cached_physical_bytes, -(int64_t)a->page);
-    _expseg_stat_pool_add(a->stats.reserved_bytes, c.pool, -(int64_t)a->page);
-    a->stats.released_bytes += (int64_t)a->page;
-    batch_push(a, rb, (release_item_t){.h = c.h, .size_h = a->page, .pool = c.pool});
-  }
-  if (n == 0) return 0;
-  memmove(a->cache, a->cache + n, (a->cache_count - n) * sizeof *a->cache);
-  a->cache_count -= n;
-  return n * a->page;
-}
-
-size_t _expseg_cache_trim(expseg_allocator *a, size_t keep_bytes) {
-  size_t have = a->cache_count * a->page;
-  if (have <= keep_bytes) return 0;
-  release_batch_t rb = {0};
-  size_t n = (have - keep_bytes + a->page - 1) / a->page;
-  size_t freed = cache_release_oldest(a, n, &rb);
-  batch_flush(a, &rb);
-  return freed;
-}
 
 /* ---- segments ---- */
 
@@ -324,7 +116,7 @@ static void expandable_drop(expseg_allocator *a, segment_t *s, release_batch_t *
   segment_unlink(a, s);
   _expseg_stat_pool_add(a->stats.segment, s->pool, -1);
   _expseg_stat_add(&a->stats.reserved_va_bytes, -(int64_t)s->va_size);
-  batch_push(a, rb, (release_item_t){.va = s->base, .size_va = s->va_size});
+  _expseg_batch_push(a, rb, (release_item_t){.va = s->base, .size_va = s->va_size});
   free(s->pages);
   free(s);
 }
@@ -363,11 +155,11 @@ static size_t unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintptr
     size_t idx = (addr - s->base) / a->page;
     *st = _expseg_vmm_unmap(a->drv, addr, a->page);
     if (*st != EXPSEG_OK) break;
-    if (!cache_push(a, s->pages[idx].h, s->pool)) {
+    if (!_expseg_cache_push(a, s->pages[idx].h, s->pool)) {
       /* no room to remember the chunk: give it back now */
       _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)a->page);
       a->stats.released_bytes += (int64_t)a->page;
-      release_item_now(a, (release_item_t){.h = s->pages[idx].h, .size_h = a->page, .pool = s->pool});
+      _expseg_release_now(a, (release_item_t){.h = s->pages[idx].h, .size_h = a->page, .pool = s->pool});
     }
     s->pages[idx].mapped = false;
   }
@@ -415,13 +207,13 @@ static block_t *map_pages(expseg_allocator *a, block_t *u, uintptr_t lo, size_t 
   }
   size_t done = 0;
   for (; done < k; done++) {
-    expseg_vmm_handle h = cache_pop(a, s->pool);
+    expseg_vmm_handle h = _expseg_cache_pop(a, s->pool);
     *st = _expseg_vmm_map(a->drv, lo + done * a->page, a->page, h, 0);
     if (*st != EXPSEG_OK) {
-      if (!cache_push(a, h, s->pool)) {
+      if (!_expseg_cache_push(a, h, s->pool)) {
         _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)a->page);
         a->stats.released_bytes += (int64_t)a->page;
-        release_item_now(a, (release_item_t){.h = h, .size_h = a->page, .pool = s->pool});
+        _expseg_release_now(a, (release_item_t){.h = h, .size_h = a->page, .pool = s->pool});
       }
       break;
     }
@@ -438,7 +230,7 @@ static block_t *map_pages(expseg_allocator *a, block_t *u, uintptr_t lo, size_t 
       uintptr_t at = lo + i * a->page;
       s->pages[first + i].mapped = false;
       bool unmapped = _expseg_vmm_unmap(a->drv, at, a->page) == EXPSEG_OK;
-      if (unmapped && cache_push(a, h, s->pool)) continue;
+      if (unmapped && _expseg_cache_push(a, h, s->pool)) continue;
       /* the undo was refused (or no room in the cache): the mapping and the chunk go on
        * the retry list, still counted in reserved_bytes, retried before the next growth
        * (which could otherwise map over it) and before the reservation around it */
@@ -449,7 +241,7 @@ static block_t *map_pages(expseg_allocator *a, block_t *u, uintptr_t lo, size_t 
         it.map_va = at;
         it.size_map = a->page;
       }
-      keep_unreleased(a, it);
+      _expseg_release_keep(a, it);
     }
     *st = _expseg_error_set(keep, "%s", msg);
     return NULL;
@@ -598,10 +390,10 @@ static expseg_status create_pages(expseg_allocator *a, int pool, size_t n) {
   for (size_t i = 0; i < made; i++) {
     _expseg_stat_pool_add(a->stats.reserved_bytes, pool, (int64_t)a->page);
     a->stats.created_bytes += (int64_t)a->page;
-    if (!cache_push(a, hs[i], pool)) {
+    if (!_expseg_cache_push(a, hs[i], pool)) {
       _expseg_stat_pool_add(a->stats.reserved_bytes, pool, -(int64_t)a->page);
       a->stats.released_bytes += (int64_t)a->page;
-      release_item_now(a, (release_item_t){.h = hs[i], .size_h = a->page, .pool = (uint8_t)pool});
+      _expseg_release_now(a, (release_item_t){.h = hs[i], .size_h = a->page, .pool = (uint8_t)pool});
     }
   }
   if (hs != local) free(hs);
@@ -623,7 +415,7 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     }
     if (a->cache_count < pl.pages && !a->model_pytorch) /* PyTorch moves no page */
       steal_pages(a, pool, pl.pages - a->cache_count, pl.prefix, pl.suffix, blocking);
-    if (a->cache_count >= pl.pages && zombie_mapped_in(a, pl.u->ptr, pl.pages * a->page)) {
+    if (a->cache_count >= pl.pages && _expseg_zombie_mapped_in(a, pl.u->ptr, pl.pages * a->page)) {
       *st = _expseg_error_set(EXPSEG_ERR_DRIVER,
                               "growth at %#lx waits for an unmap the driver refused (kept on "
                               "the retry list and tried again before the next growth)",
@@ -692,7 +484,7 @@ static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream
     if (mapped) it = (release_item_t){.map_va = base, .size_map = size, .pool = (uint8_t)pool};
     if (created) it.h = h, it.size_h = size;
     if (reserved) it.va = base, it.size_va = size;
-    release_orphan(a, it);
+    _expseg_release_orphan(a, it);
     _expseg_error_set(*st, "%s", msg);
     free(s);
     _expseg_block_delete(a, b);
@@ -714,8 +506,8 @@ block_t *_expseg_grow(expseg_allocator *a, int pool, expseg_stream stream, size_
                       bool blocking, expseg_status *st) {
   if (a->n_zombies > 0) { /* refused releases first: a mapping left there blocks growth */
     release_batch_t rb = {0};
-    zombies_retry(a, &rb);
-    batch_flush(a, &rb);
+    _expseg_zombies_retry(a, &rb);
+    _expseg_batch_flush(a, &rb);
   }
   if (a->cfg.expandable_segments) return grow_expandable(a, pool, stream, rounded, blocking, st);
   return grow_classic(a, pool, stream, rounded, false, st);
@@ -730,7 +522,7 @@ block_t *_expseg_grow_single(expseg_allocator *a, int pool, expseg_stream stream
   /* Single-chunk segments serve only their own size: cached ones of other sizes in this
    * pool go back before a new one is made (docs/benchmarks.md measures the trade). */
   release_batch_t rb = {0};
-  if (a->n_zombies > 0) zombies_retry(a, &rb);
+  if (a->n_zombies > 0) _expseg_zombies_retry(a, &rb);
   stream_seen_t seen[SEEN_MAX];
   size_t n_seen = 0;
   for (segment_t *s = a->segments, *next; s; s = next) {
@@ -739,7 +531,7 @@ block_t *_expseg_grow_single(expseg_allocator *a, int pool, expseg_stream stream
       (void)classic_release(a, s, &rb, false, seen, &n_seen);
   }
   _expseg_isplit_flush(a);
-  batch_flush(a, &rb);
+  _expseg_batch_flush(a, &rb);
   block_t *b = grow_classic(a, pool, stream, rounded, true, st);
   if (b != NULL) b->seg->single = true;
   return b;
@@ -771,7 +563,7 @@ static bool classic_release(expseg_allocator *a, segment_t *s, release_batch_t *
   if (s->oversize) _expseg_stat_add(&a->stats.oversize_segments, -1);
   a->stats.num_device_free++;
   a->stats.released_bytes += (int64_t)s->va_size;
-  batch_push(a, rb, (release_item_t){.h = s->handle, .size_h = s->va_size, .va = s->base,
+  _expseg_batch_push(a, rb, (release_item_t){.h = s->handle, .size_h = s->va_size, .va = s->base,
                                      .size_va = s->va_size, .pool = s->pool});
   free(s);
   return true;
@@ -784,7 +576,7 @@ static bool classic_is_free(const segment_t *s) {
 size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
   size_t before = held_bytes(a);
   release_batch_t rb = {0};
-  zombies_retry(a, &rb);
+  _expseg_zombies_retry(a, &rb);
   stream_seen_t seen[SEEN_MAX];
   size_t n_seen = 0;
   for (segment_t *s = a->segments, *next; s; s = next) {
@@ -793,7 +585,7 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
   }
   if (keep_pages) {
     _expseg_isplit_flush(a);
-    batch_flush(a, &rb);
+    _expseg_batch_flush(a, &rb);
     return before - held_bytes(a);
   }
   /* every idle page: its stream is synchronized if needed */
@@ -802,9 +594,9 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
     next = s->next_all;
     if (s->expandable && s->first->next == NULL && !s->first->mapped) expandable_drop(a, s, &rb);
   }
-  cache_release_oldest(a, a->cache_count, &rb);
+  _expseg_cache_release_oldest(a, a->cache_count, &rb);
   _expseg_isplit_flush(a);
-  batch_flush(a, &rb);
+  _expseg_batch_flush(a, &rb);
   return before - held_bytes(a);
 }
 
@@ -869,17 +661,17 @@ void _expseg_garbage_collect(expseg_allocator *a, size_t keep) {
   }
   free(items);
   /* cached pages are interchangeable: give back as many as were chosen or unmapped */
-  cache_release_oldest(a, cached_victims + unmapped, &rb);
+  _expseg_cache_release_oldest(a, cached_victims + unmapped, &rb);
   a->stats.gc_released_bytes += (int64_t)(before - held_bytes(a));
   _expseg_isplit_flush(a);
-  batch_flush(a, &rb);
+  _expseg_batch_flush(a, &rb);
 }
 
 /* Destroy: no accounting any more; a refusal is tried once more, then reported. */
 static void destroy_release(expseg_vmm_t *drv, release_item_t it) {
-  release_item_t left = do_release(drv, it);
+  release_item_t left = _expseg_release_do(drv, it);
   if (left.size_h == 0 && left.size_va == 0) return;
-  left = do_release(drv, left);
+  left = _expseg_release_do(drv, left);
   if (left.size_h > 0 || left.size_va > 0)
     _expseg_warn("destroy: the driver kept %zu bytes of memory and %zu of address space",
                  left.size_h, left.size_va);
@@ -937,20 +729,6 @@ void _expseg_segments_destroy(expseg_allocator *a) {
   a->cache_count = 0;
   free(a->cache);
   a->cache = NULL;
-}
-
-void _expseg_zombie_totals(const expseg_allocator *a, int64_t reserved[3], int64_t *va,
-                           int64_t *chunks, int64_t *mapped) {
-  const release_item_t *z = a->zombies;
-  for (size_t i = 0; i < a->n_zombies; i++) {
-    *mapped += (int64_t)z[i].size_map;
-    if (z[i].size_h > 0) {
-      reserved[STAT_ALL] += (int64_t)z[i].size_h;
-      reserved[stat_pool(z[i].pool)] += (int64_t)z[i].size_h;
-      (*chunks)++;
-    }
-    *va += (int64_t)z[i].size_va;
-  }
 }
 
 static size_t tree_max(const block_t *n) {

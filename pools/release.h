@@ -1,0 +1,57 @@
+/* release.h: giving memory back to the driver, shared by the pools/ files that do it.
+ * A release item is a mapping, a chunk and a reservation to give back in that order; items
+ * are batched and given back with the allocator's lock dropped. What the driver refuses
+ * stays on the retry list (a->zombies) with its accounting, retried before the next growth,
+ * at empty_cache, on the out-of-memory path and at destroy. The page cache keeps unmapped
+ * page-sized chunks for re-mapping. Lock held on every call unless said otherwise. */
+#ifndef EXPSEG_POOLS_RELEASE_H
+#define EXPSEG_POOLS_RELEASE_H
+
+#include "internal.h"
+
+/* One thing to give back, in order: a mapping (size_map > 0), a chunk (size_h > 0), a
+ * reservation (size_va > 0). A step the driver refuses stops the item there: what is left
+ * is kept on the retry list (zombies) with its accounting, and tried again at the next
+ * empty_cache, out-of-memory retry or destroy. */
+typedef struct release_item_s {
+  uintptr_t map_va;    /* mapping to remove first, when size_map > 0 */
+  size_t size_map;
+  expseg_vmm_handle h; /* chunk, when size_h > 0 */
+  size_t size_h;
+  uintptr_t va;        /* reservation, when size_va > 0 */
+  size_t size_va;
+  uint8_t pool;        /* whose reserved_bytes counts the chunk */
+} release_item_t;
+
+typedef struct release_batch_s {
+  release_item_t *items;
+  size_t n, cap;
+} release_batch_t;
+
+/* Gives the item back (no accounting: callable with the lock dropped); returns what the
+ * driver refused (all sizes 0 = done). */
+release_item_t _expseg_release_do(expseg_vmm_t *drv, release_item_t it);
+/* What the driver refused is still held: its accounting comes back; a page-sized chunk alone
+ * goes back to the page cache, anything else onto the retry list. */
+void _expseg_release_keep(expseg_allocator *a, release_item_t f);
+/* Gives back now, the lock held (its accounting already removed by the caller). */
+void _expseg_release_now(expseg_allocator *a, release_item_t it);
+/* Memory no segment owns (the undo of a failed growth): counted as created, then given back
+ * like any release. */
+void _expseg_release_orphan(expseg_allocator *a, release_item_t it);
+void _expseg_batch_push(expseg_allocator *a, release_batch_t *rb, release_item_t it);
+/* Drops the lock, gives everything back, retakes it and keeps what was refused. */
+void _expseg_batch_flush(expseg_allocator *a, release_batch_t *rb);
+/* Moves the retry list into the batch, in the order the items were kept. */
+void _expseg_zombies_retry(expseg_allocator *a, release_batch_t *rb);
+/* Does a mapping the driver refused to remove lie in [lo, lo+len)? */
+bool _expseg_zombie_mapped_in(const expseg_allocator *a, uintptr_t lo, size_t len);
+
+/* ---- the page cache (a stack of unmapped page-sized chunks) ---- */
+bool _expseg_cache_push(expseg_allocator *a, expseg_vmm_handle h, int pool);
+/* Takes the newest cached chunk for `pool`, moving its reserved_bytes to that pool. */
+expseg_vmm_handle _expseg_cache_pop(expseg_allocator *a, int pool);
+/* Removes the n oldest cached chunks into the batch; returns their bytes. */
+size_t _expseg_cache_release_oldest(expseg_allocator *a, size_t n, release_batch_t *rb);
+
+#endif
