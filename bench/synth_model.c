@@ -17,7 +17,7 @@
  * name starts with "synth" for the library glob.) */
 #include "synth_model.h"
 
-#include "internal.h" /* _expseg_set_model_pytorch: the model switch (pools/model.c) */
+#include "expseg_testing.h" /* expseg_testing_set_model_pytorch: the model switch */
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -66,7 +66,7 @@ const char *_expseg_model_conf(int model, const char *user, const expseg_trace_t
 }
 
 expseg_status _expseg_model_apply(expseg_allocator *a, int model) {
-  return _expseg_set_model_pytorch(a, model == EXPSEG_MODEL_PYTORCH);
+  return expseg_testing_set_model_pytorch(a, model == EXPSEG_MODEL_PYTORCH);
 }
 
 /* ---------------------------------------------------------------------------------- */

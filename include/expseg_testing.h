@@ -54,6 +54,11 @@ EXPSEG_EXPORT expseg_status expseg_testing_driver_counts_get(const expseg_alloca
  * space, a mapping or an event leaked. left may be NULL. */
 EXPSEG_EXPORT void expseg_testing_destroy(expseg_allocator *a, expseg_testing_driver_counts *left);
 
+/* ---- replay model switch (expseg-replay --model pytorch; pools/model.c, docs/replay.md) ----
+ * on = true: the allocator behaves as PyTorch's caching allocator where expseg deliberately
+ * differs. For the replay tool, which links only the public headers. */
+EXPSEG_EXPORT expseg_status expseg_testing_set_model_pytorch(expseg_allocator *a, bool on);
+
 #ifdef __cplusplus
 }
 #endif

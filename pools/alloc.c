@@ -154,6 +154,7 @@ static expseg_status take_block(expseg_allocator *a, block_t *b, size_t rounded,
   _expseg_stat_pool_add(s->active_bytes, pool, (int64_t)b->size);
   if (b->oversize) _expseg_stat_add(&s->oversize_allocations, 1);
   _expseg_isplit_flush(a);
+  EXPSEG_CHECK_BLOCK(a, b);
   EXPSEG_HIST(a, HIST_ALLOC, b->ptr, size, b->stream);
   *out = (void *)b->ptr;
   return EXPSEG_OK;
@@ -270,7 +271,9 @@ void _expseg_free_block(expseg_allocator *a, block_t *b) {
   b->requested = 0;
   b->n_uses = 0;
   a->tick++;
-  _expseg_free_insert(a, _expseg_block_coalesce(a, b));
+  block_t *m = _expseg_block_coalesce(a, b);
+  _expseg_free_insert(a, m);
+  EXPSEG_CHECK_BLOCK(a, m);
   _expseg_isplit_flush(a);
 }
 

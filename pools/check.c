@@ -225,3 +225,60 @@ expseg_status _expseg_check_locked(const expseg_allocator *a) {
   }
   return EXPSEG_OK;
 }
+
+/* ---- check levels 2 and 3 (internal.h, "Check levels") ---- */
+#if EXPSEG_DEBUG >= 2
+static void die(const char *what, const block_t *b) {
+  fprintf(stderr, "expseg: internal check failed: block %#lx (+%zu): %s\n", (unsigned long)b->ptr,
+          b->size, what);
+  abort();
+}
+
+void _expseg_check_block_local(const expseg_allocator *a, const block_t *b) {
+  (void)a;
+  if (b->size == 0) die("size 0", b);
+  if (b->prev != NULL && (b->prev->next != b || b->prev->ptr + b->prev->size != b->ptr))
+    die("the previous block does not end where it starts", b);
+  if (b->next != NULL && (b->next->prev != b || b->ptr + b->size != b->next->ptr))
+    die("the next block does not start where it ends", b);
+  if (b->prev != NULL && b->prev->seg != b->seg) die("the previous block is in another segment", b);
+  if (b->next != NULL && b->next->seg != b->seg) die("the next block is in another segment", b);
+  if (b->state == BLOCK_FREE && b->mapped) {
+    if (b->prev != NULL && b->prev->mapped && b->prev->state == BLOCK_FREE && b->prev->indexed &&
+        b->indexed)
+      die("free and not merged with its free previous block", b);
+    if (b->next != NULL && b->next->mapped && b->next->state == BLOCK_FREE && b->next->indexed &&
+        b->indexed)
+      die("free and not merged with its free next block", b);
+  }
+}
+#endif
+
+#if EXPSEG_DEBUG >= 3
+#include <stdatomic.h>
+#include <stdlib.h>
+
+/* EXPSEG_CHECK_EVERY: a positive decimal count; anything else (or unset) is 1000. */
+static uint64_t check_every(void) {
+  static _Atomic uint64_t every; /* 0: not read yet */
+  uint64_t n = atomic_load_explicit(&every, memory_order_relaxed);
+  if (n != 0) return n;
+  const char *s = getenv("EXPSEG_CHECK_EVERY");
+  char *end = NULL;
+  unsigned long long v = s != NULL ? strtoull(s, &end, 10) : 0;
+  n = (s != NULL && *s != '\0' && *end == '\0' && v > 0) ? (uint64_t)v : 1000;
+  atomic_store_explicit(&every, n, memory_order_relaxed);
+  return n;
+}
+
+void _expseg_debug_tick(const expseg_allocator *a) {
+  static _Atomic uint64_t ops;
+  uint64_t n = atomic_fetch_add_explicit(&ops, 1, memory_order_relaxed) + 1;
+  if (n % check_every() != 0) return;
+  if (_expseg_check_locked(a) != EXPSEG_OK) {
+    fprintf(stderr, "expseg: EXPSEG_DEBUG=3 check after %llu operations failed: %s\n",
+            (unsigned long long)n, expseg_last_error());
+    abort();
+  }
+}
+#endif

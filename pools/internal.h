@@ -25,6 +25,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Check levels (EXPSEG_DEBUG, a compile-time level independent of NDEBUG; docs/design.md,
+ * "Checks"): 0 none; 1 cheap argument and state checks (expseg_assert); 2 also structure
+ * checks on each operation (expseg_assert2, _expseg_check_block_local: the touched block
+ * and its neighbours); 3 also the full expseg_check every N public operations (N from the
+ * environment's EXPSEG_CHECK_EVERY, default 1000), aborting with its first violation. */
 #ifndef EXPSEG_DEBUG
 #define EXPSEG_DEBUG 1
 #endif
@@ -40,6 +45,11 @@
           abort()))
 #else
 #define expseg_assert(x) ((void)0)
+#endif
+#if EXPSEG_DEBUG >= 2
+#define expseg_assert2(x) expseg_assert(x)
+#else
+#define expseg_assert2(x) ((void)0)
 #endif
 
 enum { POOL_SMALL = 0, POOL_LARGE = 1, POOL_COUNT = 2 };
@@ -350,7 +360,22 @@ static inline void api_lock(const expseg_allocator *a) {
   _expseg_log_defer(true);
   pthread_mutex_lock((pthread_mutex_t *)&a->lock);
 }
+#if EXPSEG_DEBUG >= 3
+/* check.c: counts public operations; every EXPSEG_CHECK_EVERY-th runs the full check
+ * (lock held) and aborts on a violation. */
+void _expseg_debug_tick(const expseg_allocator *a);
+#endif
+#if EXPSEG_DEBUG >= 2
+/* check.c: the block, its address neighbours and its segment links agree (abort if not). */
+void _expseg_check_block_local(const expseg_allocator *a, const block_t *b);
+#define EXPSEG_CHECK_BLOCK(a, b) _expseg_check_block_local((a), (b))
+#else
+#define EXPSEG_CHECK_BLOCK(a, b) ((void)0)
+#endif
 static inline void api_unlock(const expseg_allocator *a) {
+#if EXPSEG_DEBUG >= 3
+  _expseg_debug_tick(a);
+#endif
   pthread_mutex_unlock((pthread_mutex_t *)&a->lock);
   _expseg_log_defer(false);
 }

@@ -60,3 +60,7 @@ void expseg_testing_destroy(expseg_allocator *a, expseg_testing_driver_counts *l
   if (a == NULL) return;
   _expseg_destroy_with(a, before_close, left);
 }
+
+expseg_status expseg_testing_set_model_pytorch(expseg_allocator *a, bool on) {
+  return _expseg_set_model_pytorch(a, on);
+}

@@ -1,0 +1,3 @@
+/* Control: what policy/ may include. */
+#include "expseg.h"
+#include "policy.h"

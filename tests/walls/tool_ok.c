@@ -1,0 +1,3 @@
+/* Control: what a tool may include. */
+#include "expseg.h"
+#include "trace.h"

@@ -1,0 +1,2 @@
+/* The wall between policy/ and pools/: this must not compile. */
+#include "internal.h"
