@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cinttypes>
@@ -71,6 +72,8 @@ struct Harness {
   size_t recent_at = 0;
   uint64_t step = 0, ooms = 0, mallocs = 0, frees = 0, pending_frees = 0, configures = 0;
   bool held[4] = {false, false, false, false};
+  size_t total_mem = 0;  // the device's memory; the allocator's limit is fraction of it
+  double fraction = 1.0;
 
   void note(const std::string &s) {
     if (recent.size() < 24) recent.push_back(s);
@@ -144,6 +147,23 @@ struct Harness {
                       << expseg_last_error();
         return false;
       }
+      // What the budget allows: an OOM has given back every free cached segment and page,
+      // so what is still reserved is held by live or pending blocks. When that plus the
+      // largest segment this request could need (its size rounded up to a power of two, the
+      // coarsest roundup_power2_divisions used here, or a 20 MiB large segment, plus a 2 MiB
+      // page of rounding) fits under the limit, the OOM was spurious.
+      int64_t reserved = stat_of(a, "reserved_bytes.all.current");
+      size_t pow2 = 1;
+      while (pow2 < size) pow2 <<= 1;
+      const size_t need = std::max(pow2, (size_t)20 << 20) + (2u << 20);
+      const double limit = fraction * (double)total_mem;
+      if ((double)reserved + (double)need <= limit) {
+        ADD_FAILURE() << "step " << step << ": spurious OOM for malloc(" << size
+                      << "): reserved " << reserved << " + " << need << " <= limit " << limit
+                      << " (fraction " << fraction << ")\nmessage: " << expseg_last_error()
+                      << "\nrecent:\n" << history();
+        return false;
+      }
       return true;
     }
     if (st != EXPSEG_OK || p == nullptr) {
@@ -215,6 +235,7 @@ void run_random(const char *driver, size_t ops, uint64_t seed, bool pattern) {
   Rng r(seed);
   size_t total_mem = 0, dummy = 0;
   _expseg_vmm_mem_info(inner, &dummy, &total_mem);
+  h.total_mem = total_mem;
   const size_t budget = total_mem * 3 / 4;  // live bytes kept below this (when fraction = 1)
   size_t live_bytes = 0;
   double fraction = 1.0;
@@ -279,6 +300,7 @@ void run_random(const char *driver, size_t ops, uint64_t seed, bool pattern) {
     } else if (op < 917) {
       fraction = r.chance(0.4) ? 1.0 : 0.05 + 0.95 * r.unit();
       if (fraction <= 0.05) fraction = 0.06;
+      h.fraction = fraction;
       h.note("fraction " + std::to_string(fraction));
       if (expseg_set_memory_fraction(a, fraction) != EXPSEG_OK) {
         ADD_FAILURE() << "fraction: " << expseg_last_error();
@@ -337,13 +359,13 @@ void run_random(const char *driver, size_t ops, uint64_t seed, bool pattern) {
 }
 
 TEST(AllocRandom, SimManyOperations) {
-  uint64_t seed = test_seed(20240611);
+  EXPSEG_SEEDED(seed, 20240611);
   size_t ops = env_size("EXPSEG_TEST_OPS", 200000);
   run_random("sim:capacity=4G", ops, seed, false);
 }
 
 TEST(AllocRandom, HostPatternsSurviveGrowthShrinkAndPageMoves) {
-  uint64_t seed = test_seed(777);
+  EXPSEG_SEEDED(seed, 777);
   size_t ops = env_size("EXPSEG_TEST_OPS", 200000) / 10;
   run_random("host:capacity=1G,granularity=2M", ops, seed, true);
   (void)GiB;

@@ -4,6 +4,8 @@
 // threshold x allowed over a seeded random workload.
 #include <gtest/gtest.h>
 
+#include "test_seed.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -95,9 +97,7 @@ TEST(PolicyGc, OldestFirstUntilTarget) {
 // A cache of idle items (classic segments, mapped idle pages, cached physical pages alike)
 // under a fake clock: allocations make memory idle at known times, then GC runs.
 TEST(PolicyGc, HeldEndsUnderThresholdRandom) {
-  uint64_t seed = (uint64_t)std::chrono::steady_clock::now().time_since_epoch().count();
-  if (const char *s = getenv("EXPSEG_TEST_SEED")) seed = strtoull(s, nullptr, 10);
-  printf("seed %" PRIu64 "\n", seed);
+  EXPSEG_SEEDED(seed, 20261122);
   std::mt19937_64 rng(seed);
   expseg_config_t c = conf("per_process_memory_fraction:0.5,garbage_collection_threshold:0.6");
   const size_t allowed = _expseg_allowed_bytes(c.per_process_memory_fraction, 80 * GiB);

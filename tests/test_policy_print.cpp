@@ -5,6 +5,8 @@
 // (doubles included); snprintf semantics of the output buffer.
 #include <gtest/gtest.h>
 
+#include "test_seed.h"
+
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -23,13 +25,6 @@ namespace {
 constexpr size_t MiB = size_t(1) << 20;
 constexpr uint64_t kMbCeil = SIZE_MAX / MiB;
 
-uint64_t seed_for_test() {
-  const char *s = getenv("EXPSEG_TEST_SEED");
-  uint64_t seed = s ? strtoull(s, nullptr, 10)
-                    : (uint64_t)std::chrono::steady_clock::now().time_since_epoch().count();
-  printf("seed %" PRIu64 " (replay with EXPSEG_TEST_SEED=%" PRIu64 ")\n", seed, seed);
-  return seed;
-}
 
 std::string print(const expseg_config_t &c) {
   char buf[4096];
@@ -133,7 +128,8 @@ struct Gen {
 };
 
 TEST(PolicyPrint, RoundTripRandomStrings) {
-  Gen g(seed_for_test());
+  EXPSEG_SEEDED(seed, 20261122);
+  Gen g(seed);
   char err[1024];
   for (int iter = 0; iter < 20000; iter++) {
     std::string text = g.text();
@@ -155,7 +151,8 @@ TEST(PolicyPrint, RoundTripRandomStrings) {
 }
 
 TEST(PolicyPrint, RoundTripRandomConfigs) {
-  Gen g(seed_for_test() ^ 0x9e3779b97f4a7c15ull);
+  EXPSEG_SEEDED(seed, 20261123);
+  Gen g(seed ^ 0x9e3779b97f4a7c15ull);
   char err[1024];
   for (int iter = 0; iter < 20000; iter++) {
     expseg_config_t c = defaults();

@@ -7,6 +7,8 @@
 // on edge and seeded random sizes under settings whose division arrays are written out.
 #include <gtest/gtest.h>
 
+#include "test_seed.h"
+
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -563,9 +565,7 @@ const Setting kSettings[] = {
 };
 
 TEST(PolicyPyTorch, RoundSizeMatchesPyTorch) {
-  uint64_t seed = 0x5eed12;
-  if (const char *s = getenv("EXPSEG_TEST_SEED")) seed = strtoull(s, nullptr, 10);
-  printf("seed %" PRIu64 " (replay with EXPSEG_TEST_SEED=%" PRIu64 ")\n", seed, seed);
+  EXPSEG_SEEDED(seed, 0x5eed12);
   std::mt19937_64 rng(seed);
   std::vector<uint64_t> sizes;
   for (uint64_t p = 0; p < 60; p++)

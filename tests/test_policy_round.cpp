@@ -6,6 +6,8 @@
 // memory-fraction cap.
 #include <gtest/gtest.h>
 
+#include "test_seed.h"
+
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -105,9 +107,7 @@ TEST(PolicyRound, ListFormIntervals) {
 }
 
 TEST(PolicyRound, MatchesModelOnRandomSizes) {
-  uint64_t seed = (uint64_t)std::chrono::steady_clock::now().time_since_epoch().count();
-  if (const char *s = getenv("EXPSEG_TEST_SEED")) seed = strtoull(s, nullptr, 10);
-  printf("seed %" PRIu64 "\n", seed);
+  EXPSEG_SEEDED(seed, 20261122);
   std::mt19937_64 rng(seed);
   for (int cfg = 0; cfg < 200; cfg++) {
     expseg_config_t c = defaults();

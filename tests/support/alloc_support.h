@@ -41,6 +41,8 @@ bool alloc_test_lock_is_free(expseg_allocator *a);
 /* C++ helpers shared by the allocator-core suites. */
 #include <gtest/gtest.h>
 
+#include "test_seed.h"
+
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -77,15 +79,6 @@ inline void expect_consistent(const expseg_allocator *a, const std::string &wher
     EXPECT_LE(stat_of(a, "allocation" + p), stat_of(a, "active" + p)) << where;
   }
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << where << ": " << expseg_last_error();
-}
-
-/* Seed from $EXPSEG_TEST_SEED or the default; printed so a failure can be replayed. */
-inline uint64_t test_seed(uint64_t dflt) {
-  const char *e = std::getenv("EXPSEG_TEST_SEED");
-  uint64_t s = e && *e ? std::strtoull(e, nullptr, 0) : dflt;
-  std::printf("seed %llu (EXPSEG_TEST_SEED=%llu reproduces)\n", (unsigned long long)s,
-              (unsigned long long)s);
-  return s;
 }
 
 /* Destroys a (expseg_testing_destroy) and expects its driver to hold nothing afterwards. */

@@ -1,0 +1,31 @@
+/* test_seed.h: the one seeding helper of the randomized tests. A fixed default per test
+ * (so CI runs are repeatable), $EXPSEG_TEST_SEED overrides it, the seed is printed, and
+ * EXPSEG_SEEDED(var, default) also adds it to every failure message of the enclosing scope
+ * (a GoogleTest scoped trace), so any failure can be replayed. */
+#ifndef EXPSEG_TEST_SEED_H
+#define EXPSEG_TEST_SEED_H
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+inline uint64_t test_seed(uint64_t dflt) {
+  const char *e = std::getenv("EXPSEG_TEST_SEED");
+  uint64_t s = e && *e ? std::strtoull(e, nullptr, 0) : dflt;
+  std::printf("seed %llu (EXPSEG_TEST_SEED=%llu reproduces)\n", (unsigned long long)s,
+              (unsigned long long)s);
+  return s;
+}
+
+inline std::string test_seed_note(uint64_t s) {
+  return "seed " + std::to_string(s) + " (EXPSEG_TEST_SEED=" + std::to_string(s) + " reproduces)";
+}
+
+#define EXPSEG_SEEDED(var, dflt)         \
+  const uint64_t var = test_seed(dflt); \
+  SCOPED_TRACE(test_seed_note(var))
+
+#endif
