@@ -599,7 +599,7 @@ expseg_status _expseg_cuda_new(int device, expseg_vmm_t **out) {
 
 bool _expseg_cuda_usable(int device) {
   char saved[1024];
-  snprintf(saved, sizeof saved, "%s", expseg_last_error());
+  snprintf(saved, sizeof saved, "%s", _expseg_error_message());
   expseg_vmm_t *v = NULL;
   bool ok = _expseg_cuda_new(device, &v) == EXPSEG_OK;
   _expseg_vmm_close(v);

@@ -1,4 +1,6 @@
 /* error.c: the thread's last error message, the warning sink and size formatting.
+ * Internal only: the public calls over them (expseg_last_error, expseg_set_log_sink,
+ * expseg_status_name) are pools/public_error.c's, so vmm/ exports nothing.
  *
  * Each thread owns a fixed 1 KiB buffer (_Thread_local): setting a message never allocates,
  * so it works on out-of-memory paths. Messages longer than the buffer are cut, ending in
@@ -61,9 +63,9 @@ void _expseg_error_prefix(const char *fmt, ...) {
 
 void _expseg_error_clear(void) { tl_msg[0] = '\0'; }
 
-const char *expseg_last_error(void) { return tl_msg; }
+const char *_expseg_error_message(void) { return tl_msg; }
 
-void expseg_set_log_sink(expseg_log_sink fn, void *ctx) {
+void _expseg_log_sink_set(expseg_log_sink fn, void *ctx) {
   pthread_mutex_lock(&sink_mu);
   sink_fn = fn;
   sink_ctx = ctx;
@@ -146,7 +148,7 @@ const char *_expseg_format_size(char buf[32], uint64_t bytes) {
   return buf;
 }
 
-const char *expseg_status_name(expseg_status s) {
+const char *_expseg_status_name(expseg_status s) {
   switch (s) {
 #define EXPSEG_STATUS_NAME_(name, value, text) \
   case name:                                   \

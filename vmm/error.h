@@ -24,6 +24,12 @@ expseg_status _expseg_error_set(expseg_status s, const char *fmt, ...) EXPSEG_PR
 /* Prefixes the current message: "<prefix>: <old message>". */
 void _expseg_error_prefix(const char *fmt, ...) EXPSEG_PRINTF(1, 2);
 void _expseg_error_clear(void);
+/* This thread's message (expseg_last_error's value; never NULL). */
+const char *_expseg_error_message(void);
+/* The process-wide sink of _expseg_warn lines (NULL: stderr); expseg_set_log_sink's body. */
+void _expseg_log_sink_set(expseg_log_sink fn, void *ctx);
+/* "EXPSEG_ERR_CONFIG" for EXPSEG_ERR_CONFIG (expseg_status_name's body). */
+const char *_expseg_status_name(expseg_status s);
 /* One line to the log sink (stderr by default), prefixed "expseg: ". */
 void _expseg_warn(const char *fmt, ...) EXPSEG_PRINTF(1, 2);
 /* on = true: this thread enters the allocator (its lock is about to be taken): warnings

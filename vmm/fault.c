@@ -111,7 +111,7 @@ static expseg_status inject(fault_t *f, expseg_vmm_call c) {
   if (s != EXPSEG_OK) {
     atomic_fetch_add(&f->injected, 1);
     _expseg_error_set(s, "fault driver: injected %s on %s call #%llu (inner driver: %s)",
-                      expseg_status_name(s), _expseg_vmm_call_name(c), (unsigned long long)n,
+                      _expseg_status_name(s), _expseg_vmm_call_name(c), (unsigned long long)n,
                       f->inner->ops->name);
   }
   return s;

@@ -160,7 +160,7 @@ static expseg_status host_map(void *st, uintptr_t addr, size_t size, expseg_vmm_
     if (b != EXPSEG_OK && !atomic_exchange(&h->bind_warned, true))
       _expseg_warn("host driver: cannot place pages on NUMA node %d (%s); memory stays usable, "
                    "placement is left to the OS",
-                   h->o.numa_node, expseg_last_error());
+                   h->o.numa_node, _expseg_error_message());
   }
   return s;
 }

@@ -101,7 +101,7 @@ expseg_status _expseg_pinned_alloc(void *st, expseg_host_chunk_t *c) {
       _expseg_warn("pinned host memory: not placed on NUMA node %d (%s); the memory is "
                    "usable, placement is left to the OS (expseg.placed_bytes counts what is "
                    "placed)",
-                   c->numa_node, expseg_last_error());
+                   c->numa_node, _expseg_error_message());
   }
   if (c->use_register)
     c->threads_used = _expseg_pinned_prefault(p, c->size, c->fault_threads, c->numa_node);

@@ -407,7 +407,7 @@ static expseg_status open_default(int device, expseg_vmm_t **out) {
   expseg_status st = _expseg_cuda_new(device, out);
   if (st == EXPSEG_OK) return st;
   char why[768];
-  snprintf(why, sizeof why, "%s", expseg_last_error());
+  snprintf(why, sizeof why, "%s", _expseg_error_message());
   return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
                            "no driver given and $EXPSEG_DRIVER unset or empty, so the cuda driver was "
                            "asked for device %d and it is not usable: %s. To use host memory or "
