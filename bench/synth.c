@@ -19,6 +19,7 @@
  * splitmix64, seeded by the caller: the same (workload, seed, scale) gives the same trace
  * on every machine. Figures for the defaults are in docs/replay.md. */
 #include "trace.h"
+#include "trace_internal.h"
 #include "error.h"
 
 #include <math.h>
@@ -40,12 +41,7 @@ typedef struct gen_s {
   int failed;
 } gen_t;
 
-static uint64_t rnd(gen_t *g) {
-  uint64_t z = (g->rng += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+static uint64_t rnd(gen_t *g) { return _expseg_splitmix64(&g->rng); }
 
 /* uniform in [lo, hi] */
 static uint64_t rnd_range(gen_t *g, uint64_t lo, uint64_t hi) {

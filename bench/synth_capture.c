@@ -27,16 +27,15 @@ int _expseg_replay_capture(expseg_allocator *a, const char *name, const capture_
     free(text);
   }
   if (c->snapshot && !end == !c->at_end) {
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint64_t t0 = _expseg_bench_now_ns();
     if (expseg_snapshot_dump(a, c->snapshot) != EXPSEG_OK) {
       fprintf(err, "expseg-replay: --snapshot: %s\n", expseg_last_error());
       return 1;
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (double)(_expseg_bench_now_ns() - t0) / 1e6;
     fprintf(err, "expseg-replay: %s: snapshot at %s (after event %zu) written to %s in %.1f ms\n",
             name, when, event, c->snapshot,
-            (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+            ms);
   }
   return 0;
 }

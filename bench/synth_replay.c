@@ -32,12 +32,6 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err);
 const char *const _expseg_mem_calls[N_MEM_CALLS] = {"reserve", "unreserve", "create", "release",
                                                     "map", "unmap", "set_access"};
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static int64_t stat_or(const expseg_allocator *a, const char *key, int64_t dflt, int *found) {
   int64_t v = 0;
   if (expseg_stat(a, key, &v) == EXPSEG_OK) {
@@ -297,7 +291,7 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
   const expseg_trace_event_t *ev = t->events;
   const size_t n = o->limit && o->limit < t->n_events ? (size_t)o->limit : t->n_events;
   _expseg_window_baseline(t, n, &r->base);
-  const uint64_t t0 = now_ns();
+  const uint64_t t0 = _expseg_bench_now_ns();
   for (size_t i = 0; i < n; i++) {
     const expseg_trace_event_t *e = &ev[i];
     if (i > 0 && e->kind != EXPSEG_TR_PRELIVE && ev[i - 1].kind == EXPSEG_TR_PRELIVE) {
@@ -384,7 +378,7 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
     if (timeline) _expseg_timeline_step(&tl, timeline, t->name, a, i, live,
                                         events % every == 0 || i + 1 == n);
     if ((i & 8191) == 8191 && err && !o->quiet) {
-      uint64_t el = now_ns() - t0;
+      uint64_t el = _expseg_bench_now_ns() - t0;
       if (el > 1000000000ull) {
         progress = 1;
         fprintf(err, "\r%s: %zu / %zu events (%.0f%%), %.1f s", t->name, i + 1, n,
@@ -393,7 +387,7 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
       }
     }
   }
-  r->loop_ns = now_ns() - t0;
+  r->loop_ns = _expseg_bench_now_ns() - t0;
   if (timeline) _expseg_timeline_flush(&tl, timeline, t->name);
   if (progress) fprintf(err, "\n");
   if (cap && cap->at_end && _expseg_replay_capture(a, t->name, cap, n ? n - 1 : 0, 1, err))

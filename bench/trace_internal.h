@@ -42,6 +42,13 @@ bool _expseg_field_is(_expseg_field_t f, const char *s);
 int _expseg_arg_u64(const char *s, uint64_t *v);
 /* The benchmarks' clock (CLOCK_MONOTONIC, ns) and qsort order for uint64_t timings. */
 uint64_t _expseg_bench_now_ns(void);
+/* splitmix64: the tools' one pseudo-random generator (seeded workloads, benchmarks). */
+static inline uint64_t _expseg_splitmix64(uint64_t *state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
 int _expseg_u64_cmp(const void *a, const void *b);
 
 typedef struct _expseg_u64map_s {

@@ -174,10 +174,9 @@ static void *bg_main(void *arg) {
     } else {
       process_events(h);
       h->st.background_passes++;
-      struct timespec ts;
-      clock_gettime(CLOCK_MONOTONIC, &ts);
-      ts.tv_nsec += BG_POLL_NS;
-      if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+      uint64_t until = _expseg_clock_ns() + BG_POLL_NS; /* the cv waits on CLOCK_MONOTONIC */
+      struct timespec ts = {.tv_sec = (time_t)(until / 1000000000u),
+                            .tv_nsec = (long)(until % 1000000000u)};
       pthread_cond_timedwait(&h->cv, &h->lock, &ts);
     }
     pool_unlock(h);

@@ -150,9 +150,7 @@ class Devices : public ::testing::TestWithParam<const char *> {};
 
 TEST_P(Devices, EightThreadsFourDevices) {
   enum { DEVICES = 4, THREADS = 8, OPS = 400 };
-  unsigned seed = 14;
-  if (const char *s = getenv("EXPSEG_TEST_SEED")) seed = (unsigned)strtoul(s, nullptr, 10);
-  std::printf("seed %u (EXPSEG_TEST_SEED)\n", seed);
+  EXPSEG_SEEDED(seed, 14);
   const bool real = std::string(GetParam()).substr(0, 4) == "host";
   std::vector<Alloc> dev;
   for (int d = 0; d < DEVICES; d++) dev.push_back(make(GetParam(), d, nullptr));

@@ -25,19 +25,7 @@ namespace {
 
 constexpr size_t KiB = 1024, MiB = 1024 * KiB, GiB = 1024 * MiB;
 
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  uint64_t next() {  // splitmix64
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  uint64_t below(uint64_t n) { return next() % n; }
-  double unit() { return (double)(next() >> 11) / (double)(1ull << 53); }
-  bool chance(double p) { return unit() < p; }
-};
+using Rng = TestRng;
 
 size_t env_size(const char *name, size_t dflt) {
   const char *e = std::getenv(name);

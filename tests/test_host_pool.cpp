@@ -662,7 +662,7 @@ TEST(HostPoolFault, FailedGiveBackKeepsTheBlockCached) {
 // that stream is released; every live block keeps its contents (each is filled with its
 // own tag and checked before it is freed); the books agree with what the test holds.
 TEST(HostPoolRandom, NoReuseBeforeStreamsAndNoOverlap) {
-  uint64_t seed = test_seed(20261122);
+  EXPSEG_SEEDED(seed, 20261122);
   for (const char *drv : {"host", "sim"}) {
     SCOPED_TRACE(drv);
     for (const char *cfg : {"", "pinned_use_background_threads:True,pinned_reserve_segment_size_mb:2"}) {

@@ -155,9 +155,7 @@ TEST(Snapshot, ExpandableHistoryReplaysBackwardsToEmpty) {
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
   void *big = nullptr;
   ASSERT_EQ(expseg_malloc(a, (size_t)1 << 30, 0, &big), EXPSEG_ERR_OUT_OF_MEMORY);
-  const char *env = getenv("EXPSEG_TEST_SEED");
-  uint64_t seed = env ? strtoull(env, nullptr, 10) : 1;
-  printf("seed %" PRIu64 " (EXPSEG_TEST_SEED)\n", seed);
+  EXPSEG_SEEDED(seed, 1);
   std::mt19937_64 rng(seed);
   std::vector<void *> live;
   for (int i = 0; i < 400; i++) {

@@ -19,17 +19,7 @@ namespace {
 
 constexpr size_t KiB = 1024, MiB = 1024 * KiB;
 
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 7) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  uint64_t below(uint64_t n) { return next() % n; }
-};
+using Rng = TestRng;
 
 size_t random_size(Rng &r) {
   switch (r.below(4)) {
@@ -121,7 +111,7 @@ void worker(Shared *sh, int id, uint64_t seed, size_t ops) {
 // borrow: the allocator runs on alloc_test_borrow(driver) instead of its own driver, and
 // the driver below must be idle after expseg_destroy.
 void run_threads(const char *driver, const char *config, bool borrow = false) {
-  uint64_t seed = test_seed(4242);
+  EXPSEG_SEEDED(seed, 4242);
   const char *e = std::getenv("EXPSEG_TEST_OPS");
   size_t ops = (e && *e ? (size_t)std::strtoull(e, nullptr, 0) : 200000) / 10;
   expseg_vmm_t *inner = nullptr;

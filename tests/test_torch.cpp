@@ -4,6 +4,8 @@
 // NULL with the message kept on out-of-memory, foreign frees ignored without a crash.
 #include <gtest/gtest.h>
 
+#include "test_seed.h"
+
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -89,9 +91,7 @@ TEST(Torch, EveryEntryPointResolvesByName) {
 // statistics of each device must count exactly that device's live blocks.
 TEST(Torch, EightThreadsTwoDevicesKeepTheirOwnStatistics) {
   Lib &L = lib();
-  const char *env_seed = getenv("EXPSEG_TEST_SEED");
-  const unsigned seed = env_seed ? (unsigned)strtoul(env_seed, nullptr, 10) : 20261122u;
-  std::printf("seed %u (EXPSEG_TEST_SEED)\n", seed);
+  EXPSEG_SEEDED(seed, 20261122u);
   for (int d = 0; d < 2; d++) ASSERT_EQ(EXPSEG_OK, L.empty_cache(d)) << L.last_error(d);
   const int64_t base_alloc[2] = {L.get(0, "allocation.all.current"),
                                  L.get(1, "allocation.all.current")};

@@ -2,6 +2,8 @@
 // format detection of expseg_trace_read_file, and the shared map and checker (bench/trace.c).
 #include <gtest/gtest.h>
 
+#include "test_seed.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -321,9 +323,7 @@ TEST(TraceReadFile, RefusesAHugeNonTraceFromItsFirstBytes) {
 
 // The map behind every reader (addresses -> ids): random puts and deletes against std::map.
 TEST(TraceMap, MatchesStdMapUnderRandomPutAndDelete) {
-  unsigned seed = (unsigned)std::random_device{}();
-  std::printf("seed %u\n", seed);
-  SCOPED_TRACE(seed);
+  EXPSEG_SEEDED(seed, 20261122);
   std::mt19937_64 rng(seed);
   _expseg_u64map_t m{};
   std::map<uint64_t, uint64_t> ref;

@@ -5,6 +5,8 @@
 // exactly when the first-fit position the model finds exists, at that position.
 #include <gtest/gtest.h>
 
+#include "test_seed.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -14,14 +16,6 @@
 #include "vmm_impl.h"
 
 namespace {
-
-uint64_t seed_from_env(uint64_t dflt) {
-  const char *e = std::getenv("EXPSEG_TEST_SEED");
-  uint64_t s = e && *e ? std::strtoull(e, nullptr, 0) : dflt;
-  std::printf("seed %llu (EXPSEG_TEST_SEED=%llu reproduces)\n", (unsigned long long)s,
-              (unsigned long long)s);
-  return s;
-}
 
 void expect_matches(const expseg_ranges_t &s, const std::vector<bool> &free_unit, uint64_t base) {
   std::vector<bool> seen(free_unit.size(), false);
@@ -36,7 +30,8 @@ void expect_matches(const expseg_ranges_t &s, const std::vector<bool> &free_unit
 }
 
 TEST(VmmRanges, MatchesAModelUnderRandomTakesAndGivesBack) {
-  const uint64_t seed = seed_from_env(31337), base = 1000, units = 512;
+  EXPSEG_SEEDED(seed, 31337);
+  const uint64_t base = 1000, units = 512;
   std::mt19937_64 rng(seed);
   expseg_ranges_t s{};
   ASSERT_TRUE(_expseg_ranges_put(&s, base, units));

@@ -206,6 +206,9 @@ expseg_status _expseg_vmm_import_fd(expseg_vmm_t *v, int fd, size_t offset, size
                                     expseg_vmm_handle *h);
 void _expseg_vmm_mem_info(expseg_vmm_t *v, size_t *free_bytes, size_t *total_bytes);
 uint64_t _expseg_vmm_now_ns(expseg_vmm_t *v);
+/* The library's one monotonic clock in ns (CLOCK_MONOTONIC); the driver's now_ns is
+ * it, or a modelled clock. */
+uint64_t _expseg_clock_ns(void);
 /* EXPSEG_ERR_UNSUPPORTED where the backend has no hold hook (cuda). */
 expseg_status _expseg_vmm_hold_stream(expseg_vmm_t *v, expseg_stream s, bool hold);
 /* EXPSEG_ERR_UNSUPPORTED where the driver has no streams to create (host, sim). */

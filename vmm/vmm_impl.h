@@ -24,8 +24,6 @@ extern "C" {
  * (reserve/unreserve: reserved VA, create/import/release: chunks, map/unmap: mapped bytes,
  * event_create/destroy: events). */
 void _expseg_vmm_account(expseg_vmm_t *v, expseg_vmm_call c, expseg_status s, uint64_t bytes);
-/* Monotonic clock in ns (CLOCK_MONOTONIC). */
-uint64_t _expseg_clock_ns(void);
 
 /* ---- stream_model.c: modelled streams and events (host, sim) ---- */
 

@@ -24,6 +24,21 @@ inline std::string test_seed_note(uint64_t s) {
   return "seed " + std::to_string(s) + " (EXPSEG_TEST_SEED=" + std::to_string(s) + " reproduces)";
 }
 
+/* splitmix64: the suites' one pseudo-random generator. */
+struct TestRng {
+  uint64_t s;
+  explicit TestRng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  uint64_t below(uint64_t n) { return next() % n; }
+  double unit() { return (double)(next() >> 11) / (double)(1ull << 53); }
+  bool chance(double p) { return unit() < p; }
+};
+
 #define EXPSEG_SEEDED(var, dflt)         \
   const uint64_t var = test_seed(dflt); \
   SCOPED_TRACE(test_seed_note(var))
