@@ -113,6 +113,18 @@ void _expseg_config_source(const char *api_text, const char *(*getenv_fn)(const 
  * refuses those before rounding). size 0 -> 512. */
 size_t _expseg_round_size(const expseg_config_t *c, size_t size);
 static inline bool _expseg_is_small(size_t rounded) { return rounded <= EXPSEG_SMALL_SIZE; }
+
+/* The library's one floor(log2(v)) (v > 0), by count of leading zeros. */
+static inline unsigned _expseg_log2_floor(size_t v) {
+  return (unsigned)(sizeof(unsigned long long) * 8 - 1) - (unsigned)__builtin_clzll((unsigned long long)v);
+}
+/* The library's one round-up: v to a multiple of step (step > 0); 0 on overflow. */
+static inline size_t _expseg_round_up(size_t v, size_t step) {
+  size_t rem = v % step;
+  if (rem == 0) return v;
+  if (v > SIZE_MAX - (step - rem)) return 0;
+  return v + (step - rem);
+}
 /* Classic segment size: <= 1 MiB -> 2 MiB; < 10 MiB -> large_segment_size; else rounded up
  * to 2 MiB. */
 size_t _expseg_classic_segment_size(const expseg_config_t *c, size_t rounded);

@@ -7,24 +7,10 @@
  * as out of memory before it rounds. */
 #include "policy.h"
 
-static unsigned log2_floor(size_t v) {
-  unsigned r = 0;
-  while (v >>= 1) r++;
-  return r;
-}
-
-/* Rounds v up to a multiple of step (step > 0); 0 on overflow. */
-static size_t round_up(size_t v, size_t step) {
-  size_t rem = v % step;
-  if (!rem) return v;
-  if (v > SIZE_MAX - (step - rem)) return 0;
-  return v + (step - rem);
-}
-
 /* Divisions for a size: interval k covers [2^(20+k), 2^(21+k)); sizes below 1 MiB use
  * interval 0 and sizes of 32 GiB and more interval 15. */
 static uint64_t divisions_for(const expseg_config_t *c, size_t size) {
-  int idx = (int)log2_floor(size) - 20;
+  int idx = (int)_expseg_log2_floor(size) - 20;
   if (idx < 0) idx = 0;
   if (idx > EXPSEG_ROUNDUP_INTERVALS - 1) idx = EXPSEG_ROUNDUP_INTERVALS - 1;
   return c->roundup_power2_divisions[idx];
@@ -39,12 +25,12 @@ size_t _expseg_round_size(const expseg_config_t *c, size_t size) {
    * 512-byte minimum. Sizes below 2^60 cannot overflow here. */
   if (div > 1 && (uint64_t)size > (uint64_t)EXPSEG_MIN_BLOCK * div) {
     if ((size & (size - 1)) == 0) return size;
-    size_t floor2 = (size_t)1 << log2_floor(size);
-    size_t step = floor2 >> log2_floor((size_t)div);
+    size_t floor2 = (size_t)1 << _expseg_log2_floor(size);
+    size_t step = floor2 >> _expseg_log2_floor((size_t)div);
     if (step == 0) return 2 * floor2;
-    return round_up(size, step);
+    return _expseg_round_up(size, step);
   }
-  return round_up(size, EXPSEG_MIN_BLOCK);
+  return _expseg_round_up(size, EXPSEG_MIN_BLOCK);
 }
 
 /* expandable_segments_reserve in bytes: a fraction of total, or GiB; saturates. */
@@ -76,16 +62,16 @@ size_t _expseg_segment_va(const expseg_config_t *c, bool small, size_t existing,
   }
   if (small) va /= 8;
   if (va < 64 * page) va = 64 * page;
-  va = round_up(va, page);
-  size_t limit = round_up(total + total / 8, page);
+  va = _expseg_round_up(va, page);
+  size_t limit = _expseg_round_up(total + total / 8, page);
   for (size_t i = 0; i < existing && i < 4 && va < limit / 2; i++) va *= 2;
-  return va < need ? round_up(need, page) : va;
+  return va < need ? _expseg_round_up(need, page) : va;
 }
 
 size_t _expseg_classic_segment_size(const expseg_config_t *c, size_t rounded) {
   if (rounded <= EXPSEG_SMALL_SIZE) return EXPSEG_SMALL_BUFFER;
   if (rounded < EXPSEG_MIN_LARGE_ALLOC) return c->large_segment_size;
-  return round_up(rounded, EXPSEG_ROUND_LARGE);
+  return _expseg_round_up(rounded, EXPSEG_ROUND_LARGE);
 }
 
 bool _expseg_should_split(const expseg_config_t *c, bool small, bool expandable,
@@ -107,7 +93,7 @@ bool _expseg_oversize_ok(const expseg_config_t *c, size_t rounded, size_t candid
 size_t _expseg_page_size(const expseg_config_t *c, size_t granularity) {
   if (granularity == 0) return c->page_size;
   if (c->page_size == 0) return granularity;
-  return round_up(c->page_size, granularity);
+  return _expseg_round_up(c->page_size, granularity);
 }
 
 size_t _expseg_allowed_bytes(double fraction, size_t total) {

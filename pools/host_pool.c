@@ -39,12 +39,6 @@ static void pool_unlock(expseg_host_pool *h) {
   _expseg_log_defer(false);
 }
 
-static unsigned log2_of(size_t pow2) {
-  unsigned i = 0;
-  while (((size_t)1 << i) < pow2) i++;
-  return i;
-}
-
 /* Power of two >= size and >= the page; size <= EXPSEG_MAX_REQUEST. */
 static size_t size_class(const expseg_host_pool *h, size_t size) {
   size_t c = h->page;
@@ -71,7 +65,7 @@ static void block_delete(hblock_t *b) {
 }
 
 static void push_free(expseg_host_pool *h, hblock_t *b) {
-  unsigned i = log2_of(b->size);
+  unsigned i = _expseg_log2_floor(b->size);
   b->state = HB_FREE;
   b->n_streams = 0;
   b->requested = 0;
@@ -83,7 +77,7 @@ static void push_free(expseg_host_pool *h, hblock_t *b) {
 }
 
 static hblock_t *pop_free(expseg_host_pool *h, size_t cls) {
-  unsigned i = log2_of(cls);
+  unsigned i = _expseg_log2_floor(cls);
   hblock_t *b = h->free_list[i];
   if (!b) return NULL;
   h->free_list[i] = b->next_free;
@@ -278,7 +272,7 @@ static size_t release_cached(expseg_host_pool *h) {
   for (hblock_t *b = kept, *next; b; b = next) {
     next = b->next_free;
     link_block(h, b);
-    unsigned i = log2_of(b->size);
+    unsigned i = _expseg_log2_floor(b->size);
     b->next_free = h->free_list[i];
     h->free_list[i] = b;
     _expseg_stat_add(&h->st.cached_bytes, (int64_t)b->size);

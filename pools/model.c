@@ -21,12 +21,10 @@ expseg_status _expseg_set_model_pytorch(expseg_allocator *a, bool on) {
   return EXPSEG_OK;
 }
 
-static uintptr_t up(uintptr_t x, size_t m) { return (x + m - 1) / m * m; }
-
 uintptr_t _expseg_model_map_end(const expseg_allocator *a, const block_t *u, int pool,
                                 uintptr_t need) {
   const uintptr_t base = u->seg->base, uend = u->ptr + u->size;
   const size_t pg = pool == POOL_LARGE ? a->cfg.large_segment_size : a->page;
-  uintptr_t hi = base + up(up(need - base, pg), a->page);
+  uintptr_t hi = base + _expseg_round_up(_expseg_round_up(need - base, pg), a->page);
   return hi > uend ? uend : hi;
 }

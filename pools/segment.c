@@ -20,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static inline uintptr_t round_up(uintptr_t x, size_t m) { return (x + m - 1) / m * m; }
 
 /* ---- segments ---- */
 
@@ -349,7 +348,7 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
     uintptr_t need = start + rounded;
     if (need <= u->ptr) continue; /* the prefix alone fits: best fit would have found it */
     size_t grow = _expseg_grow_bytes(need - u->ptr, u->seg->mapped_bytes);
-    uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + round_up(grow, a->page);
+    uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + _expseg_round_up(grow, a->page);
     if (a->model_pytorch) hi = _expseg_model_map_end(a, u, pool, need);
     *pl = (place_t){u, prefix, suffix, (hi - u->ptr) / a->page};
     return true;
@@ -444,8 +443,8 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
 /* exact: a segment of rounded bytes (single-chunk), else the policy's classic size. */
 static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
                              bool exact, expseg_status *st) {
-  size_t size = round_up(exact ? rounded : _expseg_classic_segment_size(&a->cfg, rounded),
-                         a->granularity);
+  size_t size = _expseg_round_up(
+      exact ? rounded : _expseg_classic_segment_size(&a->cfg, rounded), a->granularity);
   if (!cap_allows(a, size)) {
     *st = cap_error(a, size);
     return NULL;
