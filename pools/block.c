@@ -97,7 +97,7 @@ static void idle_unlink(expseg_allocator *a, block_t *b) {
 
 void _expseg_free_insert(expseg_allocator *a, block_t *b) {
   expseg_assert(b->state == BLOCK_FREE && b->mapped && !b->indexed);
-  b->idle_since = a->tick;
+  b->idle_since = a->now_ns;
   _expseg_tree_insert(&a->free_idx[b->seg->pool], b, next_prio(a));
   b->indexed = true;
   if (b->seg->expandable) {

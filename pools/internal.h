@@ -70,7 +70,7 @@ struct block_s {
   block_t *prev, *next;  /* address neighbours in the segment */
   block_t *left, *right; /* free or unmapped index (a block is in at most one) */
   block_t *idle_prev, *idle_next; /* idle list */
-  uint64_t idle_since;   /* allocator tick when it became free */
+  uint64_t idle_since;   /* a->now_ns when it became free */
   uint32_t prio;         /* treap priority */
   uint8_t state;         /* BLOCK_* */
   bool mapped;           /* false only for unmapped expandable blocks */
@@ -122,7 +122,7 @@ typedef struct ptrmap_s {
 typedef struct chunk_s {
   expseg_vmm_handle h;
   uint8_t pool;        /* pool whose reserved_bytes counts it */
-  uint64_t idle_since; /* tick when it was cached */
+  uint64_t idle_since; /* a->now_ns when it was cached */
 } chunk_t;
 
 typedef struct stat_s {
@@ -181,6 +181,8 @@ struct expseg_allocator {
   size_t inflight;            /* bytes being created with the lock dropped */
   size_t unlocked_ops;        /* driver calls under way with the lock dropped */
   uint64_t tick;              /* logical clock: advanced by every free */
+  uint64_t now_ns;            /* the driver's clock (now_ns) as read on the last miss: free
+                               * memory is stamped with it, garbage collection ages by it */
   uint64_t robbed[POOL_COUNT]; /* tick when the other pool last took this pool's pages */
   uint32_t rng;               /* treap priorities */
   bool model_pytorch;         /* behave as PyTorch's allocator where it differs (model.c) */

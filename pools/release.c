@@ -154,7 +154,7 @@ bool _expseg_cache_push(expseg_allocator *a, expseg_vmm_handle h, int pool) {
     a->cache = c;
     a->cache_cap = cap;
   }
-  a->cache[a->cache_count++] = (chunk_t){.h = h, .pool = (uint8_t)pool, .idle_since = a->tick};
+  a->cache[a->cache_count++] = (chunk_t){.h = h, .pool = (uint8_t)pool, .idle_since = a->now_ns};
   _expseg_stat_add(&a->stats.cached_physical_bytes, (int64_t)a->page);
   return true;
 }

@@ -607,6 +607,7 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
  * as far as the target still needs (an idle block gives its top pages), and only when its
  * stream's work is done. */
 void _expseg_garbage_collect(expseg_allocator *a, size_t keep) {
+  a->now_ns = _expseg_vmm_now_ns(a->drv); /* every miss passes here: free memory's clock */
   size_t target = _expseg_gc_target(&a->cfg, held_bytes(a), a->allowed);
   if (target == 0) return;
   /* PyTorch's garbage collection skips expandable memory (model.c) */
@@ -630,7 +631,7 @@ void _expseg_garbage_collect(expseg_allocator *a, size_t keep) {
       items[i++] = (expseg_gc_item_t){s->va_size, s->first->idle_since, (uintptr_t)s | 1};
   for (size_t j = 0; j < n; j++) reclaimable += items[j].bytes;
   target = _expseg_gc_target_for_request(target, reclaimable, keep);
-  size_t k = _expseg_gc_select(items, n, target, a->tick);
+  size_t k = _expseg_gc_select(items, n, target, a->now_ns);
   size_t before = held_bytes(a), cached_victims = 0, unmapped = 0, left = target;
   release_batch_t rb = {0};
   stream_seen_t seen[SEEN_MAX];
