@@ -131,6 +131,25 @@ size_t _expseg_classic_segment_size(const expseg_config_t *c, size_t rounded);
 /* Split a free block of block_size to serve rounded? expandable = block's segment kind. */
 bool _expseg_should_split(const expseg_config_t *c, bool small, bool expandable,
                           size_t block_size, size_t rounded);
+/* decide.c: a block or segment of `size` bytes is oversize (>= max_split_size). */
+bool _expseg_is_oversize(const expseg_config_t *c, size_t size);
+/* decide.c: bytes of cached physical pages above page_cache_max (0: within the bound). */
+size_t _expseg_page_cache_excess(const expseg_config_t *c, size_t cached_bytes);
+/* decide.c: the hint of an out-of-memory message, from what ran out. */
+typedef enum {
+  EXPSEG_HINT_TOO_LARGE,     /* larger than the whole device */
+  EXPSEG_HINT_ADDRESS_SPACE, /* address space, not memory */
+  EXPSEG_HINT_STRANDED,      /* enough held but unallocated, split across classic segments */
+  EXPSEG_HINT_FRACTION,      /* the memory fraction caps the allocator */
+  EXPSEG_HINT_FULL           /* memory is simply full */
+} expseg_oom_hint_t;
+typedef struct expseg_oom_facts {
+  bool too_large, address_space; /* what the failed request ran into */
+  bool expandable;               /* expandable_segments on */
+  bool capped;                   /* a memory fraction below 1 limits the allocator */
+  size_t held, allocated, rounded;
+} expseg_oom_facts_t;
+expseg_oom_hint_t _expseg_oom_hint(const expseg_oom_facts_t *f);
 /* Oversize rules (classic blocks only): may a cached block of candidate bytes serve? */
 bool _expseg_oversize_ok(const expseg_config_t *c, size_t rounded, size_t candidate);
 /* Expandable page size for a driver granularity: page_size rounded up to g (0 = g). */

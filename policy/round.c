@@ -83,8 +83,9 @@ bool _expseg_should_split(const expseg_config_t *c, bool small, bool expandable,
 }
 
 bool _expseg_oversize_ok(const expseg_config_t *c, size_t rounded, size_t candidate) {
-  if (rounded < c->max_split_size && candidate >= c->max_split_size) return false;
-  if (rounded >= c->max_split_size && c->max_non_split_rounding <= SIZE_MAX - rounded &&
+  const bool big = _expseg_is_oversize(c, rounded);
+  if (!big && _expseg_is_oversize(c, candidate)) return false;
+  if (big && c->max_non_split_rounding <= SIZE_MAX - rounded &&
       candidate >= rounded + c->max_non_split_rounding)
     return false;
   return true;

@@ -145,7 +145,7 @@ static expseg_status take_block(expseg_allocator *a, block_t *b, size_t rounded,
   b->state = BLOCK_ALLOCATED;
   b->requested = size;
   b->n_uses = 0;
-  b->oversize = b->size >= a->cfg.max_split_size;
+  b->oversize = _expseg_is_oversize(&a->cfg, b->size);
   stats_t *s = &a->stats;
   _expseg_stat_pool_add(s->allocation, pool, 1);
   _expseg_stat_pool_add(s->allocated_bytes, pool, (int64_t)b->size);
@@ -252,7 +252,8 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
   st = take_block(a, b, single ? b->size : rounded, size, out); /* single: never split */
   /* the page cache's bound (growth may have left more pages there than it allows); the
    * block is handed out already, so dropping the lock to release is safe */
-  if (a->cache_count * a->page > a->cfg.page_cache_max) _expseg_cache_trim(a, a->cfg.page_cache_max);
+  if (_expseg_page_cache_excess(&a->cfg, a->cache_count * a->page) > 0)
+    _expseg_cache_trim(a, a->cfg.page_cache_max);
   api_unlock(a);
   return st;
 }

@@ -27,33 +27,46 @@ static void hint(const expseg_allocator *a, size_t rounded, char *buf, size_t le
   size_t held = held_bytes(a);
   size_t allocated = (size_t)a->stats.allocated_bytes[STAT_ALL].current;
   char b1[32], b2[32];
-  if (a->oom_kind == OOM_TOO_LARGE) {
+  expseg_oom_facts_t f = {.too_large = a->oom_kind == OOM_TOO_LARGE,
+                          .address_space = a->oom_kind == OOM_ADDRESS_SPACE,
+                          .expandable = a->cfg.expandable_segments,
+                          .capped = a->allowed != SIZE_MAX,
+                          .held = held,
+                          .allocated = allocated,
+                          .rounded = rounded};
+  switch (_expseg_oom_hint(&f)) { /* policy/decide.c chooses, this writes the words */
+  case EXPSEG_HINT_TOO_LARGE:
     snprintf(buf, len,
              "the request is larger than the whole device (%s): no setting can serve it; split "
              "the work or use a device with more memory",
              _expseg_format_size(b1, a->total_mem));
-  } else if (a->oom_kind == OOM_ADDRESS_SPACE) {
+    break;
+  case EXPSEG_HINT_ADDRESS_SPACE:
     snprintf(buf, len,
              "the address space ran out, not memory: %s reserved in %zu segments on %zu "
              "streams; set va_reserve_mb lower to reserve less per segment, or use fewer "
              "streams",
              _expseg_format_size(b1, (uint64_t)a->stats.reserved_va_bytes.current),
              a->n_segments, count_streams(a));
-  } else if (!a->cfg.expandable_segments && held - allocated >= rounded) {
+    break;
+  case EXPSEG_HINT_STRANDED:
     snprintf(buf, len,
              "%s is held but unallocated, split across segments: expandable_segments:True "
              "lets such memory serve one request",
              _expseg_format_size(b1, held - allocated));
-  } else if (a->allowed != SIZE_MAX) {
+    break;
+  case EXPSEG_HINT_FRACTION:
     snprintf(buf, len,
              "the memory fraction %.3g caps this allocator at %s: raise it "
              "(per_process_memory_fraction or expseg_set_memory_fraction), or free memory",
              a->cfg.per_process_memory_fraction, _expseg_format_size(b2, a->allowed));
-  } else {
+    break;
+  case EXPSEG_HINT_FULL:
     snprintf(buf, len, "%s; free tensors you no longer need, or use smaller batches",
              a->cfg.expandable_segments
                  ? "expandable segments are on and nothing cached can serve it"
                  : "nothing cached can serve it");
+    break;
   }
 }
 

@@ -495,7 +495,7 @@ static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream
   s->handle = h;
   s->mapped_bytes = size;
   _expseg_stat_pool_add(a->stats.reserved_bytes, pool, (int64_t)size);
-  s->oversize = size >= a->cfg.max_split_size;
+  s->oversize = _expseg_is_oversize(&a->cfg, size);
   if (s->oversize) _expseg_stat_add(&a->stats.oversize_segments, 1);
   a->stats.num_device_alloc++;
   a->stats.created_bytes += (int64_t)size;

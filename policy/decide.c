@@ -1,0 +1,22 @@
+/* decide.c: decisions the allocator core used to make inline, as pure functions of the
+ * configuration and the figures the core passes in: which blocks and segments are oversize,
+ * when the physical page cache is over its bound, and which hint an out-of-memory message
+ * gives (pools/oom.c writes the words). docs/design.md, "Layers". */
+#include "policy.h"
+
+bool _expseg_is_oversize(const expseg_config_t *c, size_t size) {
+  return size >= c->max_split_size;
+}
+
+size_t _expseg_page_cache_excess(const expseg_config_t *c, size_t cached_bytes) {
+  return cached_bytes > c->page_cache_max ? cached_bytes - c->page_cache_max : 0;
+}
+
+expseg_oom_hint_t _expseg_oom_hint(const expseg_oom_facts_t *f) {
+  if (f->too_large) return EXPSEG_HINT_TOO_LARGE;
+  if (f->address_space) return EXPSEG_HINT_ADDRESS_SPACE;
+  if (!f->expandable && f->held >= f->allocated && f->held - f->allocated >= f->rounded)
+    return EXPSEG_HINT_STRANDED;
+  if (f->capped) return EXPSEG_HINT_FRACTION;
+  return EXPSEG_HINT_FULL;
+}

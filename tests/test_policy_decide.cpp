@@ -1,0 +1,84 @@
+// test_policy_decide.cpp: the decisions moved out of pools/ into policy/decide.c (oversize,
+// the page-cache bound, the out-of-memory hint) and the shared helpers of policy.h
+// (_expseg_round_up, _expseg_log2_floor), each against its rule written out here.
+#include <gtest/gtest.h>
+
+#include "test_policy_common.h"
+
+namespace {
+
+constexpr size_t MiB = size_t(1) << 20;
+
+expseg_config_t conf(const char *text) {
+  expseg_config_t c;
+  char err[512];
+  EXPECT_EQ(_expseg_config_parse(text, "test", nullptr, &c, err, sizeof err), EXPSEG_OK) << err;
+  return c;
+}
+
+TEST(PolicyDecide, OversizeIsAtOrAboveMaxSplitSize) {
+  expseg_config_t c = conf("max_split_size_mb:40");
+  EXPECT_FALSE(_expseg_is_oversize(&c, 40 * MiB - 1));
+  EXPECT_TRUE(_expseg_is_oversize(&c, 40 * MiB));
+  EXPECT_TRUE(_expseg_is_oversize(&c, 41 * MiB));
+  expseg_config_t d = conf("");  // unlimited: nothing is oversize
+  EXPECT_FALSE(_expseg_is_oversize(&d, SIZE_MAX - 1));
+  // the oversize rule of cached blocks uses the same test: a small request never takes an
+  // oversize block, an oversize one takes at most max_non_split_rounding more
+  expseg_config_t e = conf("max_split_size_mb:40,max_non_split_rounding_mb:20");
+  EXPECT_FALSE(_expseg_oversize_ok(&e, 20 * MiB, 40 * MiB));
+  EXPECT_TRUE(_expseg_oversize_ok(&e, 20 * MiB, 39 * MiB));
+  EXPECT_TRUE(_expseg_oversize_ok(&e, 40 * MiB, 59 * MiB));
+  EXPECT_FALSE(_expseg_oversize_ok(&e, 40 * MiB, 60 * MiB));
+}
+
+TEST(PolicyDecide, PageCacheExcessIsWhatPassesTheBound) {
+  expseg_config_t c = conf("");
+  c.page_cache_max = 8 * MiB;
+  EXPECT_EQ(_expseg_page_cache_excess(&c, 0), 0u);
+  EXPECT_EQ(_expseg_page_cache_excess(&c, 8 * MiB), 0u);
+  EXPECT_EQ(_expseg_page_cache_excess(&c, 10 * MiB), 2 * MiB);
+  c.page_cache_max = 0;
+  EXPECT_EQ(_expseg_page_cache_excess(&c, 2 * MiB), 2 * MiB);
+}
+
+TEST(PolicyDecide, OomHintByWhatRanOut) {
+  expseg_oom_facts_t f{};
+  f.held = 100 * MiB;
+  f.allocated = 90 * MiB;
+  f.rounded = 20 * MiB;
+  EXPECT_EQ(_expseg_oom_hint(&f), EXPSEG_HINT_FULL);
+  f.capped = true;
+  EXPECT_EQ(_expseg_oom_hint(&f), EXPSEG_HINT_FRACTION);
+  f.rounded = 10 * MiB;  // 10 MiB held unallocated would serve it, were it in one piece
+  EXPECT_EQ(_expseg_oom_hint(&f), EXPSEG_HINT_STRANDED);
+  f.expandable = true;  // expandable segments do not strand memory that way
+  EXPECT_EQ(_expseg_oom_hint(&f), EXPSEG_HINT_FRACTION);
+  f.address_space = true;
+  EXPECT_EQ(_expseg_oom_hint(&f), EXPSEG_HINT_ADDRESS_SPACE);
+  f.too_large = true;  // the strongest fact wins
+  EXPECT_EQ(_expseg_oom_hint(&f), EXPSEG_HINT_TOO_LARGE);
+  expseg_oom_facts_t g{};
+  g.held = 1;  // held below allocated (never, but no wrap-around)
+  g.allocated = 2;
+  g.rounded = 1;
+  EXPECT_EQ(_expseg_oom_hint(&g), EXPSEG_HINT_FULL);
+}
+
+TEST(PolicyDecide, RoundUpAndLog2) {
+  EXPECT_EQ(_expseg_round_up(0, 512), 0u);
+  EXPECT_EQ(_expseg_round_up(1, 512), 512u);
+  EXPECT_EQ(_expseg_round_up(512, 512), 512u);
+  EXPECT_EQ(_expseg_round_up(513, 512), 1024u);
+  EXPECT_EQ(_expseg_round_up(SIZE_MAX - 10, 512), 0u) << "overflow gives 0";
+  for (unsigned k = 0; k < 64; k++) {
+    size_t p = size_t(1) << k;
+    EXPECT_EQ(_expseg_log2_floor(p), k);
+    if (k > 1) {
+      EXPECT_EQ(_expseg_log2_floor(p - 1), k - 1);
+    }
+    EXPECT_EQ(_expseg_log2_floor(p | (p >> 1)), k);
+  }
+}
+
+}  // namespace
