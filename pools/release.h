@@ -54,4 +54,23 @@ expseg_vmm_handle _expseg_cache_pop(expseg_allocator *a, int pool);
 /* Removes the n oldest cached chunks into the batch; returns their bytes. */
 size_t _expseg_cache_release_oldest(expseg_allocator *a, size_t n, release_batch_t *rb);
 
+/* ---- shared by segment.c and gc.c ---- */
+enum { SEEN_MAX = 32 }; /* streams whose idleness one pass remembers */
+typedef struct stream_seen_s {
+  expseg_stream s;
+  bool done;
+} stream_seen_t;
+/* Has the work queued on `stream` completed? An event recorded now tells. blocking: wait.
+ * Answers are remembered in seen[] (at most max_seen streams) for one pass. */
+bool _expseg_stream_idle(expseg_allocator *a, expseg_stream stream, bool blocking,
+                         stream_seen_t *seen, size_t *n_seen, size_t max_seen);
+/* Unmaps the whole pages [lo, hi) of free mapped expandable block b; returns the pages
+ * unmapped (segment.c). */
+size_t _expseg_unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintptr_t hi,
+                           expseg_status *st);
+/* A free classic segment: given back (true) once its stream's work is done (segment.c). */
+bool _expseg_classic_release(expseg_allocator *a, segment_t *s, release_batch_t *rb,
+                             bool blocking, stream_seen_t *seen, size_t *n_seen);
+bool _expseg_classic_is_free(const segment_t *s);
+
 #endif

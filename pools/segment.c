@@ -12,7 +12,8 @@
  * Physical memory is thus created once and reused; it goes back to the driver only on
  * empty_cache, garbage collection, the out-of-memory path, the page-cache bound, or destroy,
  * and only once the work queued on its stream is done. How it goes back (batches with the
- * lock dropped, the retry list of refusals, the page cache) is release.c's. */
+ * lock dropped, the retry list of refusals, the page cache) is release.c's; what garbage
+ * collection gives back, gc.c's. */
 #include "error.h"
 #include "release.h"
 
@@ -128,8 +129,8 @@ static void expandable_drop(expseg_allocator *a, segment_t *s, release_batch_t *
  * b is split around them; the unmapped middle merges with unmapped neighbours. On a
  * failed unmap the pages already unmapped stay so and the rest stay mapped. Returns the
  * pages unmapped. */
-static size_t unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintptr_t hi,
-                          expseg_status *st) {
+size_t _expseg_unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintptr_t hi,
+                           expseg_status *st) {
   segment_t *s = b->seg;
   expseg_assert(s->expandable && b->state == BLOCK_FREE && b->mapped && b->indexed);
   expseg_assert(lo >= b->ptr && hi <= b->ptr + b->size && lo < hi);
@@ -263,16 +264,9 @@ static block_t *map_pages(expseg_allocator *a, block_t *u, uintptr_t lo, size_t 
 
 /* ---- moving idle pages ---- */
 
-enum { SEEN_MAX = 32 }; /* streams whose idleness one pass remembers */
-
-typedef struct stream_seen_s {
-  expseg_stream s;
-  bool done;
-} stream_seen_t;
-
 /* Has the work queued on `stream` completed? An event recorded now tells. blocking: wait. */
-static bool stream_idle(expseg_allocator *a, expseg_stream stream, bool blocking,
-                        stream_seen_t *seen, size_t *n_seen, size_t max_seen) {
+bool _expseg_stream_idle(expseg_allocator *a, expseg_stream stream, bool blocking,
+                         stream_seen_t *seen, size_t *n_seen, size_t max_seen) {
   for (size_t i = 0; i < *n_seen; i++)
     if (seen[i].s == stream) return seen[i].done;
   bool done = false;
@@ -303,7 +297,7 @@ static size_t steal_pages(expseg_allocator *a, int pool, size_t want, const bloc
     block_t *b = a->idle_head[p];
     while (b != NULL && got < want) {
       block_t *next = b->idle_next;
-      if (b != ex1 && b != ex2 && stream_idle(a, b->stream, blocking, seen, &n_seen, SEEN_MAX)) {
+      if (b != ex1 && b != ex2 && _expseg_stream_idle(a, b->stream, blocking, seen, &n_seen, SEEN_MAX)) {
         uintptr_t first;
         size_t n = _expseg_block_whole_pages(a, b, &first);
         size_t take = n < want - got ? n : want - got;
@@ -311,7 +305,7 @@ static size_t steal_pages(expseg_allocator *a, int pool, size_t want, const bloc
         expseg_status st;
         /* unmapping may merge b away; the list's next entry is not b's neighbour (free
          * mapped neighbours are always merged), so `next` stays valid */
-        size_t moved = unmap_pages(a, b, lo, lo + take * a->page, &st);
+        size_t moved = _expseg_unmap_pages(a, b, lo, lo + take * a->page, &st);
         got += moved;
         a->stats.pages_moved += (int64_t)moved;
         if (pass == 1 && moved > 0) a->robbed[p] = a->tick ? a->tick : 1;
@@ -514,9 +508,6 @@ block_t *_expseg_grow(expseg_allocator *a, int pool, expseg_stream stream, size_
   return grow_classic(a, pool, stream, rounded, false, st);
 }
 
-static bool classic_release(expseg_allocator *a, segment_t *s, release_batch_t *rb,
-                            bool blocking, stream_seen_t *seen, size_t *n_seen);
-static bool classic_is_free(const segment_t *s);
 
 block_t *_expseg_grow_single(expseg_allocator *a, int pool, expseg_stream stream,
                              size_t rounded, expseg_status *st) {
@@ -528,8 +519,8 @@ block_t *_expseg_grow_single(expseg_allocator *a, int pool, expseg_stream stream
   size_t n_seen = 0;
   for (segment_t *s = a->segments, *next; s; s = next) {
     next = s->next_all;
-    if (s->single && s->pool == pool && classic_is_free(s))
-      (void)classic_release(a, s, &rb, false, seen, &n_seen);
+    if (s->single && s->pool == pool && _expseg_classic_is_free(s))
+      (void)_expseg_classic_release(a, s, &rb, false, seen, &n_seen);
   }
   _expseg_isplit_flush(a);
   _expseg_batch_flush(a, &rb);
@@ -544,11 +535,11 @@ block_t *_expseg_grow_single(expseg_allocator *a, int pool, expseg_stream stream
  * (an event, or with `blocking` a wait): unmapping memory that queued kernels still use
  * would be a use-after-free on the device. false: kept (its stream is busy, or the unmap
  * was refused). */
-static bool classic_release(expseg_allocator *a, segment_t *s, release_batch_t *rb,
-                            bool blocking, stream_seen_t *seen, size_t *n_seen) {
+bool _expseg_classic_release(expseg_allocator *a, segment_t *s, release_batch_t *rb,
+                             bool blocking, stream_seen_t *seen, size_t *n_seen) {
   block_t *b = s->first;
   expseg_assert(!s->expandable && b->next == NULL && b->state == BLOCK_FREE);
-  if (!stream_idle(a, s->stream, blocking, seen, n_seen, SEEN_MAX)) return false;
+  if (!_expseg_stream_idle(a, s->stream, blocking, seen, n_seen, SEEN_MAX)) return false;
   _expseg_free_remove(a, b);
   if (_expseg_vmm_unmap(a->drv, s->base, s->va_size) != EXPSEG_OK) {
     _expseg_warn("unmapping a classic segment failed, keeping it: %s", expseg_last_error());
@@ -570,7 +561,7 @@ static bool classic_release(expseg_allocator *a, segment_t *s, release_batch_t *
   return true;
 }
 
-static bool classic_is_free(const segment_t *s) {
+bool _expseg_classic_is_free(const segment_t *s) {
   return !s->expandable && s->first->next == NULL && s->first->state == BLOCK_FREE;
 }
 
@@ -582,7 +573,7 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
   size_t n_seen = 0;
   for (segment_t *s = a->segments, *next; s; s = next) {
     next = s->next_all;
-    if (classic_is_free(s)) (void)classic_release(a, s, &rb, true, seen, &n_seen);
+    if (_expseg_classic_is_free(s)) (void)_expseg_classic_release(a, s, &rb, true, seen, &n_seen);
   }
   if (keep_pages) {
     _expseg_isplit_flush(a);
@@ -599,74 +590,6 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
   _expseg_isplit_flush(a);
   _expseg_batch_flush(a, &rb);
   return before - held_bytes(a);
-}
-
-/* Garbage collection (policy/gc.c decides): idle free pages, free classic segments and
- * cached pages, oldest first, until held memory is under threshold x allowed, leaving
- * `keep` reclaimable bytes for the request that triggered it. A victim is released only
- * as far as the target still needs (an idle block gives its top pages), and only when its
- * stream's work is done. */
-void _expseg_garbage_collect(expseg_allocator *a, size_t keep) {
-  a->now_ns = _expseg_vmm_now_ns(a->drv); /* every miss passes here: free memory's clock */
-  size_t target = _expseg_gc_target(&a->cfg, held_bytes(a), a->allowed);
-  if (target == 0) return;
-  /* PyTorch's garbage collection skips expandable memory (model.c) */
-  const bool with_pages = !a->model_pytorch;
-  size_t n = with_pages ? a->cache_count : 0;
-  for (int p = 0; p < POOL_COUNT && with_pages; p++)
-    for (block_t *b = a->idle_head[p]; b; b = b->idle_next) n++;
-  for (segment_t *s = a->segments; s; s = s->next_all) n += classic_is_free(s);
-  if (n == 0) return;
-  expseg_gc_item_t *items = malloc(n * sizeof *items);
-  if (items == NULL) return;
-  size_t i = 0, reclaimable = 0;
-  for (size_t c = 0; c < a->cache_count && with_pages; c++)
-    items[i++] = (expseg_gc_item_t){a->page, a->cache[c].idle_since, 0};
-  for (int p = 0; p < POOL_COUNT && with_pages; p++)
-    for (block_t *b = a->idle_head[p]; b; b = b->idle_next)
-      items[i++] = (expseg_gc_item_t){_expseg_block_whole_pages(a, b, NULL) * a->page,
-                                      b->idle_since, (uintptr_t)b};
-  for (segment_t *s = a->segments; s; s = s->next_all)
-    if (classic_is_free(s))
-      items[i++] = (expseg_gc_item_t){s->va_size, s->first->idle_since, (uintptr_t)s | 1};
-  for (size_t j = 0; j < n; j++) reclaimable += items[j].bytes;
-  target = _expseg_gc_target_for_request(target, reclaimable, keep);
-  size_t k = _expseg_gc_select(items, n, target, a->now_ns);
-  size_t before = held_bytes(a), cached_victims = 0, unmapped = 0, left = target;
-  release_batch_t rb = {0};
-  stream_seen_t seen[SEEN_MAX];
-  size_t n_seen = 0;
-  for (size_t v = 0; v < k && left > 0; v++) {
-    uintptr_t tag = items[v].tag;
-    size_t gone = 0;
-    if (tag == 0) {
-      cached_victims++;
-      gone = a->page;
-    } else if (tag & 1) {
-      segment_t *s = (segment_t *)(tag & ~(uintptr_t)1);
-      size_t size = s->va_size;
-      if (classic_release(a, s, &rb, false, seen, &n_seen)) gone = size;
-    } else {
-      block_t *b = (block_t *)tag;
-      if (!stream_idle(a, b->stream, false, seen, &n_seen, SEEN_MAX)) continue;
-      uintptr_t first;
-      size_t pages = _expseg_block_whole_pages(a, b, &first);
-      size_t need = (left + a->page - 1) / a->page;
-      size_t take = pages < need ? pages : need;
-      uintptr_t lo = first + (pages - take) * a->page;
-      expseg_status st;
-      size_t moved = unmap_pages(a, b, lo, lo + take * a->page, &st);
-      unmapped += moved;
-      gone = moved * a->page;
-    }
-    left = gone >= left ? 0 : left - gone;
-  }
-  free(items);
-  /* cached pages are interchangeable: give back as many as were chosen or unmapped */
-  _expseg_cache_release_oldest(a, cached_victims + unmapped, &rb);
-  a->stats.gc_released_bytes += (int64_t)(before - held_bytes(a));
-  _expseg_isplit_flush(a);
-  _expseg_batch_flush(a, &rb);
 }
 
 /* Destroy: no accounting any more; a refusal is tried once more, then reported. */
@@ -696,7 +619,7 @@ void _expseg_segments_destroy(expseg_allocator *a) {
   size_t n_seen = 0;
   for (segment_t *s = a->segments; s; s = s->next_all) {
     size_t known = n_seen;
-    if (!stream_idle(a, s->stream, true, seen, &n_seen, SEEN_MAX) && n_seen > known)
+    if (!_expseg_stream_idle(a, s->stream, true, seen, &n_seen, SEEN_MAX) && n_seen > known)
       _expseg_warn("destroy: work queued on stream %#llx could not be waited for (%s); its "
                    "memory is given back anyway",
                    (unsigned long long)s->stream, expseg_last_error());
