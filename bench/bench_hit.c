@@ -130,7 +130,7 @@ int main(int argc, char **argv) {
   if (parse_args(argc, argv, &arg)) return 2;
   expseg_trace_set_t set;
   if (expseg_trace_read_file(arg.trace, &set) != EXPSEG_OK) {
-    fprintf(stderr, "expseg-bench-hit: %s\n", expseg_last_error());
+    fprintf(stderr, "expseg-bench-hit: %s\n", expseg_trace_last_error());
     return 2;
   }
   size_t n_sizes = 0;

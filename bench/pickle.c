@@ -11,7 +11,6 @@
  * stops with the byte offset and the reason. */
 #include "trace_internal.h"
 
-#include "error.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -53,7 +52,7 @@ static expseg_status fail(up_t *u, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(why, sizeof why, fmt, ap);
   va_end(ap);
-  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: byte %zu (opcode 0x%02x): %s",
+  return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: byte %zu (opcode 0x%02x): %s",
                            u->name, u->op_pos, u->op, why);
 }
 
@@ -374,7 +373,7 @@ expseg_status _expseg_pickle_load(const char *name, const unsigned char *buf, si
   u.len = buf ? len : 0;
   u.pk = out;
   if (u.len >= (size_t)1 << 31)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: %zu bytes: snapshot pickles "
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: %zu bytes: snapshot pickles "
                              "above 2 GiB are not read", u.name, u.len);
   out->v = calloc(1024, sizeof *out->v);  /* index 0 stays unused: it means "no value" */
   if (!out->v) return oom(&u);
@@ -386,7 +385,7 @@ expseg_status _expseg_pickle_load(const char *name, const unsigned char *buf, si
     u.op_pos = u.pos;
     if (u.pos >= u.len) {
       u.op = 0;
-      s = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: byte %zu: truncated: the pickle "
+      s = _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: byte %zu: truncated: the pickle "
                             "ends before its STOP opcode", u.name, u.pos);
       break;
     }
@@ -394,7 +393,7 @@ expseg_status _expseg_pickle_load(const char *name, const unsigned char *buf, si
     s = step(&u, &stop);
   }
   if (s == EXPSEG_OK && u.pos != u.len)
-    s = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: byte %zu: %zu bytes after the STOP "
+    s = _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: byte %zu: %zu bytes after the STOP "
                           "opcode", u.name, u.pos, u.len - u.pos);
   free(u.stack);
   free(u.memo);

@@ -20,7 +20,6 @@
  * on every machine. Figures for the defaults are in docs/replay.md. */
 #include "trace.h"
 #include "trace_internal.h"
-#include "error.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -413,19 +412,19 @@ static const workload_t workloads[] = {
 expseg_status expseg_trace_synth(const char *workload, uint64_t seed, double scale,
                                  expseg_trace_t *out) {
   if (!out)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_trace_synth: out is NULL");
   memset(out, 0, sizeof *out);
   const workload_t *w = NULL;
   for (size_t i = 0; workload && i < sizeof workloads / sizeof workloads[0]; i++)
     if (strcmp(workload, workloads[i].name) == 0) w = &workloads[i];
   if (!w)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_trace_synth: unknown workload '%s'; accepted: train, "
                              "infer, streams8",
                              workload ? workload : "(null)");
   if (!(scale > 0.0) || !isfinite(scale) || scale > 1e6)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_trace_synth: scale %g for '%s' is out of range; accepted: "
                              "a number in (0, 1e6]",
                              scale, w->name);
@@ -441,7 +440,7 @@ expseg_status expseg_trace_synth(const char *workload, uint64_t seed, double sca
   if (g.failed) {
     free(out->events);
     memset(out, 0, sizeof *out);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+    return _expseg_trace_error(EXPSEG_ERR_OUT_OF_MEMORY,
                              "expseg_trace_synth: out of host memory building '%s'", w->name);
   }
   snprintf(out->name, sizeof out->name, "synth-%s", w->name);

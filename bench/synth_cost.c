@@ -12,7 +12,6 @@
 #include "synth_model.h"
 #include "trace_internal.h"
 
-#include "error.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -45,14 +44,14 @@ expseg_status _expseg_costs_parse(const char *name, const char *buf, size_t len,
     char line[256];
     ln++;
     if (n >= sizeof line)
-      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+      return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT,
                                "--costs '%s' line %u: longer than %zu bytes", name, ln,
                                sizeof line - 1);
     memcpy(line, buf + at, n);
     line[n] = 0;
     at += n + (nl ? 1 : 0);
     if (memchr(line, 0, n))
-      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+      return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT,
                                "--costs '%s' line %u: a NUL byte (not a text file?)", name, ln);
     char key[64], extra[8];
     double v;
@@ -61,7 +60,7 @@ expseg_status _expseg_costs_parse(const char *name, const char *buf, size_t len,
     int got = sscanf(line, "%63s %lf %7s", key, &v, extra);
     if (got <= 0) continue; /* blank or comment */
     if (got != 2 || !(v >= 0.0) || v > 1e9)
-      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+      return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT,
                                "--costs '%s' line %u: expected 'KIND[.page] MICROSECONDS' with a "
                                "number from 0 to 1e9",
                                name, ln);
@@ -69,7 +68,7 @@ expseg_status _expseg_costs_parse(const char *name, const char *buf, size_t len,
     int page = 0;
     if (dot) {
       if (strcmp(dot, ".page"))
-        return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+        return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT,
                                  "--costs '%s' line %u: unknown suffix '%s' (accepted: .page)",
                                  name, ln, dot);
       *dot = 0;
@@ -78,7 +77,7 @@ expseg_status _expseg_costs_parse(const char *name, const char *buf, size_t len,
     int k = 0;
     while (k < EXPSEG_COST_N && strcmp(key, _expseg_cost_names[k])) k++;
     if (k == EXPSEG_COST_N)
-      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+      return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT,
                                "--costs '%s' line %u: unknown call '%s' (accepted: reserve, "
                                "create, release, map, unmap, set_access, cudaMalloc, cudaFree)",
                                name, ln, key);
@@ -91,14 +90,14 @@ expseg_status _expseg_costs_read(const char *path, expseg_costs_t *c) {
   _expseg_costs_default(c);
   FILE *f = fopen(path, "r");
   if (!f)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "--costs '%s': %s", path,
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "--costs '%s': %s", path,
                              strerror(errno));
   char buf[65536];
   size_t n = fread(buf, 1, sizeof buf, f);
   int big = n == sizeof buf && fgetc(f) != EOF;
   fclose(f);
   if (big)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT,
                              "--costs '%s': larger than %zu bytes (a cost table is a few lines)",
                              path, sizeof buf);
   return _expseg_costs_parse(path, buf, n, c);

@@ -651,7 +651,7 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     else if (!strcmp(arg, "--capacity")) o.capacity = val;
     else if (!strcmp(arg, "--costs")) {
       if (_expseg_costs_read(val, &o.costs) != EXPSEG_OK) {
-        fprintf(err, "expseg-replay: %s\n", expseg_last_error());
+        fprintf(err, "expseg-replay: %s\n", expseg_trace_last_error());
         rc = 2;
         goto done;
       }
@@ -686,7 +686,7 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
   size_t n_histories = n_synths;
   for (size_t i = 0; i < n_files; i++) {
     if (expseg_trace_read_file(files[i], &h.sets[h.n_sets]) != EXPSEG_OK) {
-      fprintf(err, "expseg-replay: %s\n", expseg_last_error());
+      fprintf(err, "expseg-replay: %s\n", expseg_trace_last_error());
       rc = 2;
       goto done;
     }
@@ -705,7 +705,7 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
       goto done;
     }
     if (expseg_trace_synth(name, seed, scale, &h.synth[h.n_synth]) != EXPSEG_OK) {
-      fprintf(err, "expseg-replay: --synth %s: %s\n", synths[i], expseg_last_error());
+      fprintf(err, "expseg-replay: --synth %s: %s\n", synths[i], expseg_trace_last_error());
       rc = 2;
       goto done;
     }

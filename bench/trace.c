@@ -8,7 +8,6 @@
  * memtrace v1 in the layout of the reference files in ../shared/traces/memtrace. */
 #include "trace_internal.h"
 
-#include "error.h"
 
 #include <errno.h>
 #include <time.h>
@@ -222,7 +221,7 @@ expseg_status _expseg_trace_push(expseg_trace_t *t, uint8_t kind, uint32_t strea
     size_t cap = t->cap_events ? t->cap_events * 2 : 4096;
     expseg_trace_event_t *ev = realloc(t->events, cap * sizeof *ev);
     if (!ev)
-      return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu trace "
+      return _expseg_trace_error(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu trace "
                                "events", t->name, cap);
     t->events = ev;
     t->cap_events = cap;
@@ -250,7 +249,7 @@ expseg_status _expseg_trace_mark_empty_cache(expseg_trace_t *t) {
   if (!runs) return EXPSEG_OK;
   expseg_trace_event_t *ev = malloc((t->n_events + runs) * sizeof *ev);
   if (!ev)
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu trace "
+    return _expseg_trace_error(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu trace "
                              "events", t->name, t->n_events + runs);
   size_t k = 0;
   for (size_t i = 0; i < t->n_events; i++) {
@@ -361,13 +360,13 @@ static trace_format_t detect_format(const unsigned char *head, size_t n) {
 static expseg_status open_regular(const char *path, int *fd_out, size_t *len) {
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: cannot open the trace: %s", path,
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: cannot open the trace: %s", path,
                              strerror(errno));
   struct stat st;
   if (fstat(fd, &st) != 0) {
     int e = errno;
     close(fd);
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: cannot stat the trace: %s", path,
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: cannot stat the trace: %s", path,
                              strerror(e));
   }
   if (!S_ISREG(st.st_mode)) {
@@ -375,7 +374,7 @@ static expseg_status open_regular(const char *path, int *fd_out, size_t *len) {
                      : S_ISCHR(st.st_mode) ? "a character device" : S_ISSOCK(st.st_mode) ? "a socket"
                      : S_ISBLK(st.st_mode) ? "a block device" : "not a regular file";
     close(fd);
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: is %s; a trace must be a regular "
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: is %s; a trace must be a regular "
                              "file (memtrace v1, RMM CSV or a PyTorch snapshot pickle), not a "
                              "pipe, FIFO, device or directory", path, what);
   }
@@ -383,12 +382,12 @@ static expseg_status open_regular(const char *path, int *fd_out, size_t *len) {
   if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
     int e = errno;
     close(fd);
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: fcntl failed: %s", path,
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: fcntl failed: %s", path,
                              strerror(e));
   }
   if ((uint64_t)st.st_size > SIZE_MAX) {
     close(fd);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: %lld bytes do not fit in memory",
+    return _expseg_trace_error(EXPSEG_ERR_OUT_OF_MEMORY, "%s: %lld bytes do not fit in memory",
                              path, (long long)st.st_size);
   }
   *fd_out = fd;
@@ -397,10 +396,10 @@ static expseg_status open_regular(const char *path, int *fd_out, size_t *len) {
 }
 
 expseg_status expseg_trace_read_file(const char *path, expseg_trace_set_t *out) {
-  if (!out) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "trace read: out is NULL");
+  if (!out) return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "trace read: out is NULL");
   out->traces = NULL;
   out->n = 0;
-  if (!path) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "trace read: path is NULL");
+  if (!path) return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "trace read: path is NULL");
   int fd = -1;
   size_t len = 0;
   expseg_status s = open_regular(path, &fd, &len);
@@ -414,9 +413,9 @@ expseg_status expseg_trace_read_file(const char *path, expseg_trace_set_t *out) 
     int e = errno;
     close(fd);
     if (hn < 0)
-      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: cannot read the trace: %s",
+      return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: cannot read the trace: %s",
                                path, strerror(e));
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: unknown trace format (%zu bytes): "
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: unknown trace format (%zu bytes): "
                              "accepted are a PyTorch snapshot pickle (first byte 0x80), memtrace "
                              "v1 (first line '%s') and an RMM log (header '%s')", path, len,
                              memtrace_magic, csv_magic);
@@ -424,7 +423,7 @@ expseg_status expseg_trace_read_file(const char *path, expseg_trace_set_t *out) 
   unsigned char *buf = malloc(len ? len : 1);
   if (!buf) {
     close(fd);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory reading %zu "
+    return _expseg_trace_error(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory reading %zu "
                              "bytes", path, len);
   }
   memcpy(buf, head, (size_t)hn);
@@ -433,7 +432,7 @@ expseg_status expseg_trace_read_file(const char *path, expseg_trace_set_t *out) 
   close(fd);
   if (rest < 0 || got != len) {
     free(buf);
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: read %zu of %zu bytes (the file "
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: read %zu of %zu bytes (the file "
                              "is unreadable or changed while read)", path, got, len);
   }
   if (fmt == FMT_PICKLE) s = expseg_trace_read_pickle(path, buf, len, out);
@@ -445,11 +444,11 @@ expseg_status expseg_trace_read_file(const char *path, expseg_trace_set_t *out) 
 
 expseg_status expseg_trace_write_memtrace(const expseg_trace_t *t, const char *path) {
   if (!t || !path)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "trace write: %s is NULL",
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "trace write: %s is NULL",
                              t ? "path" : "trace");
   FILE *f = fopen(path, "w");
   if (!f)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: cannot create: %s", path,
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: cannot create: %s", path,
                              strerror(errno));
   uint64_t prelive = 0;
   for (size_t i = 0; i < t->n_events && t->events[i].kind == 'p'; i++) prelive++;
@@ -481,13 +480,13 @@ expseg_status expseg_trace_write_memtrace(const expseg_trace_t *t, const char *p
       break;
     default:
       fclose(f);
-      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: event %zu has unknown kind "
+      return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: event %zu has unknown kind "
                                "0x%02x", path, i, e->kind);
     }
   }
   int werr = ferror(f);
   if (fclose(f) != 0 || werr)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: write failed: %s", path,
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: write failed: %s", path,
                              strerror(errno));
   return EXPSEG_OK;
 }

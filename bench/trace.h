@@ -77,6 +77,11 @@ typedef struct expseg_trace_set_s {
   size_t n;
 } expseg_trace_set_t;
 
+/* The trace library's own error reporting (bench/trace_error.c): what the last failed call
+ * of this library on this thread said (readers, writers, synth, cost files). The library's
+ * expseg_last_error() is the allocator's, untouched by these calls. */
+const char *expseg_trace_last_error(void);
+
 /* Reads any supported file, chosen by content (pickle: first byte 0x80; memtrace: first
  * line "# memtrace v1"; RMM CSV: header "Thread,Time,Action,Pointer,Size,Stream").
  * Errors are EXPSEG_ERR_INVALID_ARGUMENT with a message naming the file, the line or byte

@@ -8,7 +8,6 @@
  * order of first use). Allocations still live at the end stay live; the log has no 'p'. */
 #include "trace_internal.h"
 
-#include "error.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -38,7 +37,7 @@ typedef struct csv_s {
 } csv_t;
 
 static expseg_status fail(csv_t *c, const char *what) {
-  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s:%" PRIu64 ": %s", c->name, c->line,
+  return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s:%" PRIu64 ": %s", c->name, c->line,
                            what);
 }
 
@@ -120,18 +119,18 @@ static expseg_status line(csv_t *c, const char *p, const char *end) {
 
 expseg_status expseg_trace_read_rmm_csv(const char *name, const char *buf, size_t len,
                                         expseg_trace_set_t *out) {
-  if (!out) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "RMM log read: out is NULL");
+  if (!out) return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "RMM log read: out is NULL");
   out->traces = NULL;
   out->n = 0;
   if (!name) name = "rmm_log";
   if (!buf && len)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", name);
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", name);
   if (!buf) buf = "";
   csv_t c;
   memset(&c, 0, sizeof c);
   c.name = name;
   c.t = calloc(1, sizeof *c.t);
-  if (!c.t) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
+  if (!c.t) return _expseg_trace_error(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
   _expseg_trace_set_name(c.t, name, NULL);
   expseg_status s = EXPSEG_OK;
   const char *p = buf, *end = buf + len;

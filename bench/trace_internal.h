@@ -41,6 +41,15 @@ bool _expseg_field_is(_expseg_field_t f, const char *s);
 /* A command-line number (tools): 0 when s is an unsigned decimal, -1 otherwise. */
 int _expseg_arg_u64(const char *s, uint64_t *v);
 /* The benchmarks' clock (CLOCK_MONOTONIC, ns) and qsort order for uint64_t timings. */
+#ifndef EXPSEG_PRINTF
+#if defined(__GNUC__)
+#define EXPSEG_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define EXPSEG_PRINTF(f, a)
+#endif
+#endif
+/* Sets this thread's trace-library message (printf-style) and returns s (trace_error.c). */
+expseg_status _expseg_trace_error(expseg_status s, const char *fmt, ...) EXPSEG_PRINTF(2, 3);
 uint64_t _expseg_bench_now_ns(void);
 /* splitmix64: the tools' one pseudo-random generator (seeded workloads, benchmarks). */
 static inline uint64_t _expseg_splitmix64(uint64_t *state) {

@@ -8,7 +8,6 @@
  * so a file is rejected at the first line that breaks a rule, with the line number. */
 #include "trace_internal.h"
 
-#include "error.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -22,7 +21,7 @@ typedef struct reader_s {
 } reader_t;
 
 static expseg_status fail(reader_t *r, const char *what) {
-  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s:%" PRIu64 ": %s", r->name, r->line,
+  return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s:%" PRIu64 ": %s", r->name, r->line,
                            what);
 }
 
@@ -207,16 +206,16 @@ static expseg_status event_line(reader_t *r, const char *p, const char *end, exp
 
 expseg_status expseg_trace_read_memtrace(const char *name, const char *buf, size_t len,
                                          expseg_trace_set_t *out) {
-  if (!out) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "memtrace read: out is NULL");
+  if (!out) return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "memtrace read: out is NULL");
   out->traces = NULL;
   out->n = 0;
   if (!name) name = "memtrace";
   if (!buf && len)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", name);
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", name);
   if (!buf) buf = "";
   reader_t r = {name, 0, {0}};
   expseg_trace_t *t = calloc(1, sizeof *t);
-  if (!t) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
+  if (!t) return _expseg_trace_error(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory", name);
   _expseg_trace_set_name(t, name, NULL);
   _expseg_trace_check_t chk;
   memset(&chk, 0, sizeof chk);

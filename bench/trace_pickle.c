@@ -13,7 +13,6 @@
  * docs/formats.md. */
 #include "trace_internal.h"
 
-#include "error.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -36,7 +35,7 @@ static expseg_status failv(ex_t *x, uint32_t at, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(why, sizeof why, fmt, ap);
   va_end(ap);
-  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: byte %" PRIu32 ": %s%s%s", x->name,
+  return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: byte %" PRIu32 ": %s%s%s", x->name,
                            at < x->pk->n ? x->pk->v[at].off : 0, x->where,
                            x->where[0] ? ": " : "", why);
 }
@@ -102,7 +101,7 @@ static void dev_free(devst_t *d) {
 }
 
 static expseg_status oom(ex_t *x) {
-  return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory", x->name);
+  return _expseg_trace_error(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory", x->name);
 }
 
 /* PyTorch's small-pool segment size (kSmallBuffer): a freed segment of at most this size
@@ -441,12 +440,12 @@ static void recorded_conf(ex_t *x, uint32_t root, bool mapped, expseg_trace_t *t
 
 expseg_status expseg_trace_read_pickle(const char *name, const unsigned char *buf, size_t len,
                                        expseg_trace_set_t *out) {
-  if (!out) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "pickle read: out is NULL");
+  if (!out) return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "pickle read: out is NULL");
   out->traces = NULL;
   out->n = 0;
   if (!name) name = "snapshot";
   if (!buf && len)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", name);
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "%s: buffer is NULL", name);
   _expseg_pickle_t pk;
   expseg_status s = _expseg_pickle_load(name, buf, len, &pk);
   if (s != EXPSEG_OK) return s;

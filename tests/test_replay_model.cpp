@@ -283,7 +283,7 @@ TEST(ReplayModel, RecordedReleasesNotAfterAnOomBecomeEmptyCache) {
       "f 0 1 2000000\n";
   TempFile f(text);
   expseg_trace_set_t s;
-  ASSERT_EQ(expseg_trace_read_file(f.path.c_str(), &s), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_trace_read_file(f.path.c_str(), &s), EXPSEG_OK) << expseg_trace_last_error();
   ASSERT_EQ(s.n, 1u);
   int empties = 0;
   size_t at = 0;

@@ -80,9 +80,9 @@ uint64_t Validate(const expseg_trace_t &t) {
 TEST(Synth, DeterministicPerSeed) {
   for (const char *w : kWorkloads) {
     Trace a, b, c;
-    ASSERT_EQ(expseg_trace_synth(w, 42, 1.0, &a.t), EXPSEG_OK) << expseg_last_error();
-    ASSERT_EQ(expseg_trace_synth(w, 42, 1.0, &b.t), EXPSEG_OK) << expseg_last_error();
-    ASSERT_EQ(expseg_trace_synth(w, 43, 1.0, &c.t), EXPSEG_OK) << expseg_last_error();
+    ASSERT_EQ(expseg_trace_synth(w, 42, 1.0, &a.t), EXPSEG_OK) << expseg_trace_last_error();
+    ASSERT_EQ(expseg_trace_synth(w, 42, 1.0, &b.t), EXPSEG_OK) << expseg_trace_last_error();
+    ASSERT_EQ(expseg_trace_synth(w, 43, 1.0, &c.t), EXPSEG_OK) << expseg_trace_last_error();
     ASSERT_EQ(a.t.n_events, b.t.n_events) << w;
     bool same = true;
     for (size_t i = 0; i < a.t.n_events && same; i++) {
@@ -102,7 +102,7 @@ TEST(Synth, DeterministicPerSeed) {
 TEST(Synth, WellFormedAndFiguresMatchRecount) {
   for (const char *w : kWorkloads) {
     Trace t;
-    ASSERT_EQ(expseg_trace_synth(w, 7, 1.0, &t.t), EXPSEG_OK) << expseg_last_error();
+    ASSERT_EQ(expseg_trace_synth(w, 7, 1.0, &t.t), EXPSEG_OK) << expseg_trace_last_error();
     SCOPED_TRACE(w);
     EXPECT_EQ(std::string("synth-") + w, t.t.name);
     EXPECT_EQ(t.t.baseline.present, 0);
@@ -173,7 +173,7 @@ TEST(Synth, AcceptedByTheMemtraceReader) {
   expseg_trace_set_t set;
   ASSERT_EQ(expseg_trace_read_memtrace("synth.memtrace", text.data(), text.size(), &set),
             EXPSEG_OK)
-      << expseg_last_error();
+      << expseg_trace_last_error();
   ASSERT_EQ(set.n, 1u);
   EXPECT_EQ(set.traces[0].n_events, t.t.n_events);
   EXPECT_EQ(set.traces[0].n_ids, t.t.n_ids);
@@ -185,7 +185,7 @@ TEST(Synth, AcceptedByTheMemtraceReader) {
 TEST(Synth, UnknownWorkloadAndBadScale) {
   expseg_trace_t t;
   EXPECT_EQ(expseg_trace_synth("training", 1, 1.0, &t), EXPSEG_ERR_INVALID_ARGUMENT);
-  std::string msg = expseg_last_error();
+  std::string msg = expseg_trace_last_error();
   EXPECT_NE(msg.find("'training'"), std::string::npos) << msg;
   for (const char *w : kWorkloads) EXPECT_NE(msg.find(w), std::string::npos) << msg;
   EXPECT_EQ(t.events, nullptr);
@@ -195,7 +195,7 @@ TEST(Synth, UnknownWorkloadAndBadScale) {
   EXPECT_EQ(expseg_trace_synth("train", 1, 1.0, nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
   for (double bad : {0.0, -1.0, (double)NAN, (double)INFINITY}) {
     EXPECT_EQ(expseg_trace_synth("train", 1, bad, &t), EXPSEG_ERR_INVALID_ARGUMENT) << bad;
-    EXPECT_NE(std::string(expseg_last_error()).find("scale"), std::string::npos);
+    EXPECT_NE(std::string(expseg_trace_last_error()).find("scale"), std::string::npos);
     EXPECT_EQ(t.events, nullptr);
   }
 }

@@ -33,7 +33,7 @@ TEST(TraceCsv, PairsFreesWithLiveAllocationsByPointer) {
       "140573312345856,13:45:12:123460,allocate failure,0x0,1099511627776,0x0\n"
       "140573312345856,13:45:12:123461,deallocate,0x7F8A40000400,2048,0\n"
       "140573312345856,13:45:12:123462,allocate,0x10,8,0xabc\n";
-  ASSERT_EQ(read(text, s), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(read(text, s), EXPSEG_OK) << expseg_trace_last_error();
   ASSERT_EQ(s.s.n, 1u);
   const expseg_trace_t &t = s.s.traces[0];
   EXPECT_STREQ(t.name, "run");
@@ -64,7 +64,7 @@ TEST(TraceCsv, StreamOrderIsFirstUseWhenZeroIsAbsentAndCrlfIsAccepted) {
                      "1,t,allocate,0x200,20,0x66\r\n"
                      "1,t,allocate,0x300,30,0x55\r\n"
                      "\r\n";
-  ASSERT_EQ(read(text, s), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(read(text, s), EXPSEG_OK) << expseg_trace_last_error();
   const expseg_trace_t &t = s.s.traces[0];
   ASSERT_EQ(t.n_events, 3u);
   EXPECT_EQ(t.events[0].stream, 0u);
@@ -87,7 +87,7 @@ TEST(TraceCsv, ManyPointersReusedStayPaired) {
     }
   }
   Set s;
-  ASSERT_EQ(read(text, s), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(read(text, s), EXPSEG_OK) << expseg_trace_last_error();
   const expseg_trace_t &t = s.s.traces[0];
   EXPECT_EQ(t.n_ids, 6000u);
   EXPECT_EQ(t.peak_live_requested, 3000u * 3001u / 2);
@@ -133,15 +133,15 @@ TEST(TraceCsv, RejectsMalformedInputNamingLineAndReason) {
     Set s;
     EXPECT_EQ(read(b.text, s), EXPSEG_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(s.s.n, 0u);
-    std::string msg = expseg_last_error();
+    std::string msg = expseg_trace_last_error();
     EXPECT_NE(msg.find(b.want), std::string::npos) << "message: " << msg;
   }
   Set s;
   static const char nul[] = HDR "1,t,allocate,0x10,8,0x0\0\n";
   EXPECT_EQ(expseg_trace_read_rmm_csv("x.csv", nul, sizeof nul - 1, &s.s),
             EXPSEG_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(expseg_last_error()).find("x.csv:2: NUL byte"), std::string::npos)
-      << expseg_last_error();
+  EXPECT_NE(std::string(expseg_trace_last_error()).find("x.csv:2: NUL byte"), std::string::npos)
+      << expseg_trace_last_error();
   EXPECT_EQ(expseg_trace_read_rmm_csv("x.csv", nullptr, 5, &s.s), EXPSEG_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(expseg_trace_read_rmm_csv("x.csv", HDR, 5, nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
 }
@@ -153,13 +153,13 @@ TEST(TraceCsv, RoundTripThroughMemtrace) {
       "1,t,allocate,0x200,20,0x0\n"
       "1,t,allocate failure,0x0,30,0x77\n"
       "1,t,free,0x100,10,0x77\n";
-  ASSERT_EQ(read(text, a), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(read(text, a), EXPSEG_OK) << expseg_trace_last_error();
   std::string path = std::string(::testing::TempDir()) + "/csv_rt_" +
                      std::to_string(getpid()) + ".memtrace";
   ASSERT_EQ(expseg_trace_write_memtrace(&a.s.traces[0], path.c_str()), EXPSEG_OK)
-      << expseg_last_error();
+      << expseg_trace_last_error();
   Set b;
-  ASSERT_EQ(expseg_trace_read_file(path.c_str(), &b.s), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_trace_read_file(path.c_str(), &b.s), EXPSEG_OK) << expseg_trace_last_error();
   std::remove(path.c_str());
   const expseg_trace_t &x = a.s.traces[0], &y = b.s.traces[0];
   ASSERT_EQ(x.n_events, y.n_events);

@@ -60,7 +60,7 @@ const char *kGood =
 
 TEST(TraceMemtrace, ReadsEveryLineKind) {
   Set s;
-  ASSERT_EQ(read(kGood, s, "dir/good.memtrace"), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(read(kGood, s, "dir/good.memtrace"), EXPSEG_OK) << expseg_trace_last_error();
   ASSERT_EQ(s.s.n, 1u);
   const expseg_trace_t &t = s.s.traces[0];
   EXPECT_STREQ(t.name, "good");
@@ -98,7 +98,7 @@ TEST(TraceMemtrace, PeakCountsFreeNotFreeRequest) {
   Set s;
   ASSERT_EQ(read("# memtrace v1\na 0 0 100\nr 0 0 100\na 0 1 50\nf 0 0 100\na 0 2 70\n", s),
             EXPSEG_OK)
-      << expseg_last_error();
+      << expseg_trace_last_error();
   EXPECT_EQ(s.s.traces[0].peak_live_requested, 150u);
   EXPECT_EQ(s.s.traces[0].baseline.present, 0);
 }
@@ -107,7 +107,7 @@ TEST(TraceMemtrace, AcceptsCrlfAndStreamZeroLate) {
   Set s;
   // stream 0 may first appear after stream 1 (the default stream is always index 0)
   ASSERT_EQ(read("# memtrace v1\r\na 1 0 5\r\na 0 1 6\r\na 2 2 7\r\n", s), EXPSEG_OK)
-      << expseg_last_error();
+      << expseg_trace_last_error();
   EXPECT_EQ(s.s.traces[0].n_streams, 3u);
   EXPECT_EQ(s.s.traces[0].n_events, 3u);
 }
@@ -171,7 +171,7 @@ TEST(TraceMemtrace, RejectsMalformedInputNamingLineAndReason) {
     EXPECT_EQ(read(b.text, s), EXPSEG_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(s.s.n, 0u);
     EXPECT_EQ(s.s.traces, nullptr);
-    std::string msg = expseg_last_error();
+    std::string msg = expseg_trace_last_error();
     EXPECT_NE(msg.find(b.want), std::string::npos) << "message: " << msg;
     EXPECT_EQ(msg.rfind("t.memtrace:", 0), 0u) << "message: " << msg;
   }
@@ -181,8 +181,8 @@ TEST(TraceMemtrace, RejectsNulBytes) {
   Set s;
   static const char text[] = "# memtrace v1\na 0 0 1\n\0\n";
   EXPECT_EQ(read(std::string(text, sizeof text - 1), s), EXPSEG_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(expseg_last_error()).find("t.memtrace:3: NUL byte"), std::string::npos)
-      << expseg_last_error();
+  EXPECT_NE(std::string(expseg_trace_last_error()).find("t.memtrace:3: NUL byte"), std::string::npos)
+      << expseg_trace_last_error();
 }
 
 void expect_same(const expseg_trace_t &a, const expseg_trace_t &b) {
@@ -204,12 +204,12 @@ void expect_same(const expseg_trace_t &a, const expseg_trace_t &b) {
 
 TEST(TraceMemtrace, WriteThenReadGivesTheSameTrace) {
   Set a;
-  ASSERT_EQ(read(kGood, a), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(read(kGood, a), EXPSEG_OK) << expseg_trace_last_error();
   std::string path = tmp_path("roundtrip.memtrace");
   ASSERT_EQ(expseg_trace_write_memtrace(&a.s.traces[0], path.c_str()), EXPSEG_OK)
-      << expseg_last_error();
+      << expseg_trace_last_error();
   Set b;
-  ASSERT_EQ(expseg_trace_read_file(path.c_str(), &b.s), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_trace_read_file(path.c_str(), &b.s), EXPSEG_OK) << expseg_trace_last_error();
   ASSERT_EQ(b.s.n, 1u);
   expect_same(a.s.traces[0], b.s.traces[0]);
   std::remove(path.c_str());
@@ -220,7 +220,7 @@ TEST(TraceMemtrace, WriteFailsOnUnwritablePath) {
   ASSERT_EQ(read(kGood, a), EXPSEG_OK);
   EXPECT_EQ(expseg_trace_write_memtrace(&a.s.traces[0], "/nonexistent-dir/x.memtrace"),
             EXPSEG_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(expseg_last_error()).find("/nonexistent-dir/x.memtrace"),
+  EXPECT_NE(std::string(expseg_trace_last_error()).find("/nonexistent-dir/x.memtrace"),
             std::string::npos);
 }
 
@@ -228,9 +228,9 @@ TEST(TraceReadFile, NamesThePathWhenUnreadable) {
   Set s;
   EXPECT_EQ(expseg_trace_read_file("/nonexistent-dir/none.memtrace", &s.s),
             EXPSEG_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(expseg_last_error()).find("/nonexistent-dir/none.memtrace: cannot open"),
+  EXPECT_NE(std::string(expseg_trace_last_error()).find("/nonexistent-dir/none.memtrace: cannot open"),
             std::string::npos)
-      << expseg_last_error();
+      << expseg_trace_last_error();
   EXPECT_EQ(s.s.n, 0u);
   EXPECT_EQ(expseg_trace_read_file("/", &s.s), EXPSEG_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(expseg_trace_read_file(nullptr, &s.s), EXPSEG_ERR_INVALID_ARGUMENT);
@@ -259,7 +259,7 @@ TEST(TraceReadFile, PicksTheFormatByContent) {
       ASSERT_EQ(s.s.n, 1u);
       EXPECT_EQ(s.s.traces[0].n_events, 1u);
     } else {
-      std::string msg = expseg_last_error();
+      std::string msg = expseg_trace_last_error();
       EXPECT_NE(msg.find(path), std::string::npos) << msg;
       EXPECT_NE(msg.find(c.msg), std::string::npos) << msg;
     }
@@ -277,7 +277,7 @@ TEST(TraceReadFile, RefusesAFifoWithoutBlocking) {
   auto done = std::async(std::launch::async, [&] {
     Set s;
     expseg_status st = expseg_trace_read_file(path.c_str(), &s.s);
-    msg = expseg_last_error(); // the message is per thread
+    msg = expseg_trace_last_error(); // the message is per thread
     return st;
   });
   bool prompt = done.wait_for(std::chrono::seconds(3)) == std::future_status::ready;
@@ -309,7 +309,7 @@ TEST(TraceReadFile, RefusesAHugeNonTraceFromItsFirstBytes) {
   Set s;
   EXPECT_EQ(expseg_trace_read_file(path.c_str(), &s.s), EXPSEG_ERR_INVALID_ARGUMENT);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::string msg = expseg_last_error();
+  std::string msg = expseg_trace_last_error();
   getrusage(RUSAGE_SELF, &after);
   std::remove(path.c_str());
   EXPECT_NE(msg.find("unknown trace format"), std::string::npos) << msg;

@@ -87,11 +87,11 @@ TEST(TracePickle, RecordedSnapshotsGiveTheReferenceMemtraces) {
     std::string ref = dir + "/memtrace/" + stem + ".dev0.memtrace";
     Set got, want;
     auto t0 = std::chrono::steady_clock::now();
-    ASSERT_EQ(expseg_trace_read_file(raw.c_str(), &got.s), EXPSEG_OK) << expseg_last_error();
+    ASSERT_EQ(expseg_trace_read_file(raw.c_str(), &got.s), EXPSEG_OK) << expseg_trace_last_error();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                     .count();
     std::printf("%s: %zu events in %.1f ms\n", stem, got.s.n ? got.s.traces[0].n_events : 0, ms);
-    ASSERT_EQ(expseg_trace_read_file(ref.c_str(), &want.s), EXPSEG_OK) << expseg_last_error();
+    ASSERT_EQ(expseg_trace_read_file(ref.c_str(), &want.s), EXPSEG_OK) << expseg_trace_last_error();
     ASSERT_EQ(got.s.n, 1u);
     ASSERT_EQ(want.s.n, 1u);
     expect_same_trace(got.s.traces[0], want.s.traces[0]);
@@ -135,11 +135,11 @@ TEST(TracePickle, SmallSnapshotFollowsTheRules) {
     ASSERT_GT(bytes.size(), 100u) << "seed file missing";
     Set got, want;
     ASSERT_EQ(read_pickle(bytes, got, "some/dir/small.pickle"), EXPSEG_OK)
-        << expseg_last_error();
+        << expseg_trace_last_error();
     ASSERT_EQ(expseg_trace_read_memtrace("small.dev0.memtrace", kSmallWant, strlen(kSmallWant),
                                          &want.s),
               EXPSEG_OK)
-        << expseg_last_error();
+        << expseg_trace_last_error();
     ASSERT_EQ(got.s.n, 1u);  // device 1 and 2 have no events
     expect_same_trace(got.s.traces[0], want.s.traces[0]);
   }
@@ -152,7 +152,7 @@ TEST(TracePickle, TruncatedAtEveryOffsetFailsWithTheOffset) {
     Set s;
     ASSERT_EQ(read_pickle(bytes.substr(0, n), s), EXPSEG_ERR_INVALID_ARGUMENT) << n;
     EXPECT_EQ(s.s.n, 0u);
-    std::string msg = expseg_last_error();
+    std::string msg = expseg_trace_last_error();
     ASSERT_EQ(msg.rfind("snap.pickle: byte ", 0), 0u) << n << ": " << msg;
   }
 }
@@ -174,7 +174,7 @@ TEST(TracePickle, MutatedBytesNeverCrash) {
       } else {
         bad++;
         ASSERT_EQ(st, EXPSEG_ERR_INVALID_ARGUMENT);
-        ASSERT_NE(std::string(expseg_last_error()).find("snap.pickle: byte "), std::string::npos);
+        ASSERT_NE(std::string(expseg_trace_last_error()).find("snap.pickle: byte "), std::string::npos);
       }
     }
   }
@@ -243,7 +243,7 @@ TEST(TracePickle, RejectsMalformedPicklesNamingOffsetAndReason) {
     Set s;
     EXPECT_EQ(read_pickle(b.bytes, s), EXPSEG_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(s.s.n, 0u);
-    std::string msg = expseg_last_error();
+    std::string msg = expseg_trace_last_error();
     EXPECT_NE(msg.find(b.want), std::string::npos) << "message: " << msg;
     EXPECT_EQ(msg.rfind("snap.pickle: byte ", 0), 0u) << "message: " << msg;
   }
@@ -260,7 +260,7 @@ TEST(TracePickle, DeepNestingWithoutMarksDoesNotRecurse) {
   ASSERT_EQ(_expseg_pickle_load("deep", reinterpret_cast<const unsigned char *>(p.data()),
                                 p.size(), &pk),
             EXPSEG_OK)
-      << expseg_last_error();
+      << expseg_trace_last_error();
   EXPECT_EQ(pk.v[pk.root].kind, EXPSEG_PV_LIST);
   EXPECT_EQ(pk.v[pk.root].u.c.n, 1u);
   EXPECT_EQ(pk.n, (uint32_t)n + 1);
@@ -282,7 +282,7 @@ TEST(TracePickle, UnpicklerValues) {
   ASSERT_EQ(_expseg_pickle_load("v", reinterpret_cast<const unsigned char *>(p.data()), p.size(),
                                 &pk),
             EXPSEG_OK)
-      << expseg_last_error();
+      << expseg_trace_last_error();
   auto get = [&](const char *k) { return pk.v[_expseg_pickle_dict_get(&pk, pk.root, k)]; };
   EXPECT_EQ(get("a").u.iv, 32767);
   EXPECT_EQ(get("b").u.iv, INT64_MAX);
@@ -366,7 +366,7 @@ TEST(TracePickle, SeveralDevicesAndImpliedBlockAddresses) {
                Py::list({ev("alloc", 0x9000, 4000, 7), ev("alloc", 0xa000, 1, 7),
                          ev("free_requested", 0xa000, 1, 7), ev("free_completed", 0xa000, 1, 7)})});
   Set got;
-  ASSERT_EQ(read_pickle(s.pickle(), got, "/x/multi.pickle"), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(read_pickle(s.pickle(), got, "/x/multi.pickle"), EXPSEG_OK) << expseg_trace_last_error();
   ASSERT_EQ(got.s.n, 2u);
   const expseg_trace_t &d0 = got.s.traces[0], &d2 = got.s.traces[1];
   EXPECT_STREQ(d0.name, "multi.dev0");
@@ -433,7 +433,7 @@ TEST(TracePickle, RejectsInconsistentOrMalformedSnapshots) {
     Set s;
     EXPECT_EQ(read_pickle(c.s.pickle(), s), EXPSEG_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(s.s.n, 0u);
-    std::string msg = expseg_last_error();
+    std::string msg = expseg_trace_last_error();
     EXPECT_NE(msg.find(c.want), std::string::npos) << "message: " << msg;
     EXPECT_EQ(msg.rfind("snap.pickle: byte ", 0), 0u) << "message: " << msg;
   }

@@ -138,8 +138,8 @@ TEST_P(TraceSnapshot, ReplayedWorkloadSnapshotReadsBackIntoTheSameHistory) {
     }
     if (std::string(when) != "end") continue;
     Set orig, back;
-    ASSERT_EQ(expseg_trace_read_file(raw.c_str(), &orig.s), EXPSEG_OK) << expseg_last_error();
-    ASSERT_EQ(expseg_trace_read_file(snap.c_str(), &back.s), EXPSEG_OK) << expseg_last_error();
+    ASSERT_EQ(expseg_trace_read_file(raw.c_str(), &orig.s), EXPSEG_OK) << expseg_trace_last_error();
+    ASSERT_EQ(expseg_trace_read_file(snap.c_str(), &back.s), EXPSEG_OK) << expseg_trace_last_error();
     ASSERT_EQ(back.s.n, 1u);
     const expseg_trace_t &b = back.s.traces[0];
     for (size_t i = 0; i < b.n_events; i++) {
@@ -228,7 +228,7 @@ TEST(PlotMemory, SnapshotPeaksEqualTheStatistics) {
     if (live.empty() || (x >> 60) < 9) {
       void *p = nullptr;
       ASSERT_EQ(expseg_malloc(a, (x >> 33) % (48 << 20) + 1, (x >> 20) % 2, &p), EXPSEG_OK)
-          << expseg_last_error();
+          << expseg_trace_last_error();
       live.push_back(p);
     } else {
       size_t k = (x >> 8) % live.size();
@@ -240,7 +240,7 @@ TEST(PlotMemory, SnapshotPeaksEqualTheStatistics) {
       ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
     }
   }
-  ASSERT_EQ(expseg_snapshot_dump(a, snap.c_str()), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_snapshot_dump(a, snap.c_str()), EXPSEG_OK) << expseg_trace_last_error();
   int64_t req = -1, mapped = -1;
   ASSERT_EQ(expseg_stat(a, "requested_bytes.all.peak", &req), EXPSEG_OK);
   ASSERT_EQ(expseg_stat(a, "expseg.mapped_bytes.peak", &mapped), EXPSEG_OK);

@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (!(c.call_us[k] >= 0.0 && c.call_us[k] <= 1e9) ||
           !(c.page_us[k] >= 0.0 && c.page_us[k] <= 1e9))
         abort();
-  } else if (st != EXPSEG_ERR_INVALID_ARGUMENT || !strstr(expseg_last_error(), "line ")) {
+  } else if (st != EXPSEG_ERR_INVALID_ARGUMENT || !strstr(expseg_trace_last_error(), "line ")) {
     abort();
   }
   return 0;

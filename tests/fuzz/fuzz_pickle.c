@@ -29,7 +29,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   } else if (st == EXPSEG_ERR_OUT_OF_MEMORY) {
     if (s.n != 0) abort();
   } else if (st != EXPSEG_ERR_INVALID_ARGUMENT || s.n != 0 ||
-             strncmp(expseg_last_error(), "fuzz.pickle: byte ", 18) != 0) {
+             strncmp(expseg_trace_last_error(), "fuzz.pickle: byte ", 18) != 0) {
     abort();
   }
   return 0;

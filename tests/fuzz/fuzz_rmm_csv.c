@@ -25,7 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     expseg_trace_set_free(&s);
   } else if (st != EXPSEG_ERR_INVALID_ARGUMENT || s.n != 0 ||
-             strncmp(expseg_last_error(), "fuzz.csv:", 9) != 0) {
+             strncmp(expseg_trace_last_error(), "fuzz.csv:", 9) != 0) {
     abort();
   }
   return 0;

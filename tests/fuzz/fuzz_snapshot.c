@@ -56,7 +56,7 @@ static void snapshot(expseg_allocator *a) {
   expseg_trace_set_t s;
   expseg_status st = expseg_trace_read_pickle("fuzz", buf, len, &s);
   if (st == EXPSEG_OK) expseg_trace_set_free(&s);
-  else if (st != EXPSEG_ERR_OUT_OF_MEMORY && !strstr(expseg_last_error(), "no device has recorded events")) abort();
+  else if (st != EXPSEG_ERR_OUT_OF_MEMORY && !strstr(expseg_trace_last_error(), "no device has recorded events")) abort();
 #endif
   expseg_snapshot_free(buf);
 }
