@@ -320,19 +320,6 @@ uint64_t _expseg_fault_injected(expseg_vmm_t *fault) {
 
 /* ---- rules as text: KIND@N[..[M]][:oom|:driver], comma-separated ---- */
 
-static bool parse_u64(const char **p, const char *end, uint64_t *v) {
-  const char *q = *p;
-  uint64_t x = 0;
-  if (q == end || *q < '0' || *q > '9') return false;
-  for (; q < end && *q >= '0' && *q <= '9'; q++) {
-    if (x > (UINT64_MAX - (uint64_t)(*q - '0')) / 10) return false;
-    x = x * 10 + (uint64_t)(*q - '0');
-  }
-  *p = q;
-  *v = x;
-  return true;
-}
-
 static expseg_status rule_error(const char *text, size_t len, const char *at, const char *why) {
   char kinds[400];
   size_t n = 0;
@@ -365,7 +352,7 @@ static expseg_status parse_rule(const char *text, size_t len, const char *p, con
   if (kind < 0) return rule_error(text, len, p, "unknown call kind");
   const char *q = at + 1;
   uint64_t nth, last;
-  if (!parse_u64(&q, end, &nth) || nth == 0) return rule_error(text, len, at + 1, "N must be >= 1");
+  if (!_expseg_dec_u64(&q, end, &nth) || nth == 0) return rule_error(text, len, at + 1, "N must be >= 1");
   uint64_t count = 1;
   if (end - q >= 2 && q[0] == '.' && q[1] == '.') {
     q += 2;
@@ -373,7 +360,7 @@ static expseg_status parse_rule(const char *text, size_t len, const char *p, con
       count = UINT64_MAX - nth + 1;
     } else {
       const char *m = q;
-      if (!parse_u64(&q, end, &last) || last < nth)
+      if (!_expseg_dec_u64(&q, end, &last) || last < nth)
         return rule_error(text, len, m, "M must be a number >= N");
       count = last - nth + 1;
     }

@@ -216,16 +216,25 @@ enum { MAX_OPTS = 3 };
 #define SPEC_FMT "driver spec '%.*s': "
 #define SPEC_ARG (int)(speclen > 120 ? 120 : speclen), spec
 
+bool _expseg_dec_u64(const char **p, const char *end, uint64_t *v) {
+  const char *q = *p;
+  uint64_t x = 0;
+  if (q == end || *q < '0' || *q > '9') return false;
+  for (; q < end && *q >= '0' && *q <= '9'; q++) {
+    if (x > (UINT64_MAX - (uint64_t)(*q - '0')) / 10) return false;
+    x = x * 10 + (uint64_t)(*q - '0');
+  }
+  *p = q;
+  *v = x;
+  return true;
+}
+
 /* Parses SIZE = digits [K|M|G|T] (binary units, either case). */
 static bool parse_size(const char *s, size_t n, uint64_t *out) {
-  if (n == 0) return false;
+  const char *q = s;
   uint64_t v = 0;
-  size_t i = 0;
-  for (; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
-    if (v > (UINT64_MAX - 9) / 10) return false;
-    v = v * 10 + (uint64_t)(s[i] - '0');
-  }
-  if (i == 0) return false;
+  if (!_expseg_dec_u64(&q, s + n, &v)) return false;
+  size_t i = (size_t)(q - s);
   if (i == n) return *out = v, true;
   if (i + 1 != n) return false;
   unsigned shift;
@@ -242,14 +251,8 @@ static bool parse_size(const char *s, size_t n, uint64_t *out) {
 }
 
 static bool parse_int(const char *s, size_t n, uint64_t *out) {
-  if (n == 0 || n > 9) return false;
-  uint64_t v = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (s[i] < '0' || s[i] > '9') return false;
-    v = v * 10 + (uint64_t)(s[i] - '0');
-  }
-  *out = v;
-  return true;
+  const char *q = s;
+  return n > 0 && n <= 9 && _expseg_dec_u64(&q, s + n, out) && q == s + n;
 }
 
 static void accepted_keys(char *buf, size_t cap, const optdef_t *defs, size_t ndefs) {
