@@ -2,6 +2,8 @@
 // config comparison and the option ranges, both generated from policy/options.def.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -45,6 +47,14 @@ static const Row kRows[] = {
 inline expseg_config_t defaults() {
   expseg_config_t c;
   _expseg_config_defaults(&c);
+  return c;
+}
+
+// A configuration from text; a parse failure is a test failure (with the parser's message).
+inline expseg_config_t conf(const char *text) {
+  expseg_config_t c;
+  char err[512];
+  EXPECT_EQ(_expseg_config_parse(text, "test", nullptr, &c, err, sizeof err), EXPSEG_OK) << err;
   return c;
 }
 

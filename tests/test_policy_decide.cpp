@@ -5,16 +5,11 @@
 
 #include "test_policy_common.h"
 
+using policy_test::conf;
+
 namespace {
 
 constexpr size_t MiB = size_t(1) << 20;
-
-expseg_config_t conf(const char *text) {
-  expseg_config_t c;
-  char err[512];
-  EXPECT_EQ(_expseg_config_parse(text, "test", nullptr, &c, err, sizeof err), EXPSEG_OK) << err;
-  return c;
-}
 
 TEST(PolicyDecide, OversizeIsAtOrAboveMaxSplitSize) {
   expseg_config_t c = conf("max_split_size_mb:40");

@@ -17,16 +17,11 @@
 
 using policy_test::defaults;
 
+using policy_test::conf;
+
 namespace {
 
 constexpr size_t MiB = size_t(1) << 20, GiB = size_t(1) << 30;
-
-expseg_config_t conf(const char *text) {
-  expseg_config_t c;
-  char err[512];
-  EXPECT_EQ(_expseg_config_parse(text, "test", nullptr, &c, err, sizeof err), EXPSEG_OK) << err;
-  return c;
-}
 
 TEST(PolicyGc, TargetOnlyWhenActive) {
   // inactive: no threshold, or no fraction below 1 (as PyTorch 2.9+)

@@ -19,16 +19,11 @@
 
 using policy_test::defaults;
 
+using policy_test::conf;
+
 namespace {
 
 constexpr size_t KiB = size_t(1) << 10, MiB = size_t(1) << 20, GiB = size_t(1) << 30;
-
-expseg_config_t conf(const char *text) {
-  expseg_config_t c;
-  char err[512];
-  EXPECT_EQ(_expseg_config_parse(text, "test", nullptr, &c, err, sizeof err), EXPSEG_OK) << err;
-  return c;
-}
 
 // PyTorch's round_size, written from its code (CUDACachingAllocator.cpp / AllocatorConfig).
 size_t model_round(const expseg_config_t &c, size_t size) {
