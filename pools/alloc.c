@@ -2,8 +2,8 @@
  * allocator's lock, and leaves a message in expseg_last_error() on failure.
  *
  * malloc: round (policy, inline) -> the exact-size bin of (stream, pool, size): a hit is a
- * pop (bins.h) -> else best fit in the pool's free index on (stream, size, address) -> else
- * the bins flushed into the index and best fit again -> garbage collection when active -> grow (segment.c) -> on out-of-memory: wait for
+ * pop (bins.h) -> else the bins flushed into the index (merged) and best fit in the pool's
+ * free index on (stream, size, address) -> garbage collection when active -> grow (segment.c) -> on out-of-memory: wait for
  * pending frees, release free classic segments, grow again with blocking waits for idle
  * pages (num_alloc_retries) -> fail with a message that states the request, what is held
  * and a hint that fits the configuration; observers run outside the lock.
@@ -159,6 +159,26 @@ static expseg_status take_block(expseg_allocator *a, block_t *b, size_t rounded,
   return EXPSEG_OK;
 }
 
+/* The hit path: a pop from the exact-size bin, the pointer map, the statistics. */
+static inline bool bin_hit(expseg_allocator *a, size_t size, expseg_stream stream,
+                           size_t rounded, void **out) {
+  int pool = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
+  block_t *b = _expseg_bin_pop(a, stream, pool, rounded);
+  if (b == NULL) return false;
+  if (!_expseg_ptrmap_put(&a->live, b->ptr, b)) { /* no host memory: back, the slow path */
+    bin_link(a, bin_find(a, stream, bin_key(rounded, pool)), b);
+    return false;
+  }
+  b->state = BLOCK_ALLOCATED;
+  b->requested = size;
+  b->n_uses = 0;
+  isplit_change(a, b, true);
+  stat_alloc(&a->stats, pool, b); /* binned blocks are never oversize */
+  EXPSEG_HIST(a, HIST_ALLOC, b->ptr, size, b->stream);
+  *out = (void *)b->ptr;
+  return true;
+}
+
 expseg_status expseg_malloc(expseg_allocator *a, size_t size, expseg_stream stream, void **out) {
   return expseg_malloc_ex(a, size, stream, 0, out);
 }
@@ -200,32 +220,23 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
                              flags, flags & ~EXPSEG_MALLOC_SINGLE_CHUNK,
                              EXPSEG_MALLOC_SINGLE_CHUNK);
   if (size == 0) return EXPSEG_OK;
-  api_lock(a);
-  if (((uintptr_t)a->ipc | a->n_pending_events | a->n_orphans) != 0) { /* one test */
-    if (a->ipc != NULL) _expseg_ipc_poll_locked(a);
-    if (a->n_pending_events > 0 || a->n_orphans > 0) _expseg_process_events(a);
-  }
+  /* The hit path takes the mutex alone: nothing on it can warn, so the deferral of warnings
+   * (api_lock) starts only when the request leaves it. */
+  pthread_mutex_lock(&a->lock);
   bool single = (flags & EXPSEG_MALLOC_SINGLE_CHUNK) || size >= a->cfg.single_chunk_min;
   size_t rounded = _expseg_round_size_inline(&a->cfg, size);
-  if (!single && rounded != 0) { /* the hit path: a pop, the pointer map, the statistics */
-    int pool = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
-    block_t *b = _expseg_bin_pop(a, stream, pool, rounded);
-    if (b != NULL) {
-      if (!_expseg_ptrmap_put(&a->live, b->ptr, b)) {
-        bin_link(a, bin_find(a, stream, bin_key(rounded, pool)), b);
-        api_unlock(a);
-        return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_malloc: out of host memory");
-      }
-      b->state = BLOCK_ALLOCATED;
-      b->requested = size;
-      b->n_uses = 0;
-      isplit_change(a, b, true);
-      stat_alloc(&a->stats, pool, b); /* binned blocks are never oversize */
-      EXPSEG_HIST(a, HIST_ALLOC, b->ptr, size, b->stream);
-      *out = (void *)b->ptr;
-      api_unlock(a);
-      return EXPSEG_OK;
-    }
+  /* slow-path work (IPC polling, stream events, history) behind one test */
+  if ((((uintptr_t)a->ipc | (uintptr_t)a->hist | a->n_pending_events | a->n_orphans) == 0) &&
+      !single && rounded != 0 && bin_hit(a, size, stream, rounded, out)) {
+    pthread_mutex_unlock(&a->lock);
+    return EXPSEG_OK;
+  }
+  _expseg_log_defer(true); /* from here on as api_lock */
+  if (a->ipc != NULL) _expseg_ipc_poll_locked(a);
+  if (a->n_pending_events > 0 || a->n_orphans > 0) _expseg_process_events(a);
+  if (a->hist != NULL && !single && rounded != 0 && bin_hit(a, size, stream, rounded, out)) {
+    api_unlock(a);
+    return EXPSEG_OK;
   }
   if (rounded == 0) {
     api_unlock(a);
@@ -245,11 +256,10 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
   }
   int pool = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
   if (single) rounded = (rounded + a->granularity - 1) / a->granularity * a->granularity;
+  /* a miss of the bins: every binned block merged back first, so that best fit, garbage
+   * collection and growth see the free runs they would see without bins */
+  _expseg_bins_flush(a);
   block_t *b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
-  if (b == NULL && a->n_bins > 0) { /* binned blocks merged back before anything grows */
-    _expseg_bins_flush(a);
-    b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
-  }
   expseg_status st = EXPSEG_OK;
   if (b == NULL) {
     _expseg_garbage_collect(a, a->cfg.expandable_segments ? rounded : 0);
@@ -303,7 +313,18 @@ void _expseg_free_block(expseg_allocator *a, block_t *b) {
 expseg_status expseg_free(expseg_allocator *a, void *ptr) {
   if (a == NULL) return null_allocator("expseg_free");
   if (ptr == NULL) return EXPSEG_OK;
-  api_lock(a);
+  pthread_mutex_lock(&a->lock);
+  if ((((uintptr_t)a->ipc | (uintptr_t)a->hist) == 0)) { /* the hit path: nothing warns */
+    block_t *b = _expseg_ptrmap_take(&a->live, (uintptr_t)ptr);
+    if (b != NULL && b->n_uses == 0) {
+      stat_free(&a->stats, b->seg->pool, b);
+      _expseg_free_block(a, b);
+      pthread_mutex_unlock(&a->lock);
+      return EXPSEG_OK;
+    }
+    if (b != NULL) (void)_expseg_ptrmap_put(&a->live, b->ptr, b); /* its slot is free */
+  }
+  _expseg_log_defer(true); /* from here on as api_lock */
   expseg_status st = EXPSEG_OK;
   if (a->ipc == NULL || !_expseg_ipc_hold_free(a, (uintptr_t)ptr, &st))
     st = _expseg_free_locked(a, ptr);
