@@ -70,7 +70,7 @@ static fstack_t *floor_stack(floor_t *f, size_t size) {
   while (f->slot[i].size != size && f->slot[i].size != 0) i = (i + 1) & (2 * SEQ - 1);
   return &f->slot[i];
 }
-static fnode_t *floor_malloc(floor_t *f, size_t size) {
+__attribute__((noinline)) static fnode_t *floor_malloc(floor_t *f, size_t size) {
   size = (size + 511) & ~(size_t)511;
   pthread_mutex_lock(&f->mu);
   fstack_t *st = floor_stack(f, size);
@@ -79,7 +79,7 @@ static fnode_t *floor_malloc(floor_t *f, size_t size) {
   pthread_mutex_unlock(&f->mu);
   return n;
 }
-static void floor_free(floor_t *f, fnode_t *n) {
+__attribute__((noinline)) static void floor_free(floor_t *f, fnode_t *n) {
   pthread_mutex_lock(&f->mu);
   n->next = n->home->top;
   n->home->top = n;

@@ -126,14 +126,20 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
 
 /* ---- malloc ---- */
 
-static block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded) {
+/* Best fit in the index; exact: only a block of exactly rounded bytes. */
+static block_t *find_fit(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
+                         bool exact) {
   block_t *b = _expseg_tree_lower_bound(&a->free_idx[pool], stream, rounded, 0);
   while (b != NULL && b->seg->single) b = _expseg_tree_next(&a->free_idx[pool], b);
-  if (b == NULL || b->stream != stream) return NULL;
+  if (b == NULL || b->stream != stream || (exact && b->size != rounded)) return NULL;
   if ((!b->seg->expandable || a->model_pytorch) && !_expseg_oversize_ok(&a->cfg, rounded, b->size))
     return NULL;
   _expseg_free_remove(a, b);
   return b;
+}
+
+static block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded) {
+  return find_fit(a, pool, stream, rounded, false);
 }
 
 /* Hands out b (free, mapped, not indexed), splitting off what the request does not need. */
@@ -226,17 +232,20 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
   bool single = (flags & EXPSEG_MALLOC_SINGLE_CHUNK) || size >= a->cfg.single_chunk_min;
   size_t rounded = _expseg_round_size_inline(&a->cfg, size);
   /* slow-path work (IPC polling, stream events, history) behind one test */
-  if ((((uintptr_t)a->ipc | (uintptr_t)a->hist | a->n_pending_events | a->n_orphans) == 0) &&
-      !single && rounded != 0 && bin_hit(a, size, stream, rounded, out)) {
+  const bool slow =
+      ((uintptr_t)a->ipc | (uintptr_t)a->hist | a->n_pending_events | a->n_orphans) != 0;
+  if (!slow && !single && rounded != 0 && bin_hit(a, size, stream, rounded, out)) {
     pthread_mutex_unlock(&a->lock);
     return EXPSEG_OK;
   }
   _expseg_log_defer(true); /* from here on as api_lock */
-  if (a->ipc != NULL) _expseg_ipc_poll_locked(a);
-  if (a->n_pending_events > 0 || a->n_orphans > 0) _expseg_process_events(a);
-  if (a->hist != NULL && !single && rounded != 0 && bin_hit(a, size, stream, rounded, out)) {
-    api_unlock(a);
-    return EXPSEG_OK;
+  if (slow) {
+    if (a->ipc != NULL) _expseg_ipc_poll_locked(a);
+    if (a->n_pending_events > 0 || a->n_orphans > 0) _expseg_process_events(a);
+    if (!single && rounded != 0 && bin_hit(a, size, stream, rounded, out)) {
+      api_unlock(a);
+      return EXPSEG_OK;
+    }
   }
   if (rounded == 0) {
     api_unlock(a);
@@ -256,10 +265,14 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
   }
   int pool = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
   if (single) rounded = (rounded + a->granularity - 1) / a->granularity * a->granularity;
-  /* a miss of the bins: every binned block merged back first, so that best fit, garbage
-   * collection and growth see the free runs they would see without bins */
-  _expseg_bins_flush(a);
+  /* a miss of the bins: an exact fit in the index is taken as it is; anything else (a
+   * split, garbage collection, growth) first merges every binned block back, so that it
+   * sees the free runs it would see without bins */
   block_t *b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
+  if (b == NULL && a->n_bins > 0) {
+    _expseg_bins_flush(a);
+    b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
+  }
   expseg_status st = EXPSEG_OK;
   if (b == NULL) {
     _expseg_garbage_collect(a, a->cfg.expandable_segments ? rounded : 0);
