@@ -761,7 +761,7 @@ expseg_status _expseg_config_parse_warn(const char *text, const char *source,
     out_t w = {warn, warnlen, 0};
     _expseg_out_str(&w, source ? source : "config");
     _expseg_out_str(&w, ": accepted as PyTorch's parser reads it; write it as ");
-    _expseg_out_str(&w, clean[0] ? clean : "\"\" (leave the key out: the value taken is its default)");
+    _expseg_out_str(&w, clean[0] ? clean : "\"\""); /* "": nothing to write, the key is off */
     _expseg_out_str(&w, " (");
     _expseg_out_str(&w, wbuf);
     _expseg_out_str(&w, ")");
