@@ -178,8 +178,9 @@ static inline bool bin_hit(expseg_allocator *a, size_t size, expseg_stream strea
   b->state = BLOCK_ALLOCATED;
   b->requested = size;
   b->n_uses = 0;
+  b->oversize = false; /* binned: below max_split_size (a change of it flushes the bins) */
   isplit_change(a, b, true);
-  stat_alloc(&a->stats, pool, b); /* binned blocks are never oversize */
+  stat_alloc(&a->stats, pool, b);
   EXPSEG_HIST(a, HIST_ALLOC, b->ptr, size, b->stream);
   *out = (void *)b->ptr;
   return true;
