@@ -126,20 +126,14 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
 
 /* ---- malloc ---- */
 
-/* Best fit in the index; exact: only a block of exactly rounded bytes. */
-static block_t *find_fit(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
-                         bool exact) {
+static block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded) {
   block_t *b = _expseg_tree_lower_bound(&a->free_idx[pool], stream, rounded, 0);
   while (b != NULL && b->seg->single) b = _expseg_tree_next(&a->free_idx[pool], b);
-  if (b == NULL || b->stream != stream || (exact && b->size != rounded)) return NULL;
+  if (b == NULL || b->stream != stream) return NULL;
   if ((!b->seg->expandable || a->model_pytorch) && !_expseg_oversize_ok(&a->cfg, rounded, b->size))
     return NULL;
   _expseg_free_remove(a, b);
   return b;
-}
-
-static block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded) {
-  return find_fit(a, pool, stream, rounded, false);
 }
 
 /* Hands out b (free, mapped, not indexed), splitting off what the request does not need. */
@@ -266,9 +260,9 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
   }
   int pool = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
   if (single) rounded = (rounded + a->granularity - 1) / a->granularity * a->granularity;
-  /* a miss of the bins: an exact fit in the index is taken as it is; anything else (a
-   * split, garbage collection, growth) first merges every binned block back, so that it
-   * sees the free runs it would see without bins */
+  /* a miss of the bins: best fit in the index as it is; when that fails, every binned
+   * block is merged back into it before a second look, and before garbage collection or
+   * growth (binned neighbours stay unmerged until then: docs/design.md) */
   block_t *b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
   if (b == NULL && a->n_bins > 0) {
     _expseg_bins_flush(a);
