@@ -49,10 +49,12 @@ static inline block_t *_expseg_bin_pop(expseg_allocator *a, expseg_stream stream
 
 bool _expseg_bin_push_slow(expseg_allocator *a, block_t *b); /* bins.c */
 
-/* Can freed block b wait in a bin? Not when merging is PyTorch's behaviour (model), nor for
- * single-chunk and oversize blocks (they are few and large: they go to the index). */
+/* Can freed block b wait in a bin? Only with hit_bins:True (off by default: bins raise peak
+ * memory on some recorded runs, docs/benchmarks.md); not when merging is PyTorch's behaviour
+ * (model), nor for single-chunk and oversize blocks (few and large: they go to the index). */
 static inline bool bin_eligible(const expseg_allocator *a, const block_t *b) {
-  return !a->model_pytorch && b->size < a->cfg.max_split_size && !b->seg->single;
+  return a->cfg.hit_bins && !a->model_pytorch && b->size < a->cfg.max_split_size &&
+         !b->seg->single;
 }
 
 /* Puts freed block b (statistics already updated) into its bin; false: no bin could be

@@ -22,8 +22,13 @@ void *must_alloc(expseg_allocator *a, size_t size, expseg_stream s = 0) {
   return p;
 }
 
+// Bins are opt-in (hit_bins:True, docs/config.md): every test here turns them on.
+static std::string with_bins(const std::string &conf) {
+  return conf.empty() ? "hit_bins:True" : "hit_bins:True," + conf;
+}
+
 TEST(AllocBins, FreedBlockIsTheNextHitOfItsSize) {
-  AllocPtr a = make_alloc("sim:capacity=8G", "");
+  AllocPtr a = make_alloc("sim:capacity=8G", with_bins("").c_str());
   void *keep = must_alloc(a.get(), 100 * KiB); // the block's neighbour stays live
   void *p = must_alloc(a.get(), 300 * KiB);
   void *keep2 = must_alloc(a.get(), 100 * KiB);
@@ -42,7 +47,7 @@ TEST(AllocBins, FreedBlockIsTheNextHitOfItsSize) {
 
 TEST(AllocBins, EmptyCacheGivesBackBinnedMemory) {
   for (const char *conf : {"", "expandable_segments:False"}) {
-    AllocPtr a = make_alloc("sim:capacity=8G", conf);
+    AllocPtr a = make_alloc("sim:capacity=8G", with_bins(conf).c_str());
     std::vector<void *> ps;
     for (int i = 0; i < 64; i++) ps.push_back(must_alloc(a.get(), (size_t)(i % 7 + 1) * 3 * MiB));
     for (void *p : ps) ASSERT_EQ(expseg_free(a.get(), p), EXPSEG_OK);
@@ -58,7 +63,7 @@ TEST(AllocBins, EmptyCacheGivesBackBinnedMemory) {
 // (Classic segments of 64 MiB never merge with each other: that case is the OOM retry's.)
 TEST(AllocBins, MissMergesBinnedBlocksBeforeGrowing) {
   for (const char *conf : {""}) {
-    AllocPtr a = make_alloc("sim:capacity=1G", conf);
+    AllocPtr a = make_alloc("sim:capacity=1G", with_bins(conf).c_str());
     std::vector<void *> ps;
     void *p = nullptr;
     while (ps.size() < 64 && expseg_malloc(a.get(), 64 * MiB, 0, &p) == EXPSEG_OK) ps.push_back(p);
@@ -82,7 +87,7 @@ TEST(AllocBins, MissMergesBinnedBlocksBeforeGrowing) {
 // Classic segment of 20 MiB cut in four 5 MiB blocks: freeing the middle two leaves them
 // binned and unmerged, but inactive_split reports one run of 10 MiB, as PyTorch would.
 TEST(AllocBins, InactiveSplitCountsRunsNotBinnedBlocks) {
-  AllocPtr a = make_alloc("sim:capacity=8G", "expandable_segments:False");
+  AllocPtr a = make_alloc("sim:capacity=8G", with_bins("expandable_segments:False").c_str());
   expseg_allocator *A = a.get();
   void *b[4];
   for (auto &x : b) x = must_alloc(A, 5 * MiB);
@@ -110,7 +115,7 @@ TEST(AllocBins, RandomStaysConsistent) {
   if (const char *e = std::getenv("EXPSEG_TEST_SEED")) seed = std::strtoull(e, nullptr, 10);
   std::printf("seed %llu (EXPSEG_TEST_SEED)\n", (unsigned long long)seed);
   for (const char *conf : {"", "expandable_segments:False"}) {
-    AllocPtr a = make_alloc("sim:capacity=4G", conf);
+    AllocPtr a = make_alloc("sim:capacity=4G", with_bins(conf).c_str());
     uint64_t s = seed;
     auto next = [&s]() {
       s ^= s << 13;
