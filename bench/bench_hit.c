@@ -1,5 +1,5 @@
 /* bench_hit.c: expseg-bench-hit, the cache-hit path: one expseg_malloc + expseg_free pair
- * served from cached memory, timed in batches, for request sizes drawn from a recorded
+ * served from cached memory, timed pair by pair against a floor, for request sizes drawn from a recorded
  * trace, with 0 .. 1M other blocks live while timing.
  *
  * Method: sizes are drawn (splitmix64, --seed) from the 'a' events of the trace, so their
@@ -10,8 +10,16 @@
  * the sequence is allocated and freed once (warm-up), so that every timed pair is a hit.
  * That is checked: the device allocations made while timing are reported (0 = every pair
  * was a hit).
- * Each batch of --batch pairs is timed with clock_gettime; the median and 99th percentile
- * of the per-pair time over --batches batches are reported. --history on|stacks records the
+ * Every pair is timed on its own (--batch 1, the default: the time-stamp counter read
+ * around each malloc+free, calibrated against clock_gettime over the run; clock_gettime
+ * where there is no such counter); --batch N times batches of N pairs instead. The median
+ * and 99th percentile per pair are reported, and the timer's own cost (two reads back to
+ * back, median) beside them.
+ * The floor, measured in the same run with the same size sequence and the same timing: a
+ * mutex plus a LIFO stack per exact size (sizes rounded to 512 B and found by an
+ * open-addressing table; free pushes onto the stack the node came from), the least a
+ * thread-safe caching allocator does on a hit. ratio = median pair / median floor pair,
+ * both with the timer's cost subtracted. --history on|stacks records the
  * allocation history (expseg_record_history_ex, a ring of --history-entries events, wrapped
  * many times while timing) without or with C stacks. Results: docs/benchmarks.md. */
 #include "trace.h"
@@ -19,6 +27,7 @@
 #include "tool_version.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +36,72 @@
 
 #define SEQ 4096 /* sizes in the timed sequence (power of two) */
 
+/* ---- the timer: the time-stamp counter where there is one ---- */
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+static inline uint64_t ticks(void) {
+  _mm_lfence();
+  uint64_t t = __rdtsc();
+  _mm_lfence();
+  return t;
+}
+#define TIMER_NAME "rdtsc"
+#else
+static inline uint64_t ticks(void) { return _expseg_bench_now_ns(); }
+#define TIMER_NAME "clock_gettime"
+#endif
+
+/* ---- the floor: a mutex plus a LIFO stack per exact size ---- */
+typedef struct fnode_s {
+  struct fnode_s *next;
+  struct fstack_s *home;
+} fnode_t;
+typedef struct fstack_s {
+  size_t size; /* 0 = empty slot */
+  fnode_t *top;
+} fstack_t;
+typedef struct floor_s {
+  pthread_mutex_t mu;
+  fstack_t slot[2 * SEQ]; /* at most SEQ distinct sizes: at most half full */
+} floor_t;
+
+static fstack_t *floor_stack(floor_t *f, size_t size) {
+  size_t i = (size_t)((size >> 9) * 0x9E3779B97F4A7C15ull >> 40) & (2 * SEQ - 1);
+  while (f->slot[i].size != size && f->slot[i].size != 0) i = (i + 1) & (2 * SEQ - 1);
+  return &f->slot[i];
+}
+__attribute__((noinline)) static fnode_t *floor_malloc(floor_t *f, size_t size) {
+  size = (size + 511) & ~(size_t)511;
+  pthread_mutex_lock(&f->mu);
+  fstack_t *st = floor_stack(f, size);
+  fnode_t *n = st->top;
+  if (n != NULL) st->top = n->next;
+  pthread_mutex_unlock(&f->mu);
+  return n;
+}
+__attribute__((noinline)) static void floor_free(floor_t *f, fnode_t *n) {
+  pthread_mutex_lock(&f->mu);
+  n->next = n->home->top;
+  n->home->top = n;
+  pthread_mutex_unlock(&f->mu);
+}
+/* one cached node per distinct size of the sequence (every timed pair is a hit) */
+static int floor_init(floor_t *f, const size_t *seq, fnode_t *nodes) {
+  memset(f, 0, sizeof *f);
+  pthread_mutex_init(&f->mu, NULL);
+  for (size_t i = 0; i < SEQ; i++) {
+    size_t size = (seq[i] + 511) & ~(size_t)511;
+    fstack_t *st = floor_stack(f, size);
+    if (st->size == 0) {
+      st->size = size;
+      nodes[i].home = st;
+      nodes[i].next = NULL;
+      st->top = &nodes[i];
+    }
+  }
+  return 0;
+}
+
 static uint64_t splitmix(uint64_t *s) {
   uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -34,7 +109,7 @@ static uint64_t splitmix(uint64_t *s) {
   return z ^ (z >> 31);
 }
 
-static int cmp_double(const void *a, const void *b) {
+static int bench_hit_cmp(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
 }
@@ -61,8 +136,8 @@ static void usage(FILE *f) {
           "                   (default ../shared/traces/memtrace/"
           "wedsonlin_medium_128_training.dev0.memtrace)\n"
           "  --seed N         PRNG seed (default 1)\n"
-          "  --batches N      timed batches (default 2000)\n"
-          "  --batch N        malloc+free pairs per batch (default 1000)\n"
+          "  --batches N      timed samples (default 1000000)\n"
+          "  --batch N        malloc+free pairs per sample (default 1: each pair timed alone)\n"
           "  --live LIST      live block counts, comma-separated (default 0,1000,10000,100000,1000000)\n"
           "  --max-live-size BYTES  cap on the size of each held block (default: none)\n"
           "  --holes 0|1      1: allocate 2L blocks and free every other one, leaving L free\n"
@@ -79,8 +154,8 @@ static int parse_args(int argc, char **argv, args_t *a) {
   a->trace = "../shared/traces/memtrace/wedsonlin_medium_128_training.dev0.memtrace";
   a->conf = "";
   a->seed = 1;
-  a->batches = 2000;
-  a->batch = 1000;
+  a->batches = 1000000;
+  a->batch = 1;
   a->holes = 1;
   a->history_entries = 100000;
   const uint64_t dl[] = {0, 1000, 10000, 100000, 1000000};
@@ -151,20 +226,25 @@ int main(int argc, char **argv) {
   uint64_t rng = arg.seed;
   size_t seq[SEQ];
   for (size_t i = 0; i < SEQ; i++) seq[i] = (size_t)pool[splitmix(&rng) % n_sizes];
-  double *per = malloc(arg.batches * sizeof *per);
+  double *per = malloc(arg.batches * sizeof *per), *perf = malloc(arg.batches * sizeof *perf);
+  floor_t *fl = malloc(sizeof *fl);
+  fnode_t *fnodes = malloc(SEQ * sizeof *fnodes);
+  if (fl != NULL && fnodes != NULL) floor_init(fl, seq, fnodes);
   int rc = 0;
   if (!arg.json)
-    printf("# sizes from %s (%zu allocations), seed %" PRIu64 ", %" PRIu64 " batches x %" PRIu64
-           " pairs\n%10s %10s %10s %10s %8s\n",
-           arg.trace, n_sizes, arg.seed, arg.batches, arg.batch, "live", "median ns",
-           "p99 ns", "mean ns", "dev allocs");
+    printf("# sizes from %s (%zu allocations), seed %" PRIu64 ", %" PRIu64 " samples x %" PRIu64
+           " pairs, timer " TIMER_NAME "\n# ratio = (median - timer) / (floor median - timer);"
+           " tail = (p99 - timer) / (median - timer)\n"
+           "%10s %10s %10s %10s %10s %10s %7s %7s %8s %10s\n",
+           arg.trace, n_sizes, arg.seed, arg.batches, arg.batch, "live", "median ns", "p99 ns",
+           "mean ns", "floor med", "floor p99", "ratio", "tail", "timer ns", "dev allocs");
   for (size_t li = 0; li < arg.n_live && rc == 0; li++) {
     const uint64_t live = arg.live[li];
     /* the held set: 2L blocks, every other one freed (or L blocks with --holes 0) */
     const uint64_t nheld = arg.holes ? 2 * live : live;
     size_t *lsz = malloc((nheld + 1) * sizeof *lsz);
     void **lp = calloc(nheld + 1, sizeof *lp);
-    if (!lsz || !lp || !per) {
+    if (!lsz || !lp || !per || !perf || !fl || !fnodes) {
       fprintf(stderr, "expseg-bench-hit: out of host memory\n");
       free(lsz);
       free(lp);
@@ -220,40 +300,73 @@ int main(int argc, char **argv) {
       rc = 1;
     }
     const int64_t dev0 = stat0(a, "num_device_alloc");
+    /* the timer's own cost: two reads back to back */
+    for (uint64_t b = 0; b < arg.batches && b < 100000; b++) {
+      const uint64_t t0 = ticks();
+      per[b] = (double)(ticks() - t0);
+    }
+    const uint64_t nover = arg.batches < 100000 ? arg.batches : 100000;
+    qsort(per, nover, sizeof *per, bench_hit_cmp);
+    const double over_t = per[nover / 2];
     size_t k = 0;
+    const uint64_t c0 = ticks(), n0 = _expseg_bench_now_ns();
     for (uint64_t b = 0; b < arg.batches && rc == 0; b++) {
-      const uint64_t t0 = _expseg_bench_now_ns();
+      const uint64_t t0 = ticks();
       for (uint64_t j = 0; j < arg.batch; j++) {
         void *p;
         if (expseg_malloc(a, seq[k++ & (SEQ - 1)], 0, &p) != EXPSEG_OK) rc = 1;
         (void)expseg_free(a, p);
       }
-      per[b] = (double)(_expseg_bench_now_ns() - t0) / (double)arg.batch;
+      per[b] = (double)(ticks() - t0) / (double)arg.batch;
     }
     if (rc) fprintf(stderr, "expseg-bench-hit: a timed malloc failed: %s\n", expseg_last_error());
     const int64_t dev1 = stat0(a, "num_device_alloc");
+    /* the floor, same sizes, same timing */
+    k = 0;
+    for (uint64_t b = 0; b < arg.batches && rc == 0; b++) {
+      const uint64_t t0 = ticks();
+      for (uint64_t j = 0; j < arg.batch; j++) {
+        fnode_t *n = floor_malloc(fl, seq[k++ & (SEQ - 1)]);
+        if (n == NULL) rc = 1;
+        else floor_free(fl, n);
+      }
+      perf[b] = (double)(ticks() - t0) / (double)arg.batch;
+    }
+    const uint64_t c1 = ticks(), n1 = _expseg_bench_now_ns();
+    const double ns_per_tick = c1 > c0 ? (double)(n1 - n0) / (double)(c1 - c0) : 1.0;
     double mean = 0;
     for (uint64_t b = 0; b < arg.batches; b++) mean += per[b];
-    mean /= (double)arg.batches;
-    qsort(per, arg.batches, sizeof *per, cmp_double);
-    const double med = per[arg.batches / 2];
-    const double p99 = per[(arg.batches * 99) / 100 < arg.batches ? (arg.batches * 99) / 100
-                                                                   : arg.batches - 1];
+    mean = mean / (double)arg.batches * ns_per_tick;
+    qsort(per, arg.batches, sizeof *per, bench_hit_cmp);
+    qsort(perf, arg.batches, sizeof *perf, bench_hit_cmp);
+    const uint64_t i99 = (arg.batches * 99) / 100;
+    const double over = over_t * ns_per_tick / (double)arg.batch; /* per pair */
+    const double med = per[arg.batches / 2] * ns_per_tick, p99 = per[i99] * ns_per_tick;
+    const double fmed = perf[arg.batches / 2] * ns_per_tick, fp99 = perf[i99] * ns_per_tick;
+    const double ratio = fmed - over > 0 ? (med - over) / (fmed - over) : 0;
+    const double tail = med - over > 0 ? (p99 - over) / (med - over) : 0;
     const int64_t misses = dev1 - dev0; /* device allocations while timing: 0 = all hits */
     if (arg.json)
       printf("{\"bench\":\"hit\",\"driver\":\"%s\",\"history\":\"%s\",\"live\":%" PRIu64
-             ",\"holes\":%" PRIu64
-             ",\"median_ns\":%.1f,\"p99_ns\":%.1f,\"mean_ns\":%.1f,\"device_allocs_timed\":%" PRId64 ","
-             "\"batches\":%" PRIu64 ",\"batch\":%" PRIu64 "}\n",
-             drv, arg.history == 0 ? "off" : arg.history == 1 ? "on" : "stacks", live, arg.holes, med, p99, mean, misses, arg.batches, arg.batch);
+             ",\"holes\":%" PRIu64 ",\"timer\":\"" TIMER_NAME "\",\"timer_ns\":%.1f"
+             ",\"median_ns\":%.1f,\"p99_ns\":%.1f,\"mean_ns\":%.1f,\"floor_median_ns\":%.1f"
+             ",\"floor_p99_ns\":%.1f,\"ratio\":%.2f,\"p99_over_median\":%.2f"
+             ",\"device_allocs_timed\":%" PRId64 ",\"batches\":%" PRIu64 ",\"batch\":%" PRIu64
+             "}\n",
+             drv, arg.history == 0 ? "off" : arg.history == 1 ? "on" : "stacks", live, arg.holes,
+             over, med, p99, mean, fmed, fp99, ratio, tail, misses, arg.batches, arg.batch);
     else
-      printf("%10" PRIu64 " %10.1f %10.1f %10.1f %12" PRId64 "\n", live, med, p99, mean, misses);
+      printf("%10" PRIu64 " %10.1f %10.1f %10.1f %10.1f %10.1f %7.2f %7.2f %8.1f %10" PRId64 "\n",
+             live, med, p99, mean, fmed, fp99, ratio, tail, over, misses);
     fflush(stdout);
     expseg_destroy(a);
     free(lsz);
     free(lp);
   }
   free(per);
+  free(perf);
+  free(fl);
+  free(fnodes);
   free(pool);
   expseg_trace_set_free(&set);
   return rc;

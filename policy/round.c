@@ -6,31 +6,10 @@
  * Sizes of 2^60 bytes and more are refused (0) before any rounding, as PyTorch refuses them
  * as out of memory before it rounds. */
 #include "policy.h"
-
-/* Divisions for a size: interval k covers [2^(20+k), 2^(21+k)); sizes below 1 MiB use
- * interval 0 and sizes of 32 GiB and more interval 15. */
-static uint64_t divisions_for(const expseg_config_t *c, size_t size) {
-  int idx = (int)_expseg_log2_floor(size) - 20;
-  if (idx < 0) idx = 0;
-  if (idx > EXPSEG_ROUNDUP_INTERVALS - 1) idx = EXPSEG_ROUNDUP_INTERVALS - 1;
-  return c->roundup_power2_divisions[idx];
-}
+#include "round.h"
 
 size_t _expseg_round_size(const expseg_config_t *c, size_t size) {
-  if (size >= EXPSEG_MAX_REQUEST) return 0;
-  if (size < EXPSEG_MIN_BLOCK) return EXPSEG_MIN_BLOCK;
-  uint64_t div = divisions_for(c, size);
-  /* PyTorch applies the divisions only when size > 512 x divisions (a 64-bit product that
-   * wraps for divisions >= 2^55, as in PyTorch): below that a step would be smaller than the
-   * 512-byte minimum. Sizes below 2^60 cannot overflow here. */
-  if (div > 1 && (uint64_t)size > (uint64_t)EXPSEG_MIN_BLOCK * div) {
-    if ((size & (size - 1)) == 0) return size;
-    size_t floor2 = (size_t)1 << _expseg_log2_floor(size);
-    size_t step = floor2 >> _expseg_log2_floor((size_t)div);
-    if (step == 0) return 2 * floor2;
-    return _expseg_round_up(size, step);
-  }
-  return _expseg_round_up(size, EXPSEG_MIN_BLOCK);
+  return _expseg_round_size_inline(c, size);
 }
 
 /* expandable_segments_reserve in bytes: a fraction of total, or GiB; saturates. */

@@ -1,16 +1,21 @@
 /* alloc.c: the public allocator API. Every entry point checks its arguments, takes the
  * allocator's lock, and leaves a message in expseg_last_error() on failure.
  *
- * malloc: round (policy) -> best fit in the pool's free index on (stream, size, address)
- * -> garbage collection when active -> grow (segment.c) -> on out-of-memory: wait for
+ * malloc: round (policy, inline) -> the exact-size bin of (stream, pool, size): a hit is a
+ * pop (bins.h) -> else the bins flushed into the index (merged) and best fit in the pool's
+ * free index on (stream, size, address) -> garbage collection when active -> grow (segment.c) -> on out-of-memory: wait for
  * pending frees, release free classic segments, grow again with blocking waits for idle
  * pages (num_alloc_retries) -> fail with a message that states the request, what is held
  * and a hint that fits the configuration; observers run outside the lock.
  * free: the block leaves the pointer map at once; if other streams used it, it stays
- * pending until their events complete (streams.c); otherwise it merges with its free
- * neighbours and goes back into the free index. */
+ * pending until their events complete (streams.c); otherwise it goes into its exact-size
+ * bin unmerged (a push), or, when it cannot be binned, merges with its free neighbours and
+ * goes back into the free index. Slow-path work (IPC polling, stream events) is behind one
+ * test of a->slow. */
+#include "bins.h"
 #include "error.h"
 #include "internal.h"
+#include "round.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -104,6 +109,8 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
   api_lock(a);
   _expseg_ipc_destroy(a); /* imports unmapped, exports' sockets closed */
   _expseg_sync_all_events(a); /* blocks used on other streams: wait for that work first */
+  _expseg_bins_flush(a);
+  _expseg_bins_destroy(a);
   _expseg_segments_destroy(a);
   _expseg_streams_destroy(a);
   _expseg_ptrmap_destroy(&a->live);
@@ -139,25 +146,39 @@ static expseg_status take_block(expseg_allocator *a, block_t *b, size_t rounded,
   }
   if (!_expseg_ptrmap_put(&a->live, b->ptr, b)) {
     _expseg_free_insert(a, _expseg_block_coalesce(a, b));
-    _expseg_isplit_flush(a);
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_malloc: out of host memory");
   }
   b->state = BLOCK_ALLOCATED;
   b->requested = size;
   b->n_uses = 0;
   b->oversize = _expseg_is_oversize(&a->cfg, b->size);
-  stats_t *s = &a->stats;
-  _expseg_stat_pool_add(s->allocation, pool, 1);
-  _expseg_stat_pool_add(s->allocated_bytes, pool, (int64_t)b->size);
-  _expseg_stat_pool_add(s->requested_bytes, pool, (int64_t)size);
-  _expseg_stat_pool_add(s->active, pool, 1);
-  _expseg_stat_pool_add(s->active_bytes, pool, (int64_t)b->size);
-  if (b->oversize) _expseg_stat_add(&s->oversize_allocations, 1);
-  _expseg_isplit_flush(a);
+  isplit_change(a, b, true);
+  stat_alloc(&a->stats, pool, b);
   EXPSEG_CHECK_BLOCK(a, b);
   EXPSEG_HIST(a, HIST_ALLOC, b->ptr, size, b->stream);
   *out = (void *)b->ptr;
   return EXPSEG_OK;
+}
+
+/* The hit path: a pop from the exact-size bin, the pointer map, the statistics. */
+static inline bool bin_hit(expseg_allocator *a, size_t size, expseg_stream stream,
+                           size_t rounded, void **out) {
+  int pool = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
+  block_t *b = _expseg_bin_pop(a, stream, pool, rounded);
+  if (b == NULL) return false;
+  if (!_expseg_ptrmap_put(&a->live, b->ptr, b)) { /* no host memory: back, the slow path */
+    bin_link(a, bin_find(a, stream, bin_key(rounded, pool)), b);
+    return false;
+  }
+  b->state = BLOCK_ALLOCATED;
+  b->requested = size;
+  b->n_uses = 0;
+  b->oversize = false; /* binned: below max_split_size (a change of it flushes the bins) */
+  isplit_change(a, b, true);
+  stat_alloc(&a->stats, pool, b);
+  EXPSEG_HIST(a, HIST_ALLOC, b->ptr, size, b->stream);
+  *out = (void *)b->ptr;
+  return true;
 }
 
 expseg_status expseg_malloc(expseg_allocator *a, size_t size, expseg_stream stream, void **out) {
@@ -201,11 +222,27 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
                              flags, flags & ~EXPSEG_MALLOC_SINGLE_CHUNK,
                              EXPSEG_MALLOC_SINGLE_CHUNK);
   if (size == 0) return EXPSEG_OK;
-  api_lock(a);
-  if (a->ipc != NULL) _expseg_ipc_poll_locked(a);
-  if (a->n_pending_events > 0 || a->n_orphans > 0) _expseg_process_events(a);
+  /* The hit path takes the mutex alone: nothing on it can warn, so the deferral of warnings
+   * (api_lock) starts only when the request leaves it. */
+  pthread_mutex_lock(&a->lock);
   bool single = (flags & EXPSEG_MALLOC_SINGLE_CHUNK) || size >= a->cfg.single_chunk_min;
-  size_t rounded = _expseg_round_size(&a->cfg, size);
+  size_t rounded = _expseg_round_size_inline(&a->cfg, size);
+  /* slow-path work (IPC polling, stream events, history) behind one test */
+  const bool slow =
+      ((uintptr_t)a->ipc | (uintptr_t)a->hist | a->n_pending_events | a->n_orphans) != 0;
+  if (!slow && !single && rounded != 0 && bin_hit(a, size, stream, rounded, out)) {
+    pthread_mutex_unlock(&a->lock);
+    return EXPSEG_OK;
+  }
+  _expseg_log_defer(true); /* from here on as api_lock */
+  if (slow) {
+    if (a->ipc != NULL) _expseg_ipc_poll_locked(a);
+    if (a->n_pending_events > 0 || a->n_orphans > 0) _expseg_process_events(a);
+    if (!single && rounded != 0 && bin_hit(a, size, stream, rounded, out)) {
+      api_unlock(a);
+      return EXPSEG_OK;
+    }
+  }
   if (rounded == 0) {
     api_unlock(a);
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
@@ -224,7 +261,14 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
   }
   int pool = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
   if (single) rounded = (rounded + a->granularity - 1) / a->granularity * a->granularity;
+  /* a miss of the bins: best fit in the index as it is; when that fails, every binned
+   * block is merged back into it before a second look, and before garbage collection or
+   * growth (binned neighbours stay unmerged until then: docs/design.md) */
   block_t *b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
+  if (b == NULL && a->n_bins > 0) {
+    _expseg_bins_flush(a);
+    b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
+  }
   expseg_status st = EXPSEG_OK;
   if (b == NULL) {
     _expseg_garbage_collect(a, a->cfg.expandable_segments ? rounded : 0);
@@ -233,6 +277,7 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
   if (b == NULL && st == EXPSEG_ERR_OUT_OF_MEMORY) {
     a->stats.num_alloc_retries++;
     _expseg_sync_all_events(a);
+    _expseg_bins_flush(a); /* blocks freed while the lock was dropped */
     b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
     if (b == NULL) {
       _expseg_release_cached(a, !single && a->cfg.expandable_segments); /* single: pages too */
@@ -265,23 +310,33 @@ void _expseg_free_block(expseg_allocator *a, block_t *b) {
   stats_t *s = &a->stats;
   EXPSEG_HIST(a, HIST_FREE_COMPLETED, b->ptr, b->requested, b->stream);
   if (b->state == BLOCK_PENDING) _expseg_stat_add(&s->pending_free_blocks, -1);
-  _expseg_stat_pool_add(s->requested_bytes, pool, -(int64_t)b->requested);
-  _expseg_stat_pool_add(s->active, pool, -1);
-  _expseg_stat_pool_add(s->active_bytes, pool, -(int64_t)b->size);
-  b->state = BLOCK_FREE;
+  stat_free_done(s, pool, b);
   b->requested = 0;
   b->n_uses = 0;
   a->tick++;
+  isplit_change(a, b, false);
+  if (bin_eligible(a, b) && _expseg_bin_push(a, b)) return; /* the hit path: a push */
+  b->state = BLOCK_FREE;
   block_t *m = _expseg_block_coalesce(a, b);
   _expseg_free_insert(a, m);
   EXPSEG_CHECK_BLOCK(a, m);
-  _expseg_isplit_flush(a);
 }
 
 expseg_status expseg_free(expseg_allocator *a, void *ptr) {
   if (a == NULL) return null_allocator("expseg_free");
   if (ptr == NULL) return EXPSEG_OK;
-  api_lock(a);
+  pthread_mutex_lock(&a->lock);
+  if ((((uintptr_t)a->ipc | (uintptr_t)a->hist) == 0)) { /* the hit path: nothing warns */
+    block_t *b = _expseg_ptrmap_take(&a->live, (uintptr_t)ptr);
+    if (b != NULL && b->n_uses == 0) {
+      stat_free(&a->stats, b->seg->pool, b);
+      _expseg_free_block(a, b);
+      pthread_mutex_unlock(&a->lock);
+      return EXPSEG_OK;
+    }
+    if (b != NULL) (void)_expseg_ptrmap_put(&a->live, b->ptr, b); /* its slot is free */
+  }
+  _expseg_log_defer(true); /* from here on as api_lock */
   expseg_status st = EXPSEG_OK;
   if (a->ipc == NULL || !_expseg_ipc_hold_free(a, (uintptr_t)ptr, &st))
     st = _expseg_free_locked(a, ptr);
@@ -318,9 +373,7 @@ expseg_status _expseg_free_locked(expseg_allocator *a, void *ptr) {
   EXPSEG_HIST(a, HIST_FREE_REQUESTED, b->ptr, b->requested, b->stream);
   int pool = b->seg->pool;
   stats_t *s = &a->stats;
-  _expseg_stat_pool_add(s->allocation, pool, -1);
-  _expseg_stat_pool_add(s->allocated_bytes, pool, -(int64_t)b->size);
-  if (b->oversize) _expseg_stat_add(&s->oversize_allocations, -1);
+  stat_free(s, pool, b);
   if (pending) {
     b->state = BLOCK_PENDING;
     _expseg_stat_add(&s->pending_free_blocks, 1);
@@ -353,6 +406,7 @@ expseg_status expseg_empty_cache(expseg_allocator *a) {
   api_lock(a);
   if (a->ipc != NULL) _expseg_ipc_poll_locked(a);
   _expseg_sync_all_events(a);
+  _expseg_bins_flush(a);
   _expseg_release_cached(a, false);
   api_unlock(a);
   return EXPSEG_OK;
@@ -410,6 +464,7 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
                            "expseg_configure(\"%.200s\"): not with the settings in force: %s",
                            config, err);
   } else {
+    _expseg_bins_flush(a); /* what was binned under the old max_split_size */
     a->cfg = next;
     refresh_derived(a);
   }

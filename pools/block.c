@@ -2,9 +2,8 @@
  *
  * Every change of a block's membership in a free set goes through _expseg_free_insert /
  * _expseg_free_remove (free mapped blocks) or _expseg_unmapped_insert / _remove, so the
- * index, the idle list and the inactive_split statistics can never disagree. A free
- * classic block counts as inactive_split while its segment is split (it has a neighbour);
- * expandable blocks never do (their whole pages can always be given back), as in PyTorch. */
+ * index and the idle list can never disagree. (inactive_split is kept where blocks turn
+ * busy or free: isplit_change in internal.h.) */
 #include "internal.h"
 
 #include <stdlib.h>
@@ -40,7 +39,16 @@ block_t *_expseg_block_new(expseg_allocator *a) {
   }
   block_t *b = a->block_free;
   a->block_free = b->next;
-  *b = (block_t){.uses = b->uses_inline, .uses_cap = 2};
+  /* no zeroing of the whole struct: the caller sets the address, size, segment, stream,
+   * state and neighbours; these are the rest a fresh block must have */
+  b->requested = 0;
+  b->left = b->right = NULL;
+  b->n_uses = 0;
+  b->oversize = b->indexed = b->idle = false;
+  b->idle_prev = b->idle_next = NULL;
+  b->event_count = 0;
+  b->uses = b->uses_inline;
+  b->uses_cap = 2;
   return b;
 }
 
@@ -102,9 +110,6 @@ void _expseg_free_insert(expseg_allocator *a, block_t *b) {
   b->indexed = true;
   if (b->seg->expandable) {
     if (_expseg_block_whole_pages(a, b, NULL) > 0) idle_push(a, b);
-  } else if (_expseg_block_is_split(b)) {
-    a->isplit_n[b->seg->pool]++;
-    a->isplit_b[b->seg->pool] += (int64_t)b->size;
   }
 }
 
@@ -113,19 +118,6 @@ void _expseg_free_remove(expseg_allocator *a, block_t *b) {
   _expseg_tree_remove(&a->free_idx[b->seg->pool], b);
   b->indexed = false;
   if (b->idle) idle_unlink(a, b);
-  if (!b->seg->expandable && _expseg_block_is_split(b)) {
-    a->isplit_n[b->seg->pool]--;
-    a->isplit_b[b->seg->pool] -= (int64_t)b->size;
-  }
-}
-
-void _expseg_isplit_flush(expseg_allocator *a) {
-  for (int p = 0; p < POOL_COUNT; p++) {
-    if (a->isplit_n[p] != 0) _expseg_stat_pool_add(a->stats.inactive_split, p, a->isplit_n[p]);
-    if (a->isplit_b[p] != 0)
-      _expseg_stat_pool_add(a->stats.inactive_split_bytes, p, a->isplit_b[p]);
-    a->isplit_n[p] = a->isplit_b[p] = 0;
-  }
 }
 
 void _expseg_unmapped_insert(expseg_allocator *a, block_t *b) {

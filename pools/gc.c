@@ -71,6 +71,5 @@ void _expseg_garbage_collect(expseg_allocator *a, size_t keep) {
   /* cached pages are interchangeable: give back as many as were chosen or unmapped */
   _expseg_cache_release_oldest(a, cached_victims + unmapped, &rb);
   a->stats.gc_released_bytes += (int64_t)(before - held_bytes(a));
-  _expseg_isplit_flush(a);
   _expseg_batch_flush(a, &rb);
 }

@@ -54,31 +54,38 @@
 
 enum { POOL_SMALL = 0, POOL_LARGE = 1, POOL_COUNT = 2 };
 enum { STAT_ALL = 0, STAT_SMALL = 1, STAT_LARGE = 2 }; /* PyTorch's StatType order */
-enum { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_PENDING = 2 };
+/* BLOCK_BINNED: freed, in an exact-size bin (bins.c), not merged and not in the free index;
+ * every walk of a segment treats it as in use until the bins are flushed. */
+enum { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_PENDING = 2, BLOCK_BINNED = 3 };
 /* What ran out when a request fails (the OOM message's hint). */
 enum { OOM_MEMORY = 0, OOM_ADDRESS_SPACE = 1, OOM_TOO_LARGE = 2 };
 
 typedef struct segment_s segment_t;
 typedef struct block_s block_t;
 
+/* The fields a cache hit touches (bins.c: pop, push, the statistics) come first, in the
+ * first 64-byte cache line; the rest serve splitting, merging, the idle list and streams. */
 struct block_s {
   uintptr_t ptr;
   size_t size;
   size_t requested;      /* the caller's size, while allocated or pending */
-  expseg_stream stream;  /* the segment's stream */
   segment_t *seg;
-  block_t *prev, *next;  /* address neighbours in the segment */
-  block_t *left, *right; /* free or unmapped index (a block is in at most one) */
+  expseg_stream stream;  /* the segment's stream */
+  block_t *left;         /* free or unmapped index; in a bin: the next binned block */
+  uint32_t n_uses;       /* other streams recorded with record_stream */
+  uint8_t state;         /* BLOCK_* */
+  bool oversize;         /* allocated at >= max_split_size (oversize_allocations) */
+  bool mapped;           /* false only for unmapped expandable blocks */
+  bool indexed;          /* in the free or unmapped index */
+  block_t *prev;         /* address neighbours in the segment */
+  /* ---- second cache line ---- */
+  block_t *next;
+  block_t *right;        /* free or unmapped index (a block is in at most one) */
   block_t *idle_prev, *idle_next; /* idle list */
   uint64_t idle_since;   /* a->now_ns when it became free */
   uint32_t prio;         /* treap priority */
-  uint8_t state;         /* BLOCK_* */
-  bool mapped;           /* false only for unmapped expandable blocks */
-  bool indexed;          /* in the free or unmapped index */
   bool idle;             /* on the idle list */
-  bool oversize;         /* allocated at >= max_split_size (oversize_allocations) */
   uint32_t event_count;  /* events still outstanding (pending free) */
-  uint32_t n_uses;       /* other streams recorded with record_stream */
   expseg_stream *uses;   /* n_uses entries: uses_inline or heap */
   expseg_stream uses_inline[2];
   uint32_t uses_cap;
@@ -95,6 +102,7 @@ struct segment_s {
   bool expandable;
   bool oversize;         /* classic, counted in oversize_segments when created */
   bool single;           /* classic, made for a single-chunk allocation: serves only those */
+  uint32_t busy;         /* classic: its allocated and pending blocks (inactive_split) */
   uint8_t pool;
   expseg_stream stream;
   segment_t *next_all, *prev_all;
@@ -151,6 +159,14 @@ typedef struct stream_queue_s {
   size_t head, count, cap;
 } stream_queue_t;
 
+/* An exact-size bin (bins.c): free, unmerged blocks of one (stream, pool, size), LIFO. */
+typedef struct bin_s {
+  size_t key;            /* size | pool (sizes are multiples of 512); 0 = empty slot */
+  expseg_stream stream;
+  block_t *head;         /* linked through left */
+  uint32_t n, low;       /* blocks held; fewest held since the last trim (low water) */
+} bin_t;
+
 typedef struct observer_s {
   expseg_oom_observer fn;
   void *ctx;
@@ -204,9 +220,13 @@ struct expseg_allocator {
   size_t n_observers;
   uint8_t oom_kind;           /* OOM_*: why the current request's growth failed */
 
+  bin_t *bins;                /* bins.c: open addressing, cap_bins slots (power of two) */
+  size_t cap_bins, n_bins;    /* slots, slots in use */
+  size_t binned_bytes;        /* bytes held in bins */
+  int64_t bin_countdown;      /* frees into bins until the next low-water trim */
+
   stats_t stats;
   struct history_s *hist;     /* history.c: the recorded events; NULL = not recording */
-  int64_t isplit_n[POOL_COUNT], isplit_b[POOL_COUNT]; /* inactive_split change not yet applied */
 
   uint64_t peers;             /* devices given access to every mapping (peer.c), bit = ordinal */
   struct ipc_state_s *ipc;    /* exports and imports (ipc.c); NULL until the first */
@@ -242,9 +262,6 @@ void _expseg_block_delete(expseg_allocator *a, block_t *b);
 void _expseg_blocks_destroy(expseg_allocator *a);
 void _expseg_free_insert(expseg_allocator *a, block_t *b);  /* free mapped -> index, idle */
 void _expseg_free_remove(expseg_allocator *a, block_t *b);
-/* Applies the net inactive_split change of the operation that just ended (PyTorch updates
- * these statistics by their net change after splits and merges). */
-void _expseg_isplit_flush(expseg_allocator *a);
 void _expseg_unmapped_insert(expseg_allocator *a, block_t *b);
 void _expseg_unmapped_remove(expseg_allocator *a, block_t *b);
 /* Splits b at offset: b keeps [ptr, ptr+offset), the new block gets the rest (same state,
@@ -401,6 +418,70 @@ static inline void _expseg_stat_pool_add(stat_t arr[3], int pool, int64_t delta)
   _expseg_stat_add(&arr[STAT_ALL], delta);
   _expseg_stat_add(&arr[stat_pool(pool)], delta);
 }
+/* The statistics of one block's life, in one place (PyTorch's rules): stat_alloc when it
+ * is handed out, stat_free when the caller frees it, stat_free_done when its last use is
+ * complete (at once, or after other streams' events). No sign test, no other site. */
+static inline void stat_up(stat_t arr[3], int pool, int64_t d) {
+  stat_t *s = &arr[STAT_ALL], *p = &arr[stat_pool(pool)];
+  s->current += d;
+  s->allocated += d;
+  if (s->current > s->peak) s->peak = s->current;
+  p->current += d;
+  p->allocated += d;
+  if (p->current > p->peak) p->peak = p->current;
+}
+static inline void stat_down(stat_t arr[3], int pool, int64_t d) {
+  arr[STAT_ALL].current -= d;
+  arr[STAT_ALL].freed += d;
+  arr[stat_pool(pool)].current -= d;
+  arr[stat_pool(pool)].freed += d;
+}
+static inline void stat_alloc(stats_t *s, int pool, const block_t *b) {
+  stat_up(s->allocation, pool, 1);
+  stat_up(s->allocated_bytes, pool, (int64_t)b->size);
+  stat_up(s->requested_bytes, pool, (int64_t)b->requested);
+  stat_up(s->active, pool, 1);
+  stat_up(s->active_bytes, pool, (int64_t)b->size);
+  if (b->oversize) _expseg_stat_add(&s->oversize_allocations, 1);
+}
+static inline void stat_free(stats_t *s, int pool, const block_t *b) {
+  stat_down(s->allocation, pool, 1);
+  stat_down(s->allocated_bytes, pool, (int64_t)b->size);
+  if (b->oversize) _expseg_stat_add(&s->oversize_allocations, -1);
+}
+static inline void stat_free_done(stats_t *s, int pool, const block_t *b) {
+  stat_down(s->requested_bytes, pool, (int64_t)b->requested);
+  stat_down(s->active, pool, 1);
+  stat_down(s->active_bytes, pool, (int64_t)b->size);
+}
+
+/* inactive_split, kept as PyTorch's rules give it whatever the bins hold: PyTorch counts
+ * each free block of a classic segment that has a neighbour; since PyTorch merges free
+ * neighbours at once, that is each run of adjacent free blocks (free or binned here) that
+ * is not its whole segment. Runs change only when a classic block turns busy (allocated or
+ * pending) or back, so the statistic changes there, by its net change (PyTorch's rule),
+ * from the block's two neighbours and whether its segment has any other busy block. */
+static inline bool freeish(const block_t *n) {
+  return n != NULL && (n->state == BLOCK_FREE || n->state == BLOCK_BINNED);
+}
+static inline void isplit_change(expseg_allocator *a, const block_t *b, bool to_busy) {
+  segment_t *s = b->seg;
+  if (s->expandable) return;
+  int64_t lr = (int64_t)freeish(b->prev) + (int64_t)freeish(b->next), dn, db;
+  const int64_t rest = (int64_t)(s->va_size - b->size);
+  if (to_busy) {
+    bool whole = s->busy++ == 0; /* the run it leaves was the whole segment */
+    dn = lr - (whole ? 0 : 1);
+    db = whole ? rest : -(int64_t)b->size;
+  } else {
+    bool whole = --s->busy == 0;
+    dn = (whole ? 0 : 1) - lr;
+    db = whole ? -rest : (int64_t)b->size;
+  }
+  if (dn != 0) _expseg_stat_pool_add(a->stats.inactive_split, s->pool, dn);
+  if (db != 0) _expseg_stat_pool_add(a->stats.inactive_split_bytes, s->pool, db);
+}
+
 /* Physical bytes held from the driver: classic segments, mapped pages, the page cache. */
 static inline size_t held_bytes(const expseg_allocator *a) {
   return (size_t)a->stats.reserved_bytes[STAT_ALL].current;

@@ -14,6 +14,7 @@
  * and only once the work queued on its stream is done. How it goes back (batches with the
  * lock dropped, the retry list of refusals, the page cache) is release.c's; what garbage
  * collection gives back, gc.c's. */
+#include "bins.h"
 #include "error.h"
 #include "release.h"
 
@@ -522,7 +523,6 @@ block_t *_expseg_grow_single(expseg_allocator *a, int pool, expseg_stream stream
     if (s->single && s->pool == pool && _expseg_classic_is_free(s))
       (void)_expseg_classic_release(a, s, &rb, false, seen, &n_seen);
   }
-  _expseg_isplit_flush(a);
   _expseg_batch_flush(a, &rb);
   block_t *b = grow_classic(a, pool, stream, rounded, true, st);
   if (b != NULL) b->seg->single = true;
@@ -576,7 +576,6 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
     if (_expseg_classic_is_free(s)) (void)_expseg_classic_release(a, s, &rb, true, seen, &n_seen);
   }
   if (keep_pages) {
-    _expseg_isplit_flush(a);
     _expseg_batch_flush(a, &rb);
     return before - held_bytes(a);
   }
@@ -587,7 +586,6 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
     if (s->expandable && s->first->next == NULL && !s->first->mapped) expandable_drop(a, s, &rb);
   }
   _expseg_cache_release_oldest(a, a->cache_count, &rb);
-  _expseg_isplit_flush(a);
   _expseg_batch_flush(a, &rb);
   return before - held_bytes(a);
 }
@@ -669,5 +667,6 @@ size_t _expseg_largest_free(const expseg_allocator *a) {
     size_t x = tree_max(a->free_idx[p].root);
     if (x > m) m = x;
   }
-  return m;
+  size_t binned = _expseg_bins_largest_run(a); /* bins.c: binned blocks as merged */
+  return binned > m ? binned : m;
 }

@@ -103,6 +103,7 @@ void _expseg_log_defer(bool on) {
     return;
   }
   if (tl_defer > 0 && --tl_defer > 0) return;
+  if (tl_nlines == 0 && tl_dropped == 0) return; /* the common case: nothing was raised */
   /* copy the queue first: the sink may call into expseg and warn again */
   unsigned n = tl_nlines, dropped = tl_dropped;
   char lines[DEFER_MAX][MSG_CAP];
