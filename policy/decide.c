@@ -1,12 +1,8 @@
 /* decide.c: decisions the allocator core used to make inline, as pure functions of the
- * configuration and the figures the core passes in: which blocks and segments are oversize,
- * when the physical page cache is over its bound, and which hint an out-of-memory message
- * gives (pools/oom.c writes the words). docs/design.md, "Layers". */
+ * configuration and the figures the core passes in: when the physical page cache is over
+ * its bound, and which hint an out-of-memory message gives (pools/oom.c writes the words).
+ * The oversize test, which the hit path asks, is inline in policy.h. docs/design.md. */
 #include "policy.h"
-
-bool _expseg_is_oversize(const expseg_config_t *c, size_t size) {
-  return size >= c->max_split_size;
-}
 
 size_t _expseg_page_cache_excess(const expseg_config_t *c, size_t cached_bytes) {
   return cached_bytes > c->page_cache_max ? cached_bytes - c->page_cache_max : 0;

@@ -132,8 +132,11 @@ size_t _expseg_classic_segment_size(const expseg_config_t *c, size_t rounded);
 /* Split a free block of block_size to serve rounded? expandable = block's segment kind. */
 bool _expseg_should_split(const expseg_config_t *c, bool small, bool expandable,
                           size_t block_size, size_t rounded);
-/* decide.c: a block or segment of `size` bytes is oversize (>= max_split_size). */
-bool _expseg_is_oversize(const expseg_config_t *c, size_t size);
+/* A block or segment of `size` bytes is oversize (>= max_split_size); inline: the hit
+ * path's bin eligibility asks it. */
+static inline bool _expseg_is_oversize(const expseg_config_t *c, size_t size) {
+  return size >= c->max_split_size;
+}
 /* decide.c: bytes of cached physical pages above page_cache_max (0: within the bound). */
 size_t _expseg_page_cache_excess(const expseg_config_t *c, size_t cached_bytes);
 /* decide.c: the hint of an out-of-memory message, from what ran out. */
