@@ -33,6 +33,7 @@ block_t *_expseg_block_new(expseg_allocator *a) {
     if (slab == NULL) return NULL;
     a->slabs[a->n_slabs++] = slab;
     for (size_t i = 0; i < SLAB_BLOCKS; i++) {
+      slab[i].uses = slab[i].uses_inline; /* destroy frees only heap arrays */
       slab[i].next = a->block_free;
       a->block_free = &slab[i];
     }
@@ -54,11 +55,19 @@ block_t *_expseg_block_new(expseg_allocator *a) {
 
 void _expseg_block_delete(expseg_allocator *a, block_t *b) {
   if (b->uses != b->uses_inline) free(b->uses);
+  b->uses = b->uses_inline;
   b->next = a->block_free;
   a->block_free = b;
 }
 
 void _expseg_blocks_destroy(expseg_allocator *a) {
+  /* blocks still in use at destroy (live or pending ones) may hold a heap array of the
+   * streams recorded on them */
+  for (size_t i = 0; i < a->n_slabs; i++) {
+    block_t *slab = a->slabs[i];
+    for (size_t j = 0; j < SLAB_BLOCKS; j++)
+      if (slab[j].uses != slab[j].uses_inline) free(slab[j].uses);
+  }
   for (size_t i = 0; i < a->n_slabs; i++) free(a->slabs[i]);
   free(a->slabs);
   a->slabs = NULL;
