@@ -227,16 +227,15 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
   pthread_mutex_lock(&a->lock);
   bool single = (flags & EXPSEG_MALLOC_SINGLE_CHUNK) || size >= a->cfg.single_chunk_min;
   size_t rounded = _expseg_round_size_inline(&a->cfg, size);
-  /* slow-path work (IPC polling, stream events, history) behind one test */
-  const bool slow =
-      ((uintptr_t)a->ipc | (uintptr_t)a->hist | a->n_pending_events | a->n_orphans) != 0;
+  /* slow-path work (stream events, history) behind one test; exports are polled only on a
+   * miss (below): a block an importer released matters only when memory is short */
+  const bool slow = ((uintptr_t)a->hist | a->n_pending_events | a->n_orphans) != 0;
   if (!slow && !single && rounded != 0 && bin_hit(a, size, stream, rounded, out)) {
     pthread_mutex_unlock(&a->lock);
     return EXPSEG_OK;
   }
   _expseg_log_defer(true); /* from here on as api_lock */
   if (slow) {
-    if (a->ipc != NULL) _expseg_ipc_poll_locked(a);
     if (a->n_pending_events > 0 || a->n_orphans > 0) _expseg_process_events(a);
     if (!single && rounded != 0 && bin_hit(a, size, stream, rounded, out)) {
       api_unlock(a);
@@ -267,6 +266,10 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
   block_t *b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
   if (b == NULL && a->n_bins > 0) {
     _expseg_bins_flush(a);
+    b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
+  }
+  if (b == NULL && a->ipc != NULL) { /* importers that closed or died free their blocks */
+    _expseg_ipc_poll_locked(a);
     b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
   }
   expseg_status st = EXPSEG_OK;

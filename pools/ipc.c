@@ -21,8 +21,8 @@
  * is the handle's last descriptor. Every importer keeps a dup of it until expseg_ipc_close,
  * and the kernel closes it when the importer dies. When every copy is closed (the exporter
  * has freed its handle too), the exporter's end reads EOF: polled (poll(2), no wait) at
- * every malloc, empty_cache and expseg_ipc_poll while exports are held. Until then the
- * exported block stays allocated: an expseg_free of it is deferred (done at the poll that
+ * every malloc that misses the cache, empty_cache and expseg_ipc_poll while exports are
+ * held. Until then the exported block stays allocated: an expseg_free of it is deferred (done at the poll that
  * sees the last importer go), so its memory is never reused, moved nor released under an
  * importer. Everything here runs under the allocator's lock. */
 #include "internal.h"
