@@ -27,10 +27,10 @@ void _expseg_garbage_collect(expseg_allocator *a, size_t keep) {
   if (items == NULL) return;
   size_t i = 0, reclaimable = 0;
   for (size_t c = 0; c < a->cache_count && with_pages; c++)
-    items[i++] = (expseg_gc_item_t){a->page, a->cache[c].idle_since, 0};
+    items[i++] = (expseg_gc_item_t){a->cache[c].size, a->cache[c].idle_since, 0};
   for (int p = 0; p < POOL_COUNT && with_pages; p++)
     for (block_t *b = a->idle_head[p]; b; b = b->idle_next)
-      items[i++] = (expseg_gc_item_t){_expseg_block_whole_pages(a, b, NULL) * a->page,
+      items[i++] = (expseg_gc_item_t){_expseg_block_whole_pages(a, b, NULL) * b->seg->page,
                                       b->idle_since, (uintptr_t)b};
   for (segment_t *s = a->segments; s; s = s->next_all)
     if (_expseg_classic_is_free(s))
@@ -38,7 +38,7 @@ void _expseg_garbage_collect(expseg_allocator *a, size_t keep) {
   for (size_t j = 0; j < n; j++) reclaimable += items[j].bytes;
   target = _expseg_gc_target_for_request(target, reclaimable, keep);
   size_t k = _expseg_gc_select(items, n, target, a->now_ns);
-  size_t before = held_bytes(a), cached_victims = 0, unmapped = 0, left = target;
+  size_t before = held_bytes(a), cached_victims = 0, left = target;
   release_batch_t rb = {0};
   stream_seen_t seen[SEEN_MAX];
   size_t n_seen = 0;
@@ -47,7 +47,7 @@ void _expseg_garbage_collect(expseg_allocator *a, size_t keep) {
     size_t gone = 0;
     if (tag == 0) {
       cached_victims++;
-      gone = a->page;
+      gone = items[v].bytes;
     } else if (tag & 1) {
       segment_t *s = (segment_t *)(tag & ~(uintptr_t)1);
       size_t size = s->va_size;
@@ -56,20 +56,22 @@ void _expseg_garbage_collect(expseg_allocator *a, size_t keep) {
       block_t *b = (block_t *)tag;
       if (!_expseg_stream_idle(a, b->stream, false, seen, &n_seen, SEEN_MAX)) continue;
       uintptr_t first;
+      const size_t pg = b->seg->page;
       size_t pages = _expseg_block_whole_pages(a, b, &first);
-      size_t need = (left + a->page - 1) / a->page;
+      size_t need = (left + pg - 1) / pg;
       size_t take = pages < need ? pages : need;
-      uintptr_t lo = first + (pages - take) * a->page;
+      uintptr_t lo = first + (pages - take) * pg;
       expseg_status st;
-      size_t moved = _expseg_unmap_pages(a, b, lo, lo + take * a->page, &st);
-      unmapped += moved;
-      gone = moved * a->page;
+      size_t moved = _expseg_unmap_pages(a, b, lo, lo + take * pg, &st);
+      /* the unmapped chunks are the newest in the cache: given back below */
+      cached_victims += moved;
+      gone = moved * pg;
     }
     left = gone >= left ? 0 : left - gone;
   }
   free(items);
   /* cached pages are interchangeable: give back as many as were chosen or unmapped */
-  _expseg_cache_release_oldest(a, cached_victims + unmapped, &rb);
+  _expseg_cache_release_oldest(a, cached_victims, &rb);
   a->stats.gc_released_bytes += (int64_t)(before - held_bytes(a));
   _expseg_batch_flush(a, &rb);
 }

@@ -154,10 +154,10 @@ static expseg_status export_locked(expseg_allocator *a, uintptr_t ptr, expseg_ip
   size_t first = 0, n = 1, csize = s->va_size;
   uintptr_t start = s->base;
   if (s->expandable) {
-    first = (b->ptr - s->base) / a->page;
-    n = (b->ptr + b->size - 1 - s->base) / a->page - first + 1;
-    csize = a->page;
-    start = s->base + first * a->page;
+    first = (b->ptr - s->base) / s->page;
+    n = (b->ptr + b->size - 1 - s->base) / s->page - first + 1;
+    csize = s->page;
+    start = s->base + first * s->page;
   }
   if (n > MAX_CHUNKS)
     return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,

@@ -47,10 +47,13 @@ void _expseg_zombies_retry(expseg_allocator *a, release_batch_t *rb);
 /* Does a mapping the driver refused to remove lie in [lo, lo+len)? */
 bool _expseg_zombie_mapped_in(const expseg_allocator *a, uintptr_t lo, size_t len);
 
-/* ---- the page cache (a stack of unmapped page-sized chunks) ---- */
-bool _expseg_cache_push(expseg_allocator *a, expseg_vmm_handle h, int pool);
-/* Takes the newest cached chunk for `pool`, moving its reserved_bytes to that pool. */
-expseg_vmm_handle _expseg_cache_pop(expseg_allocator *a, int pool);
+/* ---- the page cache (a stack of unmapped chunks, each of its segment's page size) ---- */
+bool _expseg_cache_push(expseg_allocator *a, expseg_vmm_handle h, int pool, size_t size);
+/* Cached chunks of `size` bytes. */
+size_t _expseg_cache_count(const expseg_allocator *a, size_t size);
+/* Takes the newest cached chunk of `size` (one must be there) for `pool`, moving its
+ * reserved_bytes to that pool. */
+expseg_vmm_handle _expseg_cache_pop(expseg_allocator *a, int pool, size_t size);
 /* Removes the n oldest cached chunks into the batch; returns their bytes. */
 size_t _expseg_cache_release_oldest(expseg_allocator *a, size_t n, release_batch_t *rb);
 

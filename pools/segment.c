@@ -92,8 +92,13 @@ static segment_t *expandable_new(expseg_allocator *a, int pool, expseg_stream st
   size_t existing = 0;
   for (segment_t *s = a->segments; s; s = s->next_all)
     if (s->expandable && s->pool == pool && s->stream == stream) existing++;
-  size_t va = _expseg_segment_va(&a->cfg, pool == POOL_SMALL, existing, need, a->total_mem,
-                                 a->page);
+  const size_t page = _expseg_pool_page(a, pool);
+  /* PyTorch reserves 9/8 of device memory for every segment */
+  size_t va = a->model_pytorch
+                  ? _expseg_round_up(a->total_mem + a->total_mem / 8, page)
+                  : _expseg_segment_va(&a->cfg, pool == POOL_SMALL, existing, need,
+                                       a->total_mem, page);
+  if (va < need) va = _expseg_round_up(need, page);
   block_t *b;
   segment_t *s = segment_new(a, &b, st);
   if (s == NULL) return NULL;
@@ -106,6 +111,7 @@ static segment_t *expandable_new(expseg_allocator *a, int pool, expseg_stream st
     return NULL;
   }
   segment_attach(a, s, b, base, va, pool, stream, true);
+  s->page = page;
   _expseg_unmapped_insert(a, b);
   return s;
 }
@@ -152,17 +158,19 @@ size_t _expseg_unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintpt
     mid = _expseg_block_split(a, b, lo - b->ptr);
   }
   if (hi < mid->ptr + mid->size) tail = _expseg_block_split(a, mid, hi - mid->ptr);
-  size_t done = 0, n = (hi - lo) / a->page;
+  const size_t pg = s->page;
+  size_t done = 0, n = (hi - lo) / pg;
   for (; done < n; done++) {
-    uintptr_t addr = lo + done * a->page;
-    size_t idx = (addr - s->base) / a->page;
-    *st = _expseg_vmm_unmap(a->drv, addr, a->page);
+    uintptr_t addr = lo + done * pg;
+    size_t idx = (addr - s->base) / pg;
+    *st = _expseg_vmm_unmap(a->drv, addr, pg);
     if (*st != EXPSEG_OK) break;
-    if (!_expseg_cache_push(a, s->pages[idx].h, s->pool)) {
-      /* no room to remember the chunk: give it back now */
-      _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)a->page);
-      a->stats.released_bytes += (int64_t)a->page;
-      _expseg_release_now(a, (release_item_t){.h = s->pages[idx].h, .size_h = a->page, .pool = s->pool});
+    /* PyTorch releases a page's chunk as it unmaps it (no page cache, model.c); so does
+     * expseg when there is no room to remember the chunk */
+    if (a->model_pytorch || !_expseg_cache_push(a, s->pages[idx].h, s->pool, pg)) {
+      _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)pg);
+      a->stats.released_bytes += (int64_t)pg;
+      _expseg_release_now(a, (release_item_t){.h = s->pages[idx].h, .size_h = pg, .pool = s->pool});
     }
     s->pages[idx].mapped = false;
   }
@@ -170,8 +178,8 @@ size_t _expseg_unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintpt
     _expseg_free_insert(a, _expseg_block_coalesce(a, mid));
     return 0;
   }
-  block_t *rest = done < n ? _expseg_block_split(a, mid, done * a->page) : NULL;
-  size_t bytes = done * a->page;
+  block_t *rest = done < n ? _expseg_block_split(a, mid, done * pg) : NULL;
+  size_t bytes = done * pg;
   mid->mapped = false;
   s->mapped_bytes -= bytes;
   _expseg_stat_add(&a->stats.mapped_bytes, -(int64_t)bytes);
@@ -193,14 +201,15 @@ size_t _expseg_unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintpt
 static block_t *map_pages(expseg_allocator *a, block_t *u, uintptr_t lo, size_t k,
                           expseg_status *st) {
   segment_t *s = u->seg;
-  expseg_assert(lo == u->ptr && k * a->page <= u->size && a->cache_count >= k);
-  size_t first = (lo - s->base) / a->page;
+  const size_t pg = s->page;
+  expseg_assert(lo == u->ptr && k * pg <= u->size && _expseg_cache_count(a, pg) >= k);
+  size_t first = (lo - s->base) / pg;
   if (!pages_reserve(s, first + k)) {
     *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory for page bookkeeping");
     return NULL;
   }
   block_t *rest = NULL;
-  if (k * a->page < u->size) {
+  if (k * pg < u->size) {
     rest = _expseg_block_new(a);
     if (rest == NULL) {
       *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory for block bookkeeping");
@@ -210,39 +219,39 @@ static block_t *map_pages(expseg_allocator *a, block_t *u, uintptr_t lo, size_t 
   }
   size_t done = 0;
   for (; done < k; done++) {
-    expseg_vmm_handle h = _expseg_cache_pop(a, s->pool);
-    *st = _expseg_vmm_map(a->drv, lo + done * a->page, a->page, h, 0);
+    expseg_vmm_handle h = _expseg_cache_pop(a, s->pool, pg);
+    *st = _expseg_vmm_map(a->drv, lo + done * pg, pg, h, 0);
     if (*st != EXPSEG_OK) {
-      if (!_expseg_cache_push(a, h, s->pool)) {
-        _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)a->page);
-        a->stats.released_bytes += (int64_t)a->page;
-        _expseg_release_now(a, (release_item_t){.h = h, .size_h = a->page, .pool = s->pool});
+      if (!_expseg_cache_push(a, h, s->pool, pg)) {
+        _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)pg);
+        a->stats.released_bytes += (int64_t)pg;
+        _expseg_release_now(a, (release_item_t){.h = h, .size_h = pg, .pool = s->pool});
       }
       break;
     }
     s->pages[first + done] = (page_t){.h = h, .mapped = true};
   }
-  if (done == k) *st = _expseg_vmm_set_access(a->drv, lo, k * a->page);
-  if (done == k && *st == EXPSEG_OK && a->peers) *st = _expseg_peers_grant(a, lo, k * a->page);
+  if (done == k) *st = _expseg_vmm_set_access(a->drv, lo, k * pg);
+  if (done == k && *st == EXPSEG_OK && a->peers) *st = _expseg_peers_grant(a, lo, k * pg);
   if (done < k || *st != EXPSEG_OK) {
     expseg_status keep = *st;
     char msg[512];
     snprintf(msg, sizeof msg, "%s", expseg_last_error());
     for (size_t i = done; i-- > 0;) {
       expseg_vmm_handle h = s->pages[first + i].h;
-      uintptr_t at = lo + i * a->page;
+      uintptr_t at = lo + i * pg;
       s->pages[first + i].mapped = false;
-      bool unmapped = _expseg_vmm_unmap(a->drv, at, a->page) == EXPSEG_OK;
-      if (unmapped && _expseg_cache_push(a, h, s->pool)) continue;
+      bool unmapped = _expseg_vmm_unmap(a->drv, at, pg) == EXPSEG_OK;
+      if (unmapped && _expseg_cache_push(a, h, s->pool, pg)) continue;
       /* the undo was refused (or no room in the cache): the mapping and the chunk go on
        * the retry list, still counted in reserved_bytes, retried before the next growth
        * (which could otherwise map over it) and before the reservation around it */
-      _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)a->page);
-      a->stats.released_bytes += (int64_t)a->page;
-      release_item_t it = {.h = h, .size_h = a->page, .pool = s->pool};
+      _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)pg);
+      a->stats.released_bytes += (int64_t)pg;
+      release_item_t it = {.h = h, .size_h = pg, .pool = s->pool};
       if (!unmapped) {
         it.map_va = at;
-        it.size_map = a->page;
+        it.size_map = pg;
       }
       _expseg_release_keep(a, it);
     }
@@ -250,12 +259,12 @@ static block_t *map_pages(expseg_allocator *a, block_t *u, uintptr_t lo, size_t 
     return NULL;
   }
   _expseg_unmapped_remove(a, u);
-  if (k * a->page < u->size) {
-    rest = _expseg_block_split(a, u, k * a->page);
+  if (k * pg < u->size) {
+    rest = _expseg_block_split(a, u, k * pg);
     _expseg_unmapped_insert(a, rest);
   }
   u->mapped = true;
-  size_t bytes = k * a->page;
+  size_t bytes = k * pg;
   s->mapped_bytes += bytes;
   _expseg_stat_add(&a->stats.mapped_bytes, (int64_t)bytes);
   a->stats.num_device_alloc++;
@@ -283,13 +292,14 @@ bool _expseg_stream_idle(expseg_allocator *a, expseg_stream stream, bool blockin
   return done;
 }
 
-/* Moves up to `want` idle pages into the page cache for a request of (pool, stream): first
- * from the same pool's idle list (any stream), then from the other pool's (unless that pool
- * took pages from this one just now; always when blocking, on the out-of-memory path);
- * oldest blocks first, never ex1/ex2, and only once an event shows their stream's work is
- * done. Pages are taken from the top of each block. Returns pages moved. */
-static size_t steal_pages(expseg_allocator *a, int pool, size_t want, const block_t *ex1,
-                          const block_t *ex2, bool blocking) {
+/* Moves up to `want` idle pages of `page` bytes (0: of any size) into the page cache for a
+ * request of (pool, stream): first from the same pool's idle list (any stream), then from
+ * the other pool's (unless that pool took pages from this one just now; always when
+ * blocking, on the out-of-memory path); oldest blocks first, never ex1/ex2, and only once
+ * an event shows their stream's work is done. Pages are taken from the top of each block.
+ * Returns pages moved. */
+static size_t steal_pages(expseg_allocator *a, int pool, size_t page, size_t want,
+                          const block_t *ex1, const block_t *ex2, bool blocking) {
   stream_seen_t seen[SEEN_MAX];
   size_t n_seen = 0, got = 0;
   for (int pass = 0; pass < 2 && got < want; pass++) {
@@ -298,15 +308,17 @@ static size_t steal_pages(expseg_allocator *a, int pool, size_t want, const bloc
     block_t *b = a->idle_head[p];
     while (b != NULL && got < want) {
       block_t *next = b->idle_next;
-      if (b != ex1 && b != ex2 && _expseg_stream_idle(a, b->stream, blocking, seen, &n_seen, SEEN_MAX)) {
+      const size_t pg = b->seg->page;
+      if (b != ex1 && b != ex2 && (page == 0 || pg == page) &&
+          _expseg_stream_idle(a, b->stream, blocking, seen, &n_seen, SEEN_MAX)) {
         uintptr_t first;
         size_t n = _expseg_block_whole_pages(a, b, &first);
         size_t take = n < want - got ? n : want - got;
-        uintptr_t lo = first + (n - take) * a->page;
+        uintptr_t lo = first + (n - take) * pg;
         expseg_status st;
         /* unmapping may merge b away; the list's next entry is not b's neighbour (free
          * mapped neighbours are always merged), so `next` stays valid */
-        size_t moved = _expseg_unmap_pages(a, b, lo, lo + take * a->page, &st);
+        size_t moved = _expseg_unmap_pages(a, b, lo, lo + take * pg, &st);
         got += moved;
         a->stats.pages_moved += (int64_t)moved;
         if (pass == 1 && moved > 0) a->robbed[p] = a->tick ? a->tick : 1;
@@ -342,10 +354,11 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
     if (rounded > end - start) continue;
     uintptr_t need = start + rounded;
     if (need <= u->ptr) continue; /* the prefix alone fits: best fit would have found it */
+    const size_t pg = u->seg->page;
     size_t grow = _expseg_grow_bytes(need - u->ptr, u->seg->mapped_bytes);
-    uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + _expseg_round_up(grow, a->page);
+    uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + _expseg_round_up(grow, pg);
     if (a->model_pytorch) hi = _expseg_model_map_end(a, u, pool, need);
-    *pl = (place_t){u, prefix, suffix, (hi - u->ptr) / a->page};
+    *pl = (place_t){u, prefix, suffix, (hi - u->ptr) / pg};
     return true;
   }
   return false;
@@ -364,9 +377,9 @@ static expseg_status cap_error(const expseg_allocator *a, size_t more) {
                            _expseg_format_size(b2, more), _expseg_format_size(b3, a->allowed));
 }
 
-/* Creates n chunks with the lock dropped and puts them in the cache. */
-static expseg_status create_pages(expseg_allocator *a, int pool, size_t n) {
-  size_t bytes = n * a->page;
+/* Creates n chunks of `page` bytes with the lock dropped and puts them in the cache. */
+static expseg_status create_pages(expseg_allocator *a, int pool, size_t n, size_t page) {
+  size_t bytes = n * page;
   if (!cap_allows(a, bytes)) return cap_error(a, bytes);
   expseg_vmm_handle local[64];
   expseg_vmm_handle *hs = n <= 64 ? local : malloc(n * sizeof *hs);
@@ -377,19 +390,19 @@ static expseg_status create_pages(expseg_allocator *a, int pool, size_t n) {
   size_t made = 0;
   expseg_status st = EXPSEG_OK;
   for (; made < n; made++) {
-    st = _expseg_vmm_create(a->drv, a->page, &hs[made]);
+    st = _expseg_vmm_create(a->drv, page, &hs[made]);
     if (st != EXPSEG_OK) break;
   }
   pthread_mutex_lock(&a->lock);
   a->unlocked_ops--;
   a->inflight -= bytes;
   for (size_t i = 0; i < made; i++) {
-    _expseg_stat_pool_add(a->stats.reserved_bytes, pool, (int64_t)a->page);
-    a->stats.created_bytes += (int64_t)a->page;
-    if (!_expseg_cache_push(a, hs[i], pool)) {
-      _expseg_stat_pool_add(a->stats.reserved_bytes, pool, -(int64_t)a->page);
-      a->stats.released_bytes += (int64_t)a->page;
-      _expseg_release_now(a, (release_item_t){.h = hs[i], .size_h = a->page, .pool = (uint8_t)pool});
+    _expseg_stat_pool_add(a->stats.reserved_bytes, pool, (int64_t)page);
+    a->stats.created_bytes += (int64_t)page;
+    if (!_expseg_cache_push(a, hs[i], pool, page)) {
+      _expseg_stat_pool_add(a->stats.reserved_bytes, pool, -(int64_t)page);
+      a->stats.released_bytes += (int64_t)page;
+      _expseg_release_now(a, (release_item_t){.h = hs[i], .size_h = page, .pool = (uint8_t)pool});
     }
   }
   if (hs != local) free(hs);
@@ -409,23 +422,27 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
         return NULL;
       }
     }
-    if (a->cache_count < pl.pages && !a->model_pytorch) /* PyTorch moves no page */
-      steal_pages(a, pool, pl.pages - a->cache_count, pl.prefix, pl.suffix, blocking);
-    if (a->cache_count >= pl.pages && _expseg_zombie_mapped_in(a, pl.u->ptr, pl.pages * a->page)) {
+    const size_t pg = pl.u->seg->page;
+    size_t have = _expseg_cache_count(a, pg);
+    if (have < pl.pages && !a->model_pytorch) { /* PyTorch moves no page */
+      steal_pages(a, pool, pg, pl.pages - have, pl.prefix, pl.suffix, blocking);
+      have = _expseg_cache_count(a, pg);
+    }
+    if (have >= pl.pages && _expseg_zombie_mapped_in(a, pl.u->ptr, pl.pages * pg)) {
       *st = _expseg_error_set(EXPSEG_ERR_DRIVER,
                               "growth at %#lx waits for an unmap the driver refused (kept on "
                               "the retry list and tried again before the next growth)",
                               (unsigned long)pl.u->ptr);
       return NULL;
     }
-    if (a->cache_count >= pl.pages) {
+    if (have >= pl.pages) {
       /* stealing never touches u, its prefix or suffix: the place still holds */
       block_t *b = map_pages(a, pl.u, pl.u->ptr, pl.pages, st);
       if (b != NULL && pl.pages > created) a->stats.page_cache_hits += (int64_t)(pl.pages - created);
       return b;
     }
-    size_t want = pl.pages - a->cache_count;
-    *st = create_pages(a, pool, want);
+    size_t want = pl.pages - have;
+    *st = create_pages(a, pool, want, pg);
     if (*st != EXPSEG_OK) return NULL;
     created += want;
     /* the lock was dropped: place again */
@@ -566,6 +583,7 @@ bool _expseg_classic_is_free(const segment_t *s) {
 }
 
 size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
+  if (a->model_pytorch) keep_pages = false; /* PyTorch's OOM retry unmaps every free page */
   size_t before = held_bytes(a);
   release_batch_t rb = {0};
   _expseg_zombies_retry(a, &rb);
@@ -579,11 +597,16 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
     _expseg_batch_flush(a, &rb);
     return before - held_bytes(a);
   }
+  /* PyTorch gives a segment's reservation back only when unmapping a free block left it
+   * wholly unmapped (release_blocks): one that mapped nothing stays */
+  for (segment_t *s = a->segments; s; s = s->next_all)
+    s->keep_va = a->model_pytorch && s->expandable && s->mapped_bytes == 0;
   /* every idle page: its stream is synchronized if needed */
-  steal_pages(a, POOL_LARGE, SIZE_MAX, NULL, NULL, true);
+  steal_pages(a, POOL_LARGE, 0, SIZE_MAX, NULL, NULL, true);
   for (segment_t *s = a->segments, *next; s; s = next) {
     next = s->next_all;
-    if (s->expandable && s->first->next == NULL && !s->first->mapped) expandable_drop(a, s, &rb);
+    if (s->expandable && !s->keep_va && s->first->next == NULL && !s->first->mapped)
+      expandable_drop(a, s, &rb);
   }
   _expseg_cache_release_oldest(a, a->cache_count, &rb);
   _expseg_batch_flush(a, &rb);
@@ -634,8 +657,8 @@ void _expseg_segments_destroy(expseg_allocator *a) {
     if (s->expandable) {
       for (size_t i = 0; i < s->pages_cap; i++)
         if (s->pages[i].mapped)
-          destroy_unmap(a->drv, s->base + i * a->page, a->page,
-                        (release_item_t){.h = s->pages[i].h, .size_h = a->page});
+          destroy_unmap(a->drv, s->base + i * s->page, s->page,
+                        (release_item_t){.h = s->pages[i].h, .size_h = s->page});
       destroy_release(a->drv, (release_item_t){.va = s->base, .size_va = s->va_size});
       free(s->pages);
     } else {
@@ -648,7 +671,7 @@ void _expseg_segments_destroy(expseg_allocator *a) {
   a->segments = NULL;
   a->n_segments = 0;
   for (size_t i = 0; i < a->cache_count; i++)
-    destroy_release(a->drv, (release_item_t){.h = a->cache[i].h, .size_h = a->page});
+    destroy_release(a->drv, (release_item_t){.h = a->cache[i].h, .size_h = a->cache[i].size});
   a->cache_count = 0;
   free(a->cache);
   a->cache = NULL;
