@@ -149,8 +149,24 @@ static expseg_status check_segment(const expseg_allocator *a, const segment_t *s
   add3(r->segment, s->pool, 1);
   r->va += (int64_t)s->va_size;
   if (s->expandable) {
-    size_t mapped = 0;
-    for (size_t i = 0; i < s->pages_cap; i++) mapped += s->pages[i].mapped;
+    size_t mapped = 0, chunks = 0;
+    for (size_t i = 0; i < s->pages_cap; i++) {
+      const page_t *pg = &s->pages[i];
+      if (!pg->mapped) continue;
+      mapped++;
+      chunks += pg->off == 0;
+      /* every mapped page lies in one chunk mapped whole: its first page starts the chunk,
+       * all its pages are mapped and name the same handle */
+      const page_t *head = pg->off <= i ? &s->pages[i - pg->off] : NULL;
+      if (pg->n == 0 || pg->off >= pg->n || head == NULL || head->off != 0 ||
+          head->n != pg->n || head->h != pg->h || !head->mapped ||
+          i - pg->off + pg->n > s->pages_cap)
+        FAIL("segment %#lx: page %zu is not part of a whole mapped chunk", base, i);
+      if (pg->off + 1 == pg->n && i + 1 < s->pages_cap && s->pages[i + 1].mapped &&
+          s->pages[i + 1].off != 0)
+        FAIL("segment %#lx: page %zu ends a chunk but the next mapped page does not start "
+             "one", base, i);
+    }
     if (mapped * s->page != s->mapped_bytes)
       FAIL("segment %#lx: %zu pages mapped, mapped_bytes says %zu", base, mapped, s->mapped_bytes);
     if (s->pages_cap * s->page > s->va_size && s->pages_cap > 0) {
@@ -159,7 +175,7 @@ static expseg_status check_segment(const expseg_allocator *a, const segment_t *s
     }
     add3(r->reserved, s->pool, (int64_t)s->mapped_bytes);
     r->mapped += (int64_t)s->mapped_bytes;
-    r->chunks += (int64_t)mapped;
+    r->chunks += (int64_t)chunks;
   } else {
     if (s->mapped_bytes != s->va_size) FAIL("classic segment %#lx: mapped bytes", base);
     r->oversize_segments += s->oversize;

@@ -1,8 +1,8 @@
 /* internal.h: the allocator core's data structures and the functions shared by pools/ files.
  *
  * Memory is held in segments. A classic segment is one physical chunk mapped into its own
- * reservation. An expandable segment is a reservation of many pages (one physical chunk
- * each, all of the allocator's page size) of which any subset is mapped. Blocks tile every
+ * reservation. An expandable segment is a reservation of many pages (of its page size,
+ * in physical chunks of one or more pages: pages.c) of which any subset is mapped. Blocks tile every
  * segment with no gap: allocated, pending-free (freed, waiting on other streams' events),
  * free mapped, or (expandable only) unmapped. Free mapped blocks sit in their pool's free
  * index keyed (stream, size, address); unmapped blocks in their pool's unmapped index keyed
@@ -91,9 +91,12 @@ struct block_s {
   uint32_t uses_cap;
 };
 
+/* A page of an expandable segment: page `off` of a physical chunk of n pages (pages.c),
+ * which is mapped and unmapped whole. */
 typedef struct page_s {
   expseg_vmm_handle h;
   bool mapped;
+  uint32_t off, n;
 } page_t;
 
 struct segment_s {

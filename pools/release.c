@@ -88,9 +88,7 @@ void _expseg_release_keep(expseg_allocator *a, release_item_t f) {
     a->stats.released_bytes -= (int64_t)f.size_h;
   }
   if (f.size_va > 0) _expseg_stat_add(&a->stats.reserved_va_bytes, (int64_t)f.size_va);
-  /* (two chunk sizes at most are ever cached: expseg's page and PyTorch's of the pool) */
-  if (f.size_va == 0 && f.size_map == 0 &&
-      (f.size_h == a->page || f.size_h == _expseg_pool_page(a, f.pool)) &&
+  if (f.size_va == 0 && f.size_map == 0 && f.size_h % _expseg_pool_page(a, f.pool) == 0 &&
       _expseg_cache_push(a, f.h, f.pool, f.size_h))
     return;
   if (!zombie_add(a, f)) _expseg_warn("out of host memory: a refused release is lost");
@@ -163,30 +161,24 @@ bool _expseg_cache_push(expseg_allocator *a, expseg_vmm_handle h, int pool, size
   return true;
 }
 
-size_t _expseg_cache_count(const expseg_allocator *a, size_t size) {
-  size_t n = 0;
-  /* every chunk of one size (expseg: always); exact since at most two sizes are cached */
-  if (a->cache_count > 0 && a->cache[0].size == size &&
-      (size_t)a->stats.cached_physical_bytes.current == a->cache_count * size)
-    return a->cache_count;
-  for (size_t i = 0; i < a->cache_count; i++) n += a->cache[i].size == size;
-  return n;
-}
-
-/* Takes the newest cached chunk of `size` for `pool`, moving its reserved_bytes there. */
-expseg_vmm_handle _expseg_cache_pop(expseg_allocator *a, int pool, size_t size) {
-  size_t i = a->cache_count;
-  while (i-- > 0 && a->cache[i].size != size) {}
+chunk_t _expseg_cache_take(expseg_allocator *a, size_t i, int pool) {
   expseg_assert(i < a->cache_count);
   chunk_t c = a->cache[i];
   memmove(a->cache + i, a->cache + i + 1, (a->cache_count - i - 1) * sizeof *a->cache);
   a->cache_count--;
-  _expseg_stat_add(&a->stats.cached_physical_bytes, -(int64_t)size);
+  _expseg_stat_add(&a->stats.cached_physical_bytes, -(int64_t)c.size);
   if (c.pool != pool) {
-    _expseg_stat_add(&a->stats.reserved_bytes[stat_pool(c.pool)], -(int64_t)size);
-    _expseg_stat_add(&a->stats.reserved_bytes[stat_pool(pool)], (int64_t)size);
+    _expseg_stat_add(&a->stats.reserved_bytes[stat_pool(c.pool)], -(int64_t)c.size);
+    _expseg_stat_add(&a->stats.reserved_bytes[stat_pool(pool)], (int64_t)c.size);
   }
-  return c.h;
+  return c;
+}
+
+void _expseg_cache_release_at(expseg_allocator *a, size_t i, release_batch_t *rb) {
+  chunk_t c = _expseg_cache_take(a, i, a->cache[i].pool);
+  _expseg_stat_pool_add(a->stats.reserved_bytes, c.pool, -(int64_t)c.size);
+  a->stats.released_bytes += (int64_t)c.size;
+  _expseg_batch_push(a, rb, (release_item_t){.h = c.h, .size_h = c.size, .pool = c.pool});
 }
 
 /* Removes the n oldest cached chunks into the batch. */
