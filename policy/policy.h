@@ -169,12 +169,15 @@ size_t _expseg_grow_bytes(size_t need, size_t segment_mapped);
 #define EXPSEG_SMALL_GROW_MIN ((size_t)4 << 20)
 size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small);
 /* Pages of the next physical chunk a growth creates when `left` pages are still to create:
- * one under PyTorch's model (its ExpandableSegment creates a chunk per page), else what the
- * growth needs, up to EXPSEG_CHUNK_MAX bytes: one create and one map per growth, where a
- * chunk per page costs a create and a map per page. A chunk is mapped, moved and given back
- * only whole, so larger chunks trade how finely idle memory can move for fewer calls. */
+ * one under PyTorch's model (its ExpandableSegment creates a chunk per page), and one when
+ * the pool is shared, i.e. another stream maps memory in it (idle memory then moves
+ * between streams, which whole chunks do too coarsely: docs/benchmarks.md, streams8);
+ * else what the growth needs, up to EXPSEG_CHUNK_MAX bytes: one create and one map per
+ * growth, where a chunk per page costs a create and a map per page. A chunk is mapped,
+ * moved and given back only whole, so larger chunks trade how finely idle memory can move
+ * for fewer calls. */
 #define EXPSEG_CHUNK_MAX ((size_t)1 << 26)
-size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page);
+size_t _expseg_chunk_pages(bool pytorch, bool shared, size_t left, size_t page);
 /* May a pool take idle pages from the other pool, which last took this pool's pages at
  * tick `robbed` (0 = never; ticks count frees)? Not within EXPSEG_NO_TAKE_BACK ticks: two
  * pools taking turns would otherwise trade the same pages back and forth, a map and an

@@ -25,8 +25,8 @@ size_t _expseg_grow_bytes(size_t need, size_t segment_mapped) {
   return need > floor ? need : floor;
 }
 
-size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page) {
-  if (pytorch || page == 0) return left > 0 ? 1 : 0;
+size_t _expseg_chunk_pages(bool pytorch, bool shared, size_t left, size_t page) {
+  if (pytorch || shared || page == 0) return left > 0 ? 1 : 0;
   size_t most = EXPSEG_CHUNK_MAX / page;
   if (most == 0) most = 1;
   return left < most ? left : most;

@@ -134,30 +134,49 @@ size_t _expseg_unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintpt
 
 /* Which cached chunks to map for k pages of pg bytes, at most room pages: the smallest
  * chunk that covers what is left, else the largest and go on (a chunk larger than needed
- * is mapped whole: the memory is held either way). exact (the PyTorch model): chunks of
- * one page only, k of them. Indexes into a->cache in pick[] (at most cache_count). */
+ * is mapped whole: the memory is held either way); among equal sizes the newest. exact
+ * (the PyTorch model): chunks of one page only, k of them. Indexes into a->cache in pick[]
+ * (at most cache_count), in the order to map them. O(n log n) in the cache's size. */
+typedef struct cand_s {
+  size_t pages, idx;
+} cand_t;
+
+static int cand_cmp(const void *x, const void *y) {
+  const cand_t *a = x, *b = y;
+  if (a->pages != b->pages) return a->pages < b->pages ? -1 : 1;
+  return a->idx > b->idx ? -1 : a->idx < b->idx; /* newer (higher index) first */
+}
+
 static size_t cache_pick(const expseg_allocator *a, size_t pg, size_t k, size_t room, bool exact,
                          size_t *pick, size_t *m) {
-  size_t got = 0;
   *m = 0;
-  while (got < k) {
-    size_t best = SIZE_MAX, best_p = 0, r = k - got;
-    bool best_fits = false;
-    for (size_t i = 0; i < a->cache_count; i++) {
-      const size_t sz = a->cache[i].size, p = sz / pg;
-      if (sz % pg != 0 || (exact && p != 1) || p > room - got) continue;
-      bool taken = false;
-      for (size_t j = 0; j < *m && !taken; j++) taken = pick[j] == i;
-      if (taken) continue;
-      const bool fits = p >= r;
-      if (best == SIZE_MAX || (fits && (!best_fits || p < best_p)) ||
-          (!fits && !best_fits && p > best_p))
-        best = i, best_p = p, best_fits = fits;
-    }
-    if (best == SIZE_MAX) break;
-    pick[(*m)++] = best;
-    got += best_p;
+  cand_t *c = malloc((a->cache_count ? a->cache_count : 1) * sizeof *c);
+  if (c == NULL) return 0;
+  size_t n = 0, got = 0;
+  for (size_t i = 0; i < a->cache_count; i++) {
+    const size_t sz = a->cache[i].size, p = sz / pg;
+    if (sz % pg == 0 && p > 0 && (!exact || p == 1) && p <= room) c[n++] = (cand_t){p, i};
   }
+  qsort(c, n, sizeof *c, cand_cmp);
+  size_t hi = n; /* candidates [0, hi) are unused; only the largest are ever taken before
+                  * the last pick, so the unused ones stay a prefix */
+  while (got < k) {
+    while (hi > 0 && c[hi - 1].pages > room - got) hi--; /* no longer fits */
+    if (hi == 0) break;
+    const size_t r = k - got;
+    size_t lo = 0, up = hi; /* the smallest chunk of at least r pages */
+    while (lo < up) {
+      size_t mid = lo + (up - lo) / 2;
+      if (c[mid].pages < r) lo = mid + 1;
+      else up = mid;
+    }
+    const size_t j = lo < hi ? lo : hi - 1;
+    pick[(*m)++] = c[j].idx;
+    got += c[j].pages;
+    if (j == hi - 1) hi--;
+    else break; /* it covers the rest */
+  }
+  free(c);
   return got;
 }
 
@@ -185,11 +204,6 @@ static void put_back(expseg_allocator *a, segment_t *s, const taken_t *c, size_t
   }
 }
 
-static int desc(const void *x, const void *y) {
-  size_t a = *(const size_t *)x, b = *(const size_t *)y;
-  return a < b ? 1 : a > b ? -1 : 0;
-}
-
 block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, expseg_status *st) {
   segment_t *s = u->seg;
   const size_t pg = s->page, room = u->size / pg, lo = u->ptr;
@@ -211,11 +225,9 @@ block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, expseg_st
                                                : "out of host memory for page bookkeeping");
     return NULL;
   }
-  /* mapped in the order picked; taken out of the cache highest index first, so the
-   * indexes still to take stay valid */
+  /* mapped in the order picked */
   for (size_t i = 0; i < m; i++) c[i] = (taken_t){a->cache[pick[i]].h, a->cache[pick[i]].size};
-  qsort(pick, m, sizeof *pick, desc);
-  for (size_t i = 0; i < m; i++) (void)_expseg_cache_take(a, pick[i], s->pool);
+  _expseg_cache_take_set(a, pick, m, s->pool);
   free(pick);
   size_t done = 0, at = 0; /* chunks mapped, pages mapped */
   *st = EXPSEG_OK;
@@ -273,13 +285,13 @@ block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, expseg_st
 
 size_t _expseg_steal_pages(expseg_allocator *a, int pool, size_t page, size_t want,
                            size_t max_pages, const block_t *ex1, const block_t *ex2,
-                           bool blocking) {
+                           bool blocking, bool whole_only) {
   stream_seen_t seen[SEEN_MAX];
   size_t n_seen = 0, got = 0;
   for (int pass = 0; pass < 2 && got < want; pass++) {
     int p = pass == 0 ? pool : 1 - pool;
     if (pass == 1 && !blocking && !_expseg_may_take_back(a->robbed[pool], a->tick)) break;
-    if (pass == 1 && !blocking) {
+    if (pass == 1 && !blocking && whole_only) {
       /* chunks from the other pool only when they spare the growth a create: a create
        * costs one call whatever its size (pages are made in one chunk), while a page taken
        * from the other pool is one it will soon create again (docs/design.md) */

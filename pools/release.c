@@ -174,6 +174,23 @@ chunk_t _expseg_cache_take(expseg_allocator *a, size_t i, int pool) {
   return c;
 }
 
+void _expseg_cache_take_set(expseg_allocator *a, const size_t *idx, size_t m, int pool) {
+  if (m == 0) return;
+  for (size_t i = 0; i < m; i++) { /* marked by a size of 0 (never a cached size) */
+    chunk_t *c = &a->cache[idx[i]];
+    _expseg_stat_add(&a->stats.cached_physical_bytes, -(int64_t)c->size);
+    if (c->pool != pool) {
+      _expseg_stat_add(&a->stats.reserved_bytes[stat_pool(c->pool)], -(int64_t)c->size);
+      _expseg_stat_add(&a->stats.reserved_bytes[stat_pool(pool)], (int64_t)c->size);
+    }
+    c->size = 0;
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < a->cache_count; i++)
+    if (a->cache[i].size != 0) a->cache[k++] = a->cache[i];
+  a->cache_count = k;
+}
+
 void _expseg_cache_release_at(expseg_allocator *a, size_t i, release_batch_t *rb) {
   chunk_t c = _expseg_cache_take(a, i, a->cache[i].pool);
   _expseg_stat_pool_add(a->stats.reserved_bytes, c.pool, -(int64_t)c.size);

@@ -51,6 +51,8 @@ bool _expseg_zombie_mapped_in(const expseg_allocator *a, uintptr_t lo, size_t le
 bool _expseg_cache_push(expseg_allocator *a, expseg_vmm_handle h, int pool, size_t size);
 /* Takes cached chunk i out for `pool`, moving its reserved_bytes to that pool. */
 chunk_t _expseg_cache_take(expseg_allocator *a, size_t i, int pool);
+/* The same for the m distinct chunks idx[] (read their handles first), in one pass. */
+void _expseg_cache_take_set(expseg_allocator *a, const size_t *idx, size_t m, int pool);
 /* Removes cached chunk i into the batch. */
 void _expseg_cache_release_at(expseg_allocator *a, size_t i, release_batch_t *rb);
 /* Removes the n oldest cached chunks into the batch; returns their bytes. */
@@ -88,12 +90,13 @@ size_t _expseg_cache_cover(const expseg_allocator *a, size_t pg, size_t k, size_
 block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, expseg_status *st);
 /* Moves idle chunks of segments with page `page` (0: any), none over max_pages, into the
  * page cache until `want` pages are moved: the pool's idle blocks first (any stream), then
- * the other pool's (not right after it took this pool's pages, unless blocking); oldest
- * blocks first, never ex1/ex2, only once an event shows their stream's work is done;
- * chunks from the top of each block. Returns pages moved. */
+ * the other pool's (not right after it took this pool's pages, unless blocking; with
+ * whole_only, only when they cover all `want`); oldest blocks first, never ex1/ex2, only
+ * once an event shows their stream's work is done; chunks from the top of each block.
+ * Returns pages moved. */
 size_t _expseg_steal_pages(expseg_allocator *a, int pool, size_t page, size_t want,
                            size_t max_pages, const block_t *ex1, const block_t *ex2,
-                           bool blocking);
+                           bool blocking, bool whole_only);
 /* A free classic segment: given back (true) once its stream's work is done (segment.c). */
 bool _expseg_classic_release(expseg_allocator *a, segment_t *s, release_batch_t *rb,
                              bool blocking, stream_seen_t *seen, size_t *n_seen);

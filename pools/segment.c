@@ -150,8 +150,9 @@ static bool free_mapped(const block_t *b) {
   return b != NULL && b->state == BLOCK_FREE && b->mapped;
 }
 
+/* shared: the pool is shared with other streams (pages then come one per chunk). */
 static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
-                       place_t *pl) {
+                       bool shared, place_t *pl) {
   const tree_t *t = &a->unmapped_idx[pool];
   for (block_t *u = _expseg_tree_lower_bound(t, stream, 0, 0); u && u->stream == stream;
        u = _expseg_tree_next(t, u)) {
@@ -164,7 +165,7 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
     uintptr_t need = start + rounded;
     if (need <= u->ptr) continue; /* the prefix alone fits: best fit would have found it */
     const size_t pg = u->seg->page;
-    size_t grow = _expseg_grow_for(need - u->ptr, u->seg->mapped_bytes, pool == POOL_SMALL);
+    size_t grow = _expseg_grow_for(need - u->ptr, u->seg->mapped_bytes, pool == POOL_SMALL && !shared);
     uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + _expseg_round_up(grow, pg);
     if (a->model_pytorch) hi = _expseg_model_map_end(a, u, pool, need);
     /* a mapping the driver refused to remove (on the retry list) blocks this range: grow
@@ -189,12 +190,22 @@ static expseg_status cap_error(const expseg_allocator *a, size_t more) {
                            _expseg_format_size(b2, more), _expseg_format_size(b3, a->allowed));
 }
 
+/* Does another stream than `stream` map expandable memory in `pool`? */
+static bool pool_shared(const expseg_allocator *a, int pool, expseg_stream stream) {
+  for (const segment_t *s = a->segments; s; s = s->next_all)
+    if (s->expandable && s->pool == pool && s->stream != stream && s->mapped_bytes > 0)
+      return true;
+  return false;
+}
+
 /* Creates chunks for `pages` pages of pg bytes with the lock dropped (sized by policy:
  * _expseg_chunk_pages) and puts them in the cache. */
-static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages, size_t pg) {
+static expseg_status create_chunks(expseg_allocator *a, int pool, bool shared, size_t pages,
+                                   size_t pg) {
   size_t bytes = pages * pg, n = 0;
   if (!cap_allows(a, bytes)) return cap_error(a, bytes);
-  for (size_t left = pages; left > 0; n++) left -= _expseg_chunk_pages(a->model_pytorch, left, pg);
+  for (size_t left = pages; left > 0; n++)
+    left -= _expseg_chunk_pages(a->model_pytorch, shared, left, pg);
   expseg_vmm_handle local_h[64];
   size_t local_s[64];
   expseg_vmm_handle *hs = n <= 64 ? local_h : malloc(n * sizeof *hs);
@@ -205,7 +216,7 @@ static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages, 
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
   }
   for (size_t i = 0, left = pages; i < n; i++) {
-    size_t k = _expseg_chunk_pages(a->model_pytorch, left, pg);
+    size_t k = _expseg_chunk_pages(a->model_pytorch, shared, left, pg);
     sz[i] = k * pg;
     left -= k;
   }
@@ -239,10 +250,13 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
                                 size_t rounded, bool blocking, expseg_status *st) {
   size_t created = 0; /* pages created for this request so far */
   for (int round = 0; round < 8; round++) {
+    /* a pool other streams map memory in gets one chunk per page (policy/round.c:
+     * _expseg_chunk_pages): idle memory moves between streams page by page */
+    const bool shared = !a->model_pytorch && pool_shared(a, pool, stream);
     place_t pl;
-    if (!find_place(a, pool, stream, rounded, &pl)) {
+    if (!find_place(a, pool, stream, rounded, shared, &pl)) {
       if (expandable_new(a, pool, stream, rounded, st) == NULL) return NULL;
-      if (!find_place(a, pool, stream, rounded, &pl)) {
+      if (!find_place(a, pool, stream, rounded, shared, &pl)) {
         *st = _expseg_error_set(EXPSEG_ERR_DRIVER, "internal: new segment cannot place %zu bytes",
                                 rounded);
         return NULL;
@@ -251,7 +265,8 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     const size_t pg = pl.u->seg->page, room = pl.u->size / pg;
     size_t have = _expseg_cache_cover(a, pg, pl.pages, room);
     if (have < pl.pages && !a->model_pytorch) { /* PyTorch moves no page */
-      _expseg_steal_pages(a, pool, pg, pl.pages - have, room, pl.prefix, pl.suffix, blocking);
+      _expseg_steal_pages(a, pool, pg, pl.pages - have, room, pl.prefix, pl.suffix, blocking,
+                          !shared);
       have = _expseg_cache_cover(a, pg, pl.pages, room);
     }
     if (have >= pl.pages && _expseg_zombie_mapped_in(a, pl.u->ptr, have * pg)) {
@@ -268,7 +283,7 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
       return b;
     }
     size_t want = pl.pages - have;
-    *st = create_chunks(a, pool, want, pg);
+    *st = create_chunks(a, pool, shared, want, pg);
     if (*st != EXPSEG_OK) return NULL;
     created += want;
     /* the lock was dropped: place again */
@@ -428,7 +443,7 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
   for (segment_t *s = a->segments; s; s = s->next_all)
     s->keep_va = a->model_pytorch && s->expandable && s->mapped_bytes == 0;
   /* every idle page: its stream is synchronized if needed */
-  _expseg_steal_pages(a, POOL_LARGE, 0, SIZE_MAX, SIZE_MAX, NULL, NULL, true);
+  _expseg_steal_pages(a, POOL_LARGE, 0, SIZE_MAX, SIZE_MAX, NULL, NULL, true, false);
   for (segment_t *s = a->segments, *next; s; s = next) {
     next = s->next_all;
     if (s->expandable && !s->keep_va && s->first->next == NULL && !s->first->mapped)
