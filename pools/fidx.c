@@ -294,7 +294,7 @@ block_t *_expseg_fidx_best(fidx_t *f, int pool, expseg_stream s, size_t size) {
     const szn_t *e = fidx_node(f, pool, s, size);
     return e != NULL && e->heap != NULL && e->heap->ptr < l->ptr ? e->heap : l;
   }
-  block_t *h = heap_best(f, pool, s, size);
+  block_t *h = f->blocks[pool] > 0 ? heap_best(f, pool, s, size) : NULL;
   if (fits && (h == NULL || l->size < h->size || (l->size == h->size && l->ptr < h->ptr)))
     return l;
   return h;
