@@ -220,7 +220,7 @@ static block_t *merge_pairs(block_t *first) {
   return r;
 }
 
-static void heap_insert(fidx_t *f, block_t *b) {
+void _expseg_fidx_heap_insert(fidx_t *f, block_t *b) {
   const int pool = b->seg->pool;
   szn_t *n = fidx_node(f, pool, b->stream, b->size);
   if (n == NULL) n = node_make(f, pool, b->stream, b->size);
@@ -231,20 +231,8 @@ static void heap_insert(fidx_t *f, block_t *b) {
   f->blocks[pool]++;
 }
 
-void _expseg_fidx_insert(fidx_t *f, block_t *b) {
+void _expseg_fidx_heap_remove(fidx_t *f, block_t *b) {
   const int pool = b->seg->pool;
-  block_t *old = f->last[pool];
-  b->left = b->right = b->hprev = NULL;
-  f->last[pool] = b;
-  if (old != NULL) heap_insert(f, old);
-}
-
-void _expseg_fidx_remove(fidx_t *f, block_t *b) {
-  const int pool = b->seg->pool;
-  if (f->last[pool] == b) {
-    f->last[pool] = NULL;
-    return;
-  }
   szn_t *n = fidx_node(f, pool, b->stream, b->size);
   expseg_assert(n != NULL && n->count > 0);
   if (n->heap == b) {

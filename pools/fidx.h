@@ -52,8 +52,8 @@ void _expseg_fidx_destroy(fidx_t *f);
 /* At least `blocks` size nodes made and the table sized for them, so that an insert never
  * needs host memory (every free block needs at most one node). false: out of host memory. */
 bool _expseg_fidx_reserve(fidx_t *f, size_t blocks);
-void _expseg_fidx_insert(fidx_t *f, block_t *b);
-void _expseg_fidx_remove(fidx_t *f, block_t *b);
+void _expseg_fidx_heap_insert(fidx_t *f, block_t *b);
+void _expseg_fidx_heap_remove(fidx_t *f, block_t *b);
 /* The first free block at or after (stream, size) in (size, address) order on the pool's
  * stream (not removed), or NULL. */
 block_t *_expseg_fidx_best(fidx_t *f, int pool, expseg_stream s, size_t size);
@@ -61,5 +61,20 @@ size_t _expseg_fidx_largest(const fidx_t *f);
 /* expseg_check: nodes, heaps, the table, the treaps and the lists agree; blocks[p] gets the
  * free blocks the heaps of pool p hold. */
 expseg_status _expseg_fidx_check(const fidx_t *f, int64_t blocks[POOL_COUNT]);
+
+/* b (free, mapped, not of a single-chunk segment) into the index: it becomes the pool's
+ * last insert, and the previous one goes into its heap. */
+static inline void _expseg_fidx_insert(fidx_t *f, block_t *b) {
+  block_t **last = &f->last[b->seg->pool], *old = *last;
+  b->left = b->right = b->hprev = NULL;
+  *last = b;
+  if (old != NULL) _expseg_fidx_heap_insert(f, old);
+}
+
+static inline void _expseg_fidx_remove(fidx_t *f, block_t *b) {
+  block_t **last = &f->last[b->seg->pool];
+  if (*last == b) *last = NULL;
+  else _expseg_fidx_heap_remove(f, b);
+}
 
 #endif
