@@ -12,14 +12,13 @@
  * (segment.c), and PyTorch's get_free_block: best fit adjusted for room to expand, and
  * the oversize rules of max_split_size_mb / max_non_split_rounding_mb on expandable blocks
  * too (below). */
-#include "bins.h"
+#include "fidx.h"
 #include "internal.h"
 
 expseg_status _expseg_set_model_pytorch(expseg_allocator *a, bool on) {
   if (a == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "set_model_pytorch: allocator is NULL");
   pthread_mutex_lock(&a->lock);
-  _expseg_bins_flush(a); /* PyTorch merges every freed block at once */
   a->model_pytorch = on;
   pthread_mutex_unlock(&a->lock);
   return EXPSEG_OK;
@@ -48,19 +47,23 @@ static size_t expandable_size(const block_t *b) {
 
 block_t *_expseg_model_find_free(expseg_allocator *a, int pool, expseg_stream stream,
                                  size_t rounded) {
-  const tree_t *t = &a->free_idx[pool];
-  block_t *b = _expseg_tree_lower_bound(t, stream, rounded, 0);
-  while (b != NULL && b->seg->single) b = _expseg_tree_next(t, b);
-  if (b == NULL || b->stream != stream) return NULL;
-  if (b->seg->expandable) {
-    /* PyTorch counts a block's room to expand for best fit: it moves on to the next larger
-     * block while that one could expand less (the end of a segment is kept for growth) */
-    for (block_t *n = _expseg_tree_next(t, b);
-         b->seg->expandable && n != NULL && n->stream == stream &&
-         expandable_size(n) < expandable_size(b);
-         n = _expseg_tree_next(t, n))
-      if (!n->seg->single) b = n;
+  fidx_t *f = &a->free_idx;
+  block_t *b = _expseg_fidx_best(f, pool, stream, rounded);
+  if (b == NULL) return NULL;
+  /* PyTorch counts a block's room to expand for best fit: it moves on to the next larger
+   * block while that one could expand less (the end of a segment is kept for growth). The
+   * next block in (size, address) order is the best fit once the visited ones are out of
+   * the index; they go back after (a walk of more than 8 is cut there). */
+  block_t *out[8];
+  size_t n_out = 0;
+  while (b->seg->expandable && n_out < 8) {
+    _expseg_fidx_remove(f, b);
+    out[n_out++] = b;
+    block_t *n = _expseg_fidx_best(f, pool, stream, rounded);
+    if (n == NULL || expandable_size(n) >= expandable_size(b)) break;
+    b = n;
   }
+  for (size_t i = n_out; i-- > 0;) _expseg_fidx_insert(f, out[i]);
   if (!_expseg_oversize_ok(&a->cfg, rounded, b->size)) return NULL;
   _expseg_free_remove(a, b);
   return b;
