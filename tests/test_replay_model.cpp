@@ -47,6 +47,31 @@ TEST(ReplayModel, PytorchModelReproducesEveryRecordedHistory) {
   }
 }
 
+// The target for --model expseg: no more modelled driver time than PyTorch's
+// expandable segments on every recorded history (default cost table), holding at most 1.02
+// x the peak live request (docs/benchmarks.md, "Driver time").
+TEST(ReplayModel, ExpsegDriverTimeIsNoMoreThanPytorchExpandable) {
+  std::string dir = std::string(EXPSEG_TRACES_DIR) + "/raw";
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0)
+    GTEST_SKIP() << "the recorded traces are missing: expected " << dir
+                 << " (../shared/traces/raw next to the repository)";
+  const char *const stems[] = {"ftcourse_qlora_finetune", "wedsonlin_medium_1024_training",
+                               "wedsonlin_medium_128_inference", "wedsonlin_medium_128_training",
+                               "wedsonlin_medium_256_training", "wedsonlin_medium_512_training"};
+  for (const char *stem : stems) {
+    SCOPED_TRACE(stem);
+    const std::string f = dir + "/" + stem + ".pickle";
+    Outcome e = Replay({"--json", "--quiet", "--model", "expseg", f});
+    Outcome p = Replay({"--json", "--quiet", "--model", "pytorch", "--conf",
+                        "expandable_segments:True", f});
+    ASSERT_EQ(e.rc, 0) << e.err;
+    ASSERT_EQ(p.rc, 0) << p.err;
+    EXPECT_LE(Num(e.out, "driver_ms"), Num(p.out, "driver_ms")) << e.out << "\n" << p.out;
+    EXPECT_LE(Num(e.out, "ratio"), 1.02) << e.out;
+  }
+}
+
 TEST(ReplayModel, WarmStartRebuildsTheRecordedSegmentsAndBlocks) {
   // tests/fuzz/corpus/pickle/warm_p4.pickle (written by Python's pickle): a 20 MiB large
   // segment holding a live 4 MiB block and 16 MiB free, a 2 MiB small segment holding a live
