@@ -437,7 +437,7 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
     a->cfg = next;
     refresh_derived(a);
     /* a lower page_cache_max takes effect now (a cache hit does not look at the cache) */
-    if (_expseg_page_cache_excess(&a->cfg, a->cache_count * a->page) > 0)
+    if (_expseg_page_cache_excess(&a->cfg, (size_t)a->stats.cached_physical_bytes.current) > 0)
       _expseg_cache_trim(a, a->cfg.page_cache_max);
   }
   api_unlock(a);
