@@ -18,18 +18,31 @@ using namespace replay_test;
 
 // ------------------------------------------------------------------ fidelity
 
-TEST(ReplayModel, PytorchModelReproducesEveryRecordedHistory) {
-  std::string dir = std::string(EXPSEG_TRACES_DIR) + "/raw";
+// The recorded histories of ../shared/traces/raw; none when the folder is absent (*missing
+// then says what was expected).
+std::vector<std::string> RecordedHistories(std::string *missing) {
+  const std::string dir = std::string(EXPSEG_TRACES_DIR) + "/raw";
   struct stat st;
-  if (stat(dir.c_str(), &st) != 0)
-    GTEST_SKIP() << "the recorded traces are missing: expected " << dir
-                 << " (../shared/traces/raw next to the repository)";
-  const char *const stems[] = {"ftcourse_qlora_finetune", "wedsonlin_medium_1024_training",
-                               "wedsonlin_medium_128_inference", "wedsonlin_medium_128_training",
-                               "wedsonlin_medium_256_training", "wedsonlin_medium_512_training"};
-  for (const char *stem : stems) {
-    SCOPED_TRACE(stem);
-    Outcome r = Replay({"--json", "--quiet", "--model", "pytorch", dir + "/" + stem + ".pickle"});
+  if (stat(dir.c_str(), &st) != 0) {
+    *missing = "the recorded traces are missing: expected " + dir +
+               " (../shared/traces/raw next to the repository)";
+    return {};
+  }
+  std::vector<std::string> v;
+  for (const char *stem : {"ftcourse_qlora_finetune", "wedsonlin_medium_1024_training",
+                           "wedsonlin_medium_128_inference", "wedsonlin_medium_128_training",
+                           "wedsonlin_medium_256_training", "wedsonlin_medium_512_training"})
+    v.push_back(dir + "/" + stem + ".pickle");
+  return v;
+}
+
+TEST(ReplayModel, PytorchModelReproducesEveryRecordedHistory) {
+  std::string missing;
+  const std::vector<std::string> histories = RecordedHistories(&missing);
+  if (histories.empty()) GTEST_SKIP() << missing;
+  for (const std::string &f : histories) {
+    SCOPED_TRACE(f);
+    Outcome r = Replay({"--json", "--quiet", "--model", "pytorch", f});
     ASSERT_EQ(r.rc, 0) << r.err;
     const std::string &j = r.out;
     EXPECT_EQ(Str(j, "model"), "pytorch");
@@ -51,17 +64,11 @@ TEST(ReplayModel, PytorchModelReproducesEveryRecordedHistory) {
 // expandable segments on every recorded history (default cost table), holding at most 1.02
 // x the peak live request (docs/benchmarks.md, "Driver time").
 TEST(ReplayModel, ExpsegDriverTimeIsNoMoreThanPytorchExpandable) {
-  std::string dir = std::string(EXPSEG_TRACES_DIR) + "/raw";
-  struct stat st;
-  if (stat(dir.c_str(), &st) != 0)
-    GTEST_SKIP() << "the recorded traces are missing: expected " << dir
-                 << " (../shared/traces/raw next to the repository)";
-  const char *const stems[] = {"ftcourse_qlora_finetune", "wedsonlin_medium_1024_training",
-                               "wedsonlin_medium_128_inference", "wedsonlin_medium_128_training",
-                               "wedsonlin_medium_256_training", "wedsonlin_medium_512_training"};
-  for (const char *stem : stems) {
-    SCOPED_TRACE(stem);
-    const std::string f = dir + "/" + stem + ".pickle";
+  std::string missing;
+  const std::vector<std::string> histories = RecordedHistories(&missing);
+  if (histories.empty()) GTEST_SKIP() << missing;
+  for (const std::string &f : histories) {
+    SCOPED_TRACE(f);
     Outcome e = Replay({"--json", "--quiet", "--model", "expseg", f});
     Outcome p = Replay({"--json", "--quiet", "--model", "pytorch", "--conf",
                         "expandable_segments:True", f});

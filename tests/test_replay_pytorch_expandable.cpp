@@ -30,6 +30,18 @@ double Driver(const Outcome &o, const char *kind) {
   return Num(o.out, kind, o.out.find("\"driver_calls\":{"));
 }
 
+// Replays under PyTorch's model and checks the peak reserved (MiB) and the window's calls.
+Outcome Expect(const std::string &path, double peak_mib,
+               std::initializer_list<std::pair<const char *, double>> calls,
+               const std::string &conf = "expandable_segments:True",
+               std::vector<std::string> extra = {}) {
+  Outcome o = Pytorch(path, extra, conf);
+  EXPECT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(Num(o.out, "peak_reserved"), peak_mib * MiB) << o.out;
+  for (const auto &c : calls) EXPECT_EQ(Window(o, c.first), c.second) << c.first << ": " << o.out;
+  return o;
+}
+
 TEST(PytorchExpandable, PagesPerPoolOneChunkPerPageReleasedOnUnmap) {
   // a0 30,000,000 B -> 30,000,128: a new large segment (1 reserve), pages [0, 40 MiB):
   //    2 creates, 2 maps, 1 set_access; block [0, 30000128), free tail to 40 MiB
@@ -55,15 +67,8 @@ TEST(PytorchExpandable, PagesPerPoolOneChunkPerPageReleasedOnUnmap) {
              "f 0 2 15000000\n"
              "f 0 1 1000\n"
              "E\n");
-  Outcome o = Pytorch(f.path);
-  ASSERT_EQ(o.rc, 0) << o.err;
-  EXPECT_EQ(Num(o.out, "peak_reserved"), 62.0 * MiB) << o.out;
-  EXPECT_EQ(Window(o, "reserve"), 2) << o.out;
-  EXPECT_EQ(Window(o, "create"), 4) << o.out;
-  EXPECT_EQ(Window(o, "map"), 4) << o.out;
-  EXPECT_EQ(Window(o, "set_access"), 3) << o.out;
-  EXPECT_EQ(Window(o, "unmap"), 4) << o.out;
-  EXPECT_EQ(Window(o, "release"), 4) << o.out;
+  Outcome o = Expect(f.path, 62, {{"reserve", 2}, {"create", 4}, {"map", 4}, {"set_access", 3},
+                                  {"unmap", 4}, {"release", 4}});
   EXPECT_EQ(Driver(o, "unreserve"), 2) << o.out;
   EXPECT_EQ(Num(o.out, "num_device_alloc"), 3) << o.out;
   EXPECT_EQ(Num(o.out, "num_device_free"), 3) << o.out;
@@ -74,10 +79,7 @@ TEST(PytorchExpandable, PagesPerPoolOneChunkPerPageReleasedOnUnmap) {
       << "printed to the microsecond: " << o.out;
   // large_segment_size_mb sets the large pool's page: 16 MiB pages, a0 needs 2 (32 MiB),
   // a2 reaches 45000192 -> 3 pages (48 MiB); peak 48 + 2 MiB
-  Outcome s = Pytorch(f.path, {}, "expandable_segments:True,large_segment_size_mb:16");
-  ASSERT_EQ(s.rc, 0) << s.err;
-  EXPECT_EQ(Num(s.out, "peak_reserved"), 50.0 * MiB) << s.out;
-  EXPECT_EQ(Window(s, "create"), 4) << s.out;
+  Expect(f.path, 50, {{"create", 4}}, "expandable_segments:True,large_segment_size_mb:16");
 }
 
 TEST(PytorchExpandable, BestFitKeepsTheEndOfASegmentForGrowth) {
@@ -96,11 +98,7 @@ TEST(PytorchExpandable, BestFitKeepsTheEndOfASegmentForGrowth) {
              "f 0 0 10485760\n"
              "a 0 3 8388608\n"
              "a 0 4 9437184\n");
-  Outcome o = Pytorch(f.path);
-  ASSERT_EQ(o.rc, 0) << o.err;
-  EXPECT_EQ(Num(o.out, "peak_reserved"), 60.0 * MiB) << o.out;
-  EXPECT_EQ(Window(o, "create"), 3) << o.out;
-  EXPECT_EQ(Window(o, "set_access"), 3) << o.out;
+  Expect(f.path, 60, {{"create", 3}, {"set_access", 3}});
   Outcome e = Replay({"--json", "--quiet", "--check", "--model", "expseg", "--conf",
                       "expandable_segments:True,page_size_mb:20", f.path});
   ASSERT_EQ(e.rc, 0) << e.err;
@@ -120,15 +118,10 @@ TEST(PytorchExpandable, OutOfMemoryUnmapsEveryFreePageThenRetries) {
              "f 0 0 41943040\n"
              "a 1 1 20971520\n"
              "f 1 1 20971520\n");
-  Outcome o = Pytorch(f.path, {"--capacity", "42M"});
-  ASSERT_EQ(o.rc, 0) << o.err << o.out;
+  Outcome o = Expect(f.path, 40,
+                     {{"unmap", 2}, {"release", 2}, {"map", 3}, {"create", 4}, {"reserve", 2}},
+                     "expandable_segments:True", {"--capacity", "42M"});
   EXPECT_EQ(Num(o.out, "num_ooms"), 0) << o.out;
-  EXPECT_EQ(Num(o.out, "peak_reserved"), 40.0 * MiB) << o.out;
-  EXPECT_EQ(Window(o, "unmap"), 2) << o.out;
-  EXPECT_EQ(Window(o, "release"), 2) << o.out;
-  EXPECT_EQ(Window(o, "map"), 3) << o.out;
-  EXPECT_EQ(Window(o, "create"), 4) << o.out;
-  EXPECT_EQ(Window(o, "reserve"), 2) << o.out;
   EXPECT_EQ(Driver(o, "unreserve"), 1) << "stream 0's segment, wholly unmapped: " << o.out;
 }
 
@@ -139,11 +132,8 @@ TEST(PytorchExpandable, OversizeRulesApplyToExpandableBlocks) {
   // Peak 140 MiB: 5 + 2 creates, 2 set_access.
   TempFile f("# memtrace v1\na 0 0 104857600\nf 0 0 104857600\na 0 1 31457280\n"
              "f 0 1 31457280\n");
-  Outcome o = Pytorch(f.path, {}, "expandable_segments:True,max_split_size_mb:64");
-  ASSERT_EQ(o.rc, 0) << o.err;
-  EXPECT_EQ(Num(o.out, "peak_reserved"), 140.0 * MiB) << o.out;
-  EXPECT_EQ(Window(o, "create"), 7) << o.out;
-  EXPECT_EQ(Window(o, "set_access"), 2) << o.out;
+  Expect(f.path, 140, {{"create", 7}, {"set_access", 2}},
+         "expandable_segments:True,max_split_size_mb:64");
 }
 
 } // namespace
