@@ -45,7 +45,9 @@ struct Stack {
     sim = _expseg_fault_inner(fault);
     ASSERT_EQ(alloc_test_borrow(fault, &borrow), EXPSEG_OK);
     ASSERT_EQ(alloc_test_create(borrow, config, &a), EXPSEG_OK) << expseg_last_error();
-    if (pytorch) ASSERT_EQ(expseg_testing_set_model_pytorch(a, true), EXPSEG_OK);
+    if (pytorch) {
+      ASSERT_EQ(expseg_testing_set_model_pytorch(a, true), EXPSEG_OK);
+    }
   }
   // Destroys the allocator, then checks nothing is left in the drivers below it.
   void close(const std::string &what) {
