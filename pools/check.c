@@ -15,6 +15,7 @@
 #include "error.h"
 #include "internal.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -187,9 +188,13 @@ static expseg_status check_pool_stats(const stat_t kept[3], const int64_t counte
   static const char *const pools[3] = {"all", "small_pool", "large_pool"};
   char what[80];
   for (int i = 0; i < 3; i++) {
+    const stat_view_t v = stat_array_view(kept, i);
     snprintf(what, sizeof what, "%s.%s.current", name, pools[i]);
-    SAME(what, kept[i].current, counted[i]);
+    SAME(what, v.current, counted[i]);
+    if (v.peak < v.current) FAIL("%s.%s: peak %" PRId64 " below current", name, pools[i], v.peak);
   }
+  snprintf(what, sizeof what, "%s: the current kept in `all`", name);
+  SAME(what, kept[STAT_ALL].current, 0); /* derived from the pools (internal.h, stat_t) */
   return EXPSEG_OK;
 }
 

@@ -133,9 +133,20 @@ typedef struct chunk_s {
   uint64_t idle_since; /* a->now_ns when it was cached */
 } chunk_t;
 
+/* A statistic as kept. PyTorch's Stat has current, peak, allocated and freed; freed is
+ * not kept: freed = allocated + base - current, base being current at the last
+ * reset_accumulated (0 before), so a decrease is one write. In a StatArray (stat_t[3],
+ * PyTorch's StatType order) only the two pools are counted; the `all` entry keeps its peak
+ * (a maximum of sums is no sum of maxima) and corrections to the pool sums: allocated and
+ * base (nonzero only after bytes move between pools, stat_move), current always 0. Read
+ * through stat_view / stat_array_view (PyTorch's four fields), never field by field. */
 typedef struct stat_s {
-  int64_t current, peak, allocated, freed;
+  int64_t current, peak, allocated, base;
 } stat_t;
+
+typedef struct stat_view_s {
+  int64_t current, peak, allocated, freed;
+} stat_view_t;
 
 typedef struct stats_s {
 #define EXPSEG_STAT_ARRAY(n) stat_t n[3];
@@ -401,40 +412,64 @@ static inline void api_unlock(const expseg_allocator *a) {
 
 static inline int stat_pool(int pool) { return pool == POOL_SMALL ? STAT_SMALL : STAT_LARGE; }
 
-/* PyTorch's Stat increase (delta >= 0) and decrease (delta < 0). */
+/* PyTorch's Stat increase (delta >= 0) and decrease (delta < 0), on a single Stat or on
+ * one pool's entry of an array. */
 static inline void _expseg_stat_add(stat_t *s, int64_t delta) {
   s->current += delta;
   if (delta >= 0) {
     if (s->current > s->peak) s->peak = s->current;
     s->allocated += delta;
-  } else {
-    s->freed -= delta;
   }
   expseg_assert(s->current >= 0);
 }
 
-/* Updates the aggregate and the block's pool, as every PyTorch StatArray update does. */
+/* The `all` entry of an array, derived from the pools (see stat_t). */
+static inline int64_t stat_all_current(const stat_t arr[3]) {
+  return arr[STAT_SMALL].current + arr[STAT_LARGE].current;
+}
+static inline void stat_all_peak(stat_t arr[3]) {
+  const int64_t c = stat_all_current(arr);
+  if (c > arr[STAT_ALL].peak) arr[STAT_ALL].peak = c;
+}
+static inline stat_view_t stat_view(const stat_t *s) {
+  return (stat_view_t){s->current, s->peak, s->allocated, s->allocated + s->base - s->current};
+}
+/* metric m of a view, in PyTorch's key order: current, peak, allocated, freed */
+static inline int64_t stat_metric(stat_view_t v, int m) {
+  return m == 0 ? v.current : m == 1 ? v.peak : m == 2 ? v.allocated : v.freed;
+}
+static inline stat_view_t stat_array_view(const stat_t arr[3], int i) {
+  if (i != STAT_ALL) return stat_view(&arr[i]);
+  const stat_t *a = &arr[STAT_ALL], *s = &arr[STAT_SMALL], *l = &arr[STAT_LARGE];
+  const int64_t cur = stat_all_current(arr), alloc = a->allocated + s->allocated + l->allocated;
+  return (stat_view_t){cur, a->peak, alloc, alloc + a->base + s->base + l->base - cur};
+}
+
+/* A PyTorch StatArray update: the block's pool, and the peak of `all` on an increase. */
 static inline void _expseg_stat_pool_add(stat_t arr[3], int pool, int64_t delta) {
-  _expseg_stat_add(&arr[STAT_ALL], delta);
   _expseg_stat_add(&arr[stat_pool(pool)], delta);
+  if (delta > 0) stat_all_peak(arr);
+}
+/* d units counted in pool `from` move to pool `to`: a decrease and an increase there, none
+ * in `all` (its allocated and freed are corrected back). */
+static inline void stat_move(stat_t arr[3], int from, int to, int64_t d) {
+  _expseg_stat_add(&arr[stat_pool(from)], -d);
+  _expseg_stat_add(&arr[stat_pool(to)], d);
+  arr[STAT_ALL].allocated -= d;
 }
 /* The statistics of one block's life, in one place (PyTorch's rules): stat_alloc when it
  * is handed out, stat_free when the caller frees it, stat_free_done when its last use is
- * complete (at once, or after other streams' events). No sign test, no other site. */
+ * complete (at once, or after other streams' events). No sign test, no other site. Per
+ * array: an increase is two adds and two peak tests, a decrease one subtraction. */
 static inline void stat_up(stat_t arr[3], int pool, int64_t d) {
-  stat_t *s = &arr[STAT_ALL], *p = &arr[stat_pool(pool)];
-  s->current += d;
-  s->allocated += d;
-  if (s->current > s->peak) s->peak = s->current;
+  stat_t *p = &arr[stat_pool(pool)];
   p->current += d;
   p->allocated += d;
   if (p->current > p->peak) p->peak = p->current;
+  stat_all_peak(arr);
 }
 static inline void stat_down(stat_t arr[3], int pool, int64_t d) {
-  arr[STAT_ALL].current -= d;
-  arr[STAT_ALL].freed += d;
   arr[stat_pool(pool)].current -= d;
-  arr[stat_pool(pool)].freed += d;
 }
 static inline void stat_alloc(stats_t *s, int pool, const block_t *b) {
   stat_up(s->allocation, pool, 1);
@@ -484,7 +519,7 @@ static inline void isplit_change(expseg_allocator *a, const block_t *b, bool to_
 
 /* Physical bytes held from the driver: classic segments, mapped pages, the page cache. */
 static inline size_t held_bytes(const expseg_allocator *a) {
-  return (size_t)a->stats.reserved_bytes[STAT_ALL].current;
+  return (size_t)stat_all_current(a->stats.reserved_bytes);
 }
 
 #include "history.h" /* EXPSEG_HIST: the history hooks */

@@ -25,9 +25,9 @@
 memfig_t _expseg_memfig(const expseg_allocator *a) {
   const stats_t *s = &a->stats;
   memfig_t f = {0};
-  f.reserved = (uint64_t)s->reserved_bytes[STAT_ALL].current;
-  f.allocated = (uint64_t)s->allocated_bytes[STAT_ALL].current;
-  f.active = (uint64_t)s->active_bytes[STAT_ALL].current;
+  f.reserved = (uint64_t)stat_all_current(s->reserved_bytes);
+  f.allocated = (uint64_t)stat_all_current(s->allocated_bytes);
+  f.active = (uint64_t)stat_all_current(s->active_bytes);
   f.cached = (uint64_t)s->cached_physical_bytes.current;
   f.va = (uint64_t)s->reserved_va_bytes.current;
   for (const segment_t *g = a->segments; g; g = g->next_all) f.mapped += g->mapped_bytes;
@@ -103,11 +103,11 @@ static const char *fmt_count(char b[32], int64_t n, int64_t pref) {
 
 typedef const char *(*fmt_fn)(char b[32], int64_t v, int64_t pref);
 
-static void row(out_t *o, const char *name, const stat_t *st, const stat_t *pref, fmt_fn f) {
+static void row(out_t *o, const char *name, stat_view_t st, stat_view_t pref, fmt_fn f) {
   char c[4][32];
-  outf(o, "| %-21s | %s | %s | %s | %s |\n", name, f(c[0], st->current, pref->current),
-       f(c[1], st->peak, pref->peak), f(c[2], st->allocated, pref->allocated),
-       f(c[3], st->freed, pref->freed));
+  outf(o, "| %-21s | %s | %s | %s | %s |\n", name, f(c[0], st.current, pref.current),
+       f(c[1], st.peak, pref.peak), f(c[2], st.allocated, pref.allocated),
+       f(c[3], st.freed, pref.freed));
 }
 
 static void pytorch_part(out_t *o, const expseg_allocator *a, bool abbreviated) {
@@ -138,16 +138,18 @@ static void pytorch_part(out_t *o, const expseg_allocator *a, bool abbreviated) 
     const stat_t *arr = (const stat_t *)((const char *)s + metrics[m].offset);
     fmt_fn f = metrics[m].size ? fmt_size : fmt_count;
     rule(o, '-');
-    row(o, metrics[m].name, &arr[STAT_ALL], &arr[STAT_ALL], f);
+    const stat_view_t all = stat_array_view(arr, STAT_ALL);
+    row(o, metrics[m].name, all, all, f);
     if (!abbreviated) {
-      row(o, "      from large pool", &arr[STAT_LARGE], &arr[STAT_ALL], f);
-      row(o, "      from small pool", &arr[STAT_SMALL], &arr[STAT_ALL], f);
+      row(o, "      from large pool", stat_array_view(arr, STAT_LARGE), all, f);
+      row(o, "      from small pool", stat_array_view(arr, STAT_SMALL), all, f);
     }
   }
   rule(o, '-');
-  row(o, "Oversize allocations", &s->oversize_allocations, &s->oversize_allocations, fmt_count);
+  const stat_view_t oa = stat_view(&s->oversize_allocations), os = stat_view(&s->oversize_segments);
+  row(o, "Oversize allocations", oa, oa, fmt_count);
   rule(o, '-');
-  row(o, "Oversize GPU segments", &s->oversize_segments, &s->oversize_segments, fmt_count);
+  row(o, "Oversize GPU segments", os, os, fmt_count);
   rule(o, '=');
 }
 
