@@ -12,6 +12,7 @@
  *    with what the allocator believes it holds, the retry list of refused releases included.
  * O(blocks): for tests and expseg-replay --check. */
 #include "bins.h"
+#include "dec.h"
 #include "error.h"
 #include "internal.h"
 
@@ -297,10 +298,8 @@ static uint64_t check_every(void) {
   static _Atomic uint64_t every; /* 0: not read yet */
   uint64_t n = atomic_load_explicit(&every, memory_order_relaxed);
   if (n != 0) return n;
-  const char *s = getenv("EXPSEG_CHECK_EVERY");
-  char *end = NULL;
-  unsigned long long v = s != NULL ? strtoull(s, &end, 10) : 0;
-  n = (s != NULL && *s != '\0' && *end == '\0' && v > 0) ? (uint64_t)v : 1000;
+  uint64_t v = 0;
+  n = _expseg_dec_str(getenv("EXPSEG_CHECK_EVERY"), &v) && v > 0 ? v : 1000;
   atomic_store_explicit(&every, n, memory_order_relaxed);
   return n;
 }

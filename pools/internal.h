@@ -17,6 +17,7 @@
 
 #include "error.h"
 #include "expseg.h"
+#include "map.h"
 #include "policy.h"
 #include "vmm.h"
 
@@ -120,12 +121,8 @@ typedef struct tree_s {
   bool by_size;
 } tree_t;
 
-/* Pointer -> allocated or pending block. Open addressing, linear probing. */
-typedef struct ptrmap_s {
-  uintptr_t *keys;
-  block_t **vals;
-  size_t cap, count; /* cap a power of two */
-} ptrmap_t;
+/* Pointer -> allocated or pending block: base/map.h's map (the accessors below). */
+typedef _expseg_map_t ptrmap_t;
 
 typedef struct chunk_s {
   expseg_vmm_handle h;
@@ -251,12 +248,21 @@ block_t *_expseg_tree_lower_bound(const tree_t *t, expseg_stream s, size_t size,
 block_t *_expseg_tree_next(const tree_t *t, const block_t *b);
 bool _expseg_tree_contains(const tree_t *t, const block_t *b);
 
-/* ---- ptrmap.c ---- */
-bool _expseg_ptrmap_init(ptrmap_t *m);
-void _expseg_ptrmap_destroy(ptrmap_t *m);
-bool _expseg_ptrmap_put(ptrmap_t *m, uintptr_t key, block_t *b); /* false: no memory */
-block_t *_expseg_ptrmap_get(const ptrmap_t *m, uintptr_t key);
-block_t *_expseg_ptrmap_take(ptrmap_t *m, uintptr_t key);
+/* ---- the pointer map: base/map.h with block pointers for values ---- */
+static inline bool _expseg_ptrmap_init(ptrmap_t *m) { return _expseg_map_init(m, 512); }
+static inline void _expseg_ptrmap_destroy(ptrmap_t *m) { _expseg_map_free(m); }
+/* false: no host memory */
+static inline bool _expseg_ptrmap_put(ptrmap_t *m, uintptr_t key, block_t *b) {
+  return _expseg_map_put(m, (uint64_t)key, (uint64_t)(uintptr_t)b);
+}
+static inline block_t *_expseg_ptrmap_get(const ptrmap_t *m, uintptr_t key) {
+  const uint64_t *v = _expseg_map_get(m, (uint64_t)key);
+  return v != NULL ? (block_t *)(uintptr_t)*v : NULL;
+}
+static inline block_t *_expseg_ptrmap_take(ptrmap_t *m, uintptr_t key) {
+  uint64_t v;
+  return _expseg_map_take(m, (uint64_t)key, &v) ? (block_t *)(uintptr_t)v : NULL;
+}
 
 /* ---- stats.c (the two update rules are inline: they are on the malloc/free path) ---- */
 void _expseg_stats_reset_peak(stats_t *s);

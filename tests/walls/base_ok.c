@@ -1,0 +1,5 @@
+/* Control, and the wall under base/: its headers compile with base/ alone on the include
+ * path, so they include nothing of expseg's layers. */
+#include "dec.h"
+#include "map.h"
+#include "treap.h"
