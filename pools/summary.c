@@ -15,6 +15,7 @@
 #include "error.h"
 #include "history.h"
 #include "internal.h"
+#include "units.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -68,29 +69,24 @@ static int64_t floordiv(int64_t x, int64_t d) {
 }
 
 /* PyTorch's _format_size / _format_count: v in the unit its column's reference `pref`
- * reaches: the unit steps (v floor-divided by `step`) while pref >= threshold. */
+ * reaches (base/units.h: the unit steps, v floor-divided by `step`, while pref >= the
+ * threshold of the unit reached; a negative pref stays in the first unit). */
 typedef struct unit_rule_s {
-  int64_t step;
-  double threshold;
+  int64_t step, threshold;
   int n;
-  const char *const *names;
+  bool size; /* units B, KiB, ... (padded to 3) or " ", K, M */
   const char *fmt; /* 10 characters with the unit */
 } unit_rule_t;
 
-static const char *const size_units[] = {"B  ", "KiB", "MiB", "GiB", "TiB", "PiB"};
 static const char *const count_units[] = {" ", "K", "M"};
-static const unit_rule_t size_rule = {1024, 768.0 * 1024.0, 6, size_units, "%6" PRId64 " %s"};
-static const unit_rule_t count_rule = {1000, 750.0 * 1000.0, 3, count_units, "%7" PRId64 " %s "};
+static const unit_rule_t size_rule = {1024, 768 * 1024, 6, true, "%6" PRId64 " %-3s"};
+static const unit_rule_t count_rule = {1000, 750 * 1000, 3, false, "%7" PRId64 " %s "};
 
 static const char *fmt_unit(char b[32], int64_t v, int64_t pref, const unit_rule_t *r) {
-  double p = (double)pref;
-  int u = 0;
-  while (u + 1 < r->n && !(p < r->threshold)) {
-    u++;
-    v = floordiv(v, r->step);
-    p /= (double)r->step;
-  }
-  snprintf(b, 32, r->fmt, v, r->names[u]);
+  const int u =
+      pref < 0 ? 0 : _expseg_unit_steps((uint64_t)pref, (uint64_t)r->step, (uint64_t)r->threshold, r->n - 1);
+  for (int i = 0; i < u; i++) v = floordiv(v, r->step);
+  snprintf(b, 32, r->fmt, v, r->size ? _expseg_size_unit(u) : count_units[u]);
   return b;
 }
 

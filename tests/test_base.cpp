@@ -1,13 +1,14 @@
 // test_base.cpp: base/, the helpers every layer shares: the hash map (against std::map,
 // clustered and aligned keys, the key 0, growth, removal by backward shift), the treap
 // (against std::set: every query after every change, the search-tree and heap orders,
-// split and join), and the decimal reader (digits only, overflow refused).
+// split and join), the decimal reader (digits only, overflow refused) and the unit ladder.
 #include <gtest/gtest.h>
 
 #include "dec.h"
 #include "map.h"
 #include "test_seed.h"
 #include "treap.h"
+#include "units.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -208,6 +209,23 @@ TEST(BaseDec, DigitsOnlyOverflowRefused) {
   EXPECT_TRUE(_expseg_dec_all(s, 4, &v));
   EXPECT_FALSE(_expseg_dec_all(s, 5, &v));
   EXPECT_FALSE(_expseg_dec_all(s, 0, &v));
+}
+
+// ---- the unit ladder ----
+
+TEST(BaseUnits, StepsWhileTheReferenceReachesTheThreshold) {
+  EXPECT_EQ(_expseg_unit_steps(1023, 1024, 1024, 6), 0);
+  EXPECT_EQ(_expseg_unit_steps(1024, 1024, 1024, 6), 1);
+  EXPECT_EQ(_expseg_unit_steps((1ull << 20) - 1, 1024, 1024, 6), 1);
+  EXPECT_EQ(_expseg_unit_steps(1ull << 20, 1024, 1024, 6), 2);
+  EXPECT_EQ(_expseg_unit_steps(UINT64_MAX, 1024, 1024, 6), 6) << "capped at max";
+  EXPECT_EQ(_expseg_unit_steps(768 * 1024 - 1, 1024, 768 * 1024, 5), 0);
+  EXPECT_EQ(_expseg_unit_steps(768 * 1024, 1024, 768 * 1024, 5), 1);
+  EXPECT_EQ(_expseg_unit_steps(768ull << 20, 1024, 768 * 1024, 5), 2);
+  EXPECT_STREQ(_expseg_size_unit(0), "B");
+  EXPECT_STREQ(_expseg_size_unit(2), "MiB");
+  EXPECT_STREQ(_expseg_size_unit(6), "EiB");
+  EXPECT_STREQ(_expseg_size_unit(7), "?");
 }
 
 }  // namespace

@@ -3,3 +3,4 @@
 #include "dec.h"
 #include "map.h"
 #include "treap.h"
+#include "units.h"
