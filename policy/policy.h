@@ -58,7 +58,6 @@ typedef struct expseg_config_s {
   size_t page_cache_max;                /* bytes */
   size_t va_reserve;                    /* bytes; 0 = auto */
   size_t single_chunk_min;              /* bytes; SIZE_MAX = off (single_chunk_min_mb) */
-  bool hit_bins;                        /* exact-size bins in front of the free index */
   bool verbose;
   uint64_t given;                       /* bit EXPSEG_OPT_x set = key x was in the text */
 } expseg_config_t;

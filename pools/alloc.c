@@ -1,19 +1,18 @@
 /* alloc.c: the public allocator API. Every entry point checks its arguments, takes the
  * allocator's lock, and leaves a message in expseg_last_error() on failure.
  *
- * malloc: round (policy, inline) -> the exact-size bin of (stream, pool, size): a hit is a
- * pop (bins.h) -> else the bins flushed into the index (merged) and best fit in the pool's
- * free index on (stream, size, address) -> garbage collection when active -> grow (segment.c) -> on out-of-memory: wait for
+ * malloc: round (policy, inline) -> best fit in the pool's free index on (stream, size,
+ * address) (fidx.h: an exact size is a hash probe and a heap pop) -> garbage collection
+ * when active -> grow (segment.c) -> on out-of-memory: wait for
  * pending frees, release free classic segments, grow again with blocking waits for idle
  * pages (num_alloc_retries) -> fail with a message that states the request, what is held
  * and a hint that fits the configuration; observers run outside the lock.
  * free: the block leaves the pointer map at once; if other streams used it, it stays
- * pending until their events complete (streams.c); otherwise it goes into its exact-size
- * bin unmerged (a push), or, when it cannot be binned, merges with its free neighbours and
- * goes back into the free index. Slow-path work (IPC polling, stream events) is behind one
- * test of a->slow. */
-#include "bins.h"
+ * pending until their events complete (streams.c); otherwise it merges with its free
+ * neighbours and goes back into the free index. Slow-path work (IPC polling, stream
+ * events, history) is behind one test. */
 #include "error.h"
+#include "fidx.h"
 #include "internal.h"
 #include "round.h"
 
@@ -67,10 +66,8 @@ expseg_status _expseg_create_with_driver(expseg_vmm_t *drv, const char *config,
     while (((size_t)1 << a->page_shift) < a->page) a->page_shift++;
   size_t free_b = 0;
   _expseg_vmm_mem_info(drv, &free_b, &a->total_mem);
-  for (int p = 0; p < POOL_COUNT; p++) {
-    a->free_idx[p].by_size = true;
-    a->unmapped_idx[p].by_size = false;
-  }
+  _expseg_fidx_init(&a->free_idx);
+  for (int p = 0; p < POOL_COUNT; p++) a->unmapped_idx[p].by_size = false;
   a->rng = 0x9E3779B9u;
   refresh_derived(a);
   if (cfg.verbose) {
@@ -109,12 +106,11 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
   api_lock(a);
   _expseg_ipc_destroy(a); /* imports unmapped, exports' sockets closed */
   _expseg_sync_all_events(a); /* blocks used on other streams: wait for that work first */
-  _expseg_bins_flush(a);
-  _expseg_bins_destroy(a);
   _expseg_segments_destroy(a);
   _expseg_streams_destroy(a);
   _expseg_ptrmap_destroy(&a->live);
   _expseg_blocks_destroy(a);
+  _expseg_fidx_destroy(&a->free_idx);
   free(a->observers);
   _expseg_hist_destroy(a);
   api_unlock(a);
@@ -127,9 +123,8 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
 /* ---- malloc ---- */
 
 static block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded) {
-  block_t *b = _expseg_tree_lower_bound(&a->free_idx[pool], stream, rounded, 0);
-  while (b != NULL && b->seg->single) b = _expseg_tree_next(&a->free_idx[pool], b);
-  if (b == NULL || b->stream != stream) return NULL;
+  block_t *b = _expseg_fidx_best(&a->free_idx, pool, stream, rounded);
+  if (b == NULL) return NULL;
   if ((!b->seg->expandable || a->model_pytorch) && !_expseg_oversize_ok(&a->cfg, rounded, b->size))
     return NULL;
   _expseg_free_remove(a, b);
@@ -160,39 +155,15 @@ static expseg_status take_block(expseg_allocator *a, block_t *b, size_t rounded,
   return EXPSEG_OK;
 }
 
-/* The hit path: a pop from the exact-size bin, the pointer map, the statistics. */
-static inline bool bin_hit(expseg_allocator *a, size_t size, expseg_stream stream,
-                           size_t rounded, void **out) {
-  int pool = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
-  block_t *b = _expseg_bin_pop(a, stream, pool, rounded);
-  if (b == NULL) return false;
-  if (!_expseg_ptrmap_put(&a->live, b->ptr, b)) { /* no host memory: back, the slow path */
-    bin_link(a, bin_find(a, stream, bin_key(rounded, pool)), b);
-    return false;
-  }
-  b->state = BLOCK_ALLOCATED;
-  b->requested = size;
-  b->n_uses = 0;
-  b->oversize = false; /* binned: below max_split_size (a change of it flushes the bins) */
-  isplit_change(a, b, true);
-  stat_alloc(&a->stats, pool, b);
-  EXPSEG_HIST(a, HIST_ALLOC, b->ptr, size, b->stream);
-  *out = (void *)b->ptr;
-  return true;
-}
-
 expseg_status expseg_malloc(expseg_allocator *a, size_t size, expseg_stream stream, void **out) {
   return expseg_malloc_ex(a, size, stream, 0, out);
 }
 
 /* A free single-chunk segment of exactly rounded bytes (at the granularity); ordinary
- * requests never take those (find_free skips them), so it is whole. */
+ * requests never take those (they sit in their own index), so it is whole. */
 static block_t *find_single(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded) {
-  block_t *b = _expseg_tree_lower_bound(&a->free_idx[pool], stream, rounded, 0);
-  while (b != NULL && b->stream == stream && !b->seg->single && b->size - rounded < a->granularity)
-    b = _expseg_tree_next(&a->free_idx[pool], b);
-  if (b == NULL || b->stream != stream || !b->seg->single || b->size - rounded >= a->granularity)
-    return NULL;
+  block_t *b = _expseg_tree_lower_bound(&a->free_idx.single[pool], stream, rounded, 0);
+  if (b == NULL || b->stream != stream || b->size - rounded >= a->granularity) return NULL;
   _expseg_free_remove(a, b);
   return b;
 }
@@ -230,18 +201,20 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
   /* slow-path work (stream events, history) behind one test; exports are polled only on a
    * miss (below): a block an importer released matters only when memory is short */
   const bool slow = ((uintptr_t)a->hist | a->n_pending_events | a->n_orphans) != 0;
-  if (!slow && !single && rounded != 0 && bin_hit(a, size, stream, rounded, out)) {
-    pthread_mutex_unlock(&a->lock);
-    return EXPSEG_OK;
-  }
-  _expseg_log_defer(true); /* from here on as api_lock */
-  if (slow) {
-    if (a->n_pending_events > 0 || a->n_orphans > 0) _expseg_process_events(a);
-    if (!single && rounded != 0 && bin_hit(a, size, stream, rounded, out)) {
-      api_unlock(a);
-      return EXPSEG_OK;
+  if (!slow && !single && rounded - 1 < a->total_mem) { /* rounded != 0, not over the device */
+    int pool = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
+    block_t *b = find_free(a, pool, stream, rounded);
+    if (b != NULL) { /* the hit path: nothing on it warns */
+      expseg_status st = take_block(a, b, rounded, size, out);
+#if EXPSEG_DEBUG >= 3
+      _expseg_debug_tick(a);
+#endif
+      pthread_mutex_unlock(&a->lock);
+      return st;
     }
   }
+  _expseg_log_defer(true); /* from here on as api_lock */
+  if (a->n_pending_events > 0 || a->n_orphans > 0) _expseg_process_events(a);
   if (rounded == 0) {
     api_unlock(a);
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
@@ -260,14 +233,7 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
   }
   int pool = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
   if (single) rounded = (rounded + a->granularity - 1) / a->granularity * a->granularity;
-  /* a miss of the bins: best fit in the index as it is; when that fails, every binned
-   * block is merged back into it before a second look, and before garbage collection or
-   * growth (binned neighbours stay unmerged until then: docs/design.md) */
   block_t *b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
-  if (b == NULL && a->n_bins > 0) {
-    _expseg_bins_flush(a);
-    b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
-  }
   if (b == NULL && a->ipc != NULL) { /* importers that closed or died free their blocks */
     _expseg_ipc_poll_locked(a);
     b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
@@ -280,7 +246,6 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
   if (b == NULL && st == EXPSEG_ERR_OUT_OF_MEMORY) {
     a->stats.num_alloc_retries++;
     _expseg_sync_all_events(a);
-    _expseg_bins_flush(a); /* blocks freed while the lock was dropped */
     b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
     if (b == NULL) {
       _expseg_release_cached(a, !single && a->cfg.expandable_segments); /* single: pages too */
@@ -318,7 +283,6 @@ void _expseg_free_block(expseg_allocator *a, block_t *b) {
   b->n_uses = 0;
   a->tick++;
   isplit_change(a, b, false);
-  if (bin_eligible(a, b) && _expseg_bin_push(a, b)) return; /* the hit path: a push */
   b->state = BLOCK_FREE;
   block_t *m = _expseg_block_coalesce(a, b);
   _expseg_free_insert(a, m);
@@ -334,6 +298,9 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
     if (b != NULL && b->n_uses == 0) {
       stat_free(&a->stats, b->seg->pool, b);
       _expseg_free_block(a, b);
+#if EXPSEG_DEBUG >= 3
+      _expseg_debug_tick(a);
+#endif
       pthread_mutex_unlock(&a->lock);
       return EXPSEG_OK;
     }
@@ -409,7 +376,6 @@ expseg_status expseg_empty_cache(expseg_allocator *a) {
   api_lock(a);
   if (a->ipc != NULL) _expseg_ipc_poll_locked(a);
   _expseg_sync_all_events(a);
-  _expseg_bins_flush(a);
   _expseg_release_cached(a, false);
   api_unlock(a);
   return EXPSEG_OK;
@@ -467,9 +433,11 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
                            "expseg_configure(\"%.200s\"): not with the settings in force: %s",
                            config, err);
   } else {
-    _expseg_bins_flush(a); /* what was binned under the old max_split_size */
     a->cfg = next;
     refresh_derived(a);
+    /* a lower page_cache_max takes effect now (a cache hit does not look at the cache) */
+    if (_expseg_page_cache_excess(&a->cfg, a->cache_count * a->page) > 0)
+      _expseg_cache_trim(a, a->cfg.page_cache_max);
   }
   api_unlock(a);
   if (st == EXPSEG_OK && warn[0] != '\0') _expseg_warn("%s", warn); /* no lock held */

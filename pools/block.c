@@ -4,6 +4,7 @@
  * _expseg_free_remove (free mapped blocks) or _expseg_unmapped_insert / _remove, so the
  * index and the idle list can never disagree. (inactive_split is kept where blocks turn
  * busy or free: isplit_change in internal.h.) */
+#include "fidx.h"
 #include "internal.h"
 
 #include <stdlib.h>
@@ -22,6 +23,8 @@ static uint32_t next_prio(expseg_allocator *a) {
 
 block_t *_expseg_block_new(expseg_allocator *a) {
   if (a->block_free == NULL) {
+    /* the free index's nodes first: never fewer than block structs (fidx.c) */
+    if (!_expseg_fidx_reserve(&a->free_idx, (a->n_slabs + 1) * SLAB_BLOCKS)) return NULL;
     if (a->n_slabs == a->cap_slabs) {
       size_t cap = a->cap_slabs ? a->cap_slabs * 2 : 16;
       void **s = realloc(a->slabs, cap * sizeof *s);
@@ -43,7 +46,7 @@ block_t *_expseg_block_new(expseg_allocator *a) {
   /* no zeroing of the whole struct: the caller sets the address, size, segment, stream,
    * state and neighbours; these are the rest a fresh block must have */
   b->requested = 0;
-  b->left = b->right = NULL;
+  b->left = b->right = b->hprev = NULL;
   b->n_uses = 0;
   b->oversize = b->indexed = b->idle = false;
   b->idle_prev = b->idle_next = NULL;
@@ -115,7 +118,8 @@ static void idle_unlink(expseg_allocator *a, block_t *b) {
 void _expseg_free_insert(expseg_allocator *a, block_t *b) {
   expseg_assert(b->state == BLOCK_FREE && b->mapped && !b->indexed);
   b->idle_since = a->now_ns;
-  _expseg_tree_insert(&a->free_idx[b->seg->pool], b, next_prio(a));
+  if (b->seg->single) _expseg_tree_insert(&a->free_idx.single[b->seg->pool], b, next_prio(a));
+  else _expseg_fidx_insert(&a->free_idx, b);
   b->indexed = true;
   if (b->seg->expandable) {
     if (_expseg_block_whole_pages(a, b, NULL) > 0) idle_push(a, b);
@@ -124,7 +128,8 @@ void _expseg_free_insert(expseg_allocator *a, block_t *b) {
 
 void _expseg_free_remove(expseg_allocator *a, block_t *b) {
   expseg_assert(b->indexed && b->mapped);
-  _expseg_tree_remove(&a->free_idx[b->seg->pool], b);
+  if (b->seg->single) _expseg_tree_remove(&a->free_idx.single[b->seg->pool], b);
+  else _expseg_fidx_remove(&a->free_idx, b);
   b->indexed = false;
   if (b->idle) idle_unlink(a, b);
 }

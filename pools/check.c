@@ -3,17 +3,16 @@
  *  - blocks tile each segment with no gap or overlap, neighbour links agree;
  *  - free mapped blocks are in the free index (and only they), merged with no free mapped
  *    neighbour, on the idle list exactly when they hold a whole expandable page;
- *  - binned blocks (bins.c) are in the bin of their (stream, pool, size), every bin's list
- *    agrees with its count and the bytes binned, and they count as free blocks do;
+ *  - the free index's own structure (fidx.c: table, size treaps, heaps, node lists);
  *  - unmapped blocks are page-aligned, in the unmapped index, cover only unmapped pages;
  *  - mapped pages back every live block; allocated blocks are in the pointer map;
  *  - every statistic with a recountable value agrees with the recount, and the driver's
  *    own counts (mapped bytes, live chunks and their bytes, reserved address space) agree
  *    with what the allocator believes it holds, the retry list of refused releases included.
  * O(blocks): for tests and expseg-replay --check. */
-#include "bins.h"
 #include "dec.h"
 #include "error.h"
+#include "fidx.h"
 #include "internal.h"
 
 #include <inttypes.h>
@@ -24,7 +23,7 @@ typedef struct recount_s {
   int64_t allocation[3], allocated_bytes[3], active[3], active_bytes[3], requested[3];
   int64_t segment[3], reserved[3], inactive_split[3], inactive_split_bytes[3];
   int64_t mapped, va, pending, oversize, free_blocks[POOL_COUNT], unmapped_blocks[POOL_COUNT];
-  int64_t idle, chunks, driver_mapped, oversize_segments, binned;
+  int64_t idle, chunks, driver_mapped, oversize_segments;
 } recount_t;
 
 #define FAIL(...) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_check: " __VA_ARGS__)
@@ -70,7 +69,12 @@ static expseg_status check_block(const expseg_allocator *a, const segment_t *s, 
   }
   switch (b->state) {
   case BLOCK_FREE: {
-    if (!b->indexed || !_expseg_tree_contains(&a->free_idx[pool], b))
+    /* single-chunk blocks: in their treap; others: their size node holds blocks (that every
+     * heap block is free and of its node, and the counts agree, is checked below) */
+    const szn_t *node = fidx_node(&a->free_idx, pool, b->stream, b->size);
+    if (!b->indexed || (s->single ? !_expseg_tree_contains(&a->free_idx.single[pool], b)
+                                  : (b != a->free_idx.last[pool] &&
+                                     (node == NULL || node->count == 0))))
       FAIL("free block %#lx is not in the free index", p);
     if (b->next != NULL && b->next->mapped && b->next->state == BLOCK_FREE)
       FAIL("free blocks %#lx and %#lx are not merged", p, (unsigned long)b->next->ptr);
@@ -78,17 +82,6 @@ static expseg_status check_block(const expseg_allocator *a, const segment_t *s, 
     if (b->idle != want_idle) FAIL("free block %#lx: idle list membership is wrong", p);
     r->idle += b->idle;
     r->free_blocks[pool]++;
-    break;
-  }
-  case BLOCK_BINNED: {
-    if (b->indexed || b->idle) FAIL("binned block %#lx is in the free index or idle list", p);
-    const bin_t *bin = bin_find(a, b->stream, bin_key(b->size, pool));
-    const block_t *x = bin ? bin->head : NULL;
-    while (x != NULL && x != b) x = x->left;
-    if (x == NULL) FAIL("binned block %#lx (+%zu) is not in its bin", p, b->size);
-    if (_expseg_ptrmap_get(&a->live, b->ptr) != NULL)
-      FAIL("binned block %#lx is still in the pointer map", p);
-    r->binned++;
     break;
   }
   case BLOCK_ALLOCATED:
@@ -124,7 +117,7 @@ static expseg_status check_segment(const expseg_allocator *a, const segment_t *s
   if (b == NULL || b->prev != NULL || b->ptr != s->base)
     FAIL("segment %#lx: first block does not start it", base);
   uintptr_t end = s->base;
-  int64_t runs = 0, run_bytes = 0, busy = 0; /* runs of adjacent free or binned blocks */
+  int64_t runs = 0, run_bytes = 0, busy = 0; /* runs of adjacent free blocks */
   for (; b != NULL; b = b->next) {
     expseg_status st = check_block(a, s, b, r);
     if (st != EXPSEG_OK) return st;
@@ -207,8 +200,10 @@ expseg_status _expseg_check_locked(const expseg_allocator *a) {
   for (const segment_t *s = a->segments; s != NULL; s = s->next_all, n++)
     if ((st = check_segment(a, s, &r)) != EXPSEG_OK) return st;
   if (n != a->n_segments) FAIL("segment list holds %zu, count says %zu", n, a->n_segments);
+  int64_t heaps[POOL_COUNT];
+  if ((st = _expseg_fidx_check(&a->free_idx, heaps)) != EXPSEG_OK) return st;
   for (int p = 0; p < POOL_COUNT; p++) {
-    SAME("free index size", (int64_t)a->free_idx[p].count, r.free_blocks[p]);
+    SAME("free index size", heaps[p] + (int64_t)a->free_idx.single[p].count, r.free_blocks[p]);
     SAME("unmapped index size", (int64_t)a->unmapped_idx[p].count, r.unmapped_blocks[p]);
   }
   int64_t idle = 0;
@@ -220,9 +215,6 @@ expseg_status _expseg_check_locked(const expseg_allocator *a) {
       idle++;
     }
   SAME("idle list length", idle, r.idle);
-  int64_t binned = 0;
-  if ((st = _expseg_bins_check(a, &binned)) != EXPSEG_OK) return st;
-  SAME("blocks in bins", binned, r.binned);
   SAME("pointer map size", (int64_t)a->live.count, r.allocation[STAT_ALL]);
   for (size_t i = 0; i < a->cache_count; i++) add3(r.reserved, a->cache[i].pool, (int64_t)a->page);
   r.chunks += (int64_t)a->cache_count;

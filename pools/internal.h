@@ -55,24 +55,23 @@
 
 enum { POOL_SMALL = 0, POOL_LARGE = 1, POOL_COUNT = 2 };
 enum { STAT_ALL = 0, STAT_SMALL = 1, STAT_LARGE = 2 }; /* PyTorch's StatType order */
-/* BLOCK_BINNED: freed, in an exact-size bin (bins.c), not merged and not in the free index;
- * every walk of a segment treats it as in use until the bins are flushed. */
-enum { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_PENDING = 2, BLOCK_BINNED = 3 };
+enum { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_PENDING = 2 };
 /* What ran out when a request fails (the OOM message's hint). */
 enum { OOM_MEMORY = 0, OOM_ADDRESS_SPACE = 1, OOM_TOO_LARGE = 2 };
 
 typedef struct segment_s segment_t;
 typedef struct block_s block_t;
 
-/* The fields a cache hit touches (bins.c: pop, push, the statistics) come first, in the
- * first 64-byte cache line; the rest serve splitting, merging, the idle list and streams. */
+/* The fields a cache hit touches (fidx.h: the pop and push of a size's heap, the
+ * statistics) come first, in the first 64-byte cache line; the rest serve splitting,
+ * merging, the idle list and streams. */
 struct block_s {
   uintptr_t ptr;
   size_t size;
   size_t requested;      /* the caller's size, while allocated or pending */
   segment_t *seg;
   expseg_stream stream;  /* the segment's stream */
-  block_t *left;         /* free or unmapped index; in a bin: the next binned block */
+  block_t *left;         /* unmapped or single index: treap; free index: first heap child */
   uint32_t n_uses;       /* other streams recorded with record_stream */
   uint8_t state;         /* BLOCK_* */
   bool oversize;         /* allocated at >= max_split_size (oversize_allocations) */
@@ -81,7 +80,8 @@ struct block_s {
   block_t *prev;         /* address neighbours in the segment */
   /* ---- second cache line ---- */
   block_t *next;
-  block_t *right;        /* free or unmapped index (a block is in at most one) */
+  block_t *right;        /* treap; free index: next heap sibling (a block is in one index) */
+  block_t *hprev;        /* free index: previous heap sibling, or the parent of a first child */
   block_t *idle_prev, *idle_next; /* idle list */
   uint64_t idle_since;   /* a->now_ns when it became free */
   uint32_t prio;         /* treap priority */
@@ -167,13 +167,39 @@ typedef struct stream_queue_s {
   size_t head, count, cap;
 } stream_queue_t;
 
-/* An exact-size bin (bins.c): free, unmerged blocks of one (stream, pool, size), LIFO. */
-typedef struct bin_s {
-  size_t key;            /* size | pool (sizes are multiples of 512); 0 = empty slot */
+/* The free index (fidx.c): one size node per (pool, stream, size) with free blocks, in a
+ * treap of sizes per pool for best fit, found directly by a hash table for an exact size;
+ * its blocks form a pairing heap by address (intrusive: left, right, hprev), so the lowest
+ * address of a size is the root. */
+typedef struct szn_s szn_t;
+struct szn_s {
+  block_t *heap;         /* the blocks, lowest address at the root; NULL when empty */
+  size_t size;
   expseg_stream stream;
-  block_t *head;         /* linked through left */
-  uint32_t n, low;       /* blocks held; fewest held since the last trim (low water) */
-} bin_t;
+  szn_t *left, *right;   /* treap of sizes */
+  szn_t *enext, *eprev;  /* the empty list (count 0, still indexed), or the spare list */
+  uint32_t prio, count;
+  uint8_t pool;
+};
+typedef struct fslot_s {
+  size_t key;            /* size << 1 | pool; 0 = empty slot */
+  expseg_stream stream;
+  szn_t *node;
+} fslot_t;
+typedef struct fidx_s {
+  fslot_t *slots;        /* every indexed node (nonempty or empty), at most half full */
+  size_t cap, used;
+  szn_t *root[POOL_COUNT];
+  block_t *last[POOL_COUNT];  /* the block inserted last, held outside the heaps (fidx.c) */
+  size_t blocks[POOL_COUNT];  /* free blocks in the heaps */
+  size_t nodes[POOL_COUNT];   /* nodes in the size treaps */
+  szn_t *spare, *empty;       /* nodes not indexed; indexed nodes with no block */
+  size_t n_nodes;             /* nodes made (never fewer than block structs: fidx.c) */
+  szn_t **slabs;
+  size_t n_slabs, cap_slabs;
+  uint32_t rng;
+  tree_t single[POOL_COUNT];  /* free blocks of single-chunk segments, (stream, size, ptr) */
+} fidx_t;
 
 typedef struct observer_s {
   expseg_oom_observer fn;
@@ -190,7 +216,7 @@ struct expseg_allocator {
   size_t total_mem;           /* device total at creation */
   size_t allowed;             /* fraction cap in bytes; SIZE_MAX = none */
 
-  tree_t free_idx[POOL_COUNT];
+  fidx_t free_idx;            /* free mapped blocks (fidx.c) */
   tree_t unmapped_idx[POOL_COUNT];
   block_t *idle_head[POOL_COUNT], *idle_tail[POOL_COUNT]; /* idle lists, oldest first */
   ptrmap_t live;
@@ -227,11 +253,6 @@ struct expseg_allocator {
   observer_t *observers;
   size_t n_observers;
   uint8_t oom_kind;           /* OOM_*: why the current request's growth failed */
-
-  bin_t *bins;                /* bins.c: open addressing, cap_bins slots (power of two) */
-  size_t cap_bins, n_bins;    /* slots, slots in use */
-  size_t binned_bytes;        /* bytes held in bins */
-  int64_t bin_countdown;      /* frees into bins until the next low-water trim */
 
   stats_t stats;
   struct history_s *hist;     /* history.c: the recorded events; NULL = not recording */
@@ -496,15 +517,12 @@ static inline void stat_free_done(stats_t *s, int pool, const block_t *b) {
   stat_down(s->active_bytes, pool, (int64_t)b->size);
 }
 
-/* inactive_split, kept as PyTorch's rules give it whatever the bins hold: PyTorch counts
- * each free block of a classic segment that has a neighbour; since PyTorch merges free
- * neighbours at once, that is each run of adjacent free blocks (free or binned here) that
- * is not its whole segment. Runs change only when a classic block turns busy (allocated or
+/* inactive_split, kept as PyTorch's rules give it: PyTorch counts each free block of a
+ * classic segment that has a neighbour; since free neighbours are merged at once, that is
+ * each run of adjacent free blocks that is not its whole segment. Runs change only when a classic block turns busy (allocated or
  * pending) or back, so the statistic changes there, by its net change (PyTorch's rule),
  * from the block's two neighbours and whether its segment has any other busy block. */
-static inline bool freeish(const block_t *n) {
-  return n != NULL && (n->state == BLOCK_FREE || n->state == BLOCK_BINNED);
-}
+static inline bool freeish(const block_t *n) { return n != NULL && n->state == BLOCK_FREE; }
 static inline void isplit_change(expseg_allocator *a, const block_t *b, bool to_busy) {
   segment_t *s = b->seg;
   if (s->expandable) return;

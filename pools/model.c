@@ -10,14 +10,12 @@
  * a fraction of what is mapped). The allocator keeps one physical page size, so a 20 MiB
  * PyTorch page is ten 2 MiB chunks here: the memory held is PyTorch's, the driver calls are
  * repriced by the replay tool (bench/synth_replay.c). */
-#include "bins.h"
 #include "internal.h"
 
 expseg_status _expseg_set_model_pytorch(expseg_allocator *a, bool on) {
   if (a == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "set_model_pytorch: allocator is NULL");
   pthread_mutex_lock(&a->lock);
-  _expseg_bins_flush(a); /* PyTorch merges every freed block at once */
   a->model_pytorch = on;
   pthread_mutex_unlock(&a->lock);
   return EXPSEG_OK;

@@ -14,7 +14,7 @@
  * and only once the work queued on its stream is done. How it goes back (batches with the
  * lock dropped, the retry list of refusals, the page cache) is release.c's; what garbage
  * collection gives back, gc.c's. */
-#include "bins.h"
+#include "fidx.h"
 #include "error.h"
 #include "release.h"
 
@@ -662,11 +662,10 @@ static size_t tree_max(const block_t *n) {
 }
 
 size_t _expseg_largest_free(const expseg_allocator *a) {
-  size_t m = 0;
+  size_t m = _expseg_fidx_largest(&a->free_idx);
   for (int p = 0; p < POOL_COUNT; p++) {
-    size_t x = tree_max(a->free_idx[p].root);
+    size_t x = tree_max(a->free_idx.single[p].root);
     if (x > m) m = x;
   }
-  size_t binned = _expseg_bins_largest_run(a); /* bins.c: binned blocks as merged */
-  return binned > m ? binned : m;
+  return m;
 }

@@ -16,7 +16,6 @@
  * regular file or a new name; a symbolic link's target; never a FIFO, device or directory). */
 #include "error.h"
 #include "history.h"
-#include "bins.h"
 #include "internal.h"
 
 #include <errno.h>
@@ -298,7 +297,6 @@ expseg_status expseg_snapshot(expseg_allocator *a, unsigned char **buf, size_t *
   if (a == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_snapshot: the allocator is NULL");
   api_lock(a);
-  _expseg_bins_flush(a); /* binned blocks shown merged, as PyTorch would have them */
   expseg_status st = build(a, buf, len);
   api_unlock(a);
   return st;

@@ -1,0 +1,429 @@
+/* fidx.c: the free index's slow half (fidx.h has the design and the hit path).
+ *
+ * Size nodes come from slabs and are never fewer than the block structs ever made (block.c
+ * asks _expseg_fidx_reserve before it makes more), and the table is kept at most half full
+ * of them: a node is needed only by a free block, so an insert always finds one (spare, or
+ * an indexed node left empty, taken back) and never allocates; a free cannot fail. A node
+ * whose last block leaves stays indexed (on the empty list), so a size freed and taken
+ * again and again costs no treap work; best fit takes back the empty nodes it meets, and a
+ * new size takes back an empty node when no spare is left. The heaps are pairing
+ * heaps (two-pass merge on a pop): linking a freed block is one comparison, popping the
+ * root of a heap that a free just linked is constant time.
+ *
+ * The block inserted last waits outside the heaps, one per pool (f->last), until the next
+ * insert moves it in: best fit compares it with what the heaps give, in the same (size,
+ * address) order, so the choice is unchanged. It is what a cache hit most often wants: the
+ * block just freed (a repeat of its size takes it back with no heap or table work), or the
+ * remainder just split off (the free of the piece merges it back likewise). */
+#include "fidx.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define NODE_SLAB 512
+
+void _expseg_fidx_init(fidx_t *f) {
+  memset(f, 0, sizeof *f);
+  f->rng = 0x2545F491u;
+  for (int p = 0; p < POOL_COUNT; p++) f->single[p].by_size = true;
+}
+
+void _expseg_fidx_destroy(fidx_t *f) {
+  for (size_t i = 0; i < f->n_slabs; i++) free(f->slabs[i]);
+  free(f->slabs);
+  free(f->slots);
+  _expseg_fidx_init(f);
+}
+
+/* ---- the table: open addressing, linear probing, backward-shift deletion ---- */
+
+static void slot_put(fidx_t *f, szn_t *n) {
+  const size_t key = fidx_key(n->size, n->pool);
+  size_t i = fidx_slot(f, key, n->stream);
+  while (f->slots[i].key != 0) i = (i + 1) & (f->cap - 1);
+  f->slots[i] = (fslot_t){.key = key, .stream = n->stream, .node = n};
+  f->used++;
+}
+
+static void slot_del(fidx_t *f, const szn_t *n) {
+  const size_t key = fidx_key(n->size, n->pool);
+  size_t i = fidx_slot(f, key, n->stream);
+  while (f->slots[i].node != n) {
+    expseg_assert(f->slots[i].key != 0);
+    i = (i + 1) & (f->cap - 1);
+  }
+  for (size_t j = i;;) {
+    j = (j + 1) & (f->cap - 1);
+    if (f->slots[j].key == 0) break;
+    size_t home = fidx_slot(f, f->slots[j].key, f->slots[j].stream);
+    bool between = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
+    if (!between) {
+      f->slots[i] = f->slots[j];
+      i = j;
+    }
+  }
+  f->slots[i] = (fslot_t){0};
+  f->used--;
+}
+
+bool _expseg_fidx_reserve(fidx_t *f, size_t blocks) {
+  if (f->n_nodes >= blocks) return true;
+  size_t cap = f->cap ? f->cap : 64;
+  while (cap < 2 * (blocks + NODE_SLAB)) cap *= 2;
+  if (cap != f->cap) {
+    fslot_t *t = calloc(cap, sizeof *t), *old = f->slots;
+    if (t == NULL) return false;
+    size_t old_cap = f->cap;
+    f->slots = t;
+    f->cap = cap;
+    f->used = 0;
+    for (size_t i = 0; i < old_cap; i++)
+      if (old[i].key != 0) slot_put(f, old[i].node);
+    free(old);
+  }
+  while (f->n_nodes < blocks) {
+    if (f->n_slabs == f->cap_slabs) {
+      size_t c = f->cap_slabs ? f->cap_slabs * 2 : 16;
+      szn_t **s = realloc(f->slabs, c * sizeof *s);
+      if (s == NULL) return false;
+      f->slabs = s;
+      f->cap_slabs = c;
+    }
+    szn_t *slab = calloc(NODE_SLAB, sizeof *slab);
+    if (slab == NULL) return false;
+    f->slabs[f->n_slabs++] = slab;
+    for (size_t i = 0; i < NODE_SLAB; i++) {
+      slab[i].enext = f->spare;
+      f->spare = &slab[i];
+    }
+    f->n_nodes += NODE_SLAB;
+  }
+  return true;
+}
+
+/* ---- the treap of sizes, keyed (stream, size) per pool ---- */
+
+static inline bool node_less(expseg_stream s, size_t size, const szn_t *n) {
+  return s != n->stream ? s < n->stream : size < n->size;
+}
+
+static szn_t *tree_insert(szn_t *root, szn_t *n) {
+  if (root == NULL) return n;
+  if (node_less(n->stream, n->size, root)) {
+    root->left = tree_insert(root->left, n);
+    if (root->left->prio > root->prio) {
+      szn_t *l = root->left;
+      root->left = l->right;
+      l->right = root;
+      return l;
+    }
+  } else {
+    root->right = tree_insert(root->right, n);
+    if (root->right->prio > root->prio) {
+      szn_t *r = root->right;
+      root->right = r->left;
+      r->left = root;
+      return r;
+    }
+  }
+  return root;
+}
+
+static szn_t *tree_join(szn_t *l, szn_t *r) {
+  if (l == NULL) return r;
+  if (r == NULL) return l;
+  if (l->prio > r->prio) {
+    l->right = tree_join(l->right, r);
+    return l;
+  }
+  r->left = tree_join(l, r->left);
+  return r;
+}
+
+static szn_t *tree_remove(szn_t *root, const szn_t *n) {
+  expseg_assert(root != NULL);
+  if (root == n) return tree_join(n->left, n->right);
+  if (node_less(n->stream, n->size, root)) root->left = tree_remove(root->left, n);
+  else root->right = tree_remove(root->right, n);
+  return root;
+}
+
+/* ---- nodes ---- */
+
+static void empty_unlink(fidx_t *f, szn_t *n) {
+  if (n->eprev) n->eprev->enext = n->enext;
+  else f->empty = n->enext;
+  if (n->enext) n->enext->eprev = n->eprev;
+  n->enext = n->eprev = NULL;
+}
+
+/* An empty indexed node taken out of the table and its treap, onto the spare list. */
+static void reclaim(fidx_t *f, szn_t *n) {
+  expseg_assert(n->count == 0 && n->heap == NULL);
+  empty_unlink(f, n);
+  f->root[n->pool] = tree_remove(f->root[n->pool], n);
+  f->nodes[n->pool]--;
+  slot_del(f, n);
+  n->enext = f->spare;
+  f->spare = n;
+}
+
+static szn_t *node_make(fidx_t *f, int pool, expseg_stream s, size_t size) {
+  if (f->spare == NULL) { /* the reserve guarantees an empty indexed node then */
+    expseg_assert(f->empty != NULL);
+    reclaim(f, f->empty);
+  }
+  szn_t *n = f->spare;
+  f->spare = n->enext;
+  uint32_t x = f->rng;
+  x ^= x << 13;
+  x ^= x >> 17;
+  x ^= x << 5;
+  f->rng = x;
+  *n = (szn_t){.size = size, .stream = s, .prio = x, .pool = (uint8_t)pool};
+  f->root[pool] = tree_insert(f->root[pool], n);
+  f->nodes[pool]++;
+  slot_put(f, n);
+  return n;
+}
+
+/* ---- the heaps ---- */
+
+/* The two-pass merge of a sibling list (left to right in pairs, then right to left). */
+static block_t *merge_pairs(block_t *first) {
+  block_t *acc = NULL; /* the merged pairs, a stack through right */
+  while (first != NULL) {
+    block_t *x = first, *y = x->right;
+    if (y == NULL) {
+      x->hprev = NULL;
+      x->right = acc;
+      acc = x;
+      break;
+    }
+    first = y->right;
+    x->right = y->right = NULL;
+    block_t *m = fidx_link(x, y);
+    m->right = acc;
+    acc = m;
+  }
+  if (acc == NULL) return NULL;
+  block_t *r = acc;
+  acc = acc->right;
+  r->right = NULL;
+  while (acc != NULL) {
+    block_t *n = acc;
+    acc = acc->right;
+    n->right = NULL;
+    r = fidx_link(r, n);
+  }
+  r->hprev = NULL;
+  return r;
+}
+
+void _expseg_fidx_heap_insert(fidx_t *f, block_t *b) {
+  const int pool = b->seg->pool;
+  szn_t *n = fidx_node(f, pool, b->stream, b->size);
+  if (n == NULL) n = node_make(f, pool, b->stream, b->size);
+  else if (n->count == 0) empty_unlink(f, n);
+  b->left = b->right = b->hprev = NULL;
+  n->heap = n->heap == NULL ? b : fidx_link(n->heap, b);
+  n->count++;
+  f->blocks[pool]++;
+}
+
+void _expseg_fidx_heap_remove(fidx_t *f, block_t *b) {
+  const int pool = b->seg->pool;
+  szn_t *n = fidx_node(f, pool, b->stream, b->size);
+  expseg_assert(n != NULL && n->count > 0);
+  if (n->heap == b) {
+    n->heap = merge_pairs(b->left);
+  } else {
+    block_t *p = b->hprev;
+    if (p->left == b) p->left = b->right;
+    else p->right = b->right;
+    if (b->right != NULL) b->right->hprev = p;
+    block_t *sub = merge_pairs(b->left);
+    if (sub != NULL) n->heap = fidx_link(n->heap, sub);
+  }
+  b->left = b->right = b->hprev = NULL;
+  f->blocks[pool]--;
+  if (--n->count == 0) { /* stays indexed, empty, until best fit meets it or a size needs it */
+    n->eprev = NULL;
+    n->enext = f->empty;
+    if (f->empty) f->empty->eprev = n;
+    f->empty = n;
+  }
+}
+
+/* The heaps' best fit (the first block at or after (size, 0) on the stream). */
+static block_t *heap_best(fidx_t *f, int pool, expseg_stream s, size_t size) {
+  const szn_t *e = fidx_node(f, pool, s, size);
+  if (e != NULL && e->heap != NULL) return e->heap; /* the exact size: nothing fits better */
+  for (;;) {
+    szn_t *n = f->root[pool], *best = NULL;
+    while (n != NULL) {
+      if (!(n->stream < s || (n->stream == s && n->size < size))) {
+        best = n;
+        n = n->left;
+      } else {
+        n = n->right;
+      }
+    }
+    if (best == NULL || best->stream != s) return NULL;
+    if (best->heap != NULL) return best->heap;
+    reclaim(f, best); /* an empty size on the way: taken back, then look again */
+  }
+}
+
+block_t *_expseg_fidx_best(fidx_t *f, int pool, expseg_stream s, size_t size) {
+  block_t *l = f->last[pool];
+  const bool fits = l != NULL && l->stream == s && l->size >= size;
+  if (fits && l->size == size) { /* exact: only a lower address of that size beats it */
+    const szn_t *e = fidx_node(f, pool, s, size);
+    return e != NULL && e->heap != NULL && e->heap->ptr < l->ptr ? e->heap : l;
+  }
+  block_t *h = f->blocks[pool] > 0 ? heap_best(f, pool, s, size) : NULL;
+  if (fits && (h == NULL || l->size < h->size || (l->size == h->size && l->ptr < h->ptr)))
+    return l;
+  return h;
+}
+
+static size_t tree_largest(const szn_t *n) {
+  size_t m = 0;
+  for (; n != NULL; n = n->left) { /* every node: the right subtrees by recursion */
+    if (n->count > 0 && n->size > m) m = n->size;
+    size_t r = tree_largest(n->right);
+    if (r > m) m = r;
+  }
+  return m;
+}
+
+size_t _expseg_fidx_largest(const fidx_t *f) {
+  size_t m = 0;
+  for (int p = 0; p < POOL_COUNT; p++) {
+    size_t x = tree_largest(f->root[p]);
+    if (x > m) m = x;
+    if (f->last[p] != NULL && f->last[p]->size > m) m = f->last[p]->size;
+  }
+  return m;
+}
+
+/* ---- the check ---- */
+
+#define FAIL(...) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_check: " __VA_ARGS__)
+
+/* One heap: its blocks belong to the node, addresses grow away from the root, the links
+ * agree; *count gets the blocks (at most limit: more means a loop). */
+static expseg_status heap_check(const szn_t *n, size_t limit, size_t *count) {
+  *count = 0;
+  if (n->heap == NULL) return EXPSEG_OK;
+  if (n->heap->hprev != NULL || n->heap->right != NULL)
+    FAIL("heap root %#lx of size %zu has a parent or a sibling", (unsigned long)n->heap->ptr,
+         n->size);
+  const block_t **stack = malloc((limit + 1) * sizeof *stack);
+  uintptr_t *bound = malloc((limit + 1) * sizeof *bound);
+  expseg_status st = EXPSEG_OK;
+  if (stack == NULL || bound == NULL) goto out; /* no memory for the walk: skipped */
+  size_t top = 0;
+  stack[top] = n->heap;
+  bound[top++] = 0;
+  while (top > 0) {
+    const block_t *b = stack[--top];
+    uintptr_t lo = bound[top];
+    if (++*count > limit) {
+      st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_check: heap of size %zu holds more blocks than its count "
+                             "%u (a loop?)", n->size, n->count);
+      break;
+    }
+    if (b->state != BLOCK_FREE || !b->mapped || !b->indexed || b->seg->single ||
+        b->size != n->size || b->stream != n->stream || b->seg->pool != n->pool ||
+        (b != n->heap && b->ptr <= lo)) {
+      st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_check: block %#lx (+%zu, state %d) does not belong in the "
+                             "heap of size %zu at that place", (unsigned long)b->ptr, b->size,
+                             b->state, n->size);
+      break;
+    }
+    if ((b->left && b->left->hprev != b) || (b->right && b->right->hprev != b)) {
+      st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_check: heap links of block %#lx disagree",
+                             (unsigned long)b->ptr);
+      break;
+    }
+    if (top + 2 > limit + 1) continue; /* the count test above reports it */
+    if (b->right) {
+      stack[top] = b->right;
+      bound[top++] = lo;
+    }
+    if (b->left) {
+      stack[top] = b->left;
+      bound[top++] = b->ptr;
+    }
+  }
+out:
+  free(stack);
+  free(bound);
+  return st;
+}
+
+static expseg_status tree_check(const szn_t *n, const szn_t **prev, size_t *count) {
+  if (n == NULL) return EXPSEG_OK;
+  expseg_status st = tree_check(n->left, prev, count);
+  if (st != EXPSEG_OK) return st;
+  if (*prev != NULL && !node_less((*prev)->stream, (*prev)->size, n))
+    FAIL("size treap out of order at size %zu", n->size);
+  if ((n->left && n->left->prio > n->prio) || (n->right && n->right->prio > n->prio))
+    FAIL("size treap priorities out of order at size %zu", n->size);
+  *prev = n;
+  ++*count;
+  return tree_check(n->right, prev, count);
+}
+
+expseg_status _expseg_fidx_check(const fidx_t *f, int64_t blocks[POOL_COUNT]) {
+  expseg_status st;
+  size_t used = 0, empty = 0;
+  int64_t total[POOL_COUNT] = {0, 0};
+  for (size_t i = 0; i < f->cap; i++) {
+    const fslot_t *sl = &f->slots[i];
+    if (sl->key == 0) continue;
+    const szn_t *n = sl->node;
+    used++;
+    if (n == NULL || fidx_key(n->size, n->pool) != sl->key || n->stream != sl->stream)
+      FAIL("free index table slot %zu does not match its node", i);
+    if (fidx_node(f, n->pool, n->stream, n->size) != n)
+      FAIL("size node %zu (pool %d) cannot be found by its key", n->size, n->pool);
+    size_t c;
+    if ((st = heap_check(n, n->count, &c)) != EXPSEG_OK) return st;
+    if (c != n->count) FAIL("heap of size %zu holds %zu blocks, count %u", n->size, c, n->count);
+    empty += n->count == 0;
+    total[n->pool] += n->count;
+  }
+  if (used != f->used) FAIL("free index table holds %zu nodes, count %zu", used, f->used);
+  size_t listed = 0, spare = 0;
+  for (const szn_t *n = f->empty; n != NULL && listed <= used; n = n->enext, listed++)
+    if (n->count != 0 || n->heap != NULL || fidx_node(f, n->pool, n->stream, n->size) != n)
+      FAIL("empty list holds size node %zu, which is not empty and indexed", n->size);
+  if (listed != empty) FAIL("%zu empty size nodes, %zu on the empty list", empty, listed);
+  for (const szn_t *n = f->spare; n != NULL && spare <= f->n_nodes; n = n->enext) spare++;
+  if (spare + used != f->n_nodes)
+    FAIL("size nodes: %zu spare + %zu indexed, %zu made", spare, used, f->n_nodes);
+  size_t in_trees = 0;
+  for (int p = 0; p < POOL_COUNT; p++) {
+    const szn_t *prev = NULL;
+    size_t c = 0;
+    if ((st = tree_check(f->root[p], &prev, &c)) != EXPSEG_OK) return st;
+    if (c != f->nodes[p]) FAIL("size treap of pool %d holds %zu, count %zu", p, c, f->nodes[p]);
+    if (total[p] != (int64_t)f->blocks[p])
+      FAIL("pool %d: heaps hold %lld blocks, count %zu", p, (long long)total[p], f->blocks[p]);
+    in_trees += c;
+    const block_t *l = f->last[p];
+    if (l != NULL && (l->state != BLOCK_FREE || !l->mapped || !l->indexed || l->seg->single ||
+                      l->seg->pool != p || l->left || l->right || l->hprev))
+      FAIL("block %#lx, held as pool %d's last insert, is not a free unlinked block of it",
+           (unsigned long)l->ptr, p);
+    blocks[p] = total[p] + (l != NULL);
+  }
+  if (in_trees != used) FAIL("size treaps hold %zu nodes, the table %zu", in_trees, used);
+  return EXPSEG_OK;
+}

@@ -1,0 +1,80 @@
+/* fidx.h: the free index's hit path, inline (the rest is in fidx.c).
+ *
+ * Best fit over free mapped blocks keyed (stream, size, address), as one ordered set would
+ * give it, in two levels: a size node per (pool, stream, size) holding that size's blocks
+ * as a pairing heap on the address (so its root is the lowest address), found directly by
+ * a hash table when the request's size has a free block, else by a treap of the sizes.
+ * So the block chosen is always the one the single ordered set chooses (the smallest size
+ * that fits, then the lowest address: PyTorch's rule), and memory is laid out exactly as
+ * it was before this index; what changes is the cost: a repeat request of a size is a
+ * hash probe and the pop of a heap root, a free a probe and a link of two roots. */
+#ifndef EXPSEG_POOLS_FIDX_H
+#define EXPSEG_POOLS_FIDX_H
+
+#include "internal.h"
+
+static inline size_t fidx_key(size_t size, int pool) { return size << 1 | (size_t)pool; }
+
+static inline size_t fidx_slot(const fidx_t *f, size_t key, expseg_stream s) {
+  uint64_t h = ((uint64_t)key ^ (uint64_t)s * 0xC2B2AE3D27D4EB4Full) * 0x9E3779B97F4A7C15ull;
+  return (size_t)(h >> 32 ^ h) & (f->cap - 1);
+}
+
+/* The indexed node of (pool, stream, size), or NULL. */
+static inline szn_t *fidx_node(const fidx_t *f, int pool, expseg_stream s, size_t size) {
+  if (f->cap == 0) return NULL;
+  const size_t key = fidx_key(size, pool);
+  for (size_t i = fidx_slot(f, key, s);; i = (i + 1) & (f->cap - 1)) {
+    const fslot_t *sl = &f->slots[i];
+    if (sl->key == key && sl->stream == s) return sl->node;
+    if (sl->key == 0) return NULL;
+  }
+}
+
+/* Two heap roots linked: the higher address becomes the first child of the lower. */
+static inline block_t *fidx_link(block_t *x, block_t *y) {
+  if (y->ptr < x->ptr) {
+    block_t *t = x;
+    x = y;
+    y = t;
+  }
+  y->right = x->left;
+  if (x->left != NULL) x->left->hprev = y;
+  y->hprev = x;
+  x->left = y;
+  x->right = x->hprev = NULL;
+  return x;
+}
+
+/* ---- fidx.c ---- */
+void _expseg_fidx_init(fidx_t *f);
+void _expseg_fidx_destroy(fidx_t *f);
+/* At least `blocks` size nodes made and the table sized for them, so that an insert never
+ * needs host memory (every free block needs at most one node). false: out of host memory. */
+bool _expseg_fidx_reserve(fidx_t *f, size_t blocks);
+void _expseg_fidx_heap_insert(fidx_t *f, block_t *b);
+void _expseg_fidx_heap_remove(fidx_t *f, block_t *b);
+/* The first free block at or after (stream, size) in (size, address) order on the pool's
+ * stream (not removed), or NULL. */
+block_t *_expseg_fidx_best(fidx_t *f, int pool, expseg_stream s, size_t size);
+size_t _expseg_fidx_largest(const fidx_t *f);
+/* expseg_check: nodes, heaps, the table, the treaps and the lists agree; blocks[p] gets the
+ * free blocks the heaps of pool p hold. */
+expseg_status _expseg_fidx_check(const fidx_t *f, int64_t blocks[POOL_COUNT]);
+
+/* b (free, mapped, not of a single-chunk segment) into the index: it becomes the pool's
+ * last insert, and the previous one goes into its heap. */
+static inline void _expseg_fidx_insert(fidx_t *f, block_t *b) {
+  block_t **last = &f->last[b->seg->pool], *old = *last;
+  b->left = b->right = b->hprev = NULL;
+  *last = b;
+  if (old != NULL) _expseg_fidx_heap_insert(f, old);
+}
+
+static inline void _expseg_fidx_remove(fidx_t *f, block_t *b) {
+  block_t **last = &f->last[b->seg->pool];
+  if (*last == b) *last = NULL;
+  else _expseg_fidx_heap_remove(f, b);
+}
+
+#endif
