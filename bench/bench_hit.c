@@ -103,13 +103,6 @@ static int floor_init(floor_t *f, const size_t *seq, fnode_t *nodes) {
   return 0;
 }
 
-static uint64_t splitmix(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 static int bench_hit_cmp(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -207,7 +200,7 @@ int main(int argc, char **argv) {
   }
   uint64_t rng = arg.seed;
   size_t seq[SEQ];
-  for (size_t i = 0; i < SEQ; i++) seq[i] = (size_t)pool[splitmix(&rng) % n_sizes];
+  for (size_t i = 0; i < SEQ; i++) seq[i] = (size_t)pool[_expseg_splitmix64(&rng) % n_sizes];
   double *per = malloc(arg.batches * sizeof *per), *perf = malloc(arg.batches * sizeof *perf);
   floor_t *fl = malloc(sizeof *fl);
   fnode_t *fnodes = malloc(SEQ * sizeof *fnodes);
@@ -235,7 +228,7 @@ int main(int argc, char **argv) {
     }
     uint64_t sum = 0;
     for (uint64_t i = 0; i < nheld; i++) {
-      uint64_t s = pool[splitmix(&rng) % n_sizes];
+      uint64_t s = pool[_expseg_splitmix64(&rng) % n_sizes];
       if (arg.max_live_size && s > arg.max_live_size) s = arg.max_live_size;
       lsz[i] = (size_t)s;
       sum += s + 512;

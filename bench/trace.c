@@ -6,6 +6,7 @@
  * regular files (without blocking on a FIFO), picks the reader by the first bytes and only
  * then reads the whole file; expseg_trace_write_memtrace writes
  * memtrace v1 in the layout of the reference files in ../shared/traces/memtrace. */
+#include "clock.h"
 #include "dec.h"
 #include "trace_internal.h"
 
@@ -432,11 +433,7 @@ bool _expseg_field_is(_expseg_field_t f, const char *s) {
 
 int _expseg_arg_u64(const char *s, uint64_t *v) { return _expseg_dec_str(s, v) ? 0 : -1; }
 
-uint64_t _expseg_bench_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+uint64_t _expseg_bench_now_ns(void) { return _expseg_clock_ns(); }
 
 int _expseg_u64_cmp(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;

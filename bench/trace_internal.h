@@ -12,6 +12,7 @@
 #define EXPSEG_TRACE_INTERNAL_H
 
 #include "map.h"
+#include "rand.h" /* _expseg_splitmix64, the tools' generator too */
 #include "trace.h"
 
 #include <stdbool.h>
@@ -41,7 +42,7 @@ bool _expseg_field_hex(_expseg_field_t f, uint64_t *out);
 bool _expseg_field_is(_expseg_field_t f, const char *s);
 /* A command-line number (tools): 0 when s is an unsigned decimal, -1 otherwise. */
 int _expseg_arg_u64(const char *s, uint64_t *v);
-/* The benchmarks' clock (CLOCK_MONOTONIC, ns) and qsort order for uint64_t timings. */
+/* The benchmarks' clock (base/clock.h's, ns) and qsort order for uint64_t timings. */
 #ifndef EXPSEG_PRINTF
 #if defined(__GNUC__)
 #define EXPSEG_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -52,13 +53,6 @@ int _expseg_arg_u64(const char *s, uint64_t *v);
 /* Sets this thread's trace-library message (printf-style) and returns s (trace_error.c). */
 expseg_status _expseg_trace_error(expseg_status s, const char *fmt, ...) EXPSEG_PRINTF(2, 3);
 uint64_t _expseg_bench_now_ns(void);
-/* splitmix64: the tools' one pseudo-random generator (seeded workloads, benchmarks). */
-static inline uint64_t _expseg_splitmix64(uint64_t *state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 int _expseg_u64_cmp(const void *a, const void *b);
 
 /* ---- synth_capture.c: what expseg-replay --snapshot / --report capture ---- */

@@ -1,11 +1,14 @@
 // test_base.cpp: base/, the helpers every layer shares: the hash map (against std::map,
 // clustered and aligned keys, the key 0, growth, removal by backward shift), the treap
 // (against std::set: every query after every change, the search-tree and heap orders,
-// split and join), the decimal reader (digits only, overflow refused) and the unit ladder.
+// split and join), the decimal reader (digits only, overflow refused), the unit ladder,
+// the generator (splitmix64's published outputs) and the clock (monotonic, in ns).
 #include <gtest/gtest.h>
 
+#include "clock.h"
 #include "dec.h"
 #include "map.h"
+#include "rand.h"
 #include "test_seed.h"
 #include "treap.h"
 #include "units.h"
@@ -226,6 +229,24 @@ TEST(BaseUnits, StepsWhileTheReferenceReachesTheThreshold) {
   EXPECT_STREQ(_expseg_size_unit(2), "MiB");
   EXPECT_STREQ(_expseg_size_unit(6), "EiB");
   EXPECT_STREQ(_expseg_size_unit(7), "?");
+}
+
+// ---- the generator and the clock ----
+
+TEST(BaseRand, Splitmix64FromSeedZero) {
+  uint64_t s = 0;
+  EXPECT_EQ(_expseg_splitmix64(&s), 0xE220A8397B1DCDAFull);
+  EXPECT_EQ(_expseg_splitmix64(&s), 0x6E789E6AA1B965F4ull);
+  EXPECT_EQ(_expseg_splitmix64(&s), 0x06C45D188009454Full);
+}
+
+TEST(BaseClock, MonotonicNanoseconds) {
+  const uint64_t a = _expseg_clock_ns();
+  struct timespec d = {0, 2000000};
+  nanosleep(&d, nullptr);
+  const uint64_t b = _expseg_clock_ns();
+  EXPECT_GE(b - a, 2000000u) << "a 2 ms sleep";
+  EXPECT_LT(b - a, 10000000000ull);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
  *   map checks the one predecessor for overlap; unmap splits out [addr, addr+size), checks
  *   that it is exactly whole, contiguous mappings, and drops or re-merges it.
  * Not thread-safe: the backend holds its lock around each call. */
+#include "rand.h"
 #include "treap.h"
 #include "vmm_impl.h"
 
@@ -254,12 +255,7 @@ void _expseg_ledger_foreach_resv(expseg_ledger_t *l,
 
 /* ---- mappings: the treap keyed by address ---- */
 
-static uint32_t next_prio(expseg_ledger_t *l) {
-  l->rng ^= l->rng << 13;
-  l->rng ^= l->rng >> 7;
-  l->rng ^= l->rng << 17;
-  return (uint32_t)(l->rng >> 32);
-}
+static uint32_t next_prio(expseg_ledger_t *l) { return (uint32_t)(_expseg_splitmix64(&l->rng) >> 32); }
 
 expseg_status _expseg_ledger_map(expseg_ledger_t *l, uintptr_t addr, size_t size,
                                  expseg_vmm_handle h, size_t offset) {

@@ -47,12 +47,6 @@ const char *_expseg_vmm_call_name(expseg_vmm_call c) {
   return (unsigned)c < EXPSEG_VMM_CALL_COUNT ? call_names[c] : "unknown";
 }
 
-uint64_t _expseg_clock_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* ---- counting ---- */
 
 #define RLX memory_order_relaxed
