@@ -101,52 +101,17 @@ bool _expseg_fidx_reserve(fidx_t *f, size_t blocks) {
   return true;
 }
 
-/* ---- the treap of sizes, keyed (stream, size) per pool ---- */
+/* ---- the treap of sizes, keyed (stream, size) per pool (base/treap.h) ---- */
 
-static inline bool node_less(expseg_stream s, size_t size, const szn_t *n) {
-  return s != n->stream ? s < n->stream : size < n->size;
+typedef struct szkey_s {
+  expseg_stream stream;
+  size_t size;
+} szkey_t;
+static inline szkey_t sz_key(const szn_t *n) { return (szkey_t){n->stream, n->size}; }
+static inline bool sz_less(szkey_t a, szkey_t b) {
+  return a.stream != b.stream ? a.stream < b.stream : a.size < b.size;
 }
-
-static szn_t *tree_insert(szn_t *root, szn_t *n) {
-  if (root == NULL) return n;
-  if (node_less(n->stream, n->size, root)) {
-    root->left = tree_insert(root->left, n);
-    if (root->left->prio > root->prio) {
-      szn_t *l = root->left;
-      root->left = l->right;
-      l->right = root;
-      return l;
-    }
-  } else {
-    root->right = tree_insert(root->right, n);
-    if (root->right->prio > root->prio) {
-      szn_t *r = root->right;
-      root->right = r->left;
-      r->left = root;
-      return r;
-    }
-  }
-  return root;
-}
-
-static szn_t *tree_join(szn_t *l, szn_t *r) {
-  if (l == NULL) return r;
-  if (r == NULL) return l;
-  if (l->prio > r->prio) {
-    l->right = tree_join(l->right, r);
-    return l;
-  }
-  r->left = tree_join(l, r->left);
-  return r;
-}
-
-static szn_t *tree_remove(szn_t *root, const szn_t *n) {
-  expseg_assert(root != NULL);
-  if (root == n) return tree_join(n->left, n->right);
-  if (node_less(n->stream, n->size, root)) root->left = tree_remove(root->left, n);
-  else root->right = tree_remove(root->right, n);
-  return root;
-}
+EXPSEG_TREAP_DEFINE(sztree, szn_t, t, szkey_t, sz_key, sz_less)
 
 /* ---- nodes ---- */
 
@@ -161,7 +126,7 @@ static void empty_unlink(fidx_t *f, szn_t *n) {
 static void reclaim(fidx_t *f, szn_t *n) {
   expseg_assert(n->count == 0 && n->heap == NULL);
   empty_unlink(f, n);
-  f->root[n->pool] = tree_remove(f->root[n->pool], n);
+  sztree_remove(&f->root[n->pool], n);
   f->nodes[n->pool]--;
   slot_del(f, n);
   n->enext = f->spare;
@@ -180,8 +145,8 @@ static szn_t *node_make(fidx_t *f, int pool, expseg_stream s, size_t size) {
   x ^= x >> 17;
   x ^= x << 5;
   f->rng = x;
-  *n = (szn_t){.size = size, .stream = s, .prio = x, .pool = (uint8_t)pool};
-  f->root[pool] = tree_insert(f->root[pool], n);
+  *n = (szn_t){.size = size, .stream = s, .t.prio = x, .pool = (uint8_t)pool};
+  sztree_insert(&f->root[pool], n);
   f->nodes[pool]++;
   slot_put(f, n);
   return n;
@@ -260,15 +225,7 @@ static block_t *heap_best(fidx_t *f, int pool, expseg_stream s, size_t size) {
   const szn_t *e = fidx_node(f, pool, s, size);
   if (e != NULL && e->heap != NULL) return e->heap; /* the exact size: nothing fits better */
   for (;;) {
-    szn_t *n = f->root[pool], *best = NULL;
-    while (n != NULL) {
-      if (!(n->stream < s || (n->stream == s && n->size < size))) {
-        best = n;
-        n = n->left;
-      } else {
-        n = n->right;
-      }
-    }
+    szn_t *best = sztree_lower_bound(f->root[pool], (szkey_t){s, size});
     if (best == NULL || best->stream != s) return NULL;
     if (best->heap != NULL) return best->heap;
     reclaim(f, best); /* an empty size on the way: taken back, then look again */
@@ -290,9 +247,9 @@ block_t *_expseg_fidx_best(fidx_t *f, int pool, expseg_stream s, size_t size) {
 
 static size_t tree_largest(const szn_t *n) {
   size_t m = 0;
-  for (; n != NULL; n = n->left) { /* every node: the right subtrees by recursion */
+  for (; n != NULL; n = n->t.l) { /* every node: the right subtrees by recursion */
     if (n->count > 0 && n->size > m) m = n->size;
-    size_t r = tree_largest(n->right);
+    size_t r = tree_largest(n->t.r);
     if (r > m) m = r;
   }
   return m;
@@ -369,15 +326,15 @@ out:
 
 static expseg_status tree_check(const szn_t *n, const szn_t **prev, size_t *count) {
   if (n == NULL) return EXPSEG_OK;
-  expseg_status st = tree_check(n->left, prev, count);
+  expseg_status st = tree_check(n->t.l, prev, count);
   if (st != EXPSEG_OK) return st;
-  if (*prev != NULL && !node_less((*prev)->stream, (*prev)->size, n))
+  if (*prev != NULL && !sz_less(sz_key(*prev), sz_key(n)))
     FAIL("size treap out of order at size %zu", n->size);
-  if ((n->left && n->left->prio > n->prio) || (n->right && n->right->prio > n->prio))
+  if ((n->t.l && n->t.l->t.prio > n->t.prio) || (n->t.r && n->t.r->t.prio > n->t.prio))
     FAIL("size treap priorities out of order at size %zu", n->size);
   *prev = n;
   ++*count;
-  return tree_check(n->right, prev, count);
+  return tree_check(n->t.r, prev, count);
 }
 
 expseg_status _expseg_fidx_check(const fidx_t *f, int64_t blocks[POOL_COUNT]) {

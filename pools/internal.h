@@ -18,6 +18,7 @@
 #include "error.h"
 #include "expseg.h"
 #include "map.h"
+#include "treap.h"
 #include "policy.h"
 #include "vmm.h"
 
@@ -176,9 +177,9 @@ struct szn_s {
   block_t *heap;         /* the blocks, lowest address at the root; NULL when empty */
   size_t size;
   expseg_stream stream;
-  szn_t *left, *right;   /* treap of sizes */
+  EXPSEG_TREAP_LINK(szn_t) t; /* the treap of sizes (base/treap.h) */
   szn_t *enext, *eprev;  /* the empty list (count 0, still indexed), or the spare list */
-  uint32_t prio, count;
+  uint32_t count;
   uint8_t pool;
 };
 typedef struct fslot_s {
