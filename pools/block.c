@@ -46,7 +46,7 @@ block_t *_expseg_block_new(expseg_allocator *a) {
   /* no zeroing of the whole struct: the caller sets the address, size, segment, stream,
    * state and neighbours; these are the rest a fresh block must have */
   b->requested = 0;
-  b->left = b->right = b->hprev = NULL;
+  b->t.l = b->t.r = b->hprev = NULL;
   b->n_uses = 0;
   b->oversize = b->indexed = b->idle = false;
   b->idle_prev = b->idle_next = NULL;

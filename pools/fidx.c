@@ -158,27 +158,27 @@ static szn_t *node_make(fidx_t *f, int pool, expseg_stream s, size_t size) {
 static block_t *merge_pairs(block_t *first) {
   block_t *acc = NULL; /* the merged pairs, a stack through right */
   while (first != NULL) {
-    block_t *x = first, *y = x->right;
+    block_t *x = first, *y = x->t.r;
     if (y == NULL) {
       x->hprev = NULL;
-      x->right = acc;
+      x->t.r = acc;
       acc = x;
       break;
     }
-    first = y->right;
-    x->right = y->right = NULL;
+    first = y->t.r;
+    x->t.r = y->t.r = NULL;
     block_t *m = fidx_link(x, y);
-    m->right = acc;
+    m->t.r = acc;
     acc = m;
   }
   if (acc == NULL) return NULL;
   block_t *r = acc;
-  acc = acc->right;
-  r->right = NULL;
+  acc = acc->t.r;
+  r->t.r = NULL;
   while (acc != NULL) {
     block_t *n = acc;
-    acc = acc->right;
-    n->right = NULL;
+    acc = acc->t.r;
+    n->t.r = NULL;
     r = fidx_link(r, n);
   }
   r->hprev = NULL;
@@ -190,7 +190,7 @@ void _expseg_fidx_heap_insert(fidx_t *f, block_t *b) {
   szn_t *n = fidx_node(f, pool, b->stream, b->size);
   if (n == NULL) n = node_make(f, pool, b->stream, b->size);
   else if (n->count == 0) empty_unlink(f, n);
-  b->left = b->right = b->hprev = NULL;
+  b->t.l = b->t.r = b->hprev = NULL;
   n->heap = n->heap == NULL ? b : fidx_link(n->heap, b);
   n->count++;
   f->blocks[pool]++;
@@ -201,16 +201,16 @@ void _expseg_fidx_heap_remove(fidx_t *f, block_t *b) {
   szn_t *n = fidx_node(f, pool, b->stream, b->size);
   expseg_assert(n != NULL && n->count > 0);
   if (n->heap == b) {
-    n->heap = merge_pairs(b->left);
+    n->heap = merge_pairs(b->t.l);
   } else {
     block_t *p = b->hprev;
-    if (p->left == b) p->left = b->right;
-    else p->right = b->right;
-    if (b->right != NULL) b->right->hprev = p;
-    block_t *sub = merge_pairs(b->left);
+    if (p->t.l == b) p->t.l = b->t.r;
+    else p->t.r = b->t.r;
+    if (b->t.r != NULL) b->t.r->hprev = p;
+    block_t *sub = merge_pairs(b->t.l);
     if (sub != NULL) n->heap = fidx_link(n->heap, sub);
   }
-  b->left = b->right = b->hprev = NULL;
+  b->t.l = b->t.r = b->hprev = NULL;
   f->blocks[pool]--;
   if (--n->count == 0) { /* stays indexed, empty, until best fit meets it or a size needs it */
     n->eprev = NULL;
@@ -274,7 +274,7 @@ size_t _expseg_fidx_largest(const fidx_t *f) {
 static expseg_status heap_check(const szn_t *n, size_t limit, size_t *count) {
   *count = 0;
   if (n->heap == NULL) return EXPSEG_OK;
-  if (n->heap->hprev != NULL || n->heap->right != NULL)
+  if (n->heap->hprev != NULL || n->heap->t.r != NULL)
     FAIL("heap root %#lx of size %zu has a parent or a sibling", (unsigned long)n->heap->ptr,
          n->size);
   const block_t **stack = malloc((limit + 1) * sizeof *stack);
@@ -302,19 +302,19 @@ static expseg_status heap_check(const szn_t *n, size_t limit, size_t *count) {
                              b->state, n->size);
       break;
     }
-    if ((b->left && b->left->hprev != b) || (b->right && b->right->hprev != b)) {
+    if ((b->t.l && b->t.l->hprev != b) || (b->t.r && b->t.r->hprev != b)) {
       st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_check: heap links of block %#lx disagree",
                              (unsigned long)b->ptr);
       break;
     }
     if (top + 2 > limit + 1) continue; /* the count test above reports it */
-    if (b->right) {
-      stack[top] = b->right;
+    if (b->t.r) {
+      stack[top] = b->t.r;
       bound[top++] = lo;
     }
-    if (b->left) {
-      stack[top] = b->left;
+    if (b->t.l) {
+      stack[top] = b->t.l;
       bound[top++] = b->ptr;
     }
   }
@@ -376,7 +376,7 @@ expseg_status _expseg_fidx_check(const fidx_t *f, int64_t blocks[POOL_COUNT]) {
     in_trees += c;
     const block_t *l = f->last[p];
     if (l != NULL && (l->state != BLOCK_FREE || !l->mapped || !l->indexed || l->seg->single ||
-                      l->seg->pool != p || l->left || l->right || l->hprev))
+                      l->seg->pool != p || l->t.l || l->t.r || l->hprev))
       FAIL("block %#lx, held as pool %d's last insert, is not a free unlinked block of it",
            (unsigned long)l->ptr, p);
     blocks[p] = total[p] + (l != NULL);

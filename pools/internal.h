@@ -63,29 +63,27 @@ enum { OOM_MEMORY = 0, OOM_ADDRESS_SPACE = 1, OOM_TOO_LARGE = 2 };
 typedef struct segment_s segment_t;
 typedef struct block_s block_t;
 
-/* The fields a cache hit touches (fidx.h: the pop and push of a size's heap, the
- * statistics) come first, in the first 64-byte cache line; the rest serve splitting,
- * merging, the idle list and streams. */
+/* The fields a cache hit touches (the statistics, the neighbours a free merges with)
+ * come first, in the first 64-byte cache line; then the index links (a heap pop or push
+ * touches t), the idle list and streams. */
 struct block_s {
   uintptr_t ptr;
   size_t size;
   size_t requested;      /* the caller's size, while allocated or pending */
   segment_t *seg;
   expseg_stream stream;  /* the segment's stream */
-  block_t *left;         /* unmapped or single index: treap; free index: first heap child */
+  block_t *prev, *next;  /* address neighbours in the segment */
   uint32_t n_uses;       /* other streams recorded with record_stream */
   uint8_t state;         /* BLOCK_* */
   bool oversize;         /* allocated at >= max_split_size (oversize_allocations) */
   bool mapped;           /* false only for unmapped expandable blocks */
   bool indexed;          /* in the free or unmapped index */
-  block_t *prev;         /* address neighbours in the segment */
   /* ---- second cache line ---- */
-  block_t *next;
-  block_t *right;        /* treap; free index: next heap sibling (a block is in one index) */
+  EXPSEG_TREAP_LINK(block_t) t; /* treap (unmapped, single-chunk: tree.c); the free
+                                 * index's heap: t.l first child, t.r next sibling */
   block_t *hprev;        /* free index: previous heap sibling, or the parent of a first child */
   block_t *idle_prev, *idle_next; /* idle list */
   uint64_t idle_since;   /* a->now_ns when it became free */
-  uint32_t prio;         /* treap priority */
   bool idle;             /* on the idle list */
   uint32_t event_count;  /* events still outstanding (pending free) */
   expseg_stream *uses;   /* n_uses entries: uses_inline or heap */
@@ -170,7 +168,7 @@ typedef struct stream_queue_s {
 
 /* The free index (fidx.c): one size node per (pool, stream, size) with free blocks, in a
  * treap of sizes per pool for best fit, found directly by a hash table for an exact size;
- * its blocks form a pairing heap by address (intrusive: left, right, hprev), so the lowest
+ * its blocks form a pairing heap by address (intrusive: t.l, t.r, hprev), so the lowest
  * address of a size is the root. */
 typedef struct szn_s szn_t;
 struct szn_s {
