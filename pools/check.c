@@ -202,6 +202,9 @@ expseg_status _expseg_check_locked(const expseg_allocator *a) {
   if (n != a->n_segments) FAIL("segment list holds %zu, count says %zu", n, a->n_segments);
   int64_t heaps[POOL_COUNT];
   if ((st = _expseg_fidx_check(&a->free_idx, heaps)) != EXPSEG_OK) return st;
+  if (a->free_idx.n_nodes < a->n_slabs * EXPSEG_SLAB_BLOCKS) /* a free could need a node */
+    FAIL("free index: %zu size nodes for %zu block structs", a->free_idx.n_nodes,
+         a->n_slabs * EXPSEG_SLAB_BLOCKS);
   for (int p = 0; p < POOL_COUNT; p++) {
     SAME("free index size", heaps[p] + (int64_t)a->free_idx.single[p].count, r.free_blocks[p]);
     SAME("unmapped index size", (int64_t)a->unmapped_idx[p].count, r.unmapped_blocks[p]);

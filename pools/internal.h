@@ -294,6 +294,7 @@ size_t _expseg_stats_key_count(void);
 const char *_expseg_stats_key(size_t i); /* sorted */
 
 /* ---- block.c: blocks, the free sets, splitting and merging ---- */
+#define EXPSEG_SLAB_BLOCKS 512 /* block structs are made this many at a time */
 block_t *_expseg_block_new(expseg_allocator *a);
 void _expseg_block_delete(expseg_allocator *a, block_t *b);
 void _expseg_blocks_destroy(expseg_allocator *a);
