@@ -168,8 +168,7 @@ chunk_t _expseg_cache_take(expseg_allocator *a, size_t i, int pool) {
   a->cache_count--;
   _expseg_stat_add(&a->stats.cached_physical_bytes, -(int64_t)c.size);
   if (c.pool != pool) {
-    _expseg_stat_add(&a->stats.reserved_bytes[stat_pool(c.pool)], -(int64_t)c.size);
-    _expseg_stat_add(&a->stats.reserved_bytes[stat_pool(pool)], (int64_t)c.size);
+    stat_move(a->stats.reserved_bytes, c.pool, pool, (int64_t)c.size);
   }
   return c;
 }
@@ -179,10 +178,7 @@ void _expseg_cache_take_set(expseg_allocator *a, const size_t *idx, size_t m, in
   for (size_t i = 0; i < m; i++) { /* marked by a size of 0 (never a cached size) */
     chunk_t *c = &a->cache[idx[i]];
     _expseg_stat_add(&a->stats.cached_physical_bytes, -(int64_t)c->size);
-    if (c->pool != pool) {
-      _expseg_stat_add(&a->stats.reserved_bytes[stat_pool(c->pool)], -(int64_t)c->size);
-      _expseg_stat_add(&a->stats.reserved_bytes[stat_pool(pool)], (int64_t)c->size);
-    }
+    if (c->pool != pool) stat_move(a->stats.reserved_bytes, c->pool, pool, (int64_t)c->size);
     c->size = 0;
   }
   size_t k = 0;
