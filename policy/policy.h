@@ -128,11 +128,16 @@ static inline size_t _expseg_round_up(size_t v, size_t step) {
 /* Classic segment size: <= 1 MiB -> 2 MiB; < 10 MiB -> large_segment_size; else rounded up
  * to 2 MiB. */
 size_t _expseg_classic_segment_size(const expseg_config_t *c, size_t rounded);
-/* Split a free block of block_size to serve rounded? expandable = block's segment kind. */
-bool _expseg_should_split(const expseg_config_t *c, bool small, bool expandable,
-                          size_t block_size, size_t rounded);
-/* A block or segment of `size` bytes is oversize (>= max_split_size); inline: the hit
- * path's bin eligibility asks it. */
+/* Split a free block of block_size to serve rounded? expandable = block's segment kind.
+ * Inline: every hit that does not take a block of exactly its size asks it. */
+static inline bool _expseg_should_split(const expseg_config_t *c, bool small, bool expandable,
+                                        size_t block_size, size_t rounded) {
+  if (block_size < rounded) return false;
+  size_t remaining = block_size - rounded;
+  if (small || expandable) return remaining >= EXPSEG_MIN_BLOCK;
+  return rounded < c->max_split_size && remaining > EXPSEG_SMALL_SIZE;
+}
+/* A block or segment of `size` bytes is oversize (>= max_split_size); inline: a hit asks. */
 static inline bool _expseg_is_oversize(const expseg_config_t *c, size_t size) {
   return size >= c->max_split_size;
 }

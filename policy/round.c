@@ -65,14 +65,6 @@ size_t _expseg_classic_segment_size(const expseg_config_t *c, size_t rounded) {
   return _expseg_round_up(rounded, EXPSEG_ROUND_LARGE);
 }
 
-bool _expseg_should_split(const expseg_config_t *c, bool small, bool expandable,
-                          size_t block_size, size_t rounded) {
-  if (block_size < rounded) return false;
-  size_t remaining = block_size - rounded;
-  if (small || expandable) return remaining >= EXPSEG_MIN_BLOCK;
-  return rounded < c->max_split_size && remaining > EXPSEG_SMALL_SIZE;
-}
-
 bool _expseg_oversize_ok(const expseg_config_t *c, size_t rounded, size_t candidate) {
   const bool big = _expseg_is_oversize(c, rounded);
   if (!big && _expseg_is_oversize(c, candidate)) return false;

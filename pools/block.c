@@ -85,12 +85,14 @@ size_t _expseg_block_whole_pages(const expseg_allocator *a, const block_t *b, ui
   uintptr_t base = b->seg->base, off = b->ptr - base, lo, hi;
   const size_t pg = b->seg->page; /* the segment's own (model.c: _expseg_pool_page) */
   if (a->page_shift != 0 && pg == a->page) { /* the usual case: no division on the free path */
-    lo = base + (((off + pg - 1) >> a->page_shift) << a->page_shift);
-    hi = base + (((off + b->size) >> a->page_shift) << a->page_shift);
-  } else {
-    lo = base + (off + pg - 1) / pg * pg;
-    hi = base + (off + b->size) / pg * pg;
+    const unsigned sh = a->page_shift;
+    lo = base + (((off + pg - 1) >> sh) << sh);
+    hi = base + (((off + b->size) >> sh) << sh);
+    if (first != NULL) *first = lo;
+    return hi > lo ? (hi - lo) >> sh : 0;
   }
+  lo = base + (off + pg - 1) / pg * pg;
+  hi = base + (off + b->size) / pg * pg;
   if (first != NULL) *first = lo;
   return hi > lo ? (hi - lo) / pg : 0;
 }
