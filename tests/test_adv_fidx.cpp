@@ -2,13 +2,18 @@
 // API: host memory failing while the checker runs. Host allocation failure is injected by
 // replacing malloc, calloc and realloc in this executable (they fail only while armed);
 // under a sanitizer (which owns malloc) the tests that need it are skipped.
+#include "adv_fidx_support.h"
 #include "alloc_support.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -117,5 +122,171 @@ TEST(AdvFidx, DebugCheckSurvivesHostShortage) {
       ::testing::ExitedWithCode(0), "");
 #endif
 }
+
+// Threads on the hit path while others toggle what sends requests off it: history
+// recording on and off, runtime configuration (max_split_size, rounding), held streams
+// with record_stream (pending frees), empty_cache and the checker. Every block handed out
+// must overlap no live block (a registry of live ranges), and the allocator must check
+// clean at the end with everything back. Meant for ThreadSanitizer too.
+TEST(AdvFidx, ThreadsOnTheHitPathWithTogglers) {
+  uint64_t seed = 99;
+  if (const char *e = std::getenv("EXPSEG_TEST_SEED")) seed = std::strtoull(e, nullptr, 10);
+  std::printf("seed %llu (EXPSEG_TEST_SEED)\n", (unsigned long long)seed);
+  size_t ops = 20000;
+  if (const char *e = std::getenv("EXPSEG_TEST_OPS")) ops = std::strtoull(e, nullptr, 10);
+  for (const char *conf : {"", "expandable_segments:False,max_split_size_mb:64"}) {
+    AllocPtr a = make_alloc("sim:capacity=8G", conf);
+    expseg_allocator *A = a.get();
+    std::mutex mu;
+    std::map<uintptr_t, size_t> live; // start -> size
+    std::atomic<int> errors{0};
+    std::atomic<bool> stop{false};
+    auto fail = [&](const std::string &what) {
+      if (errors.fetch_add(1) < 5) ADD_FAILURE() << conf << ": " << what << ": " << expseg_last_error();
+    };
+    auto enter = [&](void *p, size_t size) {
+      std::lock_guard<std::mutex> g(mu);
+      uintptr_t x = (uintptr_t)p;
+      auto it = live.upper_bound(x);
+      if (it != live.end() && it->first < x + size) fail("block overlaps the next live block");
+      if (it != live.begin() && std::prev(it)->first + std::prev(it)->second > x)
+        fail("block overlaps the previous live block");
+      live[x] = size;
+    };
+    auto leave = [&](void *p) {
+      std::lock_guard<std::mutex> g(mu);
+      live.erase((uintptr_t)p);
+    };
+    auto worker = [&](int id) {
+      uint64_t s = seed * 7919 + (uint64_t)id + 1;
+      auto next = [&s]() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        return s;
+      };
+      const expseg_stream own = 10 + (expseg_stream)id, shared = 0;
+      std::vector<std::pair<void *, size_t>> mine;
+      const size_t sizes[4] = {1000 + (size_t)id * 512, 300 * KiB, 3 * 1024 * KiB + 17, 25 * 1024 * KiB};
+      for (size_t i = 0; i < ops; i++) {
+        uint64_t r = next() % 100;
+        if (r < 50 && mine.size() < 48) {
+          size_t size = next() % 4 == 0 ? 1 + next() % (8 * 1024 * KiB) : sizes[next() % 4];
+          expseg_stream st = next() % 3 == 0 ? shared : own;
+          void *p = nullptr;
+          expseg_status rc = expseg_malloc(A, size, st, &p);
+          if (rc == EXPSEG_OK) {
+            enter(p, size);
+            mine.push_back({p, size});
+          } else if (rc != EXPSEG_ERR_OUT_OF_MEMORY) {
+            fail("malloc");
+          }
+        } else if (!mine.empty()) {
+          size_t k = next() % mine.size();
+          void *p = mine[k].first;
+          if (next() % 10 == 0 && expseg_record_stream(A, p, 5 + next() % 2) != EXPSEG_OK)
+            fail("record_stream");
+          leave(p);
+          if (expseg_free(A, p) != EXPSEG_OK) fail("free");
+          mine[k] = mine.back();
+          mine.pop_back();
+        }
+      }
+      for (auto &m : mine) {
+        leave(m.first);
+        if (expseg_free(A, m.first) != EXPSEG_OK) fail("final free");
+      }
+    };
+    std::thread toggler([&]() {
+      const char *confs[] = {"max_split_size_mb:40", "max_split_size_mb:4000",
+                             "roundup_power2_divisions:4", "roundup_power2_divisions:0"};
+      for (unsigned i = 0; !stop.load(); i++) {
+        switch (i % 6) {
+        case 0: (void)expseg_record_history_ex(A, i % 12 == 0, 1000, 0); break;
+        case 1: (void)expseg_configure(A, confs[(i / 6) % 4]); break;
+        case 2: (void)expseg_testing_hold_stream(A, 5, (i / 6) % 2 == 0); break;
+        case 3: (void)expseg_empty_cache(A); break;
+        case 4:
+          if (expseg_check(A) != EXPSEG_OK) fail("check (concurrent)");
+          break;
+        default: {
+          int64_t v;
+          (void)expseg_stat(A, "expseg.largest_free_block", &v);
+        }
+        }
+        std::this_thread::yield();
+      }
+      (void)expseg_testing_hold_stream(A, 5, false);
+      (void)expseg_record_history(A, false, 0);
+    });
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 4; t++) ts.emplace_back(worker, t);
+    for (auto &t : ts) t.join();
+    stop = true;
+    toggler.join();
+    ASSERT_EQ(errors.load(), 0);
+    ASSERT_EQ(expseg_empty_cache(A), EXPSEG_OK);
+    EXPECT_EQ(expseg_check(A), EXPSEG_OK) << conf << ": " << expseg_last_error();
+    EXPECT_EQ(stat_of(A, "allocated_bytes.all.current"), 0) << conf;
+    EXPECT_EQ(stat_of(A, "reserved_bytes.all.current"), 0) << conf;
+  }
+}
+
+// The state the corruption tests start from: equal-size holes on two streams (heaps with
+// children), an emptied size node, spare nodes. Returns the blocks to free at the end.
+std::vector<void *> corruptible_state(expseg_allocator *A) {
+  std::vector<void *> keep, holes;
+  for (expseg_stream s : {(expseg_stream)0, (expseg_stream)3})
+    for (int i = 0; i < 12; i++) {
+      keep.push_back(must_alloc(A, 64 * KiB, s));
+      holes.push_back(must_alloc(A, (size_t)(1 + i % 4) * 128 * KiB, s));
+    }
+  keep.push_back(must_alloc(A, 64 * KiB));
+  for (void *h : holes) EXPECT_EQ(expseg_free(A, h), EXPSEG_OK);
+  keep.push_back(must_alloc(A, 128 * KiB)); // a hole of that size taken back
+  void *odd = must_alloc(A, 999 * KiB);     // a size of its own, freed and taken again
+  keep.push_back(must_alloc(A, 64 * KiB));
+  EXPECT_EQ(expseg_free(A, odd), EXPSEG_OK);
+  void *other = must_alloc(A, 64 * KiB, 3); // moves the odd block into its heap
+  EXPECT_EQ(expseg_free(A, must_alloc(A, 64 * KiB * 3 + 512)), EXPSEG_OK);
+  keep.push_back(must_alloc(A, 999 * KiB)); // takes the odd block: its node is left empty
+  keep.push_back(other);
+  return keep;
+}
+
+const char *const kCorruptNames[ADV_CORRUPT_COUNT_KINDS] = {
+    "count", "drop child", "drop last", "treap order", "empty list", "lose spare", "heap order"};
+
+void expect_check_catches(int kind) {
+  for (const char *conf : {"", "expandable_segments:False"}) {
+    AllocPtr a = make_alloc("sim:capacity=8G", conf);
+    expseg_allocator *A = a.get();
+    std::vector<void *> keep = corruptible_state(A);
+    ASSERT_EQ(expseg_check(A), EXPSEG_OK) << conf << ": " << expseg_last_error();
+    ASSERT_TRUE(adv_fidx_corrupt(A, kind)) << conf << ": nothing to corrupt for " << kCorruptNames[kind];
+    expseg_status st = expseg_check(A);
+    adv_fidx_undo(A);
+    EXPECT_NE(st, EXPSEG_OK) << conf << ": expseg_check missed corruption '" << kCorruptNames[kind] << "'";
+    ASSERT_EQ(expseg_check(A), EXPSEG_OK) << conf << ": after undoing '" << kCorruptNames[kind]
+                                          << "': " << expseg_last_error();
+    for (void *p : keep) ASSERT_EQ(expseg_free(A, p), EXPSEG_OK);
+    EXPECT_EQ(expseg_check(A), EXPSEG_OK) << expseg_last_error();
+  }
+}
+
+// Each corruption of the free index's structures (adv_fidx_support.h) makes expseg_check
+// fail, and undoing it makes it pass again (these hold on main).
+TEST(AdvFidx, CheckCatchesEachCorruption) {
+  for (int k = 0; k < ADV_CORRUPT_COUNT_KINDS; k++)
+    if (k != ADV_CORRUPT_LOSE_SPARE) expect_check_catches(k);
+}
+
+// Defect (a gap of the check): what makes a free never need host memory is that size nodes
+// are never fewer than the block structs made (and the table at most half full of them);
+// _expseg_fidx_check verifies spare + indexed == n_nodes but never n_nodes >= the block
+// structs made, so an index that can run out of nodes on a later free (node_make asserts
+// then) checks clean. Fix: pass the block structs made (a->n_slabs * SLAB_BLOCKS) to
+// _expseg_fidx_check and FAIL when n_nodes is below it or 2 * n_nodes > cap.
+TEST(AdvFidx, CheckCatchesFewerNodesThanBlocks) { expect_check_catches(ADV_CORRUPT_LOSE_SPARE); }
 
 } // namespace

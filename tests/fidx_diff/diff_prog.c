@@ -57,11 +57,16 @@ int main(int argc, char **argv) {
   long steps = atol(argv[3]);
   int check = argc > 4;
   const char *drv = getenv("DIFF_DRIVER") ? getenv("DIFF_DRIVER") : "sim:capacity=8G";
+  if (getenv("DIFF_PAD")) { /* shifts the host heap: block structs land elsewhere */
+    void *volatile pad = malloc((size_t)atol(getenv("DIFF_PAD")));
+    (void)pad;
+  }
   expseg_allocator *a;
   if (expseg_create(drv, 0, configs[ci], &a) != EXPSEG_OK) {
     printf("create: %s\n", expseg_last_error());
     return 1;
   }
+  if (rnd() % 3 == 0) printf("model_pytorch -> %d\n", (int)expseg_testing_set_model_pytorch(a, true));
   size_t sizes[16];
   int nsizes = 1 + (int)(rnd() % 16);
   for (int i = 0; i < nsizes; i++) sizes[i] = 1 + rnd() % ((rnd() % 2) ? (1 << 20) : (40u << 20));
@@ -101,6 +106,10 @@ int main(int argc, char **argv) {
     } else if (r < 985) {
       expseg_status st = expseg_empty_cache(a);
       printf("%ld e -> %d\n", i, (int)st);
+    } else if (r < 987) {
+      double f = 0.3 + (double)(rnd() % 71) / 100.0;
+      expseg_status st = expseg_set_memory_fraction(a, f);
+      printf("%ld x %.2f -> %d\n", i, f, (int)st);
     } else if (r < 990) {
       const char *c = runtime[rnd() % (sizeof runtime / sizeof *runtime)];
       expseg_status st = expseg_configure(a, c);
