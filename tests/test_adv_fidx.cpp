@@ -289,4 +289,41 @@ TEST(AdvFidx, CheckCatchesEachCorruption) {
 // _expseg_fidx_check and FAIL when n_nodes is below it or 2 * n_nodes > cap.
 TEST(AdvFidx, CheckCatchesFewerNodesThanBlocks) { expect_check_catches(ADV_CORRUPT_LOSE_SPARE); }
 
+// Defect (older than the free index, found by the differential run old vs new library:
+// tests/fidx_diff): garbage collection picks its victims oldest first, but blocks and
+// segments freed between the same two misses share one idle time (a->now_ns is read on
+// misses only), and policy/gc.c breaks such ties by the item's tag, the HOST address of
+// the block_t or segment_t struct. So which memory is given back depends on where malloc
+// put those structs: the same program hands out different device addresses when the host
+// heap is laid out differently (and the new index, whose node slabs sit among the block
+// slabs, changes replays with garbage_collection_threshold against the old library).
+// Fix: break ties by the device address (segment base, block ptr) before the tag.
+TEST(AdvFidx, GcVictimsDoNotDependOnHostHeapLayout) {
+  constexpr size_t MiB = 1024 * KiB;
+  std::string first;
+  for (int holes : {0, 2, 10, 50, 100, 400, 1000}) {
+    std::vector<void *> hold; // holes in the host heap that structs made later fill
+    for (int j = 0; j < holes; j++) hold.push_back(std::malloc(64 + 16 * (size_t)(j % 24)));
+    for (int j = 0; j < holes; j += 2) std::free(hold[(size_t)j]);
+    AllocPtr a = make_alloc("sim:capacity=8G", "expandable_segments:False,"
+                                               "garbage_collection_threshold:0.6,"
+                                               "per_process_memory_fraction:0.5");
+    expseg_allocator *A = a.get();
+    std::vector<void *> p, rest;
+    for (int i = 0; i < 26; i++) p.push_back(must_alloc(A, 100 * MiB));
+    for (int i = 0; i < 26; i += 2) ASSERT_EQ(expseg_free(A, p[(size_t)i]), EXPSEG_OK);
+    // a miss over threshold x allowed: GC gives back some of the 13 equally idle segments
+    std::string seq = std::to_string((uintptr_t)must_alloc(A, 300 * MiB));
+    for (int i = 0; i < 13; i++) { // the segments GC kept come back first, lowest address first
+      void *q = must_alloc(A, 100 * MiB);
+      seq += " " + std::to_string((uintptr_t)q);
+    }
+    if (std::getenv("ADV_VERBOSE")) std::printf("%d: %s\n", holes, seq.c_str());
+    if (first.empty()) first = seq;
+    EXPECT_EQ(seq, first) << "host heap perturbed by " << holes
+                          << " small blocks: garbage collection chose other victims";
+    for (int j = 1; j < holes; j += 2) std::free(hold[(size_t)j]);
+  }
+}
+
 } // namespace

@@ -61,6 +61,12 @@ int main(int argc, char **argv) {
     void *volatile pad = malloc((size_t)atol(getenv("DIFF_PAD")));
     (void)pad;
   }
+  if (getenv("DIFF_HOLES")) { /* holes in the host heap: structs made later fill them out of order */
+    int k = atoi(getenv("DIFF_HOLES"));
+    static void *hold[4096];
+    for (int j = 0; j < k && j < 4096; j++) hold[j] = malloc(64 + 16 * (size_t)(j % 24));
+    for (int j = 0; j < k && j < 4096; j += 2) free(hold[j]);
+  }
   expseg_allocator *a;
   if (expseg_create(drv, 0, configs[ci], &a) != EXPSEG_OK) {
     printf("create: %s\n", expseg_last_error());
