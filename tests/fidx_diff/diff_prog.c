@@ -19,6 +19,10 @@ static const char *configs[] = {
     "expandable_segments:True,page_cache_max_mb:0,max_split_size_mb:100",
     "expandable_segments:False,max_split_size_mb:40,max_non_split_rounding_mb:20,single_chunk_min_mb:100",
     "expandable_segments:True,garbage_collection_threshold:0.5,per_process_memory_fraction:0.7",
+    "expandable_segments:True,max_split_size_mb:20,roundup_power2_divisions:[256:1,512:2,>:16]",
+    "expandable_segments:False,roundup_power2_divisions:16,max_non_split_rounding_mb:512",
+    "expandable_segments:True,page_size_mb:0,single_chunk_min_mb:20",
+    "expandable_segments:False,per_process_memory_fraction:0.3",
 };
 static const char *runtime[] = {
     "max_split_size_mb:30", "max_split_size_mb:1000", "roundup_power2_divisions:8",
@@ -54,6 +58,7 @@ int main(int argc, char **argv) {
   if (argc < 4) return 2;
   rng = strtoull(argv[1], NULL, 0) * 2654435761u + 1;
   int ci = atoi(argv[2]);
+  if (ci < 0 || ci >= (int)(sizeof configs / sizeof *configs)) return 2;
   long steps = atol(argv[3]);
   int check = argc > 4;
   const char *drv = getenv("DIFF_DRIVER") ? getenv("DIFF_DRIVER") : "sim:capacity=8G";

@@ -86,7 +86,7 @@ int main(int argc, char **argv) {
     if (r < 55 || n == 0) {
       size_t size = rnd() % 3 ? 512 * (1 + rnd() % 4000) : 1 + rnd() % (64u << 20);
       void *p = NULL;
-      expseg_status st = expseg_malloc(a, size, rnd() % 3, &p);
+      expseg_status st = expseg_malloc(a, size, rnd() % (getenv("NSTREAMS") ? atoi(getenv("NSTREAMS")) : 3), &p);
       countdown = -1;
       if (st == EXPSEG_OK) {
         ok_m++;
