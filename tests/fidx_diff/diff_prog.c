@@ -1,8 +1,9 @@
 /* diff_prog.c: a random program through the public API that prints every address handed
  * out (and each status), so that two builds of the library can be compared line by line
- * (tests/fidx_diff/run.sh). Usage: diff_prog SEED CONFIG_INDEX STEPS [check] */
+ * (run.sh). Usage: diff_prog SEED CONFIG_INDEX STEPS [check] */
 #include "expseg.h"
 #include "expseg_testing.h"
+#include "rng.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,13 +31,6 @@ static const char *runtime[] = {
     "single_chunk_min_mb:64", "max_non_split_rounding_mb:100",
 };
 
-static uint64_t rng;
-static uint64_t rnd(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return rng;
-}
 
 static void print_stat(void *ctx, const char *key, int64_t v) {
   (void)ctx;

@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include "expseg.h"
 #include "expseg_testing.h"
+#include "rng.h"
 
 #include <malloc.h>
 #include <stdio.h>
@@ -48,13 +49,6 @@ void free(void *p) {
   __libc_free(p);
 }
 
-static uint64_t rng;
-static uint64_t rnd(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return rng;
-}
 
 int main(int argc, char **argv) {
   if (argc < 4) return 2;
