@@ -6,7 +6,7 @@
 # step must exit 0. Configurations whose programs can turn garbage collection on differ
 # legitimately while AdvFidx.GcVictimsDoNotDependOnHostHeapLayout fails (GC ties broken by
 # host addresses): they are reported as "GC-possible".
-set -u
+set -u  # DIFF_NOGC=1 CONFS="0 1 2 3 4 5 7 8 10 11 12 13": no garbage collection, so every DIFF is a defect
 here=$(cd "$(dirname "$0")" && pwd)
 T=$(mktemp -d)
 for v in old:$1 new:$2; do
