@@ -1,7 +1,12 @@
-// test_adv_fidx.cpp: adversarial tests of the free index (pools/fidx.c) through the public
-// API: host memory failing while the checker runs. Host allocation failure is injected by
-// replacing malloc, calloc and realloc in this executable (they fail only while armed);
-// under a sanitizer (which owns malloc) the tests that need it are skipped.
+// test_adv_fidx.cpp: adversarial tests of the free index (pools/fidx.c) and what it leans
+// on, through the public API: expseg_check short of host memory and on corrupted index
+// structures, the EXPSEG_DEBUG=3 periodic check (in free, in destroy), threads on the hit
+// path while history, configuration and held streams change, and two older defects found by
+// the old/new differential run (tests/fidx_diff/run.sh): garbage collection's victims
+// depending on the host heap layout, and a refused release lost without host memory.
+// Host allocation failure is injected by replacing malloc, calloc and realloc in this
+// executable (they fail only while armed); under a sanitizer (which owns malloc) the tests
+// that need it are skipped. Each test's comment names the defect it pins.
 #include "adv_fidx_support.h"
 #include "alloc_support.h"
 
