@@ -58,6 +58,7 @@ int main(int argc, char **argv) {
     expseg_allocator *w;
     if (expseg_create("sim:capacity=8G", 0, argv[3], &w) != EXPSEG_OK) return 1;
     void *p;
+    if (getenv("HIST")) (void)expseg_record_history(w, true, 1000);
     if (expseg_malloc(w, 1000, 0, &p) == EXPSEG_OK) (void)expseg_free(w, p);
     (void)expseg_configure(w, "max_split_size_mb:40");
     (void)expseg_check(w);
@@ -68,6 +69,7 @@ int main(int argc, char **argv) {
   struct mallinfo2 m0 = mallinfo2();
   expseg_allocator *a;
   if (expseg_create("sim:capacity=8G", 0, argv[3], &a) != EXPSEG_OK) return 1;
+  if (getenv("HIST") && expseg_record_history(a, true, 1000) != EXPSEG_OK) return 1;
   void **live = __libc_calloc(200000, sizeof *live);
   bool *rec = __libc_calloc(200000, sizeof *rec);
   size_t n = 0;
