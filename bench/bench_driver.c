@@ -4,6 +4,7 @@
  * p99 of each call in microseconds. On `cuda` this is the physical floor of growth
  * (docs/benchmarks.md); on `host` it is a range of a memfd arena + mmap; on `sim` bookkeeping. */
 #include "error.h"
+#include "tool_args.h"
 #include "trace_internal.h"
 #include "vmm.h"
 #include "tool_version.h"
@@ -18,12 +19,11 @@ enum { K_CREATE, K_MAP, K_ACCESS, K_UNMAP, K_RELEASE, K_COUNT };
 static const char *const kind_names[K_COUNT] = {"create", "map", "set_access", "unmap",
                                                 "release"};
 
-static int usage(void) {
-  fprintf(stderr, "usage: expseg-bench-driver [--driver SPEC] [--rounds N] [--sizes MB,MB]\n"
-                  "  --driver SPEC  driver spec (default host:capacity=1G)\n"
-                  "  --rounds N     repetitions per size (default 200)\n"
-                  "  --sizes LIST   chunk sizes in MiB (default 2,20)\n");
-  return 2;
+static void usage(FILE *f) {
+  fprintf(f, "usage: expseg-bench-driver [--driver SPEC] [--rounds N] [--sizes MB,MB]\n"
+             "  --driver SPEC  driver spec (default host:capacity=1G)\n"
+             "  --rounds N     repetitions per size (default 200)\n"
+             "  --sizes LIST   chunk sizes in MiB (default 2,20)\n");
 }
 
 /* One size: times every call of every round; returns 0, or 1 on a driver failure. */
@@ -71,43 +71,29 @@ static int bench_size(expseg_vmm_t *v, size_t size, unsigned rounds, const char 
 int main(int argc, char **argv) {
   if (expseg_tool_version(argc, argv, "expseg-bench-driver")) return 0;
   const char *spec = "host:capacity=1G";
-  unsigned rounds = 200;
-  size_t sizes[8] = {2, 20};
+  uint64_t rounds = 200;
+  uint64_t sizes[8] = {2, 20};
   size_t n_sizes = 2;
-  for (int i = 1; i < argc; i++) {
-    if (i + 1 >= argc) return usage();
-    if (!strcmp(argv[i], "--driver")) {
-      spec = argv[++i];
-    } else if (!strcmp(argv[i], "--rounds")) {
-      char *end;
-      unsigned long r = strtoul(argv[++i], &end, 10);
-      if (*end || r == 0 || r > 1000000) return usage();
-      rounds = (unsigned)r;
-    } else if (!strcmp(argv[i], "--sizes")) {
-      n_sizes = 0;
-      for (char *tok = strtok(argv[++i], ","); tok; tok = strtok(NULL, ",")) {
-        char *end;
-        unsigned long mb = strtoul(tok, &end, 10);
-        if (*end || mb == 0 || mb > 65536 || n_sizes == 8) return usage();
-        sizes[n_sizes++] = mb;
-      }
-      if (n_sizes == 0) return usage();
-    } else {
-      return usage();
-    }
-  }
+  const _expseg_arg_t opts[] = {
+      ARG_STR_("--driver", &spec),
+      ARG_U64_("--rounds", &rounds, 1, 1000000),
+      ARG_LIST_("--sizes", sizes, 1, 65536, &n_sizes, 8),
+  };
+  if (_expseg_args_parse("expseg-bench-driver", argc, argv, opts, sizeof opts / sizeof opts[0],
+                         usage))
+    return 2;
   expseg_vmm_t *v = NULL;
   if (_expseg_vmm_open(spec, 0, &v) != EXPSEG_OK) {
     fprintf(stderr, "expseg-bench-driver: %s\n", expseg_last_error());
     return 2;
   }
-  printf("# %u rounds per size; microseconds per call\n", rounds);
+  printf("# %" PRIu64 " rounds per size; microseconds per call\n", rounds);
   printf("%-28s %8s %-11s %10s %10s\n", "driver", "MiB", "call", "median us", "p99 us");
   int rc = 0;
   for (size_t i = 0; i < n_sizes && rc == 0; i++) {
     size_t size = sizes[i] << 20;
     if (size % v->granularity != 0) size = (size / v->granularity + 1) * v->granularity;
-    rc = bench_size(v, size, rounds, spec);
+    rc = bench_size(v, size, (unsigned)rounds, spec);
   }
   _expseg_vmm_close(v);
   return rc;

@@ -9,6 +9,7 @@
  * measurement, "re-grow", frees and re-allocates without empty_cache (a cache hit, for
  * contrast). Settings compared: the --conf values given, or a built-in list. */
 #include "expseg.h"
+#include "tool_args.h"
 #include "tool_version.h"
 #include "trace_internal.h"
 
@@ -30,26 +31,17 @@ static const char *const default_confs[] = {
     "expandable_segments:False",
 };
 
+static void usage(FILE *f) {
+  fprintf(f, "usage: expseg-bench-grow [--driver SPEC (host:capacity=4G)] [--size BYTES[K|M|G] "
+             "(1G)] [--rounds N (20)] [--conf TEXT]... [--json]\n");
+}
+
 static const char *const calls[] = {"create", "map", "set_access", "unmap", "release"};
 #define N_CALLS (sizeof calls / sizeof calls[0])
 
 static uint64_t median(uint64_t *v, size_t n) {
   qsort(v, n, sizeof *v, _expseg_u64_cmp);
   return v[n / 2];
-}
-
-static int parse_size(const char *s, uint64_t *out) {
-  char *end;
-  errno = 0;
-  unsigned long long x = strtoull(s, &end, 10);
-  if (errno || end == s || *s == '-') return -1;
-  uint64_t mul = 1;
-  if (*end == 'K') mul = 1ull << 10, end++;
-  else if (*end == 'M') mul = 1ull << 20, end++;
-  else if (*end == 'G') mul = 1ull << 30, end++;
-  if (*end) return -1;
-  *out = x * mul;
-  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -59,22 +51,16 @@ int main(int argc, char **argv) {
   const char *confs[16];
   size_t n_confs = 0;
   int json = 0;
-  for (int i = 1; i < argc; i++) {
-    const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(k, "--json")) { json = 1; continue; }
-    if (!strcmp(k, "--help") || !strcmp(k, "-h")) {
-      printf("usage: expseg-bench-grow [--driver SPEC (host:capacity=4G)] [--size BYTES[K|M|G] "
-             "(1G)] [--rounds N (20)] [--conf TEXT]... [--json]\n");
-      return 0;
-    }
-    if (!v) { fprintf(stderr, "expseg-bench-grow: %s needs a value\n", k); return 2; }
-    i++;
-    if (!strcmp(k, "--driver")) driver = v;
-    else if (!strcmp(k, "--size") && !parse_size(v, &size) && size > 0) {}
-    else if (!strcmp(k, "--rounds") && !parse_size(v, &rounds) && rounds > 0 && rounds < 100000) {}
-    else if (!strcmp(k, "--conf") && n_confs < 16) confs[n_confs++] = v;
-    else { fprintf(stderr, "expseg-bench-grow: bad option or value: %s %s\n", k, v); return 2; }
-  }
+  const _expseg_arg_t opts[] = {
+      ARG_FLAG_("--json", &json),
+      ARG_STR_("--driver", &driver),
+      ARG_SIZE_("--size", &size, 1, UINT64_MAX),
+      ARG_U64_("--rounds", &rounds, 1, 99999),
+      ARG_STRS_("--conf", confs, &n_confs, 16),
+  };
+  if (_expseg_args_parse("expseg-bench-grow", argc, argv, opts, sizeof opts / sizeof opts[0],
+                         usage))
+    return 2;
   if (!n_confs) {
     for (size_t i = 0; i < sizeof default_confs / sizeof default_confs[0]; i++)
       confs[n_confs++] = default_confs[i];

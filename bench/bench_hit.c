@@ -24,6 +24,7 @@
  * many times while timing) without or with C stacks. Results: docs/benchmarks.md. */
 #include "trace.h"
 #include "trace_internal.h"
+#include "tool_args.h"
 #include "tool_version.h"
 
 #include <errno.h>
@@ -102,13 +103,6 @@ static int floor_init(floor_t *f, const size_t *seq, fnode_t *nodes) {
   return 0;
 }
 
-static uint64_t splitmix(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 static int bench_hit_cmp(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -161,42 +155,23 @@ static int parse_args(int argc, char **argv, args_t *a) {
   const uint64_t dl[] = {0, 1000, 10000, 100000, 1000000};
   memcpy(a->live, dl, sizeof dl);
   a->n_live = 5;
-  for (int i = 1; i < argc; i++) {
-    const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(k, "--json")) { a->json = 1; continue; }
-    if (!strcmp(k, "--help") || !strcmp(k, "-h")) { usage(stdout); exit(0); }
-    if (!v) { fprintf(stderr, "expseg-bench-hit: %s needs a value\n", k); return -1; }
-    i++;
-    if (!strcmp(k, "--trace")) a->trace = v;
-    else if (!strcmp(k, "--driver")) a->driver = v;
-    else if (!strcmp(k, "--conf")) a->conf = v;
-    else if (!strcmp(k, "--seed") && !_expseg_arg_u64(v, &a->seed)) {}
-    else if (!strcmp(k, "--batches") && !_expseg_arg_u64(v, &a->batches) && a->batches > 0) {}
-    else if (!strcmp(k, "--batch") && !_expseg_arg_u64(v, &a->batch) && a->batch > 0) {}
-    else if (!strcmp(k, "--max-live-size") && !_expseg_arg_u64(v, &a->max_live_size)) {}
-    else if (!strcmp(k, "--holes") && !_expseg_arg_u64(v, &a->holes) && a->holes <= 1) {}
-    else if (!strcmp(k, "--history") && (!strcmp(v, "off") || !strcmp(v, "on") ||
-                                          !strcmp(v, "stacks")))
-      a->history = !strcmp(v, "off") ? 0 : !strcmp(v, "on") ? 1 : 2;
-    else if (!strcmp(k, "--history-entries") && !_expseg_arg_u64(v, &a->history_entries) &&
-             a->history_entries > 0) {}
-    else if (!strcmp(k, "--live")) {
-      char buf[256];
-      snprintf(buf, sizeof buf, "%s", v);
-      a->n_live = 0;
-      for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
-           tok = strtok_r(NULL, ",", &save)) {
-        if (a->n_live == 16 || _expseg_arg_u64(tok, &a->live[a->n_live++])) {
-          fprintf(stderr, "expseg-bench-hit: --live '%s': up to 16 counts, e.g. 0,1000\n", v);
-          return -1;
-        }
-      }
-    } else {
-      fprintf(stderr, "expseg-bench-hit: bad option or value: %s %s (--help)\n", k, v);
-      return -1;
-    }
-  }
-  return 0;
+  static const char *const history[] = {"off", "on", "stacks", NULL};
+  const _expseg_arg_t opts[] = {
+      ARG_FLAG_("--json", &a->json),
+      ARG_STR_("--trace", &a->trace),
+      ARG_STR_("--driver", &a->driver),
+      ARG_STR_("--conf", &a->conf),
+      ARG_U64_("--seed", &a->seed, 0, UINT64_MAX),
+      ARG_U64_("--batches", &a->batches, 1, UINT64_MAX),
+      ARG_U64_("--batch", &a->batch, 1, UINT64_MAX),
+      ARG_U64_("--max-live-size", &a->max_live_size, 0, UINT64_MAX),
+      ARG_U64_("--holes", &a->holes, 0, 1),
+      ARG_CHOICE_("--history", &a->history, history),
+      ARG_U64_("--history-entries", &a->history_entries, 1, UINT64_MAX),
+      ARG_LIST_("--live", a->live, 0, UINT64_MAX, &a->n_live, 16),
+  };
+  return _expseg_args_parse("expseg-bench-hit", argc, argv, opts, sizeof opts / sizeof opts[0],
+                            usage);
 }
 
 int main(int argc, char **argv) {
@@ -225,7 +200,7 @@ int main(int argc, char **argv) {
   }
   uint64_t rng = arg.seed;
   size_t seq[SEQ];
-  for (size_t i = 0; i < SEQ; i++) seq[i] = (size_t)pool[splitmix(&rng) % n_sizes];
+  for (size_t i = 0; i < SEQ; i++) seq[i] = (size_t)pool[_expseg_splitmix64(&rng) % n_sizes];
   double *per = malloc(arg.batches * sizeof *per), *perf = malloc(arg.batches * sizeof *perf);
   floor_t *fl = malloc(sizeof *fl);
   fnode_t *fnodes = malloc(SEQ * sizeof *fnodes);
@@ -253,7 +228,7 @@ int main(int argc, char **argv) {
     }
     uint64_t sum = 0;
     for (uint64_t i = 0; i < nheld; i++) {
-      uint64_t s = pool[splitmix(&rng) % n_sizes];
+      uint64_t s = pool[_expseg_splitmix64(&rng) % n_sizes];
       if (arg.max_live_size && s > arg.max_live_size) s = arg.max_live_size;
       lsz[i] = (size_t)s;
       sum += s + 512;

@@ -7,8 +7,10 @@
  *    and, for reference, mmap + one thread touching every page. Median of --rounds, each on
  *    a new pool.
  * Host-to-device copy bandwidth needs a GPU (docs/benchmarks.md). */
+#include "tool_args.h"
 #include "trace_internal.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,35 +43,24 @@ static void usage(FILE *f) {
 
 static int parse_args(int argc, char **argv, args_t *a) {
   *a = (args_t){"host:numa=0", 256, 7, 200, 10000, 65536, {1, 2, 4, 8}, 4};
-  for (int i = 1; i < argc; i++) {
-    const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(k, "--help") || !strcmp(k, "-h")) { usage(stdout); exit(0); }
-    if (!v) { fprintf(stderr, "expseg-bench-host: %s needs a value\n", k); return -1; }
-    i++;
-    if (!strcmp(k, "--driver")) a->driver = v;
-    else if (!strcmp(k, "--size") && !_expseg_arg_u64(v, &a->size_mb) && a->size_mb > 0 && a->size_mb <= 65536) {}
-    else if (!strcmp(k, "--rounds") && !_expseg_arg_u64(v, &a->rounds) && a->rounds > 0 && a->rounds <= 1000) {}
-    else if (!strcmp(k, "--block") && !_expseg_arg_u64(v, &a->block) && a->block > 0 && a->block <= (1ull << 34)) {}
-    else if (!strcmp(k, "--batches") && !_expseg_arg_u64(v, &a->batches) && a->batches > 0 && a->batches <= 100000) {}
-    else if (!strcmp(k, "--batch") && !_expseg_arg_u64(v, &a->batch) && a->batch > 0) {}
-    else if (!strcmp(k, "--threads")) {
-      char buf[128];
-      snprintf(buf, sizeof buf, "%s", v);
-      a->n_threads = 0;
-      for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        uint64_t t = 0;
-        if (a->n_threads == 8 || _expseg_arg_u64(tok, &t) || t == 0 || t > 128 || (t & (t - 1))) {
-          fprintf(stderr, "expseg-bench-host: --threads '%s': up to 8 powers of two <= 128\n", v);
-          return -1;
-        }
-        a->threads[a->n_threads++] = t;
-      }
-      if (a->n_threads == 0) return -1;
-    } else {
-      fprintf(stderr, "expseg-bench-host: bad option or value: %s %s (--help)\n", k, v);
+  const _expseg_arg_t opts[] = {
+      ARG_STR_("--driver", &a->driver),
+      ARG_U64_("--size", &a->size_mb, 1, 65536),
+      ARG_U64_("--rounds", &a->rounds, 1, 1000),
+      ARG_U64_("--block", &a->block, 1, 1ull << 34),
+      ARG_U64_("--batches", &a->batches, 1, 100000),
+      ARG_U64_("--batch", &a->batch, 1, UINT64_MAX),
+      ARG_LIST_("--threads", a->threads, 1, 128, &a->n_threads, 8),
+  };
+  if (_expseg_args_parse("expseg-bench-host", argc, argv, opts, sizeof opts / sizeof opts[0],
+                         usage))
+    return -1;
+  for (size_t i = 0; i < a->n_threads; i++)
+    if (a->threads[i] & (a->threads[i] - 1)) {
+      fprintf(stderr, "expseg-bench-host: --threads: %" PRIu64 " is not a power of two\n",
+              a->threads[i]);
       return -1;
     }
-  }
   return 0;
 }
 

@@ -6,6 +6,8 @@
  * regular files (without blocking on a FIFO), picks the reader by the first bytes and only
  * then reads the whole file; expseg_trace_write_memtrace writes
  * memtrace v1 in the layout of the reference files in ../shared/traces/memtrace. */
+#include "clock.h"
+#include "dec.h"
 #include "trace_internal.h"
 
 
@@ -18,90 +20,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-/* ---------------------------------------------------------------- u64 map */
-
-static size_t map_slot(uint64_t key, size_t mask) {
-  key ^= key >> 33;
-  key *= UINT64_C(0xff51afd7ed558ccd);
-  key ^= key >> 33;
-  return (size_t)key & mask;
-}
-
-void _expseg_u64map_free(_expseg_u64map_t *m) {
-  free(m->keys);
-  free(m->vals);
-  free(m->used);
-  memset(m, 0, sizeof *m);
-}
-
-uint64_t *_expseg_u64map_get(const _expseg_u64map_t *m, uint64_t key) {
-  if (m->cap == 0) return NULL;
-  size_t mask = m->cap - 1;
-  for (size_t i = map_slot(key, mask);; i = (i + 1) & mask) {
-    if (!m->used[i]) return NULL;
-    if (m->keys[i] == key) return &m->vals[i];
-  }
-}
-
-static bool map_grow(_expseg_u64map_t *m) {
-  size_t cap = m->cap ? m->cap * 2 : 64;
-  _expseg_u64map_t g = {calloc(cap, sizeof(uint64_t)), calloc(cap, sizeof(uint64_t)),
-                        calloc(cap, 1), cap, 0};
-  if (!g.keys || !g.vals || !g.used) {
-    _expseg_u64map_free(&g);
-    return false;
-  }
-  for (size_t i = 0; i < m->cap; i++) {
-    if (!m->used[i]) continue;
-    size_t j = map_slot(m->keys[i], cap - 1);
-    while (g.used[j]) j = (j + 1) & (cap - 1);
-    g.used[j] = 1;
-    g.keys[j] = m->keys[i];
-    g.vals[j] = m->vals[i];
-    g.n++;
-  }
-  _expseg_u64map_free(m);
-  *m = g;
-  return true;
-}
-
-bool _expseg_u64map_put(_expseg_u64map_t *m, uint64_t key, uint64_t val) {
-  uint64_t *v = _expseg_u64map_get(m, key);
-  if (v) {
-    *v = val;
-    return true;
-  }
-  if ((m->n + 1) * 4 > m->cap * 3 && !map_grow(m)) return false;
-  size_t mask = m->cap - 1, i = map_slot(key, mask);
-  while (m->used[i]) i = (i + 1) & mask;
-  m->used[i] = 1;
-  m->keys[i] = key;
-  m->vals[i] = val;
-  m->n++;
-  return true;
-}
-
-bool _expseg_u64map_del(_expseg_u64map_t *m, uint64_t key) {
-  if (m->cap == 0) return false;
-  size_t mask = m->cap - 1, i = map_slot(key, mask);
-  while (m->used[i] && m->keys[i] != key) i = (i + 1) & mask;
-  if (!m->used[i]) return false;
-  /* backward-shift: move later entries of the probe chain into the hole */
-  size_t hole = i;
-  for (size_t j = (i + 1) & mask; m->used[j]; j = (j + 1) & mask) {
-    size_t home = map_slot(m->keys[j], mask);
-    /* j may move to hole when home is not cyclically within (hole, j] */
-    bool stays = hole < j ? (home > hole && home <= j) : (home > hole || home <= j);
-    if (stays) continue;
-    m->keys[hole] = m->keys[j];
-    m->vals[hole] = m->vals[j];
-    hole = j;
-  }
-  m->used[hole] = 0;
-  m->n--;
-  return true;
-}
 
 /* ---------------------------------------------------------------- checker */
 
@@ -276,15 +194,15 @@ void _expseg_trace_set_name(expseg_trace_t *t, const char *name, const char *suf
 }
 
 uint32_t _expseg_streams_index(_expseg_streams_t *s, uint64_t handle) {
-  uint64_t *v = _expseg_u64map_get(&s->map, handle);
+  uint64_t *v = _expseg_map_get(&s->map, handle);
   if (v) return (uint32_t)*v;
-  if (s->n >= EXPSEG_TRACE_MAX_STREAMS || !_expseg_u64map_put(&s->map, handle, s->n))
+  if (s->n >= EXPSEG_TRACE_MAX_STREAMS || !_expseg_map_put(&s->map, handle, s->n))
     return UINT32_MAX;
   return s->n++;
 }
 
 uint32_t _expseg_streams_final(const _expseg_streams_t *s, uint32_t p) {
-  uint64_t *z = _expseg_u64map_get(&s->map, 0);
+  uint64_t *z = _expseg_map_get(&s->map, 0);
   if (!z || *z == 0) return p;
   uint32_t zi = (uint32_t)*z;
   return p == zi ? 0 : (p < zi ? p + 1 : p);
@@ -299,7 +217,7 @@ void _expseg_streams_finish(_expseg_streams_t *s, expseg_trace_t *t) {
 }
 
 void _expseg_streams_free(_expseg_streams_t *s) {
-  _expseg_u64map_free(&s->map);
+  _expseg_map_free(&s->map);
   s->n = 0;
 }
 
@@ -491,18 +409,7 @@ expseg_status expseg_trace_write_memtrace(const expseg_trace_t *t, const char *p
   return EXPSEG_OK;
 }
 
-bool _expseg_field_dec(_expseg_field_t f, uint64_t *out) {
-  if (f.len == 0) return false;
-  uint64_t v = 0;
-  for (size_t i = 0; i < f.len; i++) {
-    char c = f.p[i];
-    if (c < '0' || c > '9') return false;
-    if (v > (UINT64_MAX - (uint64_t)(c - '0')) / 10) return false;
-    v = v * 10 + (uint64_t)(c - '0');
-  }
-  *out = v;
-  return true;
-}
+bool _expseg_field_dec(_expseg_field_t f, uint64_t *out) { return _expseg_dec_all(f.p, f.len, out); }
 
 bool _expseg_field_hex(_expseg_field_t f, uint64_t *out) {
   if (f.len > 2 && f.p[0] == '0' && (f.p[1] == 'x' || f.p[1] == 'X')) f.p += 2, f.len -= 2;
@@ -524,15 +431,9 @@ bool _expseg_field_is(_expseg_field_t f, const char *s) {
   return f.len == strlen(s) && memcmp(f.p, s, f.len) == 0;
 }
 
-int _expseg_arg_u64(const char *s, uint64_t *v) {
-  return _expseg_field_dec((_expseg_field_t){s, strlen(s)}, v) ? 0 : -1;
-}
+int _expseg_arg_u64(const char *s, uint64_t *v) { return _expseg_dec_str(s, v) ? 0 : -1; }
 
-uint64_t _expseg_bench_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+uint64_t _expseg_bench_now_ns(void) { return _expseg_clock_ns(); }
 
 int _expseg_u64_cmp(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;

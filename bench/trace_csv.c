@@ -32,7 +32,7 @@ typedef struct csv_s {
   char why[256];
   expseg_trace_t *t;
   _expseg_trace_check_t chk;
-  _expseg_u64map_t live;   /* pointer -> id */
+  _expseg_map_t live;   /* pointer -> id */
   _expseg_streams_t streams;
 } csv_t;
 
@@ -94,7 +94,7 @@ static expseg_status line(csv_t *c, const char *p, const char *end) {
   if (stream == UINT32_MAX) return fail(c, "too many streams, or out of host memory");
   if (failure) return emit(c, 'O', stream, 0, size);
   if (alloc) {
-    if (_expseg_u64map_get(&c->live, ptr)) {
+    if (_expseg_map_get(&c->live, ptr)) {
       snprintf(c->why, sizeof c->why, "allocate returned pointer 0x%" PRIx64 ", which is "
                "already live (no free for it since it was allocated)", ptr);
       return fail(c, c->why);
@@ -102,10 +102,10 @@ static expseg_status line(csv_t *c, const char *p, const char *end) {
     uint64_t id = c->chk.n_ids;
     expseg_status s = emit(c, 'a', stream, id, size);
     if (s != EXPSEG_OK) return s;
-    if (!_expseg_u64map_put(&c->live, ptr, id)) return fail(c, "out of host memory");
+    if (!_expseg_map_put(&c->live, ptr, id)) return fail(c, "out of host memory");
     return EXPSEG_OK;
   }
-  uint64_t *id = _expseg_u64map_get(&c->live, ptr);
+  uint64_t *id = _expseg_map_get(&c->live, ptr);
   if (!id) {
     snprintf(c->why, sizeof c->why, "free of pointer 0x%" PRIx64 ", which is not live (never "
              "allocated in this log, or already freed)", ptr);
@@ -113,7 +113,7 @@ static expseg_status line(csv_t *c, const char *p, const char *end) {
   }
   expseg_status s = emit(c, 'f', stream, *id, size);
   if (s != EXPSEG_OK) return s;
-  _expseg_u64map_del(&c->live, ptr);
+  _expseg_map_take(&c->live, ptr, NULL);
   return EXPSEG_OK;
 }
 
@@ -166,7 +166,7 @@ expseg_status expseg_trace_read_rmm_csv(const char *name, const char *buf, size_
     free(c.t);
   }
   _expseg_trace_check_free(&c.chk);
-  _expseg_u64map_free(&c.live);
+  _expseg_map_free(&c.live);
   _expseg_streams_free(&c.streams);
   return s;
 }

@@ -1,7 +1,7 @@
 /* trace_internal.h: what the trace readers share (bench/trace*.c, bench/pickle.c).
  *
- * - a small open-addressing map from 64-bit keys to 64-bit values (addresses -> ids,
- *   stream handles -> dense indices);
+ * - base/map.h's map from 64-bit keys to 64-bit values (addresses -> ids, stream handles
+ *   -> dense indices), included here;
  * - the event checker: every reader feeds its events through one checker, which enforces
  *   the rules of a well-formed trace (dense new ids, frees of live ids only, matching sizes,
  *   dense streams, no absurd sizes) and computes peak_live_requested, so every reader
@@ -11,6 +11,8 @@
 #ifndef EXPSEG_TRACE_INTERNAL_H
 #define EXPSEG_TRACE_INTERNAL_H
 
+#include "map.h"
+#include "rand.h" /* _expseg_splitmix64, the tools' generator too */
 #include "trace.h"
 
 #include <stdbool.h>
@@ -27,7 +29,7 @@ extern "C" {
 /* Distinct streams per trace. */
 #define EXPSEG_TRACE_MAX_STREAMS (UINT32_C(1) << 20)
 
-/* ---- trace.c: u64 -> u64 map (linear probing, backward-shift deletion) ---- */
+/* ---- trace.c: fields, arguments, the clock (the u64 -> u64 map is base/map.h) ---- */
 /* A field of a text line (not NUL-terminated). */
 typedef struct _expseg_field_s {
   const char *p;
@@ -40,7 +42,7 @@ bool _expseg_field_hex(_expseg_field_t f, uint64_t *out);
 bool _expseg_field_is(_expseg_field_t f, const char *s);
 /* A command-line number (tools): 0 when s is an unsigned decimal, -1 otherwise. */
 int _expseg_arg_u64(const char *s, uint64_t *v);
-/* The benchmarks' clock (CLOCK_MONOTONIC, ns) and qsort order for uint64_t timings. */
+/* The benchmarks' clock (base/clock.h's, ns) and qsort order for uint64_t timings. */
 #ifndef EXPSEG_PRINTF
 #if defined(__GNUC__)
 #define EXPSEG_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -51,30 +53,7 @@ int _expseg_arg_u64(const char *s, uint64_t *v);
 /* Sets this thread's trace-library message (printf-style) and returns s (trace_error.c). */
 expseg_status _expseg_trace_error(expseg_status s, const char *fmt, ...) EXPSEG_PRINTF(2, 3);
 uint64_t _expseg_bench_now_ns(void);
-/* splitmix64: the tools' one pseudo-random generator (seeded workloads, benchmarks). */
-static inline uint64_t _expseg_splitmix64(uint64_t *state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 int _expseg_u64_cmp(const void *a, const void *b);
-
-typedef struct _expseg_u64map_s {
-  uint64_t *keys;
-  uint64_t *vals;
-  uint8_t *used;
-  size_t cap;   /* power of two, or 0 */
-  size_t n;
-} _expseg_u64map_t;
-
-void _expseg_u64map_free(_expseg_u64map_t *m);
-/* Returns a pointer to the value of key, or NULL. */
-uint64_t *_expseg_u64map_get(const _expseg_u64map_t *m, uint64_t key);
-/* Inserts or overwrites; false when out of host memory. */
-bool _expseg_u64map_put(_expseg_u64map_t *m, uint64_t key, uint64_t val);
-/* Removes key; false when it was absent. */
-bool _expseg_u64map_del(_expseg_u64map_t *m, uint64_t key);
 
 /* ---- synth_capture.c: what expseg-replay --snapshot / --report capture ---- */
 typedef struct capture_s {
@@ -140,7 +119,7 @@ void _expseg_trace_set_name(expseg_trace_t *t, const char *name, const char *suf
  * occurs at all, the others are numbered in order of first use. Streams are first given
  * provisional indices in order of first use; _expseg_streams_finish renumbers the events. */
 typedef struct _expseg_streams_s {
-  _expseg_u64map_t map;  /* handle -> provisional index */
+  _expseg_map_t map;  /* handle -> provisional index */
   uint32_t n;
 } _expseg_streams_t;
 /* Provisional index of handle (new ones get the next); UINT32_MAX when out of memory or

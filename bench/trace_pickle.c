@@ -78,24 +78,24 @@ static expseg_status want_dict(ex_t *x, uint32_t v) {
 
 /* The state of one device while converting. */
 typedef struct dev_s {
-  _expseg_u64map_t live_size;    /* backwards walk: address -> requested size */
-  _expseg_u64map_t live_stream;  /* address -> stream handle */
-  _expseg_u64map_t ids;          /* forwards: live address -> id */
-  _expseg_u64map_t seg_size;     /* backwards: segment address -> total size */
-  _expseg_u64map_t seg_stream;   /* segment address -> stream handle */
-  _expseg_u64map_t seg_small;    /* segment address -> 1 small pool, 0 large */
+  _expseg_map_t live_size;    /* backwards walk: address -> requested size */
+  _expseg_map_t live_stream;  /* address -> stream handle */
+  _expseg_map_t ids;          /* forwards: live address -> id */
+  _expseg_map_t seg_size;     /* backwards: segment address -> total size */
+  _expseg_map_t seg_stream;   /* segment address -> stream handle */
+  _expseg_map_t seg_small;    /* segment address -> 1 small pool, 0 large */
   bool mapped;                   /* expandable segments: is_expandable, or maps/unmaps */
   _expseg_streams_t streams;
   _expseg_trace_check_t chk;
 } devst_t;
 
 static void dev_free(devst_t *d) {
-  _expseg_u64map_free(&d->live_size);
-  _expseg_u64map_free(&d->live_stream);
-  _expseg_u64map_free(&d->ids);
-  _expseg_u64map_free(&d->seg_size);
-  _expseg_u64map_free(&d->seg_stream);
-  _expseg_u64map_free(&d->seg_small);
+  _expseg_map_free(&d->live_size);
+  _expseg_map_free(&d->live_stream);
+  _expseg_map_free(&d->ids);
+  _expseg_map_free(&d->seg_size);
+  _expseg_map_free(&d->seg_stream);
+  _expseg_map_free(&d->seg_small);
   _expseg_streams_free(&d->streams);
   _expseg_trace_check_free(&d->chk);
 }
@@ -131,9 +131,9 @@ static expseg_status end_state(ex_t *x, uint32_t segments, devst_t *d, uint64_t 
     if (ex && val(x, ex)->kind == EXPSEG_PV_BOOL && val(x, ex)->u.iv) d->mapped = true;
     uint32_t ty = _expseg_pickle_dict_get(x->pk, seg, "segment_type");
     uint64_t small = ty ? is_str(x, ty, "small") : (uint64_t)size <= SMALL_SEGMENT;
-    if (!_expseg_u64map_put(&d->seg_size, (uint64_t)addr, (uint64_t)size) ||
-        !_expseg_u64map_put(&d->seg_stream, (uint64_t)addr, (uint64_t)stream) ||
-        !_expseg_u64map_put(&d->seg_small, (uint64_t)addr, small))
+    if (!_expseg_map_put(&d->seg_size, (uint64_t)addr, (uint64_t)size) ||
+        !_expseg_map_put(&d->seg_stream, (uint64_t)addr, (uint64_t)stream) ||
+        !_expseg_map_put(&d->seg_small, (uint64_t)addr, small))
       return oom(x);
     uint64_t off = (uint64_t)addr;
     const _expseg_pv_t *bl = val(x, blocks);
@@ -164,10 +164,10 @@ static expseg_status end_state(ex_t *x, uint32_t segments, devst_t *d, uint64_t 
       } else {
         req = bsize;
       }
-      if (_expseg_u64map_get(&d->live_size, (uint64_t)baddr))
+      if (_expseg_map_get(&d->live_size, (uint64_t)baddr))
         return failv(x, b, "two active blocks at address 0x%" PRIx64, (uint64_t)baddr);
-      if (!_expseg_u64map_put(&d->live_size, (uint64_t)baddr, (uint64_t)req) ||
-          !_expseg_u64map_put(&d->live_stream, (uint64_t)baddr, (uint64_t)stream))
+      if (!_expseg_map_put(&d->live_size, (uint64_t)baddr, (uint64_t)req) ||
+          !_expseg_map_put(&d->live_stream, (uint64_t)baddr, (uint64_t)stream))
         return oom(x);
     }
   }
@@ -241,28 +241,27 @@ static int cmp_u64(const void *a, const void *b) {
 /* The segments held at the start (classic segments only: a window with maps leaves
  * start_segs empty), in address order, with provisional stream indices. */
 static expseg_status start_segments(ex_t *x, devst_t *d, expseg_trace_t *t) {
-  if (d->mapped || d->seg_size.n == 0) return EXPSEG_OK;
-  size_t n = d->seg_size.n, k = 0;
+  if (d->mapped || _expseg_map_count(&d->seg_size) == 0) return EXPSEG_OK;
+  size_t n = _expseg_map_count(&d->seg_size);
   uint64_t *addrs = malloc(n * sizeof *addrs);
   t->start_segs = calloc(n, sizeof *t->start_segs);
   if (!addrs || !t->start_segs) {
     free(addrs);
     return oom(x);
   }
-  for (size_t i = 0; i < d->seg_size.cap; i++)
-    if (d->seg_size.used[i]) addrs[k++] = d->seg_size.keys[i];
+  _expseg_map_keys(&d->seg_size, addrs);
   qsort(addrs, n, sizeof *addrs, cmp_u64);
   for (size_t i = 0; i < n; i++) {
     expseg_trace_segment_t *g = &t->start_segs[i];
-    uint32_t st = _expseg_streams_index(&d->streams, *_expseg_u64map_get(&d->seg_stream, addrs[i]));
+    uint32_t st = _expseg_streams_index(&d->streams, *_expseg_map_get(&d->seg_stream, addrs[i]));
     if (st == UINT32_MAX) {
       free(addrs);
       return failv(x, 0, "too many streams, or out of host memory");
     }
     g->addr = addrs[i];
-    g->size = *_expseg_u64map_get(&d->seg_size, addrs[i]);
+    g->size = *_expseg_map_get(&d->seg_size, addrs[i]);
     g->stream = st;
-    g->small = (uint8_t)*_expseg_u64map_get(&d->seg_small, addrs[i]);
+    g->small = (uint8_t)*_expseg_map_get(&d->seg_small, addrs[i]);
   }
   t->n_start_segs = n;
   free(addrs);
@@ -288,27 +287,27 @@ static expseg_status convert(ex_t *x, uint32_t segments, uint32_t events, devst_
       return failv(x, ev, "size %" PRIu64 " is above the 2^50 bytes accepted", f.size);
     switch (f.action) {
     case A_ALLOC:
-      if (!_expseg_u64map_del(&d->live_size, f.addr))
+      if (!_expseg_map_take(&d->live_size, f.addr, NULL))
         return failv(x, ev, "alloc at 0x%" PRIx64 ", but that address is not live after it "
                      "(the history does not match the end state)", f.addr);
-      _expseg_u64map_del(&d->live_stream, f.addr);
+      _expseg_map_take(&d->live_stream, f.addr, NULL);
       break;
     case A_FREE_DONE:
-      if (_expseg_u64map_get(&d->live_size, f.addr))
+      if (_expseg_map_get(&d->live_size, f.addr))
         return failv(x, ev, "free_completed at 0x%" PRIx64 ", but that address is live again "
                      "after it with no alloc between", f.addr);
-      if (!_expseg_u64map_put(&d->live_size, f.addr, f.size) ||
-          !_expseg_u64map_put(&d->live_stream, f.addr, f.stream))
+      if (!_expseg_map_put(&d->live_size, f.addr, f.size) ||
+          !_expseg_map_put(&d->live_stream, f.addr, f.stream))
         return oom(x);
       break;
     case A_SEG_ALLOC:
-      _expseg_u64map_del(&d->seg_size, f.addr);
+      _expseg_map_take(&d->seg_size, f.addr, NULL);
       reserved -= (int64_t)f.size;
       break;
     case A_SEG_FREE:
-      if (!_expseg_u64map_put(&d->seg_size, f.addr, f.size) ||
-          !_expseg_u64map_put(&d->seg_stream, f.addr, f.stream) ||
-          !_expseg_u64map_put(&d->seg_small, f.addr, f.size <= SMALL_SEGMENT))
+      if (!_expseg_map_put(&d->seg_size, f.addr, f.size) ||
+          !_expseg_map_put(&d->seg_stream, f.addr, f.stream) ||
+          !_expseg_map_put(&d->seg_small, f.addr, f.size <= SMALL_SEGMENT))
         return oom(x);
       reserved += (int64_t)f.size;
       break;
@@ -325,17 +324,16 @@ static expseg_status convert(ex_t *x, uint32_t segments, uint32_t events, devst_
   b->peak_reserved = b->start_reserved;
 
   /* the start set, in address order */
-  size_t np = d->live_size.n, k = 0;
+  size_t np = _expseg_map_count(&d->live_size);
   uint64_t *addrs = malloc((np ? np : 1) * sizeof *addrs);
   if (!addrs) return oom(x);
-  for (size_t i = 0; i < d->live_size.cap; i++)
-    if (d->live_size.used[i]) addrs[k++] = d->live_size.keys[i];
+  _expseg_map_keys(&d->live_size, addrs);
   qsort(addrs, np, sizeof *addrs, cmp_u64);
   for (size_t i = 0; i < np && s == EXPSEG_OK; i++) {
     uint64_t id = d->chk.n_ids;
-    s = emit(x, segments, d, t, 'p', *_expseg_u64map_get(&d->live_stream, addrs[i]), id,
-             *_expseg_u64map_get(&d->live_size, addrs[i]), 0);
-    if (s == EXPSEG_OK && !_expseg_u64map_put(&d->ids, addrs[i], id)) s = oom(x);
+    s = emit(x, segments, d, t, 'p', *_expseg_map_get(&d->live_stream, addrs[i]), id,
+             *_expseg_map_get(&d->live_size, addrs[i]), 0);
+    if (s == EXPSEG_OK && !_expseg_map_put(&d->ids, addrs[i], id)) s = oom(x);
   }
   if (s == EXPSEG_OK && np > 0 && d->chk.n_ids == np) { /* ids 0 .. np-1, address order */
     t->start_addr = addrs;
@@ -355,14 +353,14 @@ static expseg_status convert(ex_t *x, uint32_t segments, uint32_t events, devst_
     switch (f.action) {
     case A_ALLOC: {
       uint64_t nid = d->chk.n_ids;
-      if (_expseg_u64map_get(&d->ids, f.addr))
+      if (_expseg_map_get(&d->ids, f.addr))
         return failv(x, ev, "alloc at 0x%" PRIx64 ", which is already live", f.addr);
       if ((s = emit(x, ev, d, t, 'a', f.stream, nid, f.size, 0)) != EXPSEG_OK) return s;
-      if (!_expseg_u64map_put(&d->ids, f.addr, nid)) return oom(x);
+      if (!_expseg_map_put(&d->ids, f.addr, nid)) return oom(x);
       break;
     }
     case A_FREE_REQ: {
-      if (!(id = _expseg_u64map_get(&d->ids, f.addr)))
+      if (!(id = _expseg_map_get(&d->ids, f.addr)))
         return failv(x, ev, "free_requested at 0x%" PRIx64 ", which is not live", f.addr);
       evf_t next = {A_SKIP, 0, 0, 0, 0};
       if (i + 1 < n) {
@@ -375,10 +373,10 @@ static expseg_status convert(ex_t *x, uint32_t segments, uint32_t events, devst_
       break;
     }
     case A_FREE_DONE:
-      if (!(id = _expseg_u64map_get(&d->ids, f.addr)))
+      if (!(id = _expseg_map_get(&d->ids, f.addr)))
         return failv(x, ev, "free_completed at 0x%" PRIx64 ", which is not live", f.addr);
       if ((s = emit(x, ev, d, t, 'f', f.stream, *id, f.size, 0)) != EXPSEG_OK) return s;
-      _expseg_u64map_del(&d->ids, f.addr);
+      _expseg_map_take(&d->ids, f.addr, NULL);
       break;
     case A_SEG_ALLOC:
     case A_MAP:

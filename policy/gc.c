@@ -23,7 +23,7 @@ static bool before(const expseg_gc_item_t *a, const expseg_gc_item_t *b, uint64_
   uint64_t tb = b->idle_since_ns < now ? b->idle_since_ns : now;
   if (ta != tb) return ta < tb;
   if (a->bytes != b->bytes) return a->bytes > b->bytes;
-  return a->tag < b->tag;
+  return a->order < b->order;
 }
 
 static void swap(expseg_gc_item_t *a, expseg_gc_item_t *b) {
@@ -46,6 +46,7 @@ static void sift_down(expseg_gc_item_t *h, size_t n, size_t i, uint64_t now) {
 
 size_t _expseg_gc_select(expseg_gc_item_t *items, size_t n, size_t target, uint64_t now_ns) {
   if (target == 0 || n == 0) return 0;
+  for (size_t i = 0; i < n; i++) items[i].order = i;
   for (size_t i = n / 2; i-- > 0;) sift_down(items, n, i, now_ns);
   /* Pop victims to the back of the array (the first victim lands at n-1), then reverse
    * the whole array so that they come first, oldest first: O(n + k log n). */

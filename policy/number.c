@@ -4,7 +4,10 @@
  * accepts a sign, junk after the number, hexadecimal floats, inf and nan. expseg takes the
  * same values (see docs/config.md) and reports with flags where the text left the clean form,
  * so the parser can warn and say how to write it. Everything is read by hand: a process that
- * set LC_NUMERIC to a comma locale still reads "0.5" as one half. */
+ * set LC_NUMERIC to a comma locale still reads "0.5" as one half. Integer digits go through
+ * base/dec.h's reader (the one of every layer); a decimal's mantissa and exponent are read
+ * here, strtod's way (digits past 19 scale, exponents saturate). */
+#include "dec.h"
 #include "text.h"
 
 #include <float.h>
@@ -34,13 +37,7 @@ num_t _expseg_read_u64(const char *s, uint64_t *v, unsigned *flags) {
   }
   if (!is_digit(*s)) return NUM_NOT_NUMBER;
   uint64_t x = 0;
-  bool over = false;
-  for (; is_digit(*s); s++) {
-    unsigned d = (unsigned)(*s - '0');
-    if (x > (UINT64_MAX - d) / 10) over = true;
-    else x = x * 10 + d;
-  }
-  if (over) return NUM_OVERFLOW;
+  if (!_expseg_dec_u64(&s, s + strlen(s), &x)) return NUM_OVERFLOW; /* base/dec.h */
   if (*s) *flags |= NUMF_JUNK;
   if (neg && x) {
     x = (uint64_t)0 - x;

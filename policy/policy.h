@@ -185,12 +185,15 @@ typedef struct expseg_gc_item_s {
   size_t bytes;       /* what releasing this item gives back */
   uint64_t idle_since_ns; /* when it became free */
   uintptr_t tag;      /* caller's handle, untouched */
+  size_t order;       /* set by _expseg_gc_select: the item's place in the caller's list */
 } expseg_gc_item_t;
 /* Bytes GC should reclaim: held - threshold x allowed when GC is active (fraction < 1 and
  * threshold > 0) and held exceeds it; else 0. */
 size_t _expseg_gc_target(const expseg_config_t *c, size_t held, size_t allowed);
 /* Reorders items so that the victims come first, oldest (smallest idle_since_ns) first,
- * ties by larger bytes; takes items until their bytes reach target. Returns the number of
+ * ties by larger bytes, then by the order the caller listed them in (never by tag: a tag
+ * may be a host address, which would make the choice depend on the host heap's layout);
+ * takes items until their bytes reach target. Returns the number of
  * victims. now_ns is the caller's clock (items idle since later than now count as age 0). */
 size_t _expseg_gc_select(expseg_gc_item_t *items, size_t n, size_t target, uint64_t now_ns);
 /* Caps a collection target so that `keep` bytes of the `reclaimable` ones stay: collection

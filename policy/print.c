@@ -6,6 +6,7 @@
  * that expseg_config_string and the parser's warnings show. Values that no option text can
  * express (an "off" default outside the accepted range, SIZE_MAX = "unlimited" defaults) are
  * left out; parsed over the defaults the string gives the same configuration. */
+#include "dec.h"
 #include "text.h"
 
 #include <stdio.h>
@@ -54,8 +55,9 @@ void _expseg_out_double(out_t *o, double x) {
     bool neg = false;
     if (*p == 'e') p++;
     if (*p == '+' || *p == '-') neg = *p++ == '-';
-    for (; is_digit(*p); p++) ex = ex * 10 + (*p - '0');
-    if (neg) ex = -ex;
+    uint64_t e = 0;
+    (void)_expseg_dec_u64(&p, p + strlen(p), &e); /* the exponent snprintf wrote */
+    ex = neg ? -(long)e : (long)e;
     while (nd > 1 && d[nd - 1] == '0') nd--;
     d[nd] = '\0';
     /* value = d[0].d[1..] x 10^ex */

@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SLAB_BLOCKS 512
 
 static uint32_t next_prio(expseg_allocator *a) {
   uint32_t x = a->rng;
@@ -24,7 +23,7 @@ static uint32_t next_prio(expseg_allocator *a) {
 block_t *_expseg_block_new(expseg_allocator *a) {
   if (a->block_free == NULL) {
     /* the free index's nodes first: never fewer than block structs (fidx.c) */
-    if (!_expseg_fidx_reserve(&a->free_idx, (a->n_slabs + 1) * SLAB_BLOCKS)) return NULL;
+    if (!_expseg_fidx_reserve(&a->free_idx, (a->n_slabs + 1) * EXPSEG_SLAB_BLOCKS)) return NULL;
     if (a->n_slabs == a->cap_slabs) {
       size_t cap = a->cap_slabs ? a->cap_slabs * 2 : 16;
       void **s = realloc(a->slabs, cap * sizeof *s);
@@ -32,10 +31,10 @@ block_t *_expseg_block_new(expseg_allocator *a) {
       a->slabs = s;
       a->cap_slabs = cap;
     }
-    block_t *slab = malloc(SLAB_BLOCKS * sizeof *slab);
+    block_t *slab = malloc(EXPSEG_SLAB_BLOCKS * sizeof *slab);
     if (slab == NULL) return NULL;
     a->slabs[a->n_slabs++] = slab;
-    for (size_t i = 0; i < SLAB_BLOCKS; i++) {
+    for (size_t i = 0; i < EXPSEG_SLAB_BLOCKS; i++) {
       slab[i].uses = slab[i].uses_inline; /* destroy frees only heap arrays */
       slab[i].next = a->block_free;
       a->block_free = &slab[i];
@@ -46,7 +45,7 @@ block_t *_expseg_block_new(expseg_allocator *a) {
   /* no zeroing of the whole struct: the caller sets the address, size, segment, stream,
    * state and neighbours; these are the rest a fresh block must have */
   b->requested = 0;
-  b->left = b->right = b->hprev = NULL;
+  b->t.l = b->t.r = b->hprev = NULL;
   b->n_uses = 0;
   b->oversize = b->indexed = b->idle = false;
   b->idle_prev = b->idle_next = NULL;
@@ -68,7 +67,7 @@ void _expseg_blocks_destroy(expseg_allocator *a) {
    * streams recorded on them */
   for (size_t i = 0; i < a->n_slabs; i++) {
     block_t *slab = a->slabs[i];
-    for (size_t j = 0; j < SLAB_BLOCKS; j++)
+    for (size_t j = 0; j < EXPSEG_SLAB_BLOCKS; j++)
       if (slab[j].uses != slab[j].uses_inline) free(slab[j].uses);
   }
   for (size_t i = 0; i < a->n_slabs; i++) free(a->slabs[i]);

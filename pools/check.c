@@ -10,10 +10,12 @@
  *    own counts (mapped bytes, live chunks and their bytes, reserved address space) agree
  *    with what the allocator believes it holds, the retry list of refused releases included.
  * O(blocks): for tests and expseg-replay --check. */
+#include "dec.h"
 #include "error.h"
 #include "fidx.h"
 #include "internal.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -180,9 +182,13 @@ static expseg_status check_pool_stats(const stat_t kept[3], const int64_t counte
   static const char *const pools[3] = {"all", "small_pool", "large_pool"};
   char what[80];
   for (int i = 0; i < 3; i++) {
+    const stat_view_t v = stat_array_view(kept, i);
     snprintf(what, sizeof what, "%s.%s.current", name, pools[i]);
-    SAME(what, kept[i].current, counted[i]);
+    SAME(what, v.current, counted[i]);
+    if (v.peak < v.current) FAIL("%s.%s: peak %" PRId64 " below current", name, pools[i], v.peak);
   }
+  snprintf(what, sizeof what, "%s: the current kept in `all`", name);
+  SAME(what, kept[STAT_ALL].current, 0); /* derived from the pools (internal.h, stat_t) */
   return EXPSEG_OK;
 }
 
@@ -196,6 +202,9 @@ expseg_status _expseg_check_locked(const expseg_allocator *a) {
   if (n != a->n_segments) FAIL("segment list holds %zu, count says %zu", n, a->n_segments);
   int64_t heaps[POOL_COUNT];
   if ((st = _expseg_fidx_check(&a->free_idx, heaps)) != EXPSEG_OK) return st;
+  if (a->free_idx.n_nodes < a->n_slabs * EXPSEG_SLAB_BLOCKS) /* a free could need a node */
+    FAIL("free index: %zu size nodes for %zu block structs", a->free_idx.n_nodes,
+         a->n_slabs * EXPSEG_SLAB_BLOCKS);
   for (int p = 0; p < POOL_COUNT; p++) {
     SAME("free index size", heaps[p] + (int64_t)a->free_idx.single[p].count, r.free_blocks[p]);
     SAME("unmapped index size", (int64_t)a->unmapped_idx[p].count, r.unmapped_blocks[p]);
@@ -284,10 +293,8 @@ static uint64_t check_every(void) {
   static _Atomic uint64_t every; /* 0: not read yet */
   uint64_t n = atomic_load_explicit(&every, memory_order_relaxed);
   if (n != 0) return n;
-  const char *s = getenv("EXPSEG_CHECK_EVERY");
-  char *end = NULL;
-  unsigned long long v = s != NULL ? strtoull(s, &end, 10) : 0;
-  n = (s != NULL && *s != '\0' && *end == '\0' && v > 0) ? (uint64_t)v : 1000;
+  uint64_t v = 0;
+  n = _expseg_dec_str(getenv("EXPSEG_CHECK_EVERY"), &v) && v > 0 ? v : 1000;
   atomic_store_explicit(&every, n, memory_order_relaxed);
   return n;
 }

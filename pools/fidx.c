@@ -101,52 +101,17 @@ bool _expseg_fidx_reserve(fidx_t *f, size_t blocks) {
   return true;
 }
 
-/* ---- the treap of sizes, keyed (stream, size) per pool ---- */
+/* ---- the treap of sizes, keyed (stream, size) per pool (base/treap.h) ---- */
 
-static inline bool node_less(expseg_stream s, size_t size, const szn_t *n) {
-  return s != n->stream ? s < n->stream : size < n->size;
+typedef struct szkey_s {
+  expseg_stream stream;
+  size_t size;
+} szkey_t;
+static inline szkey_t sz_key(const szn_t *n) { return (szkey_t){n->stream, n->size}; }
+static inline bool sz_less(szkey_t a, szkey_t b) {
+  return a.stream != b.stream ? a.stream < b.stream : a.size < b.size;
 }
-
-static szn_t *tree_insert(szn_t *root, szn_t *n) {
-  if (root == NULL) return n;
-  if (node_less(n->stream, n->size, root)) {
-    root->left = tree_insert(root->left, n);
-    if (root->left->prio > root->prio) {
-      szn_t *l = root->left;
-      root->left = l->right;
-      l->right = root;
-      return l;
-    }
-  } else {
-    root->right = tree_insert(root->right, n);
-    if (root->right->prio > root->prio) {
-      szn_t *r = root->right;
-      root->right = r->left;
-      r->left = root;
-      return r;
-    }
-  }
-  return root;
-}
-
-static szn_t *tree_join(szn_t *l, szn_t *r) {
-  if (l == NULL) return r;
-  if (r == NULL) return l;
-  if (l->prio > r->prio) {
-    l->right = tree_join(l->right, r);
-    return l;
-  }
-  r->left = tree_join(l, r->left);
-  return r;
-}
-
-static szn_t *tree_remove(szn_t *root, const szn_t *n) {
-  expseg_assert(root != NULL);
-  if (root == n) return tree_join(n->left, n->right);
-  if (node_less(n->stream, n->size, root)) root->left = tree_remove(root->left, n);
-  else root->right = tree_remove(root->right, n);
-  return root;
-}
+EXPSEG_TREAP_DEFINE(sztree, szn_t, t, szkey_t, sz_key, sz_less)
 
 /* ---- nodes ---- */
 
@@ -161,7 +126,7 @@ static void empty_unlink(fidx_t *f, szn_t *n) {
 static void reclaim(fidx_t *f, szn_t *n) {
   expseg_assert(n->count == 0 && n->heap == NULL);
   empty_unlink(f, n);
-  f->root[n->pool] = tree_remove(f->root[n->pool], n);
+  sztree_remove(&f->root[n->pool], n);
   f->nodes[n->pool]--;
   slot_del(f, n);
   n->enext = f->spare;
@@ -180,8 +145,8 @@ static szn_t *node_make(fidx_t *f, int pool, expseg_stream s, size_t size) {
   x ^= x >> 17;
   x ^= x << 5;
   f->rng = x;
-  *n = (szn_t){.size = size, .stream = s, .prio = x, .pool = (uint8_t)pool};
-  f->root[pool] = tree_insert(f->root[pool], n);
+  *n = (szn_t){.size = size, .stream = s, .t.prio = x, .pool = (uint8_t)pool};
+  sztree_insert(&f->root[pool], n);
   f->nodes[pool]++;
   slot_put(f, n);
   return n;
@@ -193,27 +158,27 @@ static szn_t *node_make(fidx_t *f, int pool, expseg_stream s, size_t size) {
 static block_t *merge_pairs(block_t *first) {
   block_t *acc = NULL; /* the merged pairs, a stack through right */
   while (first != NULL) {
-    block_t *x = first, *y = x->right;
+    block_t *x = first, *y = x->t.r;
     if (y == NULL) {
       x->hprev = NULL;
-      x->right = acc;
+      x->t.r = acc;
       acc = x;
       break;
     }
-    first = y->right;
-    x->right = y->right = NULL;
+    first = y->t.r;
+    x->t.r = y->t.r = NULL;
     block_t *m = fidx_link(x, y);
-    m->right = acc;
+    m->t.r = acc;
     acc = m;
   }
   if (acc == NULL) return NULL;
   block_t *r = acc;
-  acc = acc->right;
-  r->right = NULL;
+  acc = acc->t.r;
+  r->t.r = NULL;
   while (acc != NULL) {
     block_t *n = acc;
-    acc = acc->right;
-    n->right = NULL;
+    acc = acc->t.r;
+    n->t.r = NULL;
     r = fidx_link(r, n);
   }
   r->hprev = NULL;
@@ -225,7 +190,7 @@ void _expseg_fidx_heap_insert(fidx_t *f, block_t *b) {
   szn_t *n = fidx_node(f, pool, b->stream, b->size);
   if (n == NULL) n = node_make(f, pool, b->stream, b->size);
   else if (n->count == 0) empty_unlink(f, n);
-  b->left = b->right = b->hprev = NULL;
+  b->t.l = b->t.r = b->hprev = NULL;
   n->heap = n->heap == NULL ? b : fidx_link(n->heap, b);
   n->count++;
   f->blocks[pool]++;
@@ -236,16 +201,16 @@ void _expseg_fidx_heap_remove(fidx_t *f, block_t *b) {
   szn_t *n = fidx_node(f, pool, b->stream, b->size);
   expseg_assert(n != NULL && n->count > 0);
   if (n->heap == b) {
-    n->heap = merge_pairs(b->left);
+    n->heap = merge_pairs(b->t.l);
   } else {
     block_t *p = b->hprev;
-    if (p->left == b) p->left = b->right;
-    else p->right = b->right;
-    if (b->right != NULL) b->right->hprev = p;
-    block_t *sub = merge_pairs(b->left);
+    if (p->t.l == b) p->t.l = b->t.r;
+    else p->t.r = b->t.r;
+    if (b->t.r != NULL) b->t.r->hprev = p;
+    block_t *sub = merge_pairs(b->t.l);
     if (sub != NULL) n->heap = fidx_link(n->heap, sub);
   }
-  b->left = b->right = b->hprev = NULL;
+  b->t.l = b->t.r = b->hprev = NULL;
   f->blocks[pool]--;
   if (--n->count == 0) { /* stays indexed, empty, until best fit meets it or a size needs it */
     n->eprev = NULL;
@@ -260,15 +225,7 @@ static block_t *heap_best(fidx_t *f, int pool, expseg_stream s, size_t size) {
   const szn_t *e = fidx_node(f, pool, s, size);
   if (e != NULL && e->heap != NULL) return e->heap; /* the exact size: nothing fits better */
   for (;;) {
-    szn_t *n = f->root[pool], *best = NULL;
-    while (n != NULL) {
-      if (!(n->stream < s || (n->stream == s && n->size < size))) {
-        best = n;
-        n = n->left;
-      } else {
-        n = n->right;
-      }
-    }
+    szn_t *best = sztree_lower_bound(f->root[pool], (szkey_t){s, size});
     if (best == NULL || best->stream != s) return NULL;
     if (best->heap != NULL) return best->heap;
     reclaim(f, best); /* an empty size on the way: taken back, then look again */
@@ -290,9 +247,9 @@ block_t *_expseg_fidx_best(fidx_t *f, int pool, expseg_stream s, size_t size) {
 
 static size_t tree_largest(const szn_t *n) {
   size_t m = 0;
-  for (; n != NULL; n = n->left) { /* every node: the right subtrees by recursion */
+  for (; n != NULL; n = n->t.l) { /* every node: the right subtrees by recursion */
     if (n->count > 0 && n->size > m) m = n->size;
-    size_t r = tree_largest(n->right);
+    size_t r = tree_largest(n->t.r);
     if (r > m) m = r;
   }
   return m;
@@ -317,7 +274,7 @@ size_t _expseg_fidx_largest(const fidx_t *f) {
 static expseg_status heap_check(const szn_t *n, size_t limit, size_t *count) {
   *count = 0;
   if (n->heap == NULL) return EXPSEG_OK;
-  if (n->heap->hprev != NULL || n->heap->right != NULL)
+  if (n->heap->hprev != NULL || n->heap->t.r != NULL)
     FAIL("heap root %#lx of size %zu has a parent or a sibling", (unsigned long)n->heap->ptr,
          n->size);
   const block_t **stack = malloc((limit + 1) * sizeof *stack);
@@ -348,19 +305,19 @@ static expseg_status heap_check(const szn_t *n, size_t limit, size_t *count) {
                              b->state, n->size);
       break;
     }
-    if ((b->left && b->left->hprev != b) || (b->right && b->right->hprev != b)) {
+    if ((b->t.l && b->t.l->hprev != b) || (b->t.r && b->t.r->hprev != b)) {
       st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_check: heap links of block %#lx disagree",
                              (unsigned long)b->ptr);
       break;
     }
     if (top + 2 > limit + 1) continue; /* the count test above reports it */
-    if (b->right) {
-      stack[top] = b->right;
+    if (b->t.r) {
+      stack[top] = b->t.r;
       bound[top++] = lo;
     }
-    if (b->left) {
-      stack[top] = b->left;
+    if (b->t.l) {
+      stack[top] = b->t.l;
       bound[top++] = b->ptr;
     }
   }
@@ -372,15 +329,15 @@ out:
 
 static expseg_status tree_check(const szn_t *n, const szn_t **prev, size_t *count) {
   if (n == NULL) return EXPSEG_OK;
-  expseg_status st = tree_check(n->left, prev, count);
+  expseg_status st = tree_check(n->t.l, prev, count);
   if (st != EXPSEG_OK) return st;
-  if (*prev != NULL && !node_less((*prev)->stream, (*prev)->size, n))
+  if (*prev != NULL && !sz_less(sz_key(*prev), sz_key(n)))
     FAIL("size treap out of order at size %zu", n->size);
-  if ((n->left && n->left->prio > n->prio) || (n->right && n->right->prio > n->prio))
+  if ((n->t.l && n->t.l->t.prio > n->t.prio) || (n->t.r && n->t.r->t.prio > n->t.prio))
     FAIL("size treap priorities out of order at size %zu", n->size);
   *prev = n;
   ++*count;
-  return tree_check(n->right, prev, count);
+  return tree_check(n->t.r, prev, count);
 }
 
 expseg_status _expseg_fidx_check(const fidx_t *f, int64_t blocks[POOL_COUNT]) {
@@ -422,7 +379,7 @@ expseg_status _expseg_fidx_check(const fidx_t *f, int64_t blocks[POOL_COUNT]) {
     in_trees += c;
     const block_t *l = f->last[p];
     if (l != NULL && (l->state != BLOCK_FREE || !l->mapped || !l->indexed || l->seg->single ||
-                      l->seg->pool != p || l->left || l->right || l->hprev))
+                      l->seg->pool != p || l->t.l || l->t.r || l->hprev))
       FAIL("block %#lx, held as pool %d's last insert, is not a free unlinked block of it",
            (unsigned long)l->ptr, p);
     blocks[p] = total[p] + (l != NULL);

@@ -38,11 +38,11 @@ static inline block_t *fidx_link(block_t *x, block_t *y) {
     x = y;
     y = t;
   }
-  y->right = x->left;
-  if (x->left != NULL) x->left->hprev = y;
+  y->t.r = x->t.l;
+  if (x->t.l != NULL) x->t.l->hprev = y;
   y->hprev = x;
-  x->left = y;
-  x->right = x->hprev = NULL;
+  x->t.l = y;
+  x->t.r = x->hprev = NULL;
   return x;
 }
 
@@ -66,7 +66,7 @@ expseg_status _expseg_fidx_check(const fidx_t *f, int64_t blocks[POOL_COUNT]);
  * last insert, and the previous one goes into its heap. */
 static inline void _expseg_fidx_insert(fidx_t *f, block_t *b) {
   block_t **last = &f->last[b->seg->pool], *old = *last;
-  b->left = b->right = b->hprev = NULL;
+  b->t.l = b->t.r = b->hprev = NULL;
   *last = b;
   if (old != NULL) _expseg_fidx_heap_insert(f, old);
 }

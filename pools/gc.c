@@ -27,14 +27,16 @@ void _expseg_garbage_collect(expseg_allocator *a, size_t keep) {
   if (items == NULL) return;
   size_t i = 0, reclaimable = 0;
   for (size_t c = 0; c < a->cache_count && with_pages; c++)
-    items[i++] = (expseg_gc_item_t){a->page, a->cache[c].idle_since, 0};
+    items[i++] = (expseg_gc_item_t){.bytes = a->page, .idle_since_ns = a->cache[c].idle_since};
   for (int p = 0; p < POOL_COUNT && with_pages; p++)
     for (block_t *b = a->idle_head[p]; b; b = b->idle_next)
-      items[i++] = (expseg_gc_item_t){_expseg_block_whole_pages(a, b, NULL) * a->page,
-                                      b->idle_since, (uintptr_t)b};
+      items[i++] = (expseg_gc_item_t){
+          .bytes = _expseg_block_whole_pages(a, b, NULL) * a->page,
+          .idle_since_ns = b->idle_since, .tag = (uintptr_t)b};
   for (segment_t *s = a->segments; s; s = s->next_all)
     if (_expseg_classic_is_free(s))
-      items[i++] = (expseg_gc_item_t){s->va_size, s->first->idle_since, (uintptr_t)s | 1};
+      items[i++] = (expseg_gc_item_t){
+          .bytes = s->va_size, .idle_since_ns = s->first->idle_since, .tag = (uintptr_t)s | 1};
   for (size_t j = 0; j < n; j++) reclaimable += items[j].bytes;
   target = _expseg_gc_target_for_request(target, reclaimable, keep);
   size_t k = _expseg_gc_select(items, n, target, a->now_ns);

@@ -62,9 +62,7 @@ static int64_t value_of(const host_stats_t *s, const hkey_t *k) {
   const char *base = (const char *)s + k->off;
   if (k->kind == HK_I64) return *(const int64_t *)(const void *)base;
   if (k->kind == HK_STAT) {
-    const stat_t *st = (const stat_t *)(const void *)base;
-    const int64_t v[4] = {st->current, st->peak, st->allocated, st->freed};
-    return v[k->sub];
+    return stat_metric(stat_view((const stat_t *)(const void *)base), k->sub);
   }
   const dur_t *d = (const dur_t *)(const void *)base;
   const int64_t v[5] = {d->total, d->max, d->count ? d->min : 0, d->count,

@@ -17,6 +17,8 @@
 
 #include "error.h"
 #include "expseg.h"
+#include "map.h"
+#include "treap.h"
 #include "policy.h"
 #include "vmm.h"
 
@@ -61,29 +63,27 @@ enum { OOM_MEMORY = 0, OOM_ADDRESS_SPACE = 1, OOM_TOO_LARGE = 2 };
 typedef struct segment_s segment_t;
 typedef struct block_s block_t;
 
-/* The fields a cache hit touches (fidx.h: the pop and push of a size's heap, the
- * statistics) come first, in the first 64-byte cache line; the rest serve splitting,
- * merging, the idle list and streams. */
+/* The fields a cache hit touches (the statistics, the neighbours a free merges with)
+ * come first, in the first 64-byte cache line; then the index links (a heap pop or push
+ * touches t), the idle list and streams. */
 struct block_s {
   uintptr_t ptr;
   size_t size;
   size_t requested;      /* the caller's size, while allocated or pending */
   segment_t *seg;
   expseg_stream stream;  /* the segment's stream */
-  block_t *left;         /* unmapped or single index: treap; free index: first heap child */
+  block_t *prev, *next;  /* address neighbours in the segment */
   uint32_t n_uses;       /* other streams recorded with record_stream */
   uint8_t state;         /* BLOCK_* */
   bool oversize;         /* allocated at >= max_split_size (oversize_allocations) */
   bool mapped;           /* false only for unmapped expandable blocks */
   bool indexed;          /* in the free or unmapped index */
-  block_t *prev;         /* address neighbours in the segment */
   /* ---- second cache line ---- */
-  block_t *next;
-  block_t *right;        /* treap; free index: next heap sibling (a block is in one index) */
+  EXPSEG_TREAP_LINK(block_t) t; /* treap (unmapped, single-chunk: tree.c); the free
+                                 * index's heap: t.l first child, t.r next sibling */
   block_t *hprev;        /* free index: previous heap sibling, or the parent of a first child */
   block_t *idle_prev, *idle_next; /* idle list */
   uint64_t idle_since;   /* a->now_ns when it became free */
-  uint32_t prio;         /* treap priority */
   bool idle;             /* on the idle list */
   uint32_t event_count;  /* events still outstanding (pending free) */
   expseg_stream *uses;   /* n_uses entries: uses_inline or heap */
@@ -120,12 +120,8 @@ typedef struct tree_s {
   bool by_size;
 } tree_t;
 
-/* Pointer -> allocated or pending block. Open addressing, linear probing. */
-typedef struct ptrmap_s {
-  uintptr_t *keys;
-  block_t **vals;
-  size_t cap, count; /* cap a power of two */
-} ptrmap_t;
+/* Pointer -> allocated or pending block: base/map.h's map (the accessors below). */
+typedef _expseg_map_t ptrmap_t;
 
 typedef struct chunk_s {
   expseg_vmm_handle h;
@@ -133,9 +129,20 @@ typedef struct chunk_s {
   uint64_t idle_since; /* a->now_ns when it was cached */
 } chunk_t;
 
+/* A statistic as kept. PyTorch's Stat has current, peak, allocated and freed; freed is
+ * not kept: freed = allocated + base - current, base being current at the last
+ * reset_accumulated (0 before), so a decrease is one write. In a StatArray (stat_t[3],
+ * PyTorch's StatType order) only the two pools are counted; the `all` entry keeps its peak
+ * (a maximum of sums is no sum of maxima) and corrections to the pool sums: allocated and
+ * base (nonzero only after bytes move between pools, stat_move), current always 0. Read
+ * through stat_view / stat_array_view (PyTorch's four fields), never field by field. */
 typedef struct stat_s {
-  int64_t current, peak, allocated, freed;
+  int64_t current, peak, allocated, base;
 } stat_t;
+
+typedef struct stat_view_s {
+  int64_t current, peak, allocated, freed;
+} stat_view_t;
 
 typedef struct stats_s {
 #define EXPSEG_STAT_ARRAY(n) stat_t n[3];
@@ -161,16 +168,16 @@ typedef struct stream_queue_s {
 
 /* The free index (fidx.c): one size node per (pool, stream, size) with free blocks, in a
  * treap of sizes per pool for best fit, found directly by a hash table for an exact size;
- * its blocks form a pairing heap by address (intrusive: left, right, hprev), so the lowest
+ * its blocks form a pairing heap by address (intrusive: t.l, t.r, hprev), so the lowest
  * address of a size is the root. */
 typedef struct szn_s szn_t;
 struct szn_s {
   block_t *heap;         /* the blocks, lowest address at the root; NULL when empty */
   size_t size;
   expseg_stream stream;
-  szn_t *left, *right;   /* treap of sizes */
+  EXPSEG_TREAP_LINK(szn_t) t; /* the treap of sizes (base/treap.h) */
   szn_t *enext, *eprev;  /* the empty list (count 0, still indexed), or the spare list */
-  uint32_t prio, count;
+  uint32_t count;
   uint8_t pool;
 };
 typedef struct fslot_s {
@@ -261,12 +268,21 @@ block_t *_expseg_tree_lower_bound(const tree_t *t, expseg_stream s, size_t size,
 block_t *_expseg_tree_next(const tree_t *t, const block_t *b);
 bool _expseg_tree_contains(const tree_t *t, const block_t *b);
 
-/* ---- ptrmap.c ---- */
-bool _expseg_ptrmap_init(ptrmap_t *m);
-void _expseg_ptrmap_destroy(ptrmap_t *m);
-bool _expseg_ptrmap_put(ptrmap_t *m, uintptr_t key, block_t *b); /* false: no memory */
-block_t *_expseg_ptrmap_get(const ptrmap_t *m, uintptr_t key);
-block_t *_expseg_ptrmap_take(ptrmap_t *m, uintptr_t key);
+/* ---- the pointer map: base/map.h with block pointers for values ---- */
+static inline bool _expseg_ptrmap_init(ptrmap_t *m) { return _expseg_map_init(m, 512); }
+static inline void _expseg_ptrmap_destroy(ptrmap_t *m) { _expseg_map_free(m); }
+/* false: no host memory */
+static inline bool _expseg_ptrmap_put(ptrmap_t *m, uintptr_t key, block_t *b) {
+  return _expseg_map_put(m, (uint64_t)key, (uint64_t)(uintptr_t)b);
+}
+static inline block_t *_expseg_ptrmap_get(const ptrmap_t *m, uintptr_t key) {
+  const uint64_t *v = _expseg_map_get(m, (uint64_t)key);
+  return v != NULL ? (block_t *)(uintptr_t)*v : NULL;
+}
+static inline block_t *_expseg_ptrmap_take(ptrmap_t *m, uintptr_t key) {
+  uint64_t v;
+  return _expseg_map_take(m, (uint64_t)key, &v) ? (block_t *)(uintptr_t)v : NULL;
+}
 
 /* ---- stats.c (the two update rules are inline: they are on the malloc/free path) ---- */
 void _expseg_stats_reset_peak(stats_t *s);
@@ -278,6 +294,7 @@ size_t _expseg_stats_key_count(void);
 const char *_expseg_stats_key(size_t i); /* sorted */
 
 /* ---- block.c: blocks, the free sets, splitting and merging ---- */
+#define EXPSEG_SLAB_BLOCKS 512 /* block structs are made this many at a time */
 block_t *_expseg_block_new(expseg_allocator *a);
 void _expseg_block_delete(expseg_allocator *a, block_t *b);
 void _expseg_blocks_destroy(expseg_allocator *a);
@@ -422,40 +439,64 @@ static inline void api_unlock(const expseg_allocator *a) {
 
 static inline int stat_pool(int pool) { return pool == POOL_SMALL ? STAT_SMALL : STAT_LARGE; }
 
-/* PyTorch's Stat increase (delta >= 0) and decrease (delta < 0). */
+/* PyTorch's Stat increase (delta >= 0) and decrease (delta < 0), on a single Stat or on
+ * one pool's entry of an array. */
 static inline void _expseg_stat_add(stat_t *s, int64_t delta) {
   s->current += delta;
   if (delta >= 0) {
     if (s->current > s->peak) s->peak = s->current;
     s->allocated += delta;
-  } else {
-    s->freed -= delta;
   }
   expseg_assert(s->current >= 0);
 }
 
-/* Updates the aggregate and the block's pool, as every PyTorch StatArray update does. */
+/* The `all` entry of an array, derived from the pools (see stat_t). */
+static inline int64_t stat_all_current(const stat_t arr[3]) {
+  return arr[STAT_SMALL].current + arr[STAT_LARGE].current;
+}
+static inline void stat_all_peak(stat_t arr[3]) {
+  const int64_t c = stat_all_current(arr);
+  if (c > arr[STAT_ALL].peak) arr[STAT_ALL].peak = c;
+}
+static inline stat_view_t stat_view(const stat_t *s) {
+  return (stat_view_t){s->current, s->peak, s->allocated, s->allocated + s->base - s->current};
+}
+/* metric m of a view, in PyTorch's key order: current, peak, allocated, freed */
+static inline int64_t stat_metric(stat_view_t v, int m) {
+  return m == 0 ? v.current : m == 1 ? v.peak : m == 2 ? v.allocated : v.freed;
+}
+static inline stat_view_t stat_array_view(const stat_t arr[3], int i) {
+  if (i != STAT_ALL) return stat_view(&arr[i]);
+  const stat_t *a = &arr[STAT_ALL], *s = &arr[STAT_SMALL], *l = &arr[STAT_LARGE];
+  const int64_t cur = stat_all_current(arr), alloc = a->allocated + s->allocated + l->allocated;
+  return (stat_view_t){cur, a->peak, alloc, alloc + a->base + s->base + l->base - cur};
+}
+
+/* A PyTorch StatArray update: the block's pool, and the peak of `all` on an increase. */
 static inline void _expseg_stat_pool_add(stat_t arr[3], int pool, int64_t delta) {
-  _expseg_stat_add(&arr[STAT_ALL], delta);
   _expseg_stat_add(&arr[stat_pool(pool)], delta);
+  if (delta > 0) stat_all_peak(arr);
+}
+/* d units counted in pool `from` move to pool `to`: a decrease and an increase there, none
+ * in `all` (its allocated and freed are corrected back). */
+static inline void stat_move(stat_t arr[3], int from, int to, int64_t d) {
+  _expseg_stat_add(&arr[stat_pool(from)], -d);
+  _expseg_stat_add(&arr[stat_pool(to)], d);
+  arr[STAT_ALL].allocated -= d;
 }
 /* The statistics of one block's life, in one place (PyTorch's rules): stat_alloc when it
  * is handed out, stat_free when the caller frees it, stat_free_done when its last use is
- * complete (at once, or after other streams' events). No sign test, no other site. */
+ * complete (at once, or after other streams' events). No sign test, no other site. Per
+ * array: an increase is two adds and two peak tests, a decrease one subtraction. */
 static inline void stat_up(stat_t arr[3], int pool, int64_t d) {
-  stat_t *s = &arr[STAT_ALL], *p = &arr[stat_pool(pool)];
-  s->current += d;
-  s->allocated += d;
-  if (s->current > s->peak) s->peak = s->current;
+  stat_t *p = &arr[stat_pool(pool)];
   p->current += d;
   p->allocated += d;
   if (p->current > p->peak) p->peak = p->current;
+  stat_all_peak(arr);
 }
 static inline void stat_down(stat_t arr[3], int pool, int64_t d) {
-  arr[STAT_ALL].current -= d;
-  arr[STAT_ALL].freed += d;
   arr[stat_pool(pool)].current -= d;
-  arr[stat_pool(pool)].freed += d;
 }
 static inline void stat_alloc(stats_t *s, int pool, const block_t *b) {
   stat_up(s->allocation, pool, 1);
@@ -502,7 +543,7 @@ static inline void isplit_change(expseg_allocator *a, const block_t *b, bool to_
 
 /* Physical bytes held from the driver: classic segments, mapped pages, the page cache. */
 static inline size_t held_bytes(const expseg_allocator *a) {
-  return (size_t)a->stats.reserved_bytes[STAT_ALL].current;
+  return (size_t)stat_all_current(a->stats.reserved_bytes);
 }
 
 #include "history.h" /* EXPSEG_HIST: the history hooks */

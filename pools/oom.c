@@ -25,7 +25,7 @@ static size_t count_streams(const expseg_allocator *a) {
 
 static void hint(const expseg_allocator *a, size_t rounded, char *buf, size_t len) {
   size_t held = held_bytes(a);
-  size_t allocated = (size_t)a->stats.allocated_bytes[STAT_ALL].current;
+  size_t allocated = (size_t)stat_all_current(a->stats.allocated_bytes);
   char b1[32], b2[32];
   expseg_oom_facts_t f = {.too_large = a->oom_kind == OOM_TOO_LARGE,
                           .address_space = a->oom_kind == OOM_ADDRESS_SPACE,

@@ -164,8 +164,7 @@ expseg_vmm_handle _expseg_cache_pop(expseg_allocator *a, int pool) {
   chunk_t c = a->cache[--a->cache_count];
   _expseg_stat_add(&a->stats.cached_physical_bytes, -(int64_t)a->page);
   if (c.pool != pool) {
-    _expseg_stat_add(&a->stats.reserved_bytes[stat_pool(c.pool)], -(int64_t)a->page);
-    _expseg_stat_add(&a->stats.reserved_bytes[stat_pool(pool)], (int64_t)a->page);
+    stat_move(a->stats.reserved_bytes, c.pool, pool, (int64_t)a->page);
   }
   return c.h;
 }

@@ -656,7 +656,7 @@ void _expseg_segments_destroy(expseg_allocator *a) {
 
 static size_t tree_max(const block_t *n) {
   if (n == NULL) return 0;
-  size_t m = n->size, l = tree_max(n->left), r = tree_max(n->right);
+  size_t m = n->size, l = tree_max(n->t.l), r = tree_max(n->t.r);
   if (l > m) m = l;
   return r > m ? r : m;
 }

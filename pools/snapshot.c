@@ -248,7 +248,7 @@ static void write_settings(ctx_t *c) {
 
 /* Lock held. */
 static expseg_status build(expseg_allocator *a, unsigned char **buf, size_t *len) {
-  EXPSEG_HIST(a, HIST_SNAPSHOT, 0, a->stats.active_bytes[STAT_ALL].current, 0);
+  EXPSEG_HIST(a, HIST_SNAPSHOT, 0, stat_all_current(a->stats.active_bytes), 0);
   ctx_t c;
   memset(&c, 0, sizeof c);
   c.a = a;

@@ -1,7 +1,9 @@
 /* stats.c: statistics storage rules and the key table. The stats struct and every key are
  * generated from stats.def; this file builds the sorted key list once, answers lookups by
  * key (binary search) and visits in sorted order. The update rules (PyTorch's Stat
- * increase/decrease) live here; the places that change state call them (docs/stats.md). */
+ * increase/decrease) are inline in internal.h, where the storage is described: per pool,
+ * `all` and `freed` derived here on read (stat_array_view, stat_view); the resets below
+ * keep PyTorch's semantics exact on that storage (docs/stats.md). */
 #include "internal.h"
 
 #include <pthread.h>
@@ -10,11 +12,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* peak = current; for an array's `all` entry, the derived current. */
 static void reset_peak(stat_t *s) { s->peak = s->current; }
-static void reset_accum(stat_t *s) { s->allocated = s->freed = 0; }
+static void reset_peak_array(stat_t arr[3]) {
+  reset_peak(&arr[STAT_SMALL]);
+  reset_peak(&arr[STAT_LARGE]);
+  arr[STAT_ALL].peak = stat_all_current(arr);
+}
+/* allocated = freed = 0: freed = allocated + base - current, so base = current. For an
+ * array's `all` entry (current 0) the corrections go to 0, which zeroes the derived sums. */
+static void reset_accum(stat_t *s) {
+  s->allocated = 0;
+  s->base = s->current;
+}
 
 void _expseg_stats_reset_peak(stats_t *s) {
-#define EXPSEG_STAT_ARRAY(n) for (int i = 0; i < 3; i++) reset_peak(&s->n[i]);
+#define EXPSEG_STAT_ARRAY(n) reset_peak_array(s->n);
 #define EXPSEG_STAT_SINGLE(n) reset_peak(&s->n);
 #define EXPSEG_STAT_GAUGE(n) reset_peak(&s->n);
 #include "stats.def"
@@ -32,13 +45,14 @@ void _expseg_stats_reset_accumulated(stats_t *s, const expseg_vmm_t *drv) {
 
 /* ---- the key table ---- */
 
-enum { K_STAT, K_INT, K_DRIVER, K_LARGEST };
+enum { K_STAT, K_POOL, K_INT, K_DRIVER, K_LARGEST };
 
 typedef struct key_s {
   char name[128];
   uint8_t kind;
-  uint16_t index;  /* K_STAT: metric 0..3; K_DRIVER: call */
-  size_t offset;   /* into stats_t */
+  uint8_t pool;    /* K_POOL: STAT_ALL, STAT_SMALL or STAT_LARGE */
+  uint16_t index;  /* K_STAT, K_POOL: metric 0..3; K_DRIVER: call */
+  size_t offset;   /* into stats_t; K_POOL: of the array */
 } key_t_;
 
 #define MAX_KEYS 256
@@ -54,15 +68,17 @@ static void add_key(const char *name, uint8_t kind, uint16_t index, size_t offse
   key_t_ *k = &keys[n_keys++];
   snprintf(k->name, sizeof k->name, "%s", name);
   k->kind = kind;
+  k->pool = 0;
   k->index = index;
   k->offset = offset;
 }
 
-static void add_stat(const char *prefix, size_t offset, int metrics) {
+static void add_stat(const char *prefix, size_t offset, int metrics, int pool) {
   char name[128];
   for (int m = 0; m < metrics; m++) {
     snprintf(name, sizeof name, "%s.%s", prefix, metric_names[m]);
-    add_key(name, K_STAT, (uint16_t)m, offset);
+    add_key(name, pool < 0 ? K_STAT : K_POOL, (uint16_t)m, offset);
+    if (pool >= 0) keys[n_keys - 1].pool = (uint8_t)pool;
   }
 }
 
@@ -75,12 +91,12 @@ static void build_keys(void) {
 #define EXPSEG_STAT_ARRAY(n)                                                          \
   for (int p = 0; p < 3; p++) {                                                       \
     snprintf(name, sizeof name, "%s.%s", #n, pool_names[p]);                          \
-    add_stat(name, offsetof(stats_t, n) + (size_t)p * sizeof(stat_t), 4);             \
+    add_stat(name, offsetof(stats_t, n), 4, p);                                       \
   }
-#define EXPSEG_STAT_SINGLE(n) add_stat(#n, offsetof(stats_t, n), 4);
+#define EXPSEG_STAT_SINGLE(n) add_stat(#n, offsetof(stats_t, n), 4, -1);
 #define EXPSEG_STAT_COUNTER(n) add_key(#n, K_INT, 0, offsetof(stats_t, n));
 #define EXPSEG_STAT_VALUE(n) add_key(#n, K_INT, 0, offsetof(stats_t, n));
-#define EXPSEG_STAT_GAUGE(n) add_stat("expseg." #n, offsetof(stats_t, n), 2);
+#define EXPSEG_STAT_GAUGE(n) add_stat("expseg." #n, offsetof(stats_t, n), 2, -1);
 #define EXPSEG_STAT_ACCUM(n) add_key("expseg." #n, K_INT, 0, offsetof(stats_t, n));
 #include "stats.def"
   for (int c = 0; c < EXPSEG_VMM_CALL_COUNT; c++) {
@@ -106,7 +122,9 @@ const char *_expseg_stats_key(size_t i) {
 static int64_t key_value(const expseg_allocator *a, const key_t_ *k) {
   const char *base = (const char *)&a->stats + k->offset;
   switch (k->kind) {
-  case K_STAT: return ((const int64_t *)base)[k->index];
+  case K_STAT: return stat_metric(stat_view((const stat_t *)(const void *)base), k->index);
+  case K_POOL:
+    return stat_metric(stat_array_view((const stat_t *)(const void *)base, k->pool), k->index);
   case K_INT: return *(const int64_t *)base;
   case K_DRIVER:
     return (int64_t)(atomic_load(&a->drv->calls[k->index]) - a->stats.driver_base[k->index]);

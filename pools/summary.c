@@ -15,6 +15,7 @@
 #include "error.h"
 #include "history.h"
 #include "internal.h"
+#include "units.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -25,9 +26,9 @@
 memfig_t _expseg_memfig(const expseg_allocator *a) {
   const stats_t *s = &a->stats;
   memfig_t f = {0};
-  f.reserved = (uint64_t)s->reserved_bytes[STAT_ALL].current;
-  f.allocated = (uint64_t)s->allocated_bytes[STAT_ALL].current;
-  f.active = (uint64_t)s->active_bytes[STAT_ALL].current;
+  f.reserved = (uint64_t)stat_all_current(s->reserved_bytes);
+  f.allocated = (uint64_t)stat_all_current(s->allocated_bytes);
+  f.active = (uint64_t)stat_all_current(s->active_bytes);
   f.cached = (uint64_t)s->cached_physical_bytes.current;
   f.va = (uint64_t)s->reserved_va_bytes.current;
   for (const segment_t *g = a->segments; g; g = g->next_all) f.mapped += g->mapped_bytes;
@@ -68,29 +69,24 @@ static int64_t floordiv(int64_t x, int64_t d) {
 }
 
 /* PyTorch's _format_size / _format_count: v in the unit its column's reference `pref`
- * reaches: the unit steps (v floor-divided by `step`) while pref >= threshold. */
+ * reaches (base/units.h: the unit steps, v floor-divided by `step`, while pref >= the
+ * threshold of the unit reached; a negative pref stays in the first unit). */
 typedef struct unit_rule_s {
-  int64_t step;
-  double threshold;
+  int64_t step, threshold;
   int n;
-  const char *const *names;
+  bool size; /* units B, KiB, ... (padded to 3) or " ", K, M */
   const char *fmt; /* 10 characters with the unit */
 } unit_rule_t;
 
-static const char *const size_units[] = {"B  ", "KiB", "MiB", "GiB", "TiB", "PiB"};
 static const char *const count_units[] = {" ", "K", "M"};
-static const unit_rule_t size_rule = {1024, 768.0 * 1024.0, 6, size_units, "%6" PRId64 " %s"};
-static const unit_rule_t count_rule = {1000, 750.0 * 1000.0, 3, count_units, "%7" PRId64 " %s "};
+static const unit_rule_t size_rule = {1024, 768 * 1024, 6, true, "%6" PRId64 " %-3s"};
+static const unit_rule_t count_rule = {1000, 750 * 1000, 3, false, "%7" PRId64 " %s "};
 
 static const char *fmt_unit(char b[32], int64_t v, int64_t pref, const unit_rule_t *r) {
-  double p = (double)pref;
-  int u = 0;
-  while (u + 1 < r->n && !(p < r->threshold)) {
-    u++;
-    v = floordiv(v, r->step);
-    p /= (double)r->step;
-  }
-  snprintf(b, 32, r->fmt, v, r->names[u]);
+  const int u =
+      pref < 0 ? 0 : _expseg_unit_steps((uint64_t)pref, (uint64_t)r->step, (uint64_t)r->threshold, r->n - 1);
+  for (int i = 0; i < u; i++) v = floordiv(v, r->step);
+  snprintf(b, 32, r->fmt, v, r->size ? _expseg_size_unit(u) : count_units[u]);
   return b;
 }
 
@@ -103,11 +99,11 @@ static const char *fmt_count(char b[32], int64_t n, int64_t pref) {
 
 typedef const char *(*fmt_fn)(char b[32], int64_t v, int64_t pref);
 
-static void row(out_t *o, const char *name, const stat_t *st, const stat_t *pref, fmt_fn f) {
+static void row(out_t *o, const char *name, stat_view_t st, stat_view_t pref, fmt_fn f) {
   char c[4][32];
-  outf(o, "| %-21s | %s | %s | %s | %s |\n", name, f(c[0], st->current, pref->current),
-       f(c[1], st->peak, pref->peak), f(c[2], st->allocated, pref->allocated),
-       f(c[3], st->freed, pref->freed));
+  outf(o, "| %-21s | %s | %s | %s | %s |\n", name, f(c[0], st.current, pref.current),
+       f(c[1], st.peak, pref.peak), f(c[2], st.allocated, pref.allocated),
+       f(c[3], st.freed, pref.freed));
 }
 
 static void pytorch_part(out_t *o, const expseg_allocator *a, bool abbreviated) {
@@ -138,16 +134,18 @@ static void pytorch_part(out_t *o, const expseg_allocator *a, bool abbreviated) 
     const stat_t *arr = (const stat_t *)((const char *)s + metrics[m].offset);
     fmt_fn f = metrics[m].size ? fmt_size : fmt_count;
     rule(o, '-');
-    row(o, metrics[m].name, &arr[STAT_ALL], &arr[STAT_ALL], f);
+    const stat_view_t all = stat_array_view(arr, STAT_ALL);
+    row(o, metrics[m].name, all, all, f);
     if (!abbreviated) {
-      row(o, "      from large pool", &arr[STAT_LARGE], &arr[STAT_ALL], f);
-      row(o, "      from small pool", &arr[STAT_SMALL], &arr[STAT_ALL], f);
+      row(o, "      from large pool", stat_array_view(arr, STAT_LARGE), all, f);
+      row(o, "      from small pool", stat_array_view(arr, STAT_SMALL), all, f);
     }
   }
   rule(o, '-');
-  row(o, "Oversize allocations", &s->oversize_allocations, &s->oversize_allocations, fmt_count);
+  const stat_view_t oa = stat_view(&s->oversize_allocations), os = stat_view(&s->oversize_segments);
+  row(o, "Oversize allocations", oa, oa, fmt_count);
   rule(o, '-');
-  row(o, "Oversize GPU segments", &s->oversize_segments, &s->oversize_segments, fmt_count);
+  row(o, "Oversize GPU segments", os, os, fmt_count);
   rule(o, '=');
 }
 

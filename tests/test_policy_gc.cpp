@@ -51,12 +51,12 @@ TEST(PolicyGc, OldestFirstUntilTarget) {
   // fake clock in ns; tag = item id
   const uint64_t now = 1000000;
   expseg_gc_item_t items[] = {
-      {20 * MiB, now - 10, 1},      // idle 10 ns
-      {2 * MiB, now - 500000, 2},   // the oldest
-      {64 * MiB, now - 300000, 3},  // second oldest
-      {8 * MiB, now - 300000, 4},   // same age as 3, smaller: after 3
-      {4 * MiB, now + 50, 5},       // idle since "later than now": age 0
-      {6 * MiB, now, 6},            // age 0, larger than 5: before 5
+      {20 * MiB, now - 10, 1, 0},      // idle 10 ns
+      {2 * MiB, now - 500000, 2, 0},   // the oldest
+      {64 * MiB, now - 300000, 3, 0},  // second oldest
+      {8 * MiB, now - 300000, 4, 0},   // same age as 3, smaller: after 3
+      {4 * MiB, now + 50, 5, 0},       // idle since "later than now": age 0
+      {6 * MiB, now, 6, 0},            // age 0, larger than 5: before 5
   };
   const size_t n = sizeof items / sizeof items[0];
   // target 1 byte: only the oldest
@@ -89,6 +89,17 @@ TEST(PolicyGc, OldestFirstUntilTarget) {
   for (size_t i = 0; i < n; i++) EXPECT_EQ(a[i].bytes, items[a[i].tag - 1].bytes);
 }
 
+// Items of the same age and size go in the order they were listed, whatever their tags
+// (pools/ passes struct addresses as tags: a tie by tag made the victims depend on where
+// the host heap put the structs).
+TEST(PolicyGc, TiesGoInListingOrderNotByTag) {
+  const uint64_t now = 1000;
+  expseg_gc_item_t items[] = {{2 * MiB, 10, 900, 0}, {2 * MiB, 10, 300, 0}, {2 * MiB, 10, 600, 0},
+                              {2 * MiB, 5, 1000, 0}};
+  EXPECT_EQ(_expseg_gc_select(items, 4, 5 * MiB, now), 3u);
+  EXPECT_EQ(tags(items, 3), (std::vector<uintptr_t>{1000, 900, 300}));
+}
+
 // A cache of idle items (classic segments, mapped idle pages, cached physical pages alike)
 // under a fake clock: allocations make memory idle at known times, then GC runs.
 TEST(PolicyGc, HeldEndsUnderThresholdRandom) {
@@ -107,7 +118,7 @@ TEST(PolicyGc, HeldEndsUnderThresholdRandom) {
       clock += rng() % 1000000;
       idle.push_back({(size_t)(1 + rng() % 8) * ((rng() & 1) ? 2 * MiB : 20 * MiB) +
                           (size_t)(rng() % 4) * 512 * MiB,
-                      clock, (uintptr_t)i});
+                      clock, (uintptr_t)i, 0});
     }
     size_t held = active;
     for (auto &it : idle) held += it.bytes;
@@ -153,10 +164,10 @@ TEST(PolicyGc, FakeClockTimeline) {
   const uint64_t s = 1000000000ull;
   expseg_config_t c = conf("per_process_memory_fraction:0.25,garbage_collection_threshold:0.5");
   const size_t allowed = _expseg_allowed_bytes(0.25, 64 * GiB);  // 16 GiB; threshold 8 GiB
-  std::vector<expseg_gc_item_t> cache = {{2 * GiB, 1 * s, 'A'},
-                                         {3 * GiB, 2 * s, 'B'},
-                                         {1 * GiB, 3 * s, 'C'},
-                                         {2 * GiB, 4 * s, 'D'}};
+  std::vector<expseg_gc_item_t> cache = {{2 * GiB, 1 * s, 'A', 0},
+                                         {3 * GiB, 2 * s, 'B', 0},
+                                         {1 * GiB, 3 * s, 'C', 0},
+                                         {2 * GiB, 4 * s, 'D', 0}};
   size_t in_use = 3 * GiB;
   size_t held = in_use + 8 * GiB;  // 11 GiB > 8 GiB
   size_t target = _expseg_gc_target(&c, held, allowed);
@@ -169,7 +180,7 @@ TEST(PolicyGc, FakeClockTimeline) {
   EXPECT_LE(held, 8 * GiB);
   cache.erase(cache.begin(), cache.begin() + 2);
   // t = 6 s: 4 GiB more freed and held grows again
-  cache.push_back({4 * GiB, 6 * s, 'E'});
+  cache.push_back({4 * GiB, 6 * s, 'E', 0});
   held += 4 * GiB;  // 10 GiB
   target = _expseg_gc_target(&c, held, allowed);
   EXPECT_EQ(target, 2 * GiB);

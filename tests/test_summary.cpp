@@ -26,11 +26,26 @@ int64_t fixed_value(int m, int p, int f) {
   return p == 0 ? v : p == 1 ? small : v - small;
 }
 
-void set_stat(stat_t *s, int m, int p) {
-  s->current = fixed_value(m, p, 0);
-  s->peak = fixed_value(m, p, 1);
-  s->allocated = fixed_value(m, p, 2);
-  s->freed = fixed_value(m, p, 3);
+// The kept form of a statistic whose reader sees v (internal.h, stat_t): freed through base.
+stat_t kept(stat_view_t v) { return stat_t{v.current, v.peak, v.allocated, v.freed - v.allocated + v.current}; }
+
+// An array whose views are the fixed values: the pools as they are, `all` as its peak and
+// the corrections that make the derived sums read the fixed `all` values.
+void set_array(stat_t arr[3], int m) {
+  stat_view_t v[3];
+  for (int p = 0; p < 3; p++)
+    v[p] = stat_view_t{fixed_value(m, p, 0), fixed_value(m, p, 1), fixed_value(m, p, 2),
+                       fixed_value(m, p, 3)};
+  arr[STAT_SMALL] = kept(v[STAT_SMALL]);
+  arr[STAT_LARGE] = kept(v[STAT_LARGE]);
+  arr[STAT_ALL] = stat_t{0, v[STAT_ALL].peak, 0, 0};
+  const stat_view_t sum = stat_array_view(arr, STAT_ALL);
+  ASSERT_EQ(sum.current, v[STAT_ALL].current) << "the fixed pools must add up to `all`";
+  arr[STAT_ALL].allocated = v[STAT_ALL].allocated - sum.allocated;
+  arr[STAT_ALL].base = v[STAT_ALL].freed - (sum.freed + arr[STAT_ALL].allocated);
+  const stat_view_t all = stat_array_view(arr, STAT_ALL);
+  ASSERT_EQ(all.allocated, v[STAT_ALL].allocated);
+  ASSERT_EQ(all.freed, v[STAT_ALL].freed);
 }
 
 void set_fixed_stats(expseg_allocator *a) {
@@ -38,16 +53,12 @@ void set_fixed_stats(expseg_allocator *a) {
   stat_t *arrays[9] = {s->allocated_bytes, s->active_bytes, s->requested_bytes,
                        s->reserved_bytes, s->inactive_split_bytes, s->allocation,
                        s->active, s->segment, s->inactive_split};
-  for (int m = 0; m < 9; m++)
-    for (int p = 0; p < 3; p++) set_stat(&arrays[m][p], m, p);
+  for (int m = 0; m < 9; m++) set_array(arrays[m], m);
   const int64_t over[4] = {1, 2000000, 750000000, 749999};
   stat_t *o[2] = {&s->oversize_allocations, &s->oversize_segments};
-  for (int i = 0; i < 2; i++) {
-    o[i]->current = over[(0 + i) % 4];
-    o[i]->peak = over[(1 + i) % 4];
-    o[i]->allocated = over[(2 + i) % 4];
-    o[i]->freed = over[(3 + i) % 4];
-  }
+  for (int i = 0; i < 2; i++)
+    *o[i] = kept(stat_view_t{over[(0 + i) % 4], over[(1 + i) % 4], over[(2 + i) % 4],
+                             over[(3 + i) % 4]});
   s->num_ooms = 3;
   s->num_alloc_retries = 123456789;
 }

@@ -7,8 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <random>
 #include <string>
 #include <chrono>
 #include <fcntl.h>
@@ -319,37 +317,6 @@ TEST(TraceReadFile, RefusesAHugeNonTraceFromItsFirstBytes) {
   EXPECT_LT(secs, 1.0) << "refusing took " << secs << " s";
   long grew_kb = after.ru_maxrss - before.ru_maxrss;
   EXPECT_LT(grew_kb, 100 * 1024) << "peak RSS grew by " << grew_kb << " KiB";
-}
-
-// The map behind every reader (addresses -> ids): random puts and deletes against std::map.
-TEST(TraceMap, MatchesStdMapUnderRandomPutAndDelete) {
-  EXPSEG_SEEDED(seed, 20261122);
-  std::mt19937_64 rng(seed);
-  _expseg_u64map_t m{};
-  std::map<uint64_t, uint64_t> ref;
-  for (int i = 0; i < 200000; i++) {
-    uint64_t k = rng() % 4096 * (rng() % 2 ? 512 : 1);  // clustered keys: long probe chains
-    if (rng() % 3) {
-      uint64_t v = rng();
-      ASSERT_TRUE(_expseg_u64map_put(&m, k, v));
-      ref[k] = v;
-    } else {
-      ASSERT_EQ(_expseg_u64map_del(&m, k), ref.erase(k) == 1);
-    }
-    if (i % 1000 == 0) {
-      ASSERT_EQ(m.n, ref.size());
-      for (auto &kv : ref) {
-        uint64_t *v = _expseg_u64map_get(&m, kv.first);
-        ASSERT_NE(v, nullptr) << kv.first;
-        ASSERT_EQ(*v, kv.second);
-      }
-    }
-  }
-  for (uint64_t k = 0; k < 4096 * 512; k += 511) {
-    uint64_t *v = _expseg_u64map_get(&m, k);
-    ASSERT_EQ(v != nullptr, ref.count(k) == 1) << k;
-  }
-  _expseg_u64map_free(&m);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
  * is read under a mutex, then released), so a sink may call any expseg function; calls are
  * serialized by an emit mutex that a sink re-entering from its own thread skips. */
 #include "error.h"
+#include "units.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -138,14 +139,12 @@ void _expseg_warn(const char *fmt, ...) {
 const char *_expseg_format_size(char buf[32], uint64_t bytes) {
   /* the largest unit that leaves a value of at least 1: 1 MiB is "1.00 MiB", not
    * "1024.00 KiB" (PyTorch's format_size steps at <=), up to EiB */
-  static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   if (bytes < 1024) {
     snprintf(buf, 32, "%llu bytes", (unsigned long long)bytes);
     return buf;
   }
-  int u = 0;
-  while (u < 5 && bytes >= (1ull << (10 * (u + 2)))) u++;
-  snprintf(buf, 32, "%.2f %s", (double)bytes / (double)(1ull << (10 * (u + 1))), units[u]);
+  const int u = _expseg_unit_steps(bytes, 1024, 1024, 6);
+  snprintf(buf, 32, "%.2f %s", (double)bytes / (double)(1ull << (10 * u)), _expseg_size_unit(u));
   return buf;
 }
 

@@ -13,9 +13,10 @@
  *    and keeps its gauges (chunks, bytes, reservations, mapped, events) for what its backend
  *    holds; so outer.calls[k] == inner.calls[k] + injected failures of kind k, and the
  *    gauges of both agree. To move inner's live_chunk_bytes on release (whose backend op has
- *    no size) this wrapper remembers each live chunk's size in a small hash table;
+ *    no size) this wrapper remembers each live chunk's size in a hash map (base/map.h);
  *  - _expseg_fault_seen(): calls of each kind that reached this backend.
  * Thread-safe: seen[] are atomics; rules and the size table are under a mutex. */
+#include "map.h"
 #include "vmm_impl.h"
 
 #include <pthread.h>
@@ -24,73 +25,14 @@
 #include <string.h>
 
 typedef struct {
-  expseg_vmm_handle h; /* 0 = empty */
-  size_t size;
-} hslot_t;
-
-typedef struct {
   expseg_vmm_t *inner;
   _Atomic uint64_t seen[EXPSEG_VMM_CALL_COUNT];
   _Atomic uint64_t injected; /* calls failed by a rule so far */
   pthread_mutex_t mu;
   expseg_fault_rule_t *rules;
   size_t nrules;
-  hslot_t *tab; /* open addressing, linear probing; capacity a power of two */
-  size_t ntab, captab;
+  _expseg_map_t sizes; /* live chunk handle -> its size (base/map.h) */
 } fault_t;
-
-/* ---- handle -> size table ---- */
-
-static size_t hslot_of(const fault_t *f, expseg_vmm_handle h) {
-  uint64_t x = h * 0x9e3779b97f4a7c15ull;
-  return (size_t)(x >> 17) & (f->captab - 1);
-}
-
-static bool tab_put(fault_t *f, expseg_vmm_handle h, size_t size) {
-  if ((f->ntab + 1) * 2 > f->captab) {
-    size_t cap = f->captab ? f->captab * 2 : 64;
-    hslot_t *old = f->tab;
-    size_t oldcap = f->captab;
-    hslot_t *n = calloc(cap, sizeof *n);
-    if (!n) return false;
-    f->tab = n;
-    f->captab = cap;
-    for (size_t i = 0; i < oldcap; i++)
-      if (old[i].h) {
-        size_t j = hslot_of(f, old[i].h);
-        while (f->tab[j].h) j = (j + 1) & (cap - 1);
-        f->tab[j] = old[i];
-      }
-    free(old);
-  }
-  size_t j = hslot_of(f, h);
-  while (f->tab[j].h && f->tab[j].h != h) j = (j + 1) & (f->captab - 1);
-  if (!f->tab[j].h) f->ntab++;
-  f->tab[j] = (hslot_t){h, size};
-  return true;
-}
-
-/* Removes h and returns its size (0 when unknown). Backward-shift deletion. */
-static size_t tab_take(fault_t *f, expseg_vmm_handle h) {
-  if (!f->captab) return 0;
-  size_t mask = f->captab - 1, j = hslot_of(f, h);
-  while (f->tab[j].h && f->tab[j].h != h) j = (j + 1) & mask;
-  if (!f->tab[j].h) return 0;
-  size_t size = f->tab[j].size;
-  size_t hole = j;
-  for (size_t k = (j + 1) & mask; f->tab[k].h; k = (k + 1) & mask) {
-    size_t home = hslot_of(f, f->tab[k].h);
-    /* move k into the hole unless its home lies cyclically in (hole, k] */
-    bool stays = (hole <= k) ? (home > hole && home <= k) : (home > hole || home <= k);
-    if (!stays) {
-      f->tab[hole] = f->tab[k];
-      hole = k;
-    }
-  }
-  f->tab[hole].h = 0;
-  f->ntab--;
-  return size;
-}
 
 /* ---- injection ---- */
 
@@ -140,7 +82,7 @@ FORWARD(unreserve, size, (void *st, uintptr_t addr, size_t size), (IST(f), addr,
 
 static expseg_status remember(fault_t *f, expseg_vmm_call c, expseg_vmm_handle h, size_t size) {
   pthread_mutex_lock(&f->mu);
-  bool ok = tab_put(f, h, size);
+  bool ok = _expseg_map_put(&f->sizes, h, size);
   pthread_mutex_unlock(&f->mu);
   if (ok) return EXPSEG_OK;
   INNER(f)->release(IST(f), h);
@@ -175,10 +117,10 @@ static expseg_status fault_release(void *st, expseg_vmm_handle h) {
   expseg_status s = inject(f, EXPSEG_VMM_CALL_release);
   if (s) return s;
   s = INNER(f)->release(IST(f), h);
-  size_t size = 0;
+  uint64_t size = 0; /* 0 when unknown */
   if (s == EXPSEG_OK) {
     pthread_mutex_lock(&f->mu);
-    size = tab_take(f, h);
+    (void)_expseg_map_take(&f->sizes, h, &size);
     pthread_mutex_unlock(&f->mu);
   }
   _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_release, s, size);
@@ -241,7 +183,7 @@ static void fault_destroy(void *st) {
   _expseg_vmm_close(f->inner);
   pthread_mutex_destroy(&f->mu);
   free(f->rules);
-  free(f->tab);
+  _expseg_map_free(&f->sizes);
   free(f);
 }
 

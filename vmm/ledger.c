@@ -6,22 +6,28 @@
  *   mappings inside it, so "unreserve with mappings" is O(1).
  * - Chunks: a slot array; a handle is (generation << 32) | (slot + 1), so lookups are O(1)
  *   and a released handle is recognised as stale. Each chunk counts its mappings.
- * - Mappings: one treap keyed by start address (split/merge; expected O(log n) per call).
+ * - Mappings: one treap keyed by start address (base/treap.h; split/join, expected
+ *   O(log n) per call).
  *   map checks the one predecessor for overlap; unmap splits out [addr, addr+size), checks
  *   that it is exactly whole, contiguous mappings, and drops or re-merges it.
  * Not thread-safe: the backend holds its lock around each call. */
+#include "rand.h"
+#include "treap.h"
 #include "vmm_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct node_s {
+typedef struct node_s node_t;
+struct node_s {
   uintptr_t addr;
   size_t size;
   expseg_vmm_handle h;
-  uint32_t prio;
-  struct node_s *l, *r;
-} node_t;
+  EXPSEG_TREAP_LINK(node_t) link; /* link.l: the free list's next */
+};
+#define NODE_ADDR(n) ((n)->addr)
+#define ADDR_LESS(x, y) ((x) < (y))
+EXPSEG_TREAP_DEFINE(maps, node_t, link, uintptr_t, NODE_ADDR, ADDR_LESS)
 
 typedef struct {
   uintptr_t addr;
@@ -48,7 +54,7 @@ struct expseg_ledger_s {
   size_t nchunks, capchunks;
   uint32_t chunk_free; /* slot + 1 */
   node_t *root;
-  node_t *node_free; /* free list through ->l */
+  node_t *node_free; /* free list through ->link.l */
   size_t nmappings;
   uint64_t rng;
 };
@@ -64,8 +70,8 @@ expseg_ledger_t *_expseg_ledger_new(const char *backend_name, size_t granularity
 
 static void free_tree(node_t *n) {
   while (n) {
-    free_tree(n->r);
-    node_t *left = n->l;
+    free_tree(n->link.r);
+    node_t *left = n->link.l;
     free(n);
     n = left;
   }
@@ -75,7 +81,7 @@ void _expseg_ledger_free(expseg_ledger_t *l) {
   if (!l) return;
   free_tree(l->root);
   for (node_t *n = l->node_free; n;) {
-    node_t *next = n->l;
+    node_t *next = n->link.l;
     free(n);
     n = next;
   }
@@ -247,56 +253,9 @@ void _expseg_ledger_foreach_resv(expseg_ledger_t *l,
   for (size_t i = 0; i < l->nresv; i++) fn(ctx, l->resv[i].addr, l->resv[i].size);
 }
 
-/* ---- mappings: a treap keyed by address ---- */
+/* ---- mappings: the treap keyed by address ---- */
 
-static void split(node_t *t, uintptr_t key, node_t **lt, node_t **ge) {
-  if (!t) {
-    *lt = *ge = NULL;
-  } else if (t->addr < key) {
-    split(t->r, key, &t->r, ge);
-    *lt = t;
-  } else {
-    split(t->l, key, lt, &t->l);
-    *ge = t;
-  }
-}
-
-static node_t *merge(node_t *a, node_t *b) {
-  if (!a) return b;
-  if (!b) return a;
-  if (a->prio > b->prio) {
-    a->r = merge(a->r, b);
-    return a;
-  }
-  b->l = merge(a, b->l);
-  return b;
-}
-
-/* The mapping with the greatest start < key, or NULL. */
-static node_t *pred_lt(node_t *t, uintptr_t key) {
-  node_t *best = NULL;
-  while (t) {
-    if (t->addr < key) {
-      best = t;
-      t = t->r;
-    } else {
-      t = t->l;
-    }
-  }
-  return best;
-}
-
-static node_t *find_exact(node_t *t, uintptr_t key) {
-  while (t && t->addr != key) t = key < t->addr ? t->l : t->r;
-  return t;
-}
-
-static uint32_t next_prio(expseg_ledger_t *l) {
-  l->rng ^= l->rng << 13;
-  l->rng ^= l->rng >> 7;
-  l->rng ^= l->rng << 17;
-  return (uint32_t)(l->rng >> 32);
-}
+static uint32_t next_prio(expseg_ledger_t *l) { return (uint32_t)(_expseg_splitmix64(&l->rng) >> 32); }
 
 expseg_status _expseg_ledger_map(expseg_ledger_t *l, uintptr_t addr, size_t size,
                                  expseg_vmm_handle h, size_t offset) {
@@ -311,7 +270,7 @@ expseg_status _expseg_ledger_map(expseg_ledger_t *l, uintptr_t addr, size_t size
                              "0x%llx is only %s",
                              l->name, (unsigned long long)addr, _expseg_format_size(b, size),
                              offset, (unsigned long long)h, _expseg_format_size(c2, c->size));
-  node_t *p = pred_lt(l->root, addr + size);
+  node_t *p = maps_pred(l->root, addr + size);
   if (p && p->addr + p->size > addr)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "%s driver: map(addr=0x%llx, size=%s): overlaps the mapping at "
@@ -321,15 +280,13 @@ expseg_status _expseg_ledger_map(expseg_ledger_t *l, uintptr_t addr, size_t size
                              (unsigned long long)p->h);
   node_t *n = l->node_free;
   if (n) {
-    l->node_free = n->l;
+    l->node_free = n->link.l;
   } else if (!(n = malloc(sizeof *n))) {
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
                              "%s driver: map: out of host memory for the mapping table", l->name);
   }
-  *n = (node_t){addr, size, h, next_prio(l), NULL, NULL};
-  node_t *lt, *ge;
-  split(l->root, addr, &lt, &ge);
-  l->root = merge(merge(lt, n), ge);
+  *n = (node_t){.addr = addr, .size = size, .h = h, .link = {NULL, NULL, next_prio(l)}};
+  maps_insert(&l->root, n);
   c->maps++;
   r->nmapped++;
   l->nmappings++;
@@ -345,7 +302,7 @@ typedef struct {
 /* In order: checks that the mappings are contiguous from w->next on. */
 static void walk_contiguous(const node_t *t, walk_t *w) {
   if (!t || w->bad) return;
-  walk_contiguous(t->l, w);
+  walk_contiguous(t->link.l, w);
   if (w->bad) return;
   if (t->addr != w->next) {
     w->bad = t;
@@ -353,16 +310,16 @@ static void walk_contiguous(const node_t *t, walk_t *w) {
   }
   w->next = t->addr + t->size;
   w->count++;
-  walk_contiguous(t->r, w);
+  walk_contiguous(t->link.r, w);
 }
 
 static void drop_tree(expseg_ledger_t *l, node_t *t) {
   while (t) {
-    drop_tree(l, t->r);
-    node_t *left = t->l;
+    drop_tree(l, t->link.r);
+    node_t *left = t->link.l;
     chunk_t *c = chunk_lookup(l, t->h, "unmap");
     if (c) c->maps--;
-    t->l = l->node_free;
+    t->link.l = l->node_free;
     l->node_free = t;
     t = left;
   }
@@ -373,13 +330,13 @@ expseg_status _expseg_ledger_unmap(expseg_ledger_t *l, uintptr_t addr, size_t si
   if (!r) return EXPSEG_ERR_INVALID_ARGUMENT;
   uintptr_t end = addr + size;
   node_t *a, *m, *c;
-  split(l->root, addr, &a, &m);
-  split(m, end, &m, &c);
+  maps_split(l->root, addr, &a, &m);
+  maps_split(m, end, &m, &c);
   walk_t w = {addr, NULL, 0};
   walk_contiguous(m, &w);
   char b[32], b2[32];
   expseg_status st = EXPSEG_OK;
-  node_t *before = pred_lt(a, addr);
+  node_t *before = maps_pred(a, addr);
   if (before && before->addr + before->size > addr) {
     st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                            "%s driver: unmap(addr=0x%llx, size=%s): starts inside the mapping "
@@ -394,7 +351,7 @@ expseg_status _expseg_ledger_unmap(expseg_ledger_t *l, uintptr_t addr, size_t si
                            l->name, (unsigned long long)addr, _expseg_format_size(b, size),
                            (unsigned long long)hole);
   } else if (w.next > end) {
-    node_t *last = pred_lt(m, end);
+    node_t *last = maps_pred(m, end);
     st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                            "%s driver: unmap(addr=0x%llx, size=%s): ends inside the mapping at "
                            "0x%llx (+%s); only whole mappings can be unmapped",
@@ -406,9 +363,9 @@ expseg_status _expseg_ledger_unmap(expseg_ledger_t *l, uintptr_t addr, size_t si
     drop_tree(l, m);
     r->nmapped -= w.count;
     l->nmappings -= w.count;
-    l->root = merge(a, c);
+    l->root = maps_join(a, c);
   } else {
-    l->root = merge(merge(a, m), c);
+    l->root = maps_join(maps_join(a, m), c);
   }
   return st;
 }
@@ -417,11 +374,11 @@ expseg_status _expseg_ledger_check_mapped(expseg_ledger_t *l, uintptr_t addr, si
                                           const char *call) {
   if (!resv_holding(l, addr, size, call)) return EXPSEG_ERR_INVALID_ARGUMENT;
   uintptr_t end = addr + size;
-  node_t *p = pred_lt(l->root, addr + 1);
+  node_t *p = maps_pred(l->root, addr + 1);
   uintptr_t covered = addr;
   if (p && p->addr + p->size > addr) covered = p->addr + p->size;
   while (covered < end) {
-    node_t *n = (covered == addr) ? NULL : find_exact(l->root, covered);
+    node_t *n = (covered == addr) ? NULL : maps_find(l->root, covered);
     if (!n) {
       char b[32];
       return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,

@@ -47,12 +47,6 @@ const char *_expseg_vmm_call_name(expseg_vmm_call c) {
   return (unsigned)c < EXPSEG_VMM_CALL_COUNT ? call_names[c] : "unknown";
 }
 
-uint64_t _expseg_clock_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* ---- counting ---- */
 
 #define RLX memory_order_relaxed
@@ -216,19 +210,6 @@ enum { MAX_OPTS = 3 };
 #define SPEC_FMT "driver spec '%.*s': "
 #define SPEC_ARG (int)(speclen > 120 ? 120 : speclen), spec
 
-bool _expseg_dec_u64(const char **p, const char *end, uint64_t *v) {
-  const char *q = *p;
-  uint64_t x = 0;
-  if (q == end || *q < '0' || *q > '9') return false;
-  for (; q < end && *q >= '0' && *q <= '9'; q++) {
-    if (x > (UINT64_MAX - (uint64_t)(*q - '0')) / 10) return false;
-    x = x * 10 + (uint64_t)(*q - '0');
-  }
-  *p = q;
-  *v = x;
-  return true;
-}
-
 /* Parses SIZE = digits [K|M|G|T] (binary units, either case). */
 static bool parse_size(const char *s, size_t n, uint64_t *out) {
   const char *q = s;
@@ -251,8 +232,7 @@ static bool parse_size(const char *s, size_t n, uint64_t *out) {
 }
 
 static bool parse_int(const char *s, size_t n, uint64_t *out) {
-  const char *q = s;
-  return n > 0 && n <= 9 && _expseg_dec_u64(&q, s + n, out) && q == s + n;
+  return n <= 9 && _expseg_dec_all(s, n, out);
 }
 
 static void accepted_keys(char *buf, size_t cap, const optdef_t *defs, size_t ndefs) {

@@ -41,6 +41,7 @@
 #ifndef EXPSEG_VMM_H
 #define EXPSEG_VMM_H
 
+#include "clock.h" /* base/ */
 #include "expseg.h"
 
 #ifdef __cplusplus
@@ -206,9 +207,8 @@ expseg_status _expseg_vmm_import_fd(expseg_vmm_t *v, int fd, size_t offset, size
                                     expseg_vmm_handle *h);
 void _expseg_vmm_mem_info(expseg_vmm_t *v, size_t *free_bytes, size_t *total_bytes);
 uint64_t _expseg_vmm_now_ns(expseg_vmm_t *v);
-/* The library's one monotonic clock in ns (CLOCK_MONOTONIC); the driver's now_ns is
- * it, or a modelled clock. */
-uint64_t _expseg_clock_ns(void);
+/* The library's one monotonic clock in ns is base/clock.h's _expseg_clock_ns (included
+ * above); the driver's now_ns is it, or a modelled clock. */
 /* EXPSEG_ERR_UNSUPPORTED where the backend has no hold hook (cuda). */
 expseg_status _expseg_vmm_hold_stream(expseg_vmm_t *v, expseg_stream s, bool hold);
 /* EXPSEG_ERR_UNSUPPORTED where the driver has no streams to create (host, sim). */

@@ -9,6 +9,7 @@
 #ifndef EXPSEG_VMM_IMPL_H
 #define EXPSEG_VMM_IMPL_H
 
+#include "dec.h" /* base/: _expseg_dec_u64, the one decimal reader */
 #include "error.h"
 #include "vmm.h"
 
@@ -20,9 +21,6 @@ extern "C" {
 
 /* ---- vmm.c ---- */
 
-/* vmm/'s one decimal reader: digits at *p (before end) into *v, *p moved past them; false
- * when there is no digit or the value passes UINT64_MAX (vmm.c). */
-bool _expseg_dec_u64(const char **p, const char *end, uint64_t *v);
 /* Counts one call of kind c with result s; on success moves the gauges by `bytes`
  * (reserve/unreserve: reserved VA, create/import/release: chunks, map/unmap: mapped bytes,
  * event_create/destroy: events). */

@@ -1,3 +1,4 @@
 /* Control: what policy/ may include. */
 #include "expseg.h"
+#include "dec.h" /* base/ */
 #include "policy.h"

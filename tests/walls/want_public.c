@@ -1,0 +1,2 @@
+/* The wall above base/: with base/'s include path alone this must not compile. */
+#include "expseg.h"
