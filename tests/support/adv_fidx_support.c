@@ -15,9 +15,9 @@ static szn_t *find_node(fidx_t *f, bool (*ok)(const szn_t *)) {
     if (f->slots[i].key != 0 && ok(f->slots[i].node)) return f->slots[i].node;
   return NULL;
 }
-static bool with_children(const szn_t *n) { return n->heap != NULL && n->heap->left != NULL; }
+static bool with_children(const szn_t *n) { return n->heap != NULL && n->heap->t.l != NULL; }
 static bool nonempty(const szn_t *n) { return n->count > 0; }
-static bool two_kids(const szn_t *n) { return n->left != NULL || n->right != NULL; }
+static bool two_kids(const szn_t *n) { return n->t.l != NULL || n->t.r != NULL; }
 static bool is_empty(const szn_t *n) { return n->count == 0; }
 
 bool adv_fidx_corrupt(expseg_allocator *a, int kind) {
@@ -36,7 +36,7 @@ bool adv_fidx_corrupt(expseg_allocator *a, int kind) {
   case ADV_CORRUPT_DROP_CHILD:
     if ((n = find_node(f, with_children)) == NULL) return false;
     blk_at[0] = n->heap, saved_blk[0] = *n->heap;
-    n->heap->left = NULL;
+    n->heap->t.l = NULL;
     return true;
   case ADV_CORRUPT_DROP_LAST:
     for (int p = 0; p < POOL_COUNT; p++)
@@ -48,9 +48,9 @@ bool adv_fidx_corrupt(expseg_allocator *a, int kind) {
   case ADV_CORRUPT_TREAP_ORDER:
     if ((n = find_node(f, two_kids)) == NULL) return false;
     saved_node = *n, node_at = n;
-    szn_t *t = n->left;
-    n->left = n->right;
-    n->right = t;
+    szn_t *t = n->t.l;
+    n->t.l = n->t.r;
+    n->t.r = t;
     return true;
   case ADV_CORRUPT_EMPTY_LIST:
     if ((n = find_node(f, is_empty)) == NULL || f->empty == NULL) return false;
@@ -70,19 +70,19 @@ bool adv_fidx_corrupt(expseg_allocator *a, int kind) {
     return true;
   case ADV_CORRUPT_HEAP_ORDER: {
     if ((n = find_node(f, with_children)) == NULL) return false;
-    block_t *r = n->heap, *c = r->left;
+    block_t *r = n->heap, *c = r->t.l;
     blk_at[0] = r, saved_blk[0] = *r;
     blk_at[1] = c, saved_blk[1] = *c;
     saved_node = *n, node_at = n;
     /* c becomes the root with r as its first child; r takes c's children */
-    block_t *r_kids = c->left, *c_sib = c->right;
+    block_t *r_kids = c->t.l, *c_sib = c->t.r;
     c->hprev = NULL;
-    c->right = NULL;
-    c->left = r;
+    c->t.r = NULL;
+    c->t.l = r;
     r->hprev = c;
-    r->right = c_sib;
+    r->t.r = c_sib;
     if (c_sib) c_sib->hprev = r;
-    r->left = r_kids;
+    r->t.l = r_kids;
     if (r_kids) r_kids->hprev = r;
     n->heap = c;
     return true;
@@ -95,8 +95,8 @@ void adv_fidx_undo(expseg_allocator *a) {
   fidx_t *f = &a->free_idx;
   if (blk_at[1] != NULL) { /* HEAP_ORDER: relink the neighbours first */
     block_t *r = blk_at[0], *c = blk_at[1];
-    if (r->right) r->right->hprev = c;
-    if (r->left) r->left->hprev = c;
+    if (r->t.r) r->t.r->hprev = c;
+    if (r->t.l) r->t.l->hprev = c;
   }
   for (int i = 0; i < 2; i++)
     if (blk_at[i] != NULL) *blk_at[i] = saved_blk[i];
