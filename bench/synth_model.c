@@ -56,13 +56,7 @@ const char *_expseg_model_conf(int model, const char *user, const expseg_trace_t
    * --conf, else the recorded run's own; the last key wins. */
   const char *set = user ? user : (t && t->recorded_conf[0] ? t->recorded_conf : "");
   snprintf(buf, len, "expandable_segments:False%s%s", set[0] ? "," : "", set);
-  if (_expseg_conf_expandable(buf) == 1) {
-    /* PyTorch's expandable segments keep no unmapped page: a page's physical chunk is
-     * released when it is unmapped (page_cache_max_mb:0), in 2 MiB pages. */
-    size_t n = strlen(buf);
-    snprintf(buf + n, len - n, ",page_size_mb:2,page_cache_max_mb:0");
-  }
-  return buf;
+  return buf; /* PyTorch's pages and page handling: the allocator's model switch */
 }
 
 expseg_status _expseg_model_apply(expseg_allocator *a, int model) {

@@ -62,8 +62,9 @@ static void window_snap(const expseg_allocator *a, result_t *r) {
 }
 
 /* The window's driver calls by kind: PyTorch's classic segments are cudaMalloc/cudaFree
- * (one per device allocation/free); otherwise the VMM calls expseg made, with pages of
- * page_size_mb (created chunks from their bytes). */
+ * (one per device allocation/free); otherwise the VMM calls the allocator made (under the
+ * pytorch model, PyTorch's own: pools/model.c), with the 2 MiB pages each covers from the
+ * bytes created, mapped and unmapped. */
 static void window_calls(const expseg_trace_t *t, const opts_t *o, result_t *r, size_t n) {
   static const int kind_of[N_MEM_CALLS] = {EXPSEG_COST_RESERVE, -1, EXPSEG_COST_CREATE,
                                            EXPSEG_COST_RELEASE, EXPSEG_COST_MAP,
@@ -77,22 +78,13 @@ static void window_calls(const expseg_trace_t *t, const opts_t *o, result_t *r, 
     w->calls[EXPSEG_COST_CUDA_FREE] = (uint64_t)(r->num_device_free - r->warm_free);
     w->pages[EXPSEG_COST_CUDA_MALLOC] = created;
   } else if (r->model == EXPSEG_MODEL_PYTORCH) {
-    /* PyTorch's pages: 2 MiB small, large_segment_size_mb large, one create + map per page
-     * mapped and one unmap + release per page unmapped (the allocator maps the large pool
-     * in 2 MiB chunks: pools/model.c); reserve and set_access as counted */
-    const char *ls = strstr(r->config, "large_segment_size_mb:");
-    uint64_t large = (ls ? strtoull(ls + strlen("large_segment_size_mb:"), NULL, 10) : 20) << 20;
-    if (!large) large = UINT64_C(20) << 20;
+    /* every chunk is mapped once and unmapped once: pages from the pools' bytes */
     uint64_t d[4];
     for (int k = 0; k < 4; k++) d[k] = (uint64_t)(r->pool_bytes[k] - r->warm_pool_bytes[k]);
-    uint64_t maps = d[0] / two + (d[2] + large - 1) / large;
-    uint64_t unmaps = d[1] / two + (d[3] + large - 1) / large;
-    w->calls[EXPSEG_COST_CREATE] = w->calls[EXPSEG_COST_MAP] = maps;
-    w->calls[EXPSEG_COST_UNMAP] = w->calls[EXPSEG_COST_RELEASE] = unmaps;
+    for (size_t k = 0; k < N_MEM_CALLS; k++)
+      if (kind_of[k] >= 0) w->calls[kind_of[k]] = (uint64_t)(r->calls[k] - r->warm_calls[k]);
     w->pages[EXPSEG_COST_CREATE] = w->pages[EXPSEG_COST_MAP] = (d[0] + d[2]) / two;
     w->pages[EXPSEG_COST_UNMAP] = w->pages[EXPSEG_COST_RELEASE] = (d[1] + d[3]) / two;
-    w->calls[EXPSEG_COST_RESERVE] = (uint64_t)(r->calls[0] - r->warm_calls[0]);
-    w->calls[EXPSEG_COST_SET_ACCESS] = (uint64_t)(r->calls[6] - r->warm_calls[6]);
     w->pages[EXPSEG_COST_SET_ACCESS] = w->pages[EXPSEG_COST_MAP];
   } else {
     const char *ps = strstr(r->config, "page_size_mb:");

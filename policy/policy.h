@@ -162,6 +162,21 @@ size_t _expseg_page_size(const expseg_config_t *c, size_t granularity);
  * makes fewer, larger maps while holding at most that fraction beyond its peak. */
 #define EXPSEG_GROW_DIVISOR 128
 size_t _expseg_grow_bytes(size_t need, size_t segment_mapped);
+/* The same for a segment of the small pool (small) or the large one: a small-pool segment
+ * maps at least EXPSEG_SMALL_GROW_MIN, since its pages hold requests of at most 1 MiB and
+ * fill at once, and a larger chunk costs no more calls than a smaller one. */
+#define EXPSEG_SMALL_GROW_MIN ((size_t)4 << 20)
+size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small);
+/* Pages of the next physical chunk a growth creates when `left` pages are still to create:
+ * one under PyTorch's model (its ExpandableSegment creates a chunk per page), and one when
+ * the pool is shared, i.e. another stream maps memory in it (idle memory then moves
+ * between streams, which whole chunks do too coarsely: docs/benchmarks.md, streams8);
+ * else what the growth needs, up to EXPSEG_CHUNK_MAX bytes: one create and one map per
+ * growth, where a chunk per page costs a create and a map per page. A chunk is mapped,
+ * moved and given back only whole, so larger chunks trade how finely idle memory can move
+ * for fewer calls. */
+#define EXPSEG_CHUNK_MAX ((size_t)1 << 26)
+size_t _expseg_chunk_pages(bool pytorch, bool shared, size_t left, size_t page);
 /* May a pool take idle pages from the other pool, which last took this pool's pages at
  * tick `robbed` (0 = never; ticks count frees)? Not within EXPSEG_NO_TAKE_BACK ticks: two
  * pools taking turns would otherwise trade the same pages back and forth, a map and an

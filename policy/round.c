@@ -25,6 +25,18 @@ size_t _expseg_grow_bytes(size_t need, size_t segment_mapped) {
   return need > floor ? need : floor;
 }
 
+size_t _expseg_chunk_pages(bool pytorch, bool shared, size_t left, size_t page) {
+  if (pytorch || shared || page == 0) return left > 0 ? 1 : 0;
+  size_t most = EXPSEG_CHUNK_MAX / page;
+  if (most == 0) most = 1;
+  return left < most ? left : most;
+}
+
+size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small) {
+  size_t grow = _expseg_grow_bytes(need, segment_mapped);
+  return small && grow < EXPSEG_SMALL_GROW_MIN ? EXPSEG_SMALL_GROW_MIN : grow;
+}
+
 bool _expseg_may_take_back(uint64_t robbed, uint64_t now) {
   return robbed == 0 || now - robbed >= EXPSEG_NO_TAKE_BACK;
 }

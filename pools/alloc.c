@@ -124,9 +124,10 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
 /* ---- malloc ---- */
 
 static block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded) {
+  if (a->model_pytorch) return _expseg_model_find_free(a, pool, stream, rounded);
   block_t *b = _expseg_fidx_best(&a->free_idx, pool, stream, rounded);
   if (b == NULL) return NULL;
-  if ((!b->seg->expandable || a->model_pytorch) && !_expseg_oversize_ok(&a->cfg, rounded, b->size))
+  if (!b->seg->expandable && !_expseg_oversize_ok(&a->cfg, rounded, b->size))
     return NULL;
   _expseg_free_remove(a, b);
   return b;
@@ -266,7 +267,7 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
   st = take_block(a, b, single ? b->size : rounded, size, out); /* single: never split */
   /* the page cache's bound (growth may have left more pages there than it allows); the
    * block is handed out already, so dropping the lock to release is safe */
-  if (_expseg_page_cache_excess(&a->cfg, a->cache_count * a->page) > 0)
+  if (_expseg_page_cache_excess(&a->cfg, (size_t)a->stats.cached_physical_bytes.current) > 0)
     _expseg_cache_trim(a, a->cfg.page_cache_max);
   api_unlock(a);
   return st;
@@ -437,7 +438,7 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
     a->cfg = next;
     refresh_derived(a);
     /* a lower page_cache_max takes effect now (a cache hit does not look at the cache) */
-    if (_expseg_page_cache_excess(&a->cfg, a->cache_count * a->page) > 0)
+    if (_expseg_page_cache_excess(&a->cfg, (size_t)a->stats.cached_physical_bytes.current) > 0)
       _expseg_cache_trim(a, a->cfg.page_cache_max);
   }
   api_unlock(a);

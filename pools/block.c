@@ -83,15 +83,16 @@ size_t _expseg_block_whole_pages(const expseg_allocator *a, const block_t *b, ui
   if (!b->seg->expandable) return 0;
   /* pages are counted from the segment's base (the page size need not be a power of two) */
   uintptr_t base = b->seg->base, off = b->ptr - base, lo, hi;
-  if (a->page_shift != 0) { /* the usual case: no division on the free path */
-    lo = base + (((off + a->page - 1) >> a->page_shift) << a->page_shift);
+  const size_t pg = b->seg->page; /* the segment's own (model.c: _expseg_pool_page) */
+  if (a->page_shift != 0 && pg == a->page) { /* the usual case: no division on the free path */
+    lo = base + (((off + pg - 1) >> a->page_shift) << a->page_shift);
     hi = base + (((off + b->size) >> a->page_shift) << a->page_shift);
   } else {
-    lo = base + (off + a->page - 1) / a->page * a->page;
-    hi = base + (off + b->size) / a->page * a->page;
+    lo = base + (off + pg - 1) / pg * pg;
+    hi = base + (off + b->size) / pg * pg;
   }
   if (first != NULL) *first = lo;
-  return hi > lo ? (hi - lo) / a->page : 0;
+  return hi > lo ? (hi - lo) / pg : 0;
 }
 
 static void idle_push(expseg_allocator *a, block_t *b) {

@@ -48,8 +48,8 @@ static expseg_status check_block(const expseg_allocator *a, const segment_t *s, 
          (unsigned long)b->next->ptr);
   if (!s->expandable && !b->mapped) FAIL("block %#lx: unmapped block in a classic segment", p);
   if (s->expandable) {
-    size_t first = (b->ptr - s->base) / a->page;
-    size_t last = (b->ptr + b->size - 1 - s->base) / a->page;
+    size_t first = (b->ptr - s->base) / s->page;
+    size_t last = (b->ptr + b->size - 1 - s->base) / s->page;
     for (size_t i = first; i <= last; i++) {
       if (b->mapped && !page_mapped(s, i))
         FAIL("block %#lx: page %zu of its segment is not mapped", p, i);
@@ -59,7 +59,7 @@ static expseg_status check_block(const expseg_allocator *a, const segment_t *s, 
   }
   if (!b->mapped) {
     if (b->state != BLOCK_FREE) FAIL("unmapped block %#lx is not free", p);
-    if ((b->ptr - s->base) % a->page != 0 || b->size % a->page != 0)
+    if ((b->ptr - s->base) % s->page != 0 || b->size % s->page != 0)
       FAIL("unmapped block %#lx (+%zu) is not page-aligned", p, b->size);
     if (!b->indexed || !_expseg_tree_contains(&a->unmapped_idx[pool], b))
       FAIL("unmapped block %#lx is not in the unmapped index", p);
@@ -144,17 +144,33 @@ static expseg_status check_segment(const expseg_allocator *a, const segment_t *s
   add3(r->segment, s->pool, 1);
   r->va += (int64_t)s->va_size;
   if (s->expandable) {
-    size_t mapped = 0;
-    for (size_t i = 0; i < s->pages_cap; i++) mapped += s->pages[i].mapped;
-    if (mapped * a->page != s->mapped_bytes)
+    size_t mapped = 0, chunks = 0;
+    for (size_t i = 0; i < s->pages_cap; i++) {
+      const page_t *pg = &s->pages[i];
+      if (!pg->mapped) continue;
+      mapped++;
+      chunks += pg->off == 0;
+      /* every mapped page lies in one chunk mapped whole: its first page starts the chunk,
+       * all its pages are mapped and name the same handle */
+      const page_t *head = pg->off <= i ? &s->pages[i - pg->off] : NULL;
+      if (pg->n == 0 || pg->off >= pg->n || head == NULL || head->off != 0 ||
+          head->n != pg->n || head->h != pg->h || !head->mapped ||
+          i - pg->off + pg->n > s->pages_cap)
+        FAIL("segment %#lx: page %zu is not part of a whole mapped chunk", base, i);
+      if (pg->off + 1 == pg->n && i + 1 < s->pages_cap && s->pages[i + 1].mapped &&
+          s->pages[i + 1].off != 0)
+        FAIL("segment %#lx: page %zu ends a chunk but the next mapped page does not start "
+             "one", base, i);
+    }
+    if (mapped * s->page != s->mapped_bytes)
       FAIL("segment %#lx: %zu pages mapped, mapped_bytes says %zu", base, mapped, s->mapped_bytes);
-    if (s->pages_cap * a->page > s->va_size && s->pages_cap > 0) {
-      for (size_t i = s->va_size / a->page; i < s->pages_cap; i++)
+    if (s->pages_cap * s->page > s->va_size && s->pages_cap > 0) {
+      for (size_t i = s->va_size / s->page; i < s->pages_cap; i++)
         if (s->pages[i].mapped) FAIL("segment %#lx: page %zu beyond its end is mapped", base, i);
     }
     add3(r->reserved, s->pool, (int64_t)s->mapped_bytes);
     r->mapped += (int64_t)s->mapped_bytes;
-    r->chunks += (int64_t)mapped;
+    r->chunks += (int64_t)chunks;
   } else {
     if (s->mapped_bytes != s->va_size) FAIL("classic segment %#lx: mapped bytes", base);
     r->oversize_segments += s->oversize;
@@ -219,7 +235,11 @@ expseg_status _expseg_check_locked(const expseg_allocator *a) {
     }
   SAME("idle list length", idle, r.idle);
   SAME("pointer map size", (int64_t)a->live.count, r.allocation[STAT_ALL]);
-  for (size_t i = 0; i < a->cache_count; i++) add3(r.reserved, a->cache[i].pool, (int64_t)a->page);
+  int64_t cached = 0;
+  for (size_t i = 0; i < a->cache_count; i++) {
+    add3(r.reserved, a->cache[i].pool, (int64_t)a->cache[i].size);
+    cached += (int64_t)a->cache[i].size;
+  }
   r.chunks += (int64_t)a->cache_count;
   _expseg_zombie_totals(a, r.reserved, &r.va, &r.chunks, &r.driver_mapped);
   const stats_t *s = &a->stats;
@@ -238,7 +258,7 @@ expseg_status _expseg_check_locked(const expseg_allocator *a) {
   SAME("oversize_segments.current", s->oversize_segments.current, r.oversize_segments);
   SAME("expseg.mapped_bytes.current", s->mapped_bytes.current, r.mapped);
   SAME("expseg.cached_physical_bytes.current", s->cached_physical_bytes.current,
-       (int64_t)(a->cache_count * a->page));
+       cached);
   SAME("expseg.reserved_va_bytes.current", s->reserved_va_bytes.current, r.va);
   SAME("expseg.pending_free_blocks.current", s->pending_free_blocks.current, r.pending);
   size_t queued = 0;

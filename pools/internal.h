@@ -1,8 +1,8 @@
 /* internal.h: the allocator core's data structures and the functions shared by pools/ files.
  *
  * Memory is held in segments. A classic segment is one physical chunk mapped into its own
- * reservation. An expandable segment is a reservation of many pages (one physical chunk
- * each, all of the allocator's page size) of which any subset is mapped. Blocks tile every
+ * reservation. An expandable segment is a reservation of many pages (of its page size,
+ * in physical chunks of one or more pages: pages.c) of which any subset is mapped. Blocks tile every
  * segment with no gap: allocated, pending-free (freed, waiting on other streams' events),
  * free mapped, or (expandable only) unmapped. Free mapped blocks sit in their pool's free
  * index keyed (stream, size, address); unmapped blocks in their pool's unmapped index keyed
@@ -91,9 +91,12 @@ struct block_s {
   uint32_t uses_cap;
 };
 
+/* A page of an expandable segment: page `off` of a physical chunk of n pages (pages.c),
+ * which is mapped and unmapped whole. */
 typedef struct page_s {
   expseg_vmm_handle h;
   bool mapped;
+  uint32_t off, n;
 } page_t;
 
 struct segment_s {
@@ -102,11 +105,14 @@ struct segment_s {
   bool expandable;
   bool oversize;         /* classic, counted in oversize_segments when created */
   bool single;           /* classic, made for a single-chunk allocation: serves only those */
+  bool keep_va;          /* scratch of _expseg_release_cached (the PyTorch model) */
   uint32_t busy;         /* classic: its allocated and pending blocks (inactive_split) */
   uint8_t pool;
   expseg_stream stream;
   segment_t *next_all, *prev_all;
   block_t *first;
+  size_t page;           /* expandable: its page (one physical chunk each; model.c:
+                          * _expseg_pool_page); classic: 0 */
   size_t mapped_bytes;   /* expandable: mapped pages x page; classic: va_size */
   expseg_vmm_handle handle; /* classic: the chunk */
   page_t *pages;         /* expandable: pages [0, pages_cap) known; beyond = unmapped */
@@ -125,6 +131,7 @@ typedef _expseg_map_t ptrmap_t;
 
 typedef struct chunk_s {
   expseg_vmm_handle h;
+  size_t size;         /* bytes: the page of the segment it was made for */
   uint8_t pool;        /* pool whose reserved_bytes counts it */
   uint64_t idle_since; /* a->now_ns when it was cached */
 } chunk_t;
@@ -210,7 +217,8 @@ struct expseg_allocator {
   expseg_vmm_t *drv;
   int device;
   expseg_config_t cfg;
-  size_t granularity, page;   /* page: expandable chunk size */
+  size_t granularity, page;   /* page: expseg's expandable chunk size (page_size_mb); a
+                               * segment's own is seg->page (_expseg_pool_page) */
   unsigned page_shift;        /* log2(page) when page is a power of two, else 0 */
   size_t total_mem;           /* device total at creation */
   size_t allowed;             /* fraction cap in bytes; SIZE_MAX = none */
@@ -336,6 +344,15 @@ expseg_status _expseg_set_model_pytorch(expseg_allocator *a, bool on);
  * pages from the segment's base, large_segment_size in the large pool, no growth floor. */
 uintptr_t _expseg_model_map_end(const expseg_allocator *a, const block_t *u, int pool,
                                 uintptr_t need);
+/* The page (physical chunk size) of new expandable segments of `pool`: expseg's page in
+ * both pools, or under the PyTorch model 2 MiB (small) and large_segment_size (large),
+ * each rounded up to the granularity. */
+size_t _expseg_pool_page(const expseg_allocator *a, int pool);
+/* PyTorch's get_free_block (lock held): best fit on (stream, size), then, among expandable
+ * blocks, the next larger one while its room to expand (its size plus an unmapped block
+ * after it) is smaller; the oversize rules. Removed from the free sets, or NULL. */
+block_t *_expseg_model_find_free(expseg_allocator *a, int pool, expseg_stream stream,
+                                 size_t rounded);
 size_t _expseg_largest_free(const expseg_allocator *a);
 /* What the retry list still holds: reserved bytes by stat pool, address space, chunks,
  * mapped bytes. */

@@ -151,13 +151,18 @@ static expseg_status export_locked(expseg_allocator *a, uintptr_t ptr, expseg_ip
                              "allocator",
                              (void *)ptr);
   segment_t *s = b->seg;
-  size_t first = 0, n = 1, csize = s->va_size;
+  /* the chunks under the block: pages [first, last) of whole chunks (pools/pages.c) */
+  size_t first = 0, last = 0, n = 1, extent = s->va_size;
   uintptr_t start = s->base;
   if (s->expandable) {
-    first = (b->ptr - s->base) / a->page;
-    n = (b->ptr + b->size - 1 - s->base) / a->page - first + 1;
-    csize = a->page;
-    start = s->base + first * a->page;
+    first = (b->ptr - s->base) / s->page;
+    first -= s->pages[first].off;
+    size_t lp = (b->ptr + b->size - 1 - s->base) / s->page;
+    last = lp - s->pages[lp].off + s->pages[lp].n;
+    n = 0;
+    for (size_t i = first; i < last; i += s->pages[i].n) n++;
+    extent = (last - first) * s->page;
+    start = s->base + first * s->page;
   }
   if (n > MAX_CHUNKS)
     return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
@@ -172,8 +177,11 @@ static expseg_status export_locked(expseg_allocator *a, uintptr_t ptr, expseg_ip
   }
   fdset_t fs = {0};
   expseg_status st = EXPSEG_OK;
-  for (size_t i = 0; i < n && st == EXPSEG_OK; i++) {
-    expseg_vmm_handle h = s->expandable ? s->pages[first + i].h : s->handle;
+  for (size_t i = 0, at = first; i < n && st == EXPSEG_OK; i++) {
+    expseg_vmm_handle h = s->expandable ? s->pages[at].h : s->handle;
+    const size_t csize = s->expandable ? s->pages[at].n * s->page : s->va_size;
+    const size_t coff = (at - first) * s->page;
+    if (s->expandable) at += s->pages[at].n;
     int fd = -1;
     size_t off = 0;
     uint32_t idx = 0;
@@ -185,7 +193,7 @@ static expseg_status export_locked(expseg_allocator *a, uintptr_t ptr, expseg_ip
     unsigned char *e = d + HDR + i * ENT;
     put32(e, idx);
     put64(e + 8, off);
-    put64(e + 16, i * csize);
+    put64(e + 16, coff);
     put64(e + 24, csize);
   }
   int sv[2] = {-1, -1};
@@ -209,7 +217,7 @@ static expseg_status export_locked(expseg_allocator *a, uintptr_t ptr, expseg_ip
   put32(d + 12, (uint32_t)n);
   put32(d + 16, (uint32_t)fs.n);
   put32(d + 20, live_idx);
-  put64(d + 24, n * csize);
+  put64(d + 24, extent);
   put64(d + 32, b->ptr - start);
   put64(d + 40, b->requested);
   S->ex[S->n_ex++] = (export_t){.ptr = ptr, .sock = sv[0]};

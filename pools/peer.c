@@ -46,7 +46,7 @@ static expseg_status each_range(expseg_allocator *a, walk_t *w) {
       }
       size_t j = i;
       while (j < n && s->pages[j].mapped) j++;
-      st = one(w, s->base + i * a->page, (j - i) * a->page);
+      st = one(w, s->base + i * s->page, (j - i) * s->page);
       i = j;
     }
   }

@@ -1,7 +1,7 @@
 /* release.c: memory going back to the driver (release.h): release items given back in
  * batches with the lock dropped, the retry list of what the driver refused (kept with its
  * accounting, so a refusal never leaks and statistics stay true), and the page cache of
- * unmapped chunks with its bound. */
+ * unmapped chunks (each of its segment's page size) with its bound. */
 #include "error.h"
 #include "release.h"
 
@@ -88,7 +88,8 @@ void _expseg_release_keep(expseg_allocator *a, release_item_t f) {
     a->stats.released_bytes -= (int64_t)f.size_h;
   }
   if (f.size_va > 0) _expseg_stat_add(&a->stats.reserved_va_bytes, (int64_t)f.size_va);
-  if (f.size_h == a->page && f.size_va == 0 && f.size_map == 0 && _expseg_cache_push(a, f.h, f.pool))
+  if (f.size_va == 0 && f.size_map == 0 && f.size_h % _expseg_pool_page(a, f.pool) == 0 &&
+      _expseg_cache_push(a, f.h, f.pool, f.size_h))
     return;
   if (!zombie_add(a, f)) _expseg_warn("out of host memory: a refused release is lost");
 }
@@ -146,7 +147,7 @@ void _expseg_zombies_retry(expseg_allocator *a, release_batch_t *rb) {
 
 /* ---- the page cache ---- */
 
-bool _expseg_cache_push(expseg_allocator *a, expseg_vmm_handle h, int pool) {
+bool _expseg_cache_push(expseg_allocator *a, expseg_vmm_handle h, int pool, size_t size) {
   if (a->cache_count == a->cache_cap) {
     size_t cap = a->cache_cap ? a->cache_cap * 2 : 64;
     chunk_t *c = realloc(a->cache, cap * sizeof *c);
@@ -154,42 +155,70 @@ bool _expseg_cache_push(expseg_allocator *a, expseg_vmm_handle h, int pool) {
     a->cache = c;
     a->cache_cap = cap;
   }
-  a->cache[a->cache_count++] = (chunk_t){.h = h, .pool = (uint8_t)pool, .idle_since = a->now_ns};
-  _expseg_stat_add(&a->stats.cached_physical_bytes, (int64_t)a->page);
+  a->cache[a->cache_count++] =
+      (chunk_t){.h = h, .size = size, .pool = (uint8_t)pool, .idle_since = a->now_ns};
+  _expseg_stat_add(&a->stats.cached_physical_bytes, (int64_t)size);
   return true;
 }
 
-/* Takes the newest cached chunk for `pool`, moving its reserved_bytes to that pool. */
-expseg_vmm_handle _expseg_cache_pop(expseg_allocator *a, int pool) {
-  chunk_t c = a->cache[--a->cache_count];
-  _expseg_stat_add(&a->stats.cached_physical_bytes, -(int64_t)a->page);
+chunk_t _expseg_cache_take(expseg_allocator *a, size_t i, int pool) {
+  expseg_assert(i < a->cache_count);
+  chunk_t c = a->cache[i];
+  memmove(a->cache + i, a->cache + i + 1, (a->cache_count - i - 1) * sizeof *a->cache);
+  a->cache_count--;
+  _expseg_stat_add(&a->stats.cached_physical_bytes, -(int64_t)c.size);
   if (c.pool != pool) {
-    stat_move(a->stats.reserved_bytes, c.pool, pool, (int64_t)a->page);
+    stat_move(a->stats.reserved_bytes, c.pool, pool, (int64_t)c.size);
   }
-  return c.h;
+  return c;
+}
+
+void _expseg_cache_take_set(expseg_allocator *a, const size_t *idx, size_t m, int pool) {
+  if (m == 0) return;
+  for (size_t i = 0; i < m; i++) { /* marked by a size of 0 (never a cached size) */
+    chunk_t *c = &a->cache[idx[i]];
+    _expseg_stat_add(&a->stats.cached_physical_bytes, -(int64_t)c->size);
+    if (c->pool != pool) stat_move(a->stats.reserved_bytes, c->pool, pool, (int64_t)c->size);
+    c->size = 0;
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < a->cache_count; i++)
+    if (a->cache[i].size != 0) a->cache[k++] = a->cache[i];
+  a->cache_count = k;
+}
+
+void _expseg_cache_release_at(expseg_allocator *a, size_t i, release_batch_t *rb) {
+  chunk_t c = _expseg_cache_take(a, i, a->cache[i].pool);
+  _expseg_stat_pool_add(a->stats.reserved_bytes, c.pool, -(int64_t)c.size);
+  a->stats.released_bytes += (int64_t)c.size;
+  _expseg_batch_push(a, rb, (release_item_t){.h = c.h, .size_h = c.size, .pool = c.pool});
 }
 
 /* Removes the n oldest cached chunks into the batch. */
 size_t _expseg_cache_release_oldest(expseg_allocator *a, size_t n, release_batch_t *rb) {
   if (n > a->cache_count) n = a->cache_count;
+  size_t bytes = 0;
   for (size_t i = 0; i < n; i++) {
     chunk_t c = a->cache[i];
-    _expseg_stat_add(&a->stats.cached_physical_bytes, -(int64_t)a->page);
-    _expseg_stat_pool_add(a->stats.reserved_bytes, c.pool, -(int64_t)a->page);
-    a->stats.released_bytes += (int64_t)a->page;
-    _expseg_batch_push(a, rb, (release_item_t){.h = c.h, .size_h = a->page, .pool = c.pool});
+    bytes += c.size;
+    _expseg_stat_add(&a->stats.cached_physical_bytes, -(int64_t)c.size);
+    _expseg_stat_pool_add(a->stats.reserved_bytes, c.pool, -(int64_t)c.size);
+    a->stats.released_bytes += (int64_t)c.size;
+    _expseg_batch_push(a, rb, (release_item_t){.h = c.h, .size_h = c.size, .pool = c.pool});
   }
   if (n == 0) return 0;
   memmove(a->cache, a->cache + n, (a->cache_count - n) * sizeof *a->cache);
   a->cache_count -= n;
-  return n * a->page;
+  return bytes;
 }
 
 size_t _expseg_cache_trim(expseg_allocator *a, size_t keep_bytes) {
-  size_t have = a->cache_count * a->page;
+  size_t have = (size_t)a->stats.cached_physical_bytes.current;
   if (have <= keep_bytes) return 0;
   release_batch_t rb = {0};
-  size_t n = (have - keep_bytes + a->page - 1) / a->page;
+  size_t n = 0;
+  for (size_t over = have - keep_bytes, got = 0; got < over && n < a->cache_count; n++)
+    got += a->cache[n].size; /* oldest first */
   size_t freed = _expseg_cache_release_oldest(a, n, &rb);
   _expseg_batch_flush(a, &rb);
   return freed;

@@ -47,10 +47,14 @@ void _expseg_zombies_retry(expseg_allocator *a, release_batch_t *rb);
 /* Does a mapping the driver refused to remove lie in [lo, lo+len)? */
 bool _expseg_zombie_mapped_in(const expseg_allocator *a, uintptr_t lo, size_t len);
 
-/* ---- the page cache (a stack of unmapped page-sized chunks) ---- */
-bool _expseg_cache_push(expseg_allocator *a, expseg_vmm_handle h, int pool);
-/* Takes the newest cached chunk for `pool`, moving its reserved_bytes to that pool. */
-expseg_vmm_handle _expseg_cache_pop(expseg_allocator *a, int pool);
+/* ---- the page cache (a stack of unmapped chunks, each of its segment's page size) ---- */
+bool _expseg_cache_push(expseg_allocator *a, expseg_vmm_handle h, int pool, size_t size);
+/* Takes cached chunk i out for `pool`, moving its reserved_bytes to that pool. */
+chunk_t _expseg_cache_take(expseg_allocator *a, size_t i, int pool);
+/* The same for the m distinct chunks idx[] (read their handles first), in one pass. */
+void _expseg_cache_take_set(expseg_allocator *a, const size_t *idx, size_t m, int pool);
+/* Removes cached chunk i into the batch. */
+void _expseg_cache_release_at(expseg_allocator *a, size_t i, release_batch_t *rb);
 /* Removes the n oldest cached chunks into the batch; returns their bytes. */
 size_t _expseg_cache_release_oldest(expseg_allocator *a, size_t n, release_batch_t *rb);
 
@@ -64,10 +68,35 @@ typedef struct stream_seen_s {
  * Answers are remembered in seen[] (at most max_seen streams) for one pass. */
 bool _expseg_stream_idle(expseg_allocator *a, expseg_stream stream, bool blocking,
                          stream_seen_t *seen, size_t *n_seen, size_t max_seen);
-/* Unmaps the whole pages [lo, hi) of free mapped expandable block b; returns the pages
- * unmapped (segment.c). */
+/* ---- pages.c: chunks of expandable segments ---- */
+/* Unmaps the chunks [lo, hi) of free mapped expandable block b (lo, hi chunk boundaries);
+ * returns the pages unmapped. */
 size_t _expseg_unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintptr_t hi,
                            expseg_status *st);
+/* The whole chunks inside free block b: [*lo, *hi), their pages (0: none). */
+size_t _expseg_block_chunks(const expseg_allocator *a, const block_t *b, uintptr_t *lo,
+                            uintptr_t *hi);
+/* Where the top chunks of [lo, hi) (chunk boundaries) covering `want` pages begin (at_most:
+ * no more than `want` pages), taking no chunk of more than max_pages; hi when the top
+ * chunk cannot be taken. */
+uintptr_t _expseg_chunks_top(const segment_t *s, uintptr_t lo, uintptr_t hi, size_t want,
+                             size_t max_pages, bool at_most);
+/* Pages the page cache can map for a growth of k pages of pg bytes into a range of room
+ * pages (< k: not enough). */
+size_t _expseg_cache_cover(const expseg_allocator *a, size_t pg, size_t k, size_t room);
+/* Maps cached chunks covering at least k pages at the start of unmapped block u (indexed),
+ * one set_access for the range; the new free mapped block, merged with free mapped
+ * neighbours and not indexed; NULL on failure (nothing changed, chunks back in the cache). */
+block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, expseg_status *st);
+/* Moves idle chunks of segments with page `page` (0: any), none over max_pages, into the
+ * page cache until `want` pages are moved: the pool's idle blocks first (any stream), then
+ * the other pool's (not right after it took this pool's pages, unless blocking; with
+ * whole_only, only when they cover all `want`); oldest blocks first, never ex1/ex2, only
+ * once an event shows their stream's work is done; chunks from the top of each block.
+ * Returns pages moved. */
+size_t _expseg_steal_pages(expseg_allocator *a, int pool, size_t page, size_t want,
+                           size_t max_pages, const block_t *ex1, const block_t *ex2,
+                           bool blocking, bool whole_only);
 /* A free classic segment: given back (true) once its stream's work is done (segment.c). */
 bool _expseg_classic_release(expseg_allocator *a, segment_t *s, release_batch_t *rb,
                              bool blocking, stream_seen_t *seen, size_t *n_seen);

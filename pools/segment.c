@@ -1,14 +1,15 @@
 /* segment.c: where memory comes from and goes back to. Classic segments (one chunk each)
- * and expandable segments (a reservation whose pages are mapped on demand), moving idle
- * pages to where they are needed, and deciding what to give back.
+ * and expandable segments (a reservation whose pages are mapped on demand), and deciding
+ * what to give back.
  *
  * Growth of an expandable segment (docs/design.md):
  *  1. place: the lowest-address unmapped range of the stream's segments that, with the free
  *     mapped block just before it (and after it), fits the request; else a new reservation;
- *  2. pages: from the page cache; else moved from idle free pages anywhere (any stream, any
- *     pool, once an event shows their stream's work is done); else created new, with the
- *     lock dropped, within the memory-fraction cap;
- *  3. map one chunk per page, then ONE set_access for the whole new range.
+ *  2. chunks: from the page cache; else idle chunks moved from free blocks anywhere (any
+ *     stream, any pool, once an event shows their stream's work is done); else created
+ *     new, sized from what the growth still needs (_expseg_chunk_pages), with the lock
+ *     dropped, within the memory-fraction cap;
+ *  3. map each chunk with one call, then ONE set_access for the whole new range (pages.c).
  * Physical memory is thus created once and reused; it goes back to the driver only on
  * empty_cache, garbage collection, the out-of-memory path, the page-cache bound, or destroy,
  * and only once the work queued on its stream is done. How it goes back (batches with the
@@ -38,18 +39,6 @@ static void segment_unlink(expseg_allocator *a, segment_t *s) {
   else a->segments = s->next_all;
   if (s->next_all) s->next_all->prev_all = s->prev_all;
   a->n_segments--;
-}
-
-static bool pages_reserve(segment_t *s, size_t npages) {
-  if (npages <= s->pages_cap) return true;
-  size_t cap = s->pages_cap ? s->pages_cap : 16;
-  while (cap < npages) cap *= 2;
-  page_t *p = realloc(s->pages, cap * sizeof *p);
-  if (p == NULL) return false;
-  memset(p + s->pages_cap, 0, (cap - s->pages_cap) * sizeof *p);
-  s->pages = p;
-  s->pages_cap = cap;
-  return true;
 }
 
 /* A segment struct and its first block, or NULL (message set) when out of host memory. */
@@ -92,8 +81,13 @@ static segment_t *expandable_new(expseg_allocator *a, int pool, expseg_stream st
   size_t existing = 0;
   for (segment_t *s = a->segments; s; s = s->next_all)
     if (s->expandable && s->pool == pool && s->stream == stream) existing++;
-  size_t va = _expseg_segment_va(&a->cfg, pool == POOL_SMALL, existing, need, a->total_mem,
-                                 a->page);
+  const size_t page = _expseg_pool_page(a, pool);
+  /* PyTorch reserves 9/8 of device memory for every segment */
+  size_t va = a->model_pytorch
+                  ? _expseg_round_up(a->total_mem + a->total_mem / 8, page)
+                  : _expseg_segment_va(&a->cfg, pool == POOL_SMALL, existing, need,
+                                       a->total_mem, page);
+  if (va < need) va = _expseg_round_up(need, page);
   block_t *b;
   segment_t *s = segment_new(a, &b, st);
   if (s == NULL) return NULL;
@@ -106,6 +100,7 @@ static segment_t *expandable_new(expseg_allocator *a, int pool, expseg_stream st
     return NULL;
   }
   segment_attach(a, s, b, base, va, pool, stream, true);
+  s->page = page;
   _expseg_unmapped_insert(a, b);
   return s;
 }
@@ -124,146 +119,7 @@ static void expandable_drop(expseg_allocator *a, segment_t *s, release_batch_t *
   free(s);
 }
 
-/* ---- mapping and unmapping pages ---- */
-
-/* Unmaps the whole pages [lo, hi) of free mapped block b (indexed) into the page cache.
- * b is split around them; the unmapped middle merges with unmapped neighbours. On a
- * failed unmap the pages already unmapped stay so and the rest stay mapped. Returns the
- * pages unmapped. */
-size_t _expseg_unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintptr_t hi,
-                           expseg_status *st) {
-  segment_t *s = b->seg;
-  expseg_assert(s->expandable && b->state == BLOCK_FREE && b->mapped && b->indexed);
-  expseg_assert(lo >= b->ptr && hi <= b->ptr + b->size && lo < hi);
-  *st = EXPSEG_OK;
-  /* block structs first (up to three splits), so nothing has to be undone for want of one */
-  block_t *spare[3] = {_expseg_block_new(a), _expseg_block_new(a), _expseg_block_new(a)};
-  bool ok = spare[0] && spare[1] && spare[2];
-  for (int i = 0; i < 3; i++)
-    if (spare[i]) _expseg_block_delete(a, spare[i]);
-  if (!ok) {
-    *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory for block bookkeeping");
-    return 0;
-  }
-  _expseg_free_remove(a, b);
-  block_t *head = NULL, *mid = b, *tail = NULL;
-  if (lo > b->ptr) {
-    head = b;
-    mid = _expseg_block_split(a, b, lo - b->ptr);
-  }
-  if (hi < mid->ptr + mid->size) tail = _expseg_block_split(a, mid, hi - mid->ptr);
-  size_t done = 0, n = (hi - lo) / a->page;
-  for (; done < n; done++) {
-    uintptr_t addr = lo + done * a->page;
-    size_t idx = (addr - s->base) / a->page;
-    *st = _expseg_vmm_unmap(a->drv, addr, a->page);
-    if (*st != EXPSEG_OK) break;
-    if (!_expseg_cache_push(a, s->pages[idx].h, s->pool)) {
-      /* no room to remember the chunk: give it back now */
-      _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)a->page);
-      a->stats.released_bytes += (int64_t)a->page;
-      _expseg_release_now(a, (release_item_t){.h = s->pages[idx].h, .size_h = a->page, .pool = s->pool});
-    }
-    s->pages[idx].mapped = false;
-  }
-  if (done == 0) { /* nothing unmapped: put the block back whole */
-    _expseg_free_insert(a, _expseg_block_coalesce(a, mid));
-    return 0;
-  }
-  block_t *rest = done < n ? _expseg_block_split(a, mid, done * a->page) : NULL;
-  size_t bytes = done * a->page;
-  mid->mapped = false;
-  s->mapped_bytes -= bytes;
-  _expseg_stat_add(&a->stats.mapped_bytes, -(int64_t)bytes);
-  a->stats.num_device_free++;
-  EXPSEG_HIST(a, HIST_SEGMENT_UNMAP, lo, bytes, s->stream);
-  if (rest != NULL) { /* still mapped after a failed unmap: joins the free tail */
-    _expseg_free_insert(a, _expseg_block_coalesce(a, rest));
-    tail = NULL;
-  }
-  if (head) _expseg_free_insert(a, head);
-  if (tail) _expseg_free_insert(a, tail);
-  _expseg_unmapped_insert(a, _expseg_block_coalesce(a, mid));
-  return done;
-}
-
-/* Maps k pages from the cache at [lo, lo + k*page) of unmapped block u (indexed), one
- * set_access for the range. Returns the new free mapped block, merged with free mapped
- * neighbours and not indexed; NULL on failure (nothing changed, chunks back in the cache). */
-static block_t *map_pages(expseg_allocator *a, block_t *u, uintptr_t lo, size_t k,
-                          expseg_status *st) {
-  segment_t *s = u->seg;
-  expseg_assert(lo == u->ptr && k * a->page <= u->size && a->cache_count >= k);
-  size_t first = (lo - s->base) / a->page;
-  if (!pages_reserve(s, first + k)) {
-    *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory for page bookkeeping");
-    return NULL;
-  }
-  block_t *rest = NULL;
-  if (k * a->page < u->size) {
-    rest = _expseg_block_new(a);
-    if (rest == NULL) {
-      *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory for block bookkeeping");
-      return NULL;
-    }
-    _expseg_block_delete(a, rest); /* the split below takes it back from the free list */
-  }
-  size_t done = 0;
-  for (; done < k; done++) {
-    expseg_vmm_handle h = _expseg_cache_pop(a, s->pool);
-    *st = _expseg_vmm_map(a->drv, lo + done * a->page, a->page, h, 0);
-    if (*st != EXPSEG_OK) {
-      if (!_expseg_cache_push(a, h, s->pool)) {
-        _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)a->page);
-        a->stats.released_bytes += (int64_t)a->page;
-        _expseg_release_now(a, (release_item_t){.h = h, .size_h = a->page, .pool = s->pool});
-      }
-      break;
-    }
-    s->pages[first + done] = (page_t){.h = h, .mapped = true};
-  }
-  if (done == k) *st = _expseg_vmm_set_access(a->drv, lo, k * a->page);
-  if (done == k && *st == EXPSEG_OK && a->peers) *st = _expseg_peers_grant(a, lo, k * a->page);
-  if (done < k || *st != EXPSEG_OK) {
-    expseg_status keep = *st;
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", expseg_last_error());
-    for (size_t i = done; i-- > 0;) {
-      expseg_vmm_handle h = s->pages[first + i].h;
-      uintptr_t at = lo + i * a->page;
-      s->pages[first + i].mapped = false;
-      bool unmapped = _expseg_vmm_unmap(a->drv, at, a->page) == EXPSEG_OK;
-      if (unmapped && _expseg_cache_push(a, h, s->pool)) continue;
-      /* the undo was refused (or no room in the cache): the mapping and the chunk go on
-       * the retry list, still counted in reserved_bytes, retried before the next growth
-       * (which could otherwise map over it) and before the reservation around it */
-      _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)a->page);
-      a->stats.released_bytes += (int64_t)a->page;
-      release_item_t it = {.h = h, .size_h = a->page, .pool = s->pool};
-      if (!unmapped) {
-        it.map_va = at;
-        it.size_map = a->page;
-      }
-      _expseg_release_keep(a, it);
-    }
-    *st = _expseg_error_set(keep, "%s", msg);
-    return NULL;
-  }
-  _expseg_unmapped_remove(a, u);
-  if (k * a->page < u->size) {
-    rest = _expseg_block_split(a, u, k * a->page);
-    _expseg_unmapped_insert(a, rest);
-  }
-  u->mapped = true;
-  size_t bytes = k * a->page;
-  s->mapped_bytes += bytes;
-  _expseg_stat_add(&a->stats.mapped_bytes, (int64_t)bytes);
-  a->stats.num_device_alloc++;
-  EXPSEG_HIST(a, HIST_SEGMENT_MAP, lo, bytes, s->stream);
-  return _expseg_block_coalesce(a, u);
-}
-
-/* ---- moving idle pages ---- */
+/* ---- streams ---- */
 
 /* Has the work queued on `stream` completed? An event recorded now tells. blocking: wait. */
 bool _expseg_stream_idle(expseg_allocator *a, expseg_stream stream, bool blocking,
@@ -283,41 +139,6 @@ bool _expseg_stream_idle(expseg_allocator *a, expseg_stream stream, bool blockin
   return done;
 }
 
-/* Moves up to `want` idle pages into the page cache for a request of (pool, stream): first
- * from the same pool's idle list (any stream), then from the other pool's (unless that pool
- * took pages from this one just now; always when blocking, on the out-of-memory path);
- * oldest blocks first, never ex1/ex2, and only once an event shows their stream's work is
- * done. Pages are taken from the top of each block. Returns pages moved. */
-static size_t steal_pages(expseg_allocator *a, int pool, size_t want, const block_t *ex1,
-                          const block_t *ex2, bool blocking) {
-  stream_seen_t seen[SEEN_MAX];
-  size_t n_seen = 0, got = 0;
-  for (int pass = 0; pass < 2 && got < want; pass++) {
-    int p = pass == 0 ? pool : 1 - pool;
-    if (pass == 1 && !blocking && !_expseg_may_take_back(a->robbed[pool], a->tick)) break;
-    block_t *b = a->idle_head[p];
-    while (b != NULL && got < want) {
-      block_t *next = b->idle_next;
-      if (b != ex1 && b != ex2 && _expseg_stream_idle(a, b->stream, blocking, seen, &n_seen, SEEN_MAX)) {
-        uintptr_t first;
-        size_t n = _expseg_block_whole_pages(a, b, &first);
-        size_t take = n < want - got ? n : want - got;
-        uintptr_t lo = first + (n - take) * a->page;
-        expseg_status st;
-        /* unmapping may merge b away; the list's next entry is not b's neighbour (free
-         * mapped neighbours are always merged), so `next` stays valid */
-        size_t moved = _expseg_unmap_pages(a, b, lo, lo + take * a->page, &st);
-        got += moved;
-        a->stats.pages_moved += (int64_t)moved;
-        if (pass == 1 && moved > 0) a->robbed[p] = a->tick ? a->tick : 1;
-        if (st != EXPSEG_OK) return got;
-      }
-      b = next;
-    }
-  }
-  return got;
-}
-
 /* ---- growth ---- */
 
 typedef struct place_s {
@@ -329,8 +150,9 @@ static bool free_mapped(const block_t *b) {
   return b != NULL && b->state == BLOCK_FREE && b->mapped;
 }
 
+/* shared: the pool is shared with other streams (pages then come one per chunk). */
 static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
-                       place_t *pl) {
+                       bool shared, place_t *pl) {
   const tree_t *t = &a->unmapped_idx[pool];
   for (block_t *u = _expseg_tree_lower_bound(t, stream, 0, 0); u && u->stream == stream;
        u = _expseg_tree_next(t, u)) {
@@ -342,10 +164,14 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
     if (rounded > end - start) continue;
     uintptr_t need = start + rounded;
     if (need <= u->ptr) continue; /* the prefix alone fits: best fit would have found it */
-    size_t grow = _expseg_grow_bytes(need - u->ptr, u->seg->mapped_bytes);
-    uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + _expseg_round_up(grow, a->page);
+    const size_t pg = u->seg->page;
+    size_t grow = _expseg_grow_for(need - u->ptr, u->seg->mapped_bytes, pool == POOL_SMALL && !shared);
+    uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + _expseg_round_up(grow, pg);
     if (a->model_pytorch) hi = _expseg_model_map_end(a, u, pool, need);
-    *pl = (place_t){u, prefix, suffix, (hi - u->ptr) / a->page};
+    /* a mapping the driver refused to remove (on the retry list) blocks this range: grow
+     * elsewhere, a new reservation if need be */
+    if (_expseg_zombie_mapped_in(a, u->ptr, hi - u->ptr)) continue;
+    *pl = (place_t){u, prefix, suffix, (hi - u->ptr) / pg};
     return true;
   }
   return false;
@@ -364,35 +190,59 @@ static expseg_status cap_error(const expseg_allocator *a, size_t more) {
                            _expseg_format_size(b2, more), _expseg_format_size(b3, a->allowed));
 }
 
-/* Creates n chunks with the lock dropped and puts them in the cache. */
-static expseg_status create_pages(expseg_allocator *a, int pool, size_t n) {
-  size_t bytes = n * a->page;
+/* Does another stream than `stream` map expandable memory in `pool`? */
+static bool pool_shared(const expseg_allocator *a, int pool, expseg_stream stream) {
+  for (const segment_t *s = a->segments; s; s = s->next_all)
+    if (s->expandable && s->pool == pool && s->stream != stream && s->mapped_bytes > 0)
+      return true;
+  return false;
+}
+
+/* Creates chunks for `pages` pages of pg bytes with the lock dropped (sized by policy:
+ * _expseg_chunk_pages) and puts them in the cache. */
+static expseg_status create_chunks(expseg_allocator *a, int pool, bool shared, size_t pages,
+                                   size_t pg) {
+  size_t bytes = pages * pg, n = 0;
   if (!cap_allows(a, bytes)) return cap_error(a, bytes);
-  expseg_vmm_handle local[64];
-  expseg_vmm_handle *hs = n <= 64 ? local : malloc(n * sizeof *hs);
-  if (hs == NULL) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+  for (size_t left = pages; left > 0; n++)
+    left -= _expseg_chunk_pages(a->model_pytorch, shared, left, pg);
+  expseg_vmm_handle local_h[64];
+  size_t local_s[64];
+  expseg_vmm_handle *hs = n <= 64 ? local_h : malloc(n * sizeof *hs);
+  size_t *sz = n <= 64 ? local_s : malloc(n * sizeof *sz);
+  if (hs == NULL || sz == NULL) {
+    if (hs != local_h) free(hs);
+    if (sz != local_s) free(sz);
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+  }
+  for (size_t i = 0, left = pages; i < n; i++) {
+    size_t k = _expseg_chunk_pages(a->model_pytorch, shared, left, pg);
+    sz[i] = k * pg;
+    left -= k;
+  }
   a->inflight += bytes;
   a->unlocked_ops++;
   pthread_mutex_unlock(&a->lock);
   size_t made = 0;
   expseg_status st = EXPSEG_OK;
   for (; made < n; made++) {
-    st = _expseg_vmm_create(a->drv, a->page, &hs[made]);
+    st = _expseg_vmm_create(a->drv, sz[made], &hs[made]);
     if (st != EXPSEG_OK) break;
   }
   pthread_mutex_lock(&a->lock);
   a->unlocked_ops--;
   a->inflight -= bytes;
   for (size_t i = 0; i < made; i++) {
-    _expseg_stat_pool_add(a->stats.reserved_bytes, pool, (int64_t)a->page);
-    a->stats.created_bytes += (int64_t)a->page;
-    if (!_expseg_cache_push(a, hs[i], pool)) {
-      _expseg_stat_pool_add(a->stats.reserved_bytes, pool, -(int64_t)a->page);
-      a->stats.released_bytes += (int64_t)a->page;
-      _expseg_release_now(a, (release_item_t){.h = hs[i], .size_h = a->page, .pool = (uint8_t)pool});
+    _expseg_stat_pool_add(a->stats.reserved_bytes, pool, (int64_t)sz[i]);
+    a->stats.created_bytes += (int64_t)sz[i];
+    if (!_expseg_cache_push(a, hs[i], pool, sz[i])) {
+      _expseg_stat_pool_add(a->stats.reserved_bytes, pool, -(int64_t)sz[i]);
+      a->stats.released_bytes += (int64_t)sz[i];
+      _expseg_release_now(a, (release_item_t){.h = hs[i], .size_h = sz[i], .pool = (uint8_t)pool});
     }
   }
-  if (hs != local) free(hs);
+  if (hs != local_h) free(hs);
+  if (sz != local_s) free(sz);
   return st;
 }
 
@@ -400,32 +250,40 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
                                 size_t rounded, bool blocking, expseg_status *st) {
   size_t created = 0; /* pages created for this request so far */
   for (int round = 0; round < 8; round++) {
+    /* a pool other streams map memory in gets one chunk per page (policy/round.c:
+     * _expseg_chunk_pages): idle memory moves between streams page by page */
+    const bool shared = !a->model_pytorch && pool_shared(a, pool, stream);
     place_t pl;
-    if (!find_place(a, pool, stream, rounded, &pl)) {
+    if (!find_place(a, pool, stream, rounded, shared, &pl)) {
       if (expandable_new(a, pool, stream, rounded, st) == NULL) return NULL;
-      if (!find_place(a, pool, stream, rounded, &pl)) {
+      if (!find_place(a, pool, stream, rounded, shared, &pl)) {
         *st = _expseg_error_set(EXPSEG_ERR_DRIVER, "internal: new segment cannot place %zu bytes",
                                 rounded);
         return NULL;
       }
     }
-    if (a->cache_count < pl.pages && !a->model_pytorch) /* PyTorch moves no page */
-      steal_pages(a, pool, pl.pages - a->cache_count, pl.prefix, pl.suffix, blocking);
-    if (a->cache_count >= pl.pages && _expseg_zombie_mapped_in(a, pl.u->ptr, pl.pages * a->page)) {
+    const size_t pg = pl.u->seg->page, room = pl.u->size / pg;
+    size_t have = _expseg_cache_cover(a, pg, pl.pages, room);
+    if (have < pl.pages && !a->model_pytorch) { /* PyTorch moves no page */
+      _expseg_steal_pages(a, pool, pg, pl.pages - have, room, pl.prefix, pl.suffix, blocking,
+                          !shared);
+      have = _expseg_cache_cover(a, pg, pl.pages, room);
+    }
+    if (have >= pl.pages && _expseg_zombie_mapped_in(a, pl.u->ptr, have * pg)) {
       *st = _expseg_error_set(EXPSEG_ERR_DRIVER,
                               "growth at %#lx waits for an unmap the driver refused (kept on "
                               "the retry list and tried again before the next growth)",
                               (unsigned long)pl.u->ptr);
       return NULL;
     }
-    if (a->cache_count >= pl.pages) {
+    if (have >= pl.pages) {
       /* stealing never touches u, its prefix or suffix: the place still holds */
-      block_t *b = map_pages(a, pl.u, pl.u->ptr, pl.pages, st);
-      if (b != NULL && pl.pages > created) a->stats.page_cache_hits += (int64_t)(pl.pages - created);
+      block_t *b = _expseg_map_cached(a, pl.u, pl.pages, st);
+      if (b != NULL && have > created) a->stats.page_cache_hits += (int64_t)(have - created);
       return b;
     }
-    size_t want = pl.pages - a->cache_count;
-    *st = create_pages(a, pool, want);
+    size_t want = pl.pages - have;
+    *st = create_chunks(a, pool, shared, want, pg);
     if (*st != EXPSEG_OK) return NULL;
     created += want;
     /* the lock was dropped: place again */
@@ -566,6 +424,7 @@ bool _expseg_classic_is_free(const segment_t *s) {
 }
 
 size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
+  if (a->model_pytorch) keep_pages = false; /* PyTorch's OOM retry unmaps every free page */
   size_t before = held_bytes(a);
   release_batch_t rb = {0};
   _expseg_zombies_retry(a, &rb);
@@ -579,11 +438,16 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
     _expseg_batch_flush(a, &rb);
     return before - held_bytes(a);
   }
+  /* PyTorch gives a segment's reservation back only when unmapping a free block left it
+   * wholly unmapped (release_blocks): one that mapped nothing stays */
+  for (segment_t *s = a->segments; s; s = s->next_all)
+    s->keep_va = a->model_pytorch && s->expandable && s->mapped_bytes == 0;
   /* every idle page: its stream is synchronized if needed */
-  steal_pages(a, POOL_LARGE, SIZE_MAX, NULL, NULL, true);
+  _expseg_steal_pages(a, POOL_LARGE, 0, SIZE_MAX, SIZE_MAX, NULL, NULL, true, false);
   for (segment_t *s = a->segments, *next; s; s = next) {
     next = s->next_all;
-    if (s->expandable && s->first->next == NULL && !s->first->mapped) expandable_drop(a, s, &rb);
+    if (s->expandable && !s->keep_va && s->first->next == NULL && !s->first->mapped)
+      expandable_drop(a, s, &rb);
   }
   _expseg_cache_release_oldest(a, a->cache_count, &rb);
   _expseg_batch_flush(a, &rb);
@@ -633,9 +497,11 @@ void _expseg_segments_destroy(expseg_allocator *a) {
     next = s->next_all;
     if (s->expandable) {
       for (size_t i = 0; i < s->pages_cap; i++)
-        if (s->pages[i].mapped)
-          destroy_unmap(a->drv, s->base + i * a->page, a->page,
-                        (release_item_t){.h = s->pages[i].h, .size_h = a->page});
+        if (s->pages[i].mapped && s->pages[i].off == 0) { /* one chunk, mapped whole */
+          const size_t bytes = s->pages[i].n * s->page;
+          destroy_unmap(a->drv, s->base + i * s->page, bytes,
+                        (release_item_t){.h = s->pages[i].h, .size_h = bytes});
+        }
       destroy_release(a->drv, (release_item_t){.va = s->base, .size_va = s->va_size});
       free(s->pages);
     } else {
@@ -648,7 +514,7 @@ void _expseg_segments_destroy(expseg_allocator *a) {
   a->segments = NULL;
   a->n_segments = 0;
   for (size_t i = 0; i < a->cache_count; i++)
-    destroy_release(a->drv, (release_item_t){.h = a->cache[i].h, .size_h = a->page});
+    destroy_release(a->drv, (release_item_t){.h = a->cache[i].h, .size_h = a->cache[i].size});
   a->cache_count = 0;
   free(a->cache);
   a->cache = NULL;

@@ -33,13 +33,21 @@ struct Stack {
   expseg_vmm_t *fault = nullptr, *sim = nullptr;
   expseg_allocator *a = nullptr;
 
+  // config "pytorch-model;KEYS": KEYS with the replay tool's PyTorch model switched on
+  // (pools/model.c: PyTorch's expandable segments)
   void open(const char *config) {
     expseg_vmm_t *inner = nullptr, *borrow = nullptr;
+    const char *model = "pytorch-model;";
+    const bool pytorch = std::strncmp(config, model, std::strlen(model)) == 0;
+    if (pytorch) config += std::strlen(model);
     ASSERT_EQ(_expseg_vmm_open("sim:capacity=2G", 0, &inner), EXPSEG_OK);
     ASSERT_EQ(_expseg_fault_new(inner, &fault), EXPSEG_OK);
     sim = _expseg_fault_inner(fault);
     ASSERT_EQ(alloc_test_borrow(fault, &borrow), EXPSEG_OK);
     ASSERT_EQ(alloc_test_create(borrow, config, &a), EXPSEG_OK) << expseg_last_error();
+    if (pytorch) {
+      ASSERT_EQ(expseg_testing_set_model_pytorch(a, true), EXPSEG_OK);
+    }
   }
   // Destroys the allocator, then checks nothing is left in the drivers below it.
   void close(const std::string &what) {
@@ -281,7 +289,8 @@ TEST_P(AllocFault, EveryCallFailsInTurn) {
 INSTANTIATE_TEST_SUITE_P(Modes, AllocFault,
                          ::testing::Values("expandable_segments:True",
                                            "expandable_segments:True,page_cache_max_mb:0",
-                                           "expandable_segments:False"));
+                                           "expandable_segments:False",
+                                           "pytorch-model;expandable_segments:True"));
 
 // A block used on a busy stream must not be handed out again even when no event can be
 // recorded for it (the allocator then has to wait for the stream, and if it cannot, keep

@@ -226,6 +226,26 @@ TEST(PolicyRound, ExpandableGrowthIsProportional) {
   EXPECT_EQ(_expseg_grow_bytes(9 * MiB, 1024 * MiB), 9 * MiB);
 }
 
+TEST(PolicyRound, SmallPoolGrowsAtLeastFourMiB) {
+  const size_t MiB = (size_t)1 << 20;
+  EXPECT_EQ(_expseg_grow_for(MiB, 0, true), EXPSEG_SMALL_GROW_MIN);
+  EXPECT_EQ(EXPSEG_SMALL_GROW_MIN, 4 * MiB);
+  EXPECT_EQ(_expseg_grow_for(MiB, 0, false), MiB) << "the large pool maps what is needed";
+  EXPECT_EQ(_expseg_grow_for(512, 1024 * MiB, false), 8 * MiB) << "the 1/128 floor still";
+  EXPECT_EQ(_expseg_grow_for(6 * MiB, 0, true), 6 * MiB) << "a minimum, not a cap";
+}
+
+TEST(PolicyRound, ChunksAreSizedFromTheGrowth) {
+  const size_t MiB = (size_t)1 << 20, pg = 2 * MiB, most = EXPSEG_CHUNK_MAX / pg;
+  EXPECT_EQ(_expseg_chunk_pages(false, false, 5, pg), 5u) << "one chunk for the growth";
+  EXPECT_EQ(_expseg_chunk_pages(false, false, most + 3, pg), most) << "at most CHUNK_MAX";
+  EXPECT_EQ(_expseg_chunk_pages(true, false, 5, pg), 1u) << "PyTorch: a chunk per page";
+  EXPECT_EQ(_expseg_chunk_pages(false, true, 5, pg), 1u) << "a shared pool: a chunk per page";
+  EXPECT_EQ(_expseg_chunk_pages(false, false, 0, pg), 0u);
+  EXPECT_EQ(_expseg_chunk_pages(false, false, 3, EXPSEG_CHUNK_MAX * 2), 1u)
+      << "a page above CHUNK_MAX is still one page";
+}
+
 TEST(PolicyRound, NoImmediateTakeBackBetweenPools) {
   EXPECT_TRUE(_expseg_may_take_back(0, 5)) << "never robbed";
   EXPECT_FALSE(_expseg_may_take_back(100, 100 + EXPSEG_NO_TAKE_BACK - 1));

@@ -18,18 +18,31 @@ using namespace replay_test;
 
 // ------------------------------------------------------------------ fidelity
 
-TEST(ReplayModel, PytorchModelReproducesEveryRecordedHistory) {
-  std::string dir = std::string(EXPSEG_TRACES_DIR) + "/raw";
+// The recorded histories of ../shared/traces/raw; none when the folder is absent (*missing
+// then says what was expected).
+std::vector<std::string> RecordedHistories(std::string *missing) {
+  const std::string dir = std::string(EXPSEG_TRACES_DIR) + "/raw";
   struct stat st;
-  if (stat(dir.c_str(), &st) != 0)
-    GTEST_SKIP() << "the recorded traces are missing: expected " << dir
-                 << " (../shared/traces/raw next to the repository)";
-  const char *const stems[] = {"ftcourse_qlora_finetune", "wedsonlin_medium_1024_training",
-                               "wedsonlin_medium_128_inference", "wedsonlin_medium_128_training",
-                               "wedsonlin_medium_256_training", "wedsonlin_medium_512_training"};
-  for (const char *stem : stems) {
-    SCOPED_TRACE(stem);
-    Outcome r = Replay({"--json", "--quiet", "--model", "pytorch", dir + "/" + stem + ".pickle"});
+  if (stat(dir.c_str(), &st) != 0) {
+    *missing = "the recorded traces are missing: expected " + dir +
+               " (../shared/traces/raw next to the repository)";
+    return {};
+  }
+  std::vector<std::string> v;
+  for (const char *stem : {"ftcourse_qlora_finetune", "wedsonlin_medium_1024_training",
+                           "wedsonlin_medium_128_inference", "wedsonlin_medium_128_training",
+                           "wedsonlin_medium_256_training", "wedsonlin_medium_512_training"})
+    v.push_back(dir + "/" + stem + ".pickle");
+  return v;
+}
+
+TEST(ReplayModel, PytorchModelReproducesEveryRecordedHistory) {
+  std::string missing;
+  const std::vector<std::string> histories = RecordedHistories(&missing);
+  if (histories.empty()) GTEST_SKIP() << missing;
+  for (const std::string &f : histories) {
+    SCOPED_TRACE(f);
+    Outcome r = Replay({"--json", "--quiet", "--model", "pytorch", f});
     ASSERT_EQ(r.rc, 0) << r.err;
     const std::string &j = r.out;
     EXPECT_EQ(Str(j, "model"), "pytorch");
@@ -44,6 +57,25 @@ TEST(ReplayModel, PytorchModelReproducesEveryRecordedHistory) {
     EXPECT_LE(std::fabs(segs - rsegs), 0.10 * rsegs) << "segment allocs " << segs << " vs "
                                                      << rsegs;
     EXPECT_EQ(Num(j, "num_ooms"), 0);
+  }
+}
+
+// The target for --model expseg: no more modelled driver time than PyTorch's
+// expandable segments on every recorded history (default cost table), holding at most 1.02
+// x the peak live request (docs/benchmarks.md, "Driver time").
+TEST(ReplayModel, ExpsegDriverTimeIsNoMoreThanPytorchExpandable) {
+  std::string missing;
+  const std::vector<std::string> histories = RecordedHistories(&missing);
+  if (histories.empty()) GTEST_SKIP() << missing;
+  for (const std::string &f : histories) {
+    SCOPED_TRACE(f);
+    Outcome e = Replay({"--json", "--quiet", "--model", "expseg", f});
+    Outcome p = Replay({"--json", "--quiet", "--model", "pytorch", "--conf",
+                        "expandable_segments:True", f});
+    ASSERT_EQ(e.rc, 0) << e.err;
+    ASSERT_EQ(p.rc, 0) << p.err;
+    EXPECT_LE(Num(e.out, "driver_ms"), Num(p.out, "driver_ms")) << e.out << "\n" << p.out;
+    EXPECT_LE(Num(e.out, "ratio"), 1.02) << e.out;
   }
 }
 
@@ -240,8 +272,9 @@ TEST(ReplayModel, SweepSectionsFlagsAndClosingLines) {
   EXPECT_NE(o.find("ms in the driver"), std::string::npos) << o;
 }
 
-TEST(ReplayModel, PytorchExpandableSegmentsMoveNoPageAndKeepTheOversizeRules) {
+TEST(ReplayModel, PytorchExpandableSegmentsMoveNoPage) {
   // streams8: expseg moves idle pages between streams (unmap + map); PyTorch never does
+  // (its expandable segments call for call: tests/test_replay_pytorch_expandable.cpp)
   Outcome e = Replay({"--json", "--quiet", "--model", "expseg", "--conf",
                       "expandable_segments:True", "--synth", "streams8:1:0.02"});
   Outcome p = Replay({"--json", "--quiet", "--model", "pytorch", "--conf",
@@ -251,20 +284,6 @@ TEST(ReplayModel, PytorchExpandableSegmentsMoveNoPageAndKeepTheOversizeRules) {
   size_t we = e.out.find("\"window_calls\":{"), wp = p.out.find("\"window_calls\":{");
   EXPECT_GT(Num(e.out, "unmap", we), 0) << e.out;
   EXPECT_EQ(Num(p.out, "unmap", wp), 0) << "no page moves, no empty_cache: " << p.out;
-  EXPECT_NE(Str(p.out, "config").find("page_cache_max_mb:0"), std::string::npos) << p.out;
-
-  // a 100 MiB free block may not serve a 30 MiB request under max_split_size_mb:64 in
-  // PyTorch (expandable or not); expseg splits it
-  TempFile f("# memtrace v1\na 0 0 104857600\nf 0 0 104857600\na 0 1 31457280\n"
-             "f 0 1 31457280\n");
-  const std::string conf = "expandable_segments:True,max_split_size_mb:64";
-  Outcome x = Replay({"--json", "--quiet", "--model", "expseg", "--conf", conf, f.path});
-  Outcome y = Replay({"--json", "--quiet", "--model", "pytorch", "--conf", conf, f.path});
-  EXPECT_EQ(Num(x.out, "peak_reserved"), 100.0 * 1048576) << x.out;
-  // not served from the 100 MiB block: 30 MiB more, mapped in PyTorch's 20 MiB pages
-  EXPECT_EQ(Num(y.out, "peak_reserved"), 140.0 * 1048576) << y.out;
-  size_t w = y.out.find("\"window_calls\":{");
-  EXPECT_EQ(Num(y.out, "create", w), 5 + 2) << "one create per 20 MiB page: " << y.out;
 }
 
 // ------------------------------------------------------------------ empty_cache and costs
