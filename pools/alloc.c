@@ -113,7 +113,8 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
   _expseg_fidx_destroy(&a->free_idx);
   free(a->observers);
   _expseg_hist_destroy(a);
-  api_unlock(a);
+  pthread_mutex_unlock(&a->lock); /* not api_unlock: no EXPSEG_DEBUG=3 check of what is gone */
+  _expseg_log_defer(false);
   pthread_mutex_destroy(&a->lock);
   if (before_close) before_close(ctx, a->drv);
   _expseg_vmm_close(a->drv);

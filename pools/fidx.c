@@ -280,7 +280,10 @@ static expseg_status heap_check(const szn_t *n, size_t limit, size_t *count) {
   const block_t **stack = malloc((limit + 1) * sizeof *stack);
   uintptr_t *bound = malloc((limit + 1) * sizeof *bound);
   expseg_status st = EXPSEG_OK;
-  if (stack == NULL || bound == NULL) goto out; /* no memory for the walk: skipped */
+  if (stack == NULL || bound == NULL) { /* no memory for the walk: skipped, not a mismatch */
+    *count = n->count;
+    goto out;
+  }
   size_t top = 0;
   stack[top] = n->heap;
   bound[top++] = 0;
