@@ -271,19 +271,26 @@ size_t _expseg_fidx_largest(const fidx_t *f) {
 
 /* One heap: its blocks belong to the node, addresses grow away from the root, the links
  * agree; *count gets the blocks (at most limit: more means a loop). */
-static expseg_status heap_check(const szn_t *n, size_t limit, size_t *count) {
+/* The walk's stack: one for the whole check, sized for the largest heap (NULL when host
+ * memory is short: the heap walks are skipped, not reported as mismatches). */
+typedef struct walk_s {
+  const block_t **stack;
+  uintptr_t *bound;
+} walk_t;
+
+static expseg_status heap_check(const szn_t *n, size_t limit, const walk_t *w, size_t *count) {
   *count = 0;
   if (n->heap == NULL) return EXPSEG_OK;
   if (n->heap->hprev != NULL || n->heap->t.r != NULL)
     FAIL("heap root %#lx of size %zu has a parent or a sibling", (unsigned long)n->heap->ptr,
          n->size);
-  const block_t **stack = malloc((limit + 1) * sizeof *stack);
-  uintptr_t *bound = malloc((limit + 1) * sizeof *bound);
-  expseg_status st = EXPSEG_OK;
-  if (stack == NULL || bound == NULL) { /* no memory for the walk: skipped, not a mismatch */
+  if (w->stack == NULL) {
     *count = n->count;
-    goto out;
+    return EXPSEG_OK;
   }
+  const block_t **stack = w->stack;
+  uintptr_t *bound = w->bound;
+  expseg_status st = EXPSEG_OK;
   size_t top = 0;
   stack[top] = n->heap;
   bound[top++] = 0;
@@ -321,9 +328,6 @@ static expseg_status heap_check(const szn_t *n, size_t limit, size_t *count) {
       bound[top++] = b->ptr;
     }
   }
-out:
-  free(stack);
-  free(bound);
   return st;
 }
 
@@ -340,25 +344,44 @@ static expseg_status tree_check(const szn_t *n, const szn_t **prev, size_t *coun
   return tree_check(n->t.r, prev, count);
 }
 
-expseg_status _expseg_fidx_check(const fidx_t *f, int64_t blocks[POOL_COUNT]) {
+/* Every indexed node: its slot, its key, its heap. */
+static expseg_status slots_check(const fidx_t *f, const walk_t *w, size_t *used, size_t *empty,
+                                 int64_t total[POOL_COUNT]) {
   expseg_status st;
-  size_t used = 0, empty = 0;
-  int64_t total[POOL_COUNT] = {0, 0};
   for (size_t i = 0; i < f->cap; i++) {
     const fslot_t *sl = &f->slots[i];
     if (sl->key == 0) continue;
     const szn_t *n = sl->node;
-    used++;
+    ++*used;
     if (n == NULL || fidx_key(n->size, n->pool) != sl->key || n->stream != sl->stream)
       FAIL("free index table slot %zu does not match its node", i);
     if (fidx_node(f, n->pool, n->stream, n->size) != n)
       FAIL("size node %zu (pool %d) cannot be found by its key", n->size, n->pool);
     size_t c;
-    if ((st = heap_check(n, n->count, &c)) != EXPSEG_OK) return st;
+    if ((st = heap_check(n, n->count, w, &c)) != EXPSEG_OK) return st;
     if (c != n->count) FAIL("heap of size %zu holds %zu blocks, count %u", n->size, c, n->count);
-    empty += n->count == 0;
+    *empty += n->count == 0;
     total[n->pool] += n->count;
   }
+  return EXPSEG_OK;
+}
+
+expseg_status _expseg_fidx_check(const fidx_t *f, int64_t blocks[POOL_COUNT]) {
+  size_t used = 0, empty = 0, most = 0;
+  int64_t total[POOL_COUNT] = {0, 0};
+  for (size_t i = 0; i < f->cap; i++)
+    if (f->slots[i].key != 0 && f->slots[i].node != NULL && f->slots[i].node->count > most)
+      most = f->slots[i].node->count;
+  walk_t w = {malloc((most + 1) * sizeof *w.stack), malloc((most + 1) * sizeof *w.bound)};
+  if (w.stack == NULL || w.bound == NULL) {
+    free(w.stack);
+    free(w.bound);
+    w = (walk_t){NULL, NULL};
+  }
+  expseg_status st = slots_check(f, &w, &used, &empty, total);
+  free(w.stack);
+  free(w.bound);
+  if (st != EXPSEG_OK) return st;
   if (used != f->used) FAIL("free index table holds %zu nodes, count %zu", used, f->used);
   size_t listed = 0, spare = 0;
   for (const szn_t *n = f->empty; n != NULL && listed <= used; n = n->enext, listed++)

@@ -233,6 +233,9 @@ struct expseg_allocator {
   chunk_t *cache;             /* page cache (stack) */
   void *zombies;              /* releases the driver refused, to retry (segment.c) */
   size_t n_zombies, cap_zombies;
+  /* refused releases the retry list had no room for (no host memory): still held by the
+   * driver, so still counted, never retried; expseg_check counts them with the list */
+  int64_t lost_reserved[3], lost_va, lost_chunks, lost_mapped;
   size_t cache_count, cache_cap;
 
   size_t inflight;            /* bytes being created with the lock dropped */
@@ -354,8 +357,8 @@ size_t _expseg_pool_page(const expseg_allocator *a, int pool);
 block_t *_expseg_model_find_free(expseg_allocator *a, int pool, expseg_stream stream,
                                  size_t rounded);
 size_t _expseg_largest_free(const expseg_allocator *a);
-/* What the retry list still holds: reserved bytes by stat pool, address space, chunks,
- * mapped bytes. */
+/* What the retry list and the refused releases it had no room for still hold: reserved
+ * bytes by stat pool, address space, chunks, mapped bytes. */
 void _expseg_zombie_totals(const expseg_allocator *a, int64_t reserved[3], int64_t *va,
                            int64_t *chunks, int64_t *mapped);
 

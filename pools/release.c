@@ -91,7 +91,18 @@ void _expseg_release_keep(expseg_allocator *a, release_item_t f) {
   if (f.size_va == 0 && f.size_map == 0 && f.size_h % _expseg_pool_page(a, f.pool) == 0 &&
       _expseg_cache_push(a, f.h, f.pool, f.size_h))
     return;
-  if (!zombie_add(a, f)) _expseg_warn("out of host memory: a refused release is lost");
+  if (!zombie_add(a, f)) { /* still held by the driver: counted, never retried */
+    _expseg_warn("out of host memory: a release the driver refused cannot be kept for a "
+                 "retry; its %zu bytes of memory and %zu of address space stay held until "
+                 "the process ends", f.size_h, f.size_va);
+    a->lost_mapped += (int64_t)f.size_map;
+    if (f.size_h > 0) {
+      a->lost_reserved[STAT_ALL] += (int64_t)f.size_h;
+      a->lost_reserved[stat_pool(f.pool)] += (int64_t)f.size_h;
+      a->lost_chunks++;
+    }
+    a->lost_va += (int64_t)f.size_va;
+  }
 }
 
 /* Lock held. */
@@ -226,6 +237,10 @@ size_t _expseg_cache_trim(expseg_allocator *a, size_t keep_bytes) {
 
 void _expseg_zombie_totals(const expseg_allocator *a, int64_t reserved[3], int64_t *va,
                            int64_t *chunks, int64_t *mapped) {
+  for (int i = 0; i < 3; i++) reserved[i] += a->lost_reserved[i];
+  *va += a->lost_va;
+  *chunks += a->lost_chunks;
+  *mapped += a->lost_mapped;
   const release_item_t *z = a->zombies;
   for (size_t i = 0; i < a->n_zombies; i++) {
     *mapped += (int64_t)z[i].size_map;
