@@ -97,6 +97,15 @@ size_t _expseg_block_whole_pages(const expseg_allocator *a, const block_t *b, ui
   return hi > lo ? (hi - lo) / pg : 0;
 }
 
+/* _expseg_block_whole_pages(a, b, NULL) > 0 for a block of an expandable segment, inline
+ * and with no division in the usual case (every insert into the free index asks). */
+static inline bool holds_whole_page(const expseg_allocator *a, const block_t *b) {
+  const size_t pg = b->seg->page, off = b->ptr - b->seg->base;
+  if (a->page_shift != 0 && pg == a->page)
+    return ((off + pg - 1) >> a->page_shift) < ((off + b->size) >> a->page_shift);
+  return (off + pg - 1) / pg < (off + b->size) / pg;
+}
+
 static void idle_push(expseg_allocator *a, block_t *b) {
   int p = b->seg->pool;
   b->idle = true;
@@ -123,9 +132,7 @@ void _expseg_free_insert(expseg_allocator *a, block_t *b) {
   if (b->seg->single) _expseg_tree_insert(&a->free_idx.single[b->seg->pool], b, next_prio(a));
   else _expseg_fidx_insert(&a->free_idx, b);
   b->indexed = true;
-  if (b->seg->expandable) {
-    if (_expseg_block_whole_pages(a, b, NULL) > 0) idle_push(a, b);
-  }
+  if (b->seg->expandable && holds_whole_page(a, b)) idle_push(a, b);
 }
 
 void _expseg_free_remove(expseg_allocator *a, block_t *b) {
