@@ -8,6 +8,7 @@ extern "C" {
 }
 
 #include <cstdio>
+#include <list>
 #include <string>
 #include <vector>
 
@@ -37,9 +38,14 @@ int parse(Opts &o, std::vector<std::string> args, std::string *msg) {
       {"--conf", ARG_STRS, o.strs, 0, 0, &o.n_strs, 2, nullptr},
       {"--choice", ARG_CHOICE, &o.choice, 0, 0, nullptr, 0, kChoices},
   };
-  args.insert(args.begin(), "tool");
+  // the parser keeps pointers into argv (--str, --conf): the strings outlive the call, as
+  // a program's argv does
+  static std::list<std::vector<std::string>> kept;
+  kept.push_back(std::move(args));
+  std::vector<std::string> &held = kept.back();
+  held.insert(held.begin(), "tool");
   std::vector<char *> argv;
-  for (auto &a : args) argv.push_back(&a[0]);
+  for (auto &a : held) argv.push_back(&a[0]);
   testing::internal::CaptureStderr();
   int rc = _expseg_args_parse("tool", (int)argv.size(), argv.data(), t, sizeof t / sizeof t[0],
                               no_usage);
