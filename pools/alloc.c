@@ -203,7 +203,9 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
   /* slow-path work (stream events, history) behind one test; exports are polled only on a
    * miss (below): a block an importer released matters only when memory is short */
   const bool slow = ((uintptr_t)a->hist | a->n_pending_events | a->n_orphans) != 0;
-  if (!slow && !single && rounded - 1 < a->total_mem) { /* rounded != 0, not over the device */
+  /* rounded != 0, not over the device */
+  const bool hit_tried = !slow && !single && rounded - 1 < a->total_mem;
+  if (hit_tried) {
     int pool = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
     block_t *b = find_free(a, pool, stream, rounded);
     if (b != NULL) { /* the hit path: nothing on it warns */
@@ -235,7 +237,10 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
   }
   int pool = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
   if (single) rounded = (rounded + a->granularity - 1) / a->granularity * a->granularity;
-  block_t *b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
+  /* the index as the hit path saw it (nothing changed since) is not searched again */
+  block_t *b = hit_tried ? NULL
+               : single  ? find_single(a, pool, stream, rounded)
+                         : find_free(a, pool, stream, rounded);
   if (b == NULL && a->ipc != NULL) { /* importers that closed or died free their blocks */
     _expseg_ipc_poll_locked(a);
     b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
