@@ -79,32 +79,7 @@ void _expseg_blocks_destroy(expseg_allocator *a) {
 
 bool _expseg_block_is_split(const block_t *b) { return b->prev != NULL || b->next != NULL; }
 
-size_t _expseg_block_whole_pages(const expseg_allocator *a, const block_t *b, uintptr_t *first) {
-  if (!b->seg->expandable) return 0;
-  /* pages are counted from the segment's base (the page size need not be a power of two) */
-  uintptr_t base = b->seg->base, off = b->ptr - base, lo, hi;
-  const size_t pg = b->seg->page; /* the segment's own (model.c: _expseg_pool_page) */
-  if (a->page_shift != 0 && pg == a->page) { /* the usual case: no division on the free path */
-    const unsigned sh = a->page_shift;
-    lo = base + (((off + pg - 1) >> sh) << sh);
-    hi = base + (((off + b->size) >> sh) << sh);
-    if (first != NULL) *first = lo;
-    return hi > lo ? (hi - lo) >> sh : 0;
-  }
-  lo = base + (off + pg - 1) / pg * pg;
-  hi = base + (off + b->size) / pg * pg;
-  if (first != NULL) *first = lo;
-  return hi > lo ? (hi - lo) / pg : 0;
-}
 
-/* _expseg_block_whole_pages(a, b, NULL) > 0 for a block of an expandable segment, inline
- * and with no division in the usual case (every insert into the free index asks). */
-static inline bool holds_whole_page(const expseg_allocator *a, const block_t *b) {
-  const size_t pg = b->seg->page, off = b->ptr - b->seg->base;
-  if (a->page_shift != 0 && pg == a->page)
-    return ((off + pg - 1) >> a->page_shift) < ((off + b->size) >> a->page_shift);
-  return (off + pg - 1) / pg < (off + b->size) / pg;
-}
 
 static void idle_push(expseg_allocator *a, block_t *b) {
   int p = b->seg->pool;
@@ -132,7 +107,7 @@ void _expseg_free_insert(expseg_allocator *a, block_t *b) {
   if (b->seg->single) _expseg_tree_insert(&a->free_idx.single[b->seg->pool], b, next_prio(a));
   else _expseg_fidx_insert(&a->free_idx, b);
   b->indexed = true;
-  if (b->seg->expandable && holds_whole_page(a, b)) idle_push(a, b);
+  if (_expseg_block_whole_pages(a, b, NULL) > 0) idle_push(a, b);
 }
 
 void _expseg_free_remove(expseg_allocator *a, block_t *b) {

@@ -235,7 +235,7 @@ struct expseg_allocator {
   size_t n_zombies, cap_zombies;
   /* refused releases the retry list had no room for (no host memory): still held by the
    * driver, so still counted, never retried; expseg_check counts them with the list */
-  int64_t lost_reserved[3], lost_va, lost_chunks, lost_mapped;
+  int64_t lost_reserved[POOL_COUNT], lost_va, lost_chunks, lost_mapped;
   size_t cache_count, cache_cap;
 
   size_t inflight;            /* bytes being created with the lock dropped */
@@ -320,7 +320,6 @@ block_t *_expseg_block_split(expseg_allocator *a, block_t *b, size_t offset);
  * returns the merged block (not indexed). */
 block_t *_expseg_block_coalesce(expseg_allocator *a, block_t *b);
 bool _expseg_block_is_split(const block_t *b);
-size_t _expseg_block_whole_pages(const expseg_allocator *a, const block_t *b, uintptr_t *first);
 
 /* ---- segment.c: classic and expandable segments, the page cache ---- */
 /* Gets a free mapped block (removed from the free sets) of at least rounded bytes on
@@ -564,6 +563,28 @@ static inline void isplit_change(expseg_allocator *a, const block_t *b, bool to_
 /* Physical bytes held from the driver: classic segments, mapped pages, the page cache. */
 static inline size_t held_bytes(const expseg_allocator *a) {
   return (size_t)stat_all_current(a->stats.reserved_bytes);
+}
+
+/* The whole pages (of its segment's page size) block b covers, counted from the segment's
+ * base; *first (if not NULL) gets the first one's address. 0 for classic segments. Inline,
+ * with no division in the usual case: every insert into the free index asks. */
+static inline size_t _expseg_block_whole_pages(const expseg_allocator *a, const block_t *b,
+                                               uintptr_t *first) {
+  if (!b->seg->expandable) return 0;
+  /* pages are counted from the segment's base (the page size need not be a power of two) */
+  uintptr_t base = b->seg->base, off = b->ptr - base, lo, hi;
+  const size_t pg = b->seg->page; /* the segment's own (model.c: _expseg_pool_page) */
+  if (a->page_shift != 0 && pg == a->page) { /* the usual case: no division on the free path */
+    const unsigned sh = a->page_shift;
+    lo = base + (((off + pg - 1) >> sh) << sh);
+    hi = base + (((off + b->size) >> sh) << sh);
+    if (first != NULL) *first = lo;
+    return hi > lo ? (hi - lo) >> sh : 0;
+  }
+  lo = base + (off + pg - 1) / pg * pg;
+  hi = base + (off + b->size) / pg * pg;
+  if (first != NULL) *first = lo;
+  return hi > lo ? (hi - lo) / pg : 0;
 }
 
 #include "history.h" /* EXPSEG_HIST: the history hooks */

@@ -97,8 +97,7 @@ void _expseg_release_keep(expseg_allocator *a, release_item_t f) {
                  "the process ends", f.size_h, f.size_va);
     a->lost_mapped += (int64_t)f.size_map;
     if (f.size_h > 0) {
-      a->lost_reserved[STAT_ALL] += (int64_t)f.size_h;
-      a->lost_reserved[stat_pool(f.pool)] += (int64_t)f.size_h;
+      a->lost_reserved[f.pool] += (int64_t)f.size_h;
       a->lost_chunks++;
     }
     a->lost_va += (int64_t)f.size_va;
@@ -237,7 +236,10 @@ size_t _expseg_cache_trim(expseg_allocator *a, size_t keep_bytes) {
 
 void _expseg_zombie_totals(const expseg_allocator *a, int64_t reserved[3], int64_t *va,
                            int64_t *chunks, int64_t *mapped) {
-  for (int i = 0; i < 3; i++) reserved[i] += a->lost_reserved[i];
+  for (int p = 0; p < POOL_COUNT; p++) {
+    reserved[STAT_ALL] += a->lost_reserved[p];
+    reserved[stat_pool(p)] += a->lost_reserved[p];
+  }
   *va += a->lost_va;
   *chunks += a->lost_chunks;
   *mapped += a->lost_mapped;
