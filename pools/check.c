@@ -69,12 +69,8 @@ static expseg_status check_block(const expseg_allocator *a, const segment_t *s, 
   }
   switch (b->state) {
   case BLOCK_FREE: {
-    /* single-chunk blocks: in their treap; others: their size node holds blocks (that every
-     * heap block is free and of its node, and the counts agree, is checked below) */
-    const szn_t *node = fidx_node(&a->free_idx, pool, b->stream, b->size);
     if (!b->indexed || (s->single ? !_expseg_tree_contains(&a->free_idx.single[pool], b)
-                                  : (b != a->free_idx.last[pool] &&
-                                     (node == NULL || node->count == 0))))
+                                  : !_expseg_fidx_may_hold(&a->free_idx, b)))
       FAIL("free block %#lx is not in the free index", p);
     if (b->next != NULL && b->next->mapped && b->next->state == BLOCK_FREE)
       FAIL("free blocks %#lx and %#lx are not merged", p, (unsigned long)b->next->ptr);

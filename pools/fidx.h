@@ -62,6 +62,15 @@ size_t _expseg_fidx_largest(const fidx_t *f);
  * free blocks the heaps of pool p hold. */
 expseg_status _expseg_fidx_check(const fidx_t *f, int64_t blocks[POOL_COUNT]);
 
+/* Whether b (free, mapped, not of a single-chunk segment) is where the index would keep it:
+ * the pool's last insert, or a block of a size node that holds blocks (expseg_check then
+ * proves membership by the heaps' walk and the counts). */
+static inline bool _expseg_fidx_may_hold(const fidx_t *f, const block_t *b) {
+  if (f->last[b->seg->pool] == b) return true;
+  const szn_t *n = fidx_node(f, b->seg->pool, b->stream, b->size);
+  return n != NULL && n->count > 0;
+}
+
 /* b (free, mapped, not of a single-chunk segment) into the index: it becomes the pool's
  * last insert, and the previous one goes into its heap. */
 static inline void _expseg_fidx_insert(fidx_t *f, block_t *b) {
