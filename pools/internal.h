@@ -576,10 +576,9 @@ static inline size_t _expseg_block_whole_pages(const expseg_allocator *a, const 
   const size_t pg = b->seg->page; /* the segment's own (model.c: _expseg_pool_page) */
   if (a->page_shift != 0 && pg == a->page) { /* the usual case: no division on the free path */
     const unsigned sh = a->page_shift;
-    lo = base + (((off + pg - 1) >> sh) << sh);
-    hi = base + (((off + b->size) >> sh) << sh);
-    if (first != NULL) *first = lo;
-    return hi > lo ? (hi - lo) >> sh : 0;
+    const size_t lo_page = (off + pg - 1) >> sh, hi_page = (off + b->size) >> sh;
+    if (first != NULL) *first = base + (lo_page << sh);
+    return hi_page > lo_page ? hi_page - lo_page : 0;
   }
   lo = base + (off + pg - 1) / pg * pg;
   hi = base + (off + b->size) / pg * pg;
