@@ -129,6 +129,11 @@ static block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, s
   if (b == NULL) return NULL;
   if (!b->seg->expandable && !_expseg_oversize_ok(&a->cfg, rounded, b->size))
     return NULL;
+  if (b == a->free_idx.last[pool] &&
+      _expseg_should_split(&a->cfg, pool == POOL_SMALL, b->seg->expandable, b->size, rounded)) {
+    block_t *m = _expseg_block_split_front(a, b, rounded); /* the rest stays indexed */
+    if (m != NULL) return m;
+  }
   _expseg_free_remove(a, b);
   return b;
 }
@@ -291,8 +296,8 @@ void _expseg_free_block(expseg_allocator *a, block_t *b) {
   a->tick++;
   isplit_change(a, b, false);
   b->state = BLOCK_FREE;
-  block_t *m = _expseg_block_coalesce(a, b);
-  _expseg_free_insert(a, m);
+  block_t *m = _expseg_block_release(a, b); /* b may be gone */
+  (void)m; /* read by the check at EXPSEG_DEBUG >= 2 */
   EXPSEG_CHECK_BLOCK(a, m);
 }
 

@@ -130,6 +130,36 @@ void _expseg_unmapped_remove(expseg_allocator *a, block_t *b) {
   b->indexed = false;
 }
 
+/* b (indexed, not moved) as a fresh insert would leave it on the idle list: its time now,
+ * at the tail if it holds a whole page, off the list if not. */
+static void idle_renew(expseg_allocator *a, block_t *b) {
+  b->idle_since = a->now_ns;
+  const bool whole = _expseg_block_whole_pages(a, b, NULL) > 0;
+  if (b->idle && (!whole || b->idle_next != NULL)) idle_unlink(a, b);
+  if (whole && !b->idle) idle_push(a, b);
+}
+
+block_t *_expseg_block_split_front(expseg_allocator *a, block_t *b, size_t size) {
+  expseg_assert(size > 0 && size < b->size && b == a->free_idx.last[b->seg->pool]);
+  block_t *m = _expseg_block_new(a);
+  if (m == NULL) return NULL;
+  m->ptr = b->ptr;
+  m->size = size;
+  m->stream = b->stream;
+  m->seg = b->seg;
+  m->state = BLOCK_FREE;
+  m->mapped = true;
+  m->prev = b->prev;
+  m->next = b;
+  if (b->prev) b->prev->next = m;
+  else b->seg->first = m;
+  b->prev = m;
+  b->ptr += size;
+  b->size -= size;
+  idle_renew(a, b);
+  return m;
+}
+
 block_t *_expseg_block_split(expseg_allocator *a, block_t *b, size_t offset) {
   expseg_assert(offset > 0 && offset < b->size);
   block_t *n = _expseg_block_new(a);
@@ -179,4 +209,35 @@ block_t *_expseg_block_coalesce(expseg_allocator *a, block_t *b) {
     _expseg_block_delete(a, n);
   }
   return b;
+}
+
+block_t *_expseg_block_release(expseg_allocator *a, block_t *b) {
+  expseg_assert(b->state == BLOCK_FREE && b->mapped && !b->indexed);
+  block_t *l = a->free_idx.last[b->seg->pool], *p = b->prev, *n = b->next;
+  if (l == NULL || (l != p && l != n)) { /* the general case */
+    block_t *m = _expseg_block_coalesce(a, b);
+    _expseg_free_insert(a, m);
+    return m;
+  }
+  /* a neighbour is the pool's last insert (free, mapped, outside the heaps): it takes the
+   * run in place, which is what removing it and inserting the merged block would give */
+  block_t *first = p != NULL && same_kind(p, b) ? p : b;
+  block_t *top = n != NULL && same_kind(n, b) ? n : b, *end = top->next;
+  const uintptr_t lo = first->ptr, hi = top->ptr + top->size;
+  block_t *before = first->prev;
+  for (block_t *x = first, *nx; x != end; x = nx) {
+    nx = x->next;
+    if (x == l) continue;
+    take_out(a, x);
+    _expseg_block_delete(a, x);
+  }
+  l->ptr = lo;
+  l->size = hi - lo;
+  l->prev = before;
+  l->next = end;
+  if (before) before->next = l;
+  else l->seg->first = l;
+  if (end) end->prev = l;
+  idle_renew(a, l);
+  return l;
 }

@@ -320,6 +320,15 @@ block_t *_expseg_block_split(expseg_allocator *a, block_t *b, size_t offset);
  * returns the merged block (not indexed). */
 block_t *_expseg_block_coalesce(expseg_allocator *a, block_t *b);
 bool _expseg_block_is_split(const block_t *b);
+/* The hit path's split of b, its pool's last insert (outside the free index's heaps, so it
+ * may change in place): a new block gets b's first `size` bytes and is returned (free, not
+ * indexed); b keeps the rest and its place, as removing b, splitting it and inserting the
+ * rest would leave them. NULL when out of host memory (b untouched). */
+block_t *_expseg_block_split_front(expseg_allocator *a, block_t *b, size_t size);
+/* b (free, mapped, not indexed) merged with its free neighbours and indexed; returns the
+ * merged block. When a neighbour is the pool's last insert (on a hit, the rest just split
+ * off), that struct takes the run in place, with no index work; b may be gone then. */
+block_t *_expseg_block_release(expseg_allocator *a, block_t *b);
 
 /* ---- segment.c: classic and expandable segments, the page cache ---- */
 /* Gets a free mapped block (removed from the free sets) of at least rounded bytes on
