@@ -11,6 +11,7 @@
  * pending until their events complete (streams.c); otherwise it merges with its free
  * neighbours and goes back into the free index. Slow-path work (IPC polling, stream
  * events, history) is behind one test. */
+#include "block.h"
 #include "error.h"
 #include "fidx.h"
 #include "internal.h"
@@ -123,7 +124,7 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
 
 /* ---- malloc ---- */
 
-static block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded) {
+EXPSEG_HOT block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded) {
   if (a->model_pytorch) return _expseg_model_find_free(a, pool, stream, rounded);
   block_t *b = _expseg_fidx_best(&a->free_idx, pool, stream, rounded);
   if (b == NULL) return NULL;
@@ -139,8 +140,8 @@ static block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, s
 }
 
 /* Hands out b (free, mapped, not indexed), splitting off what the request does not need. */
-static expseg_status take_block(expseg_allocator *a, block_t *b, size_t rounded, size_t size,
-                                void **out) {
+EXPSEG_HOT expseg_status take_block(expseg_allocator *a, block_t *b, size_t rounded, size_t size,
+                                  void **out) {
   int pool = b->seg->pool;
   if (_expseg_should_split(&a->cfg, pool == POOL_SMALL, b->seg->expandable, b->size, rounded)) {
     block_t *rest = _expseg_block_split(a, b, rounded);
@@ -285,7 +286,7 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
 
 /* ---- free ---- */
 
-void _expseg_free_block(expseg_allocator *a, block_t *b) {
+EXPSEG_HOT void free_block(expseg_allocator *a, block_t *b) {
   int pool = b->seg->pool;
   stats_t *s = &a->stats;
   EXPSEG_HIST(a, HIST_FREE_COMPLETED, b->ptr, b->requested, b->stream);
@@ -301,6 +302,8 @@ void _expseg_free_block(expseg_allocator *a, block_t *b) {
   EXPSEG_CHECK_BLOCK(a, m);
 }
 
+void _expseg_free_block(expseg_allocator *a, block_t *b) { free_block(a, b); }
+
 expseg_status expseg_free(expseg_allocator *a, void *ptr) {
   if (a == NULL) return null_allocator("expseg_free");
   if (ptr == NULL) return EXPSEG_OK;
@@ -309,7 +312,7 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
     block_t *b = _expseg_ptrmap_take(&a->live, (uintptr_t)ptr);
     if (b != NULL && b->n_uses == 0) {
       stat_free(&a->stats, b->seg->pool, b);
-      _expseg_free_block(a, b);
+      free_block(a, b);
 #if EXPSEG_DEBUG >= 3
       _expseg_debug_tick(a);
 #endif

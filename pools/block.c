@@ -1,15 +1,15 @@
-/* block.c: block structs (recycled from slabs), the free sets, splitting and merging.
+/* block.c: block structs (recycled from slabs), the free sets, splitting and merging; the
+ * hit path's part is inline in block.h.
  *
  * Every change of a block's membership in a free set goes through _expseg_free_insert /
  * _expseg_free_remove (free mapped blocks) or _expseg_unmapped_insert / _remove, so the
  * index and the idle list can never disagree. (inactive_split is kept where blocks turn
  * busy or free: isplit_change in internal.h.) */
+#include "block.h"
 #include "fidx.h"
-#include "internal.h"
 
 #include <stdlib.h>
 #include <string.h>
-
 
 static uint32_t next_prio(expseg_allocator *a) {
   uint32_t x = a->rng;
@@ -20,46 +20,25 @@ static uint32_t next_prio(expseg_allocator *a) {
   return x;
 }
 
-block_t *_expseg_block_new(expseg_allocator *a) {
-  if (a->block_free == NULL) {
-    /* the free index's nodes first: never fewer than block structs (fidx.c) */
-    if (!_expseg_fidx_reserve(&a->free_idx, (a->n_slabs + 1) * EXPSEG_SLAB_BLOCKS)) return NULL;
-    if (a->n_slabs == a->cap_slabs) {
-      size_t cap = a->cap_slabs ? a->cap_slabs * 2 : 16;
-      void **s = realloc(a->slabs, cap * sizeof *s);
-      if (s == NULL) return NULL;
-      a->slabs = s;
-      a->cap_slabs = cap;
-    }
-    block_t *slab = malloc(EXPSEG_SLAB_BLOCKS * sizeof *slab);
-    if (slab == NULL) return NULL;
-    a->slabs[a->n_slabs++] = slab;
-    for (size_t i = 0; i < EXPSEG_SLAB_BLOCKS; i++) {
-      slab[i].uses = slab[i].uses_inline; /* destroy frees only heap arrays */
-      slab[i].next = a->block_free;
-      a->block_free = &slab[i];
-    }
+bool _expseg_block_refill(expseg_allocator *a) {
+  /* the free index's nodes first: never fewer than block structs (fidx.c) */
+  if (!_expseg_fidx_reserve(&a->free_idx, (a->n_slabs + 1) * EXPSEG_SLAB_BLOCKS)) return false;
+  if (a->n_slabs == a->cap_slabs) {
+    size_t cap = a->cap_slabs ? a->cap_slabs * 2 : 16;
+    void **s = realloc(a->slabs, cap * sizeof *s);
+    if (s == NULL) return false;
+    a->slabs = s;
+    a->cap_slabs = cap;
   }
-  block_t *b = a->block_free;
-  a->block_free = b->next;
-  /* no zeroing of the whole struct: the caller sets the address, size, segment, stream,
-   * state and neighbours; these are the rest a fresh block must have */
-  b->requested = 0;
-  b->t.l = b->t.r = b->hprev = NULL;
-  b->n_uses = 0;
-  b->oversize = b->indexed = b->idle = false;
-  b->idle_prev = b->idle_next = NULL;
-  b->event_count = 0;
-  b->uses = b->uses_inline;
-  b->uses_cap = 2;
-  return b;
-}
-
-void _expseg_block_delete(expseg_allocator *a, block_t *b) {
-  if (b->uses != b->uses_inline) free(b->uses);
-  b->uses = b->uses_inline;
-  b->next = a->block_free;
-  a->block_free = b;
+  block_t *slab = malloc(EXPSEG_SLAB_BLOCKS * sizeof *slab);
+  if (slab == NULL) return false;
+  a->slabs[a->n_slabs++] = slab;
+  for (size_t i = 0; i < EXPSEG_SLAB_BLOCKS; i++) {
+    slab[i].uses = slab[i].uses_inline; /* destroy frees only heap arrays */
+    slab[i].next = a->block_free;
+    a->block_free = &slab[i];
+  }
+  return true;
 }
 
 void _expseg_blocks_destroy(expseg_allocator *a) {
@@ -79,43 +58,8 @@ void _expseg_blocks_destroy(expseg_allocator *a) {
 
 bool _expseg_block_is_split(const block_t *b) { return b->prev != NULL || b->next != NULL; }
 
-
-
-static void idle_push(expseg_allocator *a, block_t *b) {
-  int p = b->seg->pool;
-  b->idle = true;
-  b->idle_next = NULL;
-  b->idle_prev = a->idle_tail[p];
-  if (a->idle_tail[p]) a->idle_tail[p]->idle_next = b;
-  else a->idle_head[p] = b;
-  a->idle_tail[p] = b;
-}
-
-static void idle_unlink(expseg_allocator *a, block_t *b) {
-  int p = b->seg->pool;
-  if (b->idle_prev) b->idle_prev->idle_next = b->idle_next;
-  else a->idle_head[p] = b->idle_next;
-  if (b->idle_next) b->idle_next->idle_prev = b->idle_prev;
-  else a->idle_tail[p] = b->idle_prev;
-  b->idle_prev = b->idle_next = NULL;
-  b->idle = false;
-}
-
-void _expseg_free_insert(expseg_allocator *a, block_t *b) {
-  expseg_assert(b->state == BLOCK_FREE && b->mapped && !b->indexed);
-  b->idle_since = a->now_ns;
-  if (b->seg->single) _expseg_tree_insert(&a->free_idx.single[b->seg->pool], b, next_prio(a));
-  else _expseg_fidx_insert(&a->free_idx, b);
-  b->indexed = true;
-  if (_expseg_block_whole_pages(a, b, NULL) > 0) idle_push(a, b);
-}
-
-void _expseg_free_remove(expseg_allocator *a, block_t *b) {
-  expseg_assert(b->indexed && b->mapped);
-  if (b->seg->single) _expseg_tree_remove(&a->free_idx.single[b->seg->pool], b);
-  else _expseg_fidx_remove(&a->free_idx, b);
-  b->indexed = false;
-  if (b->idle) idle_unlink(a, b);
+void _expseg_single_insert(expseg_allocator *a, block_t *b) {
+  _expseg_tree_insert(&a->free_idx.single[b->seg->pool], b, next_prio(a));
 }
 
 void _expseg_unmapped_insert(expseg_allocator *a, block_t *b) {
@@ -128,36 +72,6 @@ void _expseg_unmapped_remove(expseg_allocator *a, block_t *b) {
   expseg_assert(!b->mapped && b->indexed);
   _expseg_tree_remove(&a->unmapped_idx[b->seg->pool], b);
   b->indexed = false;
-}
-
-/* b (indexed, not moved) as a fresh insert would leave it on the idle list: its time now,
- * at the tail if it holds a whole page, off the list if not. */
-static void idle_renew(expseg_allocator *a, block_t *b) {
-  b->idle_since = a->now_ns;
-  const bool whole = _expseg_block_whole_pages(a, b, NULL) > 0;
-  if (b->idle && (!whole || b->idle_next != NULL)) idle_unlink(a, b);
-  if (whole && !b->idle) idle_push(a, b);
-}
-
-block_t *_expseg_block_split_front(expseg_allocator *a, block_t *b, size_t size) {
-  expseg_assert(size > 0 && size < b->size && b == a->free_idx.last[b->seg->pool]);
-  block_t *m = _expseg_block_new(a);
-  if (m == NULL) return NULL;
-  m->ptr = b->ptr;
-  m->size = size;
-  m->stream = b->stream;
-  m->seg = b->seg;
-  m->state = BLOCK_FREE;
-  m->mapped = true;
-  m->prev = b->prev;
-  m->next = b;
-  if (b->prev) b->prev->next = m;
-  else b->seg->first = m;
-  b->prev = m;
-  b->ptr += size;
-  b->size -= size;
-  idle_renew(a, b);
-  return m;
 }
 
 block_t *_expseg_block_split(expseg_allocator *a, block_t *b, size_t offset) {
@@ -211,14 +125,10 @@ block_t *_expseg_block_coalesce(expseg_allocator *a, block_t *b) {
   return b;
 }
 
-block_t *_expseg_block_release(expseg_allocator *a, block_t *b) {
+block_t *_expseg_block_absorb(expseg_allocator *a, block_t *b) {
   expseg_assert(b->state == BLOCK_FREE && b->mapped && !b->indexed);
   block_t *l = a->free_idx.last[b->seg->pool], *p = b->prev, *n = b->next;
-  if (l == NULL || (l != p && l != n)) { /* the general case */
-    block_t *m = _expseg_block_coalesce(a, b);
-    _expseg_free_insert(a, m);
-    return m;
-  }
+  expseg_assert(l != NULL && (l == p || l == n));
   /* a neighbour is the pool's last insert (free, mapped, outside the heaps): it takes the
    * run in place, which is what removing it and inserting the merged block would give */
   block_t *first = p != NULL && same_kind(p, b) ? p : b;
@@ -238,6 +148,6 @@ block_t *_expseg_block_release(expseg_allocator *a, block_t *b) {
   if (before) before->next = l;
   else l->seg->first = l;
   if (end) end->prev = l;
-  idle_renew(a, l);
+  _expseg_idle_renew(a, l);
   return l;
 }

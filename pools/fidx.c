@@ -185,21 +185,13 @@ static block_t *merge_pairs(block_t *first) {
   return r;
 }
 
-void _expseg_fidx_heap_insert(fidx_t *f, block_t *b) {
-  const int pool = b->seg->pool;
-  szn_t *n = fidx_node(f, pool, b->stream, b->size);
-  if (n == NULL) n = node_make(f, pool, b->stream, b->size);
-  else if (n->count == 0) empty_unlink(f, n);
-  b->t.l = b->t.r = b->hprev = NULL;
-  n->heap = n->heap == NULL ? b : fidx_link(n->heap, b);
-  n->count++;
-  f->blocks[pool]++;
+szn_t *_expseg_fidx_node_ready(fidx_t *f, szn_t *n, int pool, expseg_stream s, size_t size) {
+  if (n == NULL) return node_make(f, pool, s, size);
+  empty_unlink(f, n);
+  return n;
 }
 
-void _expseg_fidx_heap_remove(fidx_t *f, block_t *b) {
-  const int pool = b->seg->pool;
-  szn_t *n = fidx_node(f, pool, b->stream, b->size);
-  expseg_assert(n != NULL && n->count > 0);
+void _expseg_fidx_cut(szn_t *n, block_t *b) {
   if (n->heap == b) {
     n->heap = merge_pairs(b->t.l);
   } else {
@@ -210,39 +202,22 @@ void _expseg_fidx_heap_remove(fidx_t *f, block_t *b) {
     block_t *sub = merge_pairs(b->t.l);
     if (sub != NULL) n->heap = fidx_link(n->heap, sub);
   }
-  b->t.l = b->t.r = b->hprev = NULL;
-  f->blocks[pool]--;
-  if (--n->count == 0) { /* stays indexed, empty, until best fit meets it or a size needs it */
-    n->eprev = NULL;
-    n->enext = f->empty;
-    if (f->empty) f->empty->eprev = n;
-    f->empty = n;
-  }
 }
 
-/* The heaps' best fit (the first block at or after (size, 0) on the stream). */
-static block_t *heap_best(fidx_t *f, int pool, expseg_stream s, size_t size) {
-  const szn_t *e = fidx_node(f, pool, s, size);
-  if (e != NULL && e->heap != NULL) return e->heap; /* the exact size: nothing fits better */
+void _expseg_fidx_emptied(fidx_t *f, szn_t *n) {
+  n->eprev = NULL;
+  n->enext = f->empty;
+  if (f->empty) f->empty->eprev = n;
+  f->empty = n;
+}
+
+block_t *_expseg_fidx_fit(fidx_t *f, int pool, expseg_stream s, size_t size) {
   for (;;) {
     szn_t *best = sztree_lower_bound(f->root[pool], (szkey_t){s, size});
     if (best == NULL || best->stream != s) return NULL;
     if (best->heap != NULL) return best->heap;
     reclaim(f, best); /* an empty size on the way: taken back, then look again */
   }
-}
-
-block_t *_expseg_fidx_best(fidx_t *f, int pool, expseg_stream s, size_t size) {
-  block_t *l = f->last[pool];
-  const bool fits = l != NULL && l->stream == s && l->size >= size;
-  if (fits && l->size == size) { /* exact: only a lower address of that size beats it */
-    const szn_t *e = fidx_node(f, pool, s, size);
-    return e != NULL && e->heap != NULL && e->heap->ptr < l->ptr ? e->heap : l;
-  }
-  block_t *h = f->blocks[pool] > 0 ? heap_best(f, pool, s, size) : NULL;
-  if (fits && (h == NULL || l->size < h->size || (l->size == h->size && l->ptr < h->ptr)))
-    return l;
-  return h;
 }
 
 static size_t tree_largest(const szn_t *n) {

@@ -52,15 +52,61 @@ void _expseg_fidx_destroy(fidx_t *f);
 /* At least `blocks` size nodes made and the table sized for them, so that an insert never
  * needs host memory (every free block needs at most one node). false: out of host memory. */
 bool _expseg_fidx_reserve(fidx_t *f, size_t blocks);
-void _expseg_fidx_heap_insert(fidx_t *f, block_t *b);
-void _expseg_fidx_heap_remove(fidx_t *f, block_t *b);
-/* The first free block at or after (stream, size) in (size, address) order on the pool's
- * stream (not removed), or NULL. */
-block_t *_expseg_fidx_best(fidx_t *f, int pool, expseg_stream s, size_t size);
+/* The node for a block of (pool, s, size) about to be linked, given what the table found:
+ * made (NULL) or taken off the empty list (count 0). Never fails (the reserve). */
+szn_t *_expseg_fidx_node_ready(fidx_t *f, szn_t *n, int pool, expseg_stream s, size_t size);
+/* b out of n's heap (n's count not changed). */
+void _expseg_fidx_cut(szn_t *n, block_t *b);
+/* n (its last block gone) onto the empty list: it stays indexed until best fit meets it or
+ * a size needs it. */
+void _expseg_fidx_emptied(fidx_t *f, szn_t *n);
+/* The root of the heap of the smallest size >= size on the stream (empty sizes met on the
+ * way are taken back), or NULL: the treap walk of best fit. */
+block_t *_expseg_fidx_fit(fidx_t *f, int pool, expseg_stream s, size_t size);
 size_t _expseg_fidx_largest(const fidx_t *f);
 /* expseg_check: nodes, heaps, the table, the treaps and the lists agree; blocks[p] gets the
  * free blocks the heaps of pool p hold. */
 expseg_status _expseg_fidx_check(const fidx_t *f, int64_t blocks[POOL_COUNT]);
+
+static inline void _expseg_fidx_heap_insert(fidx_t *f, block_t *b) {
+  const int pool = b->seg->pool;
+  szn_t *n = fidx_node(f, pool, b->stream, b->size);
+  if (n == NULL || n->count == 0) n = _expseg_fidx_node_ready(f, n, pool, b->stream, b->size);
+  b->t.l = b->t.r = b->hprev = NULL;
+  n->heap = n->heap == NULL ? b : fidx_link(n->heap, b);
+  n->count++;
+  f->blocks[pool]++;
+}
+
+static inline void _expseg_fidx_heap_remove(fidx_t *f, block_t *b) {
+  const int pool = b->seg->pool;
+  szn_t *n = fidx_node(f, pool, b->stream, b->size);
+  expseg_assert(n != NULL && n->count > 0);
+  if (n->heap == b && b->t.l == NULL) n->heap = NULL; /* the root alone */
+  else _expseg_fidx_cut(n, b);
+  b->t.l = b->t.r = b->hprev = NULL;
+  f->blocks[pool]--;
+  if (--n->count == 0) _expseg_fidx_emptied(f, n);
+}
+
+/* The first free block at or after (stream, size) in (size, address) order on the pool's
+ * stream (not removed), or NULL. The last insert is compared with what the heaps give. */
+static inline block_t *_expseg_fidx_best(fidx_t *f, int pool, expseg_stream s, size_t size) {
+  block_t *l = f->last[pool];
+  const bool fits = l != NULL && l->stream == s && l->size >= size;
+  if (fits && l->size == size) { /* exact: only a lower address of that size beats it */
+    const szn_t *e = fidx_node(f, pool, s, size);
+    return e != NULL && e->heap != NULL && e->heap->ptr < l->ptr ? e->heap : l;
+  }
+  block_t *h = NULL;
+  if (f->blocks[pool] > 0) {
+    const szn_t *e = fidx_node(f, pool, s, size); /* the exact size: nothing fits better */
+    h = e != NULL && e->heap != NULL ? e->heap : _expseg_fidx_fit(f, pool, s, size);
+  }
+  if (fits && (h == NULL || l->size < h->size || (l->size == h->size && l->ptr < h->ptr)))
+    return l;
+  return h;
+}
 
 /* Whether b (free, mapped, not of a single-chunk segment) is where the index would keep it:
  * the pool's last insert, or a block of a size node that holds blocks (expseg_check then

@@ -48,6 +48,9 @@
 #else
 #define expseg_assert(x) ((void)0)
 #endif
+/* A function of the cache-hit path that must be inlined into it (a call's register saves
+ * cost as much as its work). */
+#define EXPSEG_HOT static inline __attribute__((always_inline))
 #if EXPSEG_DEBUG >= 2
 #define expseg_assert2(x) expseg_assert(x)
 #else
@@ -304,13 +307,9 @@ void _expseg_stats_visit(const expseg_allocator *a,
 size_t _expseg_stats_key_count(void);
 const char *_expseg_stats_key(size_t i); /* sorted */
 
-/* ---- block.c: blocks, the free sets, splitting and merging ---- */
+/* ---- block.c: blocks, the free sets, splitting and merging (block.h: the inline part) ---- */
 #define EXPSEG_SLAB_BLOCKS 512 /* block structs are made this many at a time */
-block_t *_expseg_block_new(expseg_allocator *a);
-void _expseg_block_delete(expseg_allocator *a, block_t *b);
 void _expseg_blocks_destroy(expseg_allocator *a);
-void _expseg_free_insert(expseg_allocator *a, block_t *b);  /* free mapped -> index, idle */
-void _expseg_free_remove(expseg_allocator *a, block_t *b);
 void _expseg_unmapped_insert(expseg_allocator *a, block_t *b);
 void _expseg_unmapped_remove(expseg_allocator *a, block_t *b);
 /* Splits b at offset: b keeps [ptr, ptr+offset), the new block gets the rest (same state,
@@ -320,15 +319,6 @@ block_t *_expseg_block_split(expseg_allocator *a, block_t *b, size_t offset);
  * returns the merged block (not indexed). */
 block_t *_expseg_block_coalesce(expseg_allocator *a, block_t *b);
 bool _expseg_block_is_split(const block_t *b);
-/* The hit path's split of b, its pool's last insert (outside the free index's heaps, so it
- * may change in place): a new block gets b's first `size` bytes and is returned (free, not
- * indexed); b keeps the rest and its place, as removing b, splitting it and inserting the
- * rest would leave them. NULL when out of host memory (b untouched). */
-block_t *_expseg_block_split_front(expseg_allocator *a, block_t *b, size_t size);
-/* b (free, mapped, not indexed) merged with its free neighbours and indexed; returns the
- * merged block. When a neighbour is the pool's last insert (on a hit, the rest just split
- * off), that struct takes the run in place, with no index work; b may be gone then. */
-block_t *_expseg_block_release(expseg_allocator *a, block_t *b);
 
 /* ---- segment.c: classic and expandable segments, the page cache ---- */
 /* Gets a free mapped block (removed from the free sets) of at least rounded bytes on

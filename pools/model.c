@@ -12,6 +12,7 @@
  * (segment.c), and PyTorch's get_free_block: best fit adjusted for room to expand, and
  * the oversize rules of max_split_size_mb / max_non_split_rounding_mb on expandable blocks
  * too (below). */
+#include "block.h"
 #include "fidx.h"
 #include "internal.h"
 

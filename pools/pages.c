@@ -11,6 +11,7 @@
  * "Expandable segments and pages"). What can be unmapped, moved or given back is therefore
  * whole chunks lying inside a free block; the page cache holds unmapped chunks of any size
  * (each a multiple of its segment's page). */
+#include "block.h"
 #include "error.h"
 #include "release.h"
 

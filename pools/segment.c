@@ -15,6 +15,7 @@
  * and only once the work queued on its stream is done. How it goes back (batches with the
  * lock dropped, the retry list of refusals, the page cache) is release.c's; what garbage
  * collection gives back, gc.c's. */
+#include "block.h"
 #include "fidx.h"
 #include "error.h"
 #include "release.h"
