@@ -139,9 +139,7 @@ TEST(AdvFidx, DebugCheckSurvivesHostShortage) {
 // must overlap no live block (a registry of live ranges), and the allocator must check
 // clean at the end with everything back. Meant for ThreadSanitizer too.
 TEST(AdvFidx, ThreadsOnTheHitPathWithTogglers) {
-  uint64_t seed = 99;
-  if (const char *e = std::getenv("EXPSEG_TEST_SEED")) seed = std::strtoull(e, nullptr, 10);
-  std::printf("seed %llu (EXPSEG_TEST_SEED)\n", (unsigned long long)seed);
+  EXPSEG_SEEDED(seed, 99);
   size_t ops = 20000;
   if (const char *e = std::getenv("EXPSEG_TEST_OPS")) ops = std::strtoull(e, nullptr, 10);
   for (const char *conf : {"", "expandable_segments:False,max_split_size_mb:64"}) {
@@ -152,7 +150,9 @@ TEST(AdvFidx, ThreadsOnTheHitPathWithTogglers) {
     std::atomic<int> errors{0};
     std::atomic<bool> stop{false};
     auto fail = [&](const std::string &what) {
-      if (errors.fetch_add(1) < 5) ADD_FAILURE() << conf << ": " << what << ": " << expseg_last_error();
+      if (errors.fetch_add(1) < 5)
+        ADD_FAILURE() << conf << ", " << test_seed_note(seed) << ": " << what << ": "
+                      << expseg_last_error();
     };
     auto enter = [&](void *p, size_t size) {
       std::lock_guard<std::mutex> g(mu);
@@ -168,13 +168,8 @@ TEST(AdvFidx, ThreadsOnTheHitPathWithTogglers) {
       live.erase((uintptr_t)p);
     };
     auto worker = [&](int id) {
-      uint64_t s = seed * 7919 + (uint64_t)id + 1;
-      auto next = [&s]() {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        return s;
-      };
+      TestRng rng(seed * 7919 + (uint64_t)id + 1);
+      auto next = [&rng]() { return rng.next(); };
       const expseg_stream own = 10 + (expseg_stream)id, shared = 0;
       std::vector<std::pair<void *, size_t>> mine;
       const size_t sizes[4] = {1000 + (size_t)id * 512, 300 * KiB, 3 * 1024 * KiB + 17, 25 * 1024 * KiB};

@@ -125,18 +125,11 @@ TEST(AllocIndex, ManyDistinctSizes) {
 
 // Random sizes, streams and frees; the checker after every step.
 TEST(AllocIndex, RandomStaysConsistent) {
-  uint64_t seed = 13;
-  if (const char *e = std::getenv("EXPSEG_TEST_SEED")) seed = std::strtoull(e, nullptr, 10);
-  std::printf("seed %llu (EXPSEG_TEST_SEED)\n", (unsigned long long)seed);
+  EXPSEG_SEEDED(seed, 13);
   for (const char *conf : {"", "expandable_segments:False"}) {
     AllocPtr a = make_alloc("sim:capacity=4G", conf);
-    uint64_t s = seed;
-    auto next = [&s]() {
-      s ^= s << 13;
-      s ^= s >> 7;
-      s ^= s << 17;
-      return s;
-    };
+    TestRng rng(seed);
+    auto next = [&rng]() { return rng.next(); };
     std::vector<void *> live;
     for (int i = 0; i < 3000; i++) {
       if (live.empty() || next() % 3 != 0) {

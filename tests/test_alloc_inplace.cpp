@@ -1,0 +1,179 @@
+// test_alloc_inplace.cpp: the hit path's in-place split and merge (pools/block.h). A cache
+// hit on the pool's last insert hands out its front and leaves the rest in place; a free
+// next to the last insert grows it in place. That must give exactly what the general path
+// gives (remove, split or merge, insert): the same address for every request and a state
+// expseg_check accepts. Pinned by hand on small layouts, and against a model of PyTorch's
+// placement (best fit: the smallest free block that fits, then the lowest address; the
+// front is handed out; free neighbours merge) on random traffic inside one segment.
+// Randomized parts seeded (fixed default, printed; EXPSEG_TEST_SEED).
+#include "alloc_support.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+namespace {
+
+constexpr size_t KiB = 1024, MiB = 1024 * KiB;
+
+void *must_alloc(expseg_allocator *a, size_t size) {
+  void *p = nullptr;
+  EXPECT_EQ(expseg_malloc(a, size, 0, &p), EXPSEG_OK) << size << ": " << expseg_last_error();
+  return p;
+}
+
+uintptr_t u(void *p) { return (uintptr_t)p; }
+
+const char *const kConfs[] = {"", "expandable_segments:False"};
+
+// One segment of `bytes`, all free: its base.
+void *one_free_segment(expseg_allocator *a, size_t bytes) {
+  void *p = must_alloc(a, bytes);
+  EXPECT_EQ(expseg_free(a, p), EXPSEG_OK);
+  return p;
+}
+
+// Frees in the orders that reach each merge case: the freed block's next is the last
+// insert, its previous is, both neighbours free with one of them the last insert, and
+// neither is. After every step the checker passes, and at the end the segment is one free
+// block again (a request of its whole size gets its base).
+TEST(AllocInplace, EveryMergeCaseLeavesOneFreeBlock) {
+  const int orders[][4] = {{0, 1, 2, 3}, {3, 2, 1, 0}, {1, 3, 0, 2}, {0, 2, 1, 3},
+                           {2, 0, 3, 1}, {1, 0, 3, 2}, {3, 0, 2, 1}, {2, 3, 1, 0}};
+  for (const char *conf : kConfs) {
+    for (const auto &order : orders) {
+      AllocPtr a = make_alloc("sim:capacity=8G", conf);
+      expseg_allocator *A = a.get();
+      void *base = one_free_segment(A, 64 * MiB);
+      void *p[4];
+      for (int i = 0; i < 4; i++) {
+        p[i] = must_alloc(A, 4 * MiB);
+        EXPECT_EQ(u(p[i]), u(base) + i * 4 * MiB) << conf << ": the front of the rest each time";
+      }
+      ASSERT_EQ(expseg_check(A), EXPSEG_OK) << conf << ": " << expseg_last_error();
+      for (int k : order) {
+        ASSERT_EQ(expseg_free(A, p[k]), EXPSEG_OK);
+        ASSERT_EQ(expseg_check(A), EXPSEG_OK)
+            << conf << ", freeing block " << k << ": " << expseg_last_error();
+      }
+      EXPECT_EQ(stat_of(A, "inactive_split.all.current"), 0) << conf;
+      EXPECT_EQ(must_alloc(A, 64 * MiB), base) << conf << ": one free block again";
+      ASSERT_EQ(expseg_check(A), EXPSEG_OK) << conf << ": " << expseg_last_error();
+    }
+  }
+}
+
+// A repeated request is served from the front of the last insert and given back there:
+// the same address every time, and the segment never grows.
+TEST(AllocInplace, RepeatedPairTakesTheSameFront) {
+  for (const char *conf : kConfs) {
+    AllocPtr a = make_alloc("sim:capacity=8G", conf);
+    expseg_allocator *A = a.get();
+    void *base = one_free_segment(A, 32 * MiB);
+    const int64_t segs = stat_of(A, "segment.all.current");
+    void *keep = must_alloc(A, 3 * MiB); // the front stays busy: the hits come after it
+    for (int i = 0; i < 1000; i++) {
+      void *q = must_alloc(A, 2 * MiB + (size_t)(i % 7) * 512);
+      ASSERT_EQ(u(q), u(base) + 3 * MiB) << conf << ", pair " << i;
+      ASSERT_EQ(expseg_free(A, q), EXPSEG_OK);
+    }
+    EXPECT_EQ(stat_of(A, "segment.all.current"), segs) << conf;
+    ASSERT_EQ(expseg_check(A), EXPSEG_OK) << conf << ": " << expseg_last_error();
+    ASSERT_EQ(expseg_free(A, keep), EXPSEG_OK);
+    EXPECT_EQ(must_alloc(A, 32 * MiB), base) << conf;
+  }
+}
+
+// PyTorch's placement inside one segment of free ranges, keyed by address.
+struct PlacementModel {
+  std::map<uintptr_t, size_t> free_ranges; // address -> bytes
+  std::map<uintptr_t, size_t> busy;        // address -> bytes handed out (whole block)
+  bool classic;
+
+  bool splits(size_t remaining) const {
+    return classic ? remaining > 1 * MiB : remaining >= 512; // policy.h: _expseg_should_split
+  }
+  // The address a request of `rounded` bytes gets, or 0 if no free range fits.
+  uintptr_t malloc(size_t rounded) {
+    auto best = free_ranges.end();
+    for (auto it = free_ranges.begin(); it != free_ranges.end(); ++it)
+      if (it->second >= rounded && (best == free_ranges.end() || it->second < best->second))
+        best = it; // ascending addresses: the first of the smallest size wins ties
+    if (best == free_ranges.end()) return 0;
+    const uintptr_t at = best->first;
+    const size_t have = best->second;
+    free_ranges.erase(best);
+    if (splits(have - rounded)) {
+      free_ranges[at + rounded] = have - rounded;
+      busy[at] = rounded;
+    } else {
+      busy[at] = have;
+    }
+    return at;
+  }
+  void free(uintptr_t at) {
+    size_t bytes = busy.at(at);
+    busy.erase(at);
+    auto next = free_ranges.find(at + bytes);
+    if (next != free_ranges.end()) {
+      bytes += next->second;
+      free_ranges.erase(next);
+    }
+    auto prev = free_ranges.lower_bound(at);
+    if (prev != free_ranges.begin() && (--prev)->first + prev->second == at) {
+      prev->second += bytes;
+    } else {
+      free_ranges[at] = bytes;
+    }
+  }
+};
+
+// Random requests (large pool: above 1 MiB, rounded to 512 B) and frees inside one segment
+// made free first; a request that fits nowhere is skipped (it would grow). Every address is
+// the model's; the checker passes after every step.
+TEST(AllocInplace, RandomTrafficMatchesThePlacementModel) {
+  EXPSEG_SEEDED(seed, 20261123);
+  for (const char *conf : kConfs) {
+    SCOPED_TRACE(conf);
+    TestRng rng(seed);
+    AllocPtr a = make_alloc("sim:capacity=8G", conf);
+    expseg_allocator *A = a.get();
+    const size_t bytes = 256 * MiB;
+    void *base = one_free_segment(A, bytes);
+    ASSERT_EQ(stat_of(A, "reserved_bytes.large_pool.current"), (int64_t)bytes)
+        << "one segment of exactly the request, all free";
+    PlacementModel m{{{u(base), bytes}}, {}, conf[0] != '\0'};
+    std::vector<uintptr_t> live;
+    int hits = 0;
+    for (int step = 0; step < 4000; step++) {
+      if (live.empty() || rng.chance(0.55)) {
+        // mostly a few repeated sizes (hits on the last insert), sometimes any size
+        size_t size = rng.chance(0.6) ? (size_t)(1 + rng.below(4)) * 3 * MiB / 2 + 1
+                                      : 1 * MiB + 1 + (size_t)rng.below(24 * MiB);
+        const size_t rounded = (size + 511) / 512 * 512;
+        const uintptr_t want = m.malloc(rounded);
+        if (want == 0) continue; // it would grow: not this test's subject
+        void *p = must_alloc(A, size);
+        ASSERT_EQ(u(p), want) << "step " << step << ", request " << size;
+        live.push_back(want);
+        hits++;
+      } else {
+        const size_t k = (size_t)rng.below(live.size());
+        ASSERT_EQ(expseg_free(A, (void *)live[k]), EXPSEG_OK) << "step " << step;
+        m.free(live[k]);
+        live[k] = live.back();
+        live.pop_back();
+      }
+      ASSERT_EQ(expseg_check(A), EXPSEG_OK) << "step " << step << ": " << expseg_last_error();
+    }
+    EXPECT_GT(hits, 1000);
+    EXPECT_EQ(stat_of(A, "reserved_bytes.large_pool.current"), (int64_t)bytes) << "no growth";
+    for (uintptr_t p : live) ASSERT_EQ(expseg_free(A, (void *)p), EXPSEG_OK);
+    EXPECT_EQ(must_alloc(A, bytes), base) << "one free block again";
+    ASSERT_EQ(expseg_check(A), EXPSEG_OK) << expseg_last_error();
+  }
+}
+
+} // namespace
