@@ -34,8 +34,43 @@ static const char *runtime[] = {
 
 
 static void print_stat(void *ctx, const char *key, int64_t v) {
-  (void)ctx;
-  if (strstr(key, ".peak") == NULL && strstr(key, "allocated") == NULL) printf("   %s %lld\n", key, (long long)v);
+  if (ctx != NULL || (strstr(key, ".peak") == NULL && strstr(key, "allocated") == NULL))
+    printf("   %s %lld\n", key, (long long)v);
+}
+
+/* FNV-1a of a buffer: snapshots are compared by hash (the whole pickle, byte for byte) */
+static uint64_t fnv(const unsigned char *p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+/* DIFF_FULL=1: every statistic (peaks and allocated too) after every step; DIFF_SNAP=K: the
+ * snapshot's hash and the memory summary every K steps (DIFF_SUMMARY_TEXT=1 prints the
+ * summary whole) */
+static void observe(expseg_allocator *a, long i) {
+  if (getenv("DIFF_FULL")) expseg_stats_foreach(a, print_stat, (void *)1);
+  long k = getenv("DIFF_SNAP") ? atol(getenv("DIFF_SNAP")) : 0;
+  if (k > 0 && i % k == 0) {
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    expseg_status st = expseg_snapshot(a, &buf, &len);
+    /* with history, the events' wall-clock times differ from run to run: the length only
+     * (DIFF_SNAP_DIR and snapcmp.py compare such snapshots) */
+    const bool hashed = st == EXPSEG_OK && getenv("DIFF_HIST") == NULL;
+    printf("   snap %d %zu %016llx\n", (int)st, len, hashed ? (unsigned long long)fnv(buf, len) : 0ull);
+    if (getenv("DIFF_SNAP_DIR") && st == EXPSEG_OK) {
+      char path[512];
+      snprintf(path, sizeof path, "%s/snap-%ld.pickle", getenv("DIFF_SNAP_DIR"), i);
+      FILE *f = fopen(path, "wb");
+      if (f) { fwrite(buf, 1, len, f); fclose(f); }
+    }
+    expseg_snapshot_free(buf);
+    static char text[1 << 20];
+    size_t need = expseg_memory_summary(a, text, sizeof text, (i / k) % 2 == 0);
+    if (getenv("DIFF_SUMMARY_TEXT")) printf("%s\n", text);
+    else printf("   summary %zu %016llx\n", need, (unsigned long long)fnv((unsigned char *)text, strlen(text)));
+  }
 }
 
 typedef struct { void *p; size_t size; } live_t;
@@ -73,6 +108,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (rnd() % 3 == 0) printf("model_pytorch -> %d\n", (int)expseg_testing_set_model_pytorch(a, true));
+  if (getenv("DIFF_HIST")) /* history on: every request takes the slow path */
+    printf("history -> %d\n", (int)expseg_record_history_ex(a, true, (size_t)atol(getenv("DIFF_HIST")), 0));
   size_t sizes[16];
   int nsizes = 1 + (int)(rnd() % 16);
   for (int i = 0; i < nsizes; i++) sizes[i] = 1 + rnd() % ((rnd() % 2) ? (1 << 20) : (40u << 20));
@@ -135,6 +172,11 @@ int main(int argc, char **argv) {
       if (st2 == EXPSEG_OK && p != NULL) live[n++] = (live_t){p, size};
     }
     if (getenv("DIFF_ALL") && i >= atol(getenv("DIFF_ALL"))) expseg_stats_foreach(a, print_stat, NULL);
+    observe(a, i);
+    if (getenv("DIFF_RESET") && rnd() % 200 == 0) { /* peaks from here on */
+      expseg_reset_peak_stats(a);
+      printf("%ld reset\n", i);
+    }
     if (getenv("DIFF_STATS")) {
       int64_t df = 0, rb = 0, ma = 0;
       expseg_stat(a, "num_device_free", &df);

@@ -1,0 +1,50 @@
+#!/bin/bash
+# replay_diff.sh OLD_REPLAY NEW_REPLAY [TRACE_DIR]: every replay figure of two builds of
+# expseg-replay must be equal (ns_per_op aside: it is a time): the recorded PyTorch traces in
+# TRACE_DIR (default ../shared/traces/raw, skipped when absent) and the synthetic histories,
+# under both models and several settings, --json, plus --sweep on the synthetic ones.
+set -u
+old=$1 new=$2 dir=${3:-$(dirname "$0")/../../../shared/traces/raw}
+T=$(mktemp -d)
+fails=0
+files=()
+if [ -d "$dir" ]; then files=("$dir"/*.pickle); else echo "SKIP traces: $dir is absent"; fi
+confs=("" "expandable_segments:False" "expandable_segments:True,max_split_size_mb:64"
+       "expandable_segments:False,max_split_size_mb:128,roundup_power2_divisions:4"
+       "expandable_segments:False,garbage_collection_threshold:0.7,per_process_memory_fraction:0.6")
+run() { # NAME ARGS...: both builds, compared
+  local name=$1; shift
+  "$old" --json --quiet "$@" 2>/dev/null | sed 's/"ns_per_op":[0-9.e+-]*,//g' > "$T/o"; local ro=${PIPESTATUS[0]}
+  "$new" --json --quiet "$@" 2>/dev/null | sed 's/"ns_per_op":[0-9.e+-]*,//g' > "$T/n"; local rn=${PIPESTATUS[0]}
+  if ! cmp -s "$T/o" "$T/n" || [ "$ro" != "$rn" ] || [ ! -s "$T/n" ]; then
+    echo "DIFF $name rc=$ro/$rn"; diff "$T/o" "$T/n" | head -4; fails=$((fails + 1))
+  else echo "same $name rc=$rn"; fi
+}
+for model in expseg pytorch; do
+  for c in "${confs[@]}"; do
+    for f in "${files[@]}"; do run "$(basename "$f") $model [$c]" --model "$model" --conf "$c" "$f"; done
+    for s in train:1 train:2:2 infer:3 streams8:4 streams8:5:3; do
+      run "synth $s $model [$c]" --model "$model" --conf "$c" --synth "$s"
+    done
+  done
+  run "fit $model" --model "$model" --fit --synth train:7 --synth streams8:8
+  run "capacity $model" --model "$model" --capacity 3G --allow-oom --synth train:9:2 --synth streams8:9:2
+done
+run "sweep" --sweep --synth train:11 --synth streams8:12
+# the snapshot (at the peak and at the end: snapcmp.py, equal but for wall-clock times) and the
+# memory summary's text
+snaps=("${files[@]:0:2}")
+for h in "${snaps[@]}" synth; do
+  for at in peak end; do for model in expseg pytorch; do
+    src=("$h"); [ "$h" = synth ] && src=(--synth streams8:13)
+    "$old" --quiet --model $model --snapshot "$T/o.pickle" --snapshot-at $at --report "${src[@]}" 2>/dev/null | grep -v ns_per_op > "$T/or"
+    "$new" --quiet --model $model --snapshot "$T/n.pickle" --snapshot-at $at --report "${src[@]}" 2>/dev/null | grep -v ns_per_op > "$T/nr"
+    if [ -s "$T/n.pickle" ] && "$(dirname "$0")/snapcmp.py" "$T/o.pickle" "$T/n.pickle" > "$T/sd" && cmp -s "$T/or" "$T/nr"; then
+      echo "same snapshot+report $(basename "$h") $at $model"
+    else echo "DIFF snapshot+report $(basename "$h") $at $model"; cat "$T/sd"; diff "$T/or" "$T/nr" | head -4; fails=$((fails + 1)); fi
+    rm -f "$T/o.pickle" "$T/n.pickle"
+  done; done
+done
+rm -rf "$T"
+echo "fails=$fails"
+[ $fails = 0 ]
