@@ -3,10 +3,12 @@
 // structures, the EXPSEG_DEBUG=3 periodic check (in free, in destroy), threads on the hit
 // path while history, configuration and held streams change, and two older defects found by
 // the old/new differential run (tests/fidx_diff/run.sh): garbage collection's victims
-// depending on the host heap layout, and a refused release lost without host memory.
+// depending on the host heap layout, and a refused release lost without host memory; and
+// the in-place hit path (pools/block.h) short of host memory for its split.
 // Host allocation failure is injected by replacing malloc, calloc and realloc in this
 // executable (they fail only while armed); under a sanitizer (which owns malloc) the tests
-// that need it are skipped. Each test's comment names the defect it pins.
+// that need it are skipped. Each test's comment names the defect it pins (or, for a
+// regression guard, what it keeps).
 #include "adv_fidx_support.h"
 #include "alloc_support.h"
 
@@ -390,6 +392,80 @@ TEST(AdvFidx, ReleaseRefusedWithoutHostMemoryKeepsTheStatisticsTrue) {
     }
     ASSERT_EQ(expseg_empty_cache(A), EXPSEG_OK);
     ASSERT_EQ(expseg_check(A), EXPSEG_OK) << expseg_last_error();
+  }
+#endif
+}
+
+// Regression guard (the in-place hit path, pools/block.h): a hit on the pool's last insert
+// takes a new block struct for the front it hands out (a slab refill when the structs run
+// out, every EXPSEG_SLAB_BLOCKS), and the pointer map may have to grow right after that
+// split. Either failure must leave what the general path leaves: the whole rest handed out
+// (no struct for a split), or the request refused with the layout unchanged (the front
+// merged back into the last insert). One free segment; every other block of a first size
+// freed (holes: block structs without map entries, so that the map's growth and the slab's
+// refill fall on different requests), then requests of a larger size taken from the rest,
+// host memory gone from the 1010th live block on. Each success is the front of the rest (or
+// the whole rest); each refusal changes nothing (with host memory back the same request
+// gets the same address); frees need no host memory; at the end the segment is one free
+// block again. (Counts follow base/map.h's doubling and EXPSEG_SLAB_BLOCKS; the last two
+// expectations say when the scenario is no longer met.)
+TEST(AdvFidx, HitSplitShortOfHostMemoryChangesNothingElse) {
+#ifdef ADV_NO_INTERPOSE
+  GTEST_SKIP() << "malloc cannot be replaced under a sanitizer";
+#else
+  constexpr size_t MiB = 1024 * KiB, seg = 4096 * MiB;
+  for (const char *conf : {"", "expandable_segments:False"}) {
+    SCOPED_TRACE(conf);
+    int refused = 0, whole = 0;
+    AllocPtr a = make_alloc("sim:capacity=8G", conf);
+    expseg_allocator *A = a.get();
+    void *base = must_alloc(A, seg);
+    ASSERT_EQ(expseg_free(A, base), EXPSEG_OK);
+    std::vector<void *> live;
+    for (int i = 0; i < 1000; i++) live.push_back(must_alloc(A, 1 * MiB + 512));
+    for (size_t i = 0; i < live.size(); i += 2) ASSERT_EQ(expseg_free(A, live[i]), EXPSEG_OK);
+    for (size_t i = 0; i < live.size() / 2; i++) live[i] = live[2 * i + 1];
+    live.resize(live.size() / 2);
+    uintptr_t next = (uintptr_t)base + 1000 * (MiB + 512), end = (uintptr_t)base + seg;
+    const size_t size = 2 * MiB + 1024; // no hole fits: the front of the rest each time
+    for (int i = 0; live.size() < 2000 && next < end; i++) {
+      const int64_t before = stat_of(A, "allocated_bytes.all.current");
+      void *p = nullptr;
+      g_fail_host = live.size() >= 1010;
+      expseg_status st = expseg_malloc(A, size, 0, &p);
+      g_fail_host = false;
+      ASSERT_EQ(expseg_check(A), EXPSEG_OK) << "request " << i << ": " << expseg_last_error();
+      const int64_t got = stat_of(A, "allocated_bytes.all.current") - before;
+      if (st != EXPSEG_OK) { // refused: nothing changed, and with host memory it is served
+        ASSERT_EQ(st, EXPSEG_ERR_OUT_OF_MEMORY) << i;
+        ASSERT_EQ(got, 0) << "request " << i << " refused but changed the allocated bytes";
+        refused++;
+        ASSERT_EQ(expseg_malloc(A, size, 0, &p), EXPSEG_OK) << i << ": " << expseg_last_error();
+        ASSERT_EQ((uintptr_t)p, next) << "request " << i << " after a refusal";
+        ASSERT_EQ(stat_of(A, "allocated_bytes.all.current") - before, (int64_t)size);
+      } else {
+        ASSERT_EQ((uintptr_t)p, next) << "request " << i << ": the front of the rest";
+        if (got != (int64_t)size) { // no struct for the split: the whole rest, as before
+          ASSERT_EQ(got, (int64_t)(end - next)) << "request " << i;
+          whole++;
+        }
+      }
+      next += (size_t)(stat_of(A, "allocated_bytes.all.current") - before);
+      live.push_back(p);
+    }
+    for (size_t i = 0; i < live.size(); i++) { // frees merge in place or not: no host memory
+      const size_t j = (i * 7919) % live.size(); // a permutation (7919 is prime, > the count)
+      g_fail_host = true;
+      expseg_status st = expseg_free(A, live[j]);
+      g_fail_host = false;
+      ASSERT_EQ(st, EXPSEG_OK) << "free " << i << ": " << expseg_last_error();
+      ASSERT_EQ(expseg_check(A), EXPSEG_OK) << "free " << i << ": " << expseg_last_error();
+    }
+    EXPECT_EQ(stat_of(A, "inactive_split.all.current"), 0);
+    EXPECT_EQ(must_alloc(A, seg), base) << "one free block again";
+    ASSERT_EQ(expseg_check(A), EXPSEG_OK) << expseg_last_error();
+    EXPECT_GT(refused, 0) << "the pointer map never had to grow while host memory was gone";
+    EXPECT_GT(whole, 0) << "no split ever lacked a block struct";
   }
 #endif
 }
