@@ -1,7 +1,8 @@
 /* diff_prog.c: a random program through the public API that prints every address handed
  * out (and each status), so that two builds of the library can be compared line by line
  * (run.sh). Usage: diff_prog SEED CONFIG_INDEX STEPS [check]; DIFF_NOGC=1 never turns garbage
- * collection on at run time (configurations 6 and 9 have it from the start). */
+ * collection on at run time (configurations 6, 9 and 15 have it from the start); DIFF_SMALL=1
+ * asks mostly for the small pool. */
 #include "expseg.h"
 #include "expseg_testing.h"
 #include "rng.h"
@@ -25,6 +26,10 @@ static const char *configs[] = {
     "expandable_segments:False,roundup_power2_divisions:16,max_non_split_rounding_mb:512",
     "expandable_segments:True,page_size_mb:0,single_chunk_min_mb:20",
     "expandable_segments:False,per_process_memory_fraction:0.3",
+    "expandable_segments:True,page_size_mb:8,va_reserve_mb:256",
+    "expandable_segments:True,page_size_mb:6,garbage_collection_threshold:0.7,per_process_memory_fraction:0.6",
+    "expandable_segments:False,large_segment_size_mb:12,max_split_size_mb:15",
+    "expandable_segments:True,large_segment_size_mb:40,page_cache_max_mb:16",
 };
 static const char *runtime[] = {
     "max_split_size_mb:30", "max_split_size_mb:1000", "roundup_power2_divisions:8",
@@ -76,6 +81,8 @@ static void observe(expseg_allocator *a, long i) {
 typedef struct { void *p; size_t size; } live_t;
 
 static size_t pick_size(size_t *sizes, int nsizes) {
+  if (getenv("DIFF_SMALL") && rnd() % 4 != 0) /* the small pool's 2 MiB segments */
+    return rnd() % 2 ? sizes[rnd() % nsizes] % (1 << 20) + 1 : 1 + rnd() % (256 << 10);
   uint64_t r = rnd() % 100;
   if (r < 35) return sizes[rnd() % nsizes];              /* repeats */
   if (r < 60) return 1 + rnd() % (1 << 20);               /* small pool */
