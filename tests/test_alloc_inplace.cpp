@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
 namespace {
@@ -173,6 +174,66 @@ TEST(AllocInplace, RandomTrafficMatchesThePlacementModel) {
     for (uintptr_t p : live) ASSERT_EQ(expseg_free(A, (void *)p), EXPSEG_OK);
     EXPECT_EQ(must_alloc(A, bytes), base) << "one free block again";
     ASSERT_EQ(expseg_check(A), EXPSEG_OK) << expseg_last_error();
+  }
+}
+
+// A free that completes later (record_stream on a held stream: the block is pending until
+// its event completes, at the next malloc) merges like any free: with the last insert next
+// to it in place, with both neighbours when the other one is free too, and never with a
+// neighbour the hit path handed out meanwhile. Each case: the merged range is one free
+// block (a request of its size gets its start), the checker passes throughout.
+TEST(AllocInplace, PendingFreeCompletesIntoTheLastInsert) {
+  const expseg_stream S = 5;
+  for (const char *conf : kConfs) {
+    for (int variant = 0; variant < 3; variant++) { // 0: prev busy, 1: prev free, 2: hit between
+      SCOPED_TRACE(std::string(conf) + ", variant " + std::to_string(variant));
+      AllocPtr a = make_alloc("sim:capacity=8G", conf);
+      expseg_allocator *A = a.get();
+      void *base = one_free_segment(A, 64 * MiB);
+      void *p0 = must_alloc(A, 4 * MiB), *p1 = must_alloc(A, 4 * MiB);
+      ASSERT_EQ(u(p1), u(base) + 4 * MiB);
+      ASSERT_EQ(expseg_record_stream(A, p1, S), EXPSEG_OK);
+      ASSERT_EQ(expseg_testing_hold_stream(A, S, true), EXPSEG_OK);
+      ASSERT_EQ(expseg_free(A, p1), EXPSEG_OK);
+      EXPECT_EQ(stat_of(A, "expseg.pending_free_blocks.current"), 1);
+      // hits on the rest (the last insert) while p1 is pending: its front, given back
+      for (int i = 0; i < 3; i++) {
+        void *q = must_alloc(A, 2 * MiB);
+        ASSERT_EQ(u(q), u(base) + 8 * MiB) << "the pending block is not free yet";
+        ASSERT_EQ(expseg_free(A, q), EXPSEG_OK);
+        ASSERT_EQ(expseg_check(A), EXPSEG_OK) << expseg_last_error();
+      }
+      void *mid = nullptr;
+      if (variant == 1) {
+        ASSERT_EQ(expseg_free(A, p0), EXPSEG_OK);
+      }
+      if (variant == 2) { // the last insert's front busy: p1 has no free neighbour
+        mid = must_alloc(A, 3 * MiB);
+        ASSERT_EQ(u(mid), u(base) + 8 * MiB);
+      }
+      ASSERT_EQ(expseg_testing_hold_stream(A, S, false), EXPSEG_OK);
+      // the next malloc completes p1 first (slow path), then places this request
+      void *r = must_alloc(A, 4 * MiB);
+      EXPECT_EQ(stat_of(A, "expseg.pending_free_blocks.current"), 0);
+      ASSERT_EQ(expseg_check(A), EXPSEG_OK) << expseg_last_error();
+      const uintptr_t want = variant == 1 ? u(base) : u(base) + 4 * MiB;
+      EXPECT_EQ(u(r), want) << "the completed free's range merged and taken from its front";
+      ASSERT_EQ(expseg_free(A, r), EXPSEG_OK);
+      if (variant == 0) {
+        ASSERT_EQ(expseg_free(A, p0), EXPSEG_OK);
+      }
+      if (variant == 2) {
+        // p1's range alone (4 MiB between two busy blocks) serves an exact request
+        void *x = must_alloc(A, 4 * MiB);
+        EXPECT_EQ(u(x), u(base) + 4 * MiB) << "exact fit: the completed free's own range";
+        ASSERT_EQ(expseg_free(A, x), EXPSEG_OK);
+        ASSERT_EQ(expseg_free(A, mid), EXPSEG_OK);
+        ASSERT_EQ(expseg_free(A, p0), EXPSEG_OK);
+      }
+      ASSERT_EQ(expseg_check(A), EXPSEG_OK) << expseg_last_error();
+      EXPECT_EQ(stat_of(A, "inactive_split.all.current"), 0);
+      EXPECT_EQ(must_alloc(A, 64 * MiB), base) << "one free block again";
+    }
   }
 }
 

@@ -13,7 +13,8 @@
 # are switched by diff_prog.c's variables, passed through: DIFF_FULL=1 (every statistic after
 # every step), DIFF_SNAP=K (the snapshot's bytes and the memory summary every K steps),
 # DIFF_HIST=N (history on: the slow path), DIFF_RESET=1 (peaks reset at random),
-# DIFF_SMALL=1 (mostly small-pool requests).
+# DIFF_SMALL=1 (mostly small-pool requests). DIFF_CFLAGS: extra flags to build and link the
+# programs with (-fsanitize=address,undefined for a NEW_BUILD made with EXPSEG_SANITIZE=address).
 # Example (the in-place hit path against its parent, 2026-11-23):
 #   DIFF_FULL=1 DIFF_SNAP=25 DRIVERS="sim:capacity=8G sim:capacity=1G" \
 #     tests/fidx_diff/run.sh /work/ref/build-rel build 1 40 2000
@@ -21,7 +22,7 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 T=$(mktemp -d)
 for v in old:$1 new:$2; do
-  gcc -O1 -std=c11 -I"${v#*:}/../include" -I"$here" "$here/diff_prog.c" "${v#*:}/libexpseg.a" \
+  gcc -O1 -std=c11 ${DIFF_CFLAGS:-} -I"${v#*:}/../include" -I"$here" "$here/diff_prog.c" "${v#*:}/libexpseg.a" \
     -lpthread -ldl -lhwloc -lm -o "$T/${v%%:*}" || exit 2
 done
 fails=0
