@@ -2,7 +2,8 @@
  * out (and each status), so that two builds of the library can be compared line by line
  * (run.sh). Usage: diff_prog SEED CONFIG_INDEX STEPS [check]; DIFF_NOGC=1 never turns garbage
  * collection on at run time (configurations 6, 9 and 15 have it from the start); DIFF_SMALL=1
- * asks mostly for the small pool. */
+ * asks mostly for the small pool. With a fault driver (DIFF_DRIVER="fault;sim:..."), random
+ * driver failures are armed now and then. */
 #include "expseg.h"
 #include "expseg_testing.h"
 #include "rng.h"
@@ -177,6 +178,13 @@ int main(int argc, char **argv) {
       printf("%ld b %zu s%llu -> %d %d %llx\n", i, size, (unsigned long long)s, (int)st, (int)st2,
              (unsigned long long)(uintptr_t)p);
       if (st2 == EXPSEG_OK && p != NULL) live[n++] = (live_t){p, size};
+    }
+    if (strncmp(drv, "fault", 5) == 0 && rnd() % 100 == 0) { /* driver failures from now on */
+      static const char *rules[] = {"map@1", "create@1:oom", "event_record@1..3", "unmap@1",
+                                    "event_query@1..2", "stream_synchronize@1", "reserve@1:oom",
+                                    "event_synchronize@1", "set_access@1", "release@1", ""};
+      const char *rule = rules[rnd() % (sizeof rules / sizeof *rules)];
+      printf("%ld fault %s -> %d\n", i, rule, (int)expseg_testing_set_faults(a, rule));
     }
     if (getenv("DIFF_ALL") && i >= atol(getenv("DIFF_ALL"))) expseg_stats_foreach(a, print_stat, NULL);
     observe(a, i);

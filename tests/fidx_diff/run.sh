@@ -8,8 +8,9 @@
 # host addresses): they are reported as "GC-possible".
 # DIFF_NOGC=1 CONFS="0 1 2 3 4 5 7 8 10 11 12 13 14 16 17": no garbage collection, so every DIFF is a
 # defect (GC ties are broken by the idle list's order now, so a GC DIFF is one too).
-# DRIVERS="sim:capacity=8G sim:capacity=1G": each configuration on each driver (a small
-# capacity: out of memory, retries and releases near the limit). The programs' observations
+# DRIVERS="sim:capacity=8G sim:capacity=1G fault;sim:capacity=2G": each configuration on each driver (a small
+# capacity: out of memory, retries and releases near the limit; a fault driver: random driver
+# failures armed now and then). The programs' observations
 # are switched by diff_prog.c's variables, passed through: DIFF_FULL=1 (every statistic after
 # every step), DIFF_SNAP=K (the snapshot's bytes and the memory summary every K steps),
 # DIFF_HIST=N (history on: the slow path), DIFF_RESET=1 (peaks reset at random),
