@@ -45,6 +45,12 @@ for h in "${snaps[@]}" synth; do
     rm -f "$T/o.pickle" "$T/n.pickle"
   done; done
 done
+# the new build's invariants after every event (--check), both models, both segment kinds
+for model in expseg pytorch; do for c in "" "expandable_segments:False"; do
+  if "$new" --quiet --check --model $model --conf "$c" "${files[@]}" --synth streams8:3 --synth train:4 > /dev/null 2> "$T/ce"; then
+    echo "same check $model [$c]"
+  else echo "CHECK $model [$c]: $(tail -c 300 "$T/ce")"; fails=$((fails + 1)); fi
+done; done
 rm -rf "$T"
 echo "fails=$fails"
 [ $fails = 0 ]
