@@ -1,14 +1,14 @@
 #!/bin/bash
 # replay_diff.sh OLD_REPLAY NEW_REPLAY [TRACE_DIR]: every replay figure of two builds of
 # expseg-replay must be equal (ns_per_op aside: it is a time): the recorded PyTorch traces in
-# TRACE_DIR (default ../shared/traces/raw, skipped when absent) and the synthetic histories,
+# TRACE_DIR (default ../shared/traces/raw, and its ../memtrace; skipped when absent) and the synthetic histories,
 # under both models and several settings, --json, plus --sweep on the synthetic ones.
 set -u
 old=$1 new=$2 dir=${3:-$(dirname "$0")/../../../shared/traces/raw}
 T=$(mktemp -d)
 fails=0
 files=()
-if [ -d "$dir" ]; then files=("$dir"/*.pickle); else echo "SKIP traces: $dir is absent"; fi
+if [ -d "$dir" ]; then files=("$dir"/*.pickle "$dir"/../memtrace/*.memtrace); else echo "SKIP traces: $dir is absent"; fi
 confs=("" "expandable_segments:False" "expandable_segments:True,max_split_size_mb:64"
        "expandable_segments:False,max_split_size_mb:128,roundup_power2_divisions:4"
        "expandable_segments:False,garbage_collection_threshold:0.7,per_process_memory_fraction:0.6")
