@@ -4,7 +4,8 @@
 // gives (remove, split or merge, insert): the same address for every request and a state
 // expseg_check accepts. Pinned by hand on small layouts, and against a model of PyTorch's
 // placement (best fit: the smallest free block that fits, then the lowest address; the
-// front is handed out; free neighbours merge) on random traffic inside one segment.
+// front is handed out; free neighbours merge) on random traffic inside one segment, and in
+// the small pool on two streams at once; a free completing later (record_stream) merges too.
 // Randomized parts seeded (fixed default, printed; EXPSEG_TEST_SEED).
 #include "alloc_support.h"
 
@@ -234,6 +235,76 @@ TEST(AllocInplace, PendingFreeCompletesIntoTheLastInsert) {
       EXPECT_EQ(stat_of(A, "inactive_split.all.current"), 0);
       EXPECT_EQ(must_alloc(A, 64 * MiB), base) << "one free block again";
     }
+  }
+}
+
+// The same in the small pool (blocks split down to 512 B, in 2 MiB segments) and on two
+// streams at once: each stream has its own segment, and the pool's last insert is the
+// block freed or split last on EITHER stream, so a hit must never take it for the other
+// stream, and a free merges in place only with its own segment's neighbour. Every address
+// is the stream's model's; the checker passes after every step.
+TEST(AllocInplace, SmallPoolOnTwoStreamsMatchesThePlacementModel) {
+  EXPSEG_SEEDED(seed, 20261124);
+  for (const char *conf : kConfs) {
+    SCOPED_TRACE(conf);
+    TestRng rng(seed);
+    AllocPtr a = make_alloc("sim:capacity=8G", conf);
+    expseg_allocator *A = a.get();
+    const expseg_stream streams[2] = {0, 9};
+    PlacementModel m[2];
+    std::vector<std::pair<int, uintptr_t>> live; // (stream index, address)
+    // both segments made while the other is busy (an idle one would give its pages to the
+    // other stream's growth: pools/pages.c), then freed: classic ones of 2 MiB; expandable,
+    // the first at least 4 MiB (_expseg_grow_for) and the second, in a pool now shared, 2 MiB
+    const bool expandable = conf[0] == '\0';
+    const size_t seg_bytes[2] = {(expandable ? 4 : 2) * MiB, 2 * MiB};
+    void *first[2] = {nullptr, nullptr};
+    for (int k = 0; k < 2; k++)
+      ASSERT_EQ(expseg_malloc(A, 1 * MiB, streams[k], &first[k]), EXPSEG_OK) << expseg_last_error();
+    for (int k = 0; k < 2; k++) {
+      ASSERT_EQ(expseg_free(A, first[k]), EXPSEG_OK);
+      m[k] = PlacementModel{{{u(first[k]), seg_bytes[k]}}, {}, false}; // small: down to 512 B
+    }
+    const int64_t reserved = (int64_t)(seg_bytes[0] + seg_bytes[1]);
+    ASSERT_EQ(stat_of(A, "reserved_bytes.small_pool.current"), reserved)
+        << "one small segment per stream, all free";
+    ASSERT_EQ(stat_of(A, "expseg.largest_free_block"), (int64_t)seg_bytes[0]);
+    int hits = 0;
+    for (int step = 0; step < 6000; step++) {
+      const int k = (int)rng.below(2);
+      if (live.empty() || rng.chance(0.55)) {
+        size_t size = rng.chance(0.6) ? (size_t)(1 + rng.below(4)) * 24 * KiB + 1
+                                      : 1 + (size_t)rng.below(300 * KiB);
+        const size_t rounded = (size + 511) / 512 * 512;
+        const uintptr_t want = m[k].malloc(rounded);
+        if (want == 0) continue; // it would grow: not this test's subject
+        void *p = nullptr;
+        ASSERT_EQ(expseg_malloc(A, size, streams[k], &p), EXPSEG_OK) << expseg_last_error();
+        ASSERT_EQ(u(p), want) << "step " << step << ", stream " << streams[k] << ", request " << size
+                              << ", reserved " << stat_of(A, "reserved_bytes.small_pool.current");
+        live.push_back({k, want});
+        hits++;
+      } else {
+        const size_t j = (size_t)rng.below(live.size());
+        ASSERT_EQ(expseg_free(A, (void *)live[j].second), EXPSEG_OK) << "step " << step;
+        m[live[j].first].free(live[j].second);
+        live[j] = live.back();
+        live.pop_back();
+      }
+      ASSERT_EQ(expseg_check(A), EXPSEG_OK) << "step " << step << ": " << expseg_last_error();
+    }
+    EXPECT_GT(hits, 1500);
+    EXPECT_EQ(stat_of(A, "reserved_bytes.small_pool.current"), reserved) << "no growth";
+    for (auto &l : live) ASSERT_EQ(expseg_free(A, (void *)l.second), EXPSEG_OK);
+    EXPECT_EQ(stat_of(A, "expseg.largest_free_block"), (int64_t)seg_bytes[0]) << "merged whole";
+    EXPECT_EQ(stat_of(A, "inactive_split.all.current"), 0);
+    for (int k = 0; k < 2; k++) {
+      void *p = nullptr;
+      ASSERT_EQ(expseg_malloc(A, 1 * MiB, streams[k], &p), EXPSEG_OK) << expseg_last_error();
+      EXPECT_EQ(u(p), u(first[k])) << "the segment's front is free again";
+      ASSERT_EQ(expseg_free(A, p), EXPSEG_OK);
+    }
+    ASSERT_EQ(expseg_check(A), EXPSEG_OK) << expseg_last_error();
   }
 }
 
