@@ -45,6 +45,17 @@ for h in "${snaps[@]}" synth; do
     rm -f "$T/o.pickle" "$T/n.pickle"
   done; done
 done
+# the timeline samples (every 50 events) of the first trace and a synthetic one
+for src in "${files[0]:-}" "--synth=streams8:14"; do
+  [ -z "$src" ] && continue
+  arg=("$src"); [ "${src#--synth=}" != "$src" ] && arg=(--synth "${src#--synth=}")
+  for model in expseg pytorch; do
+    "$old" --quiet --model $model --timeline "$T/ot.csv" --timeline-every 50 "${arg[@]}" > /dev/null 2>&1
+    "$new" --quiet --model $model --timeline "$T/nt.csv" --timeline-every 50 "${arg[@]}" > /dev/null 2>&1
+    if [ -s "$T/nt.csv" ] && cmp -s "$T/ot.csv" "$T/nt.csv"; then echo "same timeline ${src##*/} $model"
+    else echo "DIFF timeline ${src##*/} $model"; diff "$T/ot.csv" "$T/nt.csv" | head -4; fails=$((fails + 1)); fi
+  done
+done
 # the new build's invariants after every event (--check), both models, both segment kinds
 for model in expseg pytorch; do for c in "" "expandable_segments:False"; do
   if "$new" --quiet --check --model $model --conf "$c" "${files[@]}" --synth streams8:3 --synth train:4 > /dev/null 2> "$T/ce"; then
