@@ -5,15 +5,18 @@
 // expseg_check accepts. Pinned by hand on small layouts, and against a model of PyTorch's
 // placement (best fit: the smallest free block that fits, then the lowest address; the
 // front is handed out; free neighbours merge) on random traffic inside one segment, and in
-// the small pool on two streams at once; a free completing later (record_stream) merges too.
+// the small pool on two streams at once; a free completing later (record_stream) merges too;
+// the in-place merge renews the idle time garbage collection orders by.
 // Randomized parts seeded (fixed default, printed; EXPSEG_TEST_SEED).
 #include "alloc_support.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -306,6 +309,41 @@ TEST(AllocInplace, SmallPoolOnTwoStreamsMatchesThePlacementModel) {
     }
     ASSERT_EQ(expseg_check(A), EXPSEG_OK) << expseg_last_error();
   }
+}
+
+// The idle time of the last insert is renewed when it takes a freed block in place, as a
+// fresh insert's would be: garbage collection gives back the oldest free memory first, so
+// a stale time makes it give back the wrong segment. Classic segments, whole and free:
+// A (large pool, stream 1) freed in place at t3, S (small pool: its own last insert)
+// freed at t2 < t3; misses between them move the clock. Over the threshold by less than
+// S's 2 MiB, garbage collection must give back S, the older, and keep A.
+TEST(AllocInplace, InPlaceFreeRenewsTheIdleTimeForGarbageCollection) {
+  // 1 GiB x 1/16 = 64 MiB allowed; collection above 0.515 x 64 MiB = 32.96 MiB held
+  AllocPtr a = make_alloc("sim:capacity=1G", "expandable_segments:False,"
+                                             "per_process_memory_fraction:0.0625,"
+                                             "garbage_collection_threshold:0.515");
+  expseg_allocator *A = a.get();
+  auto tick = []() { std::this_thread::sleep_for(std::chrono::milliseconds(2)); };
+  void *pa = nullptr, *ps = nullptr, *pz = nullptr, *pn = nullptr;
+  ASSERT_EQ(expseg_malloc(A, 4 * MiB, 1, &pa), EXPSEG_OK); // miss t1: A, 20 MiB, its rest last
+  tick();
+  ASSERT_EQ(expseg_malloc(A, 1 * KiB, 0, &ps), EXPSEG_OK); // miss t2: S, 2 MiB (small pool)
+  ASSERT_EQ(expseg_free(A, ps), EXPSEG_OK);                // S whole free at t2
+  tick();
+  ASSERT_EQ(expseg_malloc(A, 12 * MiB, 0, &pz), EXPSEG_OK); // miss t3: exact, nothing inserted
+  ASSERT_EQ(expseg_free(A, pa), EXPSEG_OK); // A's rest (the last insert) takes it: A free at t3
+  ASSERT_EQ(expseg_check(A), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(stat_of(A, "reserved_bytes.large_pool.current"), (int64_t)(32 * MiB));
+  ASSERT_EQ(stat_of(A, "reserved_bytes.small_pool.current"), (int64_t)(2 * MiB));
+  tick();
+  // a miss (no free block on stream 0 fits): 34 MiB held, collection gives back one segment
+  ASSERT_EQ(expseg_malloc(A, 24 * MiB, 0, &pn), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(stat_of(A, "reserved_bytes.small_pool.current"), 0)
+      << "garbage collection kept S, freed before A: A's idle time was not renewed";
+  EXPECT_EQ(stat_of(A, "reserved_bytes.large_pool.current"), (int64_t)(56 * MiB))
+      << "A (20 MiB, the newest free memory) given back";
+  ASSERT_EQ(expseg_check(A), EXPSEG_OK) << expseg_last_error();
+  for (void *p : {pz, pn}) ASSERT_EQ(expseg_free(A, p), EXPSEG_OK);
 }
 
 } // namespace
