@@ -5,7 +5,8 @@
 // expseg_check accepts. Pinned by hand on small layouts, and against a model of PyTorch's
 // placement (best fit: the smallest free block that fits, then the lowest address; the
 // front is handed out; free neighbours merge) on random traffic inside one segment, and in
-// the small pool on two streams at once; a free completing later (record_stream) merges too;
+// the small pool on two streams at once; a free completing later (record_stream, an IPC
+// export's deferred free) merges too;
 // the in-place merge renews the idle time garbage collection orders by.
 // Randomized parts seeded (fixed default, printed; EXPSEG_TEST_SEED).
 #include "alloc_support.h"
@@ -344,6 +345,53 @@ TEST(AllocInplace, InPlaceFreeRenewsTheIdleTimeForGarbageCollection) {
       << "A (20 MiB, the newest free memory) given back";
   ASSERT_EQ(expseg_check(A), EXPSEG_OK) << expseg_last_error();
   for (void *p : {pz, pn}) ASSERT_EQ(expseg_free(A, p), EXPSEG_OK);
+}
+
+// A free deferred by an IPC export (the memory stays put while another allocator imports
+// it) completes when the importer has closed it and the exporter polls: it then merges
+// like any free, in place with the last insert next to it (variant 0), or with both
+// neighbours (variant 1: the block before it freed meanwhile). The host driver (real
+// memory, which IPC needs); the merged range's front serves the next request.
+TEST(AllocInplace, FreeDeferredByAnExportCompletesIntoTheLastInsert) {
+  for (const char *conf : kConfs) {
+    for (int variant = 0; variant < 2; variant++) {
+      SCOPED_TRACE(std::string(conf) + ", variant " + std::to_string(variant));
+      AllocPtr a = make_alloc("host:capacity=256M", conf), b = make_alloc("host:capacity=256M", conf);
+      expseg_allocator *A = a.get();
+      void *base = one_free_segment(A, 32 * MiB);
+      void *p0 = must_alloc(A, 4 * MiB), *p1 = must_alloc(A, 4 * MiB);
+      ASSERT_EQ(u(p1), u(base) + 4 * MiB);
+      expseg_ipc_handle h = {};
+      ASSERT_EQ(expseg_ipc_export(A, p1, &h), EXPSEG_OK) << expseg_last_error();
+      void *q = nullptr;
+      ASSERT_EQ(expseg_ipc_import(b.get(), &h, &q), EXPSEG_OK) << expseg_last_error();
+      ASSERT_EQ(expseg_free(A, p1), EXPSEG_OK); // deferred: imported
+      for (int i = 0; i < 3; i++) { // hits on the last insert meanwhile
+        void *x = must_alloc(A, 2 * MiB);
+        ASSERT_EQ(u(x), u(base) + 8 * MiB) << "the exported block is not free yet";
+        ASSERT_EQ(expseg_free(A, x), EXPSEG_OK);
+      }
+      if (variant == 1) {
+        ASSERT_EQ(expseg_free(A, p0), EXPSEG_OK);
+      }
+      ASSERT_EQ(expseg_check(A), EXPSEG_OK) << expseg_last_error();
+      ASSERT_EQ(expseg_ipc_close(b.get(), q), EXPSEG_OK);
+      expseg_ipc_handle_free(&h);
+      size_t held = 1;
+      ASSERT_EQ(expseg_ipc_poll(A, &held), EXPSEG_OK) << expseg_last_error();
+      EXPECT_EQ(held, 0u);
+      ASSERT_EQ(expseg_check(A), EXPSEG_OK) << expseg_last_error();
+      void *r = must_alloc(A, 4 * MiB);
+      EXPECT_EQ(u(r), variant == 1 ? u(base) : u(base) + 4 * MiB)
+          << "the completed free's range merged and taken from its front";
+      ASSERT_EQ(expseg_free(A, r), EXPSEG_OK);
+      if (variant == 0) {
+        ASSERT_EQ(expseg_free(A, p0), EXPSEG_OK);
+      }
+      ASSERT_EQ(expseg_check(A), EXPSEG_OK) << expseg_last_error();
+      EXPECT_EQ(must_alloc(A, 32 * MiB), base) << "one free block again";
+    }
+  }
 }
 
 } // namespace
