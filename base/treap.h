@@ -2,7 +2,8 @@
  * every layer can use it (vmm/ledger.c: mappings by address; meant for pools/' block
  * indexes too). A treap is a binary search tree kept balanced in expectation by random
  * priorities (a heap on them): O(log n) expected per operation, nodes owned by the caller
- * (no allocation here), priorities drawn by the caller (no state here).
+ * (no allocation here), priorities drawn by the caller (no state here) with
+ * _expseg_treap_prio from a generator state the caller keeps.
  *
  * A node type embeds EXPSEG_TREAP_LINK(type) under some member name; then
  *   EXPSEG_TREAP_DEFINE(prefix, type, member, key_type, KEY, LESS)
@@ -13,6 +14,8 @@
 #ifndef EXPSEG_BASE_TREAP_H
 #define EXPSEG_BASE_TREAP_H
 
+#include "rand.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,6 +25,11 @@
     type *l, *r;                \
     uint32_t prio;              \
   }
+
+/* A node's priority, drawn from the caller's generator state (base/rand.h). */
+static inline uint32_t _expseg_treap_prio(uint64_t *state) {
+  return (uint32_t)(_expseg_splitmix64(state) >> 32);
+}
 
 #if defined(__GNUC__)
 #define EXPSEG_TREAP_UNUSED __attribute__((unused))

@@ -11,15 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint32_t next_prio(expseg_allocator *a) {
-  uint32_t x = a->rng;
-  x ^= x << 13;
-  x ^= x >> 17;
-  x ^= x << 5;
-  a->rng = x;
-  return x;
-}
-
 bool _expseg_block_refill(expseg_allocator *a) {
   /* the free index's nodes first: never fewer than block structs (fidx.c) */
   if (!_expseg_fidx_reserve(&a->free_idx, (a->n_slabs + 1) * EXPSEG_SLAB_BLOCKS)) return false;
@@ -56,15 +47,13 @@ void _expseg_blocks_destroy(expseg_allocator *a) {
   a->block_free = NULL;
 }
 
-bool _expseg_block_is_split(const block_t *b) { return b->prev != NULL || b->next != NULL; }
-
 void _expseg_single_insert(expseg_allocator *a, block_t *b) {
-  _expseg_tree_insert(&a->free_idx.single[b->seg->pool], b, next_prio(a));
+  _expseg_tree_insert(&a->free_idx.single[b->seg->pool], b, _expseg_treap_prio(&a->rng));
 }
 
 void _expseg_unmapped_insert(expseg_allocator *a, block_t *b) {
   expseg_assert(!b->mapped && !b->indexed);
-  _expseg_tree_insert(&a->unmapped_idx[b->seg->pool], b, next_prio(a));
+  _expseg_tree_insert(&a->unmapped_idx[b->seg->pool], b, _expseg_treap_prio(&a->rng));
   b->indexed = true;
 }
 

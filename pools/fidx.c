@@ -140,12 +140,8 @@ static szn_t *node_make(fidx_t *f, int pool, expseg_stream s, size_t size) {
   }
   szn_t *n = f->spare;
   f->spare = n->enext;
-  uint32_t x = f->rng;
-  x ^= x << 13;
-  x ^= x >> 17;
-  x ^= x << 5;
-  f->rng = x;
-  *n = (szn_t){.size = size, .stream = s, .t.prio = x, .pool = (uint8_t)pool};
+  *n = (szn_t){.size = size, .stream = s, .t.prio = _expseg_treap_prio(&f->rng),
+               .pool = (uint8_t)pool};
   sztree_insert(&f->root[pool], n);
   f->nodes[pool]++;
   slot_put(f, n);

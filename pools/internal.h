@@ -114,8 +114,8 @@ struct segment_s {
   expseg_stream stream;
   segment_t *next_all, *prev_all;
   block_t *first;
-  size_t page;           /* expandable: its page (one physical chunk each; model.c:
-                          * _expseg_pool_page); classic: 0 */
+  size_t page;           /* expandable: its page size (model.c: _expseg_pool_page);
+                          * classic: 0 */
   size_t mapped_bytes;   /* expandable: mapped pages x page; classic: va_size */
   expseg_vmm_handle handle; /* classic: the chunk */
   page_t *pages;         /* expandable: pages [0, pages_cap) known; beyond = unmapped */
@@ -206,7 +206,7 @@ typedef struct fidx_s {
   size_t n_nodes;             /* nodes made (never fewer than block structs: fidx.c) */
   szn_t **slabs;
   size_t n_slabs, cap_slabs;
-  uint32_t rng;
+  uint64_t rng;               /* treap priorities (base/treap.h) */
   tree_t single[POOL_COUNT];  /* free blocks of single-chunk segments, (stream, size, ptr) */
 } fidx_t;
 
@@ -247,7 +247,7 @@ struct expseg_allocator {
   uint64_t now_ns;            /* the driver's clock (now_ns) as read on the last miss: free
                                * memory is stamped with it, garbage collection ages by it */
   uint64_t robbed[POOL_COUNT]; /* tick when the other pool last took this pool's pages */
-  uint32_t rng;               /* treap priorities */
+  uint64_t rng;               /* treap priorities (base/treap.h) */
   bool model_pytorch;         /* behave as PyTorch's allocator where it differs (model.c) */
 
   stream_queue_t *queues;     /* per used stream: events outstanding */
@@ -318,7 +318,6 @@ block_t *_expseg_block_split(expseg_allocator *a, block_t *b, size_t offset);
 /* b (free mapped or unmapped, not indexed) absorbs its neighbours of the same kind;
  * returns the merged block (not indexed). */
 block_t *_expseg_block_coalesce(expseg_allocator *a, block_t *b);
-bool _expseg_block_is_split(const block_t *b);
 
 /* ---- segment.c: classic and expandable segments, the page cache ---- */
 /* Gets a free mapped block (removed from the free sets) of at least rounded bytes on

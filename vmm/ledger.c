@@ -11,7 +11,6 @@
  *   map checks the one predecessor for overlap; unmap splits out [addr, addr+size), checks
  *   that it is exactly whole, contiguous mappings, and drops or re-merges it.
  * Not thread-safe: the backend holds its lock around each call. */
-#include "rand.h"
 #include "treap.h"
 #include "vmm_impl.h"
 
@@ -255,7 +254,6 @@ void _expseg_ledger_foreach_resv(expseg_ledger_t *l,
 
 /* ---- mappings: the treap keyed by address ---- */
 
-static uint32_t next_prio(expseg_ledger_t *l) { return (uint32_t)(_expseg_splitmix64(&l->rng) >> 32); }
 
 expseg_status _expseg_ledger_map(expseg_ledger_t *l, uintptr_t addr, size_t size,
                                  expseg_vmm_handle h, size_t offset) {
@@ -285,7 +283,7 @@ expseg_status _expseg_ledger_map(expseg_ledger_t *l, uintptr_t addr, size_t size
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
                              "%s driver: map: out of host memory for the mapping table", l->name);
   }
-  *n = (node_t){.addr = addr, .size = size, .h = h, .link = {NULL, NULL, next_prio(l)}};
+  *n = (node_t){.addr = addr, .size = size, .h = h, .link = {NULL, NULL, _expseg_treap_prio(&l->rng)}};
   maps_insert(&l->root, n);
   c->maps++;
   r->nmapped++;
