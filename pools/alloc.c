@@ -148,7 +148,7 @@ EXPSEG_HOT expseg_status take_block(expseg_allocator *a, block_t *b, size_t roun
     if (rest != NULL) _expseg_free_insert(a, rest);
   }
   if (!_expseg_ptrmap_put(&a->live, b->ptr, b)) {
-    _expseg_free_insert(a, _expseg_block_coalesce(a, b));
+    _expseg_block_release(a, b);
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_malloc: out of host memory");
   }
   b->state = BLOCK_ALLOCATED;

@@ -111,7 +111,7 @@ size_t _expseg_unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintpt
     done += k;
   }
   if (done == 0) { /* nothing unmapped: put the block back whole */
-    _expseg_free_insert(a, _expseg_block_coalesce(a, mid));
+    _expseg_block_release(a, mid);
     return 0;
   }
   block_t *rest = done < n ? _expseg_block_split(a, mid, done * pg) : NULL;
@@ -122,7 +122,7 @@ size_t _expseg_unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintpt
   a->stats.num_device_free++;
   EXPSEG_HIST(a, HIST_SEGMENT_UNMAP, lo, bytes, s->stream);
   if (rest != NULL) { /* still mapped after a failed unmap: joins the free tail */
-    _expseg_free_insert(a, _expseg_block_coalesce(a, rest));
+    _expseg_block_release(a, rest);
     tail = NULL;
   }
   if (head) _expseg_free_insert(a, head);
