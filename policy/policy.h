@@ -182,6 +182,15 @@ size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small);
  * for fewer calls. */
 #define EXPSEG_CHUNK_MAX ((size_t)1 << 26)
 size_t _expseg_chunk_pages(bool pytorch, bool shared, size_t left, size_t page);
+/* The largest idle chunk (in pages) a growth that still lacks `need` pages, in a place of
+ * `room` pages, may move from another stream or pool: EXPSEG_STEAL_SPAN times what it
+ * lacks. A chunk moves only whole, so a larger one strands the rest where it lands (a few
+ * KiB of the small pool could take a 64 MiB chunk), while the stream or pool that freed it
+ * may want it back and would create it anew; a bound relative to the need keeps moves that
+ * spare a create (docs/benchmarks.md, "Idle chunks moved"). When the request is failing for
+ * want of memory (blocking: the out-of-memory retry), any chunk the place holds. */
+#define EXPSEG_STEAL_SPAN 4
+size_t _expseg_steal_max_pages(size_t need, size_t room, bool blocking);
 /* May a pool take idle pages from the other pool, which last took this pool's pages at
  * tick `robbed` (0 = never; ticks count frees)? Not within EXPSEG_NO_TAKE_BACK ticks: two
  * pools taking turns would otherwise trade the same pages back and forth, a map and an

@@ -32,6 +32,11 @@ size_t _expseg_chunk_pages(bool pytorch, bool shared, size_t left, size_t page) 
   return left < most ? left : most;
 }
 
+size_t _expseg_steal_max_pages(size_t need, size_t room, bool blocking) {
+  if (blocking || need > room / EXPSEG_STEAL_SPAN) return room;
+  return need * EXPSEG_STEAL_SPAN;
+}
+
 size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small) {
   size_t grow = _expseg_grow_bytes(need, segment_mapped);
   return small && grow < EXPSEG_SMALL_GROW_MIN ? EXPSEG_SMALL_GROW_MIN : grow;

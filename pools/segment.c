@@ -266,8 +266,9 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     const size_t pg = pl.u->seg->page, room = pl.u->size / pg;
     size_t have = _expseg_cache_cover(a, pg, pl.pages, room);
     if (have < pl.pages && !a->model_pytorch) { /* PyTorch moves no page */
-      _expseg_steal_pages(a, pool, pg, pl.pages - have, room, pl.prefix, pl.suffix, blocking,
-                          !shared);
+      const size_t need = pl.pages - have;
+      _expseg_steal_pages(a, pool, pg, need, _expseg_steal_max_pages(need, room, blocking),
+                          pl.prefix, pl.suffix, blocking, !shared);
       have = _expseg_cache_cover(a, pg, pl.pages, room);
     }
     if (have >= pl.pages && _expseg_zombie_mapped_in(a, pl.u->ptr, have * pg)) {

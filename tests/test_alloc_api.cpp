@@ -291,6 +291,27 @@ TEST(AllocApi, PhysicalPagesAreReusedAcrossStreams) {
   expect_consistent(A, "page reuse");
 }
 
+// A chunk moves only whole, so a small growth does not take a large idle chunk (policy:
+// _expseg_steal_max_pages): 60 MiB freed on stream 0 (one chunk) stays there when stream 1
+// asks for 3 MiB or the small pool for 1 KiB (they create their own few pages), and the 60
+// MiB asked again on stream 0 is a hit. Moving the chunk would have held 124 MiB.
+TEST(AllocApi, SmallGrowthDoesNotMoveALargeIdleChunk) {
+  AllocPtr a = make_alloc("sim:capacity=8G", "");
+  expseg_allocator *A = a.get();
+  void *p = nullptr, *q = nullptr, *s = nullptr;
+  ASSERT_EQ(expseg_malloc(A, 60 * MiB, 0, &p), EXPSEG_OK);
+  ASSERT_EQ(stat_of(A, "expseg.driver.create"), 1) << "one chunk";
+  ASSERT_EQ(expseg_free(A, p), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(A, 3 * MiB, 1, &q), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(A, 1024, 0, &s), EXPSEG_OK);
+  EXPECT_EQ(stat_of(A, "expseg.pages_moved"), 0);
+  ASSERT_EQ(expseg_malloc(A, 60 * MiB, 0, &p), EXPSEG_OK);
+  EXPECT_EQ(stat_of(A, "reserved_bytes.large_pool.current"), (int64_t)(64 * MiB));
+  EXPECT_EQ(stat_of(A, "reserved_bytes.small_pool.current"), (int64_t)(4 * MiB));
+  for (void *x : {p, q, s}) ASSERT_EQ(expseg_free(A, x), EXPSEG_OK);
+  expect_consistent(A, "small growth");
+}
+
 // A held stream's pages do not move: the request creates new memory instead.
 TEST(AllocApi, PagesOfBusyStreamDoNotMove) {
   AllocPtr a = make_alloc("sim:capacity=8G", "");

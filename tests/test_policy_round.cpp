@@ -246,6 +246,16 @@ TEST(PolicyRound, ChunksAreSizedFromTheGrowth) {
       << "a page above CHUNK_MAX is still one page";
 }
 
+TEST(PolicyRound, MovedChunksAreBoundedByTheNeed) {
+  EXPECT_EQ(_expseg_steal_max_pages(2, 1000, false), 2u * EXPSEG_STEAL_SPAN)
+      << "a small growth moves no large chunk";
+  EXPECT_EQ(_expseg_steal_max_pages(2, 1000, true), 1000u)
+      << "the out-of-memory retry takes any chunk the place holds";
+  EXPECT_EQ(_expseg_steal_max_pages(300, 1000, false), 1000u) << "never above the place";
+  EXPECT_EQ(_expseg_steal_max_pages(5, 5, false), 5u);
+  EXPECT_EQ(_expseg_steal_max_pages(SIZE_MAX / 2, SIZE_MAX, false), SIZE_MAX) << "no overflow";
+}
+
 TEST(PolicyRound, NoImmediateTakeBackBetweenPools) {
   EXPECT_TRUE(_expseg_may_take_back(0, 5)) << "never robbed";
   EXPECT_FALSE(_expseg_may_take_back(100, 100 + EXPSEG_NO_TAKE_BACK - 1));
