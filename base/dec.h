@@ -42,6 +42,27 @@ static inline bool _expseg_dec_str(const char *s, uint64_t *v) {
   return s != NULL && _expseg_dec_all(s, strlen(s), v);
 }
 
+/* The whole of s[0, n) is a size: an unsigned decimal with an optional binary unit K, M, G
+ * or T (either case; 2^10 .. 2^40), not over 64 bits: its bytes in *v. The one size reader
+ * of driver specs (vmm.c) and the tools' options (bench/tool_args.c). */
+static inline bool _expseg_dec_size(const char *s, size_t n, uint64_t *v) {
+  const char *q = s;
+  uint64_t x = 0;
+  if (!_expseg_dec_u64(&q, s + n, &x)) return false;
+  const size_t i = (size_t)(q - s);
+  if (i == n) return *v = x, true;
+  if (i + 1 != n) return false;
+  const char u = s[i];
+  const unsigned shift = u == 'K' || u == 'k'   ? 10
+                         : u == 'M' || u == 'm' ? 20
+                         : u == 'G' || u == 'g' ? 30
+                         : u == 'T' || u == 't' ? 40
+                                                : 0;
+  if (shift == 0 || x > (UINT64_MAX >> shift)) return false;
+  *v = x << shift;
+  return true;
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,19 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A decimal in [min, max], with K/M/G allowed when `units`; the whole of s[0, len). */
+/* A decimal in [min, max], with a binary unit (K, M, G or T) allowed when `units`
+ * (base/dec.h: _expseg_dec_size); the whole of s[0, len). */
 static bool read_u64(const char *s, size_t len, bool units, uint64_t min, uint64_t max,
                      uint64_t *out) {
-  const char *q = s;
   uint64_t v = 0;
-  if (!_expseg_dec_u64(&q, s + len, &v)) return false;
-  if (units && q + 1 == s + len) {
-    const unsigned shift = *q == 'K' ? 10 : *q == 'M' ? 20 : *q == 'G' ? 30 : 0;
-    if (shift == 0 || v > (UINT64_MAX >> shift)) return false;
-    v <<= shift;
-    q++;
-  }
-  if (q != s + len || v < min || v > max) return false;
+  if (!(units ? _expseg_dec_size(s, len, &v) : _expseg_dec_all(s, len, &v))) return false;
+  if (v < min || v > max) return false;
   *out = v;
   return true;
 }
@@ -31,7 +25,7 @@ static void accepted(const _expseg_arg_t *a, char *buf, size_t len) {
   case ARG_U64:
   case ARG_SIZE:
     snprintf(buf, len, "an integer from %" PRIu64 " to %" PRIu64 "%s", a->min, a->max,
-             a->kind == ARG_SIZE ? " (bytes, or with K, M or G)" : "");
+             a->kind == ARG_SIZE ? " (bytes, or with K, M, G or T)" : "");
     break;
   case ARG_LIST:
     snprintf(buf, len, "1 to %zu comma-separated integers from %" PRIu64 " to %" PRIu64, a->cap,

@@ -14,7 +14,7 @@ typedef enum {
   ARG_FLAG,   /* no value: *(int *)dst = 1 */
   ARG_STR,    /* *(const char **)dst = the value */
   ARG_U64,    /* *(uint64_t *)dst: a decimal in [min, max] */
-  ARG_SIZE,   /* *(uint64_t *)dst: a decimal with an optional K, M or G (binary), in [min, max] */
+  ARG_SIZE,   /* *(uint64_t *)dst: a decimal with an optional K, M, G or T (binary, either case), in [min, max] */
   ARG_LIST,   /* ((uint64_t *)dst)[0 .. *n): comma-separated decimals in [min, max], 1 to cap */
   ARG_STRS,   /* ((const char **)dst)[*n++]: the option may repeat, up to cap times */
   ARG_CHOICE, /* *(int *)dst: the index of the value in choices (NULL-terminated) */

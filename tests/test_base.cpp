@@ -216,6 +216,28 @@ TEST(BaseDec, DigitsOnlyOverflowRefused) {
 
 // ---- the unit ladder ----
 
+TEST(BaseDec, SizesWithBinaryUnits) {
+  auto size = [](const char *t, uint64_t *v) { return _expseg_dec_size(t, strlen(t), v); };
+  uint64_t v = 0;
+  EXPECT_TRUE(size("123", &v));
+  EXPECT_EQ(v, 123u);
+  EXPECT_TRUE(size("3K", &v));
+  EXPECT_EQ(v, 3072u);
+  EXPECT_TRUE(size("2m", &v));
+  EXPECT_EQ(v, 2u << 20);
+  EXPECT_TRUE(size("5G", &v));
+  EXPECT_EQ(v, 5ull << 30);
+  EXPECT_TRUE(size("7t", &v));
+  EXPECT_EQ(v, 7ull << 40);
+  EXPECT_TRUE(size("16777215T", &v)) << "the largest T that fits 64 bits";
+  EXPECT_EQ(v, 16777215ull << 40);
+  v = 99;
+  for (const char *bad : {"16777216T", "", "K", "8GB", "8 G", "-1", "1.5G", "8X", "G8"}) {
+    EXPECT_FALSE(size(bad, &v)) << bad;
+    EXPECT_EQ(v, 99u) << bad << ": nothing written on a refusal";
+  }
+}
+
 TEST(BaseUnits, StepsWhileTheReferenceReachesTheThreshold) {
   EXPECT_EQ(_expseg_unit_steps(1023, 1024, 1024, 6), 0);
   EXPECT_EQ(_expseg_unit_steps(1024, 1024, 1024, 6), 1);

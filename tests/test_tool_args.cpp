@@ -86,7 +86,7 @@ TEST(ToolArgs, RefusalsNameTheOptionTheValueAndWhatIsAccepted) {
       {{"--u", "-1"}, "--u '-1'"},
       {{"--u", "1x"}, "--u '1x'"},
       {{"--u"}, "--u needs a value"},
-      {{"--size", "2X"}, "with K, M or G"},
+      {{"--size", "2X"}, "with K, M, G or T"},
       {{"--size", "18446744073709551615K"}, "--size '18446744073709551615K'"},
       {{"--list", "1,,2"}, "comma-separated"},
       {{"--list", "1,2,3,4,5"}, "1 to 4 comma-separated"},

@@ -210,27 +210,6 @@ enum { MAX_OPTS = 3 };
 #define SPEC_FMT "driver spec '%.*s': "
 #define SPEC_ARG (int)(speclen > 120 ? 120 : speclen), spec
 
-/* Parses SIZE = digits [K|M|G|T] (binary units, either case). */
-static bool parse_size(const char *s, size_t n, uint64_t *out) {
-  const char *q = s;
-  uint64_t v = 0;
-  if (!_expseg_dec_u64(&q, s + n, &v)) return false;
-  size_t i = (size_t)(q - s);
-  if (i == n) return *out = v, true;
-  if (i + 1 != n) return false;
-  unsigned shift;
-  switch (s[i]) {
-  case 'K': case 'k': shift = 10; break;
-  case 'M': case 'm': shift = 20; break;
-  case 'G': case 'g': shift = 30; break;
-  case 'T': case 't': shift = 40; break;
-  default: return false;
-  }
-  if (v > (UINT64_MAX >> shift)) return false;
-  *out = v << shift;
-  return true;
-}
-
 static bool parse_int(const char *s, size_t n, uint64_t *out) {
   return n <= 9 && _expseg_dec_all(s, n, out);
 }
@@ -283,7 +262,7 @@ static expseg_status parse_opts(const char *spec, size_t speclen, const char *na
     if (seen[which])
       return _expseg_error_set(EXPSEG_ERR_CONFIG, SPEC_FMT "option '%s' is given twice",
                                SPEC_ARG, d->key);
-    bool ok = d->kind == OPT_SIZE ? parse_size(val, vlen, &vals[which])
+    bool ok = d->kind == OPT_SIZE ? _expseg_dec_size(val, vlen, &vals[which])
                                   : parse_int(val, vlen, &vals[which]);
     if (!ok)
       return _expseg_error_set(
