@@ -35,10 +35,13 @@ TEST(AllocIndex, FreedBlockIsTheNextHitOfItsSize) {
     EXPECT_EQ(expseg_check(a.get()), EXPSEG_OK) << expseg_last_error();
     void *q = must_alloc(a.get(), 300 * KiB - 100); // rounds to the same size
     EXPECT_EQ(q, p) << conf << ": the free block of that size is handed out again";
+    ASSERT_EQ(expseg_free(a.get(), q), EXPSEG_OK); // free again: only the stream differs now
     void *r = must_alloc(a.get(), 300 * KiB, /*stream*/ 7);
     EXPECT_NE(r, p) << conf << ": free blocks are per stream";
+    void *t = must_alloc(a.get(), 300 * KiB);
+    EXPECT_EQ(t, p) << conf << ": still there for its own stream";
     EXPECT_EQ(expseg_check(a.get()), EXPSEG_OK) << expseg_last_error();
-    for (void *x : {keep, keep2, q, r}) ASSERT_EQ(expseg_free(a.get(), x), EXPSEG_OK);
+    for (void *x : {keep, keep2, t, r}) ASSERT_EQ(expseg_free(a.get(), x), EXPSEG_OK);
     EXPECT_EQ(expseg_check(a.get()), EXPSEG_OK) << expseg_last_error();
   }
 }
