@@ -1,6 +1,6 @@
 // test_fidx.cpp: the free index (pools/fidx.c) against a reference ordered set. Random
 // inserts, removes and best-fit queries over few streams, both pools and sizes with many
-// ties; best fit must be exactly the reference's lower_bound of (pool, stream, size, 0)
+// ties, at random unique addresses; best fit must be exactly the reference's lower_bound of (pool, stream, size, 0)
 // (the smallest size that fits, then the lowest address), and the index's own check must
 // pass throughout. Few block slots against many sizes, so size nodes run out and empty
 // ones are taken back. Seeded (fixed default, printed).
@@ -30,7 +30,7 @@ TEST(Fidx, BestFitMatchesAnOrderedSet) {
     std::set<Key> ref;
     std::vector<Key> where(slots);
     std::vector<bool> in(slots, false);
-    uintptr_t addr = 1 << 20;
+    std::set<uintptr_t> used; // addresses of the blocks in, unique
     for (int step = 0; step < 40000; step++) {
       const size_t i = next() % slots;
       const int pool = (int)(next() % 2);
@@ -38,13 +38,18 @@ TEST(Fidx, BestFitMatchesAnOrderedSet) {
       // sizes: few (ties) or many (node churn)
       const size_t size = (next() % 2 ? next() % 8 + 1 : next() % 5000 + 1) * 512;
       if (!in[i] && next() % 3 != 0) {
-        addr += 512 * (next() % 4 + 1); // addresses are unique
+        // a random unique address, so a block inserted later may lie below the heaps' roots
+        // (the last insert is not always the highest address)
+        uintptr_t addr;
+        do addr = (uintptr_t)(next() % (1u << 20) + 1) * 512;
+        while (!used.insert(addr).second);
         fidx_h_insert(h, i, pool, stream, size, addr);
         where[i] = Key{pool, stream, size, addr, i};
         ref.insert(where[i]);
         in[i] = true;
       } else if (in[i]) {
         fidx_h_remove(h, i);
+        used.erase(std::get<3>(where[i]));
         ref.erase(where[i]);
         in[i] = false;
       }
