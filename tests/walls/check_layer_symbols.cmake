@@ -1,7 +1,9 @@
-# cmake -DNM=<nm> -DLAYER=<obj|obj|...> -DBELOW=<obj|...> -DNAME=<layer> -P check_layer_symbols.cmake
+# cmake -DNM=<nm> -DLAYER=<obj|obj|...> -DBELOW=<obj|...> -DNAME=<layer> [-DFORBID=<sym|...>]
+#       -P check_layer_symbols.cmake
 # Link-level walls: every expseg symbol a layer's objects use is defined by the layer itself
-# or by the layers below it (BELOW), so the layers stay acyclic; and no public expseg_
-# function is defined below pools/ (LAYER given with PUBLIC_NONE=1).
+# or by the layers below it (BELOW), so the layers stay acyclic; no public expseg_
+# function is defined below pools/ (LAYER given with PUBLIC_NONE=1); and the layer uses none
+# of the FORBID symbols (policy/: no clock, since base/clock.h is on every include path).
 cmake_policy(SET CMP0057 NEW)
 function(symbols objs kind out)
   string(REPLACE "|" ";" files "${objs}")
@@ -30,6 +32,19 @@ endforeach()
 if(bad)
   list(REMOVE_DUPLICATES bad)
   message(FATAL_ERROR "${NAME} uses symbols of a layer above it: ${bad}")
+endif()
+if(FORBID)
+  string(REPLACE "|" ";" forbid "${FORBID}")
+  set(hit)
+  foreach(s ${used})
+    if(s IN_LIST forbid)
+      list(APPEND hit ${s})
+    endif()
+  endforeach()
+  if(hit)
+    list(REMOVE_DUPLICATES hit)
+    message(FATAL_ERROR "${NAME} uses ${hit}: it must not (time is passed in)")
+  endif()
 endif()
 if(PUBLIC_NONE)
   symbols("${LAYER}" "T" own)
