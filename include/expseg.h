@@ -269,6 +269,45 @@ EXPSEG_EXPORT void expseg_ipc_handle_free(expseg_ipc_handle *h);
 EXPSEG_EXPORT expseg_status expseg_stream_create(expseg_allocator *a, expseg_stream *out);
 EXPSEG_EXPORT expseg_status expseg_stream_destroy(expseg_allocator *a, expseg_stream stream);
 
+/* ---- Private memory pools (PyTorch's MemPool and CUDA-graph pools; docs/api.md "Private
+ * pools") ----
+ * A private pool has segments of its own: its blocks are never handed to another pool or to
+ * the general cache, its freed blocks are reused only inside it, and its memory goes back
+ * only when it is emptied or released. Stream values are below 2^48 when pools are used
+ * (CUDA's stream handles are). */
+typedef uint64_t expseg_pool_id; /* 0 = the general cache; private pools are >= 1 */
+/* A new private pool, its use count 1. Ids are never reused. */
+EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_pool_create(expseg_allocator *a,
+                                                                expseg_pool_id *out);
+/* Use count + 1 (PyTorch's createOrIncrefPool on an existing pool). */
+EXPSEG_EXPORT expseg_status expseg_pool_retain(expseg_allocator *a, expseg_pool_id pool);
+/* Use count; INVALID_ARGUMENT for an unknown pool. */
+EXPSEG_EXPORT expseg_status expseg_pool_use_count(const expseg_allocator *a, expseg_pool_id pool,
+                                                  int *out);
+/* From now on, allocations on a stream for which filter(ctx, stream) is true (filter NULL:
+ * every stream) come from `pool`, until expseg_pool_end. Several pools may be active at
+ * once: the latest begun whose filter accepts the stream wins (PyTorch checks LIFO).
+ * The filter runs under the allocator's lock: it must not call expseg. */
+EXPSEG_EXPORT expseg_status expseg_pool_begin(expseg_allocator *a, expseg_pool_id pool,
+                                              bool (*filter)(void *ctx, expseg_stream stream),
+                                              void *ctx);
+/* Ends the latest begin of `pool` still in force. */
+EXPSEG_EXPORT expseg_status expseg_pool_end(expseg_allocator *a, expseg_pool_id pool);
+/* Use count - 1. At 0 the pool's cached memory is given back once every block of it is
+ * free and its streams' work is done (at once when that is already true; else when its last
+ * block is freed / its events complete, or at the next empty_cache), and the id becomes
+ * unknown. */
+EXPSEG_EXPORT expseg_status expseg_pool_release(expseg_allocator *a, expseg_pool_id pool);
+/* Gives back the pool's free cached memory now (PyTorch's emptyCache(mempool_id)). */
+EXPSEG_EXPORT expseg_status expseg_pool_empty_cache(expseg_allocator *a, expseg_pool_id pool);
+/* Allocate from a given pool directly, ignoring active pools (0 = general cache). */
+EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_malloc_pool(expseg_allocator *a, size_t size,
+                                                                expseg_stream stream,
+                                                                expseg_pool_id pool, void **out);
+/* The pool a live pointer belongs to (0 = the general cache). */
+EXPSEG_EXPORT expseg_status expseg_pool_of(const expseg_allocator *a, const void *ptr,
+                                           expseg_pool_id *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -112,6 +112,7 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
   _expseg_ptrmap_destroy(&a->live);
   _expseg_blocks_destroy(a);
   _expseg_fidx_destroy(&a->free_idx);
+  _expseg_ppool_destroy(a);
   free(a->observers);
   _expseg_hist_destroy(a);
   pthread_mutex_unlock(&a->lock); /* not api_unlock: no EXPSEG_DEBUG=3 check of what is gone */
@@ -188,8 +189,11 @@ static block_t *find_or_grow(expseg_allocator *a, int pool, expseg_stream stream
   return b ? b : find_free(a, pool, stream, rounded);
 }
 
-expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream stream,
-                               unsigned flags, void **out) {
+/* pool: ROUTED (the begun pools choose), 0 (the general cache) or a private pool's id. */
+#define ROUTED UINT64_MAX
+
+EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stream stream,
+                                   unsigned flags, expseg_pool_id pool, void **out) {
   if (out == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_malloc: out is NULL");
   *out = NULL;
@@ -206,14 +210,16 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
   pthread_mutex_lock(&a->lock);
   bool single = (flags & EXPSEG_MALLOC_SINGLE_CHUNK) || size >= a->cfg.single_chunk_min;
   size_t rounded = _expseg_round_size_inline(&a->cfg, size);
-  /* slow-path work (stream events, history) behind one test; exports are polled only on a
-   * miss (below): a block an importer released matters only when memory is short */
-  const bool slow = ((uintptr_t)a->hist | a->n_pending_events | a->n_orphans) != 0;
+  /* slow-path work (stream events, history, begun pools, a pool named, a stream value a
+   * pool key would use) behind one test; exports are polled only on a miss (below): a
+   * block an importer released matters only when memory is short */
+  const bool slow = ((uintptr_t)a->hist | a->n_pending_events | a->n_orphans | a->n_routes |
+                     (stream >> EXPSEG_KEY_SHIFT) | (uint64_t)(pool != ROUTED)) != 0;
   /* rounded != 0, not over the device */
   const bool hit_tried = !slow && !single && rounded - 1 < a->total_mem;
   if (hit_tried) {
-    int pool = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
-    block_t *b = find_free(a, pool, stream, rounded);
+    int kind = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
+    block_t *b = find_free(a, kind, stream, rounded);
     if (b != NULL) { /* the hit path: nothing on it warns */
       expseg_status st = take_block(a, b, rounded, size, out);
 #if EXPSEG_DEBUG >= 3
@@ -224,7 +230,30 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
     }
   }
   _expseg_log_defer(true); /* from here on as api_lock */
+  if (stream >> EXPSEG_KEY_SHIFT) {
+    api_unlock(a);
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_malloc: stream %#llx is not accepted; stream values are "
+                             "below 2^48 (CUDA's stream handles are)",
+                             (unsigned long long)stream);
+  }
+  expseg_stream key = stream; /* the stream key: the stream, in its pool (internal.h) */
+  if (pool == ROUTED) {
+    if (a->n_routes > 0) key = _expseg_ppool_route(a, stream);
+  } else if (pool != 0) {
+    uint32_t t = _expseg_ppool_live_tag(a, pool);
+    if (t == 0) {
+      api_unlock(a);
+      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                               "expseg_malloc_pool: pool %llu is not a live private pool; "
+                               "accepted: 0 (the general cache) or an id expseg_pool_create "
+                               "returned whose use count is at least 1",
+                               (unsigned long long)pool);
+    }
+    key = skey_make(stream, t);
+  }
   if (a->n_pending_events > 0 || a->n_orphans > 0) _expseg_process_events(a);
+  if (a->reap) _expseg_ppool_reap(a, false);
   if (rounded == 0) {
     api_unlock(a);
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
@@ -241,28 +270,28 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
                       _expseg_format_size(total, a->total_mem));
     return _expseg_fail_oom(a, size, rounded, stream, expseg_last_error()); /* unlocks */
   }
-  int pool = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
+  int kind = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
   if (single) rounded = (rounded + a->granularity - 1) / a->granularity * a->granularity;
   /* the index as the hit path saw it (nothing changed since) is not searched again */
   block_t *b = hit_tried ? NULL
-               : single  ? find_single(a, pool, stream, rounded)
-                         : find_free(a, pool, stream, rounded);
+               : single  ? find_single(a, kind, key, rounded)
+                         : find_free(a, kind, key, rounded);
   if (b == NULL && a->ipc != NULL) { /* importers that closed or died free their blocks */
     _expseg_ipc_poll_locked(a);
-    b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
+    b = single ? find_single(a, kind, key, rounded) : find_free(a, kind, key, rounded);
   }
   expseg_status st = EXPSEG_OK;
   if (b == NULL) {
     _expseg_garbage_collect(a, a->cfg.expandable_segments ? rounded : 0);
-    b = find_or_grow(a, pool, stream, rounded, single, false, &st);
+    b = find_or_grow(a, kind, key, rounded, single, false, &st);
   }
   if (b == NULL && st == EXPSEG_ERR_OUT_OF_MEMORY) {
     a->stats.num_alloc_retries++;
     _expseg_sync_all_events(a);
-    b = single ? find_single(a, pool, stream, rounded) : find_free(a, pool, stream, rounded);
+    b = single ? find_single(a, kind, key, rounded) : find_free(a, kind, key, rounded);
     if (b == NULL) {
       _expseg_release_cached(a, !single && a->cfg.expandable_segments); /* single: pages too */
-      b = find_or_grow(a, pool, stream, rounded, single, true, &st);
+      b = find_or_grow(a, kind, key, rounded, single, true, &st);
     }
   }
   if (b == NULL) {
@@ -276,12 +305,30 @@ expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream s
     return _expseg_fail_oom(a, size, rounded, stream, cause); /* unlocks */
   }
   st = take_block(a, b, single ? b->size : rounded, size, out); /* single: never split */
+  if (st == EXPSEG_OK && skey_tag(key) != 0) _expseg_ppool_busy(a, skey_tag(key), true);
   /* the page cache's bound (growth may have left more pages there than it allows); the
    * block is handed out already, so dropping the lock to release is safe */
   if (_expseg_page_cache_excess(&a->cfg, (size_t)a->stats.cached_physical_bytes.current) > 0)
     _expseg_cache_trim(a, a->cfg.page_cache_max);
   api_unlock(a);
   return st;
+}
+
+expseg_status expseg_malloc_ex(expseg_allocator *a, size_t size, expseg_stream stream,
+                               unsigned flags, void **out) {
+  return malloc_in(a, size, stream, flags, ROUTED, out);
+}
+
+expseg_status expseg_malloc_pool(expseg_allocator *a, size_t size, expseg_stream stream,
+                                 expseg_pool_id pool, void **out) {
+  if (pool == ROUTED) {
+    if (out != NULL) *out = NULL;
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_malloc_pool: pool %llu is not a live private pool; "
+                             "accepted: 0 (the general cache) or an id expseg_pool_create returned",
+                             (unsigned long long)pool);
+  }
+  return malloc_in(a, size, stream, 0, pool, out);
 }
 
 /* ---- free ---- */
@@ -302,7 +349,11 @@ EXPSEG_HOT void free_block(expseg_allocator *a, block_t *b) {
   EXPSEG_CHECK_BLOCK(a, m);
 }
 
-void _expseg_free_block(expseg_allocator *a, block_t *b) { free_block(a, b); }
+void _expseg_free_block(expseg_allocator *a, block_t *b) {
+  const uint32_t tag = skey_tag(b->stream);
+  free_block(a, b); /* b may be gone */
+  if (tag != 0) _expseg_ppool_busy(a, tag, false);
+}
 
 expseg_status expseg_free(expseg_allocator *a, void *ptr) {
   if (a == NULL) return null_allocator("expseg_free");
@@ -310,7 +361,8 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
   pthread_mutex_lock(&a->lock);
   if ((((uintptr_t)a->ipc | (uintptr_t)a->hist) == 0)) { /* the hit path: nothing warns */
     block_t *b = _expseg_ptrmap_take(&a->live, (uintptr_t)ptr);
-    if (b != NULL && b->n_uses == 0) {
+    /* a private pool's block takes the slow path (its pool counts its busy blocks) */
+    if (b != NULL && (b->n_uses | (uint32_t)skey_tag(b->stream)) == 0) {
       stat_free(&a->stats, b->seg->pool, b);
       free_block(a, b);
 #if EXPSEG_DEBUG >= 3
@@ -325,6 +377,7 @@ expseg_status expseg_free(expseg_allocator *a, void *ptr) {
   expseg_status st = EXPSEG_OK;
   if (a->ipc == NULL || !_expseg_ipc_hold_free(a, (uintptr_t)ptr, &st))
     st = _expseg_free_locked(a, ptr);
+  if (a->reap) _expseg_ppool_reap(a, false); /* a released pool's last block */
   api_unlock(a);
   return st;
 }
@@ -391,7 +444,10 @@ expseg_status expseg_empty_cache(expseg_allocator *a) {
   api_lock(a);
   if (a->ipc != NULL) _expseg_ipc_poll_locked(a);
   _expseg_sync_all_events(a);
-  _expseg_release_cached(a, false);
+  /* as PyTorch: the general cache is kept while allocations are routed to a pool; released
+   * pools whose blocks are all free are given back either way */
+  if (a->n_routes == 0) _expseg_release_cached(a, false);
+  _expseg_ppool_reap(a, true);
   api_unlock(a);
   return EXPSEG_OK;
 }
@@ -510,34 +566,41 @@ typedef struct collect_s {
   const char **keys;
   int64_t *vals;
   size_t n;
+  char *names; /* cap x 96 bytes: copies of the keys (the private pools' are made per visit) */
+  size_t cap;
 } collect_t;
 
 static void collect(void *ctx, const char *key, int64_t v) {
   collect_t *c = ctx;
-  c->keys[c->n] = key;
+  if (c->n == c->cap) return;
+  char *name = c->names + c->n * 96;
+  snprintf(name, 96, "%s", key);
+  c->keys[c->n] = name;
   c->vals[c->n++] = v;
 }
 
 void expseg_stats_foreach(const expseg_allocator *a,
                           void (*fn)(void *ctx, const char *key, int64_t value), void *ctx) {
   if (a == NULL || fn == NULL) return;
-  size_t n = _expseg_stats_key_count();
-  collect_t c = {malloc(n * sizeof(char *)), malloc(n * sizeof(int64_t)), 0};
   expseg_allocator *m = (expseg_allocator *)a;
-  if (c.keys != NULL && c.vals != NULL) { /* values taken under the lock, fn called outside */
-    api_lock(m);
-    _expseg_stats_visit(a, collect, &c);
-    api_unlock(m);
-    for (size_t i = 0; i < c.n; i++) fn(ctx, c.keys[i], c.vals[i]);
-  }
+  api_lock(m);
+  /* values (and the private pools' key names, which change) taken under the lock, fn
+   * called outside */
+  size_t n = _expseg_stats_key_count() + _expseg_ppool_stat_count(a);
+  collect_t c = {malloc(n * sizeof(char *)), malloc(n * sizeof(int64_t)), 0, malloc(n * 96), n};
+  if (c.keys != NULL && c.vals != NULL && c.names != NULL) _expseg_stats_visit(a, collect, &c);
+  api_unlock(m);
+  for (size_t i = 0; i < c.n; i++) fn(ctx, c.keys[i], c.vals[i]);
   free(c.keys);
   free(c.vals);
+  free(c.names);
 }
 
 void expseg_reset_peak_stats(expseg_allocator *a) {
   if (a == NULL) return;
   api_lock(a);
   _expseg_stats_reset_peak(&a->stats);
+  _expseg_ppool_stats_reset(a, true);
   api_unlock(a);
 }
 
@@ -545,6 +608,7 @@ void expseg_reset_accumulated_stats(expseg_allocator *a) {
   if (a == NULL) return;
   api_lock(a);
   _expseg_stats_reset_accumulated(&a->stats, a->drv);
+  _expseg_ppool_stats_reset(a, false);
   api_unlock(a);
 }
 

@@ -231,6 +231,7 @@ expseg_status _expseg_check_locked(const expseg_allocator *a) {
     }
   SAME("idle list length", idle, r.idle);
   SAME("pointer map size", (int64_t)a->live.count, r.allocation[STAT_ALL]);
+  if ((st = _expseg_ppool_check(a)) != EXPSEG_OK) return st;
   int64_t cached = 0;
   for (size_t i = 0; i < a->cache_count; i++) {
     add3(r.reserved, a->cache[i].pool, (int64_t)a->cache[i].size);

@@ -19,9 +19,11 @@ void _expseg_garbage_collect(expseg_allocator *a, size_t keep) {
   /* PyTorch's garbage collection skips expandable memory (model.c) */
   const bool with_pages = !a->model_pytorch;
   size_t n = with_pages ? a->cache_count : 0;
+  /* a live private pool's memory is its own: never collected (docs/design.md) */
   for (int p = 0; p < POOL_COUNT && with_pages; p++)
-    for (block_t *b = a->idle_head[p]; b; b = b->idle_next) n++;
-  for (segment_t *s = a->segments; s; s = s->next_all) n += _expseg_classic_is_free(s);
+    for (block_t *b = a->idle_head[p]; b; b = b->idle_next) n += _expseg_seg_general(a, b->seg);
+  for (segment_t *s = a->segments; s; s = s->next_all)
+    n += _expseg_classic_is_free(s) && _expseg_seg_general(a, s);
   if (n == 0) return;
   expseg_gc_item_t *items = malloc(n * sizeof *items);
   if (items == NULL) return;
@@ -34,12 +36,13 @@ void _expseg_garbage_collect(expseg_allocator *a, size_t keep) {
   for (int p = 0; p < POOL_COUNT && with_pages; p++)
     for (block_t *b = a->idle_head[p]; b; b = b->idle_next) {
       uintptr_t lo, hi;
+      if (!_expseg_seg_general(a, b->seg)) continue;
       items[i++] = (expseg_gc_item_t){
           .bytes = _expseg_block_chunks(a, b, &lo, &hi) * b->seg->page,
           .idle_since_ns = b->idle_since, .tag = (uintptr_t)b};
     }
   for (segment_t *s = a->segments; s; s = s->next_all)
-    if (_expseg_classic_is_free(s))
+    if (_expseg_classic_is_free(s) && _expseg_seg_general(a, s))
       items[i++] = (expseg_gc_item_t){
           .bytes = s->va_size, .idle_since_ns = s->first->idle_since, .tag = (uintptr_t)s | 1};
   for (size_t j = 0; j < n; j++) reclaimable += items[j].bytes;

@@ -187,7 +187,8 @@ void _expseg_hist_add(expseg_allocator *a, int action, uint64_t addr, uint64_t s
   e->ticks = ticks_now();
   e->addr = addr;
   e->size = size;
-  e->stream = stream;
+  e->stream = skey_stream(stream); /* a stream key (internal.h): its stream and its pool */
+  e->pool = _expseg_ppool_id(a, skey_tag(stream));
   e->action = (uint8_t)action;
   e->n_c = 0;
   const hist_event_t *prev = h->count > 1 ? _expseg_hist_at(h, h->count - 2) : NULL;

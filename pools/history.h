@@ -24,6 +24,7 @@ typedef struct hist_event_s {
   uint64_t addr;         /* oom: device free bytes (as PyTorch's TraceEntry) */
   uint64_t size;         /* alloc/free: requested bytes; segment: range; oom: rounded request */
   expseg_stream stream;
+  expseg_pool_id pool;   /* the private pool of the block or segment (0: general cache) */
   uint8_t action, n_c, n_host;
   void *c[HIST_C_MAX];           /* return addresses, innermost first */
   uint32_t host[HIST_HOST_MAX];  /* pushed frame ids, innermost first */

@@ -215,6 +215,37 @@ typedef struct observer_s {
   void *ctx;
 } observer_t;
 
+/* ---- private pools (ppool.c) ----
+ * A private pool's blocks are found by the same indexes as the general cache's, under a
+ * stream key: the stream with the pool's tag (its slot in a->ppools, 1 and up) in the bits
+ * from EXPSEG_KEY_SHIFT up. A block's and a segment's `stream` field is that key, so a
+ * lookup on (pool, key, size) can never meet another pool's block; the general cache's key
+ * is the stream itself (tag 0). Streams are therefore below 2^48 (CUDA's are pointers). */
+#define EXPSEG_KEY_SHIFT 48
+#define EXPSEG_STREAM_MASK ((UINT64_C(1) << EXPSEG_KEY_SHIFT) - 1)
+static inline expseg_stream skey_make(expseg_stream s, uint32_t tag) {
+  return s | (uint64_t)tag << EXPSEG_KEY_SHIFT;
+}
+static inline expseg_stream skey_stream(expseg_stream key) { return key & EXPSEG_STREAM_MASK; }
+static inline uint32_t skey_tag(expseg_stream key) {
+  return (uint32_t)(key >> EXPSEG_KEY_SHIFT);
+}
+static inline uint32_t seg_tag(const segment_t *s);
+
+typedef struct ppool_s {
+  expseg_pool_id id;   /* 0: the slot is free */
+  int use_count;       /* 0: released (the id is unknown); the slot stays until drained */
+  size_t busy;         /* allocated and pending blocks */
+  stat_t reserved[3];  /* reserved_bytes_by_private_pools.0_<id>: mapped and classic bytes */
+} ppool_t;
+
+typedef struct route_s {
+  expseg_pool_id id;
+  uint32_t tag;
+  bool (*filter)(void *ctx, expseg_stream stream);
+  void *ctx;
+} route_t;
+
 struct expseg_allocator {
   pthread_mutex_t lock;
   expseg_vmm_t *drv;
@@ -272,7 +303,16 @@ struct expseg_allocator {
 
   uint64_t peers;             /* devices given access to every mapping (peer.c), bit = ordinal */
   struct ipc_state_s *ipc;    /* exports and imports (ipc.c); NULL until the first */
+
+  ppool_t *ppools;            /* private pools by tag (slot 0 unused); ppool.c */
+  size_t n_ppools;            /* slots in use or free, tag < n_ppools */
+  expseg_pool_id next_pool_id;
+  route_t *routes;            /* pools begun, oldest first (checked newest first) */
+  size_t n_routes, cap_routes;
+  bool reap;                  /* a released pool may now be given back */
 };
+
+static inline uint32_t seg_tag(const segment_t *s) { return skey_tag(s->stream); }
 
 /* ---- tree.c ---- */
 void _expseg_tree_insert(tree_t *t, block_t *b, uint32_t prio);
@@ -305,6 +345,8 @@ bool _expseg_stats_get(const expseg_allocator *a, const char *key, int64_t *v);
 void _expseg_stats_visit(const expseg_allocator *a,
                          void (*fn)(void *ctx, const char *key, int64_t value), void *ctx);
 size_t _expseg_stats_key_count(void);
+/* One StatArray's reset: peak (peak = current) or accumulated (allocated = freed = 0). */
+void _expseg_stat_array_reset(stat_t arr[3], bool peak);
 const char *_expseg_stats_key(size_t i); /* sorted */
 
 /* ---- block.c: blocks, the free sets, splitting and merging (block.h: the inline part) ---- */
@@ -423,6 +465,32 @@ void _expseg_ipc_destroy(expseg_allocator *a); /* closes and unmaps everything *
 void _expseg_ipc_totals(const expseg_allocator *a, int64_t t[4]);
 /* expseg_free with the lock held (alloc.c). */
 expseg_status _expseg_free_locked(expseg_allocator *a, void *ptr);
+
+/* ---- ppool.c: private pools (lock held) ---- */
+/* The stream key a request on `stream` allocates under: the newest begun pool whose filter
+ * accepts the stream, else the general cache. */
+expseg_stream _expseg_ppool_route(const expseg_allocator *a, expseg_stream stream);
+/* b (of a private pool) handed out / its last use complete. */
+void _expseg_ppool_busy(expseg_allocator *a, uint32_t tag, bool up);
+/* Released pools whose blocks are all free: memory back (blocking: wait for their streams),
+ * slots freed. */
+void _expseg_ppool_reap(expseg_allocator *a, bool blocking);
+void _expseg_ppool_destroy(expseg_allocator *a);
+/* expseg_check's part: segments' tags, per-pool reserved sums and busy counts, routes. */
+expseg_status _expseg_ppool_check(const expseg_allocator *a);
+expseg_pool_id _expseg_ppool_id(const expseg_allocator *a, uint32_t tag);
+uint32_t _expseg_ppool_live_tag(const expseg_allocator *a, expseg_pool_id id); /* 0: none */
+/* segment.c: gives back the free memory of pool `tag` (classic segments, idle pages, then
+ * wholly unmapped segments), the chunks to the driver; true when it holds no segment now. */
+bool _expseg_release_pool_memory(expseg_allocator *a, uint32_t tag, bool blocking);
+/* The per-pool statistics: key count, visit (in sorted order, called by stats.c at the
+ * family's place), lookup, resets. */
+size_t _expseg_ppool_stat_count(const expseg_allocator *a);
+void _expseg_ppool_stats_visit(const expseg_allocator *a,
+                               void (*fn)(void *ctx, const char *key, int64_t value), void *ctx);
+bool _expseg_ppool_stat_get(const expseg_allocator *a, const char *key, int64_t *v);
+void _expseg_ppool_stats_reset(expseg_allocator *a, bool peak);
+#define EXPSEG_PPOOL_FAMILY "reserved_bytes_by_private_pools"
 
 /* ---- check.c ---- */
 expseg_status _expseg_check_locked(const expseg_allocator *a);
@@ -584,6 +652,18 @@ static inline size_t _expseg_block_whole_pages(const expseg_allocator *a, const 
   return hi > lo ? (hi - lo) / pg : 0;
 }
 
+/* bytes of segment s became mapped (delta > 0) or went away: its pool's reserved bytes. */
+static inline void _expseg_ppool_reserved(expseg_allocator *a, const segment_t *s,
+                                          int64_t delta) {
+  const uint32_t t = seg_tag(s);
+  if (t != 0) _expseg_stat_pool_add(a->ppools[t].reserved, s->pool, delta);
+}
+/* Whether segment s's free memory may be given back or moved by the general cache's
+ * trimming: the general cache's, or a released pool's. */
+static inline bool _expseg_seg_general(const expseg_allocator *a, const segment_t *s) {
+  const uint32_t t = seg_tag(s);
+  return t == 0 || a->ppools[t].use_count == 0;
+}
 #include "history.h" /* EXPSEG_HIST: the history hooks */
 
 #endif

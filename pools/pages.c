@@ -118,6 +118,7 @@ size_t _expseg_unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintpt
   size_t bytes = done * pg;
   mid->mapped = false;
   s->mapped_bytes -= bytes;
+  _expseg_ppool_reserved(a, s, -(int64_t)bytes);
   _expseg_stat_add(&a->stats.mapped_bytes, -(int64_t)bytes);
   a->stats.num_device_free++;
   EXPSEG_HIST(a, HIST_SEGMENT_UNMAP, lo, bytes, s->stream);
@@ -276,6 +277,7 @@ block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, expseg_st
   u->mapped = true;
   size_t bytes = K * pg;
   s->mapped_bytes += bytes;
+  _expseg_ppool_reserved(a, s, (int64_t)bytes);
   _expseg_stat_add(&a->stats.mapped_bytes, (int64_t)bytes);
   a->stats.num_device_alloc++;
   EXPSEG_HIST(a, HIST_SEGMENT_MAP, lo, bytes, s->stream);
@@ -286,7 +288,7 @@ block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, expseg_st
 
 size_t _expseg_steal_pages(expseg_allocator *a, int pool, size_t page, size_t want,
                            size_t max_pages, const block_t *ex1, const block_t *ex2,
-                           bool blocking, bool whole_only) {
+                           bool blocking, bool whole_only, uint32_t tag, bool general) {
   stream_seen_t seen[SEEN_MAX];
   size_t n_seen = 0, got = 0;
   for (int pass = 0; pass < 2 && got < want; pass++) {
@@ -299,7 +301,8 @@ size_t _expseg_steal_pages(expseg_allocator *a, int pool, size_t page, size_t wa
       size_t avail = 0;
       for (block_t *b = a->idle_head[p]; b != NULL && avail < want - got; b = b->idle_next) {
         uintptr_t lo, hi;
-        if (b != ex1 && b != ex2 && (page == 0 || b->seg->page == page))
+        if (b != ex1 && b != ex2 && (page == 0 || b->seg->page == page) &&
+            (seg_tag(b->seg) == tag || (general && _expseg_seg_general(a, b->seg))))
           avail += _expseg_block_chunks(a, b, &lo, &hi);
       }
       if (avail < want - got) break;
@@ -309,6 +312,7 @@ size_t _expseg_steal_pages(expseg_allocator *a, int pool, size_t page, size_t wa
       block_t *next = b->idle_next;
       uintptr_t lo, hi;
       if (b != ex1 && b != ex2 && (page == 0 || b->seg->page == page) &&
+          (seg_tag(b->seg) == tag || (general && _expseg_seg_general(a, b->seg))) &&
           _expseg_block_chunks(a, b, &lo, &hi) > 0 &&
           _expseg_stream_idle(a, b->stream, blocking, seen, &n_seen, SEEN_MAX)) {
         /* chunks from the top of the block, none larger than the place takes */

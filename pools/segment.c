@@ -125,6 +125,7 @@ static void expandable_drop(expseg_allocator *a, segment_t *s, release_batch_t *
 /* Has the work queued on `stream` completed? An event recorded now tells. blocking: wait. */
 bool _expseg_stream_idle(expseg_allocator *a, expseg_stream stream, bool blocking,
                          stream_seen_t *seen, size_t *n_seen, size_t max_seen) {
+  stream = skey_stream(stream); /* a private pool's stream key: its stream */
   for (size_t i = 0; i < *n_seen; i++)
     if (seen[i].s == stream) return seen[i].done;
   bool done = false;
@@ -191,10 +192,12 @@ static expseg_status cap_error(const expseg_allocator *a, size_t more) {
                            _expseg_format_size(b2, more), _expseg_format_size(b3, a->allowed));
 }
 
-/* Does another stream than `stream` map expandable memory in `pool`? */
+/* Does another stream than `stream` map expandable memory in `pool` (of the same private
+ * pool, or the general cache)? */
 static bool pool_shared(const expseg_allocator *a, int pool, expseg_stream stream) {
   for (const segment_t *s = a->segments; s; s = s->next_all)
-    if (s->expandable && s->pool == pool && s->stream != stream && s->mapped_bytes > 0)
+    if (s->expandable && s->pool == pool && s->stream != stream && s->mapped_bytes > 0 &&
+        seg_tag(s) == skey_tag(stream))
       return true;
   return false;
 }
@@ -268,7 +271,7 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     if (have < pl.pages && !a->model_pytorch) { /* PyTorch moves no page */
       const size_t need = pl.pages - have;
       _expseg_steal_pages(a, pool, pg, need, _expseg_steal_max_pages(need, room, blocking),
-                          pl.prefix, pl.suffix, blocking, !shared);
+                          pl.prefix, pl.suffix, blocking, !shared, skey_tag(stream), true);
       have = _expseg_cache_cover(a, pg, pl.pages, room);
     }
     if (have >= pl.pages && _expseg_zombie_mapped_in(a, pl.u->ptr, have * pg)) {
@@ -350,6 +353,7 @@ static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream
   s->handle = h;
   s->mapped_bytes = size;
   _expseg_stat_pool_add(a->stats.reserved_bytes, pool, (int64_t)size);
+  _expseg_ppool_reserved(a, s, (int64_t)size);
   s->oversize = _expseg_is_oversize(&a->cfg, size);
   if (s->oversize) _expseg_stat_add(&a->stats.oversize_segments, 1);
   a->stats.num_device_alloc++;
@@ -380,7 +384,8 @@ block_t *_expseg_grow_single(expseg_allocator *a, int pool, expseg_stream stream
   size_t n_seen = 0;
   for (segment_t *s = a->segments, *next; s; s = next) {
     next = s->next_all;
-    if (s->single && s->pool == pool && _expseg_classic_is_free(s))
+    if (s->single && s->pool == pool && _expseg_classic_is_free(s) &&
+        (seg_tag(s) == 0 || seg_tag(s) == skey_tag(stream)))
       (void)_expseg_classic_release(a, s, &rb, false, seen, &n_seen);
   }
   _expseg_batch_flush(a, &rb);
@@ -411,6 +416,7 @@ bool _expseg_classic_release(expseg_allocator *a, segment_t *s, release_batch_t 
   segment_unlink(a, s);
   _expseg_stat_pool_add(a->stats.segment, s->pool, -1);
   _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, -(int64_t)s->va_size);
+  _expseg_ppool_reserved(a, s, -(int64_t)s->va_size);
   _expseg_stat_add(&a->stats.reserved_va_bytes, -(int64_t)s->va_size);
   if (s->oversize) _expseg_stat_add(&a->stats.oversize_segments, -1);
   a->stats.num_device_free++;
@@ -434,7 +440,8 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
   size_t n_seen = 0;
   for (segment_t *s = a->segments, *next; s; s = next) {
     next = s->next_all;
-    if (_expseg_classic_is_free(s)) (void)_expseg_classic_release(a, s, &rb, true, seen, &n_seen);
+    if (_expseg_classic_is_free(s) && _expseg_seg_general(a, s))
+      (void)_expseg_classic_release(a, s, &rb, true, seen, &n_seen);
   }
   if (keep_pages) {
     _expseg_batch_flush(a, &rb);
@@ -445,15 +452,40 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
   for (segment_t *s = a->segments; s; s = s->next_all)
     s->keep_va = a->model_pytorch && s->expandable && s->mapped_bytes == 0;
   /* every idle page: its stream is synchronized if needed */
-  _expseg_steal_pages(a, POOL_LARGE, 0, SIZE_MAX, SIZE_MAX, NULL, NULL, true, false);
+  _expseg_steal_pages(a, POOL_LARGE, 0, SIZE_MAX, SIZE_MAX, NULL, NULL, true, false, 0, true);
   for (segment_t *s = a->segments, *next; s; s = next) {
     next = s->next_all;
-    if (s->expandable && !s->keep_va && s->first->next == NULL && !s->first->mapped)
+    if (s->expandable && !s->keep_va && s->first->next == NULL && !s->first->mapped &&
+        _expseg_seg_general(a, s))
       expandable_drop(a, s, &rb);
   }
   _expseg_cache_release_oldest(a, a->cache_count, &rb);
   _expseg_batch_flush(a, &rb);
   return before - held_bytes(a);
+}
+
+bool _expseg_release_pool_memory(expseg_allocator *a, uint32_t tag, bool blocking) {
+  release_batch_t rb = {0};
+  stream_seen_t seen[SEEN_MAX];
+  size_t n_seen = 0, left = 0;
+  for (segment_t *s = a->segments, *next; s; s = next) {
+    next = s->next_all;
+    if (seg_tag(s) == tag && _expseg_classic_is_free(s))
+      (void)_expseg_classic_release(a, s, &rb, blocking, seen, &n_seen);
+  }
+  /* its idle pages go to the top of the page cache, and from there to the driver */
+  const size_t top = a->cache_count;
+  _expseg_steal_pages(a, POOL_LARGE, 0, SIZE_MAX, SIZE_MAX, NULL, NULL, blocking, false, tag,
+                      false);
+  while (a->cache_count > top) _expseg_cache_release_at(a, a->cache_count - 1, &rb);
+  for (segment_t *s = a->segments, *next; s; s = next) {
+    next = s->next_all;
+    if (seg_tag(s) != tag) continue;
+    if (s->expandable && s->first->next == NULL && !s->first->mapped) expandable_drop(a, s, &rb);
+    else left++;
+  }
+  _expseg_batch_flush(a, &rb);
+  return left == 0;
 }
 
 /* Destroy: no accounting any more; a refusal is tried once more, then reported. */

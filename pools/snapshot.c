@@ -119,11 +119,11 @@ static void write_segment(ctx_t *c, const segment_t *s, const block_t *first, co
   _expseg_pkw_kuint(w, "allocated_size", allocated);
   _expseg_pkw_kuint(w, "active_size", active);
   _expseg_pkw_kuint(w, "requested_size", requested);
-  _expseg_pkw_kuint(w, "stream", s->stream);
+  _expseg_pkw_kuint(w, "stream", skey_stream(s->stream));
   _expseg_pkw_kstr(w, "segment_type", s->pool == POOL_SMALL ? "small" : "large");
-  _expseg_pkw_str(w, "segment_pool_id");
+  _expseg_pkw_str(w, "segment_pool_id"); /* (0, 0): the general cache; (0, id): a pool */
   _expseg_pkw_int(w, 0);
-  _expseg_pkw_int(w, 0);
+  _expseg_pkw_uint(w, _expseg_ppool_id(c->a, seg_tag(s)));
   _expseg_pkw_tuple2(w);
   _expseg_pkw_kbool(w, "is_expandable", s->expandable);
   _expseg_pkw_str(w, "frames");

@@ -26,6 +26,12 @@ static void reset_accum(stat_t *s) {
   s->base = s->current;
 }
 
+void _expseg_stat_array_reset(stat_t arr[3], bool peak) {
+  if (peak) reset_peak_array(arr);
+  else
+    for (int i = 0; i < 3; i++) reset_accum(&arr[i]);
+}
+
 void _expseg_stats_reset_peak(stats_t *s) {
 #define EXPSEG_STAT_ARRAY(n) reset_peak_array(s->n);
 #define EXPSEG_STAT_SINGLE(n) reset_peak(&s->n);
@@ -145,11 +151,20 @@ bool _expseg_stats_get(const expseg_allocator *a, const char *key, int64_t *v) {
     if (c < 0) lo = mid + 1;
     else hi = mid;
   }
-  return false;
+  return _expseg_ppool_stat_get(a, key, v);
 }
 
 void _expseg_stats_visit(const expseg_allocator *a,
                          void (*fn)(void *ctx, const char *key, int64_t value), void *ctx) {
   ensure_keys();
-  for (size_t i = 0; i < n_keys; i++) fn(ctx, keys[i].name, key_value(a, &keys[i]));
+  /* the private pools' family goes where its prefix sorts (no fixed key starts with it) */
+  bool family = false;
+  for (size_t i = 0; i < n_keys; i++) {
+    if (!family && strcmp(keys[i].name, EXPSEG_PPOOL_FAMILY ".") > 0) {
+      _expseg_ppool_stats_visit(a, fn, ctx);
+      family = true;
+    }
+    fn(ctx, keys[i].name, key_value(a, &keys[i]));
+  }
+  if (!family) _expseg_ppool_stats_visit(a, fn, ctx);
 }

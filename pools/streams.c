@@ -11,7 +11,7 @@
 #include <string.h>
 
 expseg_status _expseg_block_add_use(block_t *b, expseg_stream s) {
-  if (s == b->stream) return EXPSEG_OK;
+  if (s == skey_stream(b->stream)) return EXPSEG_OK; /* its own stream (internal.h: key) */
   for (uint32_t i = 0; i < b->n_uses; i++)
     if (b->uses[i] == s) return EXPSEG_OK;
   if (b->n_uses == b->uses_cap) {
