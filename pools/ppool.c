@@ -51,7 +51,7 @@ expseg_status expseg_pool_create(expseg_allocator *a, expseg_pool_id *out) {
   size_t t = 1;
   while (t < a->n_ppools && a->ppools[t].id != 0) t++;
   expseg_status st = EXPSEG_OK;
-  if (t == a->n_ppools) {
+  if (t >= a->n_ppools) { /* a new slot (slot 0 made with the first) */
     if (t > MAX_TAGS) {
       st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
                              "expseg_pool_create: %u private pools exist or drain already; "
