@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -275,4 +276,278 @@ TEST(AllocBusy, NoBusyMemoryHandedOutNothingLeakedUnderFaults) {
   EXPECT_GE(injected, ops / 100) << S << "too few faults reached the driver";
   expect_nothing_left(a, S);
   EXPECT_EQ(open_fds(), fds_before) << S << "descriptors leaked";
+}
+
+// ---- private pools under the same conditions ----
+//
+// Up to four pools are created, retained, released, begun with a stream filter (or none)
+// and ended at random, and allocations go through expseg_malloc (routed: the newest begun
+// pool whose filter accepts the stream, as this test's model of the begun pools says) or
+// expseg_malloc_pool (a pool named, or the general cache). After each allocation:
+// expseg_pool_of names the pool the model expects, and no granule of the block is one a
+// live private pool holds for itself (an owner map of granules, cleared for a pool only when
+// its memory may go: expseg_pool_empty_cache of it, or its drain): no block crosses pools,
+// reuse happens only inside a pool. A released pool's statistics must remain while the model
+// has a live block of it or a block freed on a held stream (its memory not given back before
+// it is empty and idle); the pool's reserved bytes never fall below its live requests. At
+// the end, with every stream released, every block freed and every pool released,
+// empty_cache leaves nothing reserved and no pool statistic.
+TEST(AllocBusy, PrivatePoolsNeverShareMemory) {
+  EXPSEG_SEEDED(seed, 20261126);
+  const uint64_t ops = env_u64("EXPSEG_TEST_OPS", 100000) / 2;
+  const std::string S = "seed " + std::to_string(seed) + ": ";
+  std::mt19937_64 rng(seed);
+  auto below = [&](uint64_t n) { return rng() % n; };
+  auto chance = [&](double p) { return (double)(rng() >> 11) / 9007199254740992.0 < p; };
+  int warnings = 0;
+  expseg_set_log_sink([](void *ctx, const char *) { ++*static_cast<int *>(ctx); }, &warnings);
+  expseg_allocator *a = nullptr;
+  ASSERT_EQ(expseg_create("fault;host:capacity=256M", 0, "expandable_segments:True", &a),
+            EXPSEG_OK)
+      << expseg_last_error();
+  expseg_info info;
+  ASSERT_EQ(expseg_get_info(a, &info), EXPSEG_OK);
+  const uintptr_t gran = info.granularity;
+
+  struct PBlock {
+    size_t size;
+    expseg_stream stream;
+    expseg_pool_id pool;
+    uint64_t tag;
+  };
+  struct PoolM {
+    int use;           // 0: released, draining
+    uint32_t mask = 0; // the filter's streams while begun (ctx points here)
+  };
+  struct Route {
+    expseg_pool_id id;
+    uint32_t *mask; // nullptr: no filter
+  };
+  std::map<uintptr_t, PBlock> live;
+  std::map<expseg_pool_id, std::unique_ptr<PoolM>> pools; // not drained yet
+  std::vector<Route> routes;
+  std::map<uintptr_t, expseg_pool_id> owner;               // granule -> private pool
+  std::map<expseg_pool_id, int> busy_on_held[kStreams];    // blocks freed on a held stream
+  bool held[kStreams] = {false};
+  uint64_t next_tag = 1, crossings_checked = 0, drained = 0, routed = 0;
+  auto filter = [](void *ctx, expseg_stream s) {
+    return s < 32 && ((*static_cast<uint32_t *>(ctx) >> s) & 1) != 0;
+  };
+  auto key = [](expseg_pool_id id, const char *f) {
+    return "reserved_bytes_by_private_pools.0_" + std::to_string(id) + ".all." + f;
+  };
+  auto stat_or = [&](const std::string &k, int64_t *v) {
+    return expseg_stat(a, k.c_str(), v) == EXPSEG_OK;
+  };
+  auto forget = [&](expseg_pool_id id) { // pool id's memory may have gone back
+    for (auto it = owner.begin(); it != owner.end();) it = it->second == id ? owner.erase(it) : ++it;
+    for (const auto &kv : live)
+      if (kv.second.pool == id)
+        for (uintptr_t g = kv.first / gran; g <= (kv.first + kv.second.size - 1) / gran; g++)
+          owner[g] = id;
+  };
+  auto live_pool_ids = [&]() {
+    std::vector<expseg_pool_id> v;
+    for (const auto &kv : pools)
+      if (kv.second->use > 0) v.push_back(kv.first);
+    return v;
+  };
+
+  for (uint64_t op = 0; op < ops; op++) {
+    const std::string where = S + "op " + std::to_string(op);
+    if (chance(0.03)) {
+      std::string rule = std::string(kKinds[below(sizeof kKinds / sizeof *kKinds)]) + "@" +
+                         std::to_string(1 + below(3));
+      ASSERT_EQ(expseg_testing_set_faults(a, rule.c_str()), EXPSEG_OK) << where;
+    }
+    const uint64_t pick = below(1000);
+    std::vector<expseg_pool_id> ids = live_pool_ids();
+    if (pick < 450 && live.size() < 400) { // ---- malloc, routed or to a pool named
+      size_t size = chance(0.6) ? 1 + below(1 * MiB) : 1 * MiB + below(15 * MiB);
+      expseg_stream s = below(kStreams);
+      void *p = nullptr;
+      expseg_pool_id want = 0;
+      expseg_status st;
+      if (chance(0.6)) {
+        for (size_t i = routes.size(); i > 0; i--)
+          if (routes[i - 1].mask == nullptr || ((*routes[i - 1].mask >> s) & 1)) {
+            want = routes[i - 1].id;
+            break;
+          }
+        routed += want != 0;
+        st = expseg_malloc(a, size, s, &p);
+      } else {
+        want = ids.empty() || chance(0.25) ? 0 : ids[below(ids.size())];
+        st = expseg_malloc_pool(a, size, s, want, &p);
+      }
+      if (st != EXPSEG_OK) {
+        ASSERT_TRUE(st == EXPSEG_ERR_OUT_OF_MEMORY || st == EXPSEG_ERR_DRIVER)
+            << where << ": " << expseg_last_error();
+      } else {
+        expseg_pool_id got = 999;
+        ASSERT_EQ(expseg_pool_of(a, p, &got), EXPSEG_OK) << where;
+        ASSERT_EQ(got, want) << where << ": allocated in the wrong pool";
+        const uintptr_t lo = (uintptr_t)p;
+        for (uintptr_t g = lo / gran; g <= (lo + size - 1) / gran; g++) {
+          crossings_checked++;
+          auto o = owner.find(g);
+          // a released pool with no live block gives its memory back (a malloc reaps first)
+          bool holder_live = false;
+          for (const auto &kv : live) holder_live |= o != owner.end() && kv.second.pool == o->second;
+          if (o != owner.end() && o->second != want && pools.count(o->second) &&
+              pools[o->second]->use == 0 && !holder_live) {
+            forget(o->second);
+            o = owner.find(g);
+          }
+          if (o != owner.end() && o->second != want)
+            FAIL() << where << ": pool " << want << " (use " << (want ? pools[want]->use : -1)
+                   << ") holder use " << (pools.count(o->second) ? pools[o->second]->use : -9)
+                   << " was handed [" << std::hex << lo << ", +"
+                   << size << ") in a granule pool " << std::dec << o->second << " holds";
+          if (want != 0) owner[g] = want;
+        }
+        uint64_t tag = next_tag++ * 0x9E3779B97F4A7C15ull;
+        write_tag(p, size, tag);
+        live[lo] = PBlock{size, s, want, tag};
+      }
+    } else if (pick < 850 && !live.empty()) { // ---- free
+      auto it = live.begin();
+      std::advance(it, (long)below(live.size()));
+      ASSERT_TRUE(tag_ok((void *)it->first, it->second.size, it->second.tag)) << where;
+      ASSERT_EQ(expseg_free(a, (void *)it->first), EXPSEG_OK) << where << expseg_last_error();
+      if (held[it->second.stream] && it->second.pool != 0)
+        busy_on_held[it->second.stream][it->second.pool]++;
+      live.erase(it);
+    } else if (pick < 880) { // ---- create, retain, release
+      if (pools.size() < 4 && (ids.empty() || chance(0.4))) {
+        expseg_pool_id id = 0;
+        ASSERT_EQ(expseg_pool_create(a, &id), EXPSEG_OK) << where;
+        ASSERT_EQ(pools.count(id), 0u) << where << ": id reused";
+        pools[id] = std::make_unique<PoolM>();
+        pools[id]->use = 1;
+      } else if (!ids.empty()) {
+        expseg_pool_id id = ids[below(ids.size())];
+        PoolM &m = *pools[id];
+        bool begun = false;
+        for (const Route &r : routes) begun |= r.id == id;
+        if (chance(0.3)) {
+          ASSERT_EQ(expseg_pool_retain(a, id), EXPSEG_OK) << where;
+          m.use++;
+        } else if (m.use == 1 && begun) {
+          ASSERT_EQ(expseg_pool_release(a, id), EXPSEG_ERR_INVALID_ARGUMENT) << where;
+        } else {
+          ASSERT_EQ(expseg_pool_release(a, id), EXPSEG_OK) << where << expseg_last_error();
+          m.use--;
+        }
+        int n = -1;
+        if (m.use > 0) {
+          ASSERT_EQ(expseg_pool_use_count(a, id, &n), EXPSEG_OK) << where;
+          ASSERT_EQ(n, m.use) << where;
+        } else {
+          ASSERT_EQ(expseg_pool_use_count(a, id, &n), EXPSEG_ERR_INVALID_ARGUMENT) << where;
+        }
+      }
+    } else if (pick < 910) { // ---- begin or end
+      if (!routes.empty() && chance(0.5)) {
+        size_t i = below(routes.size());
+        const expseg_pool_id id = routes[i].id;
+        ASSERT_EQ(expseg_pool_end(a, id), EXPSEG_OK) << where;
+        for (size_t j = routes.size(); j > 0; j--) // the newest begin of id ends
+          if (routes[j - 1].id == id) {
+            routes.erase(routes.begin() + (long)(j - 1));
+            break;
+          }
+      } else if (!ids.empty() && routes.size() < 6) {
+        expseg_pool_id id = ids[below(ids.size())];
+        PoolM &m = *pools[id];
+        if (chance(0.3)) {
+          ASSERT_EQ(expseg_pool_begin(a, id, nullptr, nullptr), EXPSEG_OK) << where;
+          routes.push_back({id, nullptr});
+        } else {
+          // one mask per pool: a pool begun twice filters both begins by its newest mask
+          m.mask = (uint32_t)below(1u << kStreams);
+          ASSERT_EQ(expseg_pool_begin(a, id, filter, &m.mask), EXPSEG_OK) << where;
+          routes.push_back({id, &m.mask});
+        }
+      } else if (!ids.empty()) {
+        bool begun = false;
+        for (const Route &r : routes) begun |= r.id == ids[0];
+        if (!begun) {
+          ASSERT_EQ(expseg_pool_end(a, ids[0]), EXPSEG_ERR_INVALID_ARGUMENT) << where;
+        }
+      }
+    } else if (pick < 940) { // ---- hold or release a stream
+      expseg_stream s = 1 + below(kStreams - 1);
+      ASSERT_EQ(expseg_testing_hold_stream(a, s, !held[s]), EXPSEG_OK) << where;
+      held[s] = !held[s];
+      if (!held[s]) busy_on_held[s].clear();
+    } else if (pick < 960) { // ---- empty the general cache (and drain released pools)
+      ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << where;
+    } else if (pick < 980 && !ids.empty()) { // ---- empty one pool
+      expseg_pool_id id = ids[below(ids.size())];
+      ASSERT_EQ(expseg_pool_empty_cache(a, id), EXPSEG_OK) << where;
+      forget(id);
+    }
+    // ---- after every operation
+    ASSERT_EQ(expseg_check(a), EXPSEG_OK) << where << ": " << expseg_last_error();
+    ASSERT_EQ(stat_of(a, "allocation.all.current"), (int64_t)live.size()) << where;
+    std::map<expseg_pool_id, int64_t> requested;
+    for (const auto &kv : live) requested[kv.second.pool] += (int64_t)kv.second.size;
+    int64_t sum = 0;
+    for (auto it = pools.begin(); it != pools.end();) {
+      const expseg_pool_id id = it->first;
+      int64_t cur = 0;
+      bool busy = requested[id] > 0;
+      for (int s = 1; s < kStreams; s++) busy |= busy_on_held[s].count(id) > 0;
+      if (!stat_or(key(id, "current"), &cur)) {
+        ASSERT_EQ(it->second->use, 0) << where << ": pool " << id << " lost its statistics";
+        ASSERT_FALSE(busy) << where << ": pool " << id << " was given back with live blocks or "
+                           << "blocks freed on a held stream";
+        drained++;
+        forget(id);
+        for (int s = 1; s < kStreams; s++) busy_on_held[s].erase(id);
+        it = pools.erase(it);
+        continue;
+      }
+      ASSERT_GE(cur, requested[id]) << where << ": pool " << id << " reserves less than it holds";
+      sum += cur;
+      ++it;
+    }
+    ASSERT_LE(sum, stat_of(a, "reserved_bytes.all.current")) << where;
+    if (op % 500 == 499) {
+      for (const auto &kv : live)
+        ASSERT_TRUE(tag_ok((void *)kv.first, kv.second.size, kv.second.tag)) << where;
+    }
+  }
+  ASSERT_EQ(expseg_testing_set_faults(a, ""), EXPSEG_OK);
+  for (expseg_stream s = 1; s < kStreams; s++) {
+    if (held[s]) {
+      ASSERT_EQ(expseg_testing_hold_stream(a, s, false), EXPSEG_OK);
+    }
+  }
+  for (const auto &kv : live) {
+    ASSERT_TRUE(tag_ok((void *)kv.first, kv.second.size, kv.second.tag)) << S << "at the end";
+    ASSERT_EQ(expseg_free(a, (void *)kv.first), EXPSEG_OK) << S << expseg_last_error();
+  }
+  while (!routes.empty()) {
+    ASSERT_EQ(expseg_pool_end(a, routes.back().id), EXPSEG_OK) << S;
+    routes.pop_back();
+  }
+  for (auto &kv : pools)
+    for (; kv.second->use > 0; kv.second->use--) ASSERT_EQ(expseg_pool_release(a, kv.first), EXPSEG_OK);
+  ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+  ASSERT_EQ(expseg_check(a), EXPSEG_OK) << S << expseg_last_error();
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0) << S;
+  for (auto &kv : pools) {
+    int64_t v;
+    EXPECT_FALSE(stat_or(key(kv.first, "current"), &v)) << S << "pool " << kv.first << " not drained";
+  }
+  expseg_set_log_sink(nullptr, nullptr);
+  std::printf("%llu operations, %llu routed allocations, %llu pools drained, %llu granule "
+              "checks, %d warnings\n",
+              (unsigned long long)ops, (unsigned long long)routed, (unsigned long long)drained,
+              (unsigned long long)crossings_checked, warnings);
+  EXPECT_GT(drained, 5u) << S;
+  EXPECT_GT(routed, ops / 20) << S;
+  expect_nothing_left(a, S);
 }
