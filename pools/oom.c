@@ -17,7 +17,7 @@ static size_t count_streams(const expseg_allocator *a) {
   for (const segment_t *s = a->segments; s; s = s->next_all) {
     bool seen = false;
     for (const segment_t *t = a->segments; t != s && !seen; t = t->next_all)
-      seen = t->stream == s->stream;
+      seen = skey_stream(t->stream) == skey_stream(s->stream); /* streams, not pool keys */
     n += !seen;
   }
   return n;
