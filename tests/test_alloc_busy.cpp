@@ -487,6 +487,11 @@ TEST(AllocBusy, PrivatePoolsNeverShareMemory) {
       expseg_pool_id id = ids[below(ids.size())];
       ASSERT_EQ(expseg_pool_empty_cache(a, id), EXPSEG_OK) << where;
       forget(id);
+    } else if (pick < 990) { // ---- switch segment kinds at run time (classic pools too)
+      ASSERT_EQ(expseg_configure(a, chance(0.5) ? "expandable_segments:True"
+                                                : "expandable_segments:False"),
+                EXPSEG_OK)
+          << where;
     }
     // ---- after every operation
     ASSERT_EQ(expseg_check(a), EXPSEG_OK) << where << ": " << expseg_last_error();

@@ -334,8 +334,9 @@ TEST_P(Pools, StatisticsFamily) {
 
 TEST_P(Pools, SnapshotCarriesSegmentPoolId) {
   if (!snapshot_have_python()) GTEST_SKIP() << "python3 with pickle is needed";
+  ASSERT_EQ(expseg_record_history(a, true, 1000), EXPSEG_OK);
   expseg_pool_id p = create();
-  void *x = alloc(3 * MiB, 0, p), *g = alloc(3 * MiB, 0, 0);
+  void *x = alloc(3 * MiB, 5, p), *g = alloc(3 * MiB, 0, 0);
   char path[] = "/tmp/expseg_pools_snapXXXXXX";
   int fd = mkstemp(path);
   ASSERT_GE(fd, 0);
@@ -344,11 +345,13 @@ TEST_P(Pools, SnapshotCarriesSegmentPoolId) {
   std::string out;
   int rc = snapshot_run("python3 -c \"import pickle,sys; d=pickle.load(open(sys.argv[1],'rb')); "
                         "print(sorted(set((s['segment_pool_id'], s['stream']) for s in "
-                        "d['segments'])))\" " + std::string(path),
+                        "d['segments'])), sorted(set(e['stream'] for e in d['device_traces'][0])))\" " +
+                            std::string(path),
                         &out);
   EXPECT_EQ(rc, 0) << out;
-  EXPECT_EQ(out, "[((0, 0), 0), ((0, " + std::to_string(p) + "), 0)]\n")
-      << "segment_pool_id is (0, 0) for the general cache, (0, id) for a pool; streams untagged";
+  EXPECT_EQ(out, "[((0, 0), 0), ((0, " + std::to_string(p) + "), 5)] [0, 5]\n")
+      << "segment_pool_id is (0, 0) for the general cache, (0, id) for a pool; the streams of "
+         "segments and trace events are the streams, not pool keys";
   std::string check;
   EXPECT_EQ(snapshot_check(path, "", false, &check), 0) << check;
   unlink(path);
