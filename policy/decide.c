@@ -1,11 +1,17 @@
 /* decide.c: decisions the allocator core used to make inline, as pure functions of the
  * configuration and the figures the core passes in: when the physical page cache is over
- * its bound, and which hint an out-of-memory message gives (pools/oom.c writes the words).
+ * its bound, which hint an out-of-memory message gives (pools/oom.c writes the words), and
+ * whose free memory may be taken across private pools.
  * The oversize test, which the hit path asks, is inline in policy.h. docs/design.md. */
 #include "policy.h"
 
 size_t _expseg_page_cache_excess(const expseg_config_t *c, size_t cached_bytes) {
   return cached_bytes > c->page_cache_max ? cached_bytes - c->page_cache_max : 0;
+}
+
+bool _expseg_pool_may_take(uint32_t taker, uint32_t owner, int owner_use_count,
+                           size_t owner_busy) {
+  return owner == taker || owner == 0 || (owner_use_count == 0 && owner_busy == 0);
 }
 
 expseg_oom_hint_t _expseg_oom_hint(const expseg_oom_facts_t *f) {

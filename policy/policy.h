@@ -197,6 +197,13 @@ size_t _expseg_steal_max_pages(size_t need, size_t room, bool blocking);
  * unmap each time; the pool creates its own pages instead, once. */
 #define EXPSEG_NO_TAKE_BACK 64
 bool _expseg_may_take_back(uint64_t robbed, uint64_t now);
+/* Private pools (docs/api.md, "Private pools"): may growth or trimming on behalf of pool
+ * `taker` (0: the general cache, and every trimming: garbage collection, empty_cache, the
+ * out-of-memory path) move or give back free memory of pool `owner`? Its own, the general
+ * cache's, and a released pool's (use count 0) whose blocks are all free (busy 0); never a
+ * live private pool's: its memory is its own until it is emptied or released. */
+bool _expseg_pool_may_take(uint32_t taker, uint32_t owner, int owner_use_count,
+                           size_t owner_busy);
 /* Address space for a new expandable segment: va_reserve_mb (0 = expandable_segments_reserve
  * when set, a fraction of total or GiB; else total / 8) for the first
  * large-pool segment of a stream, an eighth of that for the small pool (requests of at

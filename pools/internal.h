@@ -659,10 +659,10 @@ static inline void _expseg_ppool_reserved(expseg_allocator *a, const segment_t *
   if (t != 0) _expseg_stat_pool_add(a->ppools[t].reserved, s->pool, delta);
 }
 /* Whether segment s's free memory may be given back or moved by the general cache's
- * trimming: the general cache's, or a released pool's whose blocks are all free. */
+ * trimming or growth (policy: _expseg_pool_may_take). */
 static inline bool _expseg_seg_general(const expseg_allocator *a, const segment_t *s) {
   const uint32_t t = seg_tag(s);
-  return t == 0 || (a->ppools[t].use_count == 0 && a->ppools[t].busy == 0);
+  return t == 0 || _expseg_pool_may_take(0, t, a->ppools[t].use_count, a->ppools[t].busy);
 }
 #include "history.h" /* EXPSEG_HIST: the history hooks */
 

@@ -262,6 +262,17 @@ TEST(PolicyRound, NoImmediateTakeBackBetweenPools) {
   EXPECT_TRUE(_expseg_may_take_back(100, 100 + EXPSEG_NO_TAKE_BACK));
 }
 
+TEST(PolicyRound, PrivatePoolMemoryIsTakenOnlyWhenFreeable) {
+  EXPECT_TRUE(_expseg_pool_may_take(0, 0, 0, 0)) << "the general cache's own";
+  EXPECT_TRUE(_expseg_pool_may_take(3, 0, 0, 0)) << "a pool may take the general cache's";
+  EXPECT_TRUE(_expseg_pool_may_take(3, 3, 1, 5)) << "its own, busy or not";
+  EXPECT_FALSE(_expseg_pool_may_take(0, 3, 1, 0)) << "a live pool's, all free: kept";
+  EXPECT_FALSE(_expseg_pool_may_take(4, 3, 2, 0)) << "another pool's: kept";
+  EXPECT_FALSE(_expseg_pool_may_take(0, 3, 0, 1)) << "released, a block still busy: kept";
+  EXPECT_TRUE(_expseg_pool_may_take(0, 3, 0, 0)) << "released and all free";
+  EXPECT_TRUE(_expseg_pool_may_take(4, 3, 0, 0));
+}
+
 TEST(PolicyRound, SegmentAddressSpaceGrowsPerSegment) {
   const size_t MiB = (size_t)1 << 20, GiB = MiB << 10, page = 2 * MiB, total = 80 * GiB;
   expseg_config_t c;
