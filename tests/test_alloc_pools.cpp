@@ -131,6 +131,17 @@ TEST_P(Pools, ErrorsNameTheIdAndChangeNothing) {
   EXPECT_EQ(expseg_pool_of(a, &local, &out), EXPSEG_ERR_INVALID_ARGUMENT) << "not ours";
   EXPECT_EQ(expseg_pool_create(nullptr, &out), EXPSEG_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(out, 0u);
+  EXPECT_EQ(expseg_pool_retain(nullptr, p), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_pool_use_count(nullptr, p, &n), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_pool_begin(nullptr, p, nullptr, nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_pool_end(nullptr, p), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_pool_release(nullptr, p), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_pool_empty_cache(nullptr, p), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_malloc_pool(nullptr, 4096, 0, p, &ptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_pool_of(nullptr, &local, &out), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_malloc_pool(a, 4096, 0, UINT64_MAX, &ptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(expseg_pool_use_count(a, p, &n), EXPSEG_OK);
+  EXPECT_EQ(n, 1) << "no failed call changed the count";
   // releasing to 0 while begun is refused, the count unchanged
   ASSERT_EQ(expseg_pool_begin(a, p, nullptr, nullptr), EXPSEG_OK);
   EXPECT_EQ(expseg_pool_release(a, p), EXPSEG_ERR_INVALID_ARGUMENT);
