@@ -7,7 +7,7 @@
     expseg.empty_cache(); expseg.reset_peak_memory_stats(); expseg.snapshot("mem.pickle")
 
 Standard library and ctypes only; PyTorch is imported by install() alone. The library is
-libexpseg_torch.so (torch/expseg_torch.c), found through $EXPSEG_TORCH_LIB, next to this
+libexpseg_torch.so (plugin/expseg_torch.c), found through $EXPSEG_TORCH_LIB, next to this
 file, the build folders of the repository, then the installed lib folders
 (docs/torch.md). Every failure is an ExpsegError with a one-line message.
 """
@@ -45,7 +45,7 @@ def _candidates():
     repo = os.path.dirname(here)
     found = [os.path.join(here, LIB_NAME)]
     # the repository's build folders (build/, build-*/), newest first
-    builds = glob.glob(os.path.join(repo, "build*", "torch", LIB_NAME))
+    builds = glob.glob(os.path.join(repo, "build*", "plugin", LIB_NAME))
     found += sorted(builds, key=os.path.getmtime, reverse=True)
     # installed: PREFIX/share/expseg/python/expseg.py -> PREFIX/lib*/libexpseg_torch.so
     prefix = os.path.normpath(os.path.join(here, "..", "..", ".."))

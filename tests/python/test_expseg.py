@@ -296,6 +296,23 @@ class Messages(unittest.TestCase):
         one_line(self, m)
         self.assertIn("EXPSEG_DRIVER=host", m)
 
+    def test_install_from_the_repository_root_without_pytorch(self):
+        # python -c puts the current folder first on sys.path: a folder named torch/ in the
+        # repository root would be imported as PyTorch (a namespace package without .cuda)
+        code = ("import expseg\n"
+                "try:\n"
+                "    expseg.install()\n"
+                "except expseg.ExpsegError as e:\n"
+                "    print(e)\n")
+        e = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+        p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=e, capture_output=True,
+                           text=True, timeout=120)
+        if p.returncode == 0 and "needs PyTorch" not in p.stdout and torch_with_gpu():
+            self.skipTest("PyTorch is installed here")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        one_line(self, p.stdout)
+        self.assertIn("needs PyTorch", p.stdout)
+
     def test_library_not_found(self):
         rc, out, err = run_child("""
             import expseg
