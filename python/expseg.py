@@ -725,8 +725,8 @@ def numba_memory_manager():
     from numba import cuda
     import contextlib
 
-    def device_pointer(numba_cuda, ptr):
-        drv = numba_cuda.cudadrv.driver
+    def device_pointer(ptr):
+        from numba.cuda.cudadrv import driver as drv
         if getattr(drv, "USE_NV_BINDING", False):
             return drv.binding.CUdeviceptr(ptr)
         return ctypes.c_uint64(ptr)
@@ -742,7 +742,7 @@ def numba_memory_manager():
 
         def memalloc(self, size):
             block = _Block(int(size), self._device, 0, "expseg Numba memalloc")
-            ptr = device_pointer(cuda, block.ptr)
+            ptr = device_pointer(block.ptr)
             return cuda.MemoryPointer(self.context, ptr, size, finalizer=block.free)
 
         def get_memory_info(self):
