@@ -367,6 +367,13 @@ size_t expseg_torch_memory_summary(int device, char *buf, size_t len, int abbrev
   return expseg_memory_summary(a, buf, len, abbreviated != 0);
 }
 
+size_t expseg_torch_config_string(int device, char *buf, size_t len) {
+  expseg_allocator *a = get(device, "expseg_torch_config_string");
+  if (buf && len) buf[0] = '\0';
+  if (!a) return 0;
+  return expseg_config_string(a, buf, len);
+}
+
 int expseg_torch_device_count(void) {
   int n = 0;
   for (int d = 0; d < MAXDEV; d++)

@@ -72,6 +72,9 @@ EXPSEG_EXPORT int expseg_torch_reset_accumulated_stats(int device);
 EXPSEG_EXPORT int expseg_torch_empty_cache(int device);
 /* Forwards to expseg_snapshot_dump: the memory_viz pickle of the device's allocator. */
 EXPSEG_EXPORT int expseg_torch_snapshot_dump(int device, const char *path);
+/* The configuration in force (expseg_config_string): writes at most len bytes (NUL
+ * included), returns the length it needs; 0 when the allocator cannot be created. */
+EXPSEG_EXPORT size_t expseg_torch_config_string(int device, char *buf, size_t len);
 /* 1 + the highest device ordinal that has an allocator (0: none yet). */
 EXPSEG_EXPORT int expseg_torch_device_count(void);
 /* torch.cuda.memory_summary()'s text then expseg's section (expseg_memory_summary): writes

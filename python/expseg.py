@@ -31,6 +31,7 @@ __all__ = [
     "ExpsegError", "ExpsegWarning", "install", "route", "library_path", "memory_stats",
     "memory_summary", "empty_cache", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
     "record_history", "snapshot", "snapshot_dict", "mem_get_info", "set_memory_fraction",
+    "get_memory_fraction", "config",
     "synchronize", "deferred_frees", "driver", "last_error", "cupy_allocator",
     "numba_memory_manager",
 ]
@@ -116,6 +117,7 @@ def _load():
         "expseg_torch_empty_cache": (c_int, [c_int]),
         "expseg_torch_snapshot_dump": (c_int, [c_int, ctypes.c_char_p]),
         "expseg_torch_device_count": (c_int, []),
+        "expseg_torch_config_string": (c_size, [c_int, ctypes.c_char_p, c_size]),
         "expseg_torch_memory_summary": (c_size, [c_int, ctypes.c_char_p, c_size, c_int]),
         "expseg_torch_record_history": (c_int, [c_int, c_int, c_size, ctypes.c_uint]),
         "expseg_torch_set_memory_fraction": (c_int, [c_int, ctypes.c_double]),
@@ -334,6 +336,27 @@ def set_memory_fraction(fraction, device=None):
     d = _device(device)
     _check(_load().expseg_torch_set_memory_fraction(d, float(fraction)),
            "expseg.set_memory_fraction", d)
+
+
+def config(device=None):
+    """The configuration in force on the device, as one option string (docs/config.md)."""
+    d = _device(device)
+    lib = _load()
+    need = lib.expseg_torch_config_string(d, None, 0)
+    if need == 0:
+        raise ExpsegError("expseg.config(device %d): %s" % (d, last_error(d)))
+    buf = ctypes.create_string_buffer(need + 1)
+    lib.expseg_torch_config_string(d, buf, need + 1)
+    return buf.value.decode()
+
+
+def get_memory_fraction(device=None):
+    """The device's memory fraction (1.0: no cap), as get_per_process_memory_fraction."""
+    for item in config(device).split(","):
+        key, _, value = item.partition(":")
+        if key.strip() == "per_process_memory_fraction":
+            return float(value)
+    return 1.0
 
 
 def synchronize(device=None):
@@ -597,6 +620,8 @@ def _torch_calls(torch):
         "memory_summary": summary,
         "empty_cache": empty,
         "set_per_process_memory_fraction": fraction,
+        "get_per_process_memory_fraction": get_memory_fraction,
+        "memory_snapshot": lambda *args, **kwargs: snapshot_dict(None)["segments"],
         "mem_get_info": mem_get_info,
         "_record_memory_history": history,
         "_snapshot": snap,

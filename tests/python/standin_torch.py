@@ -156,6 +156,8 @@ def build():
     memory.reset_accumulated_memory_stats = _unsupported("resetAccumulatedStats")
     memory._record_memory_history = _unsupported("recordHistory")
     memory._snapshot = _unsupported("snapshot")
+    memory.memory_snapshot = _unsupported("snapshot")
+    memory.get_per_process_memory_fraction = _unsupported("getMemoryFraction")
     memory._dump_snapshot = _unsupported("snapshot")
     memory.empty_cache = lambda: None                                  # does nothing
     memory.set_per_process_memory_fraction = lambda fraction, device=None: None

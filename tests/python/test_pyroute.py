@@ -126,6 +126,7 @@ class PythonRoute(unittest.TestCase):
             torch.cuda.empty_cache()
             res1 = torch.cuda.memory_reserved(0)
             torch.cuda.set_per_process_memory_fraction(0.25, 0)
+            got_fraction = torch.cuda.get_per_process_memory_fraction(0)
             try:
                 torch.empty(20 << 20, 0); oom = "no error"
             except RuntimeError as e:
@@ -135,7 +136,8 @@ class PythonRoute(unittest.TestCase):
             info = torch.cuda.mem_get_info(0)
             summary = torch.cuda.memory_summary(0, abbreviated=True)
             print(json.dumps(dict(peak0=peak0, peak1=peak1, allocs0=allocs0, allocs1=allocs1,
-                res0=res0, res1=res1, oom=oom, info=list(info), want=list(expseg.mem_get_info(0)),
+                res0=res0, res1=res1, oom=oom, fraction=got_fraction,
+                fraction1=torch.cuda.memory.get_per_process_memory_fraction("cuda:0"), info=list(info), want=list(expseg.mem_get_info(0)),
                 summary=summary)))
             """)
         self.assertEqual(r["peak0"], 8 << 20)
@@ -144,6 +146,7 @@ class PythonRoute(unittest.TestCase):
         self.assertEqual(r["allocs1"], 0)
         self.assertGreater(r["res0"], r["res1"])
         self.assertIn("out of memory", r["oom"])
+        self.assertEqual([r["fraction"], r["fraction1"]], [0.25, 1.0])
         self.assertEqual(r["info"], r["want"])
         self.assertEqual(r["info"][1], 64 << 20)
         self.assertIn("PyTorch CUDA memory summary, device ID 0", r["summary"])
@@ -156,13 +159,14 @@ class PythonRoute(unittest.TestCase):
             x = torch.empty(1 << 20, 1); del x
             y = torch.empty(2 << 20, 0)
             s = torch.cuda.memory._snapshot()
+            segs = torch.cuda.memory_snapshot()
             path = os.path.join(tempfile.mkdtemp(), "s.pickle")
             torch.cuda.memory._dump_snapshot(path)
             with open(path, "rb") as f:
                 d = pickle.load(f)
             torch.cuda.memory._record_memory_history(enabled=None)
             off = torch.cuda.memory._snapshot()
-            print(json.dumps(dict(keys=sorted(s), devs=sorted({seg["device"] for seg in s["segments"]}),
+            print(json.dumps(dict(keys=sorted(s), segs=segs == s["segments"], devs=sorted({seg["device"] for seg in s["segments"]}),
                 acts1=[e["action"] for e in s["device_traces"][1]],
                 acts0=[e["action"] for e in s["device_traces"][0]],
                 dumped=[len(d["segments"]), len(d["device_traces"])],
@@ -171,6 +175,7 @@ class PythonRoute(unittest.TestCase):
         self.assertEqual(r["keys"], ["allocator_settings", "device_traces", "external_annotations",
                                      "segments"])
         self.assertEqual(r["devs"], [0, 1])
+        self.assertTrue(r["segs"])
         self.assertIn("alloc", r["acts1"])
         self.assertIn("free_requested", r["acts1"])
         self.assertIn("alloc", r["acts0"])
