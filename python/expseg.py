@@ -510,6 +510,7 @@ def install(route="auto", safe_record_stream=None):
                                                          "expseg_torch_free")
         torch.cuda.memory.change_current_allocator(alloc)
     except RuntimeError as e:
+        _lib.expseg_torch_set_safe_free(0)
         if "already initialized" in str(e):
             raise ExpsegError(too_late) from None
         raise ExpsegError("expseg.install(): PyTorch refused the allocator: %s" % e) from None
@@ -581,6 +582,7 @@ def _torch_calls(torch):
             raise ExpsegError("torch.cuda.memory._record_memory_history(enabled=%r): expected "
                               "\"all\", \"state\", True, or None/False to stop" % (enabled,)) \
                 from None
+        max_entries = kwargs.get("trace_alloc_max_entries", max_entries)  # the old signature
         if stacks not in ("all", "python"):
             raise ExpsegError("torch.cuda.memory._record_memory_history(stacks=%r): expected "
                               "\"all\" or \"python\"" % (stacks,))
