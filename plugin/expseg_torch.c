@@ -374,6 +374,8 @@ size_t expseg_torch_config_string(int device, char *buf, size_t len) {
   return expseg_config_string(a, buf, len);
 }
 
+int expseg_torch_device_used(int device) { return existing(device) != NULL; }
+
 int expseg_torch_device_count(void) {
   int n = 0;
   for (int d = 0; d < MAXDEV; d++)

@@ -77,6 +77,8 @@ EXPSEG_EXPORT int expseg_torch_snapshot_dump(int device, const char *path);
 EXPSEG_EXPORT size_t expseg_torch_config_string(int device, char *buf, size_t len);
 /* 1 + the highest device ordinal that has an allocator (0: none yet). */
 EXPSEG_EXPORT int expseg_torch_device_count(void);
+/* 1 when the device has an allocator already, else 0 (creates nothing). */
+EXPSEG_EXPORT int expseg_torch_device_used(int device);
 /* torch.cuda.memory_summary()'s text then expseg's section (expseg_memory_summary): writes
  * at most len bytes (NUL included), returns the length it needs; 0 when the allocator
  * cannot be created. */

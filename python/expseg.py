@@ -117,6 +117,7 @@ def _load():
         "expseg_torch_empty_cache": (c_int, [c_int]),
         "expseg_torch_snapshot_dump": (c_int, [c_int, ctypes.c_char_p]),
         "expseg_torch_device_count": (c_int, []),
+        "expseg_torch_device_used": (c_int, [c_int]),
         "expseg_torch_config_string": (c_size, [c_int, ctypes.c_char_p, c_size]),
         "expseg_torch_memory_summary": (c_size, [c_int, ctypes.c_char_p, c_size, c_int]),
         "expseg_torch_record_history": (c_int, [c_int, c_int, c_size, ctypes.c_uint]),
@@ -267,8 +268,8 @@ def snapshot(path, device=None):
 
 def _used_devices():
     """The devices that have an allocator (the current one when none has yet)."""
-    n = _load().expseg_torch_device_count()
-    used = [d for d in range(n) if _load().expseg_torch_driver_name(d)]
+    lib = _load()
+    used = [d for d in range(lib.expseg_torch_device_count()) if lib.expseg_torch_device_used(d)]
     return used or [_device(None)]
 
 

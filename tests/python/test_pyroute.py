@@ -182,6 +182,17 @@ class PythonRoute(unittest.TestCase):
         self.assertEqual(r["dumped"], [2, 2])
         self.assertEqual(r["off"], [0, 0])
 
+    def test_snapshot_creates_no_allocator_for_unused_devices(self):
+        r, _ = self.result("""
+            expseg.install(route="python")
+            x = torch.empty(1 << 20, 1)
+            s = torch.cuda.memory._snapshot()
+            lib = expseg._load()
+            print(json.dumps([lib.expseg_torch_device_used(0), lib.expseg_torch_device_used(1),
+                              len(s["device_traces"]), len(s["segments"])]))
+            """)
+        self.assertEqual(r, [0, 1, 2, 1])
+
     def test_record_stream_reaches_expseg(self):
         r, _ = self.result("""
             expseg.install(route="python")
