@@ -744,14 +744,13 @@ _numba_class = None
 
 
 def numba_memory_manager():
-    """The Numba EMM plugin class (a HostOnlyCUDAMemoryManager: Numba keeps host memory,
-    expseg takes device memory). Numba finds it as expseg._numba_memory_manager when
+    """The Numba EMM plugin class (a HostOnlyCUDAMemoryManager: Numba keeps host memory and
+    its defer_cleanup, expseg takes device memory and frees at once). Numba finds it as expseg._numba_memory_manager when
     NUMBA_CUDA_MEMORY_MANAGER=expseg."""
     global _numba_class
     if _numba_class is not None:
         return _numba_class
     from numba import cuda
-    import contextlib
 
     def device_pointer(ptr):
         from numba.cuda.cudadrv import driver as drv
@@ -785,11 +784,6 @@ def numba_memory_manager():
         def reset(self):
             super().reset()
             empty_cache(self._device)
-
-        def defer_cleanup(self):
-            # expseg frees at once; the host memory Numba keeps has its own deferral
-            return super().defer_cleanup() if hasattr(super(), "defer_cleanup") \
-                else contextlib.nullcontext()
 
         @property
         def interface_version(self):
