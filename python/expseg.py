@@ -592,7 +592,7 @@ def _torch_calls(torch):
     def snap(device=None, *args, **kwargs):
         return snapshot_dict(None)
 
-    def dump(filename="dump_snapshot.pickle"):
+    def dump(filename="dump_snapshot.pickle", *args, **kwargs):
         raw = _path_bytes(filename, "torch.cuda.memory._dump_snapshot")
         devices = _used_devices()
         if len(devices) == 1:

@@ -161,7 +161,7 @@ class PythonRoute(unittest.TestCase):
             s = torch.cuda.memory._snapshot()
             segs = torch.cuda.memory_snapshot()
             path = os.path.join(tempfile.mkdtemp(), "s.pickle")
-            torch.cuda.memory._dump_snapshot(path)
+            torch.cuda.memory._dump_snapshot(path, augment_with_fx_traces=False)
             with open(path, "rb") as f:
                 d = pickle.load(f)
             torch.cuda.memory._record_memory_history(enabled=None)
