@@ -48,7 +48,7 @@ endforeach()
 configure_file(${CMAKE_CURRENT_LIST_DIR}/expseg.pc.in ${PROJECT_BINARY_DIR}/expseg.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/expseg.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
-# Tools (bench/), the PyTorch plug-in (torch/) and its Python helper (python/).
+# Tools (bench/), the PyTorch plug-in (plugin/) and its Python helper (python/).
 foreach(t expseg-replay expseg-bench-hit expseg-bench-grow expseg-bench-driver)
   if(TARGET ${t})
     install(TARGETS ${t} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
@@ -56,7 +56,8 @@ foreach(t expseg-replay expseg-bench-hit expseg-bench-grow expseg-bench-driver)
 endforeach()
 if(TARGET expseg_torch)
   install(TARGETS expseg_torch LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
-  install(FILES ${PROJECT_SOURCE_DIR}/torch/expseg_torch.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-  install(FILES ${PROJECT_SOURCE_DIR}/python/expseg.py
-          DESTINATION ${CMAKE_INSTALL_DATADIR}/expseg/python)
+  install(FILES ${PROJECT_SOURCE_DIR}/plugin/expseg_torch.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  # expseg.py and the modules beside it (_expseg_cxx.py, the C++ backend's loader, when present)
+  file(GLOB _expseg_py ${PROJECT_SOURCE_DIR}/python/*.py)
+  install(FILES ${_expseg_py} DESTINATION ${CMAKE_INSTALL_DATADIR}/expseg/python)
 endif()

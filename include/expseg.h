@@ -268,6 +268,10 @@ EXPSEG_EXPORT void expseg_ipc_handle_free(expseg_ipc_handle *h);
  * EXPSEG_ERR_UNSUPPORTED. */
 EXPSEG_EXPORT expseg_status expseg_stream_create(expseg_allocator *a, expseg_stream *out);
 EXPSEG_EXPORT expseg_status expseg_stream_destroy(expseg_allocator *a, expseg_stream stream);
+/* Waits until all work queued on the allocator's device, on every stream, is done (cuda:
+ * cuCtxSynchronize in the device's primary context). host and sim: EXPSEG_ERR_DRIVER while
+ * a test holds a stream (it would wait forever), else EXPSEG_OK at once. */
+EXPSEG_EXPORT expseg_status expseg_synchronize(expseg_allocator *a);
 
 /* ---- Private memory pools (PyTorch's MemPool and CUDA-graph pools; docs/api.md "Private
  * pools") ----

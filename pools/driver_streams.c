@@ -1,7 +1,7 @@
-/* driver_streams.c: streams the driver creates (expseg_stream_create/destroy), for callers
- * that need real streams of the allocator's device without including cuda.h, such as
- * expseg-replay --driver cuda replaying a history's streams. Only vmm/ talks to the
- * driver; this forwards. */
+/* driver_streams.c: streams the driver creates (expseg_stream_create/destroy) and a
+ * device-wide wait (expseg_synchronize), for callers that need them without including
+ * cuda.h: expseg-replay --driver cuda replaying a history's streams, and the PyTorch plug's
+ * deferred frees (plugin/expseg_torch.c). Only vmm/ talks to the driver; this forwards. */
 #include "internal.h"
 
 expseg_status expseg_stream_create(expseg_allocator *a, expseg_stream *out) {
@@ -20,4 +20,11 @@ expseg_status expseg_stream_destroy(expseg_allocator *a, expseg_stream stream) {
                              "expseg_stream_destroy: stream 0 is the default stream, not one "
                              "expseg_stream_create made");
   return _expseg_vmm_stream_destroy(a->drv, stream);
+}
+
+expseg_status expseg_synchronize(expseg_allocator *a) {
+  if (a == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_synchronize: the allocator is NULL");
+  return _expseg_vmm_device_synchronize(a->drv);
 }

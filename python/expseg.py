@@ -1,27 +1,39 @@
-"""expseg.py: expseg as PyTorch's CUDA allocator, and its statistics, from Python.
+"""expseg.py: expseg as the CUDA allocator of PyTorch, CuPy and Numba, and its statistics.
 
     import expseg
     expseg.install()                 # before the first CUDA allocation
     ...
-    expseg.memory_stats(0)           # the dict torch.cuda.memory_stats() returns
-    expseg.empty_cache(); expseg.reset_peak_memory_stats(); expseg.snapshot("mem.pickle")
+    torch.cuda.memory_stats(0)       # expseg's figures (C++ backend or the Python route)
+    expseg.memory_stats(0)           # the same, without PyTorch
+    cupy.cuda.set_allocator(expseg.cupy_allocator)      # CuPy
+    NUMBA_CUDA_MEMORY_MANAGER=expseg                     # Numba (expseg._numba_memory_manager)
 
-Standard library and ctypes only; PyTorch is imported by install() alone. The library is
-libexpseg_torch.so (torch/expseg_torch.c), found through $EXPSEG_TORCH_LIB, next to this
-file, the build folders of the repository, then the installed lib folders
-(docs/torch.md). Every failure is an ExpsegError with a one-line message.
+Standard library and ctypes only; PyTorch, CuPy and Numba are imported by the calls that
+need them. The library is libexpseg_torch.so (plugin/expseg_torch.c), found through
+$EXPSEG_TORCH_LIB, next to this file, the build folders of the repository, then the installed
+lib folders (docs/torch.md). install() tries the C++ backend (_expseg_cxx.py beside this
+file), then the Python route: the plug as PyTorch's allocator plus torch.cuda's memory calls
+and Tensor.record_stream routed here (docs/torch.md has the table of every call). Every
+failure is an ExpsegError with a one-line message.
 """
 
 import collections
 import ctypes
 import glob
+import importlib.util
 import os
+import pickle
 import sys
+import tempfile
+import warnings
 
 __all__ = [
-    "ExpsegError", "install", "library_path", "memory_stats", "empty_cache",
-    "reset_peak_memory_stats", "reset_accumulated_memory_stats", "snapshot", "mem_get_info",
-    "driver", "last_error",
+    "ExpsegError", "ExpsegWarning", "install", "route", "library_path", "memory_stats",
+    "memory_summary", "empty_cache", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
+    "record_history", "snapshot", "snapshot_dict", "mem_get_info", "set_memory_fraction",
+    "get_memory_fraction", "config",
+    "synchronize", "deferred_frees", "driver", "last_error", "cupy_allocator",
+    "numba_memory_manager",
 ]
 
 LIB_NAME = "libexpseg_torch.so"
@@ -30,7 +42,10 @@ _STATUS = {0: "EXPSEG_OK", 1: "EXPSEG_ERR_OUT_OF_MEMORY", 2: "EXPSEG_ERR_INVALID
 
 _lib = None
 _lib_path = None
-_installed = None  # the CUDAPluggableAllocator object, kept alive
+_installed = None  # the CUDAPluggableAllocator object (or the C++ backend), kept alive
+_route = None      # "cxx" or "python" once installed
+_patched = []      # (object, attribute, original) replaced by the Python route
+_said = set()      # messages printed once
 
 
 class ExpsegError(RuntimeError):
@@ -40,12 +55,16 @@ class ExpsegError(RuntimeError):
         super().__init__(" ".join(str(message).split()))
 
 
+class ExpsegWarning(UserWarning):
+    """What the Python route cannot see (given once per process)."""
+
+
 def _candidates():
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(here)
     found = [os.path.join(here, LIB_NAME)]
     # the repository's build folders (build/, build-*/), newest first
-    builds = glob.glob(os.path.join(repo, "build*", "torch", LIB_NAME))
+    builds = glob.glob(os.path.join(repo, "build*", "plugin", LIB_NAME))
     found += sorted(builds, key=os.path.getmtime, reverse=True)
     # installed: PREFIX/share/expseg/python/expseg.py -> PREFIX/lib*/libexpseg_torch.so
     prefix = os.path.normpath(os.path.join(here, "..", "..", ".."))
@@ -97,6 +116,17 @@ def _load():
         "expseg_torch_reset_accumulated_stats": (c_int, [c_int]),
         "expseg_torch_empty_cache": (c_int, [c_int]),
         "expseg_torch_snapshot_dump": (c_int, [c_int, ctypes.c_char_p]),
+        "expseg_torch_device_count": (c_int, []),
+        "expseg_torch_device_used": (c_int, [c_int]),
+        "expseg_torch_config_string": (c_size, [c_int, ctypes.c_char_p, c_size]),
+        "expseg_torch_memory_summary": (c_size, [c_int, ctypes.c_char_p, c_size, c_int]),
+        "expseg_torch_record_history": (c_int, [c_int, c_int, c_size, ctypes.c_uint]),
+        "expseg_torch_set_memory_fraction": (c_int, [c_int, ctypes.c_double]),
+        "expseg_torch_record_stream_status": (c_int, [c_p, c_p]),
+        "expseg_torch_synchronize": (c_int, [c_int]),
+        "expseg_torch_set_safe_free": (c_int, [c_int]),
+        "expseg_torch_deferred": (c_int, [c_int, ctypes.POINTER(c_size),
+                                          ctypes.POINTER(c_size)]),
     }
     for name, (res, args) in sigs.items():
         try:
@@ -219,10 +249,230 @@ def snapshot(path, device=None):
     _check(_load().expseg_torch_snapshot_dump(d, raw), "expseg.snapshot", d)
 
 
-def install():
+def _path_bytes(path, call):
+    try:
+        raw = os.fsencode(path)
+    except TypeError:
+        raise ExpsegError("%s(%r): expected a file name (str or bytes)" % (call, path)) from None
+    if not raw or b"\0" in raw:
+        raise ExpsegError("%s(%r): the file name is empty or holds a NUL byte" % (call, path))
+    return raw
+
+
+def snapshot(path, device=None):
+    """Writes the device's memory snapshot (the memory_viz pickle) to path."""
+    d = _device(device)
+    _check(_load().expseg_torch_snapshot_dump(d, _path_bytes(path, "expseg.snapshot")),
+           "expseg.snapshot", d)
+
+
+def _used_devices():
+    """The devices that have an allocator (the current one when none has yet)."""
+    lib = _load()
+    used = [d for d in range(lib.expseg_torch_device_count()) if lib.expseg_torch_device_used(d)]
+    return used or [_device(None)]
+
+
+def snapshot_dict(device=None):
+    """The snapshot as the dict torch.cuda.memory._snapshot() returns: {"segments",
+    "device_traces", "allocator_settings", "external_annotations"}. device None: every
+    device that has an allocator, merged as PyTorch merges its devices."""
+    devices = _used_devices() if device is None else [_device(device)]
+    merged = None
+    with tempfile.TemporaryDirectory(prefix="expseg-snapshot-") as tmp:
+        for d in devices:
+            path = os.path.join(tmp, "%d.pickle" % d)
+            _check(_load().expseg_torch_snapshot_dump(d, os.fsencode(path)),
+                   "expseg.snapshot_dict", d)
+            with open(path, "rb") as f:
+                one = pickle.load(f)
+            if merged is None:
+                merged = one
+                continue
+            merged["segments"] = merged.get("segments", []) + one.get("segments", [])
+            traces = merged.setdefault("device_traces", [])
+            theirs = one.get("device_traces", [])
+            while len(traces) < len(theirs):
+                traces.append([])
+            if d < len(theirs):
+                traces[d] = theirs[d]
+            merged["external_annotations"] = (merged.get("external_annotations", []) +
+                                              one.get("external_annotations", []))
+    return merged
+
+
+def memory_summary(device=None, abbreviated=False):
+    """torch.cuda.memory_summary()'s report for the device, then expseg's own section."""
+    d = _device(device)
+    lib = _load()
+    need = lib.expseg_torch_memory_summary(d, None, 0, int(bool(abbreviated)))
+    if need == 0:
+        raise ExpsegError("expseg.memory_summary(device %d): %s" % (d, last_error(d)))
+    buf = ctypes.create_string_buffer(need + 1)
+    lib.expseg_torch_memory_summary(d, buf, need + 1, int(bool(abbreviated)))
+    return buf.value.decode(errors="replace")
+
+
+def record_history(enabled=True, max_entries=100000, c_stacks=True, device=None):
+    """Starts (enabled) or stops and clears the history of allocator events that snapshots
+    carry. device None: every device, those that get an allocator later included."""
+    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or \
+            (enabled and not 1 <= max_entries < 1 << 64):
+        raise ExpsegError("expseg.record_history: max_entries=%r: expected an int from 1 to "
+                          "2**64-1" % (max_entries,))
+    d = -1 if device is None else _device(device)
+    _check(_load().expseg_torch_record_history(d, int(bool(enabled)),
+                                               max(0, max_entries) if enabled else 0,
+                                               1 if c_stacks else 0),
+           "expseg.record_history", d)
+
+
+def set_memory_fraction(fraction, device=None):
+    """Caps what the device's allocator holds at fraction x its memory (0 <= fraction <= 1),
+    as torch.cuda.set_per_process_memory_fraction."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or \
+            not 0 <= fraction <= 1:
+        raise ExpsegError("expseg.set_memory_fraction: fraction=%r: expected a number from 0 "
+                          "to 1" % (fraction,))
+    d = _device(device)
+    _check(_load().expseg_torch_set_memory_fraction(d, float(fraction)),
+           "expseg.set_memory_fraction", d)
+
+
+def config(device=None):
+    """The configuration in force on the device, as one option string (docs/config.md)."""
+    d = _device(device)
+    lib = _load()
+    need = lib.expseg_torch_config_string(d, None, 0)
+    if need == 0:
+        raise ExpsegError("expseg.config(device %d): %s" % (d, last_error(d)))
+    buf = ctypes.create_string_buffer(need + 1)
+    lib.expseg_torch_config_string(d, buf, need + 1)
+    return buf.value.decode()
+
+
+def get_memory_fraction(device=None):
+    """The device's memory fraction (1.0: no cap), as get_per_process_memory_fraction."""
+    for item in config(device).split(","):
+        key, _, value = item.partition(":")
+        if key.strip() == "per_process_memory_fraction":
+            return float(value)
+    return 1.0
+
+
+def synchronize(device=None):
+    """Waits until all work on the device, on every stream, is done."""
+    d = _device(device)
+    _check(_load().expseg_torch_synchronize(d), "expseg.synchronize", d)
+
+
+def deferred_frees(device=None):
+    """(count, bytes) of the frees the safe mode holds back on the device."""
+    d = _device(device)
+    n, b = ctypes.c_size_t(), ctypes.c_size_t()
+    _check(_load().expseg_torch_deferred(d, ctypes.byref(n), ctypes.byref(b)),
+           "expseg.deferred_frees", d)
+    return n.value, b.value
+
+
+def _stat(device, key, call):
+    d = _device(device)
+    v = ctypes.c_int64()
+    _check(_load().expseg_torch_stat(d, key.encode(), ctypes.byref(v)), call, d)
+    return v.value
+
+
+def _say_once(message):
+    """Prints message on stderr once per process."""
+    if message not in _said:
+        _said.add(message)
+        print("expseg: " + message, file=sys.stderr)
+
+
+# ---- install: the C++ backend, else the Python route ----
+
+ROUTES = ("auto", "cxx", "python")
+SAFE_ENV = "EXPSEG_SAFE_RECORD_STREAM"
+SAFE_BATCH = 256  # frees completed together in safe mode (docs/torch.md)
+CXX_MODULE = "_expseg_cxx"
+
+PYTHON_ROUTE_LIMITS = (
+    "expseg runs PyTorch's CUDA memory through its Python route: torch.cuda's memory calls "
+    "and Tensor.record_stream from Python report and act on expseg, but it cannot see "
+    "record_stream calls made from C++ (NCCL process groups, FSDP, other extensions: memory "
+    "they still use may be reused early; install(safe_record_stream=True) or %s=1 makes "
+    "every free wait for a device-wide synchronization instead), and CUDA graph private "
+    "pools (torch.cuda.graph, MemPool) are not given to expseg. For both, use the C++ "
+    "backend (install(route=\"cxx\"); it needs a C++ compiler and PyTorch's headers; "
+    "docs/torch.md)." % SAFE_ENV)
+
+
+def _safe_setting(safe_record_stream):
+    """The safe-mode batch size: 0 (off) or SAFE_BATCH, from the argument, else $SAFE_ENV."""
+    if safe_record_stream is None:
+        raw = os.environ.get(SAFE_ENV, "")
+        words = {"": 0, "0": 0, "false": 0, "no": 0, "off": 0,
+                 "1": SAFE_BATCH, "true": SAFE_BATCH, "yes": SAFE_BATCH, "on": SAFE_BATCH}
+        if raw.strip().lower() not in words:
+            raise ExpsegError("%s=%s: expected 1 (on) or 0 (off) (also true/false, yes/no, "
+                              "on/off)" % (SAFE_ENV, raw))
+        return words[raw.strip().lower()]
+    if not isinstance(safe_record_stream, bool):
+        raise ExpsegError("expseg.install(safe_record_stream=%r): expected True, False or None "
+                          "(None: $%s)" % (safe_record_stream, SAFE_ENV))
+    return SAFE_BATCH if safe_record_stream else 0
+
+
+def _cxx_module():
+    """The C++ backend's loader: sys.modules[CXX_MODULE] if set (None there: absent), else
+    _expseg_cxx.py beside this file; (module, None) or (None, why it is absent)."""
+    if CXX_MODULE in sys.modules:
+        mod = sys.modules[CXX_MODULE]
+        return (mod, None) if mod is not None else (None, "%s is disabled" % CXX_MODULE)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), CXX_MODULE + ".py")
+    if not os.path.isfile(path):
+        return None, "%s is not installed next to %s" % (os.path.basename(path), __file__)
+    try:
+        spec = importlib.util.spec_from_file_location(CXX_MODULE, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[CXX_MODULE] = mod
+        spec.loader.exec_module(mod)
+    except Exception as e:  # a broken loader must not stop the Python route
+        sys.modules.pop(CXX_MODULE, None)
+        return None, "cannot import %s: %s: %s" % (path, type(e).__name__, e)
+    return mod, None
+
+
+def _try_cxx(path):
+    """(installed, why not, whether the loader is there)."""
+    mod, why = _cxx_module()
+    if mod is None:
+        return False, why, False
+    try:
+        ok = mod.install(path)
+    except Exception as e:  # ExpsegError from the loader, or anything it let through
+        text = str(e) if isinstance(e, ExpsegError) else "%s: %s" % (type(e).__name__, e)
+        return False, text, True
+    if ok is not True:
+        return False, "%s.install() returned %r, not True" % (CXX_MODULE, ok), True
+    return True, None, True
+
+
+def install(route="auto", safe_record_stream=None):
     """Makes expseg PyTorch's CUDA allocator. Call it before the first CUDA allocation
-    (best: right after `import torch`). Returns the library's path."""
-    global _installed
+    (best: right after `import torch`). Returns the library's path; a second call does
+    nothing.
+
+    route: "cxx" the C++ backend (every torch.cuda memory call, record_stream from C++,
+    CUDA graph pools); "python" the plug plus torch.cuda's memory calls routed from Python;
+    "auto" (default) the C++ backend when it can be loaded, else the Python route, saying
+    once why. safe_record_stream (Python route): True defers every free until a
+    device-wide synchronization (None: $EXPSEG_SAFE_RECORD_STREAM)."""
+    global _installed, _route
+    if route not in ROUTES:
+        raise ExpsegError("expseg.install(route=%r): expected one of %s"
+                          % (route, ", ".join(repr(r) for r in ROUTES)))
+    safe = _safe_setting(safe_record_stream)
     if _installed is not None:
         return _lib_path
     try:
@@ -231,7 +481,7 @@ def install():
         raise ExpsegError("expseg.install() needs PyTorch, which is not installed here "
                           "(pip install torch); the statistics calls work without it") from None
     spec = os.environ.get("EXPSEG_DRIVER", "")
-    if spec and not spec.startswith("cuda"):
+    if spec and not spec.startswith("cuda") and not _modelled_driver_ok:
         raise ExpsegError("expseg.install(): EXPSEG_DRIVER=%s, but PyTorch's kernels need "
                           "device memory: unset EXPSEG_DRIVER (or set it to cuda)" % spec)
     if not torch.cuda.is_available():
@@ -245,13 +495,307 @@ def install():
         raise ExpsegError(too_late)
     path = library_path()
     _load()
+    if route in ("auto", "cxx"):
+        ok, why, present = _try_cxx(path)
+        if ok:
+            _installed, _route = sys.modules.get(CXX_MODULE, True), "cxx"
+            return path
+        if route == "cxx":
+            raise ExpsegError("expseg.install(route=\"cxx\"): the C++ backend is not available: "
+                              "%s (route=\"python\" needs no compiler)" % why)
+        if present:  # a loader that failed says why; a missing one is in the warning below
+            _say_once("the C++ backend is not used (%s); using the Python route" % why)
+    _check(_lib.expseg_torch_set_safe_free(safe), "expseg.install(safe_record_stream)", -1)
     try:
         alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "expseg_torch_alloc",
                                                          "expseg_torch_free")
         torch.cuda.memory.change_current_allocator(alloc)
     except RuntimeError as e:
+        _lib.expseg_torch_set_safe_free(0)
         if "already initialized" in str(e):
             raise ExpsegError(too_late) from None
         raise ExpsegError("expseg.install(): PyTorch refused the allocator: %s" % e) from None
-    _installed = alloc
+    _installed, _route = alloc, "python"
+    _patch_torch(torch)
+    if PYTHON_ROUTE_LIMITS not in _said:
+        _said.add(PYTHON_ROUTE_LIMITS)
+        warnings.warn(PYTHON_ROUTE_LIMITS, ExpsegWarning, stacklevel=2)
     return path
+
+
+_modelled_driver_ok = False  # tests: allow EXPSEG_DRIVER=host/sim under a stand-in torch
+
+
+def route():
+    """"cxx", "python", or None before install()."""
+    return _route
+
+
+# ---- the Python route: torch.cuda's memory calls answered by expseg ----
+
+_HISTORY_ON = {"all": True, "state": True, "alloc": True, True: True,
+               None: False, False: False}
+
+
+def _torch_calls(torch):
+    """The torch.cuda.memory functions of the Python route, by name, with PyTorch's
+    signatures."""
+
+    def memory_stats_as_nested_dict(device=None):
+        nested = {}
+        for key, value in memory_stats(device).items():
+            node, parts = nested, key.split(".")
+            for part in parts[:-1]:
+                node = node.setdefault(part, {})
+                if not isinstance(node, dict):  # a key that is also a prefix: keep it flat
+                    node = None
+                    break
+            if node is None:
+                nested[key] = value
+            else:
+                node[parts[-1]] = value
+        return nested
+
+    def stat(key, name):
+        def f(device=None):
+            return _stat(device, key, "torch.cuda." + name)
+        f.__name__ = name
+        f.__doc__ = "expseg's %s of the device (the Python route of expseg)." % key
+        return f
+
+    def reset_peak(device=None):
+        reset_peak_memory_stats(device)
+
+    def empty(*args, **kwargs):
+        empty_cache(None)
+
+    def fraction(fraction, device=None):
+        set_memory_fraction(fraction, device)
+
+    def summary(device=None, abbreviated=False):
+        return memory_summary(device, abbreviated)
+
+    def history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
+                device=None, **kwargs):
+        try:
+            on = _HISTORY_ON[enabled]
+        except (KeyError, TypeError):
+            raise ExpsegError("torch.cuda.memory._record_memory_history(enabled=%r): expected "
+                              "\"all\", \"state\", True, or None/False to stop" % (enabled,)) \
+                from None
+        max_entries = kwargs.get("trace_alloc_max_entries", max_entries)  # the old signature
+        if stacks not in ("all", "python"):
+            raise ExpsegError("torch.cuda.memory._record_memory_history(stacks=%r): expected "
+                              "\"all\" or \"python\"" % (stacks,))
+        record_history(on, max_entries if on else 1, c_stacks=(stacks == "all"))
+
+    def snap(device=None, *args, **kwargs):
+        return snapshot_dict(None)
+
+    def dump(filename="dump_snapshot.pickle", *args, **kwargs):
+        raw = _path_bytes(filename, "torch.cuda.memory._dump_snapshot")
+        devices = _used_devices()
+        if len(devices) == 1:
+            _check(_lib.expseg_torch_snapshot_dump(devices[0], raw),
+                   "torch.cuda.memory._dump_snapshot", devices[0])
+            return
+        data = snapshot_dict(None)
+        try:
+            with open(raw, "wb") as f:
+                pickle.dump(data, f, protocol=4)
+        except OSError as e:
+            raise ExpsegError("torch.cuda.memory._dump_snapshot(%r): %s" % (filename, e)) \
+                from None
+
+    calls = {
+        "memory_stats": memory_stats,
+        "memory_stats_as_nested_dict": memory_stats_as_nested_dict,
+        "memory_allocated": stat("allocated_bytes.all.current", "memory_allocated"),
+        "max_memory_allocated": stat("allocated_bytes.all.peak", "max_memory_allocated"),
+        "memory_reserved": stat("reserved_bytes.all.current", "memory_reserved"),
+        "max_memory_reserved": stat("reserved_bytes.all.peak", "max_memory_reserved"),
+        "memory_cached": stat("reserved_bytes.all.current", "memory_cached"),
+        "max_memory_cached": stat("reserved_bytes.all.peak", "max_memory_cached"),
+        "reset_peak_memory_stats": reset_peak,
+        "reset_max_memory_allocated": reset_peak,
+        "reset_max_memory_cached": reset_peak,
+        "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
+        "memory_summary": summary,
+        "empty_cache": empty,
+        "set_per_process_memory_fraction": fraction,
+        "get_per_process_memory_fraction": get_memory_fraction,
+        "memory_snapshot": lambda *args, **kwargs: snapshot_dict(None)["segments"],
+        "mem_get_info": mem_get_info,
+        "_record_memory_history": history,
+        "_snapshot": snap,
+        "_dump_snapshot": dump,
+    }
+    for f in calls.values():
+        if getattr(f, "__module__", None) == __name__ and f.__doc__ is None:
+            f.__doc__ = "The Python route of expseg (docs/torch.md)."
+    return calls
+
+
+# torch.accelerator's memory calls (PyTorch 2.8+): the same figures when the current
+# accelerator is CUDA.
+_ACCELERATOR_CALLS = ("memory_stats", "memory_allocated", "max_memory_allocated",
+                      "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
+                      "reset_accumulated_memory_stats", "empty_cache")
+
+
+def _replace(obj, name, value):
+    _patched.append((obj, name, getattr(obj, name)))
+    setattr(obj, name, value)
+
+
+def _stream_value(torch, stream):
+    """The cudaStream_t (an int) of a torch.cuda.Stream or torch.Stream."""
+    value = getattr(stream, "cuda_stream", None)
+    if value is None and hasattr(stream, "stream_id"):
+        value = torch.cuda.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
+                                  device_type=stream.device_type).cuda_stream
+    if value is None:
+        raise ExpsegError("Tensor.record_stream(%r): expected a torch.cuda.Stream" % (stream,))
+    return int(value)
+
+
+def _patch_torch(torch):
+    """Replaces each memory call where callers look it up: torch.cuda.memory.X and its
+    re-export torch.cuda.X (and torch.accelerator.X); wraps Tensor.record_stream."""
+    calls = _torch_calls(torch)
+    memory = torch.cuda.memory
+    for name, f in calls.items():
+        for module in (memory, torch.cuda):
+            if hasattr(module, name):
+                _replace(module, name, f)
+    accel = getattr(torch, "accelerator", None)
+    if accel is not None:
+        for name in _ACCELERATOR_CALLS:
+            if hasattr(accel, name):
+                _replace(accel, name, calls[name])
+    tensor = getattr(torch, "Tensor", None)
+    if tensor is not None and hasattr(tensor, "record_stream"):
+        original = tensor.record_stream
+
+        def record_stream(self, stream):
+            original(self, stream)  # PyTorch's own checks (and its no-op for the plug)
+            ptr = self.untyped_storage().data_ptr()
+            if ptr:
+                _lib.expseg_torch_record_stream_status(ctypes.c_void_p(ptr),
+                                                       ctypes.c_void_p(_stream_value(torch,
+                                                                                     stream)))
+        record_stream.__doc__ = getattr(original, "__doc__", None)
+        _replace(tensor, "record_stream", record_stream)
+
+
+def _unpatch():
+    """Puts back what the Python route replaced (for tests)."""
+    global _installed, _route
+    while _patched:
+        obj, name, original = _patched.pop()
+        setattr(obj, name, original)
+    _installed = _route = None
+
+
+# ---- CuPy: cupy.cuda.set_allocator(expseg.cupy_allocator) ----
+
+class _Block:
+    """Owns one expseg allocation; frees it when the last reference goes (CuPy's
+    UnownedMemory keeps it alive, Numba's finalizer calls free)."""
+    __slots__ = ("ptr", "size", "device", "stream", "__weakref__")
+
+    def __init__(self, size, device, stream, who):
+        self.ptr = None
+        lib = _load()
+        ptr = lib.expseg_torch_alloc(size, device, ctypes.c_void_p(stream))
+        if not ptr and size:
+            raise ExpsegError("%s(%d bytes, device %d): %s"
+                              % (who, size, device, last_error(device)))
+        self.ptr, self.size, self.device, self.stream = ptr or 0, size, device, stream
+
+    def free(self):
+        if self.ptr:
+            ptr, self.ptr = self.ptr, None
+            _lib.expseg_torch_free(ctypes.c_void_p(ptr), self.size, self.device,
+                                   ctypes.c_void_p(self.stream))
+
+    def __del__(self):
+        if _lib is not None:
+            self.free()
+
+
+def cupy_allocator(nbytes):
+    """A CuPy allocator: cupy.cuda.set_allocator(expseg.cupy_allocator). Allocates on CuPy's
+    current device and stream; the memory goes back to expseg when CuPy drops it."""
+    import cupy
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ExpsegError("expseg.cupy_allocator(%r): expected a size in bytes (an int >= 0)"
+                          % (nbytes,))
+    device = cupy.cuda.runtime.getDevice()
+    stream = int(cupy.cuda.get_current_stream().ptr)
+    block = _Block(nbytes, device, stream, "expseg.cupy_allocator")
+    mem = cupy.cuda.UnownedMemory(block.ptr, nbytes, block, device)
+    return cupy.cuda.MemoryPointer(mem, 0)
+
+
+# ---- Numba: NUMBA_CUDA_MEMORY_MANAGER=expseg, or numba.cuda.set_memory_manager(...) ----
+
+_numba_class = None
+
+
+def numba_memory_manager():
+    """The Numba EMM plugin class (a HostOnlyCUDAMemoryManager: Numba keeps host memory and
+    its defer_cleanup, expseg takes device memory and frees at once). Numba finds it as expseg._numba_memory_manager when
+    NUMBA_CUDA_MEMORY_MANAGER=expseg."""
+    global _numba_class
+    if _numba_class is not None:
+        return _numba_class
+    from numba import cuda
+
+    def device_pointer(ptr):
+        from numba.cuda.cudadrv import driver as drv
+        if getattr(drv, "USE_NV_BINDING", False):
+            return drv.binding.CUdeviceptr(ptr)
+        return ctypes.c_uint64(ptr)
+
+    class ExpsegNumbaManager(cuda.HostOnlyCUDAMemoryManager):
+        """expseg as Numba's device memory manager (same allocators and statistics as
+        expseg.memory_stats and PyTorch)."""
+
+        def initialize(self):
+            self._device = int(self.context.device.id)
+            _load()
+            driver(self._device)  # creates the device's allocator now: errors show here
+
+        def memalloc(self, size):
+            block = _Block(int(size), self._device, 0, "expseg Numba memalloc")
+            ptr = device_pointer(block.ptr)
+            return cuda.MemoryPointer(self.context, ptr, size, finalizer=block.free)
+
+        def get_memory_info(self):
+            free, total = mem_get_info(self._device)
+            return cuda.MemoryInfo(free=free, total=total)
+
+        def get_ipc_handle(self, memory):
+            raise ExpsegError("expseg's Numba plugin: get_ipc_handle: memory mapped with "
+                              "cuMemMap cannot be shared through cudaIpcGetMemHandle; share it "
+                              "with expseg_ipc_export (docs/ipc.md)")
+
+        def reset(self):
+            super().reset()
+            empty_cache(self._device)
+
+        @property
+        def interface_version(self):
+            return 1
+
+    _numba_class = ExpsegNumbaManager
+    return _numba_class
+
+
+def __getattr__(name):
+    # Numba reads `_numba_memory_manager` of the module NUMBA_CUDA_MEMORY_MANAGER names;
+    # resolved on first use so that importing expseg never imports Numba.
+    if name == "_numba_memory_manager":
+        return numba_memory_manager()
+    raise AttributeError("module 'expseg' has no attribute %r" % (name,))

@@ -1,6 +1,7 @@
 // test_alloc_api.cpp: the public API on bad input (each call returns the right status with a
 // message naming the value, and the allocator keeps working), size 0 and sizes that overflow
-// when rounded, many streams on a big device without exhausting the address space, and
+// when rounded, many streams on a big device without exhausting the address space, the
+// device-wide wait (expseg_synchronize), and
 // physical pages reused across streams (created once, one set_access per new range).
 #include "alloc_support.h"
 
@@ -368,4 +369,26 @@ TEST(AllocApi, PageCacheBoundIsEnforced) {
     ASSERT_EQ(expseg_malloc(A, 1000, 0, &p), EXPSEG_OK) << expseg_last_error();
     EXPECT_EQ(expseg_free(A, p), EXPSEG_OK);
   }
+}
+
+// expseg_synchronize: a device-wide wait, refused while a stream is held (host and sim would
+// wait forever), counted, and a clear message for a NULL allocator.
+TEST(AllocApi, SynchronizeWaitsForEveryStream) {
+  for (const char *spec : {"host:capacity=64M", "sim:capacity=1G"}) {
+    expseg_allocator *a = nullptr;
+    ASSERT_EQ(expseg_create(spec, 0, nullptr, &a), EXPSEG_OK) << expseg_last_error();
+    EXPECT_EQ(expseg_synchronize(a), EXPSEG_OK) << expseg_last_error();
+    ASSERT_EQ(expseg_testing_hold_stream(a, 5, true), EXPSEG_OK);
+    EXPECT_EQ(expseg_synchronize(a), EXPSEG_ERR_DRIVER) << spec;
+    EXPECT_TRUE(msg_has("device_synchronize would block forever: stream 0x5 is held"))
+        << expseg_last_error();
+    ASSERT_EQ(expseg_testing_hold_stream(a, 5, false), EXPSEG_OK);
+    EXPECT_EQ(expseg_synchronize(a), EXPSEG_OK) << expseg_last_error();
+    int64_t n = -1;
+    ASSERT_EQ(expseg_stat(a, "expseg.driver.device_synchronize", &n), EXPSEG_OK);
+    EXPECT_EQ(n, 3) << spec;
+    expseg_destroy(a);
+  }
+  EXPECT_EQ(expseg_synchronize(nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(msg_has("expseg_synchronize: the allocator is NULL")) << expseg_last_error();
 }

@@ -1,5 +1,6 @@
 // test_gpu_streams.cpp: streams the cuda driver creates (expseg_stream_create/destroy), as
-// expseg-replay --driver cuda uses them for a history's streams (label gpu). Skips where no
+// expseg-replay --driver cuda uses them for a history's streams, and the device-wide wait
+// (expseg_synchronize) of the PyTorch plug's safe mode (label gpu). Skips where no
 // CUDA device with virtual memory management is usable.
 #include <gtest/gtest.h>
 
@@ -24,6 +25,11 @@ TEST(GpuStreams, CreatedStreamsCarryAllocationsAndAreDestroyed) {
   EXPECT_EQ(expseg_record_stream(a, p, s2), EXPSEG_OK) << expseg_last_error();
   EXPECT_EQ(expseg_free(a, p), EXPSEG_OK);
   EXPECT_EQ(expseg_free(a, q), EXPSEG_OK);
+  // a device-wide wait (cuCtxSynchronize), counted
+  int64_t syncs = -1;
+  EXPECT_EQ(expseg_synchronize(a), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_stat(a, "expseg.driver.device_synchronize", &syncs), EXPSEG_OK);
+  EXPECT_EQ(syncs, 1);
   EXPECT_EQ(expseg_empty_cache(a), EXPSEG_OK) << expseg_last_error();
   EXPECT_EQ(expseg_stream_destroy(a, s1), EXPSEG_OK) << expseg_last_error();
   EXPECT_EQ(expseg_stream_destroy(a, s2), EXPSEG_OK) << expseg_last_error();

@@ -1,4 +1,4 @@
-// libexpseg_torch.so (torch/expseg_torch.c) as PyTorch uses it: loaded with dlopen, every entry
+// libexpseg_torch.so (plugin/expseg_torch.c) as PyTorch uses it: loaded with dlopen, every entry
 // point resolved by name, driven from 8 threads on two device ordinals of the host driver
 // (chosen through $EXPSEG_DRIVER, as a PyTorch user would), statistics checked per device,
 // NULL with the message kept on out-of-memory, foreign frees ignored without a crash.
@@ -50,6 +50,9 @@ struct Lib {
   int (*reset_accumulated_stats)(int);
   int (*empty_cache)(int);
   int (*snapshot_dump)(int, const char *);
+  int (*set_safe_free)(int);
+  int (*deferred)(int, size_t *, size_t *);
+  int (*synchronize)(int);
 
   template <class F> void resolve(F &f, const char *name) {
     void *p = dlsym(h, name);
@@ -63,7 +66,7 @@ struct Lib {
     R(alloc); R(free); R(init); R(reset); R(memory_fraction); R(record_stream);
     R(last_error); R(driver_name); R(get_info); R(mem_get_info); R(stat); R(stats_foreach);
     R(stats_json); R(reset_peak_stats); R(reset_accumulated_stats); R(empty_cache);
-    R(snapshot_dump);
+    R(snapshot_dump); R(set_safe_free); R(deferred); R(synchronize);
 #undef R
   }
   int64_t get(int device, const char *key) {
@@ -272,6 +275,55 @@ TEST(Torch, StatisticsResetsCacheAndHooks) {
   EXPECT_EQ(nullptr, L.alloc(10, 2, nullptr));
   EXPECT_NE(std::string::npos, std::string(L.last_error(2)).find("expseg_torch_init"))
       << L.last_error(2);
+}
+
+// Safe mode from 4 threads on device 1: frees are deferred (still counted as allocated)
+// until a batch of 16 completes after a device-wide synchronization; turning the mode off
+// completes the rest; the statistics end where they began.
+TEST(Torch, SafeModeDefersFreesFromManyThreads) {
+  Lib &L = lib();
+  EXPSEG_SEEDED(seed, 20261126u);
+  ASSERT_EQ(EXPSEG_OK, L.synchronize(1)) << L.last_error(1);
+  const int64_t base = L.get(1, "allocation.all.current");
+  const int64_t syncs0 = L.get(1, "expseg.driver.device_synchronize");
+  ASSERT_EQ(EXPSEG_OK, L.set_safe_free(16));
+  void *p = L.alloc(1u << 20, 1, nullptr);
+  ASSERT_NE(nullptr, p) << L.last_error(1);
+  L.free(p, 1u << 20, 1, nullptr);
+  size_t n = 0, bytes = 0;
+  ASSERT_EQ(EXPSEG_OK, L.deferred(1, &n, &bytes));
+  EXPECT_EQ(1u, n);
+  EXPECT_EQ(1u << 20, bytes);
+  EXPECT_EQ(base + 1, L.get(1, "allocation.all.current")) << "a deferred block is not free yet";
+  std::vector<std::thread> threads;
+  std::vector<int> failures(4, 0);
+  for (int t = 0; t < 4; t++)
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(seed + (unsigned)t);
+      for (int i = 0; i < 200; i++) {
+        size_t size = 512 + rng() % (2u << 20);
+        void *q = L.alloc(size, 1, reinterpret_cast<void *>(uintptr_t(t + 1)));
+        if (!q) {
+          failures[t]++;
+          continue;
+        }
+        L.free(q, size, 1, nullptr);
+      }
+    });
+  for (auto &th : threads) th.join();
+  for (int t = 0; t < 4; t++) EXPECT_EQ(0, failures[t]) << "thread " << t << ": " << L.last_error(1);
+  EXPECT_GT(L.get(1, "expseg.driver.device_synchronize"), syncs0 + 800 / 16 / 2);
+  ASSERT_EQ(EXPSEG_OK, L.deferred(1, &n, &bytes));
+  EXPECT_LT(n, 16u);
+  ASSERT_EQ(EXPSEG_OK, L.set_safe_free(0)); // off: completes what is left
+  ASSERT_EQ(EXPSEG_OK, L.deferred(1, &n, &bytes));
+  EXPECT_EQ(0u, n);
+  EXPECT_EQ(0u, bytes);
+  EXPECT_EQ(base, L.get(1, "allocation.all.current"));
+  EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, L.set_safe_free(-1));
+  EXPECT_NE(std::string::npos, std::string(L.last_error(-1)).find("set_safe_free(-1)"))
+      << L.last_error(-1);
+  EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, L.deferred(64, &n, &bytes));
 }
 
 } // namespace

@@ -304,7 +304,12 @@ TEST_P(VmmContract, HeldStreamKeepsEventsIncompleteUntilReleased) {
         << expseg_last_error();
     EXPECT_EQ(EXPSEG_ERR_DRIVER, _expseg_vmm_stream_synchronize(v, s));
     EXPECT_OK(_expseg_vmm_stream_synchronize(v, 8));
+    EXPECT_EQ(EXPSEG_ERR_DRIVER, _expseg_vmm_device_synchronize(v)); // every stream: 7 too
+    EXPECT_NE(nullptr, strstr(expseg_last_error(),
+                              "device_synchronize would block forever: stream 0x7 is held"))
+        << expseg_last_error();
     ASSERT_OK(_expseg_vmm_hold_stream(v, s, false));
+    EXPECT_OK(_expseg_vmm_device_synchronize(v));
     ASSERT_OK(_expseg_vmm_event_query(v, e2, &done));
     EXPECT_TRUE(done);
     ASSERT_OK(_expseg_vmm_event_synchronize(v, e2));
@@ -347,13 +352,14 @@ TEST_P(VmmContract, CallsAreCountedByKind) {
   ASSERT_OK(_expseg_vmm_event_create(v, &e));
   ASSERT_OK(_expseg_vmm_event_record(v, e, 3));
   ASSERT_OK(_expseg_vmm_stream_synchronize(v, 3));
+  ASSERT_OK(_expseg_vmm_device_synchronize(v));
   ASSERT_OK(_expseg_vmm_event_destroy(v, e));
   ASSERT_OK(_expseg_vmm_unreserve(v, va, 4 * g));
   const uint64_t want[EXPSEG_VMM_CALL_COUNT] = {
       /*reserve*/ 1, /*unreserve*/ 1, /*create*/ 3, /*release*/ 3, /*map*/ 3, /*unmap*/ 3,
       /*set_access*/ 3, /*event_create*/ 1, /*event_destroy*/ 1, /*event_record*/ 1,
       /*event_query*/ 0, /*event_synchronize*/ 0, /*stream_synchronize*/ 1, /*export_fd*/ 0,
-      /*import_fd*/ 0};
+      /*import_fd*/ 0, /*host_alloc*/ 0, /*host_free*/ 0, /*device_synchronize*/ 1};
   for (int c = 0; c < EXPSEG_VMM_CALL_COUNT; c++) {
     EXPECT_EQ(want[c], calls(expseg_vmm_call(c))) << _expseg_vmm_call_name(expseg_vmm_call(c));
     EXPECT_EQ(0u, failures(expseg_vmm_call(c))) << _expseg_vmm_call_name(expseg_vmm_call(c));

@@ -46,7 +46,8 @@
   X(cuMemGetInfo) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery)       \
   X(cuEventSynchronize) X(cuStreamSynchronize) X(cuMemExportToShareableHandle)              \
   X(cuMemImportFromShareableHandle) X(cuGetErrorName) X(cuMemHostRegister)                \
-  X(cuMemHostUnregister) X(cuDeviceGetPCIBusId) X(cuStreamCreate) X(cuStreamDestroy)
+  X(cuMemHostUnregister) X(cuDeviceGetPCIBusId) X(cuStreamCreate) X(cuStreamDestroy)  \
+  X(cuCtxSynchronize)
 
 typedef struct {
 #define CU_FIELD_(f) __typeof__(&f) f;
@@ -331,6 +332,13 @@ static expseg_status cuda_stream_synchronize(void *st, expseg_stream s) {
   LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuStreamSynchronize", NULL));
 }
 
+static expseg_status cuda_device_synchronize(void *st) {
+  cuda_t *c = st;
+  ENTER(c); /* the device's primary context is current: cuCtxSynchronize waits for it */
+  CUresult r = cu.cuCtxSynchronize();
+  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuCtxSynchronize", NULL));
+}
+
 static expseg_status cuda_export_fd(void *st, expseg_vmm_handle h, int *fd, size_t *offset) {
   cuda_t *c = st;
   if (c->htype != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
@@ -516,6 +524,7 @@ static const expseg_vmm_ops_t cuda_ops = {
     .event_query = cuda_event_query,
     .event_synchronize = cuda_event_synchronize,
     .stream_synchronize = cuda_stream_synchronize,
+    .device_synchronize = cuda_device_synchronize,
     .export_fd = cuda_export_fd,
     .import_fd = cuda_import_fd,
     .granularity = cuda_granularity,

@@ -148,6 +148,13 @@ FORWARD(event_synchronize, 0, (void *st, expseg_vmm_event ev), (IST(f), ev))
 
 FORWARD(stream_synchronize, 0, (void *st, expseg_stream strm), (IST(f), strm))
 
+static expseg_status fault_device_synchronize(void *st) {
+  fault_t *f = st;
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_device_synchronize);
+  if (s) return s;
+  return _expseg_vmm_device_synchronize(f->inner); /* counted there; NULL op: unsupported */
+}
+
 FORWARD(export_fd, 0, (void *st, expseg_vmm_handle h, int *fd, size_t *offset),
         (IST(f), h, fd, offset))
 
@@ -199,7 +206,7 @@ static void fault_destroy(void *st) {
     .import_fd = fault_import_fd, .granularity = fault_granularity,                        \
     .mem_info = fault_mem_info, .now_ns = fault_now_ns, .hold_stream = hold,               \
     .host_alloc = fault_host_alloc, .host_free = fault_host_free,                          \
-    .host_numa = fault_host_numa,                                                          \
+    .host_numa = fault_host_numa, .device_synchronize = fault_device_synchronize,          \
     .destroy = fault_destroy,                                                              \
   }
 

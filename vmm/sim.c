@@ -188,6 +188,7 @@ static const expseg_vmm_ops_t sim_ops = {
     .mem_info = sim_mem_info,
     .now_ns = _expseg_modelled_now_ns,
     .hold_stream = _expseg_modelled_hold_stream,
+    .device_synchronize = _expseg_modelled_device_synchronize,
     .host_alloc = _expseg_pinned_alloc,
     .host_free = _expseg_pinned_free,
     .destroy = sim_destroy,

@@ -193,6 +193,22 @@ expseg_status _expseg_smodel_stream_synchronize(expseg_smodel_t *m, expseg_strea
   return EXPSEG_OK;
 }
 
+/* Every stream at once: blocked while any stream is held. */
+expseg_status _expseg_smodel_device_synchronize(expseg_smodel_t *m) {
+  pthread_mutex_lock(&m->mu);
+  const held_t *held = NULL;
+  for (size_t i = 0; i < m->nheld && !held; i++)
+    if (m->held[i].held) held = &m->held[i];
+  expseg_stream s = held ? held->stream : 0;
+  pthread_mutex_unlock(&m->mu);
+  if (held)
+    return _expseg_error_set(EXPSEG_ERR_DRIVER,
+                             "%s driver: device_synchronize would block forever: stream 0x%llx "
+                             "is held (release it with hold_stream(false))",
+                             m->name, (unsigned long long)s);
+  return EXPSEG_OK;
+}
+
 void _expseg_smodel_hold(expseg_smodel_t *m, expseg_stream s, bool hold) {
   pthread_mutex_lock(&m->mu);
   held_t *h = find_held(m, s);
@@ -241,6 +257,9 @@ expseg_status _expseg_modelled_event_synchronize(void *st, expseg_vmm_event ev) 
 }
 expseg_status _expseg_modelled_stream_synchronize(void *st, expseg_stream s) {
   return _expseg_smodel_stream_synchronize(model_of(st), s);
+}
+expseg_status _expseg_modelled_device_synchronize(void *st) {
+  return _expseg_smodel_device_synchronize(model_of(st));
 }
 void _expseg_modelled_hold_stream(void *st, expseg_stream s, bool hold) {
   _expseg_smodel_hold(model_of(st), s, hold);

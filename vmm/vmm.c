@@ -581,6 +581,17 @@ expseg_status _expseg_vmm_stream_synchronize(expseg_vmm_t *v, expseg_stream s) {
   return st;
 }
 
+expseg_status _expseg_vmm_device_synchronize(expseg_vmm_t *v) {
+  const expseg_vmm_call c = EXPSEG_VMM_CALL_device_synchronize;
+  expseg_status st =
+      v->ops->device_synchronize
+          ? v->ops->device_synchronize(v->st)
+          : _expseg_error_set(EXPSEG_ERR_UNSUPPORTED, "%s driver: device_synchronize is not "
+                                                      "provided", v->ops->name);
+  _expseg_vmm_account(v, c, st, 0);
+  return st;
+}
+
 expseg_status _expseg_vmm_export_fd(expseg_vmm_t *v, expseg_vmm_handle h, int *fd,
                                     size_t *offset) {
   const expseg_vmm_call c = EXPSEG_VMM_CALL_export_fd;

@@ -63,7 +63,8 @@ extern "C" {
 #define EXPSEG_VMM_CALLS(X)                                                               \
   X(reserve) X(unreserve) X(create) X(release) X(map) X(unmap) X(set_access)              \
   X(event_create) X(event_destroy) X(event_record) X(event_query) X(event_synchronize)    \
-  X(stream_synchronize) X(export_fd) X(import_fd) X(host_alloc) X(host_free)
+  X(stream_synchronize) X(export_fd) X(import_fd) X(host_alloc) X(host_free)               \
+  X(device_synchronize)
 
 typedef enum expseg_vmm_call {
 #define EXPSEG_VMM_CALL_ENUM_(n) EXPSEG_VMM_CALL_##n,
@@ -138,6 +139,10 @@ typedef struct expseg_vmm_ops_s {
   /* Test hook (host and sim; NULL elsewhere): *state = 2 when every byte of [addr,
    * addr+size) is accessible from device, 1 when some byte is, 0 when none is. */
   expseg_status (*has_access)(void *st, uintptr_t addr, size_t size, int device, int *state);
+  /* Waits until all work queued on the device (every stream) is done: cuCtxSynchronize on
+   * cuda; host and sim fail (EXPSEG_ERR_DRIVER) instead of waiting forever while a stream is
+   * held. NULL = unsupported. */
+  expseg_status (*device_synchronize)(void *st);
 } expseg_vmm_ops_t;
 
 /* A driver instance. Counts are atomics: the allocator calls create/release outside its
@@ -199,6 +204,7 @@ expseg_status _expseg_vmm_event_record(expseg_vmm_t *v, expseg_vmm_event ev, exp
 expseg_status _expseg_vmm_event_query(expseg_vmm_t *v, expseg_vmm_event ev, bool *done);
 expseg_status _expseg_vmm_event_synchronize(expseg_vmm_t *v, expseg_vmm_event ev);
 expseg_status _expseg_vmm_stream_synchronize(expseg_vmm_t *v, expseg_stream s);
+expseg_status _expseg_vmm_device_synchronize(expseg_vmm_t *v);
 /* export_fd: *fd (the caller closes it) and *offset of the chunk in that file; pass both to
  * import_fd in the other process. offset + size must not overflow. */
 expseg_status _expseg_vmm_export_fd(expseg_vmm_t *v, expseg_vmm_handle h, int *fd,

@@ -39,6 +39,7 @@ expseg_status _expseg_smodel_event_record(expseg_smodel_t *m, expseg_vmm_event e
 expseg_status _expseg_smodel_event_query(expseg_smodel_t *m, expseg_vmm_event ev, bool *done);
 expseg_status _expseg_smodel_event_synchronize(expseg_smodel_t *m, expseg_vmm_event ev);
 expseg_status _expseg_smodel_stream_synchronize(expseg_smodel_t *m, expseg_stream s);
+expseg_status _expseg_smodel_device_synchronize(expseg_smodel_t *m);
 void _expseg_smodel_hold(expseg_smodel_t *m, expseg_stream s, bool hold);
 
 /* The same, shaped as expseg_vmm_ops_t entries, for a backend whose state struct begins
@@ -50,6 +51,7 @@ expseg_status _expseg_modelled_event_record(void *st, expseg_vmm_event ev, expse
 expseg_status _expseg_modelled_event_query(void *st, expseg_vmm_event ev, bool *done);
 expseg_status _expseg_modelled_event_synchronize(void *st, expseg_vmm_event ev);
 expseg_status _expseg_modelled_stream_synchronize(void *st, expseg_stream s);
+expseg_status _expseg_modelled_device_synchronize(void *st);
 void _expseg_modelled_hold_stream(void *st, expseg_stream s, bool hold);
 uint64_t _expseg_modelled_now_ns(void *st);
 

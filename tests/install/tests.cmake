@@ -4,7 +4,9 @@
 #  subproject_without_gtest: expseg under add_subdirectory with GoogleTest made unfindable
 #    (tests and benchmarks default off there), and a top-level configure with
 #    -DEXPSEG_BUILD_TESTS=OFF, both without GoogleTest.
-#  python_helper: tests/python/test_expseg.py (python/expseg.py without PyTorch).
+#  python_helper, python_route, python_interop: tests/python/test_expseg.py,
+#    test_pyroute.py, test_interop.py (python/expseg.py without PyTorch, CuPy or Numba:
+#    stand-in modules, the library on the host and sim drivers).
 # Sanitizer builds skip them: their libraries need the sanitizer runtime in the consumer.
 if(NOT EXPSEG_SANITIZE STREQUAL "")
   return()
@@ -30,11 +32,16 @@ set_tests_properties(subproject_without_gtest PROPERTIES LABELS cpu TIMEOUT 600
 if(TARGET expseg_torch)
   find_package(Python3 COMPONENTS Interpreter)
   if(Python3_Interpreter_FOUND)
-    add_test(NAME python_helper
-             COMMAND ${Python3_EXECUTABLE} -m unittest -v test_expseg
-             WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/tests/python)
-    set_tests_properties(python_helper PROPERTIES LABELS cpu TIMEOUT 300
-                         ENVIRONMENT "EXPSEG_TEST_TORCH_LIB=$<TARGET_FILE:expseg_torch>;PYTHONPATH=${PROJECT_SOURCE_DIR}/python;PYTHONDONTWRITEBYTECODE=1")
+    foreach(_t helper:test_expseg route:test_pyroute interop:test_interop)
+      string(REPLACE ":" ";" _t ${_t})
+      list(GET _t 0 _name)
+      list(GET _t 1 _module)
+      add_test(NAME python_${_name}
+               COMMAND ${Python3_EXECUTABLE} -m unittest -v ${_module}
+               WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/tests/python)
+      set_tests_properties(python_${_name} PROPERTIES LABELS cpu TIMEOUT 300
+                           ENVIRONMENT "EXPSEG_TEST_TORCH_LIB=$<TARGET_FILE:expseg_torch>;PYTHONPATH=${PROJECT_SOURCE_DIR}/python;PYTHONDONTWRITEBYTECODE=1")
+    endforeach()
   else()
     message(STATUS "expseg: no python3: the python_helper test is not added (apt-get install python3)")
   endif()

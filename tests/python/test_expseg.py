@@ -12,6 +12,7 @@ import sys
 import textwrap
 import types
 import unittest
+import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -198,13 +199,15 @@ class WithLibrary(unittest.TestCase):
     def test_install_hands_pytorch_the_two_functions(self):
         t, calls = fake_torch()
         sys.modules["torch"] = t
+        sys.modules["_expseg_cxx"] = None  # the Python route (test_pyroute.py: the C++ seam)
         try:
             os.environ["EXPSEG_TORCH_LIB"] = LIB
             expseg._installed = None
-            path = expseg.install()
+            with warnings.catch_warnings(record=True):
+                path = expseg.install()
         finally:
-            del sys.modules["torch"]
-            expseg._installed = None
+            del sys.modules["torch"], sys.modules["_expseg_cxx"]
+            expseg._unpatch()
         self.assertEqual(os.path.realpath(path), os.path.realpath(LIB))
         self.assertEqual(calls[0], ("CUDAPluggableAllocator", path, "expseg_torch_alloc",
                                     "expseg_torch_free"))
@@ -258,6 +261,7 @@ class Messages(unittest.TestCase):
             sys.modules["torch"] = torch_module
         old_env = dict(os.environ)
         os.environ.update(env or {})
+        sys.modules["_expseg_cxx"] = None
         try:
             expseg._installed = None
             with self.assertRaises(expseg.ExpsegError) as cm:
@@ -266,6 +270,7 @@ class Messages(unittest.TestCase):
         finally:
             os.environ.clear()
             os.environ.update(old_env)
+            del sys.modules["_expseg_cxx"]
             if saved is None:
                 del sys.modules["torch"]
             else:
@@ -295,6 +300,23 @@ class Messages(unittest.TestCase):
         m = self.install_message(fake_torch()[0], {"EXPSEG_DRIVER": "host"})
         one_line(self, m)
         self.assertIn("EXPSEG_DRIVER=host", m)
+
+    def test_install_from_the_repository_root_without_pytorch(self):
+        # python -c puts the current folder first on sys.path: a folder named torch/ in the
+        # repository root would be imported as PyTorch (a namespace package without .cuda)
+        code = ("import expseg\n"
+                "try:\n"
+                "    expseg.install()\n"
+                "except expseg.ExpsegError as e:\n"
+                "    print(e)\n")
+        e = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+        p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=e, capture_output=True,
+                           text=True, timeout=120)
+        if p.returncode == 0 and "needs PyTorch" not in p.stdout and torch_with_gpu():
+            self.skipTest("PyTorch is installed here")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        one_line(self, p.stdout)
+        self.assertIn("needs PyTorch", p.stdout)
 
     def test_library_not_found(self):
         rc, out, err = run_child("""

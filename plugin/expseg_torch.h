@@ -70,8 +70,40 @@ EXPSEG_EXPORT int expseg_torch_reset_peak_stats(int device);
 EXPSEG_EXPORT int expseg_torch_reset_accumulated_stats(int device);
 /* device -1: every device that has an allocator. */
 EXPSEG_EXPORT int expseg_torch_empty_cache(int device);
-/* Forwards to expseg_snapshot_dump (EXPSEG_ERR_UNSUPPORTED until snapshots are built). */
+/* Forwards to expseg_snapshot_dump: the memory_viz pickle of the device's allocator. */
 EXPSEG_EXPORT int expseg_torch_snapshot_dump(int device, const char *path);
+/* The configuration in force (expseg_config_string): writes at most len bytes (NUL
+ * included), returns the length it needs; 0 when the allocator cannot be created. */
+EXPSEG_EXPORT size_t expseg_torch_config_string(int device, char *buf, size_t len);
+/* 1 + the highest device ordinal that has an allocator (0: none yet). */
+EXPSEG_EXPORT int expseg_torch_device_count(void);
+/* 1 when the device has an allocator already, else 0 (creates nothing). */
+EXPSEG_EXPORT int expseg_torch_device_used(int device);
+/* torch.cuda.memory_summary()'s text then expseg's section (expseg_memory_summary): writes
+ * at most len bytes (NUL included), returns the length it needs; 0 when the allocator
+ * cannot be created. */
+EXPSEG_EXPORT size_t expseg_torch_memory_summary(int device, char *buf, size_t len,
+                                                 int abbreviated);
+/* expseg_record_history_ex on the device; device -1: every device, those created later
+ * included (as PyTorch's process-wide _record_memory_history). */
+EXPSEG_EXPORT int expseg_torch_record_history(int device, int enabled, size_t max_entries,
+                                              unsigned flags);
+/* expseg_set_memory_fraction with a status (expseg_torch_memory_fraction is the hook). */
+EXPSEG_EXPORT int expseg_torch_set_memory_fraction(int device, double fraction);
+/* expseg_torch_record_stream with a status: EXPSEG_ERR_INVALID_ARGUMENT when no device's
+ * allocator owns ptr (message kept for device -1). */
+EXPSEG_EXPORT int expseg_torch_record_stream_status(void *ptr, void *stream);
+/* Waits until all work on the device is done (expseg_synchronize). */
+EXPSEG_EXPORT int expseg_torch_synchronize(int device);
+
+/* ---- safe mode: deferred frees (docs/torch.md "Safe record_stream") ----
+ * batch > 0: every free is deferred; the device's deferred frees complete together, after a
+ * device-wide synchronization, when batch of them are waiting, when a malloc would grow the
+ * cache or fail, and at empty_cache. 0: off (completes what is deferred). Accepted: 0 to
+ * 2^24. */
+EXPSEG_EXPORT int expseg_torch_set_safe_free(int batch);
+/* How many frees, and how many bytes (the sizes PyTorch gave), the device has deferred. */
+EXPSEG_EXPORT int expseg_torch_deferred(int device, size_t *count, size_t *bytes);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,379 @@
+"""test_pyroute.py: expseg.install()'s routes without PyTorch or a GPU (run by CTest).
+
+A stand-in torch (standin_torch.py) gives what PyTorch gives a CUDAPluggableAllocator made
+from Python: its memory calls raise or do nothing and Tensor.record_stream is dropped. After
+install(route="python") on the host or sim driver, each call must return expseg's figure
+(read back from the library through ctypes) or do expseg's action, for every device form
+PyTorch accepts; record_stream must reach expseg_record_stream; the safe mode must defer
+frees until a device-wide synchronization; the C++ route is tried through an injected
+_expseg_cxx module; every failure is a one-line ExpsegError. Each test runs in a child
+interpreter (the library keeps one allocator per device for the process)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+LIB = os.environ.get("EXPSEG_TEST_TORCH_LIB") or os.environ.get("EXPSEG_TORCH_LIB")
+
+# The stand-in torch, expseg allowed on a modelled driver, no C++ backend unless a test
+# injects one.
+PRELUDE = """
+import ctypes, json, os, pickle, sys, tempfile, warnings
+import standin_torch, expseg
+torch = standin_torch.install()
+expseg._modelled_driver_ok = True
+sys.modules["_expseg_cxx"] = None
+def stat(d, key):
+    v = ctypes.c_int64()
+    assert expseg._load().expseg_torch_stat(d, key.encode(), ctypes.byref(v)) == 0
+    return v.value
+def err(f, *a, **k):
+    try:
+        f(*a, **k)
+    except expseg.ExpsegError as e:
+        return str(e)
+    return "no error"
+"""
+
+
+def run(code, driver="host:capacity=64M", **env):
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "python"), HERE])
+    e["EXPSEG_TORCH_LIB"] = LIB
+    e["EXPSEG_DRIVER"] = driver
+    e.pop("EXPSEG_SAFE_RECORD_STREAM", None)
+    for k, v in env.items():
+        if v is None:
+            e.pop(k, None)
+        else:
+            e[k] = v
+    p = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(code)], env=e,
+                       capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+@unittest.skipUnless(LIB and os.path.isfile(LIB),
+                     "set EXPSEG_TEST_TORCH_LIB to the built libexpseg_torch.so")
+class PythonRoute(unittest.TestCase):
+    def result(self, code, **kw):
+        rc, out, err = run(code, **kw)
+        self.assertEqual(rc, 0, err)
+        return json.loads(out.strip().split("\n")[-1]), err
+
+    def test_every_statistic_call_is_expseg_figure_for_every_device_form(self):
+        r, _ = self.result("""
+            try:
+                torch.cuda.memory_allocated(1)
+                unpatched = "no error"
+            except standin_torch.Unsupported as e:
+                unpatched = str(e)
+            expseg.install(route="python")
+            torch.cuda.set_device(1)
+            keep = [torch.empty(3 << 20, "cuda:1"), torch.empty(5 << 20, 1)]
+            gone = torch.empty(7 << 20, 1); del gone
+            calls = {"memory_allocated": "allocated_bytes.all.current",
+                     "max_memory_allocated": "allocated_bytes.all.peak",
+                     "memory_reserved": "reserved_bytes.all.current",
+                     "max_memory_reserved": "reserved_bytes.all.peak",
+                     "memory_cached": "reserved_bytes.all.current",
+                     "max_memory_cached": "reserved_bytes.all.peak"}
+            bad, same = [], []
+            for name, key in calls.items():
+                want = stat(1, key)
+                for mod in (torch.cuda, torch.cuda.memory):
+                    for dev in (None, 1, "cuda:1", torch.device("cuda:1"), torch.device("cuda")):
+                        got = getattr(mod, name)(dev)
+                        if got != want:
+                            bad.append([name, repr(dev), got, want])
+                same.append(getattr(torch.cuda, name) is getattr(torch.cuda.memory, name))
+            s = torch.cuda.memory_stats("cuda:1")
+            nested = torch.cuda.memory.memory_stats_as_nested_dict(1)
+            print(json.dumps(dict(unpatched=unpatched, bad=bad, same=all(same),
+                keys_sorted=list(s) == sorted(s), cls=type(s).__name__,
+                alloc=s["allocated_bytes.all.current"], acc=torch.accelerator.memory_allocated(1),
+                nested=nested["allocated_bytes"]["all"]["current"],
+                nested_expseg=nested["expseg"]["driver"]["create"],
+                flat_expseg=s["expseg.driver.create"],
+                dev0=torch.cuda.memory_allocated(0))))
+            """)
+        self.assertIn("does not yet support", r["unpatched"])
+        self.assertEqual(r["bad"], [])
+        self.assertTrue(r["same"])
+        self.assertTrue(r["keys_sorted"])
+        self.assertEqual(r["cls"], "OrderedDict")
+        self.assertEqual(r["alloc"], 8 << 20)
+        self.assertEqual(r["acc"], 8 << 20)
+        self.assertEqual(r["nested"], 8 << 20)
+        self.assertEqual(r["nested_expseg"], r["flat_expseg"])
+        self.assertEqual(r["dev0"], 0)
+
+    def test_actions_reset_empty_fraction_info_summary(self):
+        r, _ = self.result("""
+            expseg.install(route="python")
+            x = torch.empty(6 << 20, 0); y = torch.empty(2 << 20, 0); del x
+            peak0 = torch.cuda.max_memory_allocated(0)
+            torch.cuda.reset_peak_memory_stats(0)
+            peak1 = torch.cuda.max_memory_allocated(0)
+            allocs0 = stat(0, "allocation.all.allocated")
+            torch.cuda.memory.reset_accumulated_memory_stats("cuda:0")
+            allocs1 = stat(0, "allocation.all.allocated")
+            res0 = torch.cuda.memory_reserved(0)
+            torch.cuda.empty_cache()
+            res1 = torch.cuda.memory_reserved(0)
+            torch.cuda.set_per_process_memory_fraction(0.25, 0)
+            got_fraction = torch.cuda.get_per_process_memory_fraction(0)
+            try:
+                torch.empty(20 << 20, 0); oom = "no error"
+            except RuntimeError as e:
+                oom = str(e)
+            torch.cuda.set_per_process_memory_fraction(1.0)
+            z = torch.empty(20 << 20, 0)
+            info = torch.cuda.mem_get_info(0)
+            summary = torch.cuda.memory_summary(0, abbreviated=True)
+            print(json.dumps(dict(peak0=peak0, peak1=peak1, allocs0=allocs0, allocs1=allocs1,
+                res0=res0, res1=res1, oom=oom, fraction=got_fraction,
+                fraction1=torch.cuda.memory.get_per_process_memory_fraction("cuda:0"), info=list(info), want=list(expseg.mem_get_info(0)),
+                summary=summary)))
+            """)
+        self.assertEqual(r["peak0"], 8 << 20)
+        self.assertEqual(r["peak1"], 2 << 20)
+        self.assertEqual(r["allocs0"], 2)
+        self.assertEqual(r["allocs1"], 0)
+        self.assertGreater(r["res0"], r["res1"])
+        self.assertIn("out of memory", r["oom"])
+        self.assertEqual([r["fraction"], r["fraction1"]], [0.25, 1.0])
+        self.assertEqual(r["info"], r["want"])
+        self.assertEqual(r["info"][1], 64 << 20)
+        self.assertIn("PyTorch CUDA memory summary, device ID 0", r["summary"])
+        self.assertIn("expseg", r["summary"])
+
+    def test_history_snapshot_and_dump(self):
+        r, _ = self.result("""
+            expseg.install(route="python")
+            torch.cuda.memory._record_memory_history(max_entries=100)
+            x = torch.empty(1 << 20, 1); del x
+            y = torch.empty(2 << 20, 0)
+            s = torch.cuda.memory._snapshot()
+            segs = torch.cuda.memory_snapshot()
+            path = os.path.join(tempfile.mkdtemp(), "s.pickle")
+            torch.cuda.memory._dump_snapshot(path, augment_with_fx_traces=False)
+            with open(path, "rb") as f:
+                d = pickle.load(f)
+            torch.cuda.memory._record_memory_history(enabled=None)
+            off = torch.cuda.memory._snapshot()
+            print(json.dumps(dict(keys=sorted(s), segs=segs == s["segments"], devs=sorted({seg["device"] for seg in s["segments"]}),
+                acts1=[e["action"] for e in s["device_traces"][1]],
+                acts0=[e["action"] for e in s["device_traces"][0]],
+                dumped=[len(d["segments"]), len(d["device_traces"])],
+                off=[len(t) for t in off["device_traces"]])))
+            """)
+        self.assertEqual(r["keys"], ["allocator_settings", "device_traces", "external_annotations",
+                                     "segments"])
+        self.assertEqual(r["devs"], [0, 1])
+        self.assertTrue(r["segs"])
+        self.assertIn("alloc", r["acts1"])
+        self.assertIn("free_requested", r["acts1"])
+        self.assertIn("alloc", r["acts0"])
+        self.assertEqual(r["dumped"], [2, 2])
+        self.assertEqual(r["off"], [0, 0])
+
+    def test_snapshot_creates_no_allocator_for_unused_devices(self):
+        r, _ = self.result("""
+            expseg.install(route="python")
+            x = torch.empty(1 << 20, 1)
+            s = torch.cuda.memory._snapshot()
+            lib = expseg._load()
+            print(json.dumps([lib.expseg_torch_device_used(0), lib.expseg_torch_device_used(1),
+                              len(s["device_traces"]), len(s["segments"])]))
+            """)
+        self.assertEqual(r, [0, 1, 2, 1])
+
+    def test_record_stream_reaches_expseg(self):
+        r, _ = self.result("""
+            expseg.install(route="python")
+            a = torch.empty(1 << 20, 0); b = torch.empty(1 << 20, 0)
+            e0 = stat(0, "expseg.driver.event_record")
+            del b                                   # used on its own stream only
+            e1 = stat(0, "expseg.driver.event_record")
+            a.record_stream(torch.cuda.Stream(7))   # used on stream 7 too
+            del a                                   # an event on stream 7 guards the block
+            e2 = stat(0, "expseg.driver.event_record")
+            try:
+                torch.empty(1, 0).record_stream("stream 7"); typ = "no error"
+            except TypeError as e:
+                typ = str(e)
+            print(json.dumps(dict(e=[e0, e1, e2], typ=typ)))
+            """)
+        self.assertEqual(r["e"][0], r["e"][1])
+        self.assertEqual(r["e"][2], r["e"][1] + 1)
+        self.assertIn("Stream", r["typ"])
+
+    def test_failures_are_one_line_messages(self):
+        r, _ = self.result("""
+            out = [err(expseg.install, route="fast"),
+                   err(expseg.install, safe_record_stream="yes")]
+            os.environ["EXPSEG_SAFE_RECORD_STREAM"] = "maybe"
+            out.append(err(expseg.install))
+            del os.environ["EXPSEG_SAFE_RECORD_STREAM"]
+            out.append(err(expseg.install, route="cxx"))
+            expseg.install(route="python")
+            out += [err(torch.cuda.memory_allocated, "cpu"),
+                    err(torch.cuda.memory_stats, -1),
+                    err(torch.cuda.set_per_process_memory_fraction, 1.5, 0),
+                    err(torch.cuda.memory._record_memory_history, "everything"),
+                    err(torch.cuda.memory._record_memory_history, stacks="cpp"),
+                    err(torch.cuda.memory._dump_snapshot, ""),
+                    err(torch.cuda.memory._dump_snapshot, "/nonexistent/dir/s.pickle"),
+                    err(torch.cuda.memory_summary, 99)]
+            print(json.dumps(out))
+            """)
+        want = ["route='fast'", "safe_record_stream='yes'", "EXPSEG_SAFE_RECORD_STREAM=maybe",
+                "_expseg_cxx", "'cpu'", "device -1", "fraction=1.5", "'everything'", "'cpp'",
+                "empty", "/nonexistent/dir", "device 99"]
+        self.assertEqual(len(r), len(want), r)
+        for text, needle in zip(r, want):
+            self.assertNotEqual(text, "no error", needle)
+            self.assertIn(needle, text)
+            self.assertNotIn("\n", text)
+
+    def test_says_what_it_cannot_see_once(self):
+        rc, out, err = run("""
+            warnings.simplefilter("always")
+            expseg.install(route="python")
+            expseg.install(route="python")
+            torch.cuda.memory_allocated(0)
+            print(expseg.route())
+            """)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out.strip(), "python")
+        self.assertEqual(err.count("ExpsegWarning"), 1, err)
+        self.assertIn("record_stream calls made from C++", err)
+        self.assertIn("CUDA graph", err)
+        self.assertIn("route=\"cxx\"", err)
+        self.assertNotIn("C++ backend is not used", err)  # no loader: nothing else to say
+
+
+@unittest.skipUnless(LIB and os.path.isfile(LIB),
+                     "set EXPSEG_TEST_TORCH_LIB to the built libexpseg_torch.so")
+class CxxSeam(unittest.TestCase):
+    FAKE = """
+        import types
+        cxx = types.ModuleType("_expseg_cxx"); calls = []
+        def install(path):
+            calls.append(path)
+            {body}
+        cxx.install = install
+        sys.modules["_expseg_cxx"] = cxx
+        """
+
+    def go(self, body, code):
+        return run(textwrap.dedent(self.FAKE.format(body=body)) + textwrap.dedent(code))
+
+    def test_cxx_backend_installed_first(self):
+        rc, out, err = self.go("return True", """
+            path = expseg.install()
+            try:
+                torch.cuda.memory_allocated(0); patched = True
+            except standin_torch.Unsupported:
+                patched = False   # the backend answers these in C++; nothing is patched
+            print(expseg.route(), calls == [path], torch._state.swapped, patched)
+            """)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out.split(), ["cxx", "True", "False", "False"])
+        self.assertNotIn("ExpsegWarning", err)
+
+    def test_auto_falls_back_and_says_why_once(self):
+        rc, out, err = self.go("raise expseg.ExpsegError('no compiler: g++ not found')", """
+            expseg.install()
+            expseg.install()
+            print(expseg.route(), torch._state.swapped, torch.cuda.memory_allocated(0))
+            """)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out.split(), ["python", "True", "0"])
+        self.assertEqual(err.count("no compiler: g++ not found"), 1, err)
+        self.assertEqual(err.count("ExpsegWarning"), 1, err)
+
+    def test_cxx_route_raises_the_backend_message(self):
+        for body in ("raise expseg.ExpsegError('headers missing')", "raise OSError('headers missing')",
+                     "return False"):
+            rc, out, err = self.go(body, """
+                print(err(expseg.install, route="cxx"), "|", expseg.route(), torch._state.swapped)
+                """)
+            self.assertEqual(rc, 0, err)
+            msg, rest = out.split("|")
+            self.assertIn("C++ backend is not available", msg)
+            self.assertIn("headers missing" if "headers" in body else "returned False", msg)
+            self.assertEqual(rest.split(), ["None", "False"])
+
+
+@unittest.skipUnless(LIB and os.path.isfile(LIB),
+                     "set EXPSEG_TEST_TORCH_LIB to the built libexpseg_torch.so")
+class SafeRecordStream(unittest.TestCase):
+    def test_frees_wait_for_a_device_synchronization(self):
+        rc, out, err = run("""
+            expseg.install(route="python", safe_record_stream=True)
+            keep = torch.empty(4 << 20, 0); x = torch.empty(1 << 20, 0)
+            px = x.data_ptr(); del keep
+            syncs = lambda: stat(0, "expseg.driver.device_synchronize")
+            r = dict(deferred=list(expseg.deferred_frees(0)), alloc=torch.cuda.memory_allocated(0))
+            # the cache has 4 MiB of room, but the deferred block is not handed out again
+            del x
+            y = torch.empty(1 << 20, 0)
+            r["reused_early"] = y.data_ptr() == px
+            r["syncs0"] = syncs()
+            # a malloc that would grow the cache completes the batch first
+            z = torch.empty(6 << 20, 0)
+            r["syncs1"], r["after"] = syncs(), list(expseg.deferred_frees(0))
+            # a full batch (256 frees) completes on its own
+            for i in range(expseg.SAFE_BATCH - 1):
+                torch.empty(4096, 0)
+            r["syncs_short"], r["short"] = syncs(), list(expseg.deferred_frees(0))
+            torch.empty(4096, 0)
+            r["syncs2"], r["batch"] = syncs(), list(expseg.deferred_frees(0))
+            t = torch.empty(4096, 0); del t
+            torch.cuda.empty_cache()
+            r["syncs3"], r["emptied"] = syncs(), list(expseg.deferred_frees(0))
+            print(json.dumps(r))
+            """)
+        self.assertEqual(rc, 0, err)
+        r = json.loads(out)
+        self.assertEqual(r["deferred"], [1, 4 << 20])
+        self.assertEqual(r["alloc"], 5 << 20)   # a deferred block still counts as allocated
+        self.assertFalse(r["reused_early"])
+        self.assertEqual(r["syncs0"], 0)
+        self.assertEqual(r["syncs1"], 1)
+        self.assertEqual(r["after"], [0, 0])
+        self.assertEqual(r["syncs_short"], 1)
+        self.assertEqual(r["short"], [255, 255 * 4096])
+        self.assertEqual(r["syncs2"], 2)            # the 256th free completes the batch
+        self.assertEqual(r["batch"], [0, 0])
+        self.assertEqual(r["syncs3"], 3)
+        self.assertEqual(r["emptied"], [0, 0])
+
+    def test_out_of_memory_completes_the_batch_and_env_selects_the_mode(self):
+        rc, out, err = run("""
+            expseg.install()
+            a = torch.empty(40 << 20, 0); del a
+            b = torch.empty(40 << 20, 0)         # fails without the deferred 40 MiB
+            print(expseg.deferred_frees(0), stat(0, "expseg.driver.device_synchronize"))
+            """, driver="sim:capacity=64M", EXPSEG_SAFE_RECORD_STREAM="1")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out.strip(), "(0, 0) 1")
+
+    def test_off_frees_at_once(self):
+        rc, out, err = run("""
+            expseg.install(safe_record_stream=False)
+            a = torch.empty(1 << 20, 0); del a
+            print(expseg.deferred_frees(0), torch.cuda.memory_allocated(0))
+            """, EXPSEG_SAFE_RECORD_STREAM="1")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out.strip(), "(0, 0) 0")
+
+
+if __name__ == "__main__":
+    unittest.main()
