@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -44,6 +45,53 @@ inline std::string error_text(const char *call, int device, expseg_status st,
     for (const char *p = message; *p; ++p) s += (*p == '\n' || *p == '\r') ? ' ' : *p;
   }
   return s;
+}
+
+/* ---- configuration ---- */
+
+/* The allocator's configuration as one option string (expseg_config_string). */
+inline std::string config_string(const expseg_allocator *a) {
+  std::string s(256, '\0');
+  size_t n = expseg_config_string(a, &s[0], s.size());
+  if (n + 1 > s.size()) {
+    s.assign(n + 1, '\0');
+    n = expseg_config_string(a, &s[0], s.size());
+  }
+  s.resize(n < s.size() ? n : s.size() - 1);
+  return s;
+}
+
+/* The value of a scalar key in an option string ("k1:v1,k2:v2"); false when absent. List
+ * values ("[a:b,c:d]") are skipped whole, so a key inside a list is never matched. */
+inline bool config_value(const std::string &cfg, const std::string &key, std::string *out) {
+  std::size_t i = 0;
+  while (i < cfg.size()) {
+    std::size_t colon = cfg.find(':', i);
+    if (colon == std::string::npos) return false;
+    std::size_t j = colon + 1, depth = 0;
+    while (j < cfg.size() && (depth > 0 || cfg[j] != ',')) {
+      if (cfg[j] == '[') ++depth;
+      if (cfg[j] == ']' && depth > 0) --depth;
+      ++j;
+    }
+    if (cfg.compare(i, colon - i, key) == 0 && colon - i == key.size()) {
+      *out = cfg.substr(colon + 1, j - colon - 1);
+      return true;
+    }
+    i = j + 1;
+  }
+  return false;
+}
+
+/* getMemoryFraction: the per_process_memory_fraction in force (1 when not reported). */
+inline double memory_fraction(const expseg_allocator *a) {
+  std::string v;
+  if (!config_value(config_string(a), "per_process_memory_fraction", &v)) return 1.0;
+  try {
+    return std::stod(v);
+  } catch (...) {
+    return 1.0;
+  }
 }
 
 /* ---- statistics ---- */

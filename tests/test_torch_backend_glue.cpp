@@ -119,6 +119,31 @@ TEST(BackendGlueError, OneLineNamingCallDeviceStatusAndMessage) {
             "expseg: x (device 0): EXPSEG_ERR_UNSUPPORTED");
 }
 
+TEST(BackendGlueConfig, ValuesOfScalarKeysOnly) {
+  std::string v;
+  const std::string cfg = "a:1,roundup_power2_divisions:[256:1,>:8],b:x,per_process_memory_fraction:0.5";
+  ASSERT_TRUE(expseg_glue::config_value(cfg, "a", &v));
+  EXPECT_EQ(v, "1");
+  ASSERT_TRUE(expseg_glue::config_value(cfg, "roundup_power2_divisions", &v));
+  EXPECT_EQ(v, "[256:1,>:8]");
+  ASSERT_TRUE(expseg_glue::config_value(cfg, "per_process_memory_fraction", &v));
+  EXPECT_EQ(v, "0.5");
+  EXPECT_FALSE(expseg_glue::config_value(cfg, ">", &v));   // inside a list
+  EXPECT_FALSE(expseg_glue::config_value(cfg, "256", &v)); // inside a list
+  EXPECT_FALSE(expseg_glue::config_value(cfg, "", &v));
+  EXPECT_FALSE(expseg_glue::config_value(cfg, "per_process", &v));
+}
+
+TEST(BackendGlueConfig, MemoryFractionFollowsTheAllocator) {
+  Alloc al;
+  EXPECT_EQ(expseg_glue::memory_fraction(al.a), 1.0);
+  ASSERT_EQ(expseg_set_memory_fraction(al.a, 0.25), EXPSEG_OK);
+  EXPECT_EQ(expseg_glue::memory_fraction(al.a), 0.25);
+  Alloc configured("per_process_memory_fraction:0.125");
+  EXPECT_EQ(expseg_glue::memory_fraction(configured.a), 0.125);
+  EXPECT_NE(expseg_glue::config_string(al.a).find("expandable_segments:"), std::string::npos);
+}
+
 // ---- the pool map, against a fake of expseg's pool API ----
 
 struct FakePools {
