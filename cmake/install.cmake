@@ -60,3 +60,5 @@ if(TARGET expseg_torch)
   install(FILES ${PROJECT_SOURCE_DIR}/python/expseg.py
           DESTINATION ${CMAKE_INSTALL_DATADIR}/expseg/python)
 endif()
+# The C++ backend's sources, compiled at run time by python/_expseg_cxx.py.
+include(${PROJECT_SOURCE_DIR}/plugin/backend_sources.cmake)
