@@ -90,6 +90,15 @@ void check(const char *call, int device, expseg_status st) {
   if (st != EXPSEG_OK) fail(call, device, st, expseg_last_error());
 }
 
+using PoolMap = expseg_glue::PoolMap<RealPoolOps>;
+
+// A pool-map call: the map's own refusal, else expseg's message.
+void check_pool(const char *call, int device, expseg_status st) {
+  if (st == EXPSEG_OK) return;
+  const std::string &why = PoolMap::why();
+  fail(call, device, st, why.empty() ? expseg_last_error() : why.c_str());
+}
+
 class ExpsegAllocator;
 ExpsegAllocator *g_self = nullptr; // the installed instance (deleters are plain functions)
 
@@ -238,14 +247,16 @@ class ExpsegAllocator final : public CCA::CUDAAllocator {
     expseg_glue::StreamFilter f = [filter = std::move(filter)](expseg_stream s) {
       return filter(reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(s)));
     };
-    check("beginAllocateToPool", device,
-          pools_.begin(alloc_for(device), device, pair_of(mempool_id), std::move(f)));
+    check_pool("beginAllocateToPool", device,
+               pools_.begin(alloc_for(device), device, pair_of(mempool_id), std::move(f)));
   }
   void endAllocateToPool(DeviceIndex device, MempoolId mempool_id) override {
-    check("endAllocateToPool", device, pools_.end(alloc_for(device), device, pair_of(mempool_id)));
+    check_pool("endAllocateToPool", device,
+               pools_.end(alloc_for(device), device, pair_of(mempool_id)));
   }
   void releasePool(DeviceIndex device, MempoolId mempool_id) override {
-    check("releasePool", device, pools_.release(alloc_for(device), device, pair_of(mempool_id)));
+    check_pool("releasePool", device,
+               pools_.release(alloc_for(device), device, pair_of(mempool_id)));
   }
   int getPoolUseCount(DeviceIndex device, MempoolId mempool_id) {
     return pools_.use_count(alloc_for(device), device, pair_of(mempool_id));
@@ -459,7 +470,8 @@ class ExpsegAllocator final : public CCA::CUDAAllocator {
             ") cannot be served by expseg; create torch.cuda.MemPool() without one")
                .c_str());
     uint64_t pool = 0;
-    check("createOrIncrefPool", device, pools_.acquire(alloc_for(device), device, pair_of(id), &pool));
+    check_pool("createOrIncrefPool", device,
+               pools_.acquire(alloc_for(device), device, pair_of(id), &pool));
   }
 
   void record_history(bool enabled, CCA::CreateContextFn recorder, size_t max_entries,
@@ -507,7 +519,7 @@ class ExpsegAllocator final : public CCA::CUDAAllocator {
   std::mutex contexts_mu_;
   std::unordered_map<void *, std::shared_ptr<c10::GatheredContext>> contexts_;
   std::atomic<size_t> n_contexts_{0};
-  expseg_glue::PoolMap<RealPoolOps> pools_;
+  PoolMap pools_;
 };
 
 } // namespace expseg_backend

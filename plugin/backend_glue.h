@@ -193,7 +193,9 @@ class PoolMap {
   /* createOrIncrefPool: a new expseg pool (use count 1) the first time the pair is named
    * on the device, else one more use of it. {0, 0} is refused (not a private pool). */
   expseg_status acquire(expseg_allocator *a, int device, PoolPair id, uint64_t *out) {
-    if (id == PoolPair{0, 0}) return EXPSEG_ERR_INVALID_ARGUMENT;
+    why().clear();
+    if (id == PoolPair{0, 0})
+      return refuse(device, id, "is the general cache, not a private pool");
     std::lock_guard<std::mutex> g(mu_);
     auto it = map_.find(Key{device, id});
     if (it != map_.end()) {
@@ -212,6 +214,12 @@ class PoolMap {
   /* beginAllocateToPool: one more use of the pool (as PyTorch's allocator takes one), then
    * allocations whose stream passes the filter go to it until end(). */
   expseg_status begin(expseg_allocator *a, int device, PoolPair id, StreamFilter filter) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = map_.find(Key{device, id});
+      if (it != map_.end() && it->second.filter)
+        return refuse(device, id, "is already being allocated to (begin without end)");
+    }
     uint64_t pool = 0;
     expseg_status st = acquire(a, device, id, &pool);
     if (st != EXPSEG_OK) return st;
@@ -232,9 +240,10 @@ class PoolMap {
 
   /* endAllocateToPool: allocations stop going to the pool; the filter is dropped. */
   expseg_status end(expseg_allocator *a, int device, PoolPair id) {
+    why().clear();
     std::lock_guard<std::mutex> g(mu_);
     auto it = map_.find(Key{device, id});
-    if (it == map_.end()) return EXPSEG_ERR_INVALID_ARGUMENT;
+    if (it == map_.end()) return refuse(device, id, "was never created or is released");
     expseg_status st = ops_.end(a, it->second.pool);
     if (st == EXPSEG_OK) it->second.filter.reset();
     return st;
@@ -243,9 +252,10 @@ class PoolMap {
   /* releasePool: one use fewer. When expseg says nobody uses the pool any more, the pair is
    * forgotten (PyTorch never names a released pool again). */
   expseg_status release(expseg_allocator *a, int device, PoolPair id) {
+    why().clear();
     std::lock_guard<std::mutex> g(mu_);
     auto it = map_.find(Key{device, id});
-    if (it == map_.end()) return EXPSEG_ERR_INVALID_ARGUMENT;
+    if (it == map_.end()) return refuse(device, id, "was never created or is released");
     expseg_status st = ops_.release(a, it->second.pool);
     if (st != EXPSEG_OK) return st;
     int n = 0;
@@ -289,7 +299,20 @@ class PoolMap {
     return map_.size();
   }
 
+  /* Why this thread's last call was refused by the map itself ("" when the status, if any,
+   * came from expseg: then expseg_last_error() has the message). */
+  static std::string &why() {
+    static thread_local std::string w;
+    return w;
+  }
+
  private:
+  static expseg_status refuse(int device, PoolPair id, const char *what) {
+    why() = "memory pool (" + std::to_string(id.first) + ", " + std::to_string(id.second) +
+            ") on device " + std::to_string(device) + " " + what;
+    return EXPSEG_ERR_INVALID_ARGUMENT;
+  }
+
   using Key = std::tuple<int, PoolPair>;
   struct Entry {
     uint64_t pool = 0;

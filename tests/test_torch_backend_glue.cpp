@@ -224,6 +224,26 @@ TEST(BackendGluePools, CreateOrIncrefCountsUsesPerPairAndDevice) {
   EXPECT_EQ(m.pair_of(0, c), (expseg_glue::PoolPair{0, 1}));
   EXPECT_EQ(m.pair_of(1, d), (expseg_glue::PoolPair{1, 0}));
   EXPECT_EQ(m.acquire(nullptr, 0, {0, 0}, &found), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Map::why(), "memory pool (0, 0) on device 0 is the general cache, not a private pool");
+  ASSERT_EQ(m.acquire(nullptr, 0, {1, 0}, &a), EXPSEG_OK);
+  EXPECT_EQ(Map::why(), ""); // cleared by the next call
+}
+
+TEST(BackendGluePools, RefusalsNameThePairAndDevice) {
+  FakePools f;
+  Map m(f);
+  EXPECT_EQ(m.release(nullptr, 2, {4, 5}), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Map::why(), "memory pool (4, 5) on device 2 was never created or is released");
+  EXPECT_EQ(m.end(nullptr, 1, {4, 5}), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(Map::why().find("device 1"), std::string::npos);
+  ASSERT_EQ(m.begin(nullptr, 0, {4, 5}, [](expseg_stream) { return true; }), EXPSEG_OK);
+  EXPECT_EQ(m.begin(nullptr, 0, {4, 5}, [](expseg_stream) { return true; }),
+            EXPSEG_ERR_INVALID_ARGUMENT); // as PyTorch: one begin at a time per pool
+  EXPECT_NE(Map::why().find("already being allocated to"), std::string::npos);
+  EXPECT_EQ(m.use_count(nullptr, 0, {4, 5}), 1);
+  ASSERT_EQ(m.end(nullptr, 0, {4, 5}), EXPSEG_OK);
+  EXPECT_EQ(m.begin(nullptr, 0, {4, 5}, [](expseg_stream) { return true; }), EXPSEG_OK);
+  EXPECT_EQ(m.use_count(nullptr, 0, {4, 5}), 2);
 }
 
 TEST(BackendGluePools, ReleaseForgetsThePairWhenUnused) {
