@@ -154,17 +154,32 @@ class ExpsegAllocator final : public CCA::CUDAAllocator {
         check("emptyCache(pool)", d, expseg_pool_empty_cache(a, pool));
     }
   }
+  // Statistics never make an allocator (that would initialize a device nobody used): a
+  // device without one reports zeros, as PyTorch does for a device it has not allocated on,
+  // and the max_split_size of the configuration (the same on every device).
   CCA::DeviceStats getDeviceStats(DeviceIndex device) override {
     CCA::DeviceStats s;
-    if (expseg_glue::fill_device_stats_from(s, alloc_for(device)) != 0)
+    expseg_allocator *a = existing(device);
+    if (!a) {
+      s.max_split_size = -1;
+      for (int d = 0; d < kMaxDevices; ++d)
+        if (expseg_allocator *other = existing(d)) {
+          (void)expseg_stat(other, "max_split_size", &s.max_split_size);
+          break;
+        }
+      return s;
+    }
+    if (expseg_glue::fill_device_stats_from(s, a) != 0)
       fail("getDeviceStats", device, EXPSEG_ERR_UNSUPPORTED,
            "this libexpseg lacks keys of torch.cuda.memory_stats(); rebuild the backend");
     return s;
   }
   void resetAccumulatedStats(DeviceIndex device) override {
-    expseg_reset_accumulated_stats(alloc_for(device));
+    if (expseg_allocator *a = existing(device)) expseg_reset_accumulated_stats(a);
   }
-  void resetPeakStats(DeviceIndex device) override { expseg_reset_peak_stats(alloc_for(device)); }
+  void resetPeakStats(DeviceIndex device) override {
+    if (expseg_allocator *a = existing(device)) expseg_reset_peak_stats(a);
+  }
   std::pair<size_t, size_t> getMemoryInfo(DeviceIndex device) {
     size_t free_b = 0, total_b = 0;
     check("getMemoryInfo", device, expseg_mem_get_info(alloc_for(device), &free_b, &total_b));
