@@ -38,8 +38,10 @@ enable_language(CXX)
 add_library(expseg_torch_backend SHARED ${CMAKE_CURRENT_LIST_DIR}/backend.cpp)
 get_target_property(_expseg_plug_dir expseg_torch BINARY_DIR)
 set_target_properties(expseg_torch_backend PROPERTIES
-                      CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_VISIBILITY_PRESET hidden
+                      CXX_VISIBILITY_PRESET hidden
                       LIBRARY_OUTPUT_DIRECTORY ${_expseg_plug_dir} INSTALL_RPATH "$ORIGIN")
+# C++17 at least; PyTorch's own targets raise it when its headers need more.
+target_compile_features(expseg_torch_backend PRIVATE cxx_std_17)
 target_include_directories(expseg_torch_backend PRIVATE ${CMAKE_CURRENT_LIST_DIR})
 separate_arguments(_expseg_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
 target_compile_options(expseg_torch_backend PRIVATE ${_expseg_torch_flags} -Wall -Wextra)

@@ -208,7 +208,7 @@ def build(torch, lib_path, core_path, torch_version, expseg_version):
     ldflags += ["-l:%s" % os.path.basename(lib_path), "-l:%s" % os.path.basename(core_path)]
     try:
         cpp_extension.load(name=BACKEND_NAME, sources=[files["backend.cpp"]],
-                           extra_include_paths=includes, extra_cflags=["-O2", "-std=c++17"],
+                           extra_include_paths=includes, extra_cflags=["-O2"],
                            extra_ldflags=ldflags, build_directory=build_dir, with_cuda=True,
                            is_python_module=False, verbose=False)
     except Exception as e:  # compiler errors arrive as RuntimeError with the whole output
