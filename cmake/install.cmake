@@ -61,3 +61,5 @@ if(TARGET expseg_torch)
   file(GLOB _expseg_py ${PROJECT_SOURCE_DIR}/python/*.py)
   install(FILES ${_expseg_py} DESTINATION ${CMAKE_INSTALL_DATADIR}/expseg/python)
 endif()
+# The C++ backend's sources, compiled at run time by python/_expseg_cxx.py.
+include(${PROJECT_SOURCE_DIR}/plugin/backend_sources.cmake)

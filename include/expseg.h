@@ -180,6 +180,50 @@ EXPSEG_EXPORT void expseg_snapshot_free(unsigned char *buf);
 EXPSEG_EXPORT size_t expseg_memory_summary(expseg_allocator *a, char *buf, size_t len,
                                            bool abbreviated);
 
+/* ---- Walking the state (docs/snapshots.md "Walking the state"): what expseg_snapshot writes,
+ * as C structs, for bindings that build their own snapshot objects (PyTorch's C++ backend
+ * fills SnapshotInfo from it). Segments come in address order and are reported as in the
+ * snapshot (an expandable segment as one segment per contiguous mapped run); each segment's
+ * blocks tile it in address order. Then the history, oldest event first (none unless
+ * recording, docs/snapshots.md). Both callbacks run with the allocator's lock held: they may
+ * copy what they are given (valid only during the call) but must not call expseg. Either
+ * callback may be NULL. Records a `snapshot` event first, as expseg_snapshot does. */
+typedef enum expseg_block_state {
+  EXPSEG_BLOCK_INACTIVE = 0,     /* free (cached) */
+  EXPSEG_BLOCK_ALLOCATED = 1,    /* handed out, not freed */
+  EXPSEG_BLOCK_PENDING_FREE = 2  /* freed, waiting for work recorded on other streams */
+} expseg_block_state;
+typedef struct expseg_walk_block {
+  uint64_t address;
+  uint64_t size;
+  uint64_t requested_size; /* 0 for inactive blocks */
+  expseg_block_state state;
+} expseg_walk_block;
+typedef struct expseg_walk_segment {
+  uint64_t address, total_size;
+  uint64_t allocated_size; /* bytes of allocated blocks */
+  uint64_t active_size;    /* bytes of allocated and pending-free blocks */
+  uint64_t requested_size; /* requested bytes of those */
+  expseg_stream stream;
+  bool is_large;           /* large pool (blocks over 1 MiB) */
+  bool is_expandable;
+  const expseg_walk_block *blocks;
+  size_t n_blocks;
+} expseg_walk_segment;
+typedef struct expseg_walk_event {
+  const char *action; /* PyTorch's TraceEntry action: "alloc", "free_requested",
+                       * "free_completed", "segment_alloc", "segment_free", "segment_map",
+                       * "segment_unmap", "oom", "snapshot" */
+  uint64_t addr;      /* oom: the device's free bytes */
+  uint64_t size;
+  expseg_stream stream;
+  uint64_t time_us;   /* microseconds since the Unix epoch */
+} expseg_walk_event;
+EXPSEG_EXPORT expseg_status expseg_walk(expseg_allocator *a,
+                                        void (*segment)(void *ctx, const expseg_walk_segment *s),
+                                        void (*event)(void *ctx, const expseg_walk_event *e),
+                                        void *ctx);
+
 /* ---- Identity: version, driver, device (issue 9; docs/api.md "Identity") ---- */
 
 #define EXPSEG_VERSION_PATCH 0

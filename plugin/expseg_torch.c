@@ -383,6 +383,10 @@ int expseg_torch_device_count(void) {
   return n;
 }
 
+expseg_allocator *expseg_torch_allocator(int device, int create) {
+  return create ? get(device, "expseg_torch_allocator") : existing(device);
+}
+
 const char *expseg_torch_last_error(int device) {
   static _Thread_local char copy[MSG_LEN];
   pthread_mutex_lock(&err_mu);

@@ -47,6 +47,12 @@ EXPSEG_EXPORT void expseg_torch_record_stream(void *ptr, void *stream);
 
 /* ---- for ctypes (python/expseg.py) and C callers ---- */
 
+/* The device's allocator: with create, made on first use as every call here does (NULL,
+ * message kept, when it cannot be); without, NULL until some call has made it. The C++
+ * backend (plugin/backend.cpp) serves PyTorch from these same allocators, so every
+ * function of this library sees what it allocated. */
+EXPSEG_EXPORT expseg_allocator *expseg_torch_allocator(int device, int create);
+
 /* This device's last failure message ("" if none), copied into a buffer of the calling
  * thread (valid until its next call of this function). */
 EXPSEG_EXPORT const char *expseg_torch_last_error(int device);

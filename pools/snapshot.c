@@ -17,6 +17,7 @@
 #include "error.h"
 #include "history.h"
 #include "internal.h"
+#include "walk.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -144,41 +145,15 @@ static void write_segment(ctx_t *c, const segment_t *s, const block_t *first, co
   _expseg_pkw_setitems(w);
 }
 
-static int by_base(const void *x, const void *y) {
-  uintptr_t a = (*(segment_t *const *)x)->base, b = (*(segment_t *const *)y)->base;
-  return a < b ? -1 : a > b;
+static void write_reported(void *ctx, const segment_t *s, const block_t *first,
+                           const block_t *end) {
+  write_segment(ctx, s, first, end);
 }
 
 static void write_segments(ctx_t *c) {
-  size_t n = c->a->n_segments;
-  segment_t **v = malloc((n ? n : 1) * sizeof *v);
-  if (v == NULL) {
-    c->oom = true;
-    return;
-  }
-  size_t i = 0;
-  for (segment_t *s = c->a->segments; s && i < n; s = s->next_all) v[i++] = s;
-  qsort(v, i, sizeof *v, by_base);
   _expseg_pkw_list(&c->w);
-  for (size_t j = 0; j < i; j++) {
-    const segment_t *s = v[j];
-    if (!s->expandable) {
-      write_segment(c, s, s->first, NULL);
-      continue;
-    }
-    for (const block_t *b = s->first; b;) { /* one segment per mapped run */
-      if (!b->mapped) {
-        b = b->next;
-        continue;
-      }
-      const block_t *e = b;
-      while (e && e->mapped) e = e->next;
-      write_segment(c, s, b, e);
-      b = e;
-    }
-  }
+  if (!_expseg_reported_segments(c->a, write_reported, c)) c->oom = true;
   _expseg_pkw_appends(&c->w);
-  free(v);
 }
 
 /* ---- history and settings ---- */

@@ -53,6 +53,7 @@ struct Lib {
   int (*set_safe_free)(int);
   int (*deferred)(int, size_t *, size_t *);
   int (*synchronize)(int);
+  expseg_allocator *(*allocator)(int, int);
 
   template <class F> void resolve(F &f, const char *name) {
     void *p = dlsym(h, name);
@@ -66,7 +67,7 @@ struct Lib {
     R(alloc); R(free); R(init); R(reset); R(memory_fraction); R(record_stream);
     R(last_error); R(driver_name); R(get_info); R(mem_get_info); R(stat); R(stats_foreach);
     R(stats_json); R(reset_peak_stats); R(reset_accumulated_stats); R(empty_cache);
-    R(snapshot_dump); R(set_safe_free); R(deferred); R(synchronize);
+    R(snapshot_dump); R(set_safe_free); R(deferred); R(synchronize); R(allocator);
 #undef R
   }
   int64_t get(int device, const char *key) {
@@ -87,6 +88,24 @@ TEST(Torch, EveryEntryPointResolvesByName) {
   ASSERT_NO_FATAL_FAILURE(lib());
   EXPECT_STREQ("host", lib().driver_name(0));
   EXPECT_STREQ("host", lib().driver_name(1));
+}
+
+// The accessor the C++ backend uses: the same allocator every entry point serves.
+TEST(Torch, AllocatorAccessorSharesTheDevicesAllocator) {
+  ASSERT_NO_FATAL_FAILURE(lib());
+  EXPECT_EQ(nullptr, lib().allocator(5, 0)); // never made: not made by asking
+  EXPECT_EQ(nullptr, lib().allocator(-1, 1));
+  EXPECT_NE(std::string(lib().last_error(-1)).find("device -1"), std::string::npos);
+  expseg_allocator *a = lib().allocator(0, 1);
+  ASSERT_NE(nullptr, a) << lib().last_error(0);
+  EXPECT_EQ(a, lib().allocator(0, 0));
+  int64_t before = lib().get(0, "allocation.all.allocated");
+  void *p = lib().alloc(4096, 0, nullptr);
+  ASSERT_NE(nullptr, p);
+  int64_t v = 0;
+  ASSERT_EQ(EXPSEG_OK, expseg_stat(a, "allocation.all.allocated", &v));
+  EXPECT_EQ(v, before + 1);
+  lib().free(p, 4096, 0, nullptr);
 }
 
 // 8 threads, threads 0,2,4,6 on device 0 and 1,3,5,7 on device 1, random sizes and streams

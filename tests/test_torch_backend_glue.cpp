@@ -1,0 +1,324 @@
+// test_torch_backend_glue.cpp: the PyTorch-free part of the C++ backend
+// (plugin/backend_glue.h): the statistics mapping into a DeviceStats-shaped struct (against
+// the host driver's real statistics), the MempoolId_t -> expseg pool map (against a fake of
+// expseg's pool API that counts uses), and the error text. No PyTorch, no GPU.
+#include "backend_glue.h"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <atomic>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_seed.h"
+
+namespace {
+
+// The shape of PyTorch's c10::CachingDeviceAllocator::DeviceStats (field names and types).
+struct Stat {
+  int64_t current = 0, peak = 0, allocated = 0, freed = 0;
+};
+using StatArray = std::array<Stat, 3>;
+struct DeviceStats {
+  StatArray allocation, segment, active, inactive_split, allocated_bytes, reserved_bytes,
+      active_bytes, inactive_split_bytes, requested_bytes;
+  int64_t num_alloc_retries = 0, num_ooms = 0;
+  Stat oversize_allocations, oversize_segments;
+  int64_t num_sync_all_streams = 0, num_device_alloc = 0, num_device_free = 0;
+  int64_t max_split_size = 0;
+};
+constexpr size_t kAll = 0, kSmall = 1, kLarge = 2;
+
+struct Alloc {
+  expseg_allocator *a = nullptr;
+  explicit Alloc(const char *config = "") {
+    EXPECT_EQ(expseg_create("host:capacity=64M", 0, config, &a), EXPSEG_OK) << expseg_last_error();
+  }
+  ~Alloc() { expseg_destroy(a); }
+};
+
+TEST(BackendGlueStats, FieldsComeFromTheirKeys) {
+  Alloc al;
+  void *small = nullptr, *large = nullptr, *freed = nullptr;
+  ASSERT_EQ(expseg_malloc(al.a, 1000, 0, &small), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(al.a, 5 << 20, 0, &large), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(al.a, 3000, 0, &freed), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(al.a, freed), EXPSEG_OK);
+
+  DeviceStats s;
+  std::set<std::string> read;
+  EXPECT_EQ(expseg_glue::fill_device_stats_from(s, al.a, &read), 0);
+  EXPECT_EQ(s.allocation[kAll].current, 2);
+  EXPECT_EQ(s.allocation[kSmall].current, 1);
+  EXPECT_EQ(s.allocation[kLarge].current, 1);
+  EXPECT_EQ(s.allocation[kAll].allocated, 3);
+  EXPECT_EQ(s.allocation[kAll].freed, 1);
+  EXPECT_EQ(s.allocation[kSmall].peak, 2);
+  EXPECT_EQ(s.allocated_bytes[kSmall].current, 1024);     // 1000 rounded to 512
+  EXPECT_EQ(s.allocated_bytes[kLarge].current, 5 << 20);
+  EXPECT_EQ(s.requested_bytes[kAll].current, 1000 + (5 << 20));
+  EXPECT_EQ(s.max_split_size, -1);                         // unlimited, as PyTorch reports it
+  // Every other field equals its key, read independently.
+  int64_t v = 0;
+  ASSERT_EQ(expseg_stat(al.a, "reserved_bytes.large_pool.current", &v), EXPSEG_OK);
+  EXPECT_EQ(s.reserved_bytes[kLarge].current, v);
+  ASSERT_EQ(expseg_stat(al.a, "segment.small_pool.current", &v), EXPSEG_OK);
+  EXPECT_EQ(s.segment[kSmall].current, v);
+  ASSERT_EQ(expseg_stat(al.a, "num_device_alloc", &v), EXPSEG_OK);
+  EXPECT_EQ(s.num_device_alloc, v);
+  EXPECT_GT(v, 0);
+
+  // Complete: every PyTorch key expseg reports fills a field, and nothing else is read.
+  std::set<std::string> torch_keys;
+  expseg_stats_foreach(
+      al.a,
+      [](void *ctx, const char *key, int64_t) {
+        if (std::string(key).rfind("expseg.", 0) != 0)
+          static_cast<std::set<std::string> *>(ctx)->insert(key);
+      },
+      &torch_keys);
+  EXPECT_EQ(read, torch_keys);
+  EXPECT_EQ(read.size(), 9u * 3 * 4 + 2 * 4 + 6);
+  expseg_free(al.a, small);
+  expseg_free(al.a, large);
+}
+
+TEST(BackendGlueStats, MaxSplitSizeAndOversize) {
+  Alloc al("max_split_size_mb:20");
+  void *p = nullptr;
+  ASSERT_EQ(expseg_malloc(al.a, 25 << 20, 0, &p), EXPSEG_OK);
+  DeviceStats s;
+  EXPECT_EQ(expseg_glue::fill_device_stats_from(s, al.a), 0);
+  EXPECT_EQ(s.max_split_size, 20 << 20);
+  EXPECT_EQ(s.oversize_allocations.current, 1);
+  expseg_free(al.a, p);
+}
+
+TEST(BackendGlueStats, MissingKeysAreCounted) {
+  DeviceStats s;
+  s.num_ooms = 77;
+  int missing = expseg_glue::fill_device_stats(s, [](const char *key, int64_t *v) {
+    if (std::string(key) == "num_ooms" || std::string(key) == "active.all.peak") return false;
+    *v = 5;
+    return true;
+  });
+  EXPECT_EQ(missing, 2);
+  EXPECT_EQ(s.num_ooms, 77); // left as it was
+  EXPECT_EQ(s.active[kAll].peak, 0);
+  EXPECT_EQ(s.active[kLarge].freed, 5);
+}
+
+TEST(BackendGlueError, OneLineNamingCallDeviceStatusAndMessage) {
+  std::string t = expseg_glue::error_text("raw_alloc(4096 bytes)", 3, EXPSEG_ERR_OUT_OF_MEMORY,
+                                          "asked 4096\nheld 0");
+  EXPECT_EQ(t, "expseg: raw_alloc(4096 bytes) (device 3): EXPSEG_ERR_OUT_OF_MEMORY: asked 4096 held 0");
+  EXPECT_EQ(expseg_glue::error_text("x", 0, EXPSEG_ERR_UNSUPPORTED, ""),
+            "expseg: x (device 0): EXPSEG_ERR_UNSUPPORTED");
+}
+
+TEST(BackendGlueConfig, ValuesOfScalarKeysOnly) {
+  std::string v;
+  const std::string cfg = "a:1,roundup_power2_divisions:[256:1,>:8],b:x,per_process_memory_fraction:0.5";
+  ASSERT_TRUE(expseg_glue::config_value(cfg, "a", &v));
+  EXPECT_EQ(v, "1");
+  ASSERT_TRUE(expseg_glue::config_value(cfg, "roundup_power2_divisions", &v));
+  EXPECT_EQ(v, "[256:1,>:8]");
+  ASSERT_TRUE(expseg_glue::config_value(cfg, "per_process_memory_fraction", &v));
+  EXPECT_EQ(v, "0.5");
+  EXPECT_FALSE(expseg_glue::config_value(cfg, ">", &v));   // inside a list
+  EXPECT_FALSE(expseg_glue::config_value(cfg, "256", &v)); // inside a list
+  EXPECT_FALSE(expseg_glue::config_value(cfg, "", &v));
+  EXPECT_FALSE(expseg_glue::config_value(cfg, "per_process", &v));
+}
+
+TEST(BackendGlueConfig, MemoryFractionFollowsTheAllocator) {
+  Alloc al;
+  EXPECT_EQ(expseg_glue::memory_fraction(al.a), 1.0);
+  ASSERT_EQ(expseg_set_memory_fraction(al.a, 0.25), EXPSEG_OK);
+  EXPECT_EQ(expseg_glue::memory_fraction(al.a), 0.25);
+  Alloc configured("per_process_memory_fraction:0.125");
+  EXPECT_EQ(expseg_glue::memory_fraction(configured.a), 0.125);
+  EXPECT_NE(expseg_glue::config_string(al.a).find("expandable_segments:"), std::string::npos);
+}
+
+// ---- the pool map, against a fake of expseg's pool API ----
+
+struct FakePools {
+  struct State {
+    std::mutex mu;
+    uint64_t next = 100;
+    std::map<uint64_t, int> uses;
+    std::map<uint64_t, std::pair<bool (*)(void *, expseg_stream), void *>> active;
+    int creates = 0;
+    expseg_status begin_result = EXPSEG_OK;
+  };
+  std::shared_ptr<State> st = std::make_shared<State>();
+  expseg_status create(expseg_allocator *, uint64_t *out) {
+    std::lock_guard<std::mutex> g(st->mu);
+    *out = st->next++;
+    st->uses[*out] = 1;
+    ++st->creates;
+    return EXPSEG_OK;
+  }
+  expseg_status retain(expseg_allocator *, uint64_t id) {
+    std::lock_guard<std::mutex> g(st->mu);
+    if (!st->uses.count(id)) return EXPSEG_ERR_INVALID_ARGUMENT;
+    ++st->uses[id];
+    return EXPSEG_OK;
+  }
+  expseg_status use_count(const expseg_allocator *, uint64_t id, int *n) {
+    std::lock_guard<std::mutex> g(st->mu);
+    if (!st->uses.count(id)) return EXPSEG_ERR_INVALID_ARGUMENT;
+    *n = st->uses[id];
+    return EXPSEG_OK;
+  }
+  expseg_status begin(expseg_allocator *, uint64_t id, bool (*fn)(void *, expseg_stream), void *ctx) {
+    std::lock_guard<std::mutex> g(st->mu);
+    if (st->begin_result != EXPSEG_OK) return st->begin_result;
+    st->active[id] = {fn, ctx};
+    return EXPSEG_OK;
+  }
+  expseg_status end(expseg_allocator *, uint64_t id) {
+    std::lock_guard<std::mutex> g(st->mu);
+    return st->active.erase(id) ? EXPSEG_OK : EXPSEG_ERR_INVALID_ARGUMENT;
+  }
+  expseg_status release(expseg_allocator *, uint64_t id) {
+    std::lock_guard<std::mutex> g(st->mu);
+    if (!st->uses.count(id) || st->uses[id] <= 0) return EXPSEG_ERR_INVALID_ARGUMENT;
+    if (--st->uses[id] == 0) st->uses.erase(id);
+    return EXPSEG_OK;
+  }
+  // What expseg_malloc would ask: does the pool's filter take this stream?
+  bool routes(uint64_t id, expseg_stream s) {
+    std::lock_guard<std::mutex> g(st->mu);
+    auto it = st->active.find(id);
+    return it != st->active.end() && it->second.first(it->second.second, s);
+  }
+};
+
+using Map = expseg_glue::PoolMap<FakePools>;
+
+TEST(BackendGluePools, CreateOrIncrefCountsUsesPerPairAndDevice) {
+  FakePools f;
+  Map m(f);
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  ASSERT_EQ(m.acquire(nullptr, 0, {1, 0}, &a), EXPSEG_OK);
+  ASSERT_EQ(m.acquire(nullptr, 0, {1, 0}, &b), EXPSEG_OK);
+  ASSERT_EQ(m.acquire(nullptr, 0, {0, 1}, &c), EXPSEG_OK);
+  ASSERT_EQ(m.acquire(nullptr, 1, {1, 0}, &d), EXPSEG_OK);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_NE(a, d); // another device's pool
+  EXPECT_EQ(f.st->creates, 3);
+  EXPECT_EQ(m.use_count(nullptr, 0, {1, 0}), 2);
+  EXPECT_EQ(m.use_count(nullptr, 1, {1, 0}), 1);
+  EXPECT_EQ(m.use_count(nullptr, 0, {9, 9}), 0);
+  uint64_t found = 0;
+  ASSERT_TRUE(m.find(0, {0, 1}, &found));
+  EXPECT_EQ(found, c);
+  EXPECT_TRUE(m.find(0, {0, 0}, &found));
+  EXPECT_EQ(found, 0u);
+  EXPECT_EQ(m.pair_of(0, c), (expseg_glue::PoolPair{0, 1}));
+  EXPECT_EQ(m.pair_of(1, d), (expseg_glue::PoolPair{1, 0}));
+  EXPECT_EQ(m.acquire(nullptr, 0, {0, 0}, &found), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Map::why(), "memory pool (0, 0) on device 0 is the general cache, not a private pool");
+  ASSERT_EQ(m.acquire(nullptr, 0, {1, 0}, &a), EXPSEG_OK);
+  EXPECT_EQ(Map::why(), ""); // cleared by the next call
+}
+
+TEST(BackendGluePools, RefusalsNameThePairAndDevice) {
+  FakePools f;
+  Map m(f);
+  EXPECT_EQ(m.release(nullptr, 2, {4, 5}), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(Map::why(), "memory pool (4, 5) on device 2 was never created or is released");
+  EXPECT_EQ(m.end(nullptr, 1, {4, 5}), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(Map::why().find("device 1"), std::string::npos);
+  ASSERT_EQ(m.begin(nullptr, 0, {4, 5}, [](expseg_stream) { return true; }), EXPSEG_OK);
+  EXPECT_EQ(m.begin(nullptr, 0, {4, 5}, [](expseg_stream) { return true; }),
+            EXPSEG_ERR_INVALID_ARGUMENT); // as PyTorch: one begin at a time per pool
+  EXPECT_NE(Map::why().find("already being allocated to"), std::string::npos);
+  EXPECT_EQ(m.use_count(nullptr, 0, {4, 5}), 1);
+  ASSERT_EQ(m.end(nullptr, 0, {4, 5}), EXPSEG_OK);
+  EXPECT_EQ(m.begin(nullptr, 0, {4, 5}, [](expseg_stream) { return true; }), EXPSEG_OK);
+  EXPECT_EQ(m.use_count(nullptr, 0, {4, 5}), 2);
+}
+
+TEST(BackendGluePools, ReleaseForgetsThePairWhenUnused) {
+  FakePools f;
+  Map m(f);
+  uint64_t a = 0;
+  ASSERT_EQ(m.acquire(nullptr, 0, {3, 0}, &a), EXPSEG_OK);
+  ASSERT_EQ(m.acquire(nullptr, 0, {3, 0}, &a), EXPSEG_OK);
+  ASSERT_EQ(m.release(nullptr, 0, {3, 0}), EXPSEG_OK);
+  EXPECT_EQ(m.use_count(nullptr, 0, {3, 0}), 1);
+  EXPECT_EQ(m.size(), 1u);
+  ASSERT_EQ(m.release(nullptr, 0, {3, 0}), EXPSEG_OK);
+  EXPECT_EQ(m.size(), 0u);
+  uint64_t found = 0;
+  EXPECT_FALSE(m.find(0, {3, 0}, &found));
+  EXPECT_EQ(m.release(nullptr, 0, {3, 0}), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(f.st->uses.empty());
+}
+
+TEST(BackendGluePools, BeginRoutesByTheFilterUntilEnd) {
+  FakePools f;
+  Map m(f);
+  ASSERT_EQ(m.begin(nullptr, 0, {5, 0}, [](expseg_stream s) { return s == 7; }), EXPSEG_OK);
+  uint64_t id = 0;
+  ASSERT_TRUE(m.find(0, {5, 0}, &id));
+  EXPECT_EQ(m.use_count(nullptr, 0, {5, 0}), 1); // begin takes a use, as PyTorch's allocator
+  EXPECT_TRUE(f.routes(id, 7));
+  EXPECT_FALSE(f.routes(id, 8));
+  ASSERT_EQ(m.end(nullptr, 0, {5, 0}), EXPSEG_OK);
+  EXPECT_FALSE(f.routes(id, 7));
+  EXPECT_EQ(m.end(nullptr, 0, {6, 0}), EXPSEG_ERR_INVALID_ARGUMENT);
+}
+
+TEST(BackendGluePools, FailedBeginUndoesItsUse) {
+  FakePools f;
+  Map m(f);
+  f.st->begin_result = EXPSEG_ERR_UNSUPPORTED;
+  EXPECT_EQ(m.begin(nullptr, 0, {5, 0}, [](expseg_stream) { return true; }), EXPSEG_ERR_UNSUPPORTED);
+  EXPECT_EQ(m.size(), 0u);
+  EXPECT_TRUE(f.st->uses.empty());
+  uint64_t id = 0;
+  ASSERT_EQ(m.acquire(nullptr, 0, {5, 0}, &id), EXPSEG_OK);
+  EXPECT_EQ(m.begin(nullptr, 0, {5, 0}, [](expseg_stream) { return true; }), EXPSEG_ERR_UNSUPPORTED);
+  EXPECT_EQ(m.use_count(nullptr, 0, {5, 0}), 1); // the pool stays with its earlier use
+}
+
+TEST(BackendGluePools, ThrowingFilterMeansNotThisPool) {
+  expseg_glue::StreamFilter f = [](expseg_stream) -> bool { throw std::runtime_error("x"); };
+  EXPECT_FALSE(expseg_glue::filter_trampoline(&f, 1));
+  expseg_glue::StreamFilter g = [](expseg_stream s) { return s == 1; };
+  EXPECT_TRUE(expseg_glue::filter_trampoline(&g, 1));
+}
+
+TEST(BackendGluePools, ConcurrentIncrefsCreateOnce) {
+  EXPSEG_SEEDED(seed, 11);
+  FakePools f;
+  Map m(f);
+  constexpr int kThreads = 8, kEach = 200;
+  std::vector<std::thread> ts;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([&, t] {
+      TestRng rng(seed + t);
+      for (int i = 0; i < kEach; ++i) {
+        uint64_t id = 0;
+        expseg_glue::PoolPair p{1 + rng.below(3), 0};
+        if (m.acquire(nullptr, 0, p, &id) != EXPSEG_OK) ++failures;
+      }
+    });
+  for (auto &t : ts) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(f.st->creates, 3);
+  int total = 0;
+  for (uint64_t k = 1; k <= 3; ++k) total += m.use_count(nullptr, 0, {k, 0});
+  EXPECT_EQ(total, kThreads * kEach);
+}
+
+} // namespace
