@@ -180,6 +180,10 @@ EXPSEG_EXPORT void expseg_snapshot_free(unsigned char *buf);
 EXPSEG_EXPORT size_t expseg_memory_summary(expseg_allocator *a, char *buf, size_t len,
                                            bool abbreviated);
 
+/* A private pool's id ("Private memory pools" below): 0 = the general cache; private pools
+ * are >= 1. */
+typedef uint64_t expseg_pool_id;
+
 /* ---- Walking the state (docs/snapshots.md "Walking the state"): what expseg_snapshot writes,
  * as C structs, for bindings that build their own snapshot objects (PyTorch's C++ backend
  * fills SnapshotInfo from it). Segments come in address order and are reported as in the
@@ -209,6 +213,7 @@ typedef struct expseg_walk_segment {
   bool is_expandable;
   const expseg_walk_block *blocks;
   size_t n_blocks;
+  expseg_pool_id pool;     /* its private pool (0 = the general cache), released or not */
 } expseg_walk_segment;
 typedef struct expseg_walk_event {
   const char *action; /* PyTorch's TraceEntry action: "alloc", "free_requested",
@@ -218,6 +223,7 @@ typedef struct expseg_walk_event {
   uint64_t size;
   expseg_stream stream;
   uint64_t time_us;   /* microseconds since the Unix epoch */
+  expseg_pool_id pool; /* the private pool of its block or segment (0 = the general cache) */
 } expseg_walk_event;
 EXPSEG_EXPORT expseg_status expseg_walk(expseg_allocator *a,
                                         void (*segment)(void *ctx, const expseg_walk_segment *s),
@@ -323,7 +329,8 @@ EXPSEG_EXPORT expseg_status expseg_synchronize(expseg_allocator *a);
  * the general cache, its freed blocks are reused only inside it, and its memory goes back
  * only when it is emptied or released. Stream values are below 2^48 when pools are used
  * (CUDA's stream handles are). */
-typedef uint64_t expseg_pool_id; /* 0 = the general cache; private pools are >= 1 */
+/* expseg_pool_id (declared above, with expseg_walk): 0 = the general cache; private pools
+ * are >= 1. */
 /* A new private pool, its use count 1. Ids are never reused. */
 EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_pool_create(expseg_allocator *a,
                                                                 expseg_pool_id *out);

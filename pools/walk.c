@@ -46,6 +46,7 @@ bool _expseg_reported_segments(const expseg_allocator *a,
 }
 
 typedef struct walk_s {
+  const expseg_allocator *a;
   void (*segment)(void *ctx, const expseg_walk_segment *s);
   void *ctx;
   expseg_walk_block *blocks;
@@ -84,11 +85,12 @@ static void walk_segment(void *ctx, const segment_t *s, const block_t *first, co
     }
   }
   out.address = first->ptr;
-  out.stream = s->stream;
+  out.stream = skey_stream(s->stream); /* the key without its pool's tag */
   out.is_large = s->pool != POOL_SMALL;
   out.is_expandable = s->expandable;
   out.blocks = w->blocks;
   out.n_blocks = n;
+  out.pool = _expseg_ppool_id(w->a, seg_tag(s));
   w->segment(w->ctx, &out);
 }
 
@@ -99,7 +101,7 @@ expseg_status expseg_walk(expseg_allocator *a,
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_walk: the allocator is NULL");
   api_lock(a);
   EXPSEG_HIST(a, HIST_SNAPSHOT, 0, stat_all_current(a->stats.active_bytes), 0);
-  walk_t w = {segment, ctx, NULL, 0, false};
+  walk_t w = {a, segment, ctx, NULL, 0, false};
   if (segment != NULL && !_expseg_reported_segments(a, walk_segment, &w)) w.oom = true;
   free(w.blocks);
   const history_t *h = a->hist;
@@ -108,7 +110,7 @@ expseg_status expseg_walk(expseg_allocator *a,
     for (size_t i = 0; i < h->count; i++) {
       const hist_event_t *e = _expseg_hist_at(h, i);
       expseg_walk_event out = {_expseg_hist_action_name(e->action), e->addr, e->size, e->stream,
-                               _expseg_hist_time_us(h, scale, e->ticks)};
+                               _expseg_hist_time_us(h, scale, e->ticks), e->pool};
       event(ctx, &out);
     }
   }

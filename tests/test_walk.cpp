@@ -29,7 +29,7 @@ struct Segment {
 };
 struct Event {
   std::string action;
-  uint64_t addr, size, stream, time_us;
+  uint64_t addr, size, stream, time_us, pool;
 };
 struct Walk {
   std::vector<Segment> segs;
@@ -50,7 +50,7 @@ Walk walk(expseg_allocator *a) {
                 },
                 [](void *ctx, const expseg_walk_event *e) {
                   static_cast<Walk *>(ctx)->events.push_back(
-                      {e->action, e->addr, e->size, e->stream, e->time_us});
+                      {e->action, e->addr, e->size, e->stream, e->time_us, e->pool});
                 },
                 &w),
             EXPSEG_OK)
@@ -246,6 +246,77 @@ TEST(Walk, HistoryEventsInOrderWithTheirTimes) {
     EXPECT_GE(w.events[i].time_us, w.events[i - 1].time_us);
   expseg_destroy(a);
 }
+
+// Each segment and each event names its private pool (0 = the general cache), a released
+// pool's too while it drains; a pool's segment reports the stream, not the pool's key.
+class WalkPools : public ::testing::TestWithParam<const char *> {};
+
+TEST_P(WalkPools, SegmentsAndEventsNameTheirPool) {
+  expseg_allocator *a = nullptr;
+  ASSERT_EQ(expseg_create(GetParam(), 0, "", &a), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_record_history_ex(a, true, 1000, 0), EXPSEG_OK);
+  expseg_pool_id p1 = 0, p2 = 0;
+  ASSERT_EQ(expseg_pool_create(a, &p1), EXPSEG_OK);
+  ASSERT_EQ(expseg_pool_create(a, &p2), EXPSEG_OK);
+  ASSERT_NE(p1, p2);
+  void *g = nullptr, *x = nullptr, *y = nullptr, *z = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 3 << 20, 5, &g), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_malloc_pool(a, 3 << 20, 5, p1, &x), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_malloc_pool(a, 4096, 6, p2, &y), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_malloc_pool(a, 5 << 20, 6, p2, &z), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_pool_release(a, p2), EXPSEG_OK); // draining: y and z are live
+  Walk w = walk(a);
+  auto seg_of = [&](void *p) -> const Segment * {
+    for (const Segment &s : w.segs)
+      for (const Block &b : s.blocks)
+        if (b.address == (uint64_t)(uintptr_t)p) return &s;
+    return nullptr;
+  };
+  struct Want {
+    void *p;
+    expseg_pool_id pool;
+    expseg_stream stream;
+  } wants[] = {{g, 0, 5}, {x, p1, 5}, {y, p2, 6}, {z, p2, 6}};
+  for (const Want &want : wants) {
+    const Segment *s = seg_of(want.p);
+    ASSERT_NE(s, nullptr) << want.p;
+    EXPECT_EQ(s->s.pool, want.pool) << want.p;
+    EXPECT_EQ(s->s.stream, want.stream) << want.p;
+    int allocs = 0;
+    for (const Event &e : w.events)
+      if (e.addr == (uint64_t)(uintptr_t)want.p && e.action == "alloc") {
+        ++allocs;
+        EXPECT_EQ(e.pool, want.pool) << want.p;
+        EXPECT_EQ(e.stream, want.stream) << want.p;
+      }
+    EXPECT_EQ(allocs, 1) << want.p;
+  }
+  int pool_segment_events = 0;
+  for (const Event &e : w.events)
+    if (e.action == "segment_alloc" || e.action == "segment_map")
+      pool_segment_events += e.pool == p1 || e.pool == p2;
+  EXPECT_GE(pool_segment_events, 2); // each pool's segment event names it
+  // once drained the released pool's segments are gone; the history keeps its id
+  ASSERT_EQ(expseg_free(a, y), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(a, z), EXPSEG_OK);
+  ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+  w = walk(a);
+  for (const Segment &s : w.segs) EXPECT_NE(s.s.pool, p2);
+  bool freed_in_p2 = false;
+  for (const Event &e : w.events)
+    freed_in_p2 = freed_in_p2 || (e.action == "free_completed" && e.pool == p2 &&
+                                  e.addr == (uint64_t)(uintptr_t)z);
+  EXPECT_TRUE(freed_in_p2);
+  ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(a, g), EXPSEG_OK);
+  expseg_destroy(a);
+}
+
+INSTANTIATE_TEST_SUITE_P(Drivers, WalkPools,
+                         ::testing::Values("host:capacity=256M", "sim:capacity=8G"),
+                         [](const ::testing::TestParamInfo<const char *> &p) {
+                           return std::string(p.param).substr(0, 4) == "host" ? "host" : "sim";
+                         });
 
 TEST(Walk, NullAllocatorIsRefusedAndNullCallbacksAreFine) {
   EXPECT_EQ(expseg_walk(nullptr, nullptr, nullptr, nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
