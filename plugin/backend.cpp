@@ -34,6 +34,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -568,10 +569,10 @@ bool action_of(const char *name, TraceEntry::Action *out) {
 // TraceEntry's constructor gained the pool argument between releases: whichever it has.
 template <class TE>
 TE make_trace_entry(typename TE::Action action, DeviceIndex device, size_t addr, size_t size,
-                    TraceStream stream) {
+                    TraceStream stream, MempoolId pool) {
   if constexpr (std::is_constructible_v<TE, typename TE::Action, DeviceIndex, size_t, size_t,
                                         TraceStream, MempoolId, c10::approx_time_t>)
-    return TE(action, device, addr, size, stream, MempoolId{0, 0}, c10::approx_time_t(0));
+    return TE(action, device, addr, size, stream, pool, c10::approx_time_t(0));
   else
     return TE(action, device, addr, size, stream, c10::approx_time_t(0));
 }
@@ -580,16 +581,18 @@ struct SnapshotCtx {
   ExpsegAllocator *self;
   int device;
   CCA::SnapshotInfo *info;
-  std::vector<TraceEntry> *trace;
+  std::vector<TraceEntry> *trace; // null: the history is walked only for seen
+  MempoolId only;                 // {0, 0}: every segment; else that pool's only
+  std::set<uint64_t> seen;        // the expseg pools the walk reported
 };
+
+MempoolId mempool_of(expseg_glue::PoolPair p) { return MempoolId{p.first, p.second}; }
 
 } // namespace
 
+// snapshot(mempool_id): as PyTorch, a pool other than {0, 0} reports only that pool's
+// segments (none where the pool is unknown) and every trace entry.
 CCA::SnapshotInfo ExpsegAllocator::snapshot_of(MempoolId mempool_id, bool include_traces) {
-  if (mempool_id != MempoolId{0, 0})
-    fail("snapshot(pool)", c10::cuda::current_device(), EXPSEG_ERR_UNSUPPORTED,
-         "a snapshot of one memory pool is not supported by the expseg backend yet; take the "
-         "whole snapshot (torch.cuda.memory._snapshot())");
   CCA::SnapshotInfo info;
   int n = device_count_ > 0 ? device_count_ : 1;
   info.device_traces.resize((size_t)n);
@@ -597,10 +600,15 @@ CCA::SnapshotInfo ExpsegAllocator::snapshot_of(MempoolId mempool_id, bool includ
     expseg_allocator *a = existing(d);
     if (!a) continue;
     if (d >= (int)info.device_traces.size()) info.device_traces.resize((size_t)d + 1);
-    SnapshotCtx c{this, d, &info, &info.device_traces[(size_t)d]};
+    SnapshotCtx c{this, d, &info, include_traces ? &info.device_traces[(size_t)d] : nullptr,
+                  mempool_id, {}};
     auto on_segment = [](void *ctx, const expseg_walk_segment *s) {
       auto *c = static_cast<SnapshotCtx *>(ctx);
+      if (s->pool != 0) c->seen.insert(s->pool);
+      const MempoolId owner = mempool_of(c->self->pools_.pair_of(c->device, s->pool));
+      if (c->only != MempoolId{0, 0} && owner != c->only) return;
       CCA::SegmentInfo seg;
+      seg.owner_private_pool_id = owner;
       seg.device = static_cast<DeviceIndex>(c->device);
       seg.address = s->address;
       seg.total_size = s->total_size;
@@ -624,17 +632,22 @@ CCA::SnapshotInfo ExpsegAllocator::snapshot_of(MempoolId mempool_id, bool includ
     };
     auto on_event = [](void *ctx, const expseg_walk_event *e) {
       auto *c = static_cast<SnapshotCtx *>(ctx);
+      if (e->pool != 0) c->seen.insert(e->pool);
       TraceEntry::Action action;
-      if (!action_of(e->action, &action)) return; // an action PyTorch has no name for
+      if (!c->trace || !action_of(e->action, &action)) return; // not asked, or no name
       TraceEntry te = make_trace_entry<TraceEntry>(
           action, static_cast<DeviceIndex>(c->device), e->addr, e->size,
-          reinterpret_cast<TraceStream>(static_cast<uintptr_t>(e->stream)));
+          reinterpret_cast<TraceStream>(static_cast<uintptr_t>(e->stream)),
+          mempool_of(c->self->pools_.pair_of(c->device, e->pool)));
       te.time_.t_ = static_cast<time_t>(e->time_us);
       c->trace->push_back(std::move(te));
     };
-    // context_of takes contexts_mu_ inside the walk (under the allocator's lock): the
-    // allocation path never takes the two the other way round.
-    check("snapshot", d, expseg_walk(a, on_segment, include_traces ? +on_event : nullptr, &c));
+    // context_of takes contexts_mu_ and pair_of the pool names' lock inside the walk (under
+    // the allocator's lock): nothing takes them the other way round. The history is walked
+    // even without traces, so that names of drained pools can be forgotten.
+    const uint64_t mark = pools_.walk_mark();
+    check("snapshot", d, expseg_walk(a, on_segment, on_event, &c));
+    pools_.forget_unseen(d, mark, c.seen);
   }
   if (expseg_allocator *a = existing(c10::cuda::current_device())) {
     CCA::AllocatorConfigInfo &m = info.config_metadata;

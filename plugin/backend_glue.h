@@ -6,7 +6,8 @@
  * Why a map: PyTorch names a private pool by a pair of integers (MempoolId_t, {0, 0} = the
  * general cache) and counts its users; expseg names a pool by one integer it hands out
  * (expseg_pool_create) and counts users itself. The map only translates names per device:
- * every use count and every decision stays in the C library. The calls into expseg's pool
+ * every use count and every decision stays in the C library; the reverse names (pair_of)
+ * outlive a pool's release until a walk shows it gone. The calls into expseg's pool
  * API go through an Ops policy (the real functions in backend.cpp, a fake in the test), so
  * this header does not need a library that has private pools to be tested. */
 #ifndef EXPSEG_PLUGIN_BACKEND_GLUE_H
@@ -207,6 +208,10 @@ class PoolMap {
     expseg_status st = ops_.create(a, &pool);
     if (st != EXPSEG_OK) return st;
     map_[Key{device, id}].pool = pool;
+    {
+      std::lock_guard<std::mutex> n(names_mu_);
+      names_[Name{device, pool}] = NameEntry{id, 0};
+    }
     if (out) *out = pool;
     return EXPSEG_OK;
   }
@@ -230,8 +235,10 @@ class PoolMap {
     if (st != EXPSEG_OK) { /* undo the use taken above; forget a pool nobody uses */
       int n = 0;
       if (ops_.release(a, pool) == EXPSEG_OK &&
-          (ops_.use_count(a, pool, &n) != EXPSEG_OK || n <= 0))
+          (ops_.use_count(a, pool, &n) != EXPSEG_OK || n <= 0)) {
         map_.erase(Key{device, id});
+        released(device, pool);
+      }
       return st;
     }
     e.filter = std::move(f); /* kept alive until end() */
@@ -259,7 +266,10 @@ class PoolMap {
     expseg_status st = ops_.release(a, it->second.pool);
     if (st != EXPSEG_OK) return st;
     int n = 0;
-    if (ops_.use_count(a, it->second.pool, &n) != EXPSEG_OK || n <= 0) map_.erase(it);
+    if (ops_.use_count(a, it->second.pool, &n) != EXPSEG_OK || n <= 0) {
+      released(device, it->second.pool);
+      map_.erase(it);
+    }
     return EXPSEG_OK;
   }
 
@@ -285,13 +295,50 @@ class PoolMap {
     return true;
   }
 
-  /* The pair of an expseg pool on a device ({0, 0} for 0 and for pools not in the map). */
+  /* The reverse lookup: the pair an expseg pool on a device was created for, also after its
+   * release while expseg still has its memory or history (a draining pool, as PyTorch still
+   * reports a released pool's segments under its pair); {0, 0} for 0 and for pools never
+   * named here. Safe inside expseg_walk's callbacks: names_mu_ is a leaf lock, never held
+   * while calling expseg. */
   PoolPair pair_of(int device, uint64_t pool) const {
     if (pool == 0) return {0, 0};
-    std::lock_guard<std::mutex> g(mu_);
-    for (const auto &kv : map_)
-      if (std::get<0>(kv.first) == device && kv.second.pool == pool) return std::get<1>(kv.first);
-    return {0, 0};
+    std::lock_guard<std::mutex> n(names_mu_);
+    auto it = names_.find(Name{device, pool});
+    return it == names_.end() ? PoolPair{0, 0} : it->second.pair;
+  }
+
+  /* A mark to take before a walk of a device's whole state (segments and history), for
+   * forget_unseen after it. */
+  uint64_t walk_mark() const {
+    std::lock_guard<std::mutex> n(names_mu_);
+    return released_gen_;
+  }
+
+  /* After a complete walk begun at `mark` that reported the pools in `seen`: forgets the
+   * names of the device's pools released before the mark that the walk did not report. Such
+   * a pool has no segment and no history event left, and never gets one again (ids are
+   * never reused; a released pool takes no allocation), so its name is no longer needed.
+   * Returns how many names were forgotten. */
+  std::size_t forget_unseen(int device, uint64_t mark, const std::set<uint64_t> &seen) {
+    std::lock_guard<std::mutex> n(names_mu_);
+    std::size_t k = 0;
+    for (auto it = names_.begin(); it != names_.end();) {
+      const NameEntry &e = it->second;
+      if (std::get<0>(it->first) == device && e.released_at != 0 && e.released_at <= mark &&
+          !seen.count(std::get<1>(it->first))) {
+        it = names_.erase(it);
+        ++k;
+      } else {
+        ++it;
+      }
+    }
+    return k;
+  }
+
+  /* Names kept (live and released pools), every device. */
+  std::size_t names() const {
+    std::lock_guard<std::mutex> n(names_mu_);
+    return names_.size();
   }
 
   std::size_t size() const {
@@ -313,14 +360,32 @@ class PoolMap {
     return EXPSEG_ERR_INVALID_ARGUMENT;
   }
 
+  /* mu_ held: the pool's use count reached 0; its name stays for pair_of until
+   * forget_unseen. */
+  void released(int device, uint64_t pool) {
+    std::lock_guard<std::mutex> n(names_mu_);
+    auto it = names_.find(Name{device, pool});
+    if (it != names_.end()) it->second.released_at = ++released_gen_;
+  }
+
   using Key = std::tuple<int, PoolPair>;
   struct Entry {
     uint64_t pool = 0;
     std::unique_ptr<StreamFilter> filter;
   };
+  using Name = std::tuple<int, uint64_t>; /* device, expseg pool */
+  struct NameEntry {
+    PoolPair pair;
+    uint64_t released_at = 0; /* 0: live; else the release's number (released_gen_) */
+  };
   mutable Ops ops_;
   mutable std::mutex mu_;
   std::map<Key, Entry> map_;
+  /* the reverse map, under its own lock (taken inside mu_ and inside expseg's walk; nothing
+   * is called with it held) */
+  mutable std::mutex names_mu_;
+  std::map<Name, NameEntry> names_;
+  uint64_t released_gen_ = 0;
 };
 
 } // namespace expseg_glue

@@ -263,6 +263,53 @@ TEST(BackendGluePools, ReleaseForgetsThePairWhenUnused) {
   EXPECT_TRUE(f.st->uses.empty());
 }
 
+// The reverse map: the pair of an expseg pool, per device, kept after the release (the
+// pool's segments drain later and history names it) until a walk begun after the release
+// no longer reports it.
+TEST(BackendGluePools, PairOfOutlivesTheReleaseUntilAWalkShowsThePoolGone) {
+  FakePools f;
+  Map m(f);
+  uint64_t a = 0, b = 0, c = 0;
+  ASSERT_EQ(m.acquire(nullptr, 0, {0, 7}, &a), EXPSEG_OK);
+  ASSERT_EQ(m.acquire(nullptr, 0, {8, 0}, &b), EXPSEG_OK);
+  ASSERT_EQ(m.acquire(nullptr, 1, {0, 7}, &c), EXPSEG_OK);
+  EXPECT_EQ(m.pair_of(0, 0), (expseg_glue::PoolPair{0, 0}));
+  EXPECT_EQ(m.pair_of(0, 12345), (expseg_glue::PoolPair{0, 0})); // never named
+  EXPECT_EQ(m.pair_of(1, a), (expseg_glue::PoolPair{0, 0}));     // another device's id
+  EXPECT_EQ(m.pair_of(1, c), (expseg_glue::PoolPair{0, 7}));
+  const uint64_t before = m.walk_mark();
+  ASSERT_EQ(m.release(nullptr, 0, {0, 7}), EXPSEG_OK);
+  ASSERT_EQ(m.size(), 2u); // the pair is forgotten as a name to allocate to ...
+  EXPECT_EQ(m.pair_of(0, a), (expseg_glue::PoolPair{0, 7})); // ... not as a name to report
+  EXPECT_EQ(m.names(), 3u);
+  // a walk begun before the release proves nothing about it
+  EXPECT_EQ(m.forget_unseen(0, before, {}), 0u);
+  EXPECT_EQ(m.pair_of(0, a), (expseg_glue::PoolPair{0, 7}));
+  // a walk that still saw it (a segment or an event of it): kept
+  const uint64_t after = m.walk_mark();
+  EXPECT_EQ(m.forget_unseen(0, after, {a}), 0u);
+  EXPECT_EQ(m.pair_of(0, a), (expseg_glue::PoolPair{0, 7}));
+  // another device's walk: kept
+  EXPECT_EQ(m.forget_unseen(1, after, {}), 0u);
+  // a later walk that did not: forgotten; live pools are never forgotten
+  EXPECT_EQ(m.forget_unseen(0, after, {}), 1u);
+  EXPECT_EQ(m.pair_of(0, a), (expseg_glue::PoolPair{0, 0}));
+  EXPECT_EQ(m.pair_of(0, b), (expseg_glue::PoolPair{8, 0}));
+  EXPECT_EQ(m.pair_of(1, c), (expseg_glue::PoolPair{0, 7}));
+  EXPECT_EQ(m.names(), 2u);
+  // the pair named again is a new pool with its own name; a failed begin's pool is released
+  uint64_t a2 = 0;
+  ASSERT_EQ(m.acquire(nullptr, 0, {0, 7}, &a2), EXPSEG_OK);
+  EXPECT_NE(a2, a);
+  EXPECT_EQ(m.pair_of(0, a2), (expseg_glue::PoolPair{0, 7}));
+  f.st->begin_result = EXPSEG_ERR_UNSUPPORTED;
+  ASSERT_EQ(m.begin(nullptr, 0, {9, 9}, [](expseg_stream) { return true; }),
+            EXPSEG_ERR_UNSUPPORTED);
+  EXPECT_EQ(m.names(), 4u); // its name kept until a walk shows it gone
+  EXPECT_EQ(m.forget_unseen(0, m.walk_mark(), {a2, b}), 1u);
+  EXPECT_EQ(m.names(), 3u);
+}
+
 TEST(BackendGluePools, BeginRoutesByTheFilterUntilEnd) {
   FakePools f;
   Map m(f);
