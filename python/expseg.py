@@ -697,100 +697,33 @@ def _unpatch():
     _installed = _route = None
 
 
-# ---- CuPy: cupy.cuda.set_allocator(expseg.cupy_allocator) ----
+# ---- CuPy and Numba: expseg_interop.py beside this file (it imports neither) ----
 
-class _Block:
-    """Owns one expseg allocation; frees it when the last reference goes (CuPy's
-    UnownedMemory keeps it alive, Numba's finalizer calls free)."""
-    __slots__ = ("ptr", "size", "device", "stream", "__weakref__")
-
-    def __init__(self, size, device, stream, who):
-        self.ptr = None
-        lib = _load()
-        ptr = lib.expseg_torch_alloc(size, device, ctypes.c_void_p(stream))
-        if not ptr and size:
-            raise ExpsegError("%s(%d bytes, device %d): %s"
-                              % (who, size, device, last_error(device)))
-        self.ptr, self.size, self.device, self.stream = ptr or 0, size, device, stream
-
-    def free(self):
-        if self.ptr:
-            ptr, self.ptr = self.ptr, None
-            _lib.expseg_torch_free(ctypes.c_void_p(ptr), self.size, self.device,
-                                   ctypes.c_void_p(self.stream))
-
-    def __del__(self):
-        if _lib is not None:
-            self.free()
+INTEROP_MODULE = "expseg_interop"
 
 
-def cupy_allocator(nbytes):
-    """A CuPy allocator: cupy.cuda.set_allocator(expseg.cupy_allocator). Allocates on CuPy's
-    current device and stream; the memory goes back to expseg when CuPy drops it."""
-    import cupy
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-        raise ExpsegError("expseg.cupy_allocator(%r): expected a size in bytes (an int >= 0)"
-                          % (nbytes,))
-    device = cupy.cuda.runtime.getDevice()
-    stream = int(cupy.cuda.get_current_stream().ptr)
-    block = _Block(nbytes, device, stream, "expseg.cupy_allocator")
-    mem = cupy.cuda.UnownedMemory(block.ptr, nbytes, block, device)
-    return cupy.cuda.MemoryPointer(mem, 0)
+def _interop():
+    """expseg_interop.py beside this file, bound to this module (loaded by path, as the C++
+    backend's loader is, so that the copy beside this expseg.py is the one used)."""
+    mod = sys.modules.get(INTEROP_MODULE)
+    here = os.path.dirname(os.path.abspath(__file__))
+    if mod is None or os.path.dirname(os.path.abspath(getattr(mod, "__file__", ""))) != here:
+        path = os.path.join(here, INTEROP_MODULE + ".py")
+        if not os.path.isfile(path):
+            raise ImportError("expseg: %s is not installed next to %s (it holds "
+                              "cupy_allocator and the Numba plugin)"
+                              % (os.path.basename(path), __file__))
+        spec = importlib.util.spec_from_file_location(INTEROP_MODULE, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules[INTEROP_MODULE] = mod
+    mod._core = sys.modules.get(__name__)  # None: it imports expseg itself on first use
+    return mod
 
 
-# ---- Numba: NUMBA_CUDA_MEMORY_MANAGER=expseg, or numba.cuda.set_memory_manager(...) ----
-
-_numba_class = None
-
-
-def numba_memory_manager():
-    """The Numba EMM plugin class (a HostOnlyCUDAMemoryManager: Numba keeps host memory and
-    its defer_cleanup, expseg takes device memory and frees at once). Numba finds it as expseg._numba_memory_manager when
-    NUMBA_CUDA_MEMORY_MANAGER=expseg."""
-    global _numba_class
-    if _numba_class is not None:
-        return _numba_class
-    from numba import cuda
-
-    def device_pointer(ptr):
-        from numba.cuda.cudadrv import driver as drv
-        if getattr(drv, "USE_NV_BINDING", False):
-            return drv.binding.CUdeviceptr(ptr)
-        return ctypes.c_uint64(ptr)
-
-    class ExpsegNumbaManager(cuda.HostOnlyCUDAMemoryManager):
-        """expseg as Numba's device memory manager (same allocators and statistics as
-        expseg.memory_stats and PyTorch)."""
-
-        def initialize(self):
-            self._device = int(self.context.device.id)
-            _load()
-            driver(self._device)  # creates the device's allocator now: errors show here
-
-        def memalloc(self, size):
-            block = _Block(int(size), self._device, 0, "expseg Numba memalloc")
-            ptr = device_pointer(block.ptr)
-            return cuda.MemoryPointer(self.context, ptr, size, finalizer=block.free)
-
-        def get_memory_info(self):
-            free, total = mem_get_info(self._device)
-            return cuda.MemoryInfo(free=free, total=total)
-
-        def get_ipc_handle(self, memory):
-            raise ExpsegError("expseg's Numba plugin: get_ipc_handle: memory mapped with "
-                              "cuMemMap cannot be shared through cudaIpcGetMemHandle; share it "
-                              "with expseg_ipc_export (docs/ipc.md)")
-
-        def reset(self):
-            super().reset()
-            empty_cache(self._device)
-
-        @property
-        def interface_version(self):
-            return 1
-
-    _numba_class = ExpsegNumbaManager
-    return _numba_class
+_interop_module = _interop()
+cupy_allocator = _interop_module.cupy_allocator
+numba_memory_manager = _interop_module.numba_memory_manager
 
 
 def __getattr__(name):

@@ -53,7 +53,8 @@ want=(include/expseg.h "$rel/libexpseg.so.0.1.0" "$rel/cmake/expseg/expsegConfig
       "$rel/pkgconfig/expseg.pc")
 [ -e "$src/include/expseg_testing.h" ] && want+=(include/expseg_testing.h)
 if [ "${TORCH:-ON}" = ON ]; then
-  want+=(include/expseg_torch.h "$rel/libexpseg_torch.so" share/expseg/python/expseg.py)
+  want+=(include/expseg_torch.h "$rel/libexpseg_torch.so" share/expseg/python/expseg.py
+        share/expseg/python/expseg_interop.py)
 fi
 for f in "${want[@]}"; do
   [ -e "$prefix/$f" ] || fail "not installed: $f"
@@ -106,7 +107,7 @@ if [ "${TORCH:-ON}" = ON ] && command -v python3 >/dev/null; then
   say "installed python helper finds the installed libexpseg_torch.so"
   got=$(env -u EXPSEG_TORCH_LIB EXPSEG_DRIVER=host:capacity=16M \
         PYTHONPATH="$prefix/share/expseg/python" python3 -c \
-        'import expseg; print(expseg.library_path(), expseg.memory_stats(0)["allocation.all.current"])')
+        'import expseg; print(expseg.library_path(), expseg.memory_stats(0)["allocation.all.current"]); assert expseg.cupy_allocator.__module__ == "expseg_interop"')
   [ "$got" = "$(cd "$lib" && pwd)/libexpseg_torch.so 0" ] || fail "python helper: got '$got'"
 fi
 echo "installed tree: 4 consumers built and run: ok"

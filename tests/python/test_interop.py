@@ -110,6 +110,35 @@ class Numba(unittest.TestCase):
         self.assertIn("cudaIpcGetMemHandle", r["ipc"])
         self.assertIn("out of memory", r["oom"])
 
+    def test_interop_module_is_expsegs_whichever_is_imported_first(self):
+        # expseg_interop.py holds the CuPy and Numba parts; expseg's names are its names,
+        # bound to the expseg module that loaded it, and neither import pulls in CuPy or Numba
+        rc, out, err = run("""
+            import json, sys
+            import expseg_interop            # alone first: it binds expseg on first use
+            first = expseg_interop._core
+            import expseg
+            r = dict(first=first is None, same_cupy=expseg.cupy_allocator is expseg_interop.cupy_allocator,
+                     same_numba=expseg.numba_memory_manager is expseg_interop.numba_memory_manager,
+                     core=expseg_interop._core is expseg, in_all=[n in expseg.__all__ for n in
+                     ("cupy_allocator", "numba_memory_manager")],
+                     imported=[m for m in ("cupy", "numba") if m in sys.modules])
+            import standin_cupy
+            standin_cupy.install()
+            try:
+                expseg_interop.cupy_allocator(-1)
+            except expseg.ExpsegError as e:
+                r["err"] = str(e)
+            print(json.dumps(r))
+            """)
+        self.assertEqual(rc, 0, err)
+        r = json.loads(out)
+        self.assertEqual([r["first"], r["same_cupy"], r["same_numba"], r["core"]],
+                         [True, True, True, True])
+        self.assertEqual(r["in_all"], [True, True])
+        self.assertEqual(r["imported"], [])
+        self.assertIn("expseg.cupy_allocator(-1)", r["err"])
+
     def test_without_numba_the_attribute_error_is_plain(self):
         rc, out, err = run("""
             import expseg
