@@ -189,6 +189,11 @@ static block_t *find_or_grow(expseg_allocator *a, int pool, expseg_stream stream
   return b ? b : find_free(a, pool, stream, rounded);
 }
 
+/* The end of an allocation into key's private pool, if any (_expseg_ppool_inflight). */
+static void inflight_end(expseg_allocator *a, expseg_stream key) {
+  if (skey_tag(key) != 0) _expseg_ppool_inflight(a, skey_tag(key), false);
+}
+
 /* pool: ROUTED (the begun pools choose), 0 (the general cache) or a private pool's id. */
 #define ROUTED UINT64_MAX
 
@@ -252,9 +257,13 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
     }
     key = skey_make(stream, t);
   }
+  /* an allocation into a private pool is counted from here to its end (inflight_end): the
+   * lock may be dropped below, and a release meanwhile must not free the pool's slot */
+  if (skey_tag(key) != 0) _expseg_ppool_inflight(a, skey_tag(key), true);
   if (a->n_pending_events > 0 || a->n_orphans > 0) _expseg_process_events(a);
   if (a->reap) _expseg_ppool_reap(a, false);
   if (rounded == 0) {
+    inflight_end(a, key);
     api_unlock(a);
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
                              "expseg_malloc: out of memory: tried to allocate %zu bytes; 1 EiB "
@@ -268,6 +277,7 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
     char total[32];
     _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "the device has %s in total",
                       _expseg_format_size(total, a->total_mem));
+    inflight_end(a, key);
     return _expseg_fail_oom(a, size, rounded, stream, expseg_last_error()); /* unlocks */
   }
   int kind = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
@@ -298,6 +308,7 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
     if (st == EXPSEG_OK) st = EXPSEG_ERR_OUT_OF_MEMORY;
     char cause[1024];
     snprintf(cause, sizeof cause, "%s", expseg_last_error());
+    inflight_end(a, key);
     if (st != EXPSEG_ERR_OUT_OF_MEMORY) { /* a driver failure, not a lack of memory */
       api_unlock(a);
       return _expseg_error_set(st, "expseg_malloc(%zu): %s", size, cause);
@@ -306,6 +317,7 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
   }
   st = take_block(a, b, single ? b->size : rounded, size, out); /* single: never split */
   if (st == EXPSEG_OK && skey_tag(key) != 0) _expseg_ppool_busy(a, skey_tag(key), true);
+  inflight_end(a, key); /* after the busy count: the pool never looks drained between */
   /* the page cache's bound (growth may have left more pages there than it allows); the
    * block is handed out already, so dropping the lock to release is safe */
   if (_expseg_page_cache_excess(&a->cfg, (size_t)a->stats.cached_physical_bytes.current) > 0)

@@ -236,6 +236,7 @@ typedef struct ppool_s {
   expseg_pool_id id;   /* 0: the slot is free */
   int use_count;       /* 0: released (the id is unknown); the slot stays until drained */
   size_t busy;         /* allocated and pending blocks */
+  size_t inflight;     /* allocations into it under way (they may drop the lock) */
   stat_t reserved[3];  /* reserved_bytes_by_private_pools.0_<id>: mapped and classic bytes */
 } ppool_t;
 
@@ -310,6 +311,8 @@ struct expseg_allocator {
   route_t *routes;            /* pools begun, oldest first (checked newest first) */
   size_t n_routes, cap_routes;
   bool reap;                  /* a released pool may now be given back */
+  uint32_t reap_skip;         /* non-blocking reaps to skip before the next try ... */
+  uint32_t reap_backoff;      /* ... doubled after each try that left memory behind */
 };
 
 static inline uint32_t seg_tag(const segment_t *s) { return skey_tag(s->stream); }
@@ -472,8 +475,13 @@ expseg_status _expseg_free_locked(expseg_allocator *a, void *ptr);
 expseg_stream _expseg_ppool_route(const expseg_allocator *a, expseg_stream stream);
 /* b (of a private pool) handed out / its last use complete. */
 void _expseg_ppool_busy(expseg_allocator *a, uint32_t tag, bool up);
-/* Released pools whose blocks are all free: memory back (blocking: wait for their streams),
- * slots freed. */
+/* An allocation into pool `tag` starts / ends (whether it succeeded or not): while one is
+ * under way the pool's slot is not freed, nor its free memory taken by others. */
+void _expseg_ppool_inflight(expseg_allocator *a, uint32_t tag, bool up);
+/* Released pools whose blocks are all free and with no allocation under way: memory back
+ * (blocking: wait for their streams), slots freed. A non-blocking try that leaves memory
+ * behind (a stream still busy) is retried after a growing number of calls (reap_backoff),
+ * and at once when a pool's last block is freed or its last allocation ends. */
 void _expseg_ppool_reap(expseg_allocator *a, bool blocking);
 void _expseg_ppool_destroy(expseg_allocator *a);
 /* expseg_check's part: segments' tags, per-pool reserved sums and busy counts, routes. */
@@ -662,7 +670,8 @@ static inline void _expseg_ppool_reserved(expseg_allocator *a, const segment_t *
  * trimming or growth (policy: _expseg_pool_may_take). */
 static inline bool _expseg_seg_general(const expseg_allocator *a, const segment_t *s) {
   const uint32_t t = seg_tag(s);
-  return t == 0 || _expseg_pool_may_take(0, t, a->ppools[t].use_count, a->ppools[t].busy);
+  const ppool_t *p = &a->ppools[t];
+  return t == 0 || _expseg_pool_may_take(0, t, p->use_count, p->busy + p->inflight);
 }
 #include "history.h" /* EXPSEG_HIST: the history hooks */
 

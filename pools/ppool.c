@@ -12,8 +12,10 @@
  * private pool's memory alone (docs/design.md, "Private pools").
  *
  * A released pool (use count 0) has an unknown id at once; its slot stays until every block
- * is free and its memory is back (_expseg_ppool_reap), so statistics and pool_of still see
- * it while it drains. Slots are reused, ids never. */
+ * is free, no allocation into it is under way (inflight: a malloc may drop the lock) and its
+ * memory is back (_expseg_ppool_reap), so statistics and pool_of still see it while it
+ * drains. A try that leaves memory behind backs off (docs/design.md, "Retries"). Slots are
+ * reused, ids never. */
 #include "internal.h"
 
 #include <inttypes.h>
@@ -159,6 +161,7 @@ expseg_status expseg_pool_release(expseg_allocator *a, expseg_pool_id pool) {
                            pool);
   } else if (--a->ppools[t].use_count == 0) {
     a->reap = true;
+    a->reap_skip = 0; /* tried now, whatever an earlier try left */
     if (a->n_pending_events > 0 || a->n_orphans > 0) _expseg_process_events(a);
     _expseg_ppool_reap(a, false);
   }
@@ -217,6 +220,14 @@ uint32_t _expseg_ppool_live_tag(const expseg_allocator *a, expseg_pool_id id) {
   return live_tag(a, id);
 }
 
+/* A released pool's last block or last allocation under way is done: it may drain now. */
+static void may_drain(expseg_allocator *a, const ppool_t *p) {
+  if (p->use_count == 0 && p->busy == 0 && p->inflight == 0) {
+    a->reap = true;
+    a->reap_skip = 0;
+  }
+}
+
 void _expseg_ppool_busy(expseg_allocator *a, uint32_t tag, bool up) {
   ppool_t *p = &a->ppools[tag];
   if (up) {
@@ -224,20 +235,49 @@ void _expseg_ppool_busy(expseg_allocator *a, uint32_t tag, bool up) {
     return;
   }
   expseg_assert(p->busy > 0);
-  if (--p->busy == 0 && p->use_count == 0) a->reap = true;
+  p->busy--;
+  may_drain(a, p);
 }
 
+void _expseg_ppool_inflight(expseg_allocator *a, uint32_t tag, bool up) {
+  ppool_t *p = &a->ppools[tag];
+  if (up) {
+    p->inflight++;
+    return;
+  }
+  expseg_assert(p->inflight > 0);
+  p->inflight--;
+  may_drain(a, p);
+}
+
+#define REAP_BACKOFF_MAX 1024u /* non-blocking tries skipped at most between two tries */
+
 void _expseg_ppool_reap(expseg_allocator *a, bool blocking) {
+  if (!blocking && a->reap_skip > 0) { /* a.reap stays set */
+    a->reap_skip--;
+    return;
+  }
   a->reap = false;
+  bool left = false;
   for (size_t t = 1; t < a->n_ppools; t++) {
     ppool_t *p = &a->ppools[t];
-    if (p->id == 0 || p->use_count > 0) continue;
-    if (p->busy == 0 && _expseg_release_pool_memory(a, (uint32_t)t, blocking)) {
+    /* a pool with blocks or allocations is not tried: the end of the last sets a->reap */
+    if (p->id == 0 || p->use_count > 0 || p->busy > 0 || p->inflight > 0) continue;
+    if (_expseg_release_pool_memory(a, (uint32_t)t, blocking)) {
       expseg_assert(p->reserved[STAT_SMALL].current == 0 && p->reserved[STAT_LARGE].current == 0);
       *p = (ppool_t){0};
     } else {
-      a->reap = true; /* tried again at the next free, malloc or empty_cache */
+      left = true; /* a stream still busy (non-blocking), or memory the driver kept */
     }
+  }
+  if (left) { /* tried again later: each try walks every segment and asks the streams */
+    a->reap = true;
+    a->reap_backoff = a->reap_backoff == 0 ? 1
+                      : a->reap_backoff < REAP_BACKOFF_MAX ? 2 * a->reap_backoff
+                                                           : REAP_BACKOFF_MAX;
+    a->reap_skip = a->reap_backoff;
+  } else {
+    a->reap_backoff = a->reap_skip = 0;
   }
 }
 
