@@ -13,8 +13,9 @@ need them. The library is libexpseg_torch.so (plugin/expseg_torch.c), found thro
 $EXPSEG_TORCH_LIB, next to this file, the build folders of the repository, then the installed
 lib folders (docs/torch.md). install() tries the C++ backend (_expseg_cxx.py beside this
 file), then the Python route: the plug as PyTorch's allocator plus torch.cuda's memory calls
-and Tensor.record_stream routed here (docs/torch.md has the table of every call). Every
-failure is an ExpsegError with a one-line message.
+and Tensor.record_stream routed here (docs/torch.md has the table of every call). CuPy's
+allocator and the Numba plugin are in expseg_interop.py beside this file (loaded from here,
+their names are this module's). Every failure is an ExpsegError with a one-line message.
 """
 
 import collections
