@@ -573,8 +573,10 @@ TE make_trace_entry(typename TE::Action action, DeviceIndex device, size_t addr,
   if constexpr (std::is_constructible_v<TE, typename TE::Action, DeviceIndex, size_t, size_t,
                                         TraceStream, MempoolId, c10::approx_time_t>)
     return TE(action, device, addr, size, stream, pool, c10::approx_time_t(0));
-  else
+  else {
+    (void)pool; // this release's TraceEntry has no pool
     return TE(action, device, addr, size, stream, c10::approx_time_t(0));
+  }
 }
 
 struct SnapshotCtx {
