@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -140,6 +141,44 @@ TEST_P(VmmContract, DataPersistsAcrossRemap) {
   ASSERT_OK(_expseg_vmm_set_access(v, va, g));
   EXPECT_EQ((unsigned char)(g / 4096 + 1), p[0]);
   ASSERT_OK(_expseg_vmm_unmap(v, va, g));
+  ASSERT_OK(_expseg_vmm_release(v, h, 2 * g));
+  ASSERT_OK(_expseg_vmm_unreserve(v, va, 4 * g));
+}
+
+TEST_P(VmmContract, CopyInOutMovesBytesAcrossRemapAndRefusesBadRanges) {
+  std::vector<unsigned char> in(2 * g), out(2 * g, 0);
+  for (size_t i = 0; i < in.size(); i++) in[i] = (unsigned char)(i * 131 + i / 4096);
+  uintptr_t va = 0;
+  ASSERT_OK(_expseg_vmm_reserve(v, 4 * g, 0, &va));
+  expseg_vmm_handle h = 0;
+  ASSERT_OK(_expseg_vmm_create(v, 2 * g, &h));
+  ASSERT_OK(_expseg_vmm_map(v, va, 2 * g, h, 0));
+  if (base == "host") { // mapped, but the device was not given access yet
+    EXPECT_INVALID(_expseg_vmm_copy_in(v, va, in.data(), 16));
+  }
+  ASSERT_OK(_expseg_vmm_set_access(v, va, 2 * g));
+  EXPECT_INVALID(_expseg_vmm_copy_in(v, va, in.data(), 0));
+  EXPECT_INVALID(_expseg_vmm_copy_out(v, nullptr, va, 16));
+  if (base == "sim") {
+    EXPECT_EQ(EXPSEG_ERR_UNSUPPORTED, _expseg_vmm_copy_in(v, va, in.data(), 16));
+    EXPECT_NE(std::string::npos, std::string(expseg_last_error()).find("copy_in"));
+  } else {
+    ASSERT_OK(_expseg_vmm_copy_in(v, va, in.data(), in.size()));
+    ASSERT_OK(_expseg_vmm_copy_out(v, out.data(), va + g, g)); // a part, at an offset
+    EXPECT_EQ(0, memcmp(out.data(), in.data() + g, g));
+    if (has_ledger()) { // half of the range is past the mapping
+      EXPECT_INVALID(_expseg_vmm_copy_out(v, out.data(), va + g, 2 * g));
+    }
+    // The bytes live in the chunk: they follow it to another address.
+    ASSERT_OK(_expseg_vmm_unmap(v, va, 2 * g));
+    ASSERT_OK(_expseg_vmm_map(v, va + 2 * g, 2 * g, h, 0));
+    ASSERT_OK(_expseg_vmm_set_access(v, va + 2 * g, 2 * g));
+    std::fill(out.begin(), out.end(), 0);
+    ASSERT_OK(_expseg_vmm_copy_out(v, out.data(), va + 2 * g, out.size()));
+    EXPECT_EQ(0, memcmp(out.data(), in.data(), in.size()));
+    ASSERT_OK(_expseg_vmm_unmap(v, va + 2 * g, 2 * g));
+  }
+  if (base == "sim") ASSERT_OK(_expseg_vmm_unmap(v, va, 2 * g));
   ASSERT_OK(_expseg_vmm_release(v, h, 2 * g));
   ASSERT_OK(_expseg_vmm_unreserve(v, va, 4 * g));
 }

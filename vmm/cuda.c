@@ -15,7 +15,8 @@
  * POSIX fd handle type when the device supports it), map = cuMemMap (offset 0 only:
  * UNSUPPORTED otherwise), set_access = cuMemSetAccess(READWRITE for the device asked: its own
  * or a peer; PROT_NONE to revoke a peer), unmap =
- * cuMemUnmap, release = cuMemRelease, unreserve = cuMemAddressFree. Events are created with
+ * cuMemUnmap, release = cuMemRelease, unreserve = cuMemAddressFree, copy (the data-check
+ * hook) = cuMemcpyHtoD / cuMemcpyDtoH. Events are created with
  * CU_EVENT_DISABLE_TIMING. Every failure names the CUDA call and cuGetErrorName's text.
  *
  * Pinned host memory (host_alloc): where the device supports host-NUMA locations for the
@@ -46,7 +47,8 @@
   X(cuMemGetInfo) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery)       \
   X(cuEventSynchronize) X(cuStreamSynchronize) X(cuMemExportToShareableHandle)              \
   X(cuMemImportFromShareableHandle) X(cuGetErrorName) X(cuMemHostRegister)                \
-  X(cuMemHostUnregister) X(cuDeviceGetPCIBusId) X(cuStreamCreate) X(cuStreamDestroy)
+  X(cuMemHostUnregister) X(cuDeviceGetPCIBusId) X(cuStreamCreate) X(cuStreamDestroy)          \
+  X(cuMemcpyHtoD) X(cuMemcpyDtoH)
 
 typedef struct {
 #define CU_FIELD_(f) __typeof__(&f) f;
@@ -475,6 +477,17 @@ static expseg_status cuda_host_free(void *st, const expseg_host_chunk_t *hc) {
 
 static int cuda_host_numa(void *st) { return ((cuda_t *)st)->host_numa; }
 
+/* The data-check hook: synchronous copies (cuMemcpyHtoD / cuMemcpyDtoH on pageable host
+ * memory return once the bytes are in place). */
+static expseg_status cuda_copy(void *st, uintptr_t dev, void *host, size_t size, bool to_device) {
+  cuda_t *c = st;
+  ENTER(c);
+  CUresult r = to_device ? cu.cuMemcpyHtoD((CUdeviceptr)dev, host, size)
+                         : cu.cuMemcpyDtoH(host, (CUdeviceptr)dev, size);
+  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK
+                                 : cu_fail(r, to_device ? "cuMemcpyHtoD" : "cuMemcpyDtoH", NULL));
+}
+
 static size_t cuda_granularity(void *st) { return ((cuda_t *)st)->granularity; }
 
 static void cuda_mem_info(void *st, size_t *free_bytes, size_t *total_bytes) {
@@ -528,6 +541,7 @@ static const expseg_vmm_ops_t cuda_ops = {
     .host_free = cuda_host_free,
     .host_numa = cuda_host_numa,
     .destroy = cuda_destroy,
+    .copy = cuda_copy,
 };
 
 expseg_status _expseg_cuda_new(int device, expseg_vmm_t **out) {

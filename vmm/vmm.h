@@ -138,6 +138,10 @@ typedef struct expseg_vmm_ops_s {
   /* Test hook (host and sim; NULL elsewhere): *state = 2 when every byte of [addr,
    * addr+size) is accessible from device, 1 when some byte is, 0 when none is. */
   expseg_status (*has_access)(void *st, uintptr_t addr, size_t size, int device, int *state);
+  /* Data-check hook (cuda: cuMemcpyHtoD/DtoH, synchronous; host: memcpy; NULL on sim, which
+   * has no bytes): copies size bytes between host memory and [dev, dev+size), which must be
+   * mapped and accessible to the driver's device. to_device: host -> device. */
+  expseg_status (*copy)(void *st, uintptr_t dev, void *host, size_t size, bool to_device);
 } expseg_vmm_ops_t;
 
 /* A driver instance. Counts are atomics: the allocator calls create/release outside its
@@ -193,6 +197,13 @@ expseg_status _expseg_vmm_set_access_dev(expseg_vmm_t *v, uintptr_t addr, size_t
  * EXPSEG_ERR_UNSUPPORTED where the backend keeps none (cuda, fault). Not counted. */
 expseg_status _expseg_vmm_has_access(expseg_vmm_t *v, uintptr_t addr, size_t size, int device,
                                      int *state);
+/* Data-check hook (ops->copy): writes size bytes of src at device address dst (copy_in),
+ * reads size bytes at device address src into dst (copy_out). A fault wrapper passes them to
+ * its inner driver. EXPSEG_ERR_UNSUPPORTED on sim (no bytes behind its addresses);
+ * EXPSEG_ERR_INVALID_ARGUMENT for size 0, a NULL host pointer, or (host, cuda) a range not
+ * mapped or not accessible. Not counted. */
+expseg_status _expseg_vmm_copy_in(expseg_vmm_t *v, uintptr_t dst, const void *src, size_t size);
+expseg_status _expseg_vmm_copy_out(expseg_vmm_t *v, void *dst, uintptr_t src, size_t size);
 expseg_status _expseg_vmm_event_create(expseg_vmm_t *v, expseg_vmm_event *ev);
 expseg_status _expseg_vmm_event_destroy(expseg_vmm_t *v, expseg_vmm_event ev);
 expseg_status _expseg_vmm_event_record(expseg_vmm_t *v, expseg_vmm_event ev, expseg_stream s);
