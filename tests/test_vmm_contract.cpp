@@ -178,7 +178,9 @@ TEST_P(VmmContract, CopyInOutMovesBytesAcrossRemapAndRefusesBadRanges) {
     EXPECT_EQ(0, memcmp(out.data(), in.data(), in.size()));
     ASSERT_OK(_expseg_vmm_unmap(v, va + 2 * g, 2 * g));
   }
-  if (base == "sim") ASSERT_OK(_expseg_vmm_unmap(v, va, 2 * g));
+  if (base == "sim") {
+    ASSERT_OK(_expseg_vmm_unmap(v, va, 2 * g));
+  }
   ASSERT_OK(_expseg_vmm_release(v, h, 2 * g));
   ASSERT_OK(_expseg_vmm_unreserve(v, va, 4 * g));
 }
