@@ -175,6 +175,9 @@ static void leave(ctx_guard_t *g) {
 
 static expseg_status cuda_reserve(void *st, size_t size, size_t align, uintptr_t *addr) {
   cuda_t *c = st;
+  /* The driver's default alignment (align 0) is unspecified; mappings need addresses that
+   * are multiples of the granularity, so ask for at least that. */
+  if (align < c->granularity) align = c->granularity;
   ENTER(c);
   CUdeviceptr p = 0;
   CUresult r = cu.cuMemAddressReserve(&p, size, align, 0, 0);
