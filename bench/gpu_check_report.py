@@ -65,9 +65,9 @@ def ctest_summary(path):
     except OSError:
         return None
     m = re.search(r"(\d+)% tests passed, (\d+) tests failed out of (\d+)", text)
-    failed = re.findall(r"^\s*\d+ - (\S+) \((Failed|Timeout|SEGFAULT|Exception|Subprocess aborted)\)",
+    failed = re.findall(r"^\s*\d+ - (\S+).*? \((Failed|Timeout|SEGFAULT|Exception|Subprocess aborted)\)$",
                         text, re.M)
-    skipped = re.findall(r"^\s*\d+ - (\S+) \(Skipped\)", text, re.M)
+    skipped = re.findall(r"^\s*\d+ - (\S+).*? \(Skipped\)$", text, re.M)
     out = {"failed_tests": [f[0] for f in failed], "skipped_tests": skipped}
     if m:
         out.update(total=int(m.group(3)), failed=int(m.group(2)))
