@@ -153,6 +153,10 @@ typedef struct {
     bool held;
   } holds[HOLD_SLOTS];
   int n_holds, held_now;
+  /* streams destroyed through this driver, which the allocator's records may still name:
+   * their work was waited for before the destroy (hold_mu guards them too) */
+  expseg_stream *retired;
+  size_t n_retired, cap_retired;
 } cuda_t;
 
 typedef struct {
@@ -302,8 +306,42 @@ static expseg_status cuda_event_destroy(void *st, expseg_vmm_event ev) {
   LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuEventDestroy", NULL));
 }
 
+/* ---- destroyed streams ----
+ * The allocator may name a stream after expseg_stream_destroy destroyed it (memory freed on
+ * it stays tagged with it). Using a destroyed CUstream is undefined, so the destroy waits
+ * for the stream's work first and the handle is remembered: a wait for it is done at once,
+ * an event recorded on it goes to the default stream (complete no earlier than the work it
+ * stands for, which is done). A new stream with the same handle is live again. */
+
+static bool retired_find(cuda_t *c, expseg_stream s, bool remove) {
+  bool found = false;
+  pthread_mutex_lock(&c->hold_mu);
+  for (size_t i = 0; i < c->n_retired && !found; i++) {
+    if (c->retired[i] != s) continue;
+    found = true;
+    if (remove) c->retired[i] = c->retired[--c->n_retired];
+  }
+  pthread_mutex_unlock(&c->hold_mu);
+  return found;
+}
+
+static expseg_status retire(cuda_t *c, expseg_stream s) {
+  expseg_status es = EXPSEG_OK;
+  pthread_mutex_lock(&c->hold_mu);
+  if (c->n_retired == c->cap_retired) {
+    size_t cap = c->cap_retired ? 2 * c->cap_retired : 8;
+    expseg_stream *nv = realloc(c->retired, cap * sizeof *nv);
+    if (!nv) es = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "cuda driver: out of host memory");
+    else c->retired = nv, c->cap_retired = cap;
+  }
+  if (es == EXPSEG_OK) c->retired[c->n_retired++] = s;
+  pthread_mutex_unlock(&c->hold_mu);
+  return es;
+}
+
 static expseg_status cuda_event_record(void *st, expseg_vmm_event ev, expseg_stream s) {
   cuda_t *c = st;
+  if (s != 0 && retired_find(c, s, false)) s = 0;
   ENTER(c);
   CUresult r = cu.cuEventRecord((CUevent)(uintptr_t)ev, (CUstream)(uintptr_t)s);
   LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuEventRecord", NULL));
@@ -448,6 +486,7 @@ static expseg_status cuda_stream_create(void *st, expseg_stream *s) {
   CUresult r = cu.cuStreamCreate(&h, CU_STREAM_NON_BLOCKING);
   if (r != CUDA_SUCCESS) LEAVE_RETURN(cu_fail(r, "cuStreamCreate", NULL));
   *s = (expseg_stream)(uintptr_t)h;
+  retired_find(c, *s, true); /* the handle of a destroyed stream, reused: live again */
   LEAVE_RETURN(EXPSEG_OK);
 }
 
@@ -461,7 +500,12 @@ static expseg_status cuda_stream_destroy(void *st, expseg_stream s) {
   }
   pthread_mutex_unlock(&c->hold_mu);
   ENTER(c);
-  CUresult r = cu.cuStreamDestroy((CUstream)(uintptr_t)s);
+  CUresult r = cu.cuStreamSynchronize((CUstream)(uintptr_t)s);
+  if (r != CUDA_SUCCESS) LEAVE_RETURN(cu_fail(r, "cuStreamSynchronize", "(before cuStreamDestroy)"));
+  expseg_status es = retire(c, s);
+  if (es != EXPSEG_OK) LEAVE_RETURN(es);
+  r = cu.cuStreamDestroy((CUstream)(uintptr_t)s);
+  if (r != CUDA_SUCCESS) retired_find(c, s, true);
   LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuStreamDestroy", NULL));
 }
 
@@ -472,6 +516,7 @@ static expseg_status cuda_stream_synchronize(void *st, expseg_stream s) {
                              "cuda driver: stream_synchronize would block forever: stream "
                              "0x%llx is held (release it with hold_stream)",
                              (unsigned long long)s);
+  if (s != 0 && retired_find(c, s, false)) return EXPSEG_OK; /* waited for at its destroy */
   ENTER(c);
   CUresult r = cu.cuStreamSynchronize((CUstream)(uintptr_t)s);
   LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuStreamSynchronize", NULL));
@@ -648,6 +693,7 @@ static void cuda_destroy(void *st) {
     cu.cuDevicePrimaryCtxRelease(c->dev);
   }
   pthread_mutex_destroy(&c->hold_mu);
+  free(c->retired);
   free(c);
 }
 
