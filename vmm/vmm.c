@@ -663,7 +663,7 @@ expseg_status _expseg_vmm_stream_destroy(expseg_vmm_t *v, expseg_stream s) {
 expseg_status _expseg_vmm_hold_stream(expseg_vmm_t *v, expseg_stream s, bool hold) {
   if (!v->ops->hold_stream)
     return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
-                             "%s driver: hold_stream is a test hook of the host and sim drivers",
+                             "%s driver: hold_stream is a test hook this driver does not have",
                              v->ops->name);
   v->ops->hold_stream(v->st, s, hold);
   return EXPSEG_OK;

@@ -123,7 +123,7 @@ typedef struct expseg_vmm_ops_s {
   size_t (*granularity)(void *st);
   void (*mem_info)(void *st, size_t *free_bytes, size_t *total_bytes);
   uint64_t (*now_ns)(void *st); /* monotonic clock */
-  /* Test hook (host and sim; NULL elsewhere): hold = true keeps events recorded on the
+  /* Test hook (NULL where a driver has none): hold = true keeps events recorded on the
    * stream from completing until hold = false. */
   void (*hold_stream)(void *st, expseg_stream stream, bool hold);
   /* Streams the driver creates (cuda; NULL on host and sim, where any value is a stream). */
@@ -220,7 +220,7 @@ void _expseg_vmm_mem_info(expseg_vmm_t *v, size_t *free_bytes, size_t *total_byt
 uint64_t _expseg_vmm_now_ns(expseg_vmm_t *v);
 /* The library's one monotonic clock in ns is base/clock.h's _expseg_clock_ns (included
  * above); the driver's now_ns is it, or a modelled clock. */
-/* EXPSEG_ERR_UNSUPPORTED where the backend has no hold hook (cuda). */
+/* EXPSEG_ERR_UNSUPPORTED where the backend has no hold hook. */
 expseg_status _expseg_vmm_hold_stream(expseg_vmm_t *v, expseg_stream s, bool hold);
 /* EXPSEG_ERR_UNSUPPORTED where the driver has no streams to create (host, sim). */
 expseg_status _expseg_vmm_stream_create(expseg_vmm_t *v, expseg_stream *s);

@@ -504,21 +504,27 @@ DBL_EXPORT int cudadouble_fail(const char *name, unsigned nth, int result) {
   bool known = false;
   for (size_t i = 0; name && i < sizeof procs / sizeof procs[0]; i++)
     if (strcmp(procs[i].name, name) == 0) known = true;
-  if (!known || nth == 0)
-    return dbl_refuse(CUDA_ERROR_INVALID_VALUE, "cudadouble_fail('%s', %u): %s", name ? name : "",
-                      nth, known ? "n counts from 1" : "no such entry point");
+  if (!known)
+    return dbl_refuse(CUDA_ERROR_INVALID_VALUE, "cudadouble_fail('%s'): no such entry point",
+                      name ? name : "");
   pthread_mutex_lock(&g.mu);
-  int r = dbl_refuse(CUDA_ERROR_INVALID_VALUE, "cudadouble_fail: at most 16 rules");
-  for (size_t i = 0; i < sizeof g.fail / sizeof g.fail[0]; i++) {
+  if (nth == 0) {
+    for (size_t i = 0; i < sizeof g.fail / sizeof g.fail[0]; i++)
+      if (g.fail[i].name && strcmp(g.fail[i].name, name) == 0) g.fail[i].name = NULL;
+    pthread_mutex_unlock(&g.mu);
+    return CUDA_SUCCESS;
+  }
+  int r = -1;
+  for (size_t i = 0; r != CUDA_SUCCESS && i < sizeof g.fail / sizeof g.fail[0]; i++) {
     if (!g.fail[i].name || strcmp(g.fail[i].name, name) == 0) {
       for (size_t k = 0; k < sizeof procs / sizeof procs[0]; k++)
         if (strcmp(procs[k].name, name) == 0) g.fail[i].name = procs[k].name;
       g.fail[i].left = nth;
       g.fail[i].result = (CUresult)result;
       r = CUDA_SUCCESS;
-      break;
     }
   }
+  if (r != CUDA_SUCCESS) r = dbl_refuse(CUDA_ERROR_INVALID_VALUE, "cudadouble_fail: at most 16 rules");
   pthread_mutex_unlock(&g.mu);
   return r;
 }

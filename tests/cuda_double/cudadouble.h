@@ -52,8 +52,9 @@ typedef struct cudadouble_api {
   size_t (*log_count)(void);         /* entries kept (the oldest are dropped past log=N) */
   int (*log_get)(size_t i, cudadouble_call *out); /* 0 on success */
   void (*log_clear)(void);
-  /* The nth next call (1 = the next) of entry point `name` fails with `result` and does
-   * nothing. 0 or CUDA_ERROR_INVALID_VALUE (unknown name, n = 0). */
+  /* The nth next call (1 = the next) of entry point `name` (a base name, e.g. "cuMemMap")
+   * fails with `result` and does nothing; nth = 0 removes the rule of that name. 0 or
+   * CUDA_ERROR_INVALID_VALUE (unknown name, more than 16 rules). */
   int (*fail)(const char *name, unsigned nth, int result);
   /* hold = 1: work queued on `stream` (a CUstream; NULL is the current context's default
    * stream) stops at this point until the same call with hold = 0. */

@@ -159,12 +159,15 @@ void dbl_counts_streams(cudadouble_state *o);
 int dbl_hold(dbl_stream *s, bool hold);
 dbl_stream *dbl_stream_of(CUstream s, dbl_ctx *ctx);
 
-#define BEGIN(name_)                                       \
-  dbl_call call_ = {name_, 0, 0, 0, false};                \
-  {                                                        \
-    CUresult r0_ = dbl_begin(&call_, name_, true);         \
-    if (r0_ != CUDA_SUCCESS) return dbl_end(&call_, r0_);  \
+/* BEGIN_ARGS: the address range and handle the call names, logged with it (an injected
+ * failure too). */
+#define BEGIN_ARGS(name_, addr_, size_, handle_)                                       \
+  dbl_call call_ = {name_, (uint64_t)(addr_), (uint64_t)(size_), (uint64_t)(handle_), false}; \
+  {                                                                                    \
+    CUresult r0_ = dbl_begin(&call_, name_, true);                                     \
+    if (r0_ != CUDA_SUCCESS) return dbl_end(&call_, r0_);                              \
   }
+#define BEGIN(name_) BEGIN_ARGS(name_, 0, 0, 0)
 #define END(r) return dbl_end(&call_, (r))
 #define NEED_CTX(ctxvar)                                                  \
   dbl_ctx *ctxvar = dbl_need_ctx(call_.name);                            \

@@ -161,8 +161,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *gran,
 DBL_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                         const CUmemAllocationProp *prop,
                                         unsigned long long flags) {
-  BEGIN("cuMemCreate");
-  call_.size = size;
+  BEGIN_ARGS("cuMemCreate", 0, size, 0);
   NEED_CTX(ctx);
   (void)ctx;
   char b[32];
@@ -200,8 +199,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, si
 }
 
 DBL_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle h) {
-  BEGIN("cuMemRelease");
-  call_.handle = h;
+  BEGIN_ARGS("cuMemRelease", 0, 0, h);
   dbl_alloc *a = find_alloc(h, NULL);
   if (!a)
     END(dbl_refuse(CUDA_ERROR_INVALID_VALUE,
@@ -214,8 +212,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle h) {
 
 DBL_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align,
                                                 CUdeviceptr addr, unsigned long long flags) {
-  BEGIN("cuMemAddressReserve");
-  call_.size = size;
+  BEGIN_ARGS("cuMemAddressReserve", 0, size, 0);
   NEED_CTX(ctx);
   (void)ctx;
   size_t pg = page_size();
@@ -251,9 +248,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, s
 }
 
 DBL_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
-  BEGIN("cuMemAddressFree");
-  call_.addr = ptr;
-  call_.size = size;
+  BEGIN_ARGS("cuMemAddressFree", ptr, size, 0);
   for (size_t i = 0; i < g.ranges.n; i++) {
     dbl_range *r = g.ranges.v[i];
     if (r->base != ptr) continue;
@@ -281,10 +276,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 
 DBL_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                                      CUmemGenericAllocationHandle h, unsigned long long flags) {
-  BEGIN("cuMemMap");
-  call_.addr = ptr;
-  call_.size = size;
-  call_.handle = h;
+  BEGIN_ARGS("cuMemMap", ptr, size, h);
   NEED_CTX(ctx);
   (void)ctx;
   size_t gr = g.cfg.granularity;
@@ -326,9 +318,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset
 }
 
 DBL_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
-  BEGIN("cuMemUnmap");
-  call_.addr = ptr;
-  call_.size = size;
+  BEGIN_ARGS("cuMemUnmap", ptr, size, 0);
   size_t k = whole_mappings(ptr, size);
   if (!k)
     END(dbl_refuse(CUDA_ERROR_INVALID_VALUE,
@@ -353,9 +343,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
 
 DBL_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size,
                                            const CUmemAccessDesc *desc, size_t count) {
-  BEGIN("cuMemSetAccess");
-  call_.addr = ptr;
-  call_.size = size;
+  BEGIN_ARGS("cuMemSetAccess", ptr, size, 0);
   if (!desc || count == 0)
     END(dbl_refuse(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess: no access descriptors"));
   size_t k = whole_mappings(ptr, size);
@@ -395,8 +383,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size,
 
 DBL_EXPORT CUresult CUDAAPI cuMemGetAccess(unsigned long long *flags, const CUmemLocation *loc,
                                            CUdeviceptr ptr) {
-  BEGIN("cuMemGetAccess");
-  call_.addr = ptr;
+  BEGIN_ARGS("cuMemGetAccess", ptr, 0, 0);
   if (!flags || !loc) END(dbl_refuse(CUDA_ERROR_INVALID_VALUE, "cuMemGetAccess: NULL argument"));
   CUresult r = check_location(call_.name, loc);
   if (r != CUDA_SUCCESS) END(r);
@@ -420,8 +407,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void *out,
                                                          CUmemGenericAllocationHandle h,
                                                          CUmemAllocationHandleType type,
                                                          unsigned long long flags) {
-  BEGIN("cuMemExportToShareableHandle");
-  call_.handle = h;
+  BEGIN_ARGS("cuMemExportToShareableHandle", 0, 0, h);
   if (!out || flags)
     END(dbl_refuse(CUDA_ERROR_INVALID_VALUE,
                    "cuMemExportToShareableHandle: NULL output or non-zero flags"));
@@ -479,9 +465,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocatio
 /* ---- host memory ---- */
 
 DBL_EXPORT CUresult CUDAAPI cuMemHostRegister(void *p, size_t n, unsigned int flags) {
-  BEGIN("cuMemHostRegister");
-  call_.addr = (uintptr_t)p;
-  call_.size = n;
+  BEGIN_ARGS("cuMemHostRegister", (uintptr_t)p, n, 0);
   NEED_CTX(ctx);
   (void)ctx;
   unsigned known = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
@@ -504,8 +488,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemHostRegister(void *p, size_t n, unsigned int fl
 }
 
 DBL_EXPORT CUresult CUDAAPI cuMemHostUnregister(void *p) {
-  BEGIN("cuMemHostUnregister");
-  call_.addr = (uintptr_t)p;
+  BEGIN_ARGS("cuMemHostUnregister", (uintptr_t)p, 0, 0);
   NEED_CTX(ctx);
   (void)ctx;
   for (size_t i = 0; i < g.hostregs.n; i++) {
@@ -522,8 +505,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemHostUnregister(void *p) {
 }
 
 DBL_EXPORT CUresult CUDAAPI cuMemHostGetDevicePointer(CUdeviceptr *d, void *p, unsigned int flags) {
-  BEGIN("cuMemHostGetDevicePointer");
-  call_.addr = (uintptr_t)p;
+  BEGIN_ARGS("cuMemHostGetDevicePointer", (uintptr_t)p, 0, 0);
   NEED_CTX(ctx);
   (void)ctx;
   if (!d || flags)
@@ -558,9 +540,7 @@ static CUresult check_device_range(const char *call, int dev, uintptr_t p, size_
   }
 
 DBL_EXPORT CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n) {
-  BEGIN("cuMemcpyHtoD");
-  call_.addr = dst;
-  call_.size = n;
+  BEGIN_ARGS("cuMemcpyHtoD", dst, n, 0);
   NEED_CTX(ctx);
   CHECKED(call_.name, ctx->dev, dst, n);
   if (n) memcpy((void *)dst, src, n);
@@ -568,9 +548,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_
 }
 
 DBL_EXPORT CUresult CUDAAPI cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
-  BEGIN("cuMemcpyDtoH");
-  call_.addr = src;
-  call_.size = n;
+  BEGIN_ARGS("cuMemcpyDtoH", src, n, 0);
   NEED_CTX(ctx);
   CHECKED(call_.name, ctx->dev, src, n);
   if (n) memcpy(dst, (const void *)src, n);
@@ -578,9 +556,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
 }
 
 DBL_EXPORT CUresult CUDAAPI cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-  BEGIN("cuMemcpyDtoD");
-  call_.addr = dst;
-  call_.size = n;
+  BEGIN_ARGS("cuMemcpyDtoD", dst, n, 0);
   NEED_CTX(ctx);
   CHECKED(call_.name, ctx->dev, dst, n);
   CHECKED(call_.name, ctx->dev, src, n);
@@ -589,9 +565,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_
 }
 
 DBL_EXPORT CUresult CUDAAPI cuMemsetD8(CUdeviceptr dst, unsigned char v, size_t n) {
-  BEGIN("cuMemsetD8");
-  call_.addr = dst;
-  call_.size = n;
+  BEGIN_ARGS("cuMemsetD8", dst, n, 0);
   NEED_CTX(ctx);
   CHECKED(call_.name, ctx->dev, dst, n);
   if (n) memset((void *)dst, v, n);
@@ -599,9 +573,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemsetD8(CUdeviceptr dst, unsigned char v, size_t 
 }
 
 DBL_EXPORT CUresult CUDAAPI cuMemsetD32(CUdeviceptr dst, unsigned int v, size_t n) {
-  BEGIN("cuMemsetD32");
-  call_.addr = dst;
-  call_.size = n * 4;
+  BEGIN_ARGS("cuMemsetD32", dst, n * 4, 0);
   NEED_CTX(ctx);
   if (dst % 4) END(dbl_refuse(CUDA_ERROR_INVALID_VALUE, "cuMemsetD32(0x%llx): not 4-byte aligned", dst));
   if (n > SIZE_MAX / 4) END(dbl_refuse(CUDA_ERROR_INVALID_VALUE, "cuMemsetD32: N too large"));

@@ -184,8 +184,7 @@ DBL_EXPORT CUresult CUDAAPI cuStreamCreate(CUstream *out, unsigned int flags) {
 }
 
 DBL_EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream h) {
-  BEGIN("cuStreamDestroy");
-  call_.handle = (uintptr_t)h;
+  BEGIN_ARGS("cuStreamDestroy", 0, 0, (uintptr_t)h);
   NEED_CTX(ctx);
   if (!h || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
     END(dbl_refuse(CUDA_ERROR_INVALID_HANDLE, "cuStreamDestroy: the default stream"));
@@ -197,16 +196,14 @@ DBL_EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream h) {
 static bool stream_idle(const void *s) { return ((const dbl_stream *)s)->n == 0; }
 
 DBL_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream h) {
-  BEGIN("cuStreamSynchronize");
-  call_.handle = (uintptr_t)h;
+  BEGIN_ARGS("cuStreamSynchronize", 0, 0, (uintptr_t)h);
   NEED_CTX(ctx);
   STREAM(s, h, ctx);
   END(wait_until(stream_idle, s) ? CUDA_SUCCESS : timed_out(call_.name));
 }
 
 DBL_EXPORT CUresult CUDAAPI cuStreamQuery(CUstream h) {
-  BEGIN("cuStreamQuery");
-  call_.handle = (uintptr_t)h;
+  BEGIN_ARGS("cuStreamQuery", 0, 0, (uintptr_t)h);
   NEED_CTX(ctx);
   STREAM(s, h, ctx);
   dbl_advance_all();
@@ -246,9 +243,7 @@ static CUresult value_op(dbl_call *c, dbl_stream *s, dbl_op_kind kind, CUdevicep
 
 DBL_EXPORT CUresult CUDAAPI cuStreamWaitValue32(CUstream h, CUdeviceptr addr, cuuint32_t value,
                                                 unsigned int flags) {
-  BEGIN("cuStreamWaitValue32");
-  call_.addr = addr;
-  call_.handle = (uintptr_t)h;
+  BEGIN_ARGS("cuStreamWaitValue32", addr, 0, (uintptr_t)h);
   NEED_CTX(ctx);
   STREAM(s, h, ctx);
   if ((flags & ~(unsigned)CU_STREAM_WAIT_VALUE_FLUSH) > CU_STREAM_WAIT_VALUE_NOR)
@@ -259,9 +254,7 @@ DBL_EXPORT CUresult CUDAAPI cuStreamWaitValue32(CUstream h, CUdeviceptr addr, cu
 
 DBL_EXPORT CUresult CUDAAPI cuStreamWriteValue32(CUstream h, CUdeviceptr addr, cuuint32_t value,
                                                  unsigned int flags) {
-  BEGIN("cuStreamWriteValue32");
-  call_.addr = addr;
-  call_.handle = (uintptr_t)h;
+  BEGIN_ARGS("cuStreamWriteValue32", addr, 0, (uintptr_t)h);
   NEED_CTX(ctx);
   STREAM(s, h, ctx);
   if (flags & ~(unsigned)CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER)
@@ -270,8 +263,7 @@ DBL_EXPORT CUresult CUDAAPI cuStreamWriteValue32(CUstream h, CUdeviceptr addr, c
 }
 
 DBL_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags) {
-  BEGIN("cuStreamWaitEvent");
-  call_.handle = (uintptr_t)h;
+  BEGIN_ARGS("cuStreamWaitEvent", 0, 0, (uintptr_t)h);
   NEED_CTX(ctx);
   STREAM(s, h, ctx);
   EVENT(ev, e);
@@ -304,8 +296,7 @@ DBL_EXPORT CUresult CUDAAPI cuEventCreate(CUevent *out, unsigned int flags) {
 }
 
 DBL_EXPORT CUresult CUDAAPI cuEventDestroy(CUevent h) {
-  BEGIN("cuEventDestroy");
-  call_.handle = (uintptr_t)h;
+  BEGIN_ARGS("cuEventDestroy", 0, 0, (uintptr_t)h);
   EVENT(e, h);
   /* the driver lets an event with work pending be destroyed: its records become no-ops */
   for (int d = 0; d < DBL_MAX_DEVICES; d++) {
@@ -325,8 +316,7 @@ DBL_EXPORT CUresult CUDAAPI cuEventDestroy(CUevent h) {
 }
 
 DBL_EXPORT CUresult CUDAAPI cuEventRecord(CUevent h, CUstream sh) {
-  BEGIN("cuEventRecord");
-  call_.handle = (uintptr_t)h;
+  BEGIN_ARGS("cuEventRecord", 0, 0, (uintptr_t)h);
   NEED_CTX(ctx);
   EVENT(e, h);
   STREAM(s, sh, ctx);
@@ -340,8 +330,7 @@ DBL_EXPORT CUresult CUDAAPI cuEventRecord(CUevent h, CUstream sh) {
 }
 
 DBL_EXPORT CUresult CUDAAPI cuEventQuery(CUevent h) {
-  BEGIN("cuEventQuery");
-  call_.handle = (uintptr_t)h;
+  BEGIN_ARGS("cuEventQuery", 0, 0, (uintptr_t)h);
   EVENT(e, h);
   dbl_advance_all();
   END(e->done == e->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
@@ -353,8 +342,7 @@ static bool event_done(const void *ev) {
 }
 
 DBL_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent h) {
-  BEGIN("cuEventSynchronize");
-  call_.handle = (uintptr_t)h;
+  BEGIN_ARGS("cuEventSynchronize", 0, 0, (uintptr_t)h);
   EVENT(e, h);
   /* the event cannot be destroyed while we poll: cuEventDestroy of it by another thread
    * during its own synchronize is a use after free on the driver too */
