@@ -296,7 +296,11 @@ static void unmap_wait(expseg_vmm_t *v, unsigned ms, unmap_wait_t *w) {
   }
   mapped = 0;
   w->waits = w->unmap_ms >= 0.5 * ms;
-  w->measured = 1;
+  /* a hold that did not keep the stream busy measures nothing */
+  w->measured = w->stream_was_busy;
+  if (!w->measured)
+    snprintf(w->why, sizeof w->why, "the driver's hold did not keep the stream busy (an event "
+                                    "recorded on it was complete at once)");
   _expseg_vmm_release(v, h, g);
   _expseg_vmm_unreserve(v, va, g);
   goto out;
