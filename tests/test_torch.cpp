@@ -28,6 +28,7 @@
 namespace {
 
 #ifndef EXPSEG_TORCH_GPU
+#define TORCH_SUITE Torch
 const char *const kDriver = "host";
 // Before anything creates an allocator: every device of this process runs on host memory.
 const int kEnvSet = [] {
@@ -42,6 +43,7 @@ const int kEnvSet = [] {
 void *stream_of(int, int k) { return reinterpret_cast<void *>((uintptr_t)k * 0x1000); }
 #define NEED_DRIVER() (void)0
 #else
+#define TORCH_SUITE GpuTorch // test names must differ from test_torch's
 const char *const kDriver = "cuda";
 // test_gpu_torch.cpp: every device runs on the cuda backend against the CUDA driver double,
 // configured (before its first use) as the host run's devices: 256 MiB, 2 MiB pages.
@@ -132,7 +134,7 @@ Lib &lib() {
   return l;
 }
 
-TEST(Torch, EveryEntryPointResolvesByName) {
+TEST(TORCH_SUITE, EveryEntryPointResolvesByName) {
   NEED_DRIVER();
   (void)kEnvSet;
   ASSERT_NO_FATAL_FAILURE(lib());
@@ -143,7 +145,7 @@ TEST(Torch, EveryEntryPointResolvesByName) {
 // 8 threads, threads 0,2,4,6 on device 0 and 1,3,5,7 on device 1, random sizes and streams
 // (seeded), frees in random order; each thread keeps some blocks until the end, and the
 // statistics of each device must count exactly that device's live blocks.
-TEST(Torch, EightThreadsTwoDevicesKeepTheirOwnStatistics) {
+TEST(TORCH_SUITE, EightThreadsTwoDevicesKeepTheirOwnStatistics) {
   NEED_DRIVER();
   Lib &L = lib();
   EXPSEG_SEEDED(seed, 20261122u);
@@ -211,7 +213,7 @@ TEST(Torch, EightThreadsTwoDevicesKeepTheirOwnStatistics) {
   }
 }
 
-TEST(Torch, OutOfMemoryIsNullWithTheMessageKeptAndPrinted) {
+TEST(TORCH_SUITE, OutOfMemoryIsNullWithTheMessageKeptAndPrinted) {
   NEED_DRIVER();
   Lib &L = lib();
   testing::internal::CaptureStderr();
@@ -236,7 +238,7 @@ TEST(Torch, OutOfMemoryIsNullWithTheMessageKeptAndPrinted) {
   L.free(p, 1000, 1, nullptr);
 }
 
-TEST(Torch, ForeignFreesAreIgnoredWithAMessage) {
+TEST(TORCH_SUITE, ForeignFreesAreIgnoredWithAMessage) {
   NEED_DRIVER();
   Lib &L = lib();
   void *mine = L.alloc(4096, 0, nullptr);
@@ -258,7 +260,7 @@ TEST(Torch, ForeignFreesAreIgnoredWithAMessage) {
   EXPECT_EQ(0, L.get(0, "allocation.all.current"));
 }
 
-TEST(Torch, StatisticsResetsCacheAndHooks) {
+TEST(TORCH_SUITE, StatisticsResetsCacheAndHooks) {
   NEED_DRIVER();
   Lib &L = lib();
   void *p = L.alloc(5u << 20, 0, nullptr);
