@@ -308,11 +308,10 @@ static expseg_status cuda_event_destroy(void *st, expseg_vmm_event ev) {
 }
 
 /* ---- destroyed streams ----
- * The allocator may name a stream after expseg_stream_destroy destroyed it (memory freed on
- * it stays tagged with it). Using a destroyed CUstream is undefined, so the destroy waits
- * for the stream's work first and the handle is remembered: a wait for it is done at once,
- * an event recorded on it goes to the default stream (complete no earlier than the work it
- * stands for, which is done). A new stream with the same handle is live again. */
+ * Memory freed on a stream stays tagged with it, so the allocator may name a stream after
+ * expseg_stream_destroy. A destroyed CUstream must not be used: the destroy waits for the
+ * stream's work and remembers the handle; a wait for it is then done at once, an event
+ * recorded on it goes to the default stream. A new stream with that handle is live again. */
 
 static bool retired_find(cuda_t *c, expseg_stream s, bool remove) {
   bool found = false;
@@ -327,17 +326,17 @@ static bool retired_find(cuda_t *c, expseg_stream s, bool remove) {
 }
 
 static expseg_status retire(cuda_t *c, expseg_stream s) {
-  expseg_status es = EXPSEG_OK;
   pthread_mutex_lock(&c->hold_mu);
   if (c->n_retired == c->cap_retired) {
     size_t cap = c->cap_retired ? 2 * c->cap_retired : 8;
     expseg_stream *nv = realloc(c->retired, cap * sizeof *nv);
-    if (!nv) es = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "cuda driver: out of host memory");
-    else c->retired = nv, c->cap_retired = cap;
+    if (nv) c->retired = nv, c->cap_retired = cap;
   }
-  if (es == EXPSEG_OK) c->retired[c->n_retired++] = s;
+  bool ok = c->n_retired < c->cap_retired;
+  if (ok) c->retired[c->n_retired++] = s;
   pthread_mutex_unlock(&c->hold_mu);
-  return es;
+  return ok ? EXPSEG_OK
+            : _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "cuda driver: out of host memory");
 }
 
 static expseg_status cuda_event_record(void *st, expseg_vmm_event ev, expseg_stream s) {
@@ -360,13 +359,10 @@ static expseg_status cuda_event_query(void *st, expseg_vmm_event ev, bool *done)
 }
 
 /* ---- hold_stream: a test hook on documented driver calls ----
- * A held stream waits (cuStreamWaitValue32, GEQ) for a word of a host page registered with
- * DEVICEMAP (device address from cuMemHostGetDevicePointer) to reach the hold's generation;
- * releasing writes it. Each stream has its own word, and generations only grow, so a word
- * never needs resetting while a wait may still read it. While a stream is held, a
- * synchronize that could wait for it fails instead of blocking forever (the thread that
- * would release it is the one waiting): stream_synchronize of the held stream, and
- * event_synchronize of any event not complete yet. */
+ * A held stream waits (cuStreamWaitValue32 GEQ) for its own word of a registered host page
+ * to reach the hold's generation; releasing writes it (generations only grow: a word is
+ * never reset). While held, stream_synchronize of it and event_synchronize of an incomplete
+ * event fail instead of blocking forever the thread that would release it. */
 
 static int hold_slot(const cuda_t *c, expseg_stream s) {
   for (int i = 0; i < c->n_holds; i++)
@@ -377,8 +373,7 @@ static int hold_slot(const cuda_t *c, expseg_stream s) {
 static bool stream_held(cuda_t *c, expseg_stream s) {
   if (__atomic_load_n(&c->held_now, __ATOMIC_ACQUIRE) == 0) return false;
   pthread_mutex_lock(&c->hold_mu);
-  int i = hold_slot(c, s);
-  bool h = i >= 0 && c->holds[i].held;
+  bool h = hold_slot(c, s) >= 0 && c->holds[hold_slot(c, s)].held;
   pthread_mutex_unlock(&c->hold_mu);
   return h;
 }

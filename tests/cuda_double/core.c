@@ -169,7 +169,11 @@ static bool apply_config(const char *spec) {
 }
 
 static bool ensure_configured(void) {
-  return g.configured || apply_config(getenv("EXPSEG_CUDA_DOUBLE"));
+  static bool told;
+  if (g.configured || apply_config(getenv("EXPSEG_CUDA_DOUBLE"))) return true;
+  if (!told) fprintf(stderr, "$EXPSEG_CUDA_DOUBLE: %s\n", last_msg);
+  told = true;
+  return false;
 }
 
 /* ---- entry and exit of every call ---- */
@@ -191,7 +195,9 @@ CUresult dbl_begin(dbl_call *c, const char *name, bool needs_init) {
 }
 
 CUresult dbl_end(dbl_call *c, CUresult r) {
-  if (g.log) {
+  /* the context get/set calls cuda.c makes around every call are not logged */
+  bool logged = strcmp(c->name, "cuCtxGetCurrent") != 0 && strcmp(c->name, "cuCtxSetCurrent") != 0;
+  if (g.log && logged) {
     dbl_advance_all();
     cudadouble_call *e = &g.log[(g.log_head + g.log_n) % g.cfg.log_max];
     if (g.log_n == g.cfg.log_max) g.log_head = (g.log_head + 1) % g.cfg.log_max;
