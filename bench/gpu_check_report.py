@@ -147,8 +147,8 @@ def summary_lines(rep):
             tr = r.get("train") or {}
             L.append("  %-12s %-7s step %s ms, peak reserved %s MiB, peak allocated %s MiB, same outputs: %s%s" % (
                 name, r.get("status"), fmt_us(tr.get("step_ms")),
-                fmt_us((tr.get("peak_reserved") or 0) / 2**20) if tr else "-",
-                fmt_us((tr.get("peak_allocated") or 0) / 2**20) if tr else "-",
+                fmt_us(tr["peak_reserved"] / 2**20) if "peak_reserved" in tr else "-",
+                fmt_us(tr["peak_allocated"] / 2**20) if "peak_allocated" in tr else "-",
                 r.get("same_outputs_as_pytorch", "-"),
                 ("  (" + r["error"] + ")")[:160] if r.get("error") else ""))
     return L
