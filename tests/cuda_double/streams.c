@@ -41,7 +41,8 @@ dbl_stream *dbl_stream_of(CUstream s, dbl_ctx *ctx) {
 }
 
 static bool wait_met(const dbl_op *o) {
-  uint32_t v = *o->addr;
+  /* another thread (the host) may write the word at any time: an atomic read */
+  uint32_t v = __atomic_load_n(o->addr, __ATOMIC_ACQUIRE);
   switch (o->flags & 0xf) {
   case CU_STREAM_WAIT_VALUE_GEQ: return (int32_t)(v - o->value) >= 0;
   case CU_STREAM_WAIT_VALUE_EQ: return v == o->value;
@@ -58,9 +59,10 @@ static void advance(dbl_stream *s) {
     if (o->kind == OP_HOLD && !o->released) break;
     if (o->kind == OP_WAIT && !wait_met(o)) break;
     if (o->kind == OP_WAIT_EVENT && o->ev && o->ev->done < o->seq) break;
-    if (o->kind == OP_WRITE) *o->addr = o->value;
+    if (o->kind == OP_WRITE) __atomic_store_n(o->addr, o->value, __ATOMIC_RELEASE);
     if (o->kind == OP_EVENT && o->ev && o->ev->done < o->seq) o->ev->done = o->seq;
   }
+  if (k == 0) return; /* ops may be NULL: no memmove of nothing */
   memmove(s->ops, s->ops + k, (s->n - k) * sizeof *s->ops);
   s->n -= k;
 }
