@@ -4,7 +4,7 @@
  * (so memory freed on it must not be reused, moved or given back), and make driver calls
  * fail at chosen points (so every error and undo path can be driven). Pair them with
  * expseg_check() after each step and expseg_testing_destroy() at the end, which reports
- * anything the driver still held. Drivers: hold_stream works on `host` and `sim` (and a
+ * anything the driver still held. Drivers: hold_stream works on `host`, `sim`, `cuda` (and a
  * `fault:` wrapper over them); fault rules need an allocator created on a driver spec
  * "fault:fail=RULES;DRIVER" (docs/driver.md), e.g.
  *   expseg_create("fault:fail=unreserve@1,map@3..5;host:capacity=64M", 0, NULL, &a);
@@ -19,8 +19,9 @@ extern "C" {
 #endif
 
 /* held = true: work queued on `stream` stops completing (events recorded on it stay
- * incomplete, waits for it fail) until the same call with held = false. On `cuda`:
- * EXPSEG_ERR_UNSUPPORTED. */
+ * incomplete, waits for it fail) until the same call with held = false. On `cuda` the
+ * stream waits on the GPU for a host word (cuStreamWaitValue32) that releasing writes;
+ * errors there are printed as warnings. */
 EXPSEG_EXPORT expseg_status expseg_testing_hold_stream(expseg_allocator *a, expseg_stream stream,
                                                        bool held);
 

@@ -16,7 +16,12 @@
 // destroy, the driver holds nothing, the process's descriptor count is back where it was.
 //
 // EXPSEG_TEST_SEED: the seed (printed); EXPSEG_TEST_OPS: operations (default 100000).
+// test_gpu_busy.cpp runs the same on cuda against the CUDA driver double.
 #include "alloc_support.h"
+#ifdef EXPSEG_ALLOC_BUSY_GPU
+#include "cudadouble.h"
+#include "vmm.h"
+#endif
 
 #include <gtest/gtest.h>
 
@@ -100,10 +105,12 @@ bool tag_ok(const void *p, size_t size, uint64_t tag) {
 
 } // namespace
 
-TEST(AllocBusy, NoBusyMemoryHandedOutNothingLeakedUnderFaults) {
+// spec: the driver under the fault wrapper; driver_streams: streams 1..5 are created by the
+// driver (cuda), else any value is a stream (host).
+static void run_busy(const char *spec, bool driver_streams, uint64_t default_ops) {
   EXPSEG_SEEDED(seed, 20261122);
-  const uint64_t ops = env_u64("EXPSEG_TEST_OPS", 100000);
-  std::printf("%llu operations (EXPSEG_TEST_OPS)\n", (unsigned long long)ops);
+  const uint64_t ops = env_u64("EXPSEG_TEST_OPS", default_ops);
+  std::printf("%s: %llu operations (EXPSEG_TEST_OPS)\n", spec, (unsigned long long)ops);
   const std::string S = "seed " + std::to_string(seed) + ": ";
   std::mt19937_64 rng(seed);
   auto below = [&](uint64_t n) { return rng() % n; };
@@ -113,9 +120,16 @@ TEST(AllocBusy, NoBusyMemoryHandedOutNothingLeakedUnderFaults) {
   expseg_set_log_sink([](void *ctx, const char *) { ++*static_cast<int *>(ctx); }, &warnings);
   const int fds_before = open_fds();
   expseg_allocator *a = nullptr;
-  ASSERT_EQ(expseg_create("fault;host:capacity=256M", 0, "expandable_segments:True", &a),
-            EXPSEG_OK)
+  ASSERT_EQ(expseg_create(spec, 0, "expandable_segments:True", &a), EXPSEG_OK)
       << expseg_last_error();
+  expseg_stream st[kStreams] = {0}; // stream i's handle
+  for (int i = 1; i < kStreams; i++) {
+    if (driver_streams) {
+      ASSERT_EQ(expseg_stream_create(a, &st[i]), EXPSEG_OK) << expseg_last_error();
+    } else {
+      st[i] = (expseg_stream)i;
+    }
+  }
 
   std::map<uintptr_t, Block> live;
   std::vector<Busy> busy;
@@ -126,7 +140,7 @@ TEST(AllocBusy, NoBusyMemoryHandedOutNothingLeakedUnderFaults) {
   uint64_t next_tag = 1, overlaps_checked = 0, ooms = 0, driver_errors = 0;
 
   auto release_stream = [&](expseg_stream s) {
-    ASSERT_EQ(expseg_testing_hold_stream(a, s, false), EXPSEG_OK);
+    ASSERT_EQ(expseg_testing_hold_stream(a, st[s], false), EXPSEG_OK);
     held[s] = false;
     n_held--;
     std::vector<Busy> keep;
@@ -155,9 +169,9 @@ TEST(AllocBusy, NoBusyMemoryHandedOutNothingLeakedUnderFaults) {
       else size = 10 * MiB + below(22 * MiB);
       expseg_stream s = below(kStreams);
       void *p = nullptr;
-      expseg_status st = expseg_malloc(a, size, s, &p);
+      expseg_status st_ = expseg_malloc(a, size, st[s], &p);
       bool faulted = expseg_testing_faults_injected(a) != injected_before;
-      if (st == EXPSEG_OK) {
+      if (st_ == EXPSEG_OK) {
         ASSERT_NE(p, nullptr) << where;
         uintptr_t lo = (uintptr_t)p, hi = lo + size;
         for (const Busy &b : busy) {
@@ -179,7 +193,7 @@ TEST(AllocBusy, NoBusyMemoryHandedOutNothingLeakedUnderFaults) {
         write_tag(p, size, tag);
         live[lo] = Block{size, s, {}, tag};
         model_requested += (int64_t)size;
-      } else if (st == EXPSEG_ERR_OUT_OF_MEMORY) {
+      } else if (st_ == EXPSEG_ERR_OUT_OF_MEMORY) {
         ooms++;
         int64_t reserved = stat_of(a, "reserved_bytes.all.current");
         size_t need = (size + 20 * MiB - 1) / (20 * MiB) * (20 * MiB) + 2 * MiB;
@@ -190,7 +204,7 @@ TEST(AllocBusy, NoBusyMemoryHandedOutNothingLeakedUnderFaults) {
                                << expseg_last_error();
       } else {
         driver_errors++;
-        ASSERT_EQ(st, EXPSEG_ERR_DRIVER) << where << ": " << expseg_last_error();
+        ASSERT_EQ(st_, EXPSEG_ERR_DRIVER) << where << ": " << expseg_last_error();
         ASSERT_TRUE(faulted) << where << ": a driver error without an injected fault: "
                              << expseg_last_error();
       }
@@ -202,11 +216,10 @@ TEST(AllocBusy, NoBusyMemoryHandedOutNothingLeakedUnderFaults) {
                                                             << "changed before its free";
       if (chance(0.25)) {
         expseg_stream u = below(kStreams);
-        ASSERT_EQ(expseg_record_stream(a, (void *)it->first, u), EXPSEG_OK) << where;
+        ASSERT_EQ(expseg_record_stream(a, (void *)it->first, st[u]), EXPSEG_OK) << where;
         if (u != b.stream) b.uses.push_back(u);
       }
-      expseg_status st = expseg_free(a, (void *)it->first);
-      ASSERT_EQ(st, EXPSEG_OK) << where << ": " << expseg_last_error();
+      ASSERT_EQ(expseg_free(a, (void *)it->first), EXPSEG_OK) << where << ": " << expseg_last_error();
       if (held[b.stream]) busy.push_back({it->first, it->first + b.size, b.stream, false});
       for (expseg_stream u : b.uses)
         if (held[u]) busy.push_back({it->first, it->first + b.size, u, true});
@@ -217,7 +230,7 @@ TEST(AllocBusy, NoBusyMemoryHandedOutNothingLeakedUnderFaults) {
       if (held[s]) {
         release_stream(s);
       } else if (n_held < 3) {
-        ASSERT_EQ(expseg_testing_hold_stream(a, s, true), EXPSEG_OK) << where;
+        ASSERT_EQ(expseg_testing_hold_stream(a, st[s], true), EXPSEG_OK) << where;
         held[s] = true;
         n_held++;
       }
@@ -274,10 +287,29 @@ TEST(AllocBusy, NoBusyMemoryHandedOutNothingLeakedUnderFaults) {
               (unsigned long long)injected, (unsigned long long)ooms,
               (unsigned long long)driver_errors, (unsigned long long)overlaps_checked, warnings);
   EXPECT_GE(injected, ops / 100) << S << "too few faults reached the driver";
+  for (int i = 1; driver_streams && i < kStreams; i++)
+    EXPECT_EQ(expseg_stream_destroy(a, st[i]), EXPSEG_OK) << S << expseg_last_error();
   expect_nothing_left(a, S);
   EXPECT_EQ(open_fds(), fds_before) << S << "descriptors leaked";
 }
 
+#ifndef EXPSEG_ALLOC_BUSY_GPU
+TEST(AllocBusy, NoBusyMemoryHandedOutNothingLeakedUnderFaults) {
+  run_busy("fault;host:capacity=256M", false, 100000);
+}
+#else
+// The same run on cuda against the CUDA driver double, configured as the host run's device
+// (256 MiB, 2 MiB pages); fewer operations by default (every call goes through the double).
+TEST(GpuBusy, NoBusyMemoryHandedOutNothingLeakedUnderFaults) {
+  cudadouble_api api;
+  if (!cudadouble_load(&api) || !_expseg_cuda_usable(0))
+    GTEST_SKIP() << "needs the CUDA driver double (tests/cuda_double): data is checked from the CPU";
+  ASSERT_EQ(0, api.configure("capacity=256M,granularity=2M,recommended=2M")) << api.last_message();
+  run_busy("fault;cuda", true, 20000);
+}
+#endif
+
+#ifndef EXPSEG_ALLOC_BUSY_GPU
 // ---- private pools under the same conditions ----
 //
 // Up to four pools are created, retained, released, begun with a stream filter (or none)
@@ -556,3 +588,4 @@ TEST(AllocBusy, PrivatePoolsNeverShareMemory) {
   EXPECT_GT(routed, ops / 20) << S;
   expect_nothing_left(a, S);
 }
+#endif

@@ -5,6 +5,10 @@
 // log sink may call back into expseg; garbage collection does not turn a request that could
 // be served into an out-of-memory error.
 #include "alloc_support.h"
+#ifdef EXPSEG_RELIABILITY_GPU
+#include "cudadouble.h"
+#include "vmm.h"
+#endif
 
 #include <gtest/gtest.h>
 
@@ -14,6 +18,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,87 +39,130 @@ bool overlaps(uintptr_t a, size_t as, uintptr_t b, size_t bs) { return a < b + b
 } // namespace
 
 // ---- 1. busy classic segments are not given back ----
+// On host (any value is a stream) and, from test_gpu_reliability.cpp, on cuda against the
+// CUDA driver double (streams the driver created, capacity set through the double).
 
-TEST(Reliability, EmptyCacheKeepsAClassicSegmentWhoseStreamIsBusy) {
+class BusyStreams : public ::testing::TestWithParam<const char *> {
+protected:
+  expseg_allocator *a_ = nullptr;
+  std::map<int, expseg_stream> streams_;
+  bool cuda() const { return std::string(GetParam()) == "cuda"; }
+  expseg_allocator *make(size_t capacity_mib, const char *config) {
+    std::string cap = "capacity=" + std::to_string(capacity_mib) + "M";
+    if (!cuda()) return a_ = ::make(("host:" + cap).c_str(), config);
+#ifdef EXPSEG_RELIABILITY_GPU
+    cudadouble_api api;
+    if (!cudadouble_load(&api) || !_expseg_cuda_usable(0)) return nullptr;
+    EXPECT_EQ(0, api.configure((cap + ",granularity=2M,recommended=2M").c_str()))
+        << api.last_message();
+#endif
+    return a_ = ::make("cuda", config);
+  }
+  // stream i: i itself on host; on cuda a stream the driver created (0: the default)
+  expseg_stream S(int i) {
+    if (!cuda() || i == 0) return (expseg_stream)i;
+    if (!streams_.count(i)) {
+      EXPECT_EQ(EXPSEG_OK, expseg_stream_create(a_, &streams_[i])) << expseg_last_error();
+    }
+    return streams_[i];
+  }
+  void done(expseg_allocator *a, const char *where) {
+    for (auto &kv : streams_) EXPECT_EQ(EXPSEG_OK, expseg_stream_destroy(a, kv.second));
+    expect_nothing_left(a, where);
+  }
+};
+
+#define MAKE_OR_SKIP(var, cap, config)                                          \
+  expseg_allocator *var = make(cap, config);                                    \
+  if (!var && cuda()) GTEST_SKIP() << "needs the CUDA driver double (tests/cuda_double)"; \
+  ASSERT_NE(nullptr, var)
+
+TEST_P(BusyStreams, EmptyCacheKeepsAClassicSegmentWhoseStreamIsBusy) {
   QuietLog q;
-  expseg_allocator *a = make("host:capacity=64M", "expandable_segments:False");
-  ASSERT_EQ(expseg_testing_hold_stream(a, 3, true), EXPSEG_OK) << expseg_last_error();
+  MAKE_OR_SKIP(a, 64, "expandable_segments:False");
+  ASSERT_EQ(expseg_testing_hold_stream(a, S(3), true), EXPSEG_OK) << expseg_last_error();
   void *p = nullptr, *r = nullptr;
-  ASSERT_EQ(expseg_malloc(a, 5 * MiB, 3, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 5 * MiB, S(3), &p), EXPSEG_OK);
   ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
   EXPECT_EQ(stat_of(a, "num_device_free"), 0) << "unmapped while stream 3 still had work queued";
   EXPECT_GT(stat_of(a, "reserved_bytes.all.current"), 0);
-  ASSERT_EQ(expseg_malloc(a, 5 * MiB, 1, &r), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 5 * MiB, S(1), &r), EXPSEG_OK);
   EXPECT_FALSE(overlaps((uintptr_t)p, 5 * MiB, (uintptr_t)r, 5 * MiB))
       << "stream 1 was handed memory stream 3 may still use";
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
-  ASSERT_EQ(expseg_testing_hold_stream(a, 3, false), EXPSEG_OK);
+  ASSERT_EQ(expseg_testing_hold_stream(a, S(3), false), EXPSEG_OK);
   ASSERT_EQ(expseg_free(a, r), EXPSEG_OK);
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
   EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0) << "released once the stream is idle";
   EXPECT_EQ(stat_of(a, "num_device_free"), 2);
-  expect_nothing_left(a, "empty_cache");
+  done(a, "empty_cache");
 }
 
-TEST(Reliability, OutOfMemoryRetryDoesNotReleaseABusyClassicSegment) {
+TEST_P(BusyStreams, OutOfMemoryRetryDoesNotReleaseABusyClassicSegment) {
   QuietLog q;
-  expseg_allocator *a = make("host:capacity=48M", "expandable_segments:False");
-  ASSERT_EQ(expseg_testing_hold_stream(a, 3, true), EXPSEG_OK);
+  MAKE_OR_SKIP(a, 48, "expandable_segments:False");
+  ASSERT_EQ(expseg_testing_hold_stream(a, S(3), true), EXPSEG_OK);
   void *p = nullptr, *r = nullptr;
-  ASSERT_EQ(expseg_malloc(a, 25 * MiB, 3, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 25 * MiB, S(3), &p), EXPSEG_OK);
   ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
-  EXPECT_EQ(expseg_malloc(a, 30 * MiB, 1, &r), EXPSEG_ERR_OUT_OF_MEMORY)
+  EXPECT_EQ(expseg_malloc(a, 30 * MiB, S(1), &r), EXPSEG_ERR_OUT_OF_MEMORY)
       << "only the busy segment's memory could have served it";
   EXPECT_EQ(stat_of(a, "num_device_free"), 0);
   EXPECT_EQ(stat_of(a, "num_ooms"), 1);
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
-  ASSERT_EQ(expseg_testing_hold_stream(a, 3, false), EXPSEG_OK);
-  ASSERT_EQ(expseg_malloc(a, 30 * MiB, 1, &r), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_testing_hold_stream(a, S(3), false), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 30 * MiB, S(1), &r), EXPSEG_OK) << expseg_last_error();
   EXPECT_EQ(stat_of(a, "num_device_free"), 1) << "the idle segment is released on the retry";
   ASSERT_EQ(expseg_free(a, r), EXPSEG_OK);
-  expect_nothing_left(a, "oom retry");
+  done(a, "oom retry");
 }
 
-TEST(Reliability, GarbageCollectionSkipsABusyClassicSegment) {
+TEST_P(BusyStreams, GarbageCollectionSkipsABusyClassicSegment) {
   QuietLog q;
-  expseg_allocator *a =
-      make("host:capacity=128M", "expandable_segments:False,garbage_collection_threshold:0.5");
+  MAKE_OR_SKIP(a, 128, "expandable_segments:False,garbage_collection_threshold:0.5");
   ASSERT_EQ(expseg_set_memory_fraction(a, 0.5), EXPSEG_OK); // 64 MiB allowed, GC above 32
-  ASSERT_EQ(expseg_testing_hold_stream(a, 3, true), EXPSEG_OK);
+  ASSERT_EQ(expseg_testing_hold_stream(a, S(3), true), EXPSEG_OK);
   void *p = nullptr, *r = nullptr;
-  ASSERT_EQ(expseg_malloc(a, 40 * MiB, 3, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 40 * MiB, S(3), &p), EXPSEG_OK);
   ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
-  EXPECT_EQ(expseg_malloc(a, 4 * MiB, 1, &r), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(expseg_malloc(a, 4 * MiB, S(1), &r), EXPSEG_OK) << expseg_last_error();
   EXPECT_EQ(stat_of(a, "num_device_free"), 0) << "collection released a segment of a busy stream";
   EXPECT_FALSE(overlaps((uintptr_t)p, 40 * MiB, (uintptr_t)r, 4 * MiB));
   ASSERT_EQ(expseg_free(a, r), EXPSEG_OK);
-  ASSERT_EQ(expseg_testing_hold_stream(a, 3, false), EXPSEG_OK);
+  ASSERT_EQ(expseg_testing_hold_stream(a, S(3), false), EXPSEG_OK);
   void *s = nullptr;
-  ASSERT_EQ(expseg_malloc(a, 4 * MiB, 5, &s), EXPSEG_OK); // a miss: collects now
+  ASSERT_EQ(expseg_malloc(a, 4 * MiB, S(5), &s), EXPSEG_OK); // a miss: collects now
   EXPECT_GE(stat_of(a, "num_device_free"), 1) << "idle now: collection may take it";
   ASSERT_EQ(expseg_free(a, s), EXPSEG_OK);
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
-  expect_nothing_left(a, "gc");
+  done(a, "gc");
 }
 
-TEST(Reliability, ExpandablePagesOfABusyStreamAreNotMovedOrReleased) {
+TEST_P(BusyStreams, ExpandablePagesOfABusyStreamAreNotMovedOrReleased) {
   QuietLog q;
-  expseg_allocator *a = make("host:capacity=64M", "");
-  ASSERT_EQ(expseg_testing_hold_stream(a, 3, true), EXPSEG_OK);
+  MAKE_OR_SKIP(a, 64, "");
+  ASSERT_EQ(expseg_testing_hold_stream(a, S(3), true), EXPSEG_OK);
   void *p = nullptr, *r = nullptr;
-  ASSERT_EQ(expseg_malloc(a, 40 * MiB, 3, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 40 * MiB, S(3), &p), EXPSEG_OK);
   ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
   EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), (int64_t)(40 * MiB));
-  EXPECT_EQ(expseg_malloc(a, 30 * MiB, 1, &r), EXPSEG_ERR_OUT_OF_MEMORY)
+  EXPECT_EQ(expseg_malloc(a, 30 * MiB, S(1), &r), EXPSEG_ERR_OUT_OF_MEMORY)
       << "stream 1 got pages stream 3 may still use";
-  ASSERT_EQ(expseg_testing_hold_stream(a, 3, false), EXPSEG_OK);
-  ASSERT_EQ(expseg_malloc(a, 30 * MiB, 1, &r), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_testing_hold_stream(a, S(3), false), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 30 * MiB, S(1), &r), EXPSEG_OK) << expseg_last_error();
   EXPECT_GT(stat_of(a, "expseg.pages_moved"), 0);
   ASSERT_EQ(expseg_free(a, r), EXPSEG_OK);
-  expect_nothing_left(a, "expandable");
+  done(a, "expandable");
 }
+
+#ifdef EXPSEG_RELIABILITY_GPU
+INSTANTIATE_TEST_SUITE_P(Gpu, BusyStreams, ::testing::Values("cuda"),
+                         [](const auto &i) { return std::string(i.param); });
+#else
+INSTANTIATE_TEST_SUITE_P(Cpu, BusyStreams, ::testing::Values("host"),
+                         [](const auto &i) { return std::string(i.param); });
 
 // ---- 2. refused undo steps are kept and retried, never leaked ----
 
@@ -437,3 +485,4 @@ TEST(Reliability, SnapshotDumpReplacesOnlyRegularFiles) {
   rmdir(sub.c_str());
   rmdir(dir);
 }
+#endif // EXPSEG_RELIABILITY_GPU

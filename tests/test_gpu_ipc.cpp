@@ -8,6 +8,7 @@
 #include "expseg_testing.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -100,6 +101,9 @@ TEST(GpuIpc, TwoProcesses) {
     close(sv[0]), close(sv[1]);
     GTEST_SKIP() << "no usable CUDA device";
   }
+  // the child must not hold this end: were this process to fail before sending, the child
+  // would then wait forever for a message on a socket no one else can close
+  ASSERT_EQ(0, fcntl(sv[0], F_SETFD, FD_CLOEXEC));
   pid_t pid = -1;
   ASSERT_EQ(0, posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, env.data()));
   close(sv[1]);

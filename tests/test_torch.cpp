@@ -2,6 +2,7 @@
 // point resolved by name, driven from 8 threads on two device ordinals of the host driver
 // (chosen through $EXPSEG_DRIVER, as a PyTorch user would), statistics checked per device,
 // NULL with the message kept on out-of-memory, foreign frees ignored without a crash.
+// test_gpu_torch.cpp runs the same on the cuda backend against the CUDA driver double.
 #include <gtest/gtest.h>
 
 #include "test_seed.h"
@@ -13,15 +14,22 @@
 
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "expseg.h"
+#ifdef EXPSEG_TORCH_GPU
+#include "cudadouble.h"
+#endif
 
 namespace {
 
+#ifndef EXPSEG_TORCH_GPU
+#define TORCH_SUITE Torch
+const char *const kDriver = "host";
 // Before anything creates an allocator: every device of this process runs on host memory.
 const int kEnvSet = [] {
   setenv("EXPSEG_DRIVER", "host:capacity=256M", 1);
@@ -30,6 +38,53 @@ const int kEnvSet = [] {
   unsetenv("PYTORCH_ALLOC_CONF");
   return 0;
 }();
+
+// Stream k (0..2) of a device: any value is a stream on host.
+void *stream_of(int, int k) { return reinterpret_cast<void *>((uintptr_t)k * 0x1000); }
+#define NEED_DRIVER() (void)0
+#else
+#define TORCH_SUITE GpuTorch // test names must differ from test_torch's
+const char *const kDriver = "cuda";
+// test_gpu_torch.cpp: every device runs on the cuda backend against the CUDA driver double,
+// configured (before its first use) as the host run's devices: 256 MiB, 2 MiB pages.
+const int kEnvSet = [] {
+  setenv("EXPSEG_DRIVER", "cuda", 1);
+  setenv("EXPSEG_CUDA_DOUBLE", "capacity=256M,granularity=2M,recommended=2M", 1);
+  unsetenv("EXPSEG_ALLOC_CONF");
+  unsetenv("PYTORCH_CUDA_ALLOC_CONF");
+  unsetenv("PYTORCH_ALLOC_CONF");
+  return 0;
+}();
+
+// Stream k (0..2) of a device: 0 is the default stream, 1 and 2 are CUstreams made on the
+// device's primary context (through dlsym: only vmm/cuda.c includes cuda.h).
+void *stream_of(int dev, int k) {
+  static void *made[2][3];
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    ASSERT_NE(nullptr, cu) << dlerror();
+    auto init = (int (*)(unsigned))dlsym(cu, "cuInit");
+    auto retain = (int (*)(void **, int))dlsym(cu, "cuDevicePrimaryCtxRetain");
+    auto set_current = (int (*)(void *))dlsym(cu, "cuCtxSetCurrent");
+    auto create = (int (*)(void **, unsigned))dlsym(cu, "cuStreamCreate");
+    ASSERT_TRUE(init && retain && set_current && create);
+    ASSERT_EQ(0, init(0));
+    for (int d = 0; d < 2; d++) {
+      void *ctx = nullptr;
+      ASSERT_EQ(0, retain(&ctx, d)); // kept: the streams live as long as the process
+      ASSERT_EQ(0, set_current(ctx));
+      for (int i = 1; i < 3; i++) ASSERT_EQ(0, create(&made[d][i], 1 /* NON_BLOCKING */));
+    }
+    ASSERT_EQ(0, set_current(nullptr));
+  });
+  return made[dev][k];
+}
+// the tests assume the devices configured above: a real GPU is not them
+#define NEED_DRIVER()                                                    \
+  cudadouble_api api_;                                                   \
+  if (!cudadouble_load(&api_)) GTEST_SKIP() << "needs the CUDA driver double (tests/cuda_double)"
+#endif
 
 struct Lib {
   void *h = nullptr;
@@ -83,11 +138,12 @@ Lib &lib() {
   return l;
 }
 
-TEST(Torch, EveryEntryPointResolvesByName) {
+TEST(TORCH_SUITE, EveryEntryPointResolvesByName) {
+  NEED_DRIVER();
   (void)kEnvSet;
   ASSERT_NO_FATAL_FAILURE(lib());
-  EXPECT_STREQ("host", lib().driver_name(0));
-  EXPECT_STREQ("host", lib().driver_name(1));
+  EXPECT_STREQ(kDriver, lib().driver_name(0));
+  EXPECT_STREQ(kDriver, lib().driver_name(1));
 }
 
 // The accessor the C++ backend uses: the same allocator every entry point serves.
@@ -111,7 +167,8 @@ TEST(Torch, AllocatorAccessorSharesTheDevicesAllocator) {
 // 8 threads, threads 0,2,4,6 on device 0 and 1,3,5,7 on device 1, random sizes and streams
 // (seeded), frees in random order; each thread keeps some blocks until the end, and the
 // statistics of each device must count exactly that device's live blocks.
-TEST(Torch, EightThreadsTwoDevicesKeepTheirOwnStatistics) {
+TEST(TORCH_SUITE, EightThreadsTwoDevicesKeepTheirOwnStatistics) {
+  NEED_DRIVER();
   Lib &L = lib();
   EXPSEG_SEEDED(seed, 20261122u);
   for (int d = 0; d < 2; d++) ASSERT_EQ(EXPSEG_OK, L.empty_cache(d)) << L.last_error(d);
@@ -126,6 +183,7 @@ TEST(Torch, EightThreadsTwoDevicesKeepTheirOwnStatistics) {
   std::vector<std::vector<Kept>> kept(8);
   std::vector<std::thread> threads;
   std::vector<int> failures(8, 0);
+  (void)stream_of(0, 0); // the streams are made before the threads start
   for (int t = 0; t < 8; t++) {
     threads.emplace_back([&, t] {
       const int dev = t % 2;
@@ -134,7 +192,7 @@ TEST(Torch, EightThreadsTwoDevicesKeepTheirOwnStatistics) {
       for (int i = 0; i < 3000; i++) {
         if (live.empty() || rng() % 3 != 0) {
           size_t size = rng() % 4 == 0 ? 1 + rng() % (1u << 20) : 1 + rng() % 20000;
-          void *stream = reinterpret_cast<void *>((uintptr_t)(rng() % 3) * 0x1000);
+          void *stream = stream_of(dev, (int)(rng() % 3));
           void *p = L.alloc(size, dev, stream);
           if (!p) {
             failures[t]++;
@@ -177,7 +235,8 @@ TEST(Torch, EightThreadsTwoDevicesKeepTheirOwnStatistics) {
   }
 }
 
-TEST(Torch, OutOfMemoryIsNullWithTheMessageKeptAndPrinted) {
+TEST(TORCH_SUITE, OutOfMemoryIsNullWithTheMessageKeptAndPrinted) {
+  NEED_DRIVER();
   Lib &L = lib();
   testing::internal::CaptureStderr();
   void *p = L.alloc(1ull << 30, 1, nullptr); // device capacity is 256 MiB
@@ -201,7 +260,8 @@ TEST(Torch, OutOfMemoryIsNullWithTheMessageKeptAndPrinted) {
   L.free(p, 1000, 1, nullptr);
 }
 
-TEST(Torch, ForeignFreesAreIgnoredWithAMessage) {
+TEST(TORCH_SUITE, ForeignFreesAreIgnoredWithAMessage) {
+  NEED_DRIVER();
   Lib &L = lib();
   void *mine = L.alloc(4096, 0, nullptr);
   ASSERT_NE(nullptr, mine) << L.last_error(0);
@@ -222,7 +282,8 @@ TEST(Torch, ForeignFreesAreIgnoredWithAMessage) {
   EXPECT_EQ(0, L.get(0, "allocation.all.current"));
 }
 
-TEST(Torch, StatisticsResetsCacheAndHooks) {
+TEST(TORCH_SUITE, StatisticsResetsCacheAndHooks) {
+  NEED_DRIVER();
   Lib &L = lib();
   void *p = L.alloc(5u << 20, 0, nullptr);
   ASSERT_NE(nullptr, p) << L.last_error(0);
@@ -249,7 +310,7 @@ TEST(Torch, StatisticsResetsCacheAndHooks) {
 
   int64_t peak = L.get(0, "allocated_bytes.all.peak");
   EXPECT_GE(peak, 5 << 20);
-  L.record_stream(p, reinterpret_cast<void *>(0x2000));
+  L.record_stream(p, stream_of(0, 2));
   L.free(p, 5u << 20, 0, nullptr);
   EXPECT_EQ(EXPSEG_OK, L.reset_peak_stats(0));
   EXPECT_EQ(L.get(0, "allocated_bytes.all.current"), L.get(0, "allocated_bytes.all.peak"));
@@ -262,7 +323,7 @@ TEST(Torch, StatisticsResetsCacheAndHooks) {
 
   expseg_info info;
   ASSERT_EQ(EXPSEG_OK, L.get_info(0, &info));
-  EXPECT_STREQ("host", info.driver);
+  EXPECT_STREQ(kDriver, info.driver);
   EXPECT_EQ(256u << 20, info.total_memory);
   size_t fr = 0, tot = 0;
   ASSERT_EQ(EXPSEG_OK, L.mem_get_info(0, &fr, &tot));

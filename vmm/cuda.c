@@ -15,8 +15,12 @@
  * POSIX fd handle type when the device supports it), map = cuMemMap (offset 0 only:
  * UNSUPPORTED otherwise), set_access = cuMemSetAccess(READWRITE for the device asked: its own
  * or a peer; PROT_NONE to revoke a peer), unmap =
- * cuMemUnmap, release = cuMemRelease, unreserve = cuMemAddressFree. Events are created with
+ * cuMemUnmap, release = cuMemRelease, unreserve = cuMemAddressFree, copy (the data-check
+ * hook) = cuMemcpyHtoD / cuMemcpyDtoH. Events are created with
  * CU_EVENT_DISABLE_TIMING. Every failure names the CUDA call and cuGetErrorName's text.
+ *
+ * hold_stream (the test hook of expseg_testing.h): cuStreamWaitValue32 on a word of a
+ * registered host page, released by writing the word (see "hold_stream" below).
  *
  * Pinned host memory (host_alloc): where the device supports host-NUMA locations for the
  * VMM API (CUDA 12.4+ headers, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_
@@ -46,7 +50,8 @@
   X(cuMemGetInfo) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery)       \
   X(cuEventSynchronize) X(cuStreamSynchronize) X(cuMemExportToShareableHandle)              \
   X(cuMemImportFromShareableHandle) X(cuGetErrorName) X(cuMemHostRegister)                \
-  X(cuMemHostUnregister) X(cuDeviceGetPCIBusId) X(cuStreamCreate) X(cuStreamDestroy)  \
+  X(cuMemHostUnregister) X(cuDeviceGetPCIBusId) X(cuStreamCreate) X(cuStreamDestroy)      \
+  X(cuMemHostGetDevicePointer) X(cuStreamWaitValue32) X(cuMemcpyHtoD) X(cuMemcpyDtoH)     \
   X(cuCtxSynchronize)
 
 typedef struct {
@@ -129,6 +134,9 @@ static expseg_status cu_fail(CUresult r, const char *call, const char *detail) {
 
 /* ---- one device ---- */
 
+#define HOLD_PAGE 4096
+#define HOLD_SLOTS (HOLD_PAGE / 4)
+
 typedef struct {
   CUdevice dev;
   CUcontext ctx;
@@ -137,6 +145,20 @@ typedef struct {
   CUmemAllocationHandleType htype; /* POSIX fd where supported, else NONE */
   bool host_numa_vmm;              /* cuMemCreate accepts HOST_NUMA locations */
   int host_numa;                   /* node nearest the device; -1 unknown */
+  /* hold_stream (a test hook): one 32-bit word per held stream in a registered host page */
+  pthread_mutex_t hold_mu;
+  uint32_t *hold_page; /* NULL until the first hold */
+  CUdeviceptr hold_dptr;
+  struct {
+    expseg_stream stream;
+    uint32_t gen; /* the stream waits for word >= gen; release writes gen */
+    bool held;
+  } holds[HOLD_SLOTS];
+  int n_holds, held_now;
+  /* streams destroyed through this driver, which the allocator's records may still name:
+   * their work was waited for before the destroy (hold_mu guards them too) */
+  expseg_stream *retired;
+  size_t n_retired, cap_retired;
 } cuda_t;
 
 typedef struct {
@@ -174,6 +196,9 @@ static void leave(ctx_guard_t *g) {
 
 static expseg_status cuda_reserve(void *st, size_t size, size_t align, uintptr_t *addr) {
   cuda_t *c = st;
+  /* The driver's default alignment (align 0) is unspecified; mappings need addresses that
+   * are multiples of the granularity, so ask for at least that. */
+  if (align < c->granularity) align = c->granularity;
   ENTER(c);
   CUdeviceptr p = 0;
   CUresult r = cu.cuMemAddressReserve(&p, size, align, 0, 0);
@@ -283,8 +308,41 @@ static expseg_status cuda_event_destroy(void *st, expseg_vmm_event ev) {
   LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuEventDestroy", NULL));
 }
 
+/* ---- destroyed streams ----
+ * Memory freed on a stream stays tagged with it, so the allocator may name a stream after
+ * expseg_stream_destroy. A destroyed CUstream must not be used: the destroy waits for the
+ * stream's work and remembers the handle; a wait for it is then done at once, an event
+ * recorded on it goes to the default stream. A new stream with that handle is live again. */
+
+static bool retired_find(cuda_t *c, expseg_stream s, bool remove) {
+  bool found = false;
+  pthread_mutex_lock(&c->hold_mu);
+  for (size_t i = 0; i < c->n_retired && !found; i++) {
+    if (c->retired[i] != s) continue;
+    found = true;
+    if (remove) c->retired[i] = c->retired[--c->n_retired];
+  }
+  pthread_mutex_unlock(&c->hold_mu);
+  return found;
+}
+
+static expseg_status retire(cuda_t *c, expseg_stream s) {
+  pthread_mutex_lock(&c->hold_mu);
+  if (c->n_retired == c->cap_retired) {
+    size_t cap = c->cap_retired ? 2 * c->cap_retired : 8;
+    expseg_stream *nv = realloc(c->retired, cap * sizeof *nv);
+    if (nv) c->retired = nv, c->cap_retired = cap;
+  }
+  bool ok = c->n_retired < c->cap_retired;
+  if (ok) c->retired[c->n_retired++] = s;
+  pthread_mutex_unlock(&c->hold_mu);
+  return ok ? EXPSEG_OK
+            : _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "cuda driver: out of host memory");
+}
+
 static expseg_status cuda_event_record(void *st, expseg_vmm_event ev, expseg_stream s) {
   cuda_t *c = st;
+  if (s != 0 && retired_find(c, s, false)) s = 0;
   ENTER(c);
   CUresult r = cu.cuEventRecord((CUevent)(uintptr_t)ev, (CUstream)(uintptr_t)s);
   LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuEventRecord", NULL));
@@ -301,10 +359,120 @@ static expseg_status cuda_event_query(void *st, expseg_vmm_event ev, bool *done)
   LEAVE_RETURN(cu_fail(r, "cuEventQuery", NULL));
 }
 
+/* ---- hold_stream: a test hook on documented driver calls ----
+ * A held stream waits (cuStreamWaitValue32 GEQ) for its own word of a registered host page
+ * to reach the hold's generation; releasing writes it (generations only grow: a word is
+ * never reset). While held, stream_synchronize of it and event_synchronize of an incomplete
+ * event fail instead of blocking forever the thread that would release it. */
+
+static int hold_slot(const cuda_t *c, expseg_stream s) {
+  for (int i = 0; i < c->n_holds; i++)
+    if (c->holds[i].stream == s) return i;
+  return -1;
+}
+
+static bool stream_held(cuda_t *c, expseg_stream s) {
+  if (__atomic_load_n(&c->held_now, __ATOMIC_ACQUIRE) == 0) return false;
+  pthread_mutex_lock(&c->hold_mu);
+  bool h = hold_slot(c, s) >= 0 && c->holds[hold_slot(c, s)].held;
+  pthread_mutex_unlock(&c->hold_mu);
+  return h;
+}
+
+static void hold_release(cuda_t *c, int i) { /* hold_mu held */
+  if (!c->holds[i].held) return;
+  __atomic_store_n(&c->hold_page[i], c->holds[i].gen, __ATOMIC_RELEASE);
+  c->holds[i].held = false;
+  __atomic_sub_fetch(&c->held_now, 1, __ATOMIC_RELEASE);
+}
+
+static expseg_status hold_page(cuda_t *c) { /* hold_mu held, context entered */
+  if (c->hold_page) return EXPSEG_OK;
+  void *p = mmap(NULL, HOLD_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "cuda driver: hold_stream: mmap: %s",
+                             strerror(errno));
+  CUresult r = cu.cuMemHostRegister(p, HOLD_PAGE,
+                                    CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+  if (r != CUDA_SUCCESS) {
+    munmap(p, HOLD_PAGE);
+    return cu_fail(r, "cuMemHostRegister", "(hold_stream)");
+  }
+  if ((r = cu.cuMemHostGetDevicePointer(&c->hold_dptr, p, 0)) != CUDA_SUCCESS) {
+    cu.cuMemHostUnregister(p);
+    munmap(p, HOLD_PAGE);
+    return cu_fail(r, "cuMemHostGetDevicePointer", "(hold_stream)");
+  }
+  c->hold_page = p;
+  return EXPSEG_OK;
+}
+
+static void cuda_hold_stream(void *st, expseg_stream s, bool hold) {
+  cuda_t *c = st;
+  pthread_mutex_lock(&c->hold_mu);
+  int i = hold_slot(c, s);
+  expseg_status es = EXPSEG_OK;
+  if (!hold) {
+    if (i >= 0) hold_release(c, i);
+  } else if (i < 0 || !c->holds[i].held) {
+    ctx_guard_t gd;
+    if ((es = enter(c, &gd)) == EXPSEG_OK) {
+      es = hold_page(c);
+      if (es == EXPSEG_OK && i < 0) {
+        if (c->n_holds == HOLD_SLOTS)
+          es = _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                                 "cuda driver: hold_stream: at most %d streams", HOLD_SLOTS);
+        else
+          c->holds[i = c->n_holds++].stream = s;
+      }
+      if (es == EXPSEG_OK) {
+        uint32_t gen = c->holds[i].gen + 1;
+        CUresult r = cu.cuStreamWaitValue32((CUstream)(uintptr_t)s, c->hold_dptr + 4u * (unsigned)i,
+                                            gen, CU_STREAM_WAIT_VALUE_GEQ);
+        if (r != CUDA_SUCCESS) {
+          es = cu_fail(r, "cuStreamWaitValue32", "(hold_stream)");
+        } else {
+          c->holds[i].gen = gen;
+          c->holds[i].held = true;
+          __atomic_add_fetch(&c->held_now, 1, __ATOMIC_RELEASE);
+        }
+      }
+      leave(&gd);
+    }
+  }
+  pthread_mutex_unlock(&c->hold_mu);
+  if (es != EXPSEG_OK) _expseg_warn("%s; stream not held", _expseg_error_message());
+}
+
+/* Releases every hold, waits for the streams that were held, unregisters the page. */
+static void hold_teardown(cuda_t *c) {
+  if (!c->hold_page) return;
+  ctx_guard_t gd;
+  bool entered = enter(c, &gd) == EXPSEG_OK;
+  for (int i = 0; i < c->n_holds; i++) {
+    bool was = c->holds[i].gen > 0 && c->holds[i].stream != (expseg_stream)-1;
+    hold_release(c, i);
+    if (was && entered) cu.cuStreamSynchronize((CUstream)(uintptr_t)c->holds[i].stream);
+  }
+  if (entered) {
+    cu.cuMemHostUnregister(c->hold_page);
+    leave(&gd);
+  }
+  munmap(c->hold_page, HOLD_PAGE);
+  c->hold_page = NULL;
+}
+
 static expseg_status cuda_event_synchronize(void *st, expseg_vmm_event ev) {
   cuda_t *c = st;
   ENTER(c);
-  CUresult r = cu.cuEventSynchronize((CUevent)(uintptr_t)ev);
+  CUresult r;
+  if (__atomic_load_n(&c->held_now, __ATOMIC_ACQUIRE) > 0 &&
+      (r = cu.cuEventQuery((CUevent)(uintptr_t)ev)) == CUDA_ERROR_NOT_READY)
+    LEAVE_RETURN(_expseg_error_set(EXPSEG_ERR_DRIVER,
+                                   "cuda driver: event_synchronize(event=0x%llx) would block "
+                                   "forever: a stream is held (release it with hold_stream)",
+                                   (unsigned long long)ev));
+  r = cu.cuEventSynchronize((CUevent)(uintptr_t)ev);
   LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuEventSynchronize", NULL));
 }
 
@@ -315,18 +483,37 @@ static expseg_status cuda_stream_create(void *st, expseg_stream *s) {
   CUresult r = cu.cuStreamCreate(&h, CU_STREAM_NON_BLOCKING);
   if (r != CUDA_SUCCESS) LEAVE_RETURN(cu_fail(r, "cuStreamCreate", NULL));
   *s = (expseg_stream)(uintptr_t)h;
+  retired_find(c, *s, true); /* the handle of a destroyed stream, reused: live again */
   LEAVE_RETURN(EXPSEG_OK);
 }
 
 static expseg_status cuda_stream_destroy(void *st, expseg_stream s) {
   cuda_t *c = st;
+  pthread_mutex_lock(&c->hold_mu);
+  int i = hold_slot(c, s);
+  if (i >= 0) { /* its held work must be able to finish; the slot is not synchronized later */
+    hold_release(c, i);
+    c->holds[i].stream = (expseg_stream)-1;
+  }
+  pthread_mutex_unlock(&c->hold_mu);
   ENTER(c);
-  CUresult r = cu.cuStreamDestroy((CUstream)(uintptr_t)s);
+  CUresult r = cu.cuStreamSynchronize((CUstream)(uintptr_t)s);
+  if (r != CUDA_SUCCESS) LEAVE_RETURN(cu_fail(r, "cuStreamSynchronize", "(before cuStreamDestroy)"));
+  expseg_status es = retire(c, s);
+  if (es != EXPSEG_OK) LEAVE_RETURN(es);
+  r = cu.cuStreamDestroy((CUstream)(uintptr_t)s);
+  if (r != CUDA_SUCCESS) retired_find(c, s, true);
   LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuStreamDestroy", NULL));
 }
 
 static expseg_status cuda_stream_synchronize(void *st, expseg_stream s) {
   cuda_t *c = st;
+  if (stream_held(c, s))
+    return _expseg_error_set(EXPSEG_ERR_DRIVER,
+                             "cuda driver: stream_synchronize would block forever: stream "
+                             "0x%llx is held (release it with hold_stream)",
+                             (unsigned long long)s);
+  if (s != 0 && retired_find(c, s, false)) return EXPSEG_OK; /* waited for at its destroy */
   ENTER(c);
   CUresult r = cu.cuStreamSynchronize((CUstream)(uintptr_t)s);
   LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuStreamSynchronize", NULL));
@@ -483,6 +670,17 @@ static expseg_status cuda_host_free(void *st, const expseg_host_chunk_t *hc) {
 
 static int cuda_host_numa(void *st) { return ((cuda_t *)st)->host_numa; }
 
+/* The data-check hook: synchronous copies (cuMemcpyHtoD / cuMemcpyDtoH on pageable host
+ * memory return once the bytes are in place). */
+static expseg_status cuda_copy(void *st, uintptr_t dev, void *host, size_t size, bool to_device) {
+  cuda_t *c = st;
+  ENTER(c);
+  CUresult r = to_device ? cu.cuMemcpyHtoD((CUdeviceptr)dev, host, size)
+                         : cu.cuMemcpyDtoH(host, (CUdeviceptr)dev, size);
+  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK
+                                 : cu_fail(r, to_device ? "cuMemcpyHtoD" : "cuMemcpyDtoH", NULL));
+}
+
 static size_t cuda_granularity(void *st) { return ((cuda_t *)st)->granularity; }
 
 static void cuda_mem_info(void *st, size_t *free_bytes, size_t *total_bytes) {
@@ -505,7 +703,12 @@ static uint64_t cuda_now_ns(void *st) {
 static void cuda_destroy(void *st) {
   cuda_t *c = st;
   if (!c) return;
-  if (c->ctx) cu.cuDevicePrimaryCtxRelease(c->dev);
+  if (c->ctx) {
+    hold_teardown(c);
+    cu.cuDevicePrimaryCtxRelease(c->dev);
+  }
+  pthread_mutex_destroy(&c->hold_mu);
+  free(c->retired);
   free(c);
 }
 
@@ -530,13 +733,14 @@ static const expseg_vmm_ops_t cuda_ops = {
     .granularity = cuda_granularity,
     .mem_info = cuda_mem_info,
     .now_ns = cuda_now_ns,
-    .hold_stream = NULL,
+    .hold_stream = cuda_hold_stream,
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .host_numa = cuda_host_numa,
     .destroy = cuda_destroy,
+    .copy = cuda_copy,
 };
 
 expseg_status _expseg_cuda_new(int device, expseg_vmm_t **out) {
@@ -554,6 +758,7 @@ expseg_status _expseg_cuda_new(int device, expseg_vmm_t **out) {
   cuda_t *c = calloc(1, sizeof *c);
   if (!c) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "cuda driver: out of host memory");
   c->ordinal = device;
+  pthread_mutex_init(&c->hold_mu, NULL);
   expseg_status s = EXPSEG_OK;
   int vmm = 0, fd_ok = 0;
   if ((r = cu.cuDeviceGet(&c->dev, device)) != CUDA_SUCCESS) {

@@ -184,6 +184,15 @@ static void fault_hold_stream(void *st, expseg_stream strm, bool hold) {
   INNER(f)->hold_stream(IST(f), strm, hold);
 }
 
+/* Streams the inner driver creates (cuda); never failed by rules (not a call kind). */
+static expseg_status fault_stream_create(void *st, expseg_stream *strm) {
+  return _expseg_vmm_stream_create(((fault_t *)st)->inner, strm);
+}
+
+static expseg_status fault_stream_destroy(void *st, expseg_stream strm) {
+  return _expseg_vmm_stream_destroy(((fault_t *)st)->inner, strm);
+}
+
 static void fault_destroy(void *st) {
   fault_t *f = st;
   if (!f) return;
@@ -207,6 +216,8 @@ static void fault_destroy(void *st) {
     .mem_info = fault_mem_info, .now_ns = fault_now_ns, .hold_stream = hold,               \
     .host_alloc = fault_host_alloc, .host_free = fault_host_free,                          \
     .host_numa = fault_host_numa, .device_synchronize = fault_device_synchronize,          \
+    .stream_create = fault_stream_create,                                                  \
+    .stream_destroy = fault_stream_destroy,                                                \
     .destroy = fault_destroy,                                                              \
   }
 

@@ -259,6 +259,29 @@ static expseg_status host_has_access(void *st, uintptr_t addr, size_t size, int 
   return _expseg_access_query(&h->mu, h->access, addr, size, device, state);
 }
 
+/* The data-check hook: the range must be mapped (ledger) and accessible to the device. */
+static expseg_status host_copy(void *st, uintptr_t dev, void *host, size_t size, bool to_device) {
+  host_t *h = st;
+  const char *what = to_device ? "copy_in" : "copy_out";
+  pthread_mutex_lock(&h->mu);
+  expseg_status s = _expseg_ledger_check_mapped(h->ledger, dev, size, what);
+  pthread_mutex_unlock(&h->mu);
+  if (s) return s;
+  int state = 0;
+  s = _expseg_access_query(&h->mu, h->access, dev, size, h->device, &state);
+  if (s) return s;
+  if (state != 2)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "host driver: %s(0x%llx, %zu): device %d has no access to every "
+                             "byte of the range (set_access first)",
+                             what, (unsigned long long)dev, size, h->device);
+  if (to_device)
+    memcpy((void *)dev, host, size);
+  else
+    memcpy(host, (const void *)dev, size);
+  return EXPSEG_OK;
+}
+
 static size_t host_granularity(void *st) { return ((host_t *)st)->o.granularity; }
 
 static void host_mem_info(void *st, size_t *free_bytes, size_t *total_bytes) {
@@ -317,6 +340,7 @@ static const expseg_vmm_ops_t host_ops = {
     .host_free = _expseg_pinned_free,
     .destroy = host_destroy,
     .has_access = host_has_access,
+    .copy = host_copy,
 };
 
 expseg_status _expseg_host_new(const expseg_host_opts_t *o, int device, expseg_vmm_t **out) {

@@ -519,6 +519,32 @@ expseg_status _expseg_vmm_set_access_dev(expseg_vmm_t *v, uintptr_t addr, size_t
   return st;
 }
 
+/* copy_in / copy_out: one checked path; the fault wrapper's inner driver does the copy. */
+static expseg_status vmm_copy(expseg_vmm_t *v, uintptr_t dev, void *host, size_t size,
+                              bool to_device) {
+  const char *what = to_device ? "copy_in" : "copy_out";
+  if (size == 0 || !host || dev + size < dev)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "%s driver: %s(device 0x%llx, host %p, size %zu): accepted are a "
+                             "size > 0, a host pointer and a range that does not wrap",
+                             v->ops->name, what, (unsigned long long)dev, host, size);
+  expseg_vmm_t *inner = _expseg_fault_inner(v);
+  if (inner) return vmm_copy(inner, dev, host, size, to_device);
+  if (!v->ops->copy)
+    return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                             "%s driver: %s: the driver has no bytes to copy (host and cuda do)",
+                             v->ops->name, what);
+  return v->ops->copy(v->st, dev, host, size, to_device);
+}
+
+expseg_status _expseg_vmm_copy_in(expseg_vmm_t *v, uintptr_t dst, const void *src, size_t size) {
+  return vmm_copy(v, dst, (void *)(uintptr_t)src, size, true);
+}
+
+expseg_status _expseg_vmm_copy_out(expseg_vmm_t *v, void *dst, uintptr_t src, size_t size) {
+  return vmm_copy(v, src, dst, size, false);
+}
+
 expseg_status _expseg_vmm_has_access(expseg_vmm_t *v, uintptr_t addr, size_t size, int device,
                                      int *state) {
   if (!v->ops->has_access)
@@ -648,7 +674,7 @@ expseg_status _expseg_vmm_stream_destroy(expseg_vmm_t *v, expseg_stream s) {
 expseg_status _expseg_vmm_hold_stream(expseg_vmm_t *v, expseg_stream s, bool hold) {
   if (!v->ops->hold_stream)
     return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
-                             "%s driver: hold_stream is a test hook of the host and sim drivers",
+                             "%s driver: hold_stream is a test hook this driver does not have",
                              v->ops->name);
   v->ops->hold_stream(v->st, s, hold);
   return EXPSEG_OK;

@@ -124,7 +124,7 @@ typedef struct expseg_vmm_ops_s {
   size_t (*granularity)(void *st);
   void (*mem_info)(void *st, size_t *free_bytes, size_t *total_bytes);
   uint64_t (*now_ns)(void *st); /* monotonic clock */
-  /* Test hook (host and sim; NULL elsewhere): hold = true keeps events recorded on the
+  /* Test hook (NULL where a driver has none): hold = true keeps events recorded on the
    * stream from completing until hold = false. */
   void (*hold_stream)(void *st, expseg_stream stream, bool hold);
   /* Streams the driver creates (cuda; NULL on host and sim, where any value is a stream). */
@@ -143,6 +143,10 @@ typedef struct expseg_vmm_ops_s {
    * cuda; host and sim fail (EXPSEG_ERR_DRIVER) instead of waiting forever while a stream is
    * held. NULL = unsupported. */
   expseg_status (*device_synchronize)(void *st);
+  /* Data-check hook (cuda: cuMemcpyHtoD/DtoH, synchronous; host: memcpy; NULL on sim, which
+   * has no bytes): copies size bytes between host memory and [dev, dev+size), which must be
+   * mapped and accessible to the driver's device. to_device: host -> device. */
+  expseg_status (*copy)(void *st, uintptr_t dev, void *host, size_t size, bool to_device);
 } expseg_vmm_ops_t;
 
 /* A driver instance. Counts are atomics: the allocator calls create/release outside its
@@ -198,6 +202,13 @@ expseg_status _expseg_vmm_set_access_dev(expseg_vmm_t *v, uintptr_t addr, size_t
  * EXPSEG_ERR_UNSUPPORTED where the backend keeps none (cuda, fault). Not counted. */
 expseg_status _expseg_vmm_has_access(expseg_vmm_t *v, uintptr_t addr, size_t size, int device,
                                      int *state);
+/* Data-check hook (ops->copy): writes size bytes of src at device address dst (copy_in),
+ * reads size bytes at device address src into dst (copy_out). A fault wrapper passes them to
+ * its inner driver. EXPSEG_ERR_UNSUPPORTED on sim (no bytes behind its addresses);
+ * EXPSEG_ERR_INVALID_ARGUMENT for size 0, a NULL host pointer, or (host, cuda) a range not
+ * mapped or not accessible. Not counted. */
+expseg_status _expseg_vmm_copy_in(expseg_vmm_t *v, uintptr_t dst, const void *src, size_t size);
+expseg_status _expseg_vmm_copy_out(expseg_vmm_t *v, void *dst, uintptr_t src, size_t size);
 expseg_status _expseg_vmm_event_create(expseg_vmm_t *v, expseg_vmm_event *ev);
 expseg_status _expseg_vmm_event_destroy(expseg_vmm_t *v, expseg_vmm_event ev);
 expseg_status _expseg_vmm_event_record(expseg_vmm_t *v, expseg_vmm_event ev, expseg_stream s);
@@ -215,7 +226,7 @@ void _expseg_vmm_mem_info(expseg_vmm_t *v, size_t *free_bytes, size_t *total_byt
 uint64_t _expseg_vmm_now_ns(expseg_vmm_t *v);
 /* The library's one monotonic clock in ns is base/clock.h's _expseg_clock_ns (included
  * above); the driver's now_ns is it, or a modelled clock. */
-/* EXPSEG_ERR_UNSUPPORTED where the backend has no hold hook (cuda). */
+/* EXPSEG_ERR_UNSUPPORTED where the backend has no hold hook. */
 expseg_status _expseg_vmm_hold_stream(expseg_vmm_t *v, expseg_stream s, bool hold);
 /* EXPSEG_ERR_UNSUPPORTED where the driver has no streams to create (host, sim). */
 expseg_status _expseg_vmm_stream_create(expseg_vmm_t *v, expseg_stream *s);

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""check_pieces.py: the pieces of bench/gpu-check, each run quickly on a driver that needs no GPU.
+
+    check_pieces.py PIECE BENCH_DIR SOURCE_DIR [SPEC]
+
+PIECE: driver (expseg-bench-driver: skipped sizes, the page sweep, unmap while a stream is
+held, the JSON, a cost table expseg-replay accepts), device (expseg-bench-device: bytes
+checked, out of memory, nothing leaked; sim refused), report (gpu_check_report.py over a
+made-up work folder: statuses, the double's label, the summary), args (bench/gpu-check
+refuses bad arguments with a message). SPEC: the driver (default host:capacity=256M). Exit 0
+when every assertion holds; otherwise the first failed one is printed and the status is 1.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def run(cmd, **kw):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       universal_newlines=True, **kw)
+    print("$ %s -> %d\n%s" % (" ".join(cmd), p.returncode, p.stdout[-3000:]))
+    return p
+
+
+def check(cond, what):
+    if not cond:
+        print("FAILED: " + what)
+        sys.exit(1)
+
+
+def piece_driver(bench, src, spec, tmp):
+    j, c = os.path.join(tmp, "d.json"), os.path.join(tmp, "costs.txt")
+    p = run([os.path.join(bench, "expseg-bench-driver"), "--driver", spec, "--rounds", "5",
+             "--sizes", "2,20,512", "--pages", "1,4", "--unmap-wait", "100", "--json", j,
+             "--costs-out", c])
+    check(p.returncode == 0, "expseg-bench-driver exits 0")
+    d = json.load(open(j))
+    sizes = d["sizes"]  # in the order asked (rounded up to the granularity)
+    check(sizes[0]["measured"] and sizes[1]["measured"], "2 and 20 MiB measured")
+    check(not sizes[2]["measured"], "512 MiB (more than the 256 MiB free) skipped")
+    for k in ("reserve", "create", "map", "set_access", "unmap", "release"):
+        s = sizes[0][k]
+        check(0 < s["median_us"] <= s["p99_us"], "%s: 0 < median <= p99" % k)
+    check([p["pages"] for p in d["set_access_pages"] if p["measured"]] == [1, 4], "pages 1 and 4")
+    w = d["unmap_wait"]
+    if spec.startswith(("host", "sim")):
+        check(w["status"] == "ok" and w["stream_was_busy"] and not w["unmap_waits"],
+              "a held stream is busy and unmap does not wait for it (host)")
+        check(w["unmap_ms"] < 50, "unmap took less than half the hold")
+    else:  # cuda: the hold is cuStreamWaitValue32; whether unmap waits is the driver's to say
+        check(w["status"] == "ok" and w["stream_was_busy"], "the cuda hold keeps the stream busy")
+    check(d["cudart"] == {"status": "not asked"}, "cudart not asked")
+    lines = [l.split() for l in open(c) if l.strip() and not l.startswith("#")]
+    kinds = {l[0] for l in lines}
+    for k in ("reserve", "create", "release", "map", "unmap", "set_access"):
+        check(k in kinds and k + ".page" in kinds, "cost table has %s and %s.page" % (k, k))
+    check(all(float(l[1]) >= 0 for l in lines), "costs are not negative")
+    p = run([os.path.join(bench, "expseg-replay"), "--synth", "infer:1:0.05", "--costs", c, "--json",
+             "--quiet"])
+    check(p.returncode == 0, "expseg-replay reads the cost table")
+    p = run([os.path.join(bench, "expseg-bench-driver"), "--driver", spec, "--pages", "0,4"])
+    check(p.returncode == 2 and "--pages" in p.stdout, "--pages 0,4 refused with a message")
+
+
+def piece_device(bench, src, spec, tmp):
+    j = os.path.join(tmp, "dev.json")
+    p = run([os.path.join(bench, "expseg-bench-device"), "--driver", spec, "--ops", "1500",
+             "--seed", "7", "--json", j])
+    check(p.returncode == 0, "expseg-bench-device exits 0")
+    check("seed 7" in p.stdout, "the seed is printed")
+    d = json.load(open(j))
+    r, o = d["random"], d["oom"]
+    check(r["ok"] and r["mismatches"] == 0 and r["checked_bytes"] > 0 and r["frees"] == r["mallocs"],
+          "random: bytes checked, no mismatch, every block freed")
+    check(o["ok"] and o["status"] == "EXPSEG_ERR_OUT_OF_MEMORY" and o["blocks"] >= 1 and
+          "out of memory" in o["message"], "fill to out of memory: OOM with a message")
+    check(d["leaked"] is False, "nothing left with the driver")
+    p = run([os.path.join(bench, "expseg-bench-device"), "--driver", "sim"])
+    check(p.returncode == 2 and "sim driver has no bytes" in p.stdout, "sim refused with a message")
+
+
+def piece_report(bench, src, spec, tmp):
+    work, out = os.path.join(tmp, "work"), os.path.join(tmp, "out")
+    os.makedirs(work)
+    os.makedirs(out)
+    with open(os.path.join(work, "parts.tsv"), "w") as f:
+        f.write("build\tpassed\t12\ttargets: a b\nctest\tfailed\t3\t1 failed\n"
+                "device-hit\tskipped\t0\tbudget spent\ntorch\tskipped\t0\tno torch\n")
+    with open(os.path.join(work, "driver.json"), "w") as f:
+        json.dump({"granularity": 2 << 20, "sizes": [
+            {"mib": 2, "measured": True, **{k: {"median_us": 1.5, "p99_us": 2.5} for k in
+                                             ("reserve", "create", "map", "set_access", "unmap",
+                                              "release", "unreserve")}},
+            {"mib": 2048, "measured": False}], "set_access_pages": [],
+            "cudart": {"status": "not asked"}, "unmap_wait": {"status": "not asked"}}, f)
+    with open(os.path.join(work, "ctest.out"), "w") as f:
+        f.write("97% tests passed, 1 tests failed out of 32\n\nThe following tests FAILED:\n"
+                "\t 12 - GpuVmm.Thing (Failed)\n")
+    with open(os.path.join(out, "driver-costs.txt"), "w") as f:
+        f.write("# t\ncreate 1.0\ncreate.page 0.5\n")
+    p = run([sys.executable, os.path.join(src, "bench", "gpu_check_report.py"), "--work", work,
+             "--out", out, "--double", "1", "--device", "double", "--driver-version", "double",
+             "--budget", "60", "--seconds", "15"])
+    check(p.returncode == 0, "the report is written")
+    r = json.load(open(os.path.join(out, "gpu-check.json")))
+    check(r["double"] is True and "meaningless" in r["timings"] and "meaningless" in r["driver"]["timings"],
+          "double: timings labelled meaningless")
+    check(r["parts"]["ctest"]["status"] == "failed" and r["parts"]["build"]["status"] == "passed",
+          "part statuses kept")
+    check(r["ctest"]["failed_tests"] == ["GpuVmm.Thing"] and r["ctest"]["failed"] == 1,
+          "ctest's failed tests listed")
+    check(r["cost_table"]["lines"][1] == "create 1.0", "the cost table is carried")
+    s = open(os.path.join(out, "summary.txt")).read()
+    check("meaningless" in s and "ctest    failed" in s and "not measured" in s, "summary lines")
+    p = run([sys.executable, os.path.join(src, "bench", "gpu_check_report.py"), "--work", out,
+             "--out", out])
+    check(p.returncode == 2 and "parts.tsv" in p.stdout, "no parts.tsv: status 2 and a message")
+
+
+def piece_args(bench, src, spec, tmp):
+    gc = os.path.join(src, "bench", "gpu-check")
+    for args, want in ((["--budget", "abc", tmp], "--budget 'abc'"), ([tmp, "--budget", "5"], "from 30"),
+                       ([], "OUTDIR is missing"), ([tmp, "--frob"], "unknown option '--frob'"),
+                       ([tmp, tmp + "x"], "one OUTDIR only")):
+        p = run(["bash", gc] + args)
+        check(p.returncode == 2 and want in p.stdout, "gpu-check %s: status 2 and '%s'" % (args, want))
+
+
+def main():
+    piece, bench, src = sys.argv[1:4]
+    spec = sys.argv[4] if len(sys.argv) > 4 else "host:capacity=256M"
+    with tempfile.TemporaryDirectory() as tmp:
+        {"driver": piece_driver, "device": piece_device, "report": piece_report,
+         "args": piece_args}[piece](bench, src, spec, tmp)
+    print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
