@@ -20,6 +20,10 @@ mkdir -p "$copy"
 (cd "$src" && git ls-files -co --exclude-standard -z | xargs -0 tar cf -) | tar xf - -C "$copy"
 cmake -S "$copy" -B "$build" -DCMAKE_BUILD_TYPE=Release -DEXPSEG_BUILD_BENCH=OFF \
   -DEXPSEG_BUILD_TORCH=OFF -DEXPSEG_TEST_CUDA_DOUBLE=ON >/dev/null
+if [ ! -f "$build/tests/cuda_double/Makefile" ] && [ ! -f "$build/tests/cuda_double/build.ninja" ]; then
+  echo "mutations: skipped: no cuda.h here, so neither the cuda backend nor the double is built"
+  exit 0
+fi
 targets="cuda_double test_cuda_double test_gpu_vmm test_gpu_calls test_gpu_busy
          test_gpu_reliability test_gpu_streams test_gpu_devices test_gpu_host_pool test_gpu_ipc"
 
