@@ -521,6 +521,9 @@ static expseg_status cuda_stream_synchronize(void *st, expseg_stream s) {
 
 static expseg_status cuda_device_synchronize(void *st) {
   cuda_t *c = st;
+  if (__atomic_load_n(&c->held_now, __ATOMIC_ACQUIRE) > 0) /* a held stream never finishes */
+    return _expseg_error_set(EXPSEG_ERR_DRIVER, "cuda driver: device_synchronize would block "
+                                                "forever: a stream is held (hold_stream)");
   ENTER(c); /* the device's primary context is current: cuCtxSynchronize waits for it */
   CUresult r = cu.cuCtxSynchronize();
   LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuCtxSynchronize", NULL));
