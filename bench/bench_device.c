@@ -18,6 +18,7 @@
 #include "error.h"
 #include "internal.h"
 #include "rand.h"
+#include "synth_replay.h" /* _expseg_json_str */
 #include "tool_args.h"
 #include "tool_version.h"
 #include "trace_internal.h"
@@ -235,20 +236,6 @@ static void run_oom(expseg_allocator *a, expseg_vmm_t *v, oom_result_t *r) {
   if (again) expseg_free(a, again);
 }
 
-static void json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\')
-      fprintf(f, "\\%c", c);
-    else if (c < 0x20)
-      fprintf(f, "\\u%04x", c);
-    else
-      fputc(c, f);
-  }
-  fputc('"', f);
-}
-
 int main(int argc, char **argv) {
   if (expseg_tool_version(argc, argv, "expseg-bench-device")) return 0;
   const char *spec = "host:capacity=512M", *json = NULL;
@@ -322,14 +309,14 @@ int main(int argc, char **argv) {
       return 1;
     }
     fprintf(f, "{\"driver\": ");
-    json_str(f, spec);
+    _expseg_json_str(f, spec);
     fprintf(f, ",\n \"random\": {\"ok\": %s, \"seed\": %" PRIu64 ", \"ops\": %" PRIu64
                ", \"mallocs\": %" PRIu64 ", \"frees\": %" PRIu64 ", \"out_of_memory\": %" PRIu64
                ", \"seconds\": %.6f, \"checked_bytes\": %" PRIu64 ", \"mismatches\": %" PRIu64
                ", \"why\": ",
             rr.ok ? "true" : "false", seed, rr.ops, rr.mallocs, rr.frees, rr.ooms_in_random,
             rr.seconds, rr.checked_bytes, rr.mismatches);
-    json_str(f, rr.why);
+    _expseg_json_str(f, rr.why);
     fprintf(f, "},\n \"oom\": ");
     if (no_oom) {
       fprintf(f, "{\"status\": \"not asked\"}");
@@ -338,9 +325,9 @@ int main(int argc, char **argv) {
                  "\"failing_malloc_ms\": %.3f, \"status\": \"%s\", \"message\": ",
               oo.ok ? "true" : "false", oo.block, oo.blocks, oo.total, oo.fail_ms,
               expseg_status_name(oo.status));
-      json_str(f, oo.message);
+      _expseg_json_str(f, oo.message);
       fprintf(f, ", \"why\": ");
-      json_str(f, oo.why);
+      _expseg_json_str(f, oo.why);
       fprintf(f, "}");
     }
     fprintf(f, ",\n \"leaked\": %s}\n", leaked ? "true" : "false");

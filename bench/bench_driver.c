@@ -19,6 +19,7 @@
  * the slope of a least-squares line through the medians against the 2 MiB pages covered
  * (set_access from the --pages sweep), both clamped at 0. */
 #include "error.h"
+#include "synth_replay.h" /* _expseg_json_str */
 #include "tool_args.h"
 #include "trace_internal.h"
 #include "vmm.h"
@@ -383,21 +384,6 @@ static int write_costs(const char *path, const char *spec, const size_row_t *row
   return fclose(f) != 0;
 }
 
-/* A JSON string: quotes, backslashes and control bytes escaped. */
-static void json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\')
-      fprintf(f, "\\%c", c);
-    else if (c < 0x20)
-      fprintf(f, "\\u%04x", c);
-    else
-      fputc(c, f);
-  }
-  fputc('"', f);
-}
-
 static void json_stat(FILE *f, const char *name, stat_t s, const char *sep) {
   fprintf(f, "\"%s\": {\"median_us\": %.3f, \"p99_us\": %.3f}%s", name, s.median_us, s.p99_us,
           sep);
@@ -415,7 +401,7 @@ static int write_json(const char *path, const char *spec, expseg_vmm_t *v, unsig
   size_t fr = 0, tot = 0;
   _expseg_vmm_mem_info(v, &fr, &tot);
   fprintf(f, "{\"driver\": ");
-  json_str(f, spec);
+  _expseg_json_str(f, spec);
   fprintf(f, ", \"backend\": \"%s\", \"granularity\": %zu, \"rounds\": %u, "
              "\"free_bytes\": %zu, \"total_bytes\": %zu,\n \"sizes\": [",
           v->ops->name, v->granularity, rounds, fr, tot);
@@ -445,7 +431,7 @@ static int write_json(const char *path, const char *spec, expseg_vmm_t *v, unsig
     fprintf(f, "{\"status\": \"not asked\"}");
   else if (rt->why[0]) {
     fprintf(f, "{\"status\": \"failed\", \"why\": ");
-    json_str(f, rt->why);
+    _expseg_json_str(f, rt->why);
     fprintf(f, "}");
   }
   else
@@ -455,7 +441,7 @@ static int write_json(const char *path, const char *spec, expseg_vmm_t *v, unsig
     fprintf(f, "{\"status\": \"not asked\"}");
   else if (!w->measured) {
     fprintf(f, "{\"status\": \"skipped\", \"why\": ");
-    json_str(f, w->why);
+    _expseg_json_str(f, w->why);
     fprintf(f, "}");
   }
   else
