@@ -194,19 +194,24 @@ def driver(device=None):
     return name
 
 
+def _c_text(name, d, fill):
+    """Text from a C call that writes at most n bytes and returns the length it needs (as
+    snprintf): asked once for the length, then filled; 0 is a failure of expseg.NAME."""
+    need = fill(None, 0)
+    if need == 0:
+        raise ExpsegError("expseg.%s(device %d): %s" % (name, d, last_error(d)))
+    buf = ctypes.create_string_buffer(need + 1)
+    fill(buf, need + 1)
+    return buf.value.decode(errors="replace")
+
+
 def memory_stats(device=None):
     """Every statistic of the device's allocator, shaped as torch.cuda.memory_stats(): an
     OrderedDict of flat keys ("allocated_bytes.all.current", ...) in sorted order, int values;
     expseg's own keys ("expseg.mapped_bytes.current", ...) are included."""
     import json
     d = _device(device)
-    lib = _load()
-    need = lib.expseg_torch_stats_json(d, None, 0)
-    if need == 0:
-        raise ExpsegError("expseg.memory_stats(device %d): %s" % (d, last_error(d)))
-    buf = ctypes.create_string_buffer(need + 1)
-    lib.expseg_torch_stats_json(d, buf, need + 1)
-    stats = json.loads(buf.value.decode())
+    stats = json.loads(_c_text("memory_stats", d, lambda buf, n: _load().expseg_torch_stats_json(d, buf, n)))
     return collections.OrderedDict(sorted((k, int(v)) for k, v in stats.items()))
 
 
@@ -305,13 +310,9 @@ def snapshot_dict(device=None):
 def memory_summary(device=None, abbreviated=False):
     """torch.cuda.memory_summary()'s report for the device, then expseg's own section."""
     d = _device(device)
-    lib = _load()
-    need = lib.expseg_torch_memory_summary(d, None, 0, int(bool(abbreviated)))
-    if need == 0:
-        raise ExpsegError("expseg.memory_summary(device %d): %s" % (d, last_error(d)))
-    buf = ctypes.create_string_buffer(need + 1)
-    lib.expseg_torch_memory_summary(d, buf, need + 1, int(bool(abbreviated)))
-    return buf.value.decode(errors="replace")
+    ab = int(bool(abbreviated))
+    return _c_text("memory_summary", d,
+                   lambda buf, n: _load().expseg_torch_memory_summary(d, buf, n, ab))
 
 
 def record_history(enabled=True, max_entries=100000, c_stacks=True, device=None):
@@ -343,13 +344,7 @@ def set_memory_fraction(fraction, device=None):
 def config(device=None):
     """The configuration in force on the device, as one option string (docs/config.md)."""
     d = _device(device)
-    lib = _load()
-    need = lib.expseg_torch_config_string(d, None, 0)
-    if need == 0:
-        raise ExpsegError("expseg.config(device %d): %s" % (d, last_error(d)))
-    buf = ctypes.create_string_buffer(need + 1)
-    lib.expseg_torch_config_string(d, buf, need + 1)
-    return buf.value.decode()
+    return _c_text("config", d, lambda buf, n: _load().expseg_torch_config_string(d, buf, n))
 
 
 def get_memory_fraction(device=None):
