@@ -57,7 +57,9 @@ const size_t kSize = 64u << 20;
 
 TEST(GpuIpc, ChildSide) {
   const char *fd_text = getenv("EXPSEG_IPC_CHILD_FD");
-  if (!fd_text) GTEST_SKIP() << "the child half of GpuIpc.TwoProcesses";
+  if (!fd_text)
+    GTEST_SKIP() << "not a test of its own: the child half of GpuIpc.TwoProcesses, run only in "
+                    "the process it starts (with $EXPSEG_IPC_CHILD_FD)";
   int sock = atoi(fd_text);
   Cu cu;
   ASSERT_TRUE(cu.load());

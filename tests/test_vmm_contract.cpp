@@ -1,6 +1,9 @@
 // The driver contract (vmm/vmm.h), run against every backend: host, sim, and the fault
 // wrapper (with no rules) over each. test_gpu_vmm.cpp includes this file with
-// EXPSEG_VMM_CONTRACT_GPU defined to run the same suite against cuda.
+// EXPSEG_VMM_CONTRACT_GPU defined to run the same suite against cuda; there the tests read
+// and write device memory through the data-check hook (copy_in / copy_out), and the ones that
+// need a configured capacity or a forked child run only against the CUDA driver double
+// (tests/cuda_double/cudadouble.h, which this test may include: it is a test double).
 #include <gtest/gtest.h>
 
 #include <string.h>
@@ -13,6 +16,9 @@
 
 #include "vmm_support.h"
 #include "error.h"
+#ifdef EXPSEG_VMM_CONTRACT_GPU
+#include "cudadouble.h"
+#endif
 
 namespace {
 
@@ -37,6 +43,9 @@ protected:
   expseg_vmm_t *v = nullptr;
   size_t g = 0;
   std::string base; // "host", "sim", "cuda"
+  // Set when a test reconfigured the CUDA driver double: TearDown puts this spec back.
+  bool restore_double = false;
+  std::string double_spec;
 
   void SetUp() override {
 #ifdef EXPSEG_VMM_CONTRACT_GPU
@@ -48,6 +57,9 @@ protected:
       GTEST_SKIP() << "no usable CUDA device: " << expseg_last_error();
     }
 #endif
+    Open();
+  }
+  void Open() {
     ASSERT_OK(_expseg_vmm_open(GetParam().spec, 0, &v));
     if (GetParam().fault) {
       expseg_vmm_t *f = nullptr;
@@ -59,15 +71,27 @@ protected:
     base = GetParam().fault ? _expseg_fault_inner(v)->ops->name : v->ops->name;
   }
   void TearDown() override {
-    if (!v) return;
-    char why[128];
-    EXPECT_TRUE(vmm_test_is_idle(v, why, sizeof why)) << why;
-    if (GetParam().fault) {
-      EXPECT_TRUE(vmm_test_is_idle(_expseg_fault_inner(v), why, sizeof why)) << "inner " << why;
+    if (v) {
+      char why[128];
+      EXPECT_TRUE(vmm_test_is_idle(v, why, sizeof why)) << why;
+      if (GetParam().fault) {
+        EXPECT_TRUE(vmm_test_is_idle(_expseg_fault_inner(v), why, sizeof why)) << "inner " << why;
+      }
+      _expseg_vmm_close(v);
+      v = nullptr;
     }
-    _expseg_vmm_close(v);
+#ifdef EXPSEG_VMM_CONTRACT_GPU
+    cudadouble_api api;
+    if (restore_double && cudadouble_load(&api)) {
+      EXPECT_EQ(0, api.configure(double_spec.c_str())) << api.last_message();
+    }
+#endif
   }
+  // Writes / reads device memory through the data-check hook (host and cuda have one).
+  void Put(uintptr_t dst, const void *src, size_t n) { ASSERT_OK(_expseg_vmm_copy_in(v, dst, src, n)); }
+  void Get(void *dst, uintptr_t src, size_t n) { ASSERT_OK(_expseg_vmm_copy_out(v, dst, src, n)); }
   bool is_host() const { return base == "host"; }
+  bool is_cuda() const { return base == "cuda"; }
   bool models_streams() const { return base != "cuda"; }
   // The backend's own bookkeeping enforces map/unmap/release rules (host, sim via the ledger).
   bool has_ledger() const { return base != "cuda"; }
@@ -121,26 +145,34 @@ TEST_P(VmmContract, ReserveHonoursAlignment) {
 }
 
 TEST_P(VmmContract, DataPersistsAcrossRemap) {
-  if (!is_host()) GTEST_SKIP() << "only host memory can be read from the test";
+  if (base == "sim") GTEST_SKIP() << "sim keeps no bytes (copy_in / copy_out are unsupported)";
+  // Bytes go in and out through the data-check hook: memcpy on host, cuMemcpyHtoD / DtoH on
+  // cuda. Each 4 KiB page starts with its number.
+  std::vector<unsigned char> in(2 * g, 0), out(2 * g, 0);
+  for (size_t i = 0; i < 2 * g; i += 4096) in[i] = (unsigned char)(i / 4096 + 1);
   uintptr_t va = 0;
   ASSERT_OK(_expseg_vmm_reserve(v, 4 * g, 0, &va));
   expseg_vmm_handle h = 0;
   ASSERT_OK(_expseg_vmm_create(v, 2 * g, &h));
   ASSERT_OK(_expseg_vmm_map(v, va, 2 * g, h, 0));
   ASSERT_OK(_expseg_vmm_set_access(v, va, 2 * g));
-  auto *p = reinterpret_cast<unsigned char *>(va);
-  for (size_t i = 0; i < 2 * g; i += 4096) p[i] = (unsigned char)(i / 4096 + 1);
+  Put(va, in.data(), in.size());
   ASSERT_OK(_expseg_vmm_unmap(v, va, 2 * g));
   ASSERT_OK(_expseg_vmm_map(v, va + 2 * g, 2 * g, h, 0));
   ASSERT_OK(_expseg_vmm_set_access(v, va + 2 * g, 2 * g));
-  auto *q = reinterpret_cast<unsigned char *>(va + 2 * g);
-  for (size_t i = 0; i < 2 * g; i += 4096) ASSERT_EQ((unsigned char)(i / 4096 + 1), q[i]) << i;
-  // Mapping a part of the chunk (offset g) shows its second half.
+  Get(out.data(), va + 2 * g, out.size());
+  // against the pattern, not `in`: a copy run backwards would overwrite both alike
+  for (size_t i = 0; i < 2 * g; i += 4096) ASSERT_EQ((unsigned char)(i / 4096 + 1), out[i]) << i;
   ASSERT_OK(_expseg_vmm_unmap(v, va + 2 * g, 2 * g));
-  ASSERT_OK(_expseg_vmm_map(v, va, g, h, g));
-  ASSERT_OK(_expseg_vmm_set_access(v, va, g));
-  EXPECT_EQ((unsigned char)(g / 4096 + 1), p[0]);
-  ASSERT_OK(_expseg_vmm_unmap(v, va, g));
+  if (!is_cuda()) { // cuda maps whole handles only (offset 0)
+    // Mapping a part of the chunk (offset g) shows its second half.
+    ASSERT_OK(_expseg_vmm_map(v, va, g, h, g));
+    ASSERT_OK(_expseg_vmm_set_access(v, va, g));
+    unsigned char first = 0;
+    Get(&first, va, 1);
+    EXPECT_EQ((unsigned char)(g / 4096 + 1), first);
+    ASSERT_OK(_expseg_vmm_unmap(v, va, g));
+  }
   ASSERT_OK(_expseg_vmm_release(v, h, 2 * g));
   ASSERT_OK(_expseg_vmm_unreserve(v, va, 4 * g));
 }
@@ -188,7 +220,23 @@ TEST_P(VmmContract, CopyInOutMovesBytesAcrossRemapAndRefusesBadRanges) {
 }
 
 TEST_P(VmmContract, CapacityExhaustionIsOutOfMemoryAndLeaksNothing) {
-  if (base == "cuda") GTEST_SKIP() << "filling a real GPU is test_gpu_vmm's job";
+  if (is_cuda()) {
+#ifdef EXPSEG_VMM_CONTRACT_GPU
+    // Against the CUDA driver double, give the device 64 MiB (TearDown restores the
+    // configuration); the double takes a new one only while nothing is live, so reopen.
+    cudadouble_api api;
+    if (!cudadouble_load(&api)) GTEST_SKIP() << "filling a real GPU is test_gpu_vmm's job";
+    const char *env = getenv("EXPSEG_CUDA_DOUBLE");
+    double_spec = env ? env : "";
+    _expseg_vmm_close(v);
+    v = nullptr;
+    std::string small = double_spec.empty() ? "capacity=64M" : double_spec + ",capacity=64M";
+    ASSERT_EQ(0, api.configure(small.c_str())) << api.last_message();
+    restore_double = true;
+    Open();
+    if (HasFatalFailure()) return;
+#endif
+  }
   size_t fr = 0, tot = 0;
   _expseg_vmm_mem_info(v, &fr, &tot);
   ASSERT_EQ(64u << 20, tot); // the specs below give capacity=64M
@@ -204,7 +252,8 @@ TEST_P(VmmContract, CapacityExhaustionIsOutOfMemoryAndLeaksNothing) {
   }
   h = 0;
   EXPECT_EQ(EXPSEG_ERR_OUT_OF_MEMORY, _expseg_vmm_create(v, g, &h));
-  EXPECT_NE(nullptr, strstr(expseg_last_error(), "capacity 64.00 MiB, 64.00 MiB in use"))
+  EXPECT_NE(nullptr, strstr(expseg_last_error(),
+                            is_cuda() ? "cuMemCreate" : "capacity 64.00 MiB, 64.00 MiB in use"))
       << expseg_last_error();
   EXPECT_EQ(1u, failures(EXPSEG_VMM_CALL_create));
   EXPECT_EQ(8, vmm_test_gauges(v).live_chunks);
@@ -441,7 +490,15 @@ TEST_P(VmmContract, ExportedFdIsReadableInAnotherProcess) {
     ASSERT_OK(_expseg_vmm_release(v, h, g));
     return;
   }
-  if (!is_host()) GTEST_SKIP() << "cross-process check reads memory from the CPU";
+#ifdef EXPSEG_VMM_CONTRACT_GPU
+  {
+    cudadouble_api api;
+    if (!cudadouble_load(&api))
+      GTEST_SKIP() << "a forked child cannot use a real CUDA driver; GpuIpc.TwoProcesses "
+                      "shares memory with a freshly started process instead";
+  }
+#endif
+  // Bytes go in and out through the data-check hook (memcpy on host, cuMemcpy on cuda).
   uintptr_t va = 0;
   expseg_vmm_handle h = 0, first = 0;
   ASSERT_OK(_expseg_vmm_reserve(v, 2 * g, 0, &va));
@@ -450,31 +507,40 @@ TEST_P(VmmContract, ExportedFdIsReadableInAnotherProcess) {
   ASSERT_OK(_expseg_vmm_map(v, va, 2 * g, h, 0));
   ASSERT_OK(_expseg_vmm_set_access(v, va, 2 * g));
   const char msg[] = "written by the parent";
-  memcpy(reinterpret_cast<void *>(va + g), msg, sizeof msg);
+  char sent[sizeof msg]; // a copy: a hook copying backwards must not change msg
+  memcpy(sent, msg, sizeof msg);
+  Put(va + g, sent, sizeof sent);
   int fd = -1;
   size_t off = 0;
   ASSERT_OK(_expseg_vmm_export_fd(v, h, &fd, &off));
   ASSERT_GE(fd, 0);
-  EXPECT_EQ(g, off) << "h is the second range of the host driver's arena file";
+  if (is_host()) EXPECT_EQ(g, off) << "h is the second range of the host driver's arena file";
+  else EXPECT_EQ(0u, off) << "a CUDA handle is the whole allocation";
+  const char *child_spec = is_cuda() ? "cuda" : "host:capacity=16M,granularity=64K";
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     // Child: a fresh driver imports the fd, maps it and checks the parent's bytes; the
     // exit code tells the parent which step failed.
     expseg_vmm_t *c = nullptr;
-    if (_expseg_vmm_open("host:capacity=16M,granularity=64K", 0, &c) != EXPSEG_OK) _exit(2);
+    if (_expseg_vmm_open(child_spec, 0, &c) != EXPSEG_OK) _exit(2);
     size_t cg = c->granularity;
     uintptr_t cva = 0;
     expseg_vmm_handle ch = 0;
+    size_t fr0 = 0, fr = 0, tot = 0;
+    _expseg_vmm_mem_info(c, &fr0, &tot);
     if (_expseg_vmm_reserve(c, 2 * g, 0, &cva) != EXPSEG_OK) _exit(3);
     if (_expseg_vmm_import_fd(c, fd, off, 2 * g, &ch) != EXPSEG_OK) _exit(4);
     if (_expseg_vmm_map(c, cva, 2 * g, ch, 0) != EXPSEG_OK) _exit(5);
     if (_expseg_vmm_set_access(c, cva, 2 * g) != EXPSEG_OK) _exit(6);
-    if (memcmp(reinterpret_cast<void *>(cva + g), msg, sizeof msg) != 0) _exit(7);
-    reinterpret_cast<char *>(cva)[0] = 'C'; // the parent sees this
-    size_t fr = 0, tot = 0;
+    char seen[sizeof msg] = {0};
+    if (_expseg_vmm_copy_out(c, seen, cva + g, sizeof seen) != EXPSEG_OK ||
+        memcmp(seen, msg, sizeof msg) != 0)
+      _exit(7);
+    char mark = 'C'; // the parent sees this
+    if (_expseg_vmm_copy_in(c, cva, &mark, 1) != EXPSEG_OK) _exit(10);
     _expseg_vmm_mem_info(c, &fr, &tot);
-    if (fr != tot) _exit(8); // imports do not count against capacity
+    if (fr != fr0) _exit(8); // imports do not count against capacity
     if (_expseg_vmm_unmap(c, cva, 2 * g) || _expseg_vmm_release(c, ch, 2 * g) ||
         _expseg_vmm_unreserve(c, cva, 2 * g) || cg == 0)
       _exit(9);
@@ -485,7 +551,9 @@ TEST_P(VmmContract, ExportedFdIsReadableInAnotherProcess) {
   ASSERT_EQ(pid, waitpid(pid, &status, 0));
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(0, WEXITSTATUS(status)) << "child failed at step " << WEXITSTATUS(status);
-  EXPECT_EQ('C', reinterpret_cast<char *>(va)[0]);
+  char mark = 0;
+  Get(&mark, va, 1);
+  EXPECT_EQ('C', mark);
   close(fd);
   // Import into this driver too: a second handle on the same memory.
   size_t off2 = 1;
@@ -495,11 +563,19 @@ TEST_P(VmmContract, ExportedFdIsReadableInAnotherProcess) {
   ASSERT_OK(_expseg_vmm_import_fd(v, fd, off, 2 * g, &h2));
   close(fd); // import took a duplicate
   EXPECT_EQ(3, vmm_test_gauges(v).live_chunks);
-  EXPECT_INVALID(_expseg_vmm_import_fd(v, 0 /* stdin is no chunk */, 0, 2 * g, &h2));
+  if (is_cuda()) { // the driver refuses it
+    EXPECT_EQ(EXPSEG_ERR_DRIVER, _expseg_vmm_import_fd(v, 0 /* stdin is no handle */, 0, 2 * g, &h2));
+    EXPECT_NE(nullptr, strstr(expseg_last_error(), "cuMemImportFromShareableHandle"))
+        << expseg_last_error();
+  } else {
+    EXPECT_INVALID(_expseg_vmm_import_fd(v, 0 /* stdin is no chunk */, 0, 2 * g, &h2));
+  }
   ASSERT_OK(_expseg_vmm_unmap(v, va, 2 * g));
   ASSERT_OK(_expseg_vmm_map(v, va, 2 * g, h2, 0));
   ASSERT_OK(_expseg_vmm_set_access(v, va, 2 * g));
-  EXPECT_EQ(0, memcmp(reinterpret_cast<void *>(va + g), msg, sizeof msg));
+  char back[sizeof msg] = {0};
+  Get(back, va + g, sizeof back);
+  EXPECT_EQ(0, memcmp(back, msg, sizeof msg));
   ASSERT_OK(_expseg_vmm_unmap(v, va, 2 * g));
   ASSERT_OK(_expseg_vmm_release(v, h2, 2 * g));
   ASSERT_OK(_expseg_vmm_release(v, h, 2 * g));
@@ -508,9 +584,39 @@ TEST_P(VmmContract, ExportedFdIsReadableInAnotherProcess) {
 }
 
 // host: an exported chunk is a range of an arena file another process may still map, so its
-// release neither punches nor reuses that range (the importer keeps the data).
+// release neither punches nor reuses that range (the importer keeps the data). cuda: the
+// exported fd keeps the allocation alive after its release; importing it shows the bytes.
 TEST_P(VmmContract, ExportedRangeOutlivesItsRelease) {
-  if (!is_host()) GTEST_SKIP() << "host arenas only";
+  if (base == "sim") GTEST_SKIP() << "sim cannot export";
+  if (is_cuda()) {
+    uintptr_t va = 0;
+    expseg_vmm_handle h = 0, h2 = 0;
+    ASSERT_OK(_expseg_vmm_reserve(v, g, 0, &va));
+    ASSERT_OK(_expseg_vmm_create(v, g, &h));
+    ASSERT_OK(_expseg_vmm_map(v, va, g, h, 0));
+    ASSERT_OK(_expseg_vmm_set_access(v, va, g));
+    const char msg[] = "still here";
+    char sent[sizeof msg]; // a copy: a hook copying backwards must not change msg
+    memcpy(sent, msg, sizeof msg);
+    Put(va, sent, sizeof sent);
+    int fd = -1;
+    size_t off = 1;
+    ASSERT_OK(_expseg_vmm_export_fd(v, h, &fd, &off));
+    EXPECT_EQ(0u, off);
+    ASSERT_OK(_expseg_vmm_unmap(v, va, g));
+    ASSERT_OK(_expseg_vmm_release(v, h, g));
+    ASSERT_OK(_expseg_vmm_import_fd(v, fd, 0, g, &h2));
+    close(fd); // the driver does not keep the caller's fd
+    ASSERT_OK(_expseg_vmm_map(v, va, g, h2, 0));
+    ASSERT_OK(_expseg_vmm_set_access(v, va, g));
+    char back[sizeof msg] = {0};
+    Get(back, va, sizeof back);
+    EXPECT_STREQ("still here", back) << "the exported allocation did not outlive its release";
+    ASSERT_OK(_expseg_vmm_unmap(v, va, g));
+    ASSERT_OK(_expseg_vmm_release(v, h2, g));
+    ASSERT_OK(_expseg_vmm_unreserve(v, va, g));
+    return;
+  }
   uintptr_t va = 0;
   expseg_vmm_handle h = 0, h2 = 0;
   ASSERT_OK(_expseg_vmm_reserve(v, g, 0, &va));

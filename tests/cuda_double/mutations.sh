@@ -7,6 +7,10 @@
 #   leak_classic  pools/segment.c forgets the handle when a classic segment's map fails
 #   leak_pages    pools/pages.c forgets the chunk whose map failed in an expandable growth
 #   not_ready     vmm/cuda.c takes CUDA_ERROR_NOT_READY from cuEventQuery for "done"
+#   copy_back     vmm/cuda.c's data-check copy runs the wrong way (copy_in reads the device)
+#   unmap_noop    vmm/cuda.c's unmap never calls cuMemUnmap
+#   release_noop  vmm/cuda.c's release never calls cuMemRelease
+#   import_fd     vmm/cuda.c imports another fd than the one it was given
 # Exits non-zero if the unbroken copy fails or any broken copy passes.
 # Usage: tests/cuda_double/mutations.sh [SCRATCH_DIR]   (default: a new temporary folder)
 set -euo pipefail
@@ -89,6 +93,18 @@ check leak_pages pools/pages.c \
 check not_ready vmm/cuda.c \
   '*done = r == CUDA_SUCCESS;' \
   '*done = true; /* mutant */'
+check copy_back vmm/cuda.c \
+  'CUresult r = to_device ? cu.cuMemcpyHtoD' \
+  'CUresult r = /* mutant */ !to_device ? cu.cuMemcpyHtoD'
+check unmap_noop vmm/cuda.c \
+  'CUresult r = cu.cuMemUnmap((CUdeviceptr)addr, size);' \
+  'CUresult r = ((void)addr, (void)size, CUDA_SUCCESS); /* mutant */'
+check release_noop vmm/cuda.c \
+  'CUresult r = cu.cuMemRelease((CUmemGenericAllocationHandle)h);' \
+  'CUresult r = ((void)h, CUDA_SUCCESS); /* mutant */'
+check import_fd vmm/cuda.c \
+  'cu.cuMemImportFromShareableHandle(&gh, (void *)(uintptr_t)fd,' \
+  'cu.cuMemImportFromShareableHandle(&gh, (void *)(uintptr_t)(fd + 1) /* mutant */,'
 
 # restore the copy's build to the unbroken sources
 touch "$copy/vmm/cuda.c" "$copy/pools/segment.c" "$copy/pools/pages.c"
