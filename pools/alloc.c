@@ -435,6 +435,11 @@ expseg_status _expseg_free_locked(expseg_allocator *a, void *ptr) {
 
 expseg_status expseg_record_stream(expseg_allocator *a, void *ptr, expseg_stream stream) {
   if (a == NULL) return null_allocator("expseg_record_stream");
+  if (stream >> EXPSEG_KEY_SHIFT) /* as expseg_malloc: such a value is a private pool's key */
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_record_stream(%p): stream %#llx is not accepted; stream "
+                             "values are below 2^48 (CUDA's stream handles are)",
+                             ptr, (unsigned long long)stream);
   if (ptr == NULL) return EXPSEG_OK; /* as PyTorch: nothing to record */
   api_lock(a);
   block_t *b = _expseg_ptrmap_get(&a->live, (uintptr_t)ptr);
