@@ -653,6 +653,31 @@ TEST_P(AdvPools, RandomDifferential) {
   EXPECT_EQ(stat(a, "reserved_bytes.all.current"), 0);
 }
 
+TEST_P(AdvPools, DrainOfABusyStreamIsRetriedByLaterCalls) {
+  // a released pool whose blocks are all free but whose stream still has work queued: its
+  // memory goes back by a later call once the work is done, without empty_cache
+  expseg_pool_id p = create();
+  void *x = alloc(3 * MiB, 7, p);
+  ASSERT_EQ(expseg_testing_hold_stream(a, 7, true), EXPSEG_OK);
+  ASSERT_EQ(expseg_record_stream(a, x, 8), EXPSEG_OK);
+  ASSERT_EQ(expseg_testing_hold_stream(a, 8, true), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
+  ASSERT_EQ(expseg_pool_release(a, p), EXPSEG_OK);
+  void *g = alloc(4096, 0, 0);
+  ASSERT_EQ(expseg_free(a, g), EXPSEG_OK);
+  const bool held_back = has_stat(a, pool_key(p));
+  ASSERT_EQ(expseg_testing_hold_stream(a, 8, false), EXPSEG_OK);
+  ASSERT_EQ(expseg_testing_hold_stream(a, 7, false), EXPSEG_OK);
+  for (int i = 0; i < 5000 && has_stat(a, pool_key(p)); i++) {
+    void *t = nullptr;
+    ASSERT_EQ(expseg_malloc(a, 4096, 0, &t), EXPSEG_OK);
+    ASSERT_EQ(expseg_free(a, t), EXPSEG_OK);
+  }
+  EXPECT_FALSE(has_stat(a, pool_key(p)))
+      << "held back while busy: " << held_back << "; never given back by later calls";
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
+}
+
 INSTANTIATE_TEST_SUITE_P(Drivers, AdvPools,
                          testing::Values(Param{"host:capacity=256M", "expandable_segments:True"},
                                          Param{"host:capacity=256M", "expandable_segments:False"},
