@@ -245,20 +245,6 @@ def reset_accumulated_memory_stats(device=None):
            "expseg.reset_accumulated_memory_stats", d)
 
 
-def snapshot(path, device=None):
-    """Writes the device's memory snapshot (the memory_viz pickle) to path."""
-    d = _device(device)
-    try:
-        raw = os.fsencode(path)
-    except TypeError:
-        raise ExpsegError("expseg.snapshot(%r): expected a file name (str or bytes)" % (path,)) \
-            from None
-    if not raw or b"\0" in raw:
-        raise ExpsegError("expseg.snapshot(%r): the file name is empty or holds a NUL byte"
-                          % (path,))
-    _check(_load().expseg_torch_snapshot_dump(d, raw), "expseg.snapshot", d)
-
-
 def _path_bytes(path, call):
     try:
         raw = os.fsencode(path)
