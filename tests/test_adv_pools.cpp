@@ -533,8 +533,24 @@ TEST_P(AdvPools, RandomDifferential) {
     size_t size;
     expseg_pool_id pool;
     expseg_stream stream;
+    expseg_stream used; // recorded on this stream too (0: none)
   };
   std::map<uintptr_t, Live> live;
+  // memory that may not be handed out: freed while a stream recorded on it is held
+  // (guard.used) or cached by a live private pool (another pool may not have it until that
+  // pool is emptied or released)
+  struct Guard {
+    uintptr_t at;
+    size_t size;
+    expseg_stream used;
+    expseg_pool_id pool;
+  };
+  std::vector<Guard> guards;
+  std::set<expseg_stream> held;
+  auto unguard_pool = [&](expseg_pool_id id) {
+    for (auto &g : guards)
+      if (g.used == 0 && g.pool == id) g.size = 0;
+  };
   std::map<expseg_pool_id, int> count;     // live pools and their use counts
   std::vector<expseg_pool_id> begun;       // newest last
   std::set<expseg_pool_id> released;       // ids that must stay refused
@@ -563,6 +579,7 @@ TEST_P(AdvPools, RandomDifferential) {
       } else {
         ASSERT_EQ(st, EXPSEG_OK) << expseg_last_error();
         if (--it->second == 0) {
+          unguard_pool(it->first);
           released.insert(it->first);
           count.erase(it);
         }
@@ -592,6 +609,18 @@ TEST_P(AdvPools, RandomDifferential) {
       } else if (!count.empty()) {
         auto it = std::next(count.begin(), (long)rng.below(count.size()));
         ASSERT_EQ(expseg_pool_empty_cache(a, it->first), EXPSEG_OK);
+        unguard_pool(it->first);
+      }
+    } else if (op < 29) {
+      expseg_stream s = 10 + rng.below(2);
+      bool hold = !held.count(s);
+      ASSERT_EQ(expseg_testing_hold_stream(a, s, hold), EXPSEG_OK);
+      if (hold) {
+        held.insert(s);
+      } else {
+        held.erase(s);
+        for (auto &g : guards)
+          if (g.used == s) g.size = 0;
       }
     } else if (op < 62) {
       size_t size = sizes[rng.below(6)];
@@ -616,14 +645,26 @@ TEST_P(AdvPools, RandomDifferential) {
         auto pv = std::prev(nx);
         ASSERT_LE(pv->first + pv->second.size, u) << "overlaps a live block";
       }
-      live[u] = {size, want, s};
-      if (rng.chance(0.1)) {
-        ASSERT_EQ(expseg_record_stream(a, p, s + 1), EXPSEG_OK);
+      for (const Guard &g : guards) {
+        bool overlap = g.size != 0 && u < g.at + g.size && g.at < u + size;
+        ASSERT_FALSE(overlap && g.used != 0) << "memory freed under held stream " << g.used;
+        ASSERT_FALSE(overlap && g.used == 0 && g.pool != want)
+            << "pool " << want << " got memory cached by live pool " << g.pool;
+      }
+      live[u] = {size, want, s, 0};
+      if (rng.chance(0.15)) {
+        expseg_stream use = rng.chance(0.5) ? 10 + rng.below(2) : s + 1;
+        ASSERT_EQ(expseg_record_stream(a, p, use), EXPSEG_OK);
+        live[u].used = use;
       }
     } else if (!live.empty()) {
       auto it = std::next(live.begin(), (long)rng.below(live.size()));
       ASSERT_EQ(pool_of((void *)it->first), it->second.pool);
       ASSERT_EQ(expseg_free(a, (void *)it->first), EXPSEG_OK);
+      if (held.count(it->second.used))
+        guards.push_back({it->first, it->second.size, it->second.used, it->second.pool});
+      if (it->second.pool != 0 && count.count(it->second.pool))
+        guards.push_back({it->first, it->second.size, 0, it->second.pool});
       live.erase(it);
     }
     // model checks: use counts, released ids refused
@@ -641,6 +682,7 @@ TEST_P(AdvPools, RandomDifferential) {
       ASSERT_EQ(stat(a, "allocation.all.current"), (int64_t)live.size());
     }
   }
+  for (expseg_stream s : held) ASSERT_EQ(expseg_testing_hold_stream(a, s, false), EXPSEG_OK);
   while (!begun.empty()) {
     ASSERT_EQ(expseg_pool_end(a, begun.back()), EXPSEG_OK);
     begun.pop_back();
