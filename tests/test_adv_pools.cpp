@@ -720,6 +720,30 @@ TEST_P(AdvPools, DrainOfABusyStreamIsRetriedByLaterCalls) {
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
 }
 
+TEST_P(AdvPools, PoolStatisticKeysAreExact) {
+  expseg_pool_id p = create();
+  void *x = alloc(3 * MiB, 1, p);
+  const std::string id = std::to_string(p);
+  EXPECT_GT(stat(a, pool_key(p)), 0);
+  // only the key as foreach lists it: no sign, space, leading zero, or other spelling
+  for (const std::string &bad :
+       {"reserved_bytes_by_private_pools.0_+" + id + ".all.current",
+        "reserved_bytes_by_private_pools.0_ " + id + ".all.current",
+        "reserved_bytes_by_private_pools.0_0" + id + ".all.current",
+        "reserved_bytes_by_private_pools.0_" + id + ".all.current.",
+        "reserved_bytes_by_private_pools.0_" + id + ".all",
+        "reserved_bytes_by_private_pools.0_" + id + "x.all.current",
+        "reserved_bytes_by_private_pools.1_" + id + ".all.current",
+        "reserved_bytes_by_private_pools.0_-" + id + ".all.current",
+        std::string("reserved_bytes_by_private_pools.0_18446744073709551616.all.current")}) {
+    int64_t v = -5;
+    EXPECT_EQ(expseg_stat(a, bad.c_str(), &v), EXPSEG_ERR_INVALID_ARGUMENT) << bad;
+    EXPECT_EQ(v, -5) << bad;
+  }
+  ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
+  ASSERT_EQ(expseg_pool_release(a, p), EXPSEG_OK);
+}
+
 INSTANTIATE_TEST_SUITE_P(Drivers, AdvPools,
                          testing::Values(Param{"host:capacity=256M", "expandable_segments:True"},
                                          Param{"host:capacity=256M", "expandable_segments:False"},
