@@ -744,6 +744,42 @@ TEST_P(AdvPools, PoolStatisticKeysAreExact) {
   ASSERT_EQ(expseg_pool_release(a, p), EXPSEG_OK);
 }
 
+TEST_P(AdvPools, PoolLimitThenSlotReuse) {
+  // 65535 pools may exist (or drain) at once; the next is refused with a message and
+  // nothing changed; releasing one makes room again, with a new id. The pool table does not
+  // depend on the driver: one configuration runs it (each pool call scans the table, so
+  // 65535 pools take seconds)
+  if (std::strcmp(GetParam().config, "expandable_segments:True") != 0 ||
+      std::strncmp(GetParam().driver, "host", 4) != 0)
+    GTEST_SKIP() << "run on host, expandable only";
+  std::vector<expseg_pool_id> ids;
+  expseg_pool_id id = 0;
+  expseg_status st = EXPSEG_OK;
+  while ((st = expseg_pool_create(a, &id)) == EXPSEG_OK) {
+    ids.push_back(id);
+    ASSERT_LE(ids.size(), 70000u) << "no limit";
+  }
+  EXPECT_EQ(st, EXPSEG_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(id, 0u);
+  EXPECT_EQ(ids.size(), 65535u);
+  EXPECT_NE(std::string(expseg_last_error()).find("65535"), std::string::npos)
+      << expseg_last_error();
+  void *x = alloc(4096, 1, ids[100]);
+  ASSERT_EQ(expseg_pool_release(a, ids[100]), EXPSEG_OK); // draining: its slot is held
+  EXPECT_EQ(expseg_pool_create(a, &id), EXPSEG_ERR_OUT_OF_MEMORY);
+  ASSERT_EQ(expseg_free(a, x), EXPSEG_OK); // drained: its slot is free
+  ASSERT_EQ(expseg_pool_create(a, &id), EXPSEG_OK) << expseg_last_error();
+  EXPECT_GT(id, ids.back()) << "ids are never reused";
+  void *y = alloc(4096, 1, id);
+  EXPECT_EQ(pool_of(y), id);
+  ASSERT_EQ(expseg_free(a, y), EXPSEG_OK);
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_pool_release(a, id), EXPSEG_OK);
+  for (expseg_pool_id p : ids) {
+    if (p != ids[100]) ASSERT_EQ(expseg_pool_release(a, p), EXPSEG_OK);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Drivers, AdvPools,
                          testing::Values(Param{"host:capacity=256M", "expandable_segments:True"},
                                          Param{"host:capacity=256M", "expandable_segments:False"},
