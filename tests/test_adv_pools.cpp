@@ -776,7 +776,9 @@ TEST_P(AdvPools, PoolLimitThenSlotReuse) {
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
   ASSERT_EQ(expseg_pool_release(a, id), EXPSEG_OK);
   for (expseg_pool_id p : ids) {
-    if (p != ids[100]) ASSERT_EQ(expseg_pool_release(a, p), EXPSEG_OK);
+    if (p != ids[100]) {
+      ASSERT_EQ(expseg_pool_release(a, p), EXPSEG_OK);
+    }
   }
 }
 
