@@ -782,6 +782,34 @@ TEST_P(AdvPools, PoolLimitThenSlotReuse) {
   }
 }
 
+TEST_P(AdvPools, SingleChunkPendingAndPoolEmptyCacheUnderHeldStream) {
+  expseg_pool_id p = create();
+  ASSERT_EQ(expseg_pool_begin(a, p, nullptr, nullptr), EXPSEG_OK);
+  void *s1 = nullptr, *g = nullptr;
+  ASSERT_EQ(expseg_malloc_ex(a, 3 * MiB, 4, EXPSEG_MALLOC_SINGLE_CHUNK, &s1), EXPSEG_OK)
+      << expseg_last_error();
+  EXPECT_EQ(pool_of(s1), p) << "a begun pool routes malloc_ex too";
+  g = alloc(3 * MiB, 4, 0);
+  EXPECT_EQ(pool_of(g), 0u) << "malloc_pool(0) ignores the begun pool";
+  ASSERT_EQ(expseg_pool_end(a, p), EXPSEG_OK);
+  ASSERT_EQ(expseg_testing_hold_stream(a, 6, true), EXPSEG_OK);
+  ASSERT_EQ(expseg_record_stream(a, s1, 6), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(a, s1), EXPSEG_OK);
+  int64_t before = stat(a, pool_key(p));
+  ASSERT_EQ(expseg_pool_empty_cache(a, p), EXPSEG_OK); // cannot wait for stream 6
+  EXPECT_EQ(stat(a, pool_key(p)), before) << "memory still used by stream 6 was given back";
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
+  void *t = nullptr;
+  ASSERT_EQ(expseg_malloc_ex(a, 3 * MiB, 4, EXPSEG_MALLOC_SINGLE_CHUNK, &t), EXPSEG_OK);
+  EXPECT_NE(t, s1) << "a pending single chunk was handed out";
+  EXPECT_EQ(pool_of(t), 0u);
+  ASSERT_EQ(expseg_testing_hold_stream(a, 6, false), EXPSEG_OK);
+  ASSERT_EQ(expseg_pool_empty_cache(a, p), EXPSEG_OK);
+  EXPECT_EQ(stat(a, pool_key(p)), 0);
+  for (void *b : {g, t}) ASSERT_EQ(expseg_free(a, b), EXPSEG_OK);
+  ASSERT_EQ(expseg_pool_release(a, p), EXPSEG_OK);
+}
+
 INSTANTIATE_TEST_SUITE_P(Drivers, AdvPools,
                          testing::Values(Param{"host:capacity=256M", "expandable_segments:True"},
                                          Param{"host:capacity=256M", "expandable_segments:False"},
