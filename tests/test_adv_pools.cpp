@@ -811,6 +811,62 @@ TEST_P(AdvPools, SingleChunkPendingAndPoolEmptyCacheUnderHeldStream) {
   ASSERT_EQ(expseg_pool_release(a, p), EXPSEG_OK);
 }
 
+// Driver failures inside a pool: a failed growth changes no pool figure and leaks nothing; a
+// release whose unmap fails keeps the pool draining and gives it back on a later try.
+TEST(AdvPoolFaults, FailedGrowthAndFailedGiveBack) {
+  for (const char *cfg : {"expandable_segments:True", "expandable_segments:False"}) {
+    SCOPED_TRACE(cfg);
+    expseg_allocator *a = nullptr;
+    ASSERT_EQ(expseg_create("fault:fail=;host:capacity=256M", 0, cfg, &a), EXPSEG_OK)
+        << expseg_last_error();
+    expseg_pool_id p = 0;
+    ASSERT_EQ(expseg_pool_create(a, &p), EXPSEG_OK);
+    for (const char *rule : {"create@1", "map@1", "reserve@1", "set_access@1", "create@1:oom"}) {
+      SCOPED_TRACE(rule);
+      ASSERT_EQ(expseg_testing_set_faults(a, rule), EXPSEG_OK) << expseg_last_error();
+      int64_t before = 0;
+      ASSERT_EQ(expseg_stat(a, pool_key(p).c_str(), &before), EXPSEG_OK);
+      void *x = (void *)1;
+      const uint64_t injected = expseg_testing_faults_injected(a);
+      expseg_status st = expseg_malloc_pool(a, 5 * MiB, 1, p, &x);
+      if (expseg_testing_faults_injected(a) == injected || // the rule's call was not needed
+          (st == EXPSEG_OK && std::strstr(rule, ":oom"))) { // or the OOM path's retry served it
+        ASSERT_EQ(st, EXPSEG_OK);
+        ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
+        continue;
+      }
+      EXPECT_NE(st, EXPSEG_OK);
+      EXPECT_EQ(x, nullptr);
+      int64_t after = -1;
+      ASSERT_EQ(expseg_stat(a, pool_key(p).c_str(), &after), EXPSEG_OK);
+      EXPECT_EQ(after, before);
+      EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
+      ASSERT_EQ(expseg_testing_set_faults(a, ""), EXPSEG_OK);
+      ASSERT_EQ(expseg_malloc_pool(a, 5 * MiB, 1, p, &x), EXPSEG_OK) << expseg_last_error();
+      ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
+      ASSERT_EQ(expseg_pool_empty_cache(a, p), EXPSEG_OK);
+    }
+    void *y = nullptr;
+    ASSERT_EQ(expseg_malloc_pool(a, 5 * MiB, 1, p, &y), EXPSEG_OK);
+    ASSERT_EQ(expseg_free(a, y), EXPSEG_OK);
+    // giving back fails: the pool stays draining, its memory counted, then goes
+    ASSERT_EQ(expseg_testing_set_faults(a, "unmap@1..,release@1..,unreserve@1.."), EXPSEG_OK);
+    const uint64_t injected = expseg_testing_faults_injected(a);
+    ASSERT_EQ(expseg_pool_release(a, p), EXPSEG_OK);
+    EXPECT_GT(expseg_testing_faults_injected(a), injected) << "the give-back was tried";
+    EXPECT_TRUE(has_stat(a, pool_key(p))) << "memory the driver kept is still counted";
+    EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
+    ASSERT_EQ(expseg_testing_set_faults(a, ""), EXPSEG_OK);
+    ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+    EXPECT_FALSE(has_stat(a, pool_key(p))) << "given back once the driver lets it";
+    expseg_testing_driver_counts left;
+    expseg_testing_destroy(a, &left);
+    EXPECT_EQ(left.live_chunks, 0);
+    EXPECT_EQ(left.live_reservations, 0);
+    EXPECT_EQ(left.mapped_bytes, 0);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Drivers, AdvPools,
                          testing::Values(Param{"host:capacity=256M", "expandable_segments:True"},
                                          Param{"host:capacity=256M", "expandable_segments:False"},
