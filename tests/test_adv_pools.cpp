@@ -813,6 +813,31 @@ TEST_P(AdvPools, SingleChunkPendingAndPoolEmptyCacheUnderHeldStream) {
 
 // Driver failures inside a pool: a failed growth changes no pool figure and leaks nothing; a
 // release whose unmap fails keeps the pool draining and gives it back on a later try.
+TEST_P(AdvPools, SizeZeroStillChecksPoolAndStream) {
+  // size 0 gives NULL and OK (as cudaMalloc), but an unknown pool or a refused stream is
+  // still an error: the answer must not depend on the size
+  expseg_pool_id p = create();
+  ASSERT_EQ(expseg_pool_release(a, p), EXPSEG_OK);
+  for (expseg_pool_id bad : {p, p + 100, (expseg_pool_id)UINT64_MAX}) {
+    void *q = (void *)1;
+    expect_refused("malloc_pool size 0", [&] { return expseg_malloc_pool(a, 0, 0, bad, &q); },
+                   EXPSEG_ERR_INVALID_ARGUMENT, std::to_string(bad));
+    EXPECT_EQ(q, nullptr);
+  }
+  void *q = (void *)1;
+  expect_refused("malloc size 0, stream 2^48",
+                 [&] { return expseg_malloc(a, 0, (expseg_stream)1 << 48, &q); },
+                 EXPSEG_ERR_INVALID_ARGUMENT, "2^48", nullptr);
+  EXPECT_EQ(q, nullptr);
+  expseg_pool_id live = create();
+  ASSERT_EQ(expseg_malloc_pool(a, 0, 3, live, &q), EXPSEG_OK);
+  EXPECT_EQ(q, nullptr);
+  ASSERT_EQ(expseg_malloc_pool(a, 0, 3, 0, &q), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 0, 3, &q), EXPSEG_OK);
+  EXPECT_EQ(q, nullptr);
+  ASSERT_EQ(expseg_pool_release(a, live), EXPSEG_OK);
+}
+
 TEST(AdvPoolFaults, FailedGrowthAndFailedGiveBack) {
   for (const char *cfg : {"expandable_segments:True", "expandable_segments:False"}) {
     SCOPED_TRACE(cfg);
