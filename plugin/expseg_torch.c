@@ -321,7 +321,13 @@ int expseg_torch_record_stream_status(void *ptr, void *stream) {
   if (ptr == NULL) return EXPSEG_OK;
   for (int d = 0; d < MAXDEV; d++) {
     expseg_allocator *a = existing(d);
-    if (a && expseg_record_stream(a, ptr, stream_of(stream)) == EXPSEG_OK) return EXPSEG_OK;
+    expseg_pool_id pool;
+    if (a == NULL || expseg_pool_of(a, ptr, &pool) != EXPSEG_OK) continue; /* not its block */
+    expseg_status st = expseg_record_stream(a, ptr, stream_of(stream));
+    if (st != EXPSEG_OK) /* the owner refused (a stream value it does not accept): say why */
+      fail(-1, "expseg_torch_record_stream(%p, device %d): %s; ignored", ptr, d,
+           expseg_last_error());
+    return (int)st;
   }
   fail(-1, "expseg_torch_record_stream(%p): not a live pointer of any device's allocator; "
            "ignored", ptr);

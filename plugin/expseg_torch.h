@@ -97,7 +97,8 @@ EXPSEG_EXPORT int expseg_torch_record_history(int device, int enabled, size_t ma
 /* expseg_set_memory_fraction with a status (expseg_torch_memory_fraction is the hook). */
 EXPSEG_EXPORT int expseg_torch_set_memory_fraction(int device, double fraction);
 /* expseg_torch_record_stream with a status: EXPSEG_ERR_INVALID_ARGUMENT when no device's
- * allocator owns ptr (message kept for device -1). */
+ * allocator owns ptr, or the owner's status when it refuses the stream (a value of 2^48 or
+ * more); message kept for device -1 either way. */
 EXPSEG_EXPORT int expseg_torch_record_stream_status(void *ptr, void *stream);
 /* Waits until all work on the device is done (expseg_synchronize). */
 EXPSEG_EXPORT int expseg_torch_synchronize(int device);

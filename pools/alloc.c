@@ -197,6 +197,22 @@ static void inflight_end(expseg_allocator *a, expseg_stream key) {
 /* pool: ROUTED (the begun pools choose), 0 (the general cache) or a private pool's id. */
 #define ROUTED UINT64_MAX
 
+/* A stream value of 2^48 or more: a private pool's key (internal.h), never a stream. */
+static expseg_status bad_stream(const char *fn, expseg_stream stream) {
+  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                           "%s: stream %#llx is not accepted; stream values are below 2^48 "
+                           "(CUDA's stream handles are)",
+                           fn, (unsigned long long)stream);
+}
+
+static expseg_status unknown_pool(expseg_pool_id pool) {
+  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                           "expseg_malloc_pool: pool %llu is not a live private pool; "
+                           "accepted: 0 (the general cache) or an id expseg_pool_create "
+                           "returned whose use count is at least 1",
+                           (unsigned long long)pool);
+}
+
 EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stream stream,
                                    unsigned flags, expseg_pool_id pool, void **out) {
   if (out == NULL)
@@ -209,7 +225,14 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
                              "EXPSEG_MALLOC_SINGLE_CHUNK (0x%x)",
                              flags, flags & ~EXPSEG_MALLOC_SINGLE_CHUNK,
                              EXPSEG_MALLOC_SINGLE_CHUNK);
-  if (size == 0) return EXPSEG_OK;
+  if (size == 0) { /* NULL, as cudaMalloc; a bad stream or pool is refused all the same */
+    if (stream >> EXPSEG_KEY_SHIFT) return bad_stream("expseg_malloc", stream);
+    if (pool == ROUTED || pool == 0) return EXPSEG_OK;
+    api_lock(a);
+    const bool live = _expseg_ppool_live_tag(a, pool) != 0;
+    api_unlock(a);
+    return live ? EXPSEG_OK : unknown_pool(pool);
+  }
   /* The hit path takes the mutex alone: nothing on it can warn, so the deferral of warnings
    * (api_lock) starts only when the request leaves it. */
   pthread_mutex_lock(&a->lock);
@@ -237,10 +260,7 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
   _expseg_log_defer(true); /* from here on as api_lock */
   if (stream >> EXPSEG_KEY_SHIFT) {
     api_unlock(a);
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                             "expseg_malloc: stream %#llx is not accepted; stream values are "
-                             "below 2^48 (CUDA's stream handles are)",
-                             (unsigned long long)stream);
+    return bad_stream("expseg_malloc", stream);
   }
   expseg_stream key = stream; /* the stream key: the stream, in its pool (internal.h) */
   if (pool == ROUTED) {
@@ -249,11 +269,7 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
     uint32_t t = _expseg_ppool_live_tag(a, pool);
     if (t == 0) {
       api_unlock(a);
-      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                               "expseg_malloc_pool: pool %llu is not a live private pool; "
-                               "accepted: 0 (the general cache) or an id expseg_pool_create "
-                               "returned whose use count is at least 1",
-                               (unsigned long long)pool);
+      return unknown_pool(pool);
     }
     key = skey_make(stream, t);
   }
@@ -435,6 +451,7 @@ expseg_status _expseg_free_locked(expseg_allocator *a, void *ptr) {
 
 expseg_status expseg_record_stream(expseg_allocator *a, void *ptr, expseg_stream stream) {
   if (a == NULL) return null_allocator("expseg_record_stream");
+  if (stream >> EXPSEG_KEY_SHIFT) return bad_stream("expseg_record_stream", stream);
   if (ptr == NULL) return EXPSEG_OK; /* as PyTorch: nothing to record */
   api_lock(a);
   block_t *b = _expseg_ptrmap_get(&a->live, (uintptr_t)ptr);

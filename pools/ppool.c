@@ -341,7 +341,8 @@ bool _expseg_ppool_stat_get(const expseg_allocator *a, const char *key, int64_t 
   if (strncmp(key, EXPSEG_PPOOL_FAMILY ".0_", fl + 3) != 0) return false;
   char *end;
   unsigned long long id = strtoull(key + fl + 3, &end, 10);
-  if (end == key + fl + 3 || *end != '.' || key[fl + 3] == '0') return false;
+  /* the id as foreach writes it: digits, no sign, space or leading zero (strtoull takes those) */
+  if (key[fl + 3] < '1' || key[fl + 3] > '9' || *end != '.') return false;
   for (size_t t = 1; t < a->n_ppools; t++) {
     const ppool_t *p = &a->ppools[t];
     if (p->id == 0 || p->id != (expseg_pool_id)id) continue;

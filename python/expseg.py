@@ -22,6 +22,7 @@ import collections
 import ctypes
 import glob
 import importlib.util
+import operator
 import os
 import pickle
 import sys
@@ -140,6 +141,9 @@ def _load():
     return lib
 
 
+_MAX_DEVICES = 64  # EXPSEG_TORCH_MAX_DEVICES (plugin/expseg_torch.h)
+
+
 def _device(device):
     """None -> PyTorch's current device when PyTorch is loaded and initialized, else 0."""
     if device is None:
@@ -147,8 +151,8 @@ def _device(device):
         if torch is not None and torch.cuda.is_initialized():
             return int(torch.cuda.current_device())
         return 0
-    bad = ExpsegError("device %r: expected an int >= 0, 'cuda', 'cuda:N' or a torch.device"
-                      % (device,))
+    bad = ExpsegError("device %r: expected an int in [0, %d), 'cuda', 'cuda:N' or a "
+                      "torch.device" % (device, _MAX_DEVICES))
     if isinstance(device, bool):
         raise bad
     if isinstance(device, str):  # 'cuda' -> the current device, 'cuda:1' -> 1
@@ -159,17 +163,22 @@ def _device(device):
             return _device(None)
     elif isinstance(device, int):
         index = device
-    else:  # torch.device("cuda:1") -> 1; torch.device("cuda") -> the current device
-        if getattr(device, "type", "cuda") != "cuda":
+    elif hasattr(device, "type"):  # torch.device("cuda:1") -> 1; "cuda" -> the current one
+        if device.type != "cuda":
             raise bad
         index = getattr(device, "index", None)
         if index is None:
             return _device(None)
+    else:  # an integer through __index__ (numpy.int64, ...); not a float, not a list
+        try:
+            index = operator.index(device)
+        except TypeError:
+            raise bad from None
     try:
         index = int(index)
     except (TypeError, ValueError):
         raise bad from None
-    if index < 0:
+    if index < 0 or index >= _MAX_DEVICES:  # the library's table; ctypes would wrap past int
         raise bad
     return index
 
@@ -239,20 +248,6 @@ def reset_accumulated_memory_stats(device=None):
     d = _device(device)
     _check(_load().expseg_torch_reset_accumulated_stats(d),
            "expseg.reset_accumulated_memory_stats", d)
-
-
-def snapshot(path, device=None):
-    """Writes the device's memory snapshot (the memory_viz pickle) to path."""
-    d = _device(device)
-    try:
-        raw = os.fsencode(path)
-    except TypeError:
-        raise ExpsegError("expseg.snapshot(%r): expected a file name (str or bytes)" % (path,)) \
-            from None
-    if not raw or b"\0" in raw:
-        raise ExpsegError("expseg.snapshot(%r): the file name is empty or holds a NUL byte"
-                          % (path,))
-    _check(_load().expseg_torch_snapshot_dump(d, raw), "expseg.snapshot", d)
 
 
 def _path_bytes(path, call):

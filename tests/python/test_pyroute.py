@@ -257,9 +257,61 @@ class PythonRoute(unittest.TestCase):
         self.assertIn("route=\"cxx\"", err)
         self.assertNotIn("C++ backend is not used", err)  # no loader: nothing else to say
 
+    def test_device_values_never_wrap_to_another_device(self):
+        # a device ordinal past C's int must not become another device (ctypes keeps the low
+        # 32 bits), nor may a value that is no device name the current device
+        r, _ = self.result("""
+            expseg.install(route="python")
+            torch.cuda.set_device(1)
+            keep = torch.empty(3 << 20, 0)
+            class Index:  # as numpy.int64: an integer through __index__ only
+                def __index__(self): return 0
+            out = {}
+            for name, dev in (("wrap", 1 << 32), ("wrap1", (1 << 32) + 1), ("neg", -(1 << 32)),
+                              ("float", 0.0), ("list", [0]), ("cpu", torch.device("cpu"))):
+                out[name] = err(torch.cuda.memory_allocated, dev)
+            out["index"] = torch.cuda.memory_allocated(Index())
+            out["want"] = stat(0, "allocated_bytes.all.current")
+            print(json.dumps(out))
+            """)
+        for name, value in (("wrap", "4294967296"), ("wrap1", "4294967297"),
+                            ("neg", "-4294967296"), ("float", "0.0"), ("list", "[0]"),
+                            ("cpu", "cpu")):
+            self.assertIn(value, r[name], name)
+            self.assertIn("expected", r[name], name)
+        self.assertEqual(r["index"], r["want"])
+        self.assertEqual(r["want"], 3 << 20)
 
-@unittest.skipUnless(LIB and os.path.isfile(LIB),
-                     "set EXPSEG_TEST_TORCH_LIB to the built libexpseg_torch.so")
+    def test_record_stream_of_foreign_tensors_and_bad_streams(self):
+        r, _ = self.result("""
+            expseg.install(route="python")
+            lib = expseg._load()
+            lib.expseg_torch_last_error.restype = ctypes.c_char_p
+            x = torch.empty(1 << 20, 0)
+            before = stat(0, "expseg.driver.event_record")
+            buf = ctypes.create_string_buffer(64)   # memory expseg did not hand out
+            foreign = torch.Tensor(type(x.untyped_storage())(ctypes.addressof(buf), 64, 0, 0))
+            foreign.record_stream(torch.cuda.Stream(5))    # ignored, with a message
+            foreign._storage.ptr = 0                       # not freed through expseg
+            msg_foreign = lib.expseg_torch_last_error(-1).decode()
+            st = lib.expseg_torch_record_stream_status(ctypes.c_void_p(x.data_ptr()),
+                                                       ctypes.c_void_p(1 << 48))
+            msg_stream = lib.expseg_torch_last_error(-1).decode()
+            del x
+            print(json.dumps(dict(st=st, msg_foreign=msg_foreign, msg_stream=msg_stream,
+                                  ptr=hex(ctypes.addressof(buf)),
+                                  events=stat(0, "expseg.driver.event_record") - before,
+                                  alloc=stat(0, "allocated_bytes.all.current"))))
+            """)
+        self.assertIn("not a live pointer", r["msg_foreign"])
+        self.assertIn(r["ptr"][2:], r["msg_foreign"])
+        self.assertEqual(r["st"], 2)
+        self.assertIn("2^48", r["msg_stream"])
+        self.assertNotIn("not a live pointer", r["msg_stream"])
+        self.assertEqual(r["events"], 0)
+        self.assertEqual(r["alloc"], 0)
+
+
 class CxxSeam(unittest.TestCase):
     FAKE = """
         import types
