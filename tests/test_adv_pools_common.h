@@ -33,6 +33,9 @@ std::string name_of(const testing::TestParamInfo<Param> &p) {
   return d.substr(0, d.find(':')) + (std::strstr(p.param.config, "True") ? "_expandable" : "_classic");
 }
 
+// what gtest prints for GetParam() (else the struct's bytes)
+inline void PrintTo(const Param &p, std::ostream *os) { *os << p.driver << " " << p.config; }
+
 using Stats = std::map<std::string, int64_t>;
 
 Stats all_stats(const expseg_allocator *a) {
