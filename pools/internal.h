@@ -307,6 +307,11 @@ struct expseg_allocator {
 
   ppool_t *ppools;            /* private pools by tag (slot 0 unused); ppool.c */
   size_t n_ppools;            /* slots in use or free, tag < n_ppools */
+  size_t cap_ppools;          /* slots allocated (and room in the two stacks below) */
+  uint32_t *ppool_free;       /* free slots (id 0), a stack */
+  uint32_t *ppool_drain;      /* released slots still holding memory, a stack */
+  size_t n_ppool_free, n_ppool_drain;
+  _expseg_map_t ppool_ids;    /* live pool id -> its tag (use count >= 1) */
   expseg_pool_id next_pool_id;
   route_t *routes;            /* pools begun, oldest first (checked newest first) */
   size_t n_routes, cap_routes;

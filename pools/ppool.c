@@ -15,7 +15,8 @@
  * is free, no allocation into it is under way (inflight: a malloc may drop the lock) and its
  * memory is back (_expseg_ppool_reap), so statistics and pool_of still see it while it
  * drains. A try that leaves memory behind backs off (docs/design.md, "Retries"). Slots are
- * reused, ids never. */
+ * reused, ids never. A live id is found by a hash map (a->ppool_ids), a free slot on a stack,
+ * and a drain visits only the released pools (a->ppool_drain): no pool call walks the table. */
 #include "internal.h"
 
 #include <inttypes.h>
@@ -29,12 +30,32 @@ static expseg_status null_allocator(const char *fn) {
   return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: the allocator is NULL", fn);
 }
 
-/* The tag of a live pool (use count >= 1), or 0. */
+/* The tag of a live pool (use count >= 1), or 0: one lookup in a->ppool_ids. */
 static uint32_t live_tag(const expseg_allocator *a, expseg_pool_id id) {
   if (id == 0) return 0;
-  for (size_t t = 1; t < a->n_ppools; t++)
-    if (a->ppools[t].id == id && a->ppools[t].use_count > 0) return (uint32_t)t;
-  return 0;
+  const uint64_t *v = _expseg_map_get(&a->ppool_ids, id);
+  if (v == NULL) return 0;
+  expseg_assert(*v < a->n_ppools && a->ppools[*v].id == id && a->ppools[*v].use_count > 0);
+  return (uint32_t)*v;
+}
+
+/* Room for one more slot: the table and both stacks grow together (doubling), so a push on
+ * a stack never fails. false: no host memory, nothing changed. */
+static bool grow_slots(expseg_allocator *a) {
+  if (a->n_ppools < a->cap_ppools) return true;
+  size_t cap = a->cap_ppools ? 2 * a->cap_ppools : 8;
+  if (cap > MAX_TAGS + 1) cap = MAX_TAGS + 1;
+  ppool_t *p = realloc(a->ppools, cap * sizeof *p);
+  if (p == NULL) return false;
+  a->ppools = p;
+  uint32_t *f = realloc(a->ppool_free, cap * sizeof *f);
+  if (f == NULL) return false;
+  a->ppool_free = f;
+  uint32_t *d = realloc(a->ppool_drain, cap * sizeof *d);
+  if (d == NULL) return false;
+  a->ppool_drain = d;
+  a->cap_ppools = cap;
+  return true;
 }
 
 static expseg_status unknown_pool(const char *fn, expseg_pool_id id) {
@@ -50,29 +71,29 @@ expseg_status expseg_pool_create(expseg_allocator *a, expseg_pool_id *out) {
   *out = 0;
   if (a == NULL) return null_allocator("expseg_pool_create");
   api_lock(a);
-  size_t t = 1;
-  while (t < a->n_ppools && a->ppools[t].id != 0) t++;
   expseg_status st = EXPSEG_OK;
-  if (t >= a->n_ppools) { /* a new slot (slot 0 made with the first) */
-    if (t > MAX_TAGS) {
-      st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
-                             "expseg_pool_create: %u private pools exist or drain already; "
-                             "release some first",
-                             MAX_TAGS);
-    } else {
-      ppool_t *p = realloc(a->ppools, (t + 1) * sizeof *p);
-      if (p == NULL) {
-        st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_pool_create: out of host memory");
-      } else {
-        if (t == 1) p[0] = (ppool_t){0}; /* slot 0: the general cache, never used */
-        a->ppools = p;
-        a->n_ppools = t + 1;
-      }
-    }
+  const size_t t = a->n_ppool_free > 0 ? a->ppool_free[a->n_ppool_free - 1]
+                   : a->n_ppools > 0   ? a->n_ppools
+                                       : 1;
+  if (t > MAX_TAGS) {
+    st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                           "expseg_pool_create: %u private pools exist or drain already; "
+                           "release some first",
+                           MAX_TAGS);
+  } else if (a->n_ppool_free == 0) { /* a new slot (slot 0, the general cache, with the first) */
+    if (a->n_ppools == 0 && grow_slots(a)) a->ppools[0] = (ppool_t){0}, a->n_ppools = 1;
+    if (a->n_ppools == 0 || !grow_slots(a))
+      st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_pool_create: out of host memory");
   }
+  const expseg_pool_id id = a->next_pool_id + 1;
+  if (st == EXPSEG_OK && !_expseg_map_put(&a->ppool_ids, id, t))
+    st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_pool_create: out of host memory");
   if (st == EXPSEG_OK) {
-    a->ppools[t] = (ppool_t){.id = ++a->next_pool_id, .use_count = 1};
-    *out = a->ppools[t].id;
+    if (a->n_ppool_free > 0) a->n_ppool_free--;
+    else a->n_ppools = t + 1;
+    a->next_pool_id = id;
+    a->ppools[t] = (ppool_t){.id = id, .use_count = 1};
+    *out = id;
   }
   api_unlock(a);
   return st;
@@ -160,6 +181,8 @@ expseg_status expseg_pool_release(expseg_allocator *a, expseg_pool_id pool) {
                            "allocations are still routed to it; call expseg_pool_end first",
                            pool);
   } else if (--a->ppools[t].use_count == 0) {
+    (void)_expseg_map_take(&a->ppool_ids, pool, NULL); /* the id is unknown from now on */
+    a->ppool_drain[a->n_ppool_drain++] = t;
     a->reap = true;
     a->reap_skip = 0; /* tried now, whatever an earlier try left */
     if (a->n_pending_events > 0 || a->n_orphans > 0) _expseg_process_events(a);
@@ -259,13 +282,17 @@ void _expseg_ppool_reap(expseg_allocator *a, bool blocking) {
   }
   a->reap = false;
   bool left = false;
-  for (size_t t = 1; t < a->n_ppools; t++) {
+  for (size_t i = a->n_ppool_drain; i-- > 0;) { /* only released pools: a->ppool_drain */
+    const uint32_t t = a->ppool_drain[i];
     ppool_t *p = &a->ppools[t];
+    expseg_assert(p->id != 0 && p->use_count == 0);
     /* a pool with blocks or allocations is not tried: the end of the last sets a->reap */
-    if (p->id == 0 || p->use_count > 0 || p->busy > 0 || p->inflight > 0) continue;
-    if (_expseg_release_pool_memory(a, (uint32_t)t, blocking)) {
+    if (p->busy > 0 || p->inflight > 0) continue;
+    if (_expseg_release_pool_memory(a, t, blocking)) {
       expseg_assert(p->reserved[STAT_SMALL].current == 0 && p->reserved[STAT_LARGE].current == 0);
       *p = (ppool_t){0};
+      a->ppool_drain[i] = a->ppool_drain[--a->n_ppool_drain];
+      a->ppool_free[a->n_ppool_free++] = t;
     } else {
       left = true; /* a stream still busy (non-blocking), or memory the driver kept */
     }
@@ -284,9 +311,14 @@ void _expseg_ppool_reap(expseg_allocator *a, bool blocking) {
 void _expseg_ppool_destroy(expseg_allocator *a) {
   free(a->ppools);
   free(a->routes);
+  free(a->ppool_free);
+  free(a->ppool_drain);
+  _expseg_map_free(&a->ppool_ids);
   a->ppools = NULL;
   a->routes = NULL;
-  a->n_ppools = a->n_routes = a->cap_routes = 0;
+  a->ppool_free = a->ppool_drain = NULL;
+  a->n_ppools = a->n_routes = a->cap_routes = a->cap_ppools = 0;
+  a->n_ppool_free = a->n_ppool_drain = 0;
 }
 
 /* ---- statistics: reserved_bytes_by_private_pools.0_<id>.<type>.<metric> ---- */
@@ -404,6 +436,22 @@ expseg_status _expseg_ppool_check(const expseg_allocator *a) {
     else if (p->use_count < 0)
       st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_check: pool %" PRIu64 ": use count %d", p->id, p->use_count);
+  }
+  if (st == EXPSEG_OK) { /* the id map and the two stacks agree with the table */
+    size_t live = 0, draining = 0, unused = 0;
+    for (size_t t = 1; t < n; t++) {
+      const ppool_t *p = &a->ppools[t];
+      unused += p->id == 0;
+      draining += p->id != 0 && p->use_count == 0;
+      if (p->id != 0 && p->use_count > 0) live += live_tag(a, p->id) == t;
+    }
+    if (live != _expseg_map_count(&a->ppool_ids) || draining != a->n_ppool_drain ||
+        unused != a->n_ppool_free)
+      st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_check: pools: %zu live, %zu draining, %zu free slots; the "
+                             "id map holds %zu, the stacks %zu draining and %zu free",
+                             live, draining, unused, _expseg_map_count(&a->ppool_ids),
+                             a->n_ppool_drain, a->n_ppool_free);
   }
   for (size_t i = 0; i < a->n_routes && st == EXPSEG_OK; i++) {
     const route_t *r = &a->routes[i];
