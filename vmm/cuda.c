@@ -12,15 +12,11 @@
  * caller's context afterwards (nothing changes when it was already current).
  *
  * Mapping: reserve = cuMemAddressReserve, create = cuMemCreate (pinned device memory, with a
- * POSIX fd handle type when the device supports it), map = cuMemMap (offset 0 only:
- * UNSUPPORTED otherwise), set_access = cuMemSetAccess(READWRITE for the device asked: its own
- * or a peer; PROT_NONE to revoke a peer), unmap =
- * cuMemUnmap, release = cuMemRelease, unreserve = cuMemAddressFree, copy (the data-check
- * hook) = cuMemcpyHtoD / cuMemcpyDtoH. Events are created with
- * CU_EVENT_DISABLE_TIMING. Every failure names the CUDA call and cuGetErrorName's text.
- *
- * hold_stream (the test hook of expseg_testing.h): cuStreamWaitValue32 on a word of a
- * registered host page, released by writing the word (see "hold_stream" below).
+ * POSIX fd handle type when the device supports it), map = cuMemMap (offset 0 only), set_access
+ * = cuMemSetAccess (READWRITE for its own device or a peer; PROT_NONE revokes a peer), unmap =
+ * cuMemUnmap, release = cuMemRelease, unreserve = cuMemAddressFree, copy (data checks) =
+ * cuMemcpyHtoD/DtoH; events without timing. Every failure names the call and its error name.
+ * hold_stream (a test hook): cuStreamWaitValue32 on a word of a registered host page.
  *
  * Pinned host memory (host_alloc): where the device supports host-NUMA locations for the
  * VMM API (CUDA 12.4+ headers, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_
@@ -30,6 +26,8 @@
  * cuMemHostRegister(PORTABLE | DEVICEMAP). host_numa: the node hwloc finds nearest the
  * device's PCI bus id. */
 #include "vmm_impl.h"
+
+#include "map.h"
 
 #include <cuda.h>
 #include <dlfcn.h>
@@ -157,8 +155,7 @@ typedef struct {
   int n_holds, held_now;
   /* streams destroyed through this driver, which the allocator's records may still name:
    * their work was waited for before the destroy (hold_mu guards them too) */
-  expseg_stream *retired;
-  size_t n_retired, cap_retired;
+  _expseg_map_t retired; /* stream -> 1 (base/map.h) */
 } cuda_t;
 
 typedef struct {
@@ -315,26 +312,16 @@ static expseg_status cuda_event_destroy(void *st, expseg_vmm_event ev) {
  * recorded on it goes to the default stream. A new stream with that handle is live again. */
 
 static bool retired_find(cuda_t *c, expseg_stream s, bool remove) {
-  bool found = false;
   pthread_mutex_lock(&c->hold_mu);
-  for (size_t i = 0; i < c->n_retired && !found; i++) {
-    if (c->retired[i] != s) continue;
-    found = true;
-    if (remove) c->retired[i] = c->retired[--c->n_retired];
-  }
+  bool found = remove ? _expseg_map_take(&c->retired, s, NULL)
+                      : _expseg_map_get(&c->retired, s) != NULL;
   pthread_mutex_unlock(&c->hold_mu);
   return found;
 }
 
 static expseg_status retire(cuda_t *c, expseg_stream s) {
   pthread_mutex_lock(&c->hold_mu);
-  if (c->n_retired == c->cap_retired) {
-    size_t cap = c->cap_retired ? 2 * c->cap_retired : 8;
-    expseg_stream *nv = realloc(c->retired, cap * sizeof *nv);
-    if (nv) c->retired = nv, c->cap_retired = cap;
-  }
-  bool ok = c->n_retired < c->cap_retired;
-  if (ok) c->retired[c->n_retired++] = s;
+  bool ok = _expseg_map_put(&c->retired, s, 1);
   pthread_mutex_unlock(&c->hold_mu);
   return ok ? EXPSEG_OK
             : _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "cuda driver: out of host memory");
@@ -711,7 +698,7 @@ static void cuda_destroy(void *st) {
     cu.cuDevicePrimaryCtxRelease(c->dev);
   }
   pthread_mutex_destroy(&c->hold_mu);
-  free(c->retired);
+  _expseg_map_free(&c->retired);
   free(c);
 }
 
