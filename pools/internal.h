@@ -675,8 +675,9 @@ static inline void _expseg_ppool_reserved(expseg_allocator *a, const segment_t *
  * trimming or growth (policy: _expseg_pool_may_take). */
 static inline bool _expseg_seg_general(const expseg_allocator *a, const segment_t *s) {
   const uint32_t t = seg_tag(s);
+  if (t == 0) return true; /* the general cache: a->ppools may not exist yet */
   const ppool_t *p = &a->ppools[t];
-  return t == 0 || _expseg_pool_may_take(0, t, p->use_count, p->busy + p->inflight);
+  return _expseg_pool_may_take(0, t, p->use_count, p->busy + p->inflight);
 }
 #include "history.h" /* EXPSEG_HIST: the history hooks */
 
