@@ -178,6 +178,13 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
   r->first_oom = -1;
   _expseg_window_baseline(t, o->limit ? (size_t)o->limit : t->n_events, &r->base);
   driver_spec(t, o, capacity, r->driver, sizeof r->driver);
+  /* PyTorch's model: cudaMalloc's addresses descend, which decides between equal free
+   * segments (best fit breaks ties by address): the sim hands out addresses top down */
+  if (model == EXPSEG_MODEL_PYTORCH && strncmp(r->driver, "sim", 3) == 0 &&
+      (r->driver[3] == 0 || r->driver[3] == ':') && !strstr(r->driver, "top_down=")) {
+    size_t n = strlen(r->driver);
+    snprintf(r->driver + n, sizeof r->driver - n, "%stop_down=1", r->driver[3] ? "," : ":");
+  }
   char confbuf[1024];
   const char *conf = _expseg_model_conf(model, user_conf, t, confbuf, sizeof confbuf);
 

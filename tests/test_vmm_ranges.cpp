@@ -2,7 +2,8 @@
 // host arenas share, against a model (one bool per unit): random takes at random alignments
 // and gives-back in random order (seeded, seed printed). After each step the set is sorted,
 // never adjacent (coalesced), and covers exactly the model's free units; a take succeeds
-// exactly when the first-fit position the model finds exists, at that position.
+// exactly when the first-fit position the model finds exists, at that position; a top-down
+// take (sim's top_down=1) exactly at the highest aligned position the model finds.
 #include <gtest/gtest.h>
 
 #include "test_seed.h"
@@ -29,7 +30,7 @@ void expect_matches(const expseg_ranges_t &s, const std::vector<bool> &free_unit
   ASSERT_EQ(seen, free_unit);
 }
 
-TEST(VmmRanges, MatchesAModelUnderRandomTakesAndGivesBack) {
+void RandomTakesAndGivesBack(bool top) {
   EXPSEG_SEEDED(seed, 31337);
   const uint64_t base = 1000, units = 512;
   std::mt19937_64 rng(seed);
@@ -40,22 +41,24 @@ TEST(VmmRanges, MatchesAModelUnderRandomTakesAndGivesBack) {
   for (int step = 0; step < 20000; step++) {
     if (taken.empty() || rng() % 2) {
       uint64_t size = 1 + rng() % 24, align = uint64_t(1) << (rng() % 4);
-      // The model's first fit: lowest aligned start whose units are all free.
+      // The model's first fit: lowest aligned start whose units are all free (top: the
+      // highest).
       uint64_t want = UINT64_MAX;
       for (uint64_t a = (base + align - 1) / align * align; a + size <= base + units; a += align) {
         bool ok = true;
         for (uint64_t u = a; u < a + size && ok; u++) ok = free_unit[u - base];
         if (ok) {
           want = a;
-          break;
+          if (!top) break;
         }
       }
       uint64_t got = 0;
-      int r = _expseg_ranges_take(&s, size, align, &got);
+      int r = top ? _expseg_ranges_take_top(&s, size, align, &got)
+                  : _expseg_ranges_take(&s, size, align, &got);
       ASSERT_GE(r, 0) << "step " << step;
       ASSERT_EQ(r == 1, want != UINT64_MAX) << "step " << step << " size " << size;
       if (r == 1) {
-        ASSERT_EQ(want, got) << "step " << step << ": not the first fit";
+        ASSERT_EQ(want, got) << "step " << step << (top ? ": not the last fit" : ": not the first fit");
         for (uint64_t u = got; u < got + size; u++) free_unit[u - base] = false;
         taken.push_back({got, size});
       }
@@ -68,7 +71,7 @@ TEST(VmmRanges, MatchesAModelUnderRandomTakesAndGivesBack) {
       for (uint64_t u = t.first; u < t.first + t.second; u++) free_unit[u - base] = true;
     }
     expect_matches(s, free_unit, base);
-    if (HasFatalFailure()) {
+    if (::testing::Test::HasFatalFailure()) {
       ADD_FAILURE() << "at step " << step;
       break;
     }
@@ -80,5 +83,8 @@ TEST(VmmRanges, MatchesAModelUnderRandomTakesAndGivesBack) {
   _expseg_ranges_free(&s);
   EXPECT_EQ(0u, s.n);
 }
+
+TEST(VmmRanges, MatchesAModelUnderRandomTakesAndGivesBack) { RandomTakesAndGivesBack(false); }
+TEST(VmmRanges, TopDownTakesMatchAModel) { RandomTakesAndGivesBack(true); }
 
 } // namespace

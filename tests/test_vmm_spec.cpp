@@ -86,6 +86,7 @@ TEST(VmmSpec, BadSpecsNameTheBadPart) {
       {"host:capacity=0", "capacity=0", "SIZE > 0"},
       {"sim:va=1K", "va=1024", "from the granularity"},
       {"sim:va=8192T", "va=", "4096T"},
+      {"sim:top_down=2", "top_down=2", "0 or 1"},
   };
   for (const Bad &c : bad) {
     expseg_vmm_t *v = reinterpret_cast<expseg_vmm_t *>(0x1);
@@ -95,6 +96,26 @@ TEST(VmmSpec, BadSpecsNameTheBadPart) {
     EXPECT_NE(nullptr, strstr(m, c.needle1)) << c.spec << " -> " << m;
     EXPECT_NE(nullptr, strstr(m, c.needle2)) << c.spec << " -> " << m;
     EXPECT_NE(nullptr, strstr(m, "driver spec '")) << c.spec << " -> " << m;
+  }
+}
+
+// sim's reserve hands out ascending addresses by default, descending with top_down=1 (how
+// cudaMalloc's addresses come on Linux; the replay's PyTorch model uses it).
+TEST(VmmSpec, SimTopDownReservesDescend) {
+  for (int top = 0; top <= 1; top++) {
+    expseg_vmm_t *v = nullptr;
+    ASSERT_EQ(EXPSEG_OK, _expseg_vmm_open(top ? "sim:top_down=1" : "sim:top_down=0", 0, &v))
+        << expseg_last_error();
+    uintptr_t a = 0, b = 0, c = 0;
+    ASSERT_EQ(EXPSEG_OK, _expseg_vmm_reserve(v, 4u << 20, 0, &a));
+    ASSERT_EQ(EXPSEG_OK, _expseg_vmm_reserve(v, 4u << 20, 0, &b));
+    EXPECT_EQ(top ? a - (4u << 20) : a + (4u << 20), b) << "top_down=" << top;
+    ASSERT_EQ(EXPSEG_OK, _expseg_vmm_unreserve(v, a, 4u << 20));
+    ASSERT_EQ(EXPSEG_OK, _expseg_vmm_reserve(v, 2u << 20, 0, &c)); // reuses a's range
+    EXPECT_EQ(top ? a + (2u << 20) : a, c) << "top_down=" << top;
+    ASSERT_EQ(EXPSEG_OK, _expseg_vmm_unreserve(v, b, 4u << 20));
+    ASSERT_EQ(EXPSEG_OK, _expseg_vmm_unreserve(v, c, 2u << 20));
+    _expseg_vmm_close(v);
   }
 }
 

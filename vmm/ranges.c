@@ -48,6 +48,30 @@ int _expseg_ranges_take(expseg_ranges_t *s, uint64_t size, uint64_t align, uint6
   return 0;
 }
 
+int _expseg_ranges_take_top(expseg_ranges_t *s, uint64_t size, uint64_t align,
+                            uint64_t *start) {
+  for (size_t i = s->n; i-- > 0;) {
+    expseg_range_t e = s->r[i];
+    if (size > e.len) continue;
+    uint64_t a = (e.start + e.len - size) & ~(align - 1);
+    if (a < e.start) continue;
+    uint64_t end = a + size, eend = e.start + e.len;
+    /* Carve [a, end) out of e: the head stays in place, the tail goes after it. */
+    if (a > e.start) {
+      if (end < eend && !insert_at(s, i + 1, (expseg_range_t){end, eend - end}))
+        return -1;
+      s->r[i].len = a - e.start;
+    } else if (end < eend) {
+      s->r[i] = (expseg_range_t){end, eend - end};
+    } else {
+      remove_at(s, i);
+    }
+    *start = a;
+    return 1;
+  }
+  return 0;
+}
+
 bool _expseg_ranges_put(expseg_ranges_t *s, uint64_t start, uint64_t len) {
   size_t lo = 0, hi = s->n; /* first range after start */
   while (lo < hi) {

@@ -33,7 +33,8 @@ static expseg_status sim_reserve(void *st, size_t size, size_t align, uintptr_t 
   if (align < s->o.granularity) align = s->o.granularity;
   pthread_mutex_lock(&s->mu);
   uint64_t a = 0;
-  int got = _expseg_ranges_take(&s->free_va, size, align, &a);
+  int got = s->o.top_down ? _expseg_ranges_take_top(&s->free_va, size, align, &a)
+                          : _expseg_ranges_take(&s->free_va, size, align, &a);
   expseg_status r = EXPSEG_ERR_OUT_OF_MEMORY;
   if (got > 0) {
     r = _expseg_ledger_reserve(s->ledger, (uintptr_t)a, size);

@@ -200,12 +200,13 @@ static const optdef_t sim_opts[] = {
     {"capacity", OPT_SIZE, "SIZE > 0"},
     {"granularity", OPT_SIZE, "SIZE, a power of two from 4K to 1G"},
     {"va", OPT_SIZE, "SIZE from the granularity to 4096T"},
+    {"top_down", OPT_INT, "0 (reserve hands out the lowest free addresses) or 1 (the highest)"},
 };
 static const optdef_t cuda_opts[] = {
     {"numa", OPT_INT, "a NUMA node number >= 0 (pinned host memory)"},
 };
 
-enum { MAX_OPTS = 3 };
+enum { MAX_OPTS = 4 };
 
 #define SPEC_FMT "driver spec '%.*s': "
 #define SPEC_ARG (int)(speclen > 120 ? 120 : speclen), spec
@@ -335,12 +336,16 @@ static expseg_status open_spec(const char *spec, int device, expseg_vmm_t **out)
     st = _expseg_host_new(&o, device, out);
     if (st == EXPSEG_OK) (*out)->numa_override = o.numa_node;
   } else if (nlen == 3 && memcmp(spec, "sim", 3) == 0) {
-    if (opts && (st = parse_opts(spec, speclen, "sim", opts, sim_opts, 3, vals, seen)))
+    if (opts && (st = parse_opts(spec, speclen, "sim", opts, sim_opts, 4, vals, seen)))
       return st;
-    expseg_sim_opts_t o = {80ull << 30, 2u << 20, 128ull << 40};
+    if (seen[3] && vals[3] > 1)
+      return _expseg_error_set(EXPSEG_ERR_CONFIG, SPEC_FMT "top_down=%llu: expected 0 or 1",
+                               SPEC_ARG, (unsigned long long)vals[3]);
+    expseg_sim_opts_t o = {80ull << 30, 2u << 20, 128ull << 40, false};
     if (seen[0]) o.capacity = vals[0];
     if (seen[1]) o.granularity = vals[1];
     if (seen[2]) o.va_size = vals[2];
+    if (seen[3]) o.top_down = vals[3] == 1;
     st = _expseg_sim_new(&o, device, out);
   } else if (nlen == 4 && memcmp(spec, "cuda", 4) == 0) {
     if (opts && (st = parse_opts(spec, speclen, "cuda", opts, cuda_opts, 1, vals, seen)))

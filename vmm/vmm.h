@@ -250,6 +250,8 @@ typedef struct expseg_sim_opts_s {
   size_t capacity;
   size_t granularity;
   uint64_t va_size; /* size of the fake address space handed out by reserve */
+  bool top_down;    /* reserve hands out the highest free addresses first (as cudaMalloc's
+                     * addresses descend on Linux), else the lowest */
 } expseg_sim_opts_t;
 
 expseg_status _expseg_host_new(const expseg_host_opts_t *o, int device, expseg_vmm_t **out);

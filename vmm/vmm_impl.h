@@ -108,6 +108,8 @@ typedef struct expseg_ranges_s {
  * the first range that holds them. 1: taken (*start); 0: no range has room; -1: out of host
  * memory (nothing changed). */
 int _expseg_ranges_take(expseg_ranges_t *s, uint64_t size, uint64_t align, uint64_t *start);
+/* The same, last fit: the highest aligned `size` bytes of the last range that holds them. */
+int _expseg_ranges_take_top(expseg_ranges_t *s, uint64_t size, uint64_t align, uint64_t *start);
 /* Gives [start, start+len) back (it must not overlap a free range), merged with its
  * neighbours. false: out of host memory (nothing changed). Putting back what the last take
  * returned never fails. */
