@@ -173,24 +173,25 @@ size_t _expseg_grow_bytes(size_t need, size_t segment_mapped);
 #define EXPSEG_SMALL_GROW_MIN ((size_t)4 << 20)
 size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small);
 /* Pages of the next physical chunk a growth creates when `left` pages are still to create:
- * one under PyTorch's model (its ExpandableSegment creates a chunk per page), and one when
- * the pool is shared, i.e. another stream maps memory in it (idle memory then moves
- * between streams, which whole chunks do too coarsely: docs/benchmarks.md, streams8);
- * else what the growth needs, up to EXPSEG_CHUNK_MAX bytes: one create and one map per
- * growth, where a chunk per page costs a create and a map per page. A chunk is mapped,
- * moved and given back only whole, so larger chunks trade how finely idle memory can move
- * for fewer calls. */
+ * one under PyTorch's model (its ExpandableSegment creates a chunk per page); else what
+ * the growth needs, up to EXPSEG_CHUNK_MAX bytes: one create and one map per growth, where
+ * a chunk per page costs a create and a map per page. A chunk is mapped, moved and given
+ * back only whole, so larger chunks trade how finely idle memory can move for fewer calls;
+ * between streams memory is lent rather than moved (reuse before growth, below), so pools
+ * that streams share get the same chunks (docs/benchmarks.md, "Placement and chunks"). */
 #define EXPSEG_CHUNK_MAX ((size_t)1 << 26)
-size_t _expseg_chunk_pages(bool pytorch, bool shared, size_t left, size_t page);
-/* The largest idle chunk (in pages) a growth that still lacks `need` pages, in a place of
- * `room` pages, may move from another stream or pool: EXPSEG_STEAL_SPAN times what it
- * lacks. A chunk moves only whole, so a larger one strands the rest where it lands (a few
- * KiB of the small pool could take a 64 MiB chunk), while the stream or pool that freed it
- * may want it back and would create it anew; a bound relative to the need keeps moves that
- * spare a create (docs/benchmarks.md, "Idle chunks moved"). When the request is failing for
- * want of memory (blocking: the out-of-memory retry), any chunk the place holds. */
-#define EXPSEG_STEAL_SPAN 4
-size_t _expseg_steal_max_pages(size_t need, size_t room, bool blocking);
+size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page);
+/* Reuse before growth. A request maps or creates memory only when no memory already
+ * mapped and free can serve it, in this order: a free block of its own stream (best fit);
+ * a free block another stream of the same pool holds, once that stream's queued work is
+ * done (lent: it goes back to its owner when freed and the borrower's work is done); then
+ * growth at a place (an unmapped range with the free blocks around it) of its own stream,
+ * or of an idle stream of the same pool when that place needs fewer new pages
+ * (_expseg_place_better: have_own whether the stream has a place at all); the pages come
+ * from the page cache, then from idle chunks moved from free blocks anywhere (any chunk
+ * that fits the place: the rest of a larger one is free memory there, which any stream
+ * may borrow), and only then from the driver. */
+bool _expseg_place_better(bool have_own, size_t own_pages, size_t other_pages);
 /* May a pool take idle pages from the other pool, which last took this pool's pages at
  * tick `robbed` (0 = never; ticks count frees)? Not within EXPSEG_NO_TAKE_BACK ticks: two
  * pools taking turns would otherwise trade the same pages back and forth, a map and an

@@ -25,16 +25,15 @@ size_t _expseg_grow_bytes(size_t need, size_t segment_mapped) {
   return need > floor ? need : floor;
 }
 
-size_t _expseg_chunk_pages(bool pytorch, bool shared, size_t left, size_t page) {
-  if (pytorch || shared || page == 0) return left > 0 ? 1 : 0;
+size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page) {
+  if (pytorch || page == 0) return left > 0 ? 1 : 0;
   size_t most = EXPSEG_CHUNK_MAX / page;
   if (most == 0) most = 1;
   return left < most ? left : most;
 }
 
-size_t _expseg_steal_max_pages(size_t need, size_t room, bool blocking) {
-  if (blocking || need > room / EXPSEG_STEAL_SPAN) return room;
-  return need * EXPSEG_STEAL_SPAN;
+bool _expseg_place_better(bool have_own, size_t own_pages, size_t other_pages) {
+  return !have_own || other_pages < own_pages;
 }
 
 size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small) {

@@ -155,6 +155,7 @@ EXPSEG_HOT expseg_status take_block(expseg_allocator *a, block_t *b, size_t roun
   b->state = BLOCK_ALLOCATED;
   b->requested = size;
   b->n_uses = 0;
+  b->lent = false;
   b->oversize = _expseg_is_oversize(&a->cfg, b->size);
   isplit_change(a, b, true);
   stat_alloc(&a->stats, pool, b);
@@ -307,6 +308,9 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
     b = single ? find_single(a, kind, key, rounded) : find_free(a, kind, key, rounded);
   }
   expseg_status st = EXPSEG_OK;
+  /* reuse before growth: a free block another stream holds (lending: streams.c) */
+  if (b == NULL && !single && a->cfg.expandable_segments && !a->model_pytorch)
+    b = _expseg_lend_find(a, kind, key, rounded);
   if (b == NULL) {
     _expseg_garbage_collect(a, a->cfg.expandable_segments ? rounded : 0);
     b = find_or_grow(a, kind, key, rounded, single, false, &st);
@@ -332,6 +336,15 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
     return _expseg_fail_oom(a, size, rounded, stream, cause); /* unlocks */
   }
   st = take_block(a, b, single ? b->size : rounded, size, out); /* single: never split */
+  /* another stream's block, found or grown there, is lent (streams.c); its first use fits
+   * the inline slots: cannot fail */
+  if (st == EXPSEG_OK && b->stream != key) {
+    expseg_status us = _expseg_block_add_use(b, skey_stream(key));
+    expseg_assert(us == EXPSEG_OK);
+    (void)us;
+    b->lent = true;
+    a->stats.num_lent++;
+  }
   if (st == EXPSEG_OK && skey_tag(key) != 0) _expseg_ppool_busy(a, skey_tag(key), true);
   inflight_end(a, key); /* after the busy count: the pool never looks drained between */
   /* the page cache's bound (growth may have left more pages there than it allows); the
@@ -369,6 +382,7 @@ EXPSEG_HOT void free_block(expseg_allocator *a, block_t *b) {
   stat_free_done(s, pool, b);
   b->requested = 0;
   b->n_uses = 0;
+  b->lent = false;
   a->tick++;
   isplit_change(a, b, false);
   b->state = BLOCK_FREE;
@@ -418,9 +432,9 @@ expseg_status _expseg_free_locked(expseg_allocator *a, void *ptr) {
                              "already freed%s",
                              ptr, _expseg_host_pool_hint(ptr));
   }
-  bool pending = false;
+  bool pending = false, evented = false;
   if (b->n_uses > 0) {
-    pending = _expseg_insert_events(a, b);
+    pending = evented = _expseg_insert_events(a, b);
     /* no event could be recorded: wait for the streams instead; if even that fails the
      * memory may still be in use: the block stays pending as an orphan, its events tried
      * again at every malloc (only if no memory is left for that does free fail) */
@@ -443,6 +457,7 @@ expseg_status _expseg_free_locked(expseg_allocator *a, void *ptr) {
   if (pending) {
     b->state = BLOCK_PENDING;
     _expseg_stat_add(&s->pending_free_blocks, 1);
+    if (evented) _expseg_poll_uses(a, b); /* b may be gone */
   } else {
     _expseg_free_block(a, b);
   }

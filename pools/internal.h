@@ -88,6 +88,7 @@ struct block_s {
   block_t *idle_prev, *idle_next; /* idle list */
   uint64_t idle_since;   /* a->now_ns when it became free */
   bool idle;             /* on the idle list */
+  bool lent;             /* allocated by another stream than its owner (streams.c) */
   uint32_t event_count;  /* events still outstanding (pending free) */
   expseg_stream *uses;   /* n_uses entries: uses_inline or heap */
   expseg_stream uses_inline[2];
@@ -409,12 +410,23 @@ size_t _expseg_largest_free(const expseg_allocator *a);
 void _expseg_zombie_totals(const expseg_allocator *a, int64_t reserved[3], int64_t *va,
                            int64_t *chunks, int64_t *mapped);
 
-/* ---- streams.c: record_stream, events, pending frees ---- */
+/* ---- streams.c: record_stream, events, pending frees, lending ---- */
 expseg_status _expseg_block_add_use(block_t *b, expseg_stream s);
+/* Reuse before growth: the smallest free mapped expandable block of `pool` of at least
+ * `rounded` bytes that another stream of key's pool (the same private pool or the general
+ * cache) holds and whose stream's queued work has completed, removed from the free index;
+ * NULL when none. The caller hands it out and lends it (_expseg_block_add_use of key's
+ * stream): it stays its owner's, and its free waits for the borrower's work like any
+ * block used on another stream, then returns it to its owner's free blocks. */
+block_t *_expseg_lend_find(expseg_allocator *a, int pool, expseg_stream key, size_t rounded);
 /* Records events for a freed block's other streams. false: no event could be recorded
  * (the caller then synchronizes). */
 bool _expseg_insert_events(expseg_allocator *a, block_t *b);
 void _expseg_process_events(expseg_allocator *a);
+/* Frees pending block b now if the work on its streams is already done (the events just
+ * recorded for it, polled), instead of at the next malloc: a lent block's borrower, or a
+ * stream that recorded a use and has finished, often has. b may be gone afterwards. */
+void _expseg_poll_uses(expseg_allocator *a, block_t *b);
 /* A freed block used on other streams for which neither an event nor a wait worked: it
  * stays pending and events are tried again at every malloc. false: no host memory. */
 bool _expseg_orphan_add(expseg_allocator *a, block_t *b);

@@ -152,31 +152,58 @@ static bool free_mapped(const block_t *b) {
   return b != NULL && b->state == BLOCK_FREE && b->mapped;
 }
 
-/* shared: the pool is shared with other streams (pages then come one per chunk). */
+/* The place unmapped range u gives a request of `rounded` bytes: with the free mapped block
+ * just before it (and after it), the pages to map at u->ptr. false: it does not fit. */
+static bool place_at(expseg_allocator *a, block_t *u, int pool, size_t rounded, place_t *pl) {
+  block_t *prefix = free_mapped(u->prev) ? u->prev : NULL;
+  block_t *suffix = free_mapped(u->next) ? u->next : NULL;
+  uintptr_t start = prefix ? prefix->ptr : u->ptr;
+  uintptr_t uend = u->ptr + u->size;
+  uintptr_t end = uend + (suffix ? suffix->size : 0);
+  if (rounded > end - start) return false;
+  uintptr_t need = start + rounded;
+  if (need <= u->ptr) return false; /* the prefix alone fits: best fit would have found it */
+  const size_t pg = u->seg->page;
+  size_t grow = _expseg_grow_for(need - u->ptr, u->seg->mapped_bytes, pool == POOL_SMALL);
+  uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + _expseg_round_up(grow, pg);
+  if (a->model_pytorch) hi = _expseg_model_map_end(a, u, pool, need);
+  /* a mapping the driver refused to remove (on the retry list) blocks this range: grow
+   * elsewhere, a new reservation if need be */
+  if (_expseg_zombie_mapped_in(a, u->ptr, hi - u->ptr)) return false;
+  *pl = (place_t){u, prefix, suffix, (hi - u->ptr) / pg};
+  return true;
+}
+
+/* Where a growth for `stream` maps (policy: reuse before growth, _expseg_place_better): the
+ * lowest-address place of the stream's own unmapped ranges that fits; then the place of
+ * another stream of the same pool whose queued work is done that needs the fewest new
+ * pages, when it needs fewer (its free blocks around the range serve more of the request).
+ * The block mapped there is that stream's and is lent (streams.c). Not under PyTorch's
+ * model. */
 static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
-                       bool shared, place_t *pl) {
+                       place_t *pl) {
   const tree_t *t = &a->unmapped_idx[pool];
+  bool found = false;
   for (block_t *u = _expseg_tree_lower_bound(t, stream, 0, 0); u && u->stream == stream;
-       u = _expseg_tree_next(t, u)) {
-    block_t *prefix = free_mapped(u->prev) ? u->prev : NULL;
-    block_t *suffix = free_mapped(u->next) ? u->next : NULL;
-    uintptr_t start = prefix ? prefix->ptr : u->ptr;
-    uintptr_t uend = u->ptr + u->size;
-    uintptr_t end = uend + (suffix ? suffix->size : 0);
-    if (rounded > end - start) continue;
-    uintptr_t need = start + rounded;
-    if (need <= u->ptr) continue; /* the prefix alone fits: best fit would have found it */
-    const size_t pg = u->seg->page;
-    size_t grow = _expseg_grow_for(need - u->ptr, u->seg->mapped_bytes, pool == POOL_SMALL && !shared);
-    uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + _expseg_round_up(grow, pg);
-    if (a->model_pytorch) hi = _expseg_model_map_end(a, u, pool, need);
-    /* a mapping the driver refused to remove (on the retry list) blocks this range: grow
-     * elsewhere, a new reservation if need be */
-    if (_expseg_zombie_mapped_in(a, u->ptr, hi - u->ptr)) continue;
-    *pl = (place_t){u, prefix, suffix, (hi - u->ptr) / pg};
-    return true;
+       u = _expseg_tree_next(t, u))
+    if ((found = place_at(a, u, pool, rounded, pl))) break;
+  if (a->model_pytorch) return found;
+  const bool own = found;
+  const size_t own_pages = found ? pl->pages : 0;
+  stream_seen_t seen[SEEN_MAX];
+  size_t n_seen = 0;
+  for (block_t *u = _expseg_tree_lower_bound(t, 0, 0, 0); u; u = _expseg_tree_next(t, u)) {
+    place_t other;
+    if (u->stream == stream || seg_tag(u->seg) != skey_tag(stream) ||
+        !place_at(a, u, pool, rounded, &other) ||
+        !_expseg_place_better(own, own_pages, other.pages) ||
+        (found && pl->u->stream != stream && other.pages >= pl->pages) ||
+        !_expseg_stream_idle(a, u->stream, false, seen, &n_seen, SEEN_MAX))
+      continue;
+    *pl = other;
+    found = true;
   }
-  return false;
+  return found;
 }
 
 static bool cap_allows(const expseg_allocator *a, size_t more) {
@@ -192,24 +219,14 @@ static expseg_status cap_error(const expseg_allocator *a, size_t more) {
                            _expseg_format_size(b2, more), _expseg_format_size(b3, a->allowed));
 }
 
-/* Does another stream than `stream` map expandable memory in `pool` (of the same private
- * pool, or the general cache)? */
-static bool pool_shared(const expseg_allocator *a, int pool, expseg_stream stream) {
-  for (const segment_t *s = a->segments; s; s = s->next_all)
-    if (s->expandable && s->pool == pool && s->stream != stream && s->mapped_bytes > 0 &&
-        seg_tag(s) == skey_tag(stream))
-      return true;
-  return false;
-}
-
 /* Creates chunks for `pages` pages of pg bytes with the lock dropped (sized by policy:
  * _expseg_chunk_pages) and puts them in the cache. */
-static expseg_status create_chunks(expseg_allocator *a, int pool, bool shared, size_t pages,
+static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages,
                                    size_t pg) {
   size_t bytes = pages * pg, n = 0;
   if (!cap_allows(a, bytes)) return cap_error(a, bytes);
   for (size_t left = pages; left > 0; n++)
-    left -= _expseg_chunk_pages(a->model_pytorch, shared, left, pg);
+    left -= _expseg_chunk_pages(a->model_pytorch, left, pg);
   expseg_vmm_handle local_h[64];
   size_t local_s[64];
   expseg_vmm_handle *hs = n <= 64 ? local_h : malloc(n * sizeof *hs);
@@ -220,7 +237,7 @@ static expseg_status create_chunks(expseg_allocator *a, int pool, bool shared, s
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
   }
   for (size_t i = 0, left = pages; i < n; i++) {
-    size_t k = _expseg_chunk_pages(a->model_pytorch, shared, left, pg);
+    size_t k = _expseg_chunk_pages(a->model_pytorch, left, pg);
     sz[i] = k * pg;
     left -= k;
   }
@@ -254,13 +271,10 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
                                 size_t rounded, bool blocking, expseg_status *st) {
   size_t created = 0; /* pages created for this request so far */
   for (int round = 0; round < 8; round++) {
-    /* a pool other streams map memory in gets one chunk per page (policy/round.c:
-     * _expseg_chunk_pages): idle memory moves between streams page by page */
-    const bool shared = !a->model_pytorch && pool_shared(a, pool, stream);
     place_t pl;
-    if (!find_place(a, pool, stream, rounded, shared, &pl)) {
+    if (!find_place(a, pool, stream, rounded, &pl)) {
       if (expandable_new(a, pool, stream, rounded, st) == NULL) return NULL;
-      if (!find_place(a, pool, stream, rounded, shared, &pl)) {
+      if (!find_place(a, pool, stream, rounded, &pl)) {
         *st = _expseg_error_set(EXPSEG_ERR_DRIVER, "internal: new segment cannot place %zu bytes",
                                 rounded);
         return NULL;
@@ -270,8 +284,8 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     size_t have = _expseg_cache_cover(a, pg, pl.pages, room);
     if (have < pl.pages && !a->model_pytorch) { /* PyTorch moves no page */
       const size_t need = pl.pages - have;
-      _expseg_steal_pages(a, pool, pg, need, _expseg_steal_max_pages(need, room, blocking),
-                          pl.prefix, pl.suffix, blocking, !shared, skey_tag(stream), true);
+      _expseg_steal_pages(a, pool, pg, need, room, pl.prefix, pl.suffix, blocking, true,
+                          skey_tag(stream), true);
       have = _expseg_cache_cover(a, pg, pl.pages, room);
     }
     if (have >= pl.pages && _expseg_zombie_mapped_in(a, pl.u->ptr, have * pg)) {
@@ -288,7 +302,7 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
       return b;
     }
     size_t want = pl.pages - have;
-    *st = create_chunks(a, pool, shared, want, pg);
+    *st = create_chunks(a, pool, want, pg);
     if (*st != EXPSEG_OK) return NULL;
     created += want;
     /* the lock was dropped: place again */

@@ -3,15 +3,26 @@
  * never recorded on the plain same-stream path) and leaves the block pending until all of
  * them complete. Each used stream has its own FIFO of events, polled at the start of
  * malloc (no head-of-line blocking across streams), drained with synchronization on
- * empty_cache and on the out-of-memory path. */
+ * empty_cache and on the out-of-memory path.
+ *
+ * Lending (reuse before growth): a request that finds no free block on its own stream may
+ * take a free block another stream of the same pool holds once that stream's queued work is
+ * done (an event says so), instead of mapping or creating memory. The block stays its
+ * owner's (segment and free index), the borrower is recorded as a use, so its free waits
+ * for the borrower's work and then returns it to the owner: stream-ordered reuse on either
+ * stream stays safe, and no driver call moves memory between streams. */
+#include "block.h"
 #include "error.h"
 #include "internal.h"
+#include "release.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 expseg_status _expseg_block_add_use(block_t *b, expseg_stream s) {
-  if (s == skey_stream(b->stream)) return EXPSEG_OK; /* its own stream (internal.h: key) */
+  /* its own stream (internal.h: key); a lent block's owner is another stream to the one
+   * that allocated it, and is recorded like any */
+  if (s == skey_stream(b->stream) && !b->lent) return EXPSEG_OK;
   for (uint32_t i = 0; i < b->n_uses; i++)
     if (b->uses[i] == s) return EXPSEG_OK;
   if (b->n_uses == b->uses_cap) {
@@ -166,6 +177,28 @@ static void retry_orphans(expseg_allocator *a, bool wait) {
   a->n_orphans = kept;
 }
 
+/* Pops the completed events at the head of stream s's queue. */
+static void poll_queue(expseg_allocator *a, expseg_stream s) {
+  for (size_t i = 0; i < a->n_queues; i++) {
+    if (a->queues[i].stream != s) continue;
+    stream_queue_t *q = &a->queues[i];
+    while (q->count > 0) {
+      bool done = false;
+      if (_expseg_vmm_event_query(a->drv, q->items[q->head].ev, &done) != EXPSEG_OK || !done)
+        break;
+      event_done(a, queue_pop(q));
+    }
+    return;
+  }
+}
+
+void _expseg_poll_uses(expseg_allocator *a, block_t *b) {
+  expseg_stream local[8];
+  const uint32_t n = b->n_uses < 8 ? b->n_uses : 8; /* b may be freed while polling */
+  memcpy(local, b->uses, n * sizeof *local);
+  for (uint32_t i = 0; i < n; i++) poll_queue(a, local[i]);
+}
+
 void _expseg_process_events(expseg_allocator *a) {
   if (a->n_orphans > 0) retry_orphans(a, false);
   for (size_t i = 0; i < a->n_queues; i++) {
@@ -214,4 +247,22 @@ void _expseg_streams_destroy(expseg_allocator *a) {
   free(a->event_pool);
   a->event_pool = NULL;
   a->n_event_pool = a->cap_event_pool = 0;
+}
+
+block_t *_expseg_lend_find(expseg_allocator *a, int pool, expseg_stream key, size_t rounded) {
+  stream_seen_t seen[SEEN_MAX];
+  size_t n_seen = 0;
+  block_t *best = NULL;
+  const uint32_t tag = skey_tag(key);
+  /* the idle list holds every free mapped expandable block with a whole page, any stream */
+  for (block_t *b = a->idle_head[pool]; b != NULL; b = b->idle_next) {
+    if (b->size < rounded || (best != NULL && b->size >= best->size) || b->stream == key ||
+        seg_tag(b->seg) != tag)
+      continue;
+    if (!_expseg_stream_idle(a, b->stream, false, seen, &n_seen, SEEN_MAX)) continue;
+    best = b;
+    if (b->size == rounded) break;
+  }
+  if (best != NULL) _expseg_free_remove(a, best);
+  return best;
 }

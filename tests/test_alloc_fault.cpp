@@ -162,7 +162,9 @@ struct Scenario {
     void *c3 = malloc_(200 * KiB, 1);
     free_(c1);
     record(c2, 3);
+    ASSERT_EQ(alloc_test_hold(a, 3, true), EXPSEG_OK); // c2 stays pending after its free
     free_(c2);
+    ASSERT_EQ(alloc_test_hold(a, 3, false), EXPSEG_OK);
     empty();  // synchronizes stream 3's event
     void *c4 = malloc_(2 * MiB, 1);
     empty();

@@ -257,14 +257,17 @@ TEST(AllocInplace, SmallPoolOnTwoStreamsMatchesThePlacementModel) {
     const expseg_stream streams[2] = {0, 9};
     PlacementModel m[2];
     std::vector<std::pair<int, uintptr_t>> live; // (stream index, address)
-    // both segments made while the other is busy (an idle one would give its pages to the
-    // other stream's growth: pools/pages.c), then freed: classic ones of 2 MiB; expandable,
-    // the first at least 4 MiB (_expseg_grow_for) and the second, in a pool now shared, 2 MiB
+    // both segments made while the other stream's work is unfinished (an idle stream would
+    // lend its free memory or give its pages to the other's growth: pools/streams.c), then
+    // freed: classic ones of 2 MiB; expandable ones of at least 4 MiB (_expseg_grow_for)
     const bool expandable = conf[0] == '\0';
-    const size_t seg_bytes[2] = {(expandable ? 4 : 2) * MiB, 2 * MiB};
+    const size_t seg_bytes[2] = {(expandable ? 4 : 2) * MiB, (expandable ? 4 : 2) * MiB};
     void *first[2] = {nullptr, nullptr};
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 2; k++) {
+      ASSERT_EQ(alloc_test_hold(A, streams[1 - k], true), EXPSEG_OK);
       ASSERT_EQ(expseg_malloc(A, 1 * MiB, streams[k], &first[k]), EXPSEG_OK) << expseg_last_error();
+      ASSERT_EQ(alloc_test_hold(A, streams[1 - k], false), EXPSEG_OK);
+    }
     for (int k = 0; k < 2; k++) {
       ASSERT_EQ(expseg_free(A, first[k]), EXPSEG_OK);
       m[k] = PlacementModel{{{u(first[k]), seg_bytes[k]}}, {}, false}; // small: down to 512 B

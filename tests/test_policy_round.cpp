@@ -237,23 +237,19 @@ TEST(PolicyRound, SmallPoolGrowsAtLeastFourMiB) {
 
 TEST(PolicyRound, ChunksAreSizedFromTheGrowth) {
   const size_t MiB = (size_t)1 << 20, pg = 2 * MiB, most = EXPSEG_CHUNK_MAX / pg;
-  EXPECT_EQ(_expseg_chunk_pages(false, false, 5, pg), 5u) << "one chunk for the growth";
-  EXPECT_EQ(_expseg_chunk_pages(false, false, most + 3, pg), most) << "at most CHUNK_MAX";
-  EXPECT_EQ(_expseg_chunk_pages(true, false, 5, pg), 1u) << "PyTorch: a chunk per page";
-  EXPECT_EQ(_expseg_chunk_pages(false, true, 5, pg), 1u) << "a shared pool: a chunk per page";
-  EXPECT_EQ(_expseg_chunk_pages(false, false, 0, pg), 0u);
-  EXPECT_EQ(_expseg_chunk_pages(false, false, 3, EXPSEG_CHUNK_MAX * 2), 1u)
+  EXPECT_EQ(_expseg_chunk_pages(false, 5, pg), 5u) << "one chunk for the growth";
+  EXPECT_EQ(_expseg_chunk_pages(false, most + 3, pg), most) << "at most CHUNK_MAX";
+  EXPECT_EQ(_expseg_chunk_pages(true, 5, pg), 1u) << "PyTorch: a chunk per page";
+  EXPECT_EQ(_expseg_chunk_pages(false, 0, pg), 0u);
+  EXPECT_EQ(_expseg_chunk_pages(false, 3, EXPSEG_CHUNK_MAX * 2), 1u)
       << "a page above CHUNK_MAX is still one page";
 }
 
-TEST(PolicyRound, MovedChunksAreBoundedByTheNeed) {
-  EXPECT_EQ(_expseg_steal_max_pages(2, 1000, false), 2u * EXPSEG_STEAL_SPAN)
-      << "a small growth moves no large chunk";
-  EXPECT_EQ(_expseg_steal_max_pages(2, 1000, true), 1000u)
-      << "the out-of-memory retry takes any chunk the place holds";
-  EXPECT_EQ(_expseg_steal_max_pages(300, 1000, false), 1000u) << "never above the place";
-  EXPECT_EQ(_expseg_steal_max_pages(5, 5, false), 5u);
-  EXPECT_EQ(_expseg_steal_max_pages(SIZE_MAX / 2, SIZE_MAX, false), SIZE_MAX) << "no overflow";
+TEST(PolicyRound, AnotherStreamsPlaceOnlyWhenItNeedsFewerPages) {
+  EXPECT_TRUE(_expseg_place_better(false, 0, 100)) << "no place of its own: any fitting place";
+  EXPECT_TRUE(_expseg_place_better(true, 10, 9));
+  EXPECT_FALSE(_expseg_place_better(true, 10, 10)) << "a tie stays on the stream's own place";
+  EXPECT_FALSE(_expseg_place_better(true, 10, 11));
 }
 
 TEST(PolicyRound, NoImmediateTakeBackBetweenPools) {

@@ -145,13 +145,18 @@ TEST(Snapshot, ExpandableHistoryReplaysBackwardsToEmpty) {
   expseg_allocator *a = nullptr;
   ASSERT_EQ(expseg_create("sim:capacity=256M", 0, "expandable_segments:True", &a), EXPSEG_OK);
   ASSERT_EQ(expseg_record_history(a, true, SIZE_MAX), EXPSEG_OK);
-  void *x, *y;
+  void *x, *y, *keep, *l;
   ASSERT_EQ(expseg_malloc(a, 64 << 20, 1, &x), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 8 << 20, 1, &keep), EXPSEG_OK);
   ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
-  ASSERT_EQ(expseg_malloc(a, 64 << 20, 2, &y), EXPSEG_OK); // takes stream 1's idle pages
+  ASSERT_EQ(expseg_malloc(a, 66 << 20, 2, &y), EXPSEG_OK); // takes stream 1's idle pages
   EXPECT_GT(stat(a, "expseg.pages_moved"), 0);
   EXPECT_GT(stat(a, "expseg.page_cache_hits"), 0);
   ASSERT_EQ(expseg_free(a, y), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 4 << 20, 3, &l), EXPSEG_OK); // lent by stream 2
+  EXPECT_EQ(stat(a, "expseg.num_lent"), 1);
+  ASSERT_EQ(expseg_free(a, l), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(a, keep), EXPSEG_OK);
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
   void *big = nullptr;
   ASSERT_EQ(expseg_malloc(a, (size_t)1 << 30, 0, &big), EXPSEG_ERR_OUT_OF_MEMORY);
