@@ -73,7 +73,7 @@ TEST(TraceCosts, HistoryAndSegmentSharedByManyDevicesIsRefused) {
 }
 
 TEST(TraceCosts, ManyDevicesBesideManySegmentsWalkEachSegmentOnce) {
-  Crafted c("devices", 200000);
+  Crafted c("devices", 500000);
   ASSERT_NE(c.p, nullptr);
   Set s;
   auto t0 = std::chrono::steady_clock::now();
