@@ -146,7 +146,9 @@ size_t _expseg_page_cache_excess(const expseg_config_t *c, size_t cached_bytes);
 /* decide.c: the hint of an out-of-memory message, from what ran out. */
 typedef enum {
   EXPSEG_HINT_TOO_LARGE,     /* larger than the whole device */
-  EXPSEG_HINT_ADDRESS_SPACE, /* address space, not memory */
+  EXPSEG_HINT_UNIT_TOO_LARGE, /* the page or classic segment it needs exceeds the device */
+  EXPSEG_HINT_ADDRESS_SPACE, /* address space, not memory (expandable: va_reserve_mb) */
+  EXPSEG_HINT_ADDRESS_SPACE_CLASSIC, /* address space with classic segments (no reserve)*/
   EXPSEG_HINT_STRANDED,      /* enough held but unallocated, split across classic segments */
   EXPSEG_HINT_FRACTION,      /* the memory fraction caps the allocator */
   EXPSEG_HINT_FULL           /* memory is simply full */
@@ -156,6 +158,9 @@ typedef struct expseg_oom_facts {
   bool expandable;               /* expandable_segments on */
   bool capped;                   /* a memory fraction below 1 limits the allocator */
   size_t held, allocated, rounded;
+  size_t unit;                   /* what the request must create: an expandable page, or a
+                                  * classic segment (large_segment_size for 1-10 MiB) */
+  size_t total;                  /* the device's bytes */
 } expseg_oom_facts_t;
 expseg_oom_hint_t _expseg_oom_hint(const expseg_oom_facts_t *f);
 /* Oversize rules (classic blocks only): may a cached block of candidate bytes serve? */

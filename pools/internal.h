@@ -312,6 +312,10 @@ struct expseg_allocator {
   uint32_t *ppool_drain;      /* released slots still holding memory, a stack */
   size_t n_ppool_free, n_ppool_drain;
   _expseg_map_t ppool_ids;    /* live pool id -> its tag (use count >= 1) */
+  /* segcount.c: per pool, stream key -> its expandable segments | those mapping << 32,
+   * and pool tag -> its expandable segments mapping memory; lost: dropped (no memory) */
+  _expseg_map_t segcount[POOL_COUNT], segcount_tag[POOL_COUNT];
+  bool segcount_lost;
   expseg_pool_id next_pool_id;
   route_t *routes;            /* pools begun, oldest first (checked newest first) */
   size_t n_routes, cap_routes;
@@ -321,6 +325,18 @@ struct expseg_allocator {
 };
 
 static inline uint32_t seg_tag(const segment_t *s) { return skey_tag(s->stream); }
+
+/* ---- segcount.c: expandable segments per stream (O(1) questions of growth) ---- */
+/* s gained (or lost) segs segments and mapping segments that map memory */
+void _expseg_segcount_add(expseg_allocator *a, const segment_t *s, int segs, int mapping);
+/* s->mapped_bytes changed from `before` */
+void _expseg_segcount_mapped(expseg_allocator *a, const segment_t *s, size_t before);
+/* expandable segments of (pool, stream key) */
+size_t _expseg_segcount_of(const expseg_allocator *a, int pool, expseg_stream key);
+/* does another stream of key's pool tag map expandable memory in pool? */
+bool _expseg_segcount_shared(const expseg_allocator *a, int pool, expseg_stream key);
+bool _expseg_segcount_check(const expseg_allocator *a, char *why, size_t len);
+void _expseg_segcount_destroy(expseg_allocator *a);
 
 /* ---- tree.c ---- */
 void _expseg_tree_insert(tree_t *t, block_t *b, uint32_t prio);
@@ -463,6 +479,8 @@ expseg_status _expseg_peers_grant(expseg_allocator *a, uintptr_t addr, size_t si
 void _expseg_ipc_poll_locked(expseg_allocator *a);
 /* expseg_free of an exported pointer: true when the free is deferred (*st its result). */
 bool _expseg_ipc_hold_free(expseg_allocator *a, uintptr_t ptr, expseg_status *st);
+/* Was ptr freed while an import keeps its memory (a deferred free)? */
+bool _expseg_ipc_freed(const expseg_allocator *a, uintptr_t ptr);
 /* Calls fn on every imported range (peer access). */
 expseg_status _expseg_ipc_foreach_import(expseg_allocator *a,
                                          expseg_status (*fn)(void *ctx, uintptr_t, size_t),

@@ -118,6 +118,7 @@ size_t _expseg_unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintpt
   size_t bytes = done * pg;
   mid->mapped = false;
   s->mapped_bytes -= bytes;
+  _expseg_segcount_mapped(a, s, s->mapped_bytes + bytes);
   _expseg_ppool_reserved(a, s, -(int64_t)bytes);
   _expseg_stat_add(&a->stats.mapped_bytes, -(int64_t)bytes);
   a->stats.num_device_free++;
@@ -277,6 +278,7 @@ block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, expseg_st
   u->mapped = true;
   size_t bytes = K * pg;
   s->mapped_bytes += bytes;
+  _expseg_segcount_mapped(a, s, s->mapped_bytes - bytes);
   _expseg_ppool_reserved(a, s, (int64_t)bytes);
   _expseg_stat_add(&a->stats.mapped_bytes, (int64_t)bytes);
   a->stats.num_device_alloc++;
