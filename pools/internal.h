@@ -284,6 +284,7 @@ struct expseg_allocator {
 
   stream_queue_t *queues;     /* per used stream: events outstanding */
   size_t n_queues, cap_queues;
+  _expseg_map_t queue_of;     /* stream -> its index in queues (a stream's first use: O(1)) */
   size_t n_pending_events;
   bool warned_sync;           /* a failed wait for a stream was reported */
   block_t **orphans;          /* pending blocks no event could be recorded for yet */

@@ -2,11 +2,12 @@
  * what was asked, what the device and this allocator held at that moment (taken before the
  * page cache is given back, so its figures agree with the driver's own words in the cause),
  * and one hint chosen by what ran out: the whole device is too small for the request, one
- * expandable page is larger than the device, the address space is exhausted (many streams;
- * va_reserve_mb named only for expandable segments, which it sizes), the memory fraction
- * caps the allocator, classic segments strand free memory, or memory is simply full. The
- * report costs time linear in the segments (the streams are counted through a set). Observers then run with no
- * lock held, and are told the device's free memory after that give-back. */
+ * expandable page or classic segment is larger than the device, the address space is
+ * exhausted (many streams; va_reserve_mb named only for expandable segments, which it
+ * sizes), the memory fraction caps the allocator, classic segments strand free memory, or
+ * memory is simply full. The report costs time linear in the segments (the streams are
+ * counted through a set). Observers then run with no lock held, and are told the device's
+ * free memory after that give-back. */
 #include "error.h"
 #include "internal.h"
 

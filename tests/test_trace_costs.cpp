@@ -165,7 +165,8 @@ TEST(TraceCosts, StructuresWalkedTwiceAreRefused) {
   Set s;
   std::string ok = snap(seg(0, 4096, "]" + put(30)) + seg(0, 8192, get(30)),
                         "]" + put(31) + get(31) + hist);
-  ASSERT_EQ(expseg_trace_read_pickle("ok.pickle", reinterpret_cast<const unsigned char *>(ok.data()),
+  ASSERT_EQ(expseg_trace_read_pickle("ok.pickle",
+                                     reinterpret_cast<const unsigned char *>(ok.data()),
                                      ok.size(), &s.s),
             EXPSEG_OK)
       << expseg_trace_last_error();
