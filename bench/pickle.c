@@ -5,10 +5,14 @@
  * BINUNICODE8, the BINBYTES family and LONG4) and nothing that names a class or calls code.
  * Values live in one array and refer to each other by index, so shared and even
  * self-referencing values (through the memo) cost nothing and freeing never recurses.
- * Strings point into the input. Limits keep malformed input from costing more than a few
- * times its size: every length is checked against the bytes left, memo indices stay below
- * the input length, MARKs nest at most EXPSEG_PICKLE_MAX_MARKS deep, and the first error
- * stops with the byte offset and the reason. */
+ * Strings point into the input. Limits keep any input, malformed or crafted, to time and
+ * memory linear in its size: every length is checked against the bytes left, memo indices
+ * stay below the input length and sparse ones go to a hash map (a dense array sized by the
+ * largest index would cost four bytes per input byte for one LONG_BINPUT), MARKs nest at
+ * most EXPSEG_PICKLE_MAX_MARKS deep, and the first error stops with the byte offset and the
+ * reason. A dict read through the memo may be looked up once per reference, so dicts with
+ * more than EXPSEG_PICKLE_SCAN_KEYS keys get a hash table once loaded (its size is bounded
+ * by the dict's own items): every lookup is O(1), whatever the sharing. */
 #include "trace_internal.h"
 
 
@@ -41,8 +45,9 @@ typedef struct up_s {
   size_t sn, scap;
   size_t marks[EXPSEG_PICKLE_MAX_MARKS];
   int nmarks;
-  uint32_t *memo;             /* memo index -> value index (0 = unset) */
+  uint32_t *memo;             /* memo index -> value index (0 = unset), dense part */
   size_t memo_cap, memo_count;
+  _expseg_map_t memo_sparse;  /* indices far beyond the dense part -> value index */
 } up_t;
 
 static expseg_status fail(up_t *u, const char *fmt, ...) EXPSEG_PRINTF(2, 3);
@@ -159,7 +164,8 @@ static expseg_status memo_put(up_t *u, uint64_t idx) {
   if (u->sn == 0) return fail(u, "memo store with an empty stack");
   if (idx >= u->len) return fail(u, "memo index %" PRIu64 " is beyond the limit (%zu)", idx,
                                  u->len);
-  if (idx >= u->memo_cap) {
+  /* the dense array grows only while at least a quarter of it is used */
+  if (idx >= u->memo_cap && idx < 4 * (u->memo_count + 1024)) {
     size_t cap = u->memo_cap ? u->memo_cap : 1024;
     while (cap <= idx) cap *= 2;
     uint32_t *m = realloc(u->memo, cap * sizeof *m);
@@ -168,15 +174,24 @@ static expseg_status memo_put(up_t *u, uint64_t idx) {
     u->memo = m;
     u->memo_cap = cap;
   }
-  if (!u->memo[idx]) u->memo_count++;
-  u->memo[idx] = u->stack[u->sn - 1];
-  return EXPSEG_OK;
+  uint32_t v = u->stack[u->sn - 1];
+  if (idx < u->memo_cap) {
+    if (!u->memo[idx] && !_expseg_map_get(&u->memo_sparse, idx)) u->memo_count++;
+    u->memo[idx] = v;
+    return EXPSEG_OK;
+  }
+  if (!_expseg_map_get(&u->memo_sparse, idx)) u->memo_count++;
+  return _expseg_map_put(&u->memo_sparse, idx, v) ? EXPSEG_OK : oom(u);
 }
 
 static expseg_status memo_get(up_t *u, uint64_t idx) {
-  if (idx >= u->memo_cap || !u->memo[idx])
-    return fail(u, "memo index %" PRIu64 " was never stored", idx);
-  return push(u, u->memo[idx]) ? EXPSEG_OK : oom(u);
+  uint32_t v = idx < u->memo_cap ? u->memo[idx] : 0;
+  if (!v) {
+    const uint64_t *sp = _expseg_map_get(&u->memo_sparse, idx);
+    if (sp) v = (uint32_t)*sp;
+  }
+  if (!v) return fail(u, "memo index %" PRIu64 " was never stored", idx);
+  return push(u, v) ? EXPSEG_OK : oom(u);
 }
 
 static expseg_status push_int(up_t *u, int64_t iv, uint8_t big) {
@@ -360,7 +375,55 @@ void _expseg_pickle_free(_expseg_pickle_t *p) {
       free(p->v[i].u.c.items);
   }
   free(p->v);
+  free(p->dslot);
+  _expseg_map_free(&p->dindex);
   memset(p, 0, sizeof *p);
+}
+
+static uint64_t key_hash(const char *k, size_t n) {
+  uint64_t h = UINT64_C(0xcbf29ce484222325); /* FNV-1a */
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)k[i]) * UINT64_C(0x100000001b3);
+  return h ^ h >> 29;
+}
+
+static bool same_key(const _expseg_pv_t *k, const char *key, size_t klen) {
+  return k->kind == EXPSEG_PV_STR && k->u.s.len == klen && memcmp(k->u.s.p, key, klen) == 0;
+}
+
+/* The hash tables of the large dicts: one pass over their items, a table of at most twice
+ * their string keys each (so at most 8 bytes per key, and a key costs at least 2 input
+ * bytes). false: out of host memory. */
+static bool index_dicts(_expseg_pickle_t *p) {
+  size_t total = 0;
+  for (uint32_t i = 1; i < p->n; i++) {
+    const _expseg_pv_t *d = &p->v[i];
+    if (d->kind != EXPSEG_PV_DICT || d->u.c.n / 2 <= EXPSEG_PICKLE_SCAN_KEYS) continue;
+    size_t cap = 64;
+    while (cap < (size_t)d->u.c.n) cap *= 2;  /* n = 2 x keys: at most half full */
+    total += cap;
+  }
+  if (total == 0) return true;
+  if (!(p->dslot = calloc(total, sizeof *p->dslot))) return false;
+  size_t off = 0;
+  for (uint32_t i = 1; i < p->n; i++) {
+    const _expseg_pv_t *d = &p->v[i];
+    if (d->kind != EXPSEG_PV_DICT || d->u.c.n / 2 <= EXPSEG_PICKLE_SCAN_KEYS) continue;
+    size_t cap = 64;
+    unsigned bits = 6;
+    while (cap < (size_t)d->u.c.n) cap *= 2, bits++;
+    if (!_expseg_map_put(&p->dindex, i, (uint64_t)off << 6 | bits)) return false;
+    uint32_t *t = p->dslot + off;
+    for (uint32_t j = 0; j < d->u.c.n / 2; j++) {
+      const _expseg_pv_t *k = &p->v[d->u.c.items[2 * j]];
+      if (k->kind != EXPSEG_PV_STR) continue;
+      size_t h = (size_t)key_hash(k->u.s.p, k->u.s.len) & (cap - 1);
+      while (t[h] && !same_key(&p->v[d->u.c.items[2 * (t[h] - 1)]], k->u.s.p, k->u.s.len))
+        h = (h + 1) & (cap - 1);
+      t[h] = j + 1; /* a repeated key: the later one wins, as in Python */
+    }
+    off += cap;
+  }
+  return true;
 }
 
 expseg_status _expseg_pickle_load(const char *name, const unsigned char *buf, size_t len,
@@ -397,6 +460,9 @@ expseg_status _expseg_pickle_load(const char *name, const unsigned char *buf, si
                           "opcode", u.name, u.pos, u.len - u.pos);
   free(u.stack);
   free(u.memo);
+  _expseg_map_free(&u.memo_sparse);
+  u.stack = u.memo = NULL;
+  if (s == EXPSEG_OK && !index_dicts(out)) s = oom(&u);
   if (s != EXPSEG_OK) _expseg_pickle_free(out);
   return s;
 }
@@ -405,10 +471,17 @@ uint32_t _expseg_pickle_dict_get(const _expseg_pickle_t *p, uint32_t dict, const
   if (dict == 0 || dict >= p->n || p->v[dict].kind != EXPSEG_PV_DICT) return 0;
   const _expseg_pv_t *d = &p->v[dict];
   size_t klen = strlen(key);
-  for (uint32_t i = d->u.c.n; i >= 2; i -= 2) {
-    const _expseg_pv_t *k = &p->v[d->u.c.items[i - 2]];
-    if (k->kind == EXPSEG_PV_STR && k->u.s.len == klen && memcmp(k->u.s.p, key, klen) == 0)
-      return d->u.c.items[i - 1];
+  const uint64_t *e = d->u.c.n / 2 > EXPSEG_PICKLE_SCAN_KEYS ? _expseg_map_get(&p->dindex, dict)
+                                                             : NULL;
+  if (e) {
+    const uint32_t *t = p->dslot + (*e >> 6);
+    size_t mask = ((size_t)1 << (*e & 63)) - 1;
+    for (size_t h = (size_t)key_hash(key, klen) & mask; t[h]; h = (h + 1) & mask)
+      if (same_key(&p->v[d->u.c.items[2 * (t[h] - 1)]], key, klen))
+        return d->u.c.items[2 * (t[h] - 1) + 1];
+    return 0;
   }
+  for (uint32_t i = d->u.c.n; i >= 2; i -= 2)
+    if (same_key(&p->v[d->u.c.items[i - 2]], key, klen)) return d->u.c.items[i - 1];
   return 0;
 }

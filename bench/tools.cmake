@@ -7,7 +7,7 @@
 add_executable(expseg-replay ${CMAKE_CURRENT_LIST_DIR}/replay.c)
 target_link_libraries(expseg-replay PRIVATE expseg_traces)
 
-foreach(b hit grow driver host device)
+foreach(b hit grow driver host device streams pickle)
   add_executable(expseg-bench-${b} ${CMAKE_CURRENT_LIST_DIR}/bench_${b}.c)
   target_link_libraries(expseg-bench-${b} PRIVATE expseg_traces)
 endforeach()
@@ -15,7 +15,7 @@ target_link_libraries(expseg-bench-driver PRIVATE expseg_internal)
 target_link_libraries(expseg-bench-device PRIVATE expseg_internal)
 
 foreach(t expseg-replay expseg-bench-hit expseg-bench-grow expseg-bench-driver expseg-bench-host
-          expseg-bench-device)
+          expseg-bench-device expseg-bench-streams expseg-bench-pickle)
   target_compile_definitions(${t} PRIVATE _GNU_SOURCE)
   target_compile_options(${t} PRIVATE -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes)
 endforeach()

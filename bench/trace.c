@@ -136,7 +136,7 @@ const char *_expseg_trace_check(_expseg_trace_check_t *c, const expseg_trace_eve
 expseg_status _expseg_trace_push(expseg_trace_t *t, uint8_t kind, uint32_t stream, uint64_t id,
                                  uint64_t size, uint64_t extra) {
   if (t->n_events == t->cap_events) {
-    size_t cap = t->cap_events ? t->cap_events * 2 : 4096;
+    size_t cap = t->cap_events ? t->cap_events * 2 : 64; /* a snapshot may give 1024 */
     expseg_trace_event_t *ev = realloc(t->events, cap * sizeof *ev);
     if (!ev)
       return _expseg_trace_error(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu trace "

@@ -152,16 +152,29 @@ typedef struct _expseg_pickle_s {
   _expseg_pv_t *v;    /* every value made; index 0 is unused */
   uint32_t n, cap;
   uint32_t root;      /* the value STOP returned */
+  /* dicts with more than EXPSEG_PICKLE_SCAN_KEYS keys are hashed: dict value -> (offset of
+   * its table in dslot) << 6 | log2(table size); a slot holds 1 + the key's pair index */
+  _expseg_map_t dindex;
+  uint32_t *dslot;
 } _expseg_pickle_t;
 
 /* Limits: the input below 2 GiB, MARKs nested at most 64 deep, memo indices below the
  * input length. Errors (EXPSEG_ERR_INVALID_ARGUMENT) name the byte offset and the reason.
  * The tree points into buf, which must outlive it. */
 #define EXPSEG_PICKLE_MAX_MARKS 64
+/* Dicts up to this many keys are scanned; larger ones get a hash table when loaded, so a
+ * lookup costs O(1) however often a shared dict is read. */
+#define EXPSEG_PICKLE_SCAN_KEYS 16
+/* Device indices with a recorded history in a snapshot: 0 to this - 1 (one trace each). */
+#define EXPSEG_PICKLE_MAX_DEVICES 1024
 expseg_status _expseg_pickle_load(const char *name, const unsigned char *buf, size_t len,
                                   _expseg_pickle_t *out);
 void _expseg_pickle_free(_expseg_pickle_t *p);
-/* The value of a string key in a dict, or 0 when absent (the last one wins). */
+/* A crafted snapshot (pickle_craft.c) of shape "wide", "shared", "devices" or "memo",
+ * about n times a few bytes long (malloc'ed, *len bytes); NULL for an unknown shape or out
+ * of host memory. */
+unsigned char *_expseg_pickle_craft(const char *shape, size_t n, size_t *len);
+/* The value of a string key in a dict, or 0 when absent (the last one wins); O(1). */
 uint32_t _expseg_pickle_dict_get(const _expseg_pickle_t *p, uint32_t dict, const char *key);
 
 #ifdef __cplusplus

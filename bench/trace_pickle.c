@@ -10,7 +10,13 @@
  * annotate) are skipped. The recorded allocator's reserved bytes come from the segments'
  * total size at the end, walked backwards through the segment events to the start and then
  * forwards for the peak. This reproduces ../shared/traces/memtrace exactly; the rules are in
- * docs/formats.md. */
+ * docs/formats.md.
+ *
+ * Cost: linear in the input, whatever the memo shares. The segments are validated and
+ * sorted by device once (each device then walks only its own), dict lookups are O(1)
+ * (pickle.c), and a list that would be walked twice in the same role is refused: a
+ * non-empty history shared by two devices, a non-empty block list shared by two segments,
+ * two segments at one address. A shared event or block dict costs O(1) per reference. */
 #include "trace_internal.h"
 
 
@@ -108,22 +114,86 @@ static expseg_status oom(ex_t *x) {
  * was a small-pool one. */
 #define SMALL_SEGMENT (UINT64_C(2) << 20)
 
-/* Blocks active at the end -> dev->live_*; the segments' total size -> *end_reserved. */
-static expseg_status end_state(ex_t *x, uint32_t segments, devst_t *d, uint64_t *end_reserved) {
+/* The segments, validated and sorted by device once (segidx_of). */
+typedef struct segref_s {
+  int64_t dev;
+  uint32_t i;
+} segref_t;
+
+static int cmp_segref(const void *a, const void *b) {
+  const segref_t *x = a, *y = b;
+  if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
+  return x->i < y->i ? -1 : x->i > y->i;
+}
+
+static expseg_status seg_fields(ex_t *x, uint32_t seg, int64_t *dev, int64_t *addr,
+                                int64_t *size, int64_t *stream, uint32_t *blocks) {
+  expseg_status s;
+  if ((s = want_dict(x, seg)) != EXPSEG_OK || (s = get_int(x, seg, "device", true, dev)) ||
+      (s = get_int(x, seg, "address", true, addr)) ||
+      (s = get_int(x, seg, "total_size", true, size)) ||
+      (s = get_int(x, seg, "stream", false, stream)) ||
+      (s = get_list(x, seg, "blocks", blocks)))
+    return s;
+  return EXPSEG_OK;
+}
+
+/* Every segment checked once; *out (freed by the caller) sorted by device. A non-empty
+ * block list that two segments share is refused: a block belongs to one segment. */
+static expseg_status segidx_of(ex_t *x, uint32_t segments, segref_t **out) {
+  const _expseg_pv_t *sl = val(x, segments);
+  _expseg_map_t seen;
+  _expseg_map_init(&seen, 0);
+  segref_t *r = malloc((sl->u.c.n ? sl->u.c.n : 1) * sizeof *r);
+  expseg_status s = r ? EXPSEG_OK : oom(x);
+  for (uint32_t i = 0; i < sl->u.c.n && s == EXPSEG_OK; i++) {
+    uint32_t seg = sl->u.c.items[i], blocks = 0;
+    int64_t dev = 0, addr = 0, size = 0, stream = 0;
+    snprintf(x->where, sizeof x->where, "segments[%" PRIu32 "]", i);
+    if ((s = seg_fields(x, seg, &dev, &addr, &size, &stream, &blocks)) != EXPSEG_OK) break;
+    if (val(x, blocks)->u.c.n > 0) {
+      const uint64_t *was = _expseg_map_get(&seen, blocks);
+      if (was) {
+        s = failv(x, blocks, "'blocks' is the same list as segments[%" PRIu64 "]'s: a block "
+                  "belongs to one segment", *was);
+        break;
+      }
+      if (!_expseg_map_put(&seen, blocks, i)) s = oom(x);
+    }
+    r[i].dev = dev;
+    r[i].i = i;
+  }
+  _expseg_map_free(&seen);
+  if (s != EXPSEG_OK) {
+    free(r);
+    return s;
+  }
+  x->where[0] = 0;
+  qsort(r, sl->u.c.n, sizeof *r, cmp_segref);
+  *out = r;
+  return EXPSEG_OK;
+}
+
+/* Blocks active at the end -> dev->live_*; the segments' total size -> *end_reserved.
+ * Only this device's segments are walked (a range of the sorted index). */
+static expseg_status end_state(ex_t *x, uint32_t segments, const segref_t *sr, devst_t *d,
+                               uint64_t *end_reserved) {
   const _expseg_pv_t *sl = val(x, segments);
   uint64_t total = 0;
-  for (uint32_t i = 0; i < sl->u.c.n; i++) {
+  size_t lo = 0, hi = sl->u.c.n;
+  while (lo < hi) { /* the first of this device */
+    size_t mid = lo + (hi - lo) / 2;
+    if (sr[mid].dev < x->device) lo = mid + 1; else hi = mid;
+  }
+  for (size_t k = lo; k < sl->u.c.n && sr[k].dev == x->device; k++) {
+    uint32_t i = sr[k].i;
     uint32_t seg = sl->u.c.items[i], blocks = 0;
     int64_t dev = 0, addr = 0, size = 0, stream = 0;
     expseg_status s;
     snprintf(x->where, sizeof x->where, "segments[%" PRIu32 "]", i);
-    if ((s = want_dict(x, seg)) != EXPSEG_OK || (s = get_int(x, seg, "device", true, &dev)) ||
-        (s = get_int(x, seg, "address", true, &addr)) ||
-        (s = get_int(x, seg, "total_size", true, &size)) ||
-        (s = get_int(x, seg, "stream", false, &stream)) ||
-        (s = get_list(x, seg, "blocks", &blocks)))
-      return s;
-    if (dev != x->device) continue;
+    if ((s = seg_fields(x, seg, &dev, &addr, &size, &stream, &blocks)) != EXPSEG_OK) return s;
+    if (_expseg_map_get(&d->seg_size, (uint64_t)addr))
+      return failv(x, seg, "two segments at address 0x%" PRIx64, (uint64_t)addr);
     if ((uint64_t)size > EXPSEG_TRACE_MAX_SIZE)
       return failv(x, seg, "total_size %" PRId64 " is above the 2^50 bytes accepted", size);
     total += (uint64_t)size;
@@ -268,14 +338,14 @@ static expseg_status start_segments(ex_t *x, devst_t *d, expseg_trace_t *t) {
   return EXPSEG_OK;
 }
 
-static expseg_status convert(ex_t *x, uint32_t segments, uint32_t events, devst_t *d,
-                             expseg_trace_t *t) {
+static expseg_status convert(ex_t *x, uint32_t segments, const segref_t *sr, uint32_t events,
+                             devst_t *d, expseg_trace_t *t) {
   const _expseg_pv_t *el = val(x, events);
   uint32_t n = el->u.c.n;
   expseg_status s;
   evf_t f;
   uint64_t end_reserved = 0;
-  if ((s = end_state(x, segments, d, &end_reserved)) != EXPSEG_OK) return s;
+  if ((s = end_state(x, segments, sr, d, &end_reserved)) != EXPSEG_OK) return s;
 
   /* backwards: the live set at the start, and the reserved bytes at the start */
   int64_t reserved = (int64_t)end_reserved;
@@ -460,19 +530,34 @@ expseg_status expseg_trace_read_pickle(const char *name, const unsigned char *bu
     s = get_list(&x, pk.root, "device_traces", &traces);
   }
   size_t n_hist = 0;
+  segref_t *sr = NULL;
   if (s == EXPSEG_OK) {
     const _expseg_pv_t *tl = val(&x, traces);
+    _expseg_map_t seen; /* a history is walked once: one list per device */
+    _expseg_map_init(&seen, 0);
     for (uint32_t i = 0; i < tl->u.c.n && s == EXPSEG_OK; i++) {
-      const _expseg_pv_t *h = val(&x, tl->u.c.items[i]);
-      if (h->kind != EXPSEG_PV_LIST)
-        s = failv(&x, tl->u.c.items[i], "device_traces[%" PRIu32 "] is not a list", i);
-      else if (h->u.c.n > 0)
+      uint32_t hv = tl->u.c.items[i];
+      const _expseg_pv_t *h = val(&x, hv);
+      const uint64_t *was;
+      if (h->kind != EXPSEG_PV_LIST) {
+        s = failv(&x, hv, "device_traces[%" PRIu32 "] is not a list", i);
+      } else if (h->u.c.n > 0 && i >= EXPSEG_PICKLE_MAX_DEVICES) {
+        s = failv(&x, hv, "device index %" PRIu32 " is too large (accepted are 0 to %d)", i,
+                  EXPSEG_PICKLE_MAX_DEVICES - 1);
+      } else if (h->u.c.n > 0 && (was = _expseg_map_get(&seen, hv))) {
+        s = failv(&x, hv, "device_traces[%" PRIu32 "] is the same list as device_traces[%" PRIu64
+                  "]: each device has its own history", i, *was);
+      } else if (h->u.c.n > 0) {
         n_hist++;
+        if (!_expseg_map_put(&seen, hv, i)) s = oom(&x);
+      }
     }
+    _expseg_map_free(&seen);
     if (s == EXPSEG_OK && n_hist == 0)
       s = failv(&x, traces, "no device has recorded events (device_traces is empty): record "
                 "with torch.cuda.memory._record_memory_history() before _dump_snapshot()");
   }
+  if (s == EXPSEG_OK) s = segidx_of(&x, segments, &sr);
   expseg_trace_t *ts = NULL;
   if (s == EXPSEG_OK && !(ts = calloc(n_hist, sizeof *ts))) s = oom(&x);
   size_t k = 0;
@@ -481,10 +566,6 @@ expseg_status expseg_trace_read_pickle(const char *name, const unsigned char *bu
     for (uint32_t i = 0; i < tl->u.c.n && s == EXPSEG_OK; i++) {
       uint32_t h = tl->u.c.items[i];
       if (val(&x, h)->u.c.n == 0) continue;
-      if (i > 1u << 20) {
-        s = failv(&x, h, "device index %" PRIu32 " is too large", i);
-        break;
-      }
       expseg_trace_t *t = &ts[k++];
       char suffix[32];
       snprintf(suffix, sizeof suffix, ".dev%" PRIu32, i);
@@ -493,7 +574,7 @@ expseg_status expseg_trace_read_pickle(const char *name, const unsigned char *bu
       x.device = (int)i;
       devst_t d;
       memset(&d, 0, sizeof d);
-      s = convert(&x, segments, h, &d, t);
+      s = convert(&x, segments, sr, h, &d, t);
       if (s == EXPSEG_OK) recorded_conf(&x, pk.root, d.mapped, t);
       dev_free(&d);
     }
@@ -505,6 +586,7 @@ expseg_status expseg_trace_read_pickle(const char *name, const unsigned char *bu
     for (size_t i = 0; i < k; i++) expseg_trace_free(&ts[i]);
     free(ts);
   }
+  free(sr);
   _expseg_pickle_free(&pk);
   return s;
 }

@@ -16,7 +16,12 @@ bool _expseg_pool_may_take(uint32_t taker, uint32_t owner, int owner_use_count,
 
 expseg_oom_hint_t _expseg_oom_hint(const expseg_oom_facts_t *f) {
   if (f->too_large) return EXPSEG_HINT_TOO_LARGE;
-  if (f->address_space) return EXPSEG_HINT_ADDRESS_SPACE;
+  /* no batch size helps when one page (or classic segment) cannot fit: its size setting is
+   * what to change */
+  if (f->unit > f->total) return EXPSEG_HINT_UNIT_TOO_LARGE;
+  /* va_reserve_mb sizes expandable reservations only; a classic segment reserves its size */
+  if (f->address_space)
+    return f->expandable ? EXPSEG_HINT_ADDRESS_SPACE : EXPSEG_HINT_ADDRESS_SPACE_CLASSIC;
   if (!f->expandable && f->held >= f->allocated && f->held - f->allocated >= f->rounded)
     return EXPSEG_HINT_STRANDED;
   if (f->capped) return EXPSEG_HINT_FRACTION;

@@ -146,7 +146,9 @@ size_t _expseg_page_cache_excess(const expseg_config_t *c, size_t cached_bytes);
 /* decide.c: the hint of an out-of-memory message, from what ran out. */
 typedef enum {
   EXPSEG_HINT_TOO_LARGE,     /* larger than the whole device */
-  EXPSEG_HINT_ADDRESS_SPACE, /* address space, not memory */
+  EXPSEG_HINT_UNIT_TOO_LARGE, /* the page or classic segment it needs exceeds the device */
+  EXPSEG_HINT_ADDRESS_SPACE, /* address space, not memory (expandable: va_reserve_mb) */
+  EXPSEG_HINT_ADDRESS_SPACE_CLASSIC, /* address space with classic segments (no reserve)*/
   EXPSEG_HINT_STRANDED,      /* enough held but unallocated, split across classic segments */
   EXPSEG_HINT_FRACTION,      /* the memory fraction caps the allocator */
   EXPSEG_HINT_FULL           /* memory is simply full */
@@ -156,6 +158,9 @@ typedef struct expseg_oom_facts {
   bool expandable;               /* expandable_segments on */
   bool capped;                   /* a memory fraction below 1 limits the allocator */
   size_t held, allocated, rounded;
+  size_t unit;                   /* what the request must create: an expandable page, or a
+                                  * classic segment (large_segment_size for 1-10 MiB) */
+  size_t total;                  /* the device's bytes */
 } expseg_oom_facts_t;
 expseg_oom_hint_t _expseg_oom_hint(const expseg_oom_facts_t *f);
 /* Oversize rules (classic blocks only): may a cached block of candidate bytes serve? */
@@ -192,6 +197,10 @@ size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page);
  * that fits the place: the rest of a larger one is free memory there, which any stream
  * may borrow), and only then from the driver. */
 bool _expseg_place_better(bool have_own, size_t own_pages, size_t other_pages);
+/* Both searches of other streams' memory look at the EXPSEG_LEND_SCAN oldest idle free
+ * blocks of the pool (a place is the unmapped range after one): a request's cost stays
+ * bounded however many streams there are; the oldest are the likeliest to be idle. */
+#define EXPSEG_LEND_SCAN 64
 /* May a pool take idle pages from the other pool, which last took this pool's pages at
  * tick `robbed` (0 = never; ticks count frees)? Not within EXPSEG_NO_TAKE_BACK ticks: two
  * pools taking turns would otherwise trade the same pages back and forth, a map and an

@@ -17,6 +17,7 @@
 #include "internal.h"
 #include "round.h"
 
+#include <float.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,6 +114,7 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
   _expseg_blocks_destroy(a);
   _expseg_fidx_destroy(&a->free_idx);
   _expseg_ppool_destroy(a);
+  _expseg_segcount_destroy(a);
   free(a->observers);
   _expseg_hist_destroy(a);
   pthread_mutex_unlock(&a->lock); /* not api_unlock: no EXPSEG_DEBUG=3 check of what is gone */
@@ -475,6 +477,11 @@ expseg_status expseg_record_stream(expseg_allocator *a, void *ptr, expseg_stream
     st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                            "expseg_record_stream(%p): not a live pointer of this allocator%s",
                            ptr, _expseg_host_pool_hint(ptr));
+  else if (_expseg_ipc_freed(a, (uintptr_t)ptr)) /* gone for the caller at once (docs/api.md) */
+    st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                           "expseg_record_stream(%p): already freed (its memory stays only "
+                           "while the processes that imported it hold it)",
+                           ptr);
   else
     st = _expseg_block_add_use(b, stream);
   api_unlock(a);
@@ -506,6 +513,14 @@ expseg_status expseg_set_memory_fraction(expseg_allocator *a, double fraction) {
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_set_memory_fraction: fraction %s is outside [0, 1]", num);
   }
+  /* the value must survive expseg_config_string -> expseg_configure, whose parser refuses
+   * what strtod reports as underflow (as PyTorch's std::stod does): subnormal numbers */
+  if (fraction != 0.0 && fraction < DBL_MIN)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_set_memory_fraction: fraction %g is below the smallest "
+                             "normal double (%g), which the configuration parser refuses as "
+                             "out of range: accepted are 0 and [%g, 1]",
+                             fraction, DBL_MIN, DBL_MIN);
   api_lock(a);
   a->cfg.per_process_memory_fraction = fraction;
   refresh_derived(a);

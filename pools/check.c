@@ -212,6 +212,8 @@ expseg_status _expseg_check_locked(const expseg_allocator *a) {
   for (const segment_t *s = a->segments; s != NULL; s = s->next_all, n++)
     if ((st = check_segment(a, s, &r)) != EXPSEG_OK) return st;
   if (n != a->n_segments) FAIL("segment list holds %zu, count says %zu", n, a->n_segments);
+  char why[256];
+  if (!_expseg_segcount_check(a, why, sizeof why)) FAIL("%s", why);
   int64_t heaps[POOL_COUNT];
   if ((st = _expseg_fidx_check(&a->free_idx, heaps)) != EXPSEG_OK) return st;
   if (a->free_idx.n_nodes < a->n_slabs * EXPSEG_SLAB_BLOCKS) /* a free could need a node */

@@ -12,7 +12,8 @@
  * free: the block leaves the live map; with no recorded streams it goes straight back on
  * its free list; else one event per stream is recorded and the block stays pending until
  * all have completed (no event: the stream is synchronized; not even that: the block is
- * kept out of use until destroy). */
+ * kept out of use, and waited for again by empty_cache and by a miss that ran out of
+ * memory, as the device allocator retries its orphans). */
 #include "error.h"
 #include "host_pool.h"
 
@@ -149,6 +150,27 @@ static void process_events(expseg_host_pool *h) {
   }
   h->n_events = keep;
   h->st.pending_events = (int64_t)keep;
+}
+
+/* Stuck blocks whose streams can all be waited for now go back on their free lists (their
+ * remaining events, if any, still complete first). Blocking; lock held. */
+static void retry_stuck(expseg_host_pool *h) {
+  if (h->st.stuck_blocks == 0) return;
+  for (hblock_t *b = h->all; b; b = b->next_all) {
+    if (!b->stuck) continue;
+    bool ok = true;
+    for (uint32_t i = 0; i < b->n_streams && ok; i++) {
+      h->st.stream_syncs++;
+      ok = _expseg_vmm_stream_synchronize(h->drv, b->streams[i]) == EXPSEG_OK;
+    }
+    if (!ok) continue;
+    b->stuck = false;
+    h->st.stuck_blocks--;
+    if (b->event_count == 0) {
+      _expseg_stat_add(&h->st.pending_blocks, -1);
+      push_free(h, b);
+    }
+  }
 }
 
 /* ---- the background thread ---- */
@@ -486,6 +508,7 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
   if (s == EXPSEG_ERR_OUT_OF_MEMORY) { /* give the cache back and try once more */
     pool_lock(h);
     process_events(h);
+    retry_stuck(h);
     size_t freed = release_cached(h);
     pool_unlock(h);
     if (freed) s = chunk_new(h, cls, &b->chunk, &us);
@@ -612,6 +635,7 @@ expseg_status expseg_host_empty_cache(expseg_host_pool *h) {
   if (!h) return no_pool("expseg_host_empty_cache");
   pool_lock(h);
   process_events(h);
+  retry_stuck(h);
   release_cached(h);
   pool_unlock(h);
   return EXPSEG_OK;

@@ -26,7 +26,8 @@ struct hblock_s {
   size_t requested;         /* the caller's size while allocated */
   uint8_t state;            /* HB_* */
   bool in_reserve;          /* a slice of the reserve segment: never given back */
-  bool stuck;               /* no event and no wait worked: kept out of use until destroy */
+  bool stuck;               /* no event and no wait worked: kept out of use until a wait
+                             * for its streams works (empty_cache, a miss's retry) */
   uint32_t event_count;     /* events still outstanding while pending */
   uint32_t n_streams, cap_streams;
   expseg_stream *streams;   /* recorded with expseg_host_record_stream */

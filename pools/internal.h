@@ -285,6 +285,7 @@ struct expseg_allocator {
 
   stream_queue_t *queues;     /* per used stream: events outstanding */
   size_t n_queues, cap_queues;
+  _expseg_map_t queue_of;     /* stream -> its index in queues (a stream's first use: O(1)) */
   size_t n_pending_events;
   bool warned_sync;           /* a failed wait for a stream was reported */
   block_t **orphans;          /* pending blocks no event could be recorded for yet */
@@ -313,6 +314,9 @@ struct expseg_allocator {
   uint32_t *ppool_drain;      /* released slots still holding memory, a stack */
   size_t n_ppool_free, n_ppool_drain;
   _expseg_map_t ppool_ids;    /* live pool id -> its tag (use count >= 1) */
+  /* segcount.c: per pool, stream key -> its expandable segments; lost: dropped (no memory) */
+  _expseg_map_t segcount[POOL_COUNT];
+  bool segcount_lost;
   expseg_pool_id next_pool_id;
   route_t *routes;            /* pools begun, oldest first (checked newest first) */
   size_t n_routes, cap_routes;
@@ -322,6 +326,14 @@ struct expseg_allocator {
 };
 
 static inline uint32_t seg_tag(const segment_t *s) { return skey_tag(s->stream); }
+
+/* ---- segcount.c: expandable segments per stream (O(1) questions of growth) ---- */
+/* s's (pool, stream) gained (segs = 1) or lost (-1) an expandable segment: s */
+void _expseg_segcount_add(expseg_allocator *a, const segment_t *s, int segs);
+/* expandable segments of (pool, stream key) */
+size_t _expseg_segcount_of(const expseg_allocator *a, int pool, expseg_stream key);
+bool _expseg_segcount_check(const expseg_allocator *a, char *why, size_t len);
+void _expseg_segcount_destroy(expseg_allocator *a);
 
 /* ---- tree.c ---- */
 void _expseg_tree_insert(tree_t *t, block_t *b, uint32_t prio);
@@ -475,6 +487,8 @@ expseg_status _expseg_peers_grant(expseg_allocator *a, uintptr_t addr, size_t si
 void _expseg_ipc_poll_locked(expseg_allocator *a);
 /* expseg_free of an exported pointer: true when the free is deferred (*st its result). */
 bool _expseg_ipc_hold_free(expseg_allocator *a, uintptr_t ptr, expseg_status *st);
+/* Was ptr freed while an import keeps its memory (a deferred free)? */
+bool _expseg_ipc_freed(const expseg_allocator *a, uintptr_t ptr);
 /* Calls fn on every imported range (peer access). */
 expseg_status _expseg_ipc_foreach_import(expseg_allocator *a,
                                          expseg_status (*fn)(void *ctx, uintptr_t, size_t),

@@ -270,6 +270,11 @@ void _expseg_ipc_poll_locked(expseg_allocator *a) {
   if (p != local) free(p);
 }
 
+bool _expseg_ipc_freed(const expseg_allocator *a, uintptr_t ptr) {
+  bool freed = false;
+  return is_held(a->ipc, ptr, &freed) && freed;
+}
+
 bool _expseg_ipc_hold_free(expseg_allocator *a, uintptr_t ptr, expseg_status *st) {
   _expseg_ipc_poll_locked(a);
   struct ipc_state_s *S = a->ipc;

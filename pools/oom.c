@@ -1,10 +1,13 @@
 /* oom.c: the out-of-memory report. When a request fails after every retry, the message says
  * what was asked, what the device and this allocator held at that moment (taken before the
  * page cache is given back, so its figures agree with the driver's own words in the cause),
- * and one hint chosen by what ran out: the whole device is too small for the request, the
- * address space is exhausted (many streams), the memory fraction caps the allocator,
- * classic segments strand free memory, or memory is simply full. Observers then run with no
- * lock held, and are told the device's free memory after that give-back. */
+ * and one hint chosen by what ran out: the whole device is too small for the request, one
+ * expandable page or classic segment is larger than the device, the address space is
+ * exhausted (many streams; va_reserve_mb named only for expandable segments, which it
+ * sizes), the memory fraction caps the allocator, classic segments strand free memory, or
+ * memory is simply full. The report costs time linear in the segments (the streams are
+ * counted through a set). Observers then run with no lock held, and are told the device's
+ * free memory after that give-back. */
 #include "error.h"
 #include "internal.h"
 
@@ -12,15 +15,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The streams holding segments: one walk into a set (the report must cost time linear in
+ * the segments). 0 when host memory ran out for the set. */
 static size_t count_streams(const expseg_allocator *a) {
-  size_t n = 0;
-  for (const segment_t *s = a->segments; s; s = s->next_all) {
-    bool seen = false;
-    for (const segment_t *t = a->segments; t != s && !seen; t = t->next_all)
-      seen = skey_stream(t->stream) == skey_stream(s->stream); /* streams, not pool keys */
-    n += !seen;
-  }
+  _expseg_map_t seen;
+  if (!_expseg_map_init(&seen, a->n_segments)) return 0;
+  for (const segment_t *s = a->segments; s; s = s->next_all)
+    if (!_expseg_map_put(&seen, skey_stream(s->stream), 1)) break; /* streams, not pool keys */
+  size_t n = _expseg_map_count(&seen);
+  _expseg_map_free(&seen);
   return n;
+}
+
+/* What the request must create at the least: its pool's expandable page, or its classic
+ * segment (sizes beyond the device, however large, compare as larger). */
+static size_t unit_of(const expseg_allocator *a, size_t rounded) {
+  if (a->cfg.expandable_segments)
+    return _expseg_pool_page(a, _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE);
+  return _expseg_classic_segment_size(&a->cfg, rounded);
 }
 
 static void hint(const expseg_allocator *a, size_t rounded, char *buf, size_t len) {
@@ -33,13 +45,32 @@ static void hint(const expseg_allocator *a, size_t rounded, char *buf, size_t le
                           .capped = a->allowed != SIZE_MAX,
                           .held = held,
                           .allocated = allocated,
-                          .rounded = rounded};
+                          .rounded = rounded,
+                          .unit = unit_of(a, rounded),
+                          .total = a->total_mem};
   switch (_expseg_oom_hint(&f)) { /* policy/decide.c chooses, this writes the words */
   case EXPSEG_HINT_TOO_LARGE:
     snprintf(buf, len,
              "the request is larger than the whole device (%s): no setting can serve it; split "
              "the work or use a device with more memory",
              _expseg_format_size(b1, a->total_mem));
+    break;
+  case EXPSEG_HINT_UNIT_TOO_LARGE:
+    snprintf(buf, len,
+             "%s (%s) is larger than the whole device (%s): no batch size helps; set %s lower",
+             a->cfg.expandable_segments ? "one expandable page"
+                                        : "the classic segment this request needs",
+             _expseg_format_size(b1, f.unit), _expseg_format_size(b2, a->total_mem),
+             a->cfg.expandable_segments && !a->model_pytorch ? "page_size_mb"
+                                                             : "large_segment_size_mb");
+    break;
+  case EXPSEG_HINT_ADDRESS_SPACE_CLASSIC:
+    snprintf(buf, len,
+             "the address space ran out, not memory: %s reserved in %zu classic segments on %zu "
+             "streams (each reserves only its own size); give cached segments back "
+             "(expseg_empty_cache), or use fewer streams",
+             _expseg_format_size(b1, (uint64_t)a->stats.reserved_va_bytes.current),
+             a->n_segments, count_streams(a));
     break;
   case EXPSEG_HINT_ADDRESS_SPACE:
     snprintf(buf, len,

@@ -79,9 +79,7 @@ static void segment_attach(expseg_allocator *a, segment_t *s, block_t *b, uintpt
  * policy (_expseg_segment_va): many streams stay far from the 128 TiB limit. */
 static segment_t *expandable_new(expseg_allocator *a, int pool, expseg_stream stream, size_t need,
                                  expseg_status *st) {
-  size_t existing = 0;
-  for (segment_t *s = a->segments; s; s = s->next_all)
-    if (s->expandable && s->pool == pool && s->stream == stream) existing++;
+  const size_t existing = _expseg_segcount_of(a, pool, stream); /* O(1): segcount.c */
   const size_t page = _expseg_pool_page(a, pool);
   /* PyTorch reserves 9/8 of device memory for every segment */
   size_t va = a->model_pytorch
@@ -101,6 +99,7 @@ static segment_t *expandable_new(expseg_allocator *a, int pool, expseg_stream st
     return NULL;
   }
   segment_attach(a, s, b, base, va, pool, stream, true);
+  _expseg_segcount_add(a, s, 1);
   s->page = page;
   _expseg_unmapped_insert(a, b);
   return s;
@@ -113,6 +112,7 @@ static void expandable_drop(expseg_allocator *a, segment_t *s, release_batch_t *
   _expseg_unmapped_remove(a, b);
   _expseg_block_delete(a, b);
   segment_unlink(a, s);
+  _expseg_segcount_add(a, s, -1);
   _expseg_stat_pool_add(a->stats.segment, s->pool, -1);
   _expseg_stat_add(&a->stats.reserved_va_bytes, -(int64_t)s->va_size);
   _expseg_batch_push(a, rb, (release_item_t){.va = s->base, .size_va = s->va_size});
@@ -191,10 +191,12 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
   const bool own = found;
   const size_t own_pages = found ? pl->pages : 0;
   stream_seen_t seen[SEEN_MAX];
-  size_t n_seen = 0;
-  for (block_t *u = _expseg_tree_lower_bound(t, 0, 0, 0); u; u = _expseg_tree_next(t, u)) {
+  size_t n_seen = 0, scan = EXPSEG_LEND_SCAN;
+  /* another stream's place with a free block before it: the oldest idle blocks (policy.h) */
+  for (block_t *f = a->idle_head[pool]; f != NULL && scan > 0; f = f->idle_next, scan--) {
+    block_t *u = f->next;
     place_t other;
-    if (u->stream == stream || seg_tag(u->seg) != skey_tag(stream) ||
+    if (u == NULL || u->mapped || u->stream == stream || seg_tag(u->seg) != skey_tag(stream) ||
         !place_at(a, u, pool, rounded, &other) ||
         !_expseg_place_better(own, own_pages, other.pages) ||
         (found && pl->u->stream != stream && other.pages >= pl->pages) ||
@@ -315,8 +317,17 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
 /* exact: a segment of rounded bytes (single-chunk), else the policy's classic size. */
 static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
                              bool exact, expseg_status *st) {
-  size_t size = _expseg_round_up(
-      exact ? rounded : _expseg_classic_segment_size(&a->cfg, rounded), a->granularity);
+  const size_t want = exact ? rounded : _expseg_classic_segment_size(&a->cfg, rounded);
+  size_t size = _expseg_round_up(want, a->granularity);
+  if (size == 0 || size > a->total_mem) { /* large_segment_size_mb beyond the device: no call */
+    char b1[32], b2[32];
+    *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                            "a classic segment of %s%s is larger than the whole device (%s)",
+                            _expseg_format_size(b1, want),
+                            want == a->cfg.large_segment_size ? " (large_segment_size_mb)" : "",
+                            _expseg_format_size(b2, a->total_mem));
+    return NULL;
+  }
   if (!cap_allows(a, size)) {
     *st = cap_error(a, size);
     return NULL;

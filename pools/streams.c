@@ -61,12 +61,16 @@ void _expseg_event_put(expseg_allocator *a, expseg_vmm_event ev) {
 }
 
 static stream_queue_t *queue_for(expseg_allocator *a, expseg_stream s) {
-  for (size_t i = 0; i < a->n_queues; i++)
-    if (a->queues[i].stream == s) return &a->queues[i];
+  const uint64_t *i = _expseg_map_get(&a->queue_of, s);
+  if (i != NULL) return &a->queues[*i];
+  if (!_expseg_map_put(&a->queue_of, s, a->n_queues)) return NULL;
   if (a->n_queues == a->cap_queues) {
     size_t cap = a->cap_queues ? a->cap_queues * 2 : 8;
     stream_queue_t *q = realloc(a->queues, cap * sizeof *q);
-    if (q == NULL) return NULL;
+    if (q == NULL) {
+      (void)_expseg_map_take(&a->queue_of, s, NULL);
+      return NULL;
+    }
     a->queues = q;
     a->cap_queues = cap;
   }
@@ -238,6 +242,7 @@ void _expseg_streams_destroy(expseg_allocator *a) {
   }
   free(a->queues);
   a->queues = NULL;
+  _expseg_map_free(&a->queue_of);
   free(a->orphans);
   a->orphans = NULL;
   a->n_orphans = a->cap_orphans = 0;
@@ -254,8 +259,10 @@ block_t *_expseg_lend_find(expseg_allocator *a, int pool, expseg_stream key, siz
   size_t n_seen = 0;
   block_t *best = NULL;
   const uint32_t tag = skey_tag(key);
-  /* the idle list holds every free mapped expandable block with a whole page, any stream */
-  for (block_t *b = a->idle_head[pool]; b != NULL; b = b->idle_next) {
+  /* the idle list holds every free mapped expandable block with a whole page, any stream,
+   * oldest first: the first EXPSEG_LEND_SCAN of them (policy.h) */
+  size_t scan = EXPSEG_LEND_SCAN;
+  for (block_t *b = a->idle_head[pool]; b != NULL && scan > 0; b = b->idle_next, scan--) {
     if (b->size < rounded || (best != NULL && b->size >= best->size) || b->stream == key ||
         seg_tag(b->seg) != tag)
       continue;

@@ -138,6 +138,13 @@ TEST_P(Ipc, KilledChildReleasesTheBlock) {
   ASSERT_EQ(EXPSEG_OK, expseg_free(r.a, p)) << "deferred while the child holds it";
   EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, expseg_free(r.a, p)) << "a second free is an error";
   EXPECT_NE(std::string(expseg_last_error()).find("already freed"), std::string::npos);
+  // the pointer is gone for the caller at once: record_stream is refused as export is
+  EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, expseg_record_stream(r.a, p, 5));
+  EXPECT_NE(std::string(expseg_last_error()).find("expseg_record_stream"), std::string::npos);
+  EXPECT_NE(std::string(expseg_last_error()).find("already freed"), std::string::npos)
+      << expseg_last_error();
+  expseg_ipc_handle again_h;
+  EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, expseg_ipc_export(r.a, p, &again_h));
   size_t held = 0;
   ASSERT_EQ(EXPSEG_OK, expseg_ipc_poll(r.a, &held));
   EXPECT_EQ(held, 1u);

@@ -607,6 +607,12 @@ TEST(HostPoolFault, NoEventMeansAWaitAndNoWaitMeansNoReuse) {
       EXPECT_NE(r, p);
       hold(f.h.get(), 4, false);
     }
+    // the stream can be waited for now: empty_cache retries the stuck block, which goes back
+    // on its free list (and from there to the driver)
+    EXPECT_EQ(hstat(f.h.get(), "expseg.pending_blocks.current"), 1);
+    ASSERT_EQ(expseg_host_empty_cache(f.h.get()), EXPSEG_OK);
+    EXPECT_EQ(hstat(f.h.get(), "expseg.stuck_blocks"), 0);
+    EXPECT_EQ(hstat(f.h.get(), "expseg.pending_blocks.current"), 0);
   }
 }
 
