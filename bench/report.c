@@ -235,6 +235,14 @@ static void bytes_el(FILE *f, const char *id, int64_t v) {
   fprintf(f, " data-bytes=\"%" PRId64 "\">%s</span>", v, _expseg_human(b, (double)v));
 }
 
+/* v as --json writes it (%.*f): the page rounds that figure further, never v itself, so
+ * that its text is what anyone gets from the JSON line. */
+static double as_json(double v, int digits) {
+  char b[64];
+  snprintf(b, sizeof b, "%.*f", digits, v);
+  return strtod(b, NULL);
+}
+
 static const char *const colours[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"};
 
 /* Axis ticks: a step of 1, 2, 2.5 or 5 times a power of ten of MiB (below 1 GiB) or GiB
@@ -540,8 +548,8 @@ static void table(FILE *f, const expseg_report_t *h) {
             w->r.peak_reserved,
             w->r.errors ? "FAILED" : _expseg_human(b, (double)w->r.peak_reserved),
             _expseg_ratio(w->r.peak_reserved, w->r.peak_requested),
-            _expseg_ratio(w->r.peak_reserved, w->r.peak_requested), af, af, w->r.driver_ms,
-            w->r.driver_ms, w->r.num_ooms, w->r.num_ooms);
+            as_json(_expseg_ratio(w->r.peak_reserved, w->r.peak_requested), 4), af, af,
+            w->r.driver_ms, as_json(w->r.driver_ms, 3), w->r.num_ooms, w->r.num_ooms);
     const char *sep = "";
     for (int k = 0; k < N_FLAGS; k++)
       if (w->flags & (1 << k)) fprintf(f, "%s%s", sep, _expseg_flag_names[k]), sep = ",";
