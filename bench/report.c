@@ -162,7 +162,10 @@ void _expseg_report_free(expseg_report_t *h) {
     free(w->segs.alloc);
     free(w->segs.expandable);
   }
-  if (h->f) fclose(h->f);
+  if (h->f) { /* never written: no half page is left behind */
+    fclose(h->f);
+    remove(h->path);
+  }
   free(h->path);
   free(h->command);
   free(h);

@@ -215,6 +215,9 @@ def main():
                 page = os.path.join(work, "refused.html")
                 r = run(replay, ["--synth", "train:1:0.05", "--report", page] + extra, 2)
                 check(words in r.stderr and not os.path.exists(page), "%s: %s" % (extra, r.stderr))
+            page = os.path.join(work, "badconf.html")  # the sweep fails: no page is left
+            r = run(replay, ["--synth", "train:1:0.05", "--conf", "no_such_key:1", "--report", page], 2)
+            check("no_such_key" in r.stderr and not os.path.exists(page), "bad --conf: " + r.stderr)
             r = run(replay, ["--synth", "train:1:0.05", "--report="], 2)
             check("needs a file name" in r.stderr, "--report=: " + r.stderr)
             print("ok: bad --report arguments are refused with exit 2 and a message")
