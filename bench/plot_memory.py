@@ -1,26 +1,18 @@
 #!/usr/bin/env python3
-"""plot_memory.py: memory held over time for one workload under several allocator settings,
-or (--timeline) allocated, reserved and cached memory of one replay with the true peaks marked.
+"""plot_memory.py: allocated, reserved and cached memory of one replay with the true peaks
+marked (--timeline, --csv), or the memory a snapshot's own history records (--snapshot), as
+a self-contained SVG written by hand (no matplotlib needed). Memory over time under every
+allocator setting, side by side, is expseg-replay --report FILE.html (docs/replay.md).
 
-Runs expseg-replay once per setting with --timeline, then draws live requested bytes and
-each setting's reserved bytes against the event index, as a self-contained SVG written by
-hand (no matplotlib needed). Usage (from the repository root):
-
-  python3 bench/plot_memory.py --replay build-bench/bench/expseg-replay \
-      --trace ../shared/traces/memtrace/ftcourse_qlora_finetune.dev0.memtrace \
-      --out docs/memory_over_time.svg
-
-With --timeline (one setting, default expandable_segments:True) it draws allocated, reserved
-and cached bytes and marks the peaks of the statistics (reserved_bytes.all.peak,
-allocated_bytes.all.peak) at the event where they were reached: the replay writes that event
-as a row, so the mark is the statistic, not the largest sample. --csv FILE plots a timeline
-already written by expseg-replay --timeline; --json prints the plotted peaks.
+With --timeline (one setting, --setting LABEL=CONF, default expandable_segments:True) it
+replays with expseg-replay --timeline and draws allocated, reserved and cached bytes and
+marks the peaks of the statistics (reserved_bytes.all.peak, allocated_bytes.all.peak) at the
+event where they were reached: the replay writes that event as a row, so the mark is the
+statistic, not the largest sample. --csv FILE plots a timeline already written by
+expseg-replay --timeline; --json prints the plotted peaks. Usage (from the repository root):
 
   python3 bench/plot_memory.py --timeline --replay build/bench/expseg-replay \
       --trace ../shared/traces/raw/ftcourse_qlora_finetune.pickle --out docs/memory_timeline.svg
-
-Settings default to classic (expandable_segments:False) and expandable
-(expandable_segments:True); add or replace them with --setting LABEL=CONF (repeatable).
 """
 import argparse
 import csv
@@ -35,7 +27,7 @@ COLORS = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
 GIB = float(1 << 30)
 
 
-def replay(tool, trace, conf, every, driver, keep=False):
+def replay(tool, trace, conf, every, driver):
     fd, path = tempfile.mkstemp(suffix=".csv")
     os.close(fd)
     cmd = [tool, "--json", "--quiet", "--conf", conf, "--timeline", path,
@@ -46,15 +38,7 @@ def replay(tool, trace, conf, every, driver, keep=False):
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         sys.exit("plot_memory: %s failed (%d): %s" % (" ".join(cmd), res.returncode, res.stderr))
-    summary = json.loads(res.stdout.splitlines()[0])
-    if keep:
-        return summary, None, " ".join(cmd), path
-    rows = []
-    with open(path) as f:
-        for r in csv.DictReader(f):
-            rows.append((int(r["event"]), int(r["live_requested"]), int(r["reserved"])))
-    os.unlink(path)
-    return summary, rows, " ".join(cmd)
+    return " ".join(cmd), path
 
 
 def nice_step(span, ticks=6):
@@ -123,14 +107,6 @@ def chart(title, lines, markers, out):
     o.append("</svg>")
     with open(out, "w") as f:
         f.write("\n".join(o) + "\n")
-
-
-def svg(title, series, live, out):
-    lines = [("%s: reserved (peak %.2f GiB)" % (label, peak / GIB), COLORS[i % len(COLORS)], 1.8,
-              "", pts) for i, (label, peak, pts) in enumerate(series)]
-    lines.append(("live requested (peak %.2f GiB)" % (max(y for _, y in live) / GIB), "#000", 1.2,
-                  "4,3", live))
-    chart(title, lines, [], out)
 
 
 def read_timeline(path):
@@ -235,8 +211,9 @@ def main():
     ap.add_argument("--csv", help="plot this expseg-replay --timeline file instead of replaying")
     ap.add_argument("--snapshot", help="plot the history of this snapshot pickle (expseg's or PyTorch's)")
     ap.add_argument("--json", action="store_true", help="print the plotted peaks as JSON")
-    ap.add_argument("--out", default="docs/memory_over_time.svg")
-    ap.add_argument("--setting", action="append", default=[], metavar="LABEL=CONF")
+    ap.add_argument("--out", default="memory_timeline.svg")
+    ap.add_argument("--setting", action="append", default=[], metavar="LABEL=CONF",
+                    help="the setting --timeline replays (default expandable_segments:True)")
     ap.add_argument("--every", type=int, default=10, help="sample every N events")
     ap.add_argument("--driver", default=None)
     a = ap.parse_args()
@@ -252,7 +229,7 @@ def main():
             if not a.trace:
                 sys.exit("plot_memory: --timeline needs --trace (or --csv)")
             conf = a.setting[0].split("=", 1)[1] if a.setting else "expandable_segments:True"
-            summary, _, cmd, path = replay(a.replay, a.trace, conf, a.every, a.driver, keep=True)
+            cmd, path = replay(a.replay, a.trace, conf, a.every, a.driver)
             print(cmd, file=sys.stderr)
         rows = read_timeline(path)
         res = timeline_plot(rows, "%s: memory over time" % rows[0]["trace"], a.out)
@@ -262,23 +239,8 @@ def main():
               "allocated %d at event %d" % (a.out, res["peak_reserved"], res["peak_reserved_event"],
                                             res["peak_allocated"], res["peak_allocated_event"]))
         return
-    if not a.trace:
-        sys.exit("plot_memory: --trace is required")
-    settings = [s.split("=", 1) for s in a.setting] or [
-        ["classic", "expandable_segments:False"], ["expandable", "expandable_segments:True"]]
-    series, live, name = [], None, None
-    for label, conf in settings:
-        summary, rows, cmd = replay(a.replay, a.trace, conf, a.every, a.driver)
-        print(cmd, file=sys.stderr)
-        name = summary["trace"]
-        series.append((label, summary["peak_reserved"], [(e, r) for e, _, r in rows]))
-        if live is None:
-            live = [(e, l) for e, l, _ in rows]
-        print("%s: peak_reserved %d, peak_requested %d, ratio %.3f"
-              % (label, summary["peak_reserved"], summary["peak_requested"], summary["ratio"]))
-    svg("%s: memory held over time" % name, series, live, a.out)
-    print("wrote %s" % a.out)
-
+    sys.exit("plot_memory: give --timeline (with --trace), --csv or --snapshot; memory over "
+             "time under every setting is expseg-replay --report FILE.html")
 
 if __name__ == "__main__":
     main()

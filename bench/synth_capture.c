@@ -26,6 +26,10 @@ int _expseg_replay_capture(expseg_allocator *a, const char *name, const capture_
     fprintf(c->out, "# %s: memory summary at %s (after event %zu)\n%s", name, when, event, text);
     free(text);
   }
+  if (!end && c->walk && expseg_walk(a, c->walk, NULL, c->walk_ctx) != EXPSEG_OK) {
+    fprintf(err, "expseg-replay: --report: %s\n", expseg_last_error());
+    return 1;
+  }
   if (c->snapshot && !end == !c->at_end) {
     uint64_t t0 = _expseg_bench_now_ns();
     if (expseg_snapshot_dump(a, c->snapshot) != EXPSEG_OK) {

@@ -247,16 +247,13 @@ void _expseg_window_baseline(const expseg_trace_t *t, size_t n, expseg_trace_bas
   b->segment_alloc = b->segment_free = b->map = b->unmap = b->oom = 0;
   for (size_t i = 0; i < n; i++) {
     const expseg_trace_event_t *e = &t->events[i];
+    res = _expseg_baseline_reserved(res, e);
+    if (res > b->peak_reserved) b->peak_reserved = res;
     switch (e->kind) {
-    case EXPSEG_TR_SEG_ALLOC: case EXPSEG_TR_MAP:
-      res += e->size;
-      if (res > b->peak_reserved) b->peak_reserved = res;
-      if (e->kind == EXPSEG_TR_SEG_ALLOC) b->segment_alloc++; else b->map++;
-      break;
-    case EXPSEG_TR_SEG_FREE: case EXPSEG_TR_UNMAP:
-      res = res > e->size ? res - e->size : 0;
-      if (e->kind == EXPSEG_TR_SEG_FREE) b->segment_free++; else b->unmap++;
-      break;
+    case EXPSEG_TR_SEG_ALLOC: b->segment_alloc++; break;
+    case EXPSEG_TR_MAP: b->map++; break;
+    case EXPSEG_TR_SEG_FREE: b->segment_free++; break;
+    case EXPSEG_TR_UNMAP: b->unmap++; break;
     case EXPSEG_TR_OOM: b->oom++; break;
     default: break;
     }

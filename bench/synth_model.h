@@ -37,6 +37,16 @@ int _expseg_model_warm_start(expseg_allocator *a, const expseg_trace_t *t,
 /* The recorded allocator's figures over events [0, n) of t (b->present = 0 when the
  * trace carries none): what --limit compares with. */
 void _expseg_window_baseline(const expseg_trace_t *t, size_t n, expseg_trace_baseline_t *b);
+/* The recorded allocator's reserved bytes after event e, given res before it: segment
+ * allocations and maps add, segment frees and unmaps take away (the baseline's and
+ * --report's recorded line). */
+static inline uint64_t _expseg_baseline_reserved(uint64_t res, const expseg_trace_event_t *e) {
+  switch (e->kind) {
+  case EXPSEG_TR_SEG_ALLOC: case EXPSEG_TR_MAP: return res + e->size;
+  case EXPSEG_TR_SEG_FREE: case EXPSEG_TR_UNMAP: return res > e->size ? res - e->size : 0;
+  default: return res;
+  }
+}
 
 /* ---- synth_cost.c: priced driver work ---- */
 enum { EXPSEG_COST_RESERVE, EXPSEG_COST_CREATE, EXPSEG_COST_RELEASE, EXPSEG_COST_MAP,

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -502,6 +503,9 @@ static void usage(FILE *f) {
           "                        start) at the peak of reserved memory (one history only)\n"
           "  --snapshot-at peak|end  when to take it (default peak)\n"
           "  --report              print the memory summary at the peak of reserved memory\n"
+          "  --report FILE.html    write the sweep as one self-contained HTML page: memory\n"
+          "                        over time per setting, the segments at the peak, the\n"
+          "                        table and the answer (implies --sweep; one history)\n"
           "  --quiet               no progress lines on stderr\n"
           "  --model M             expseg (default) or pytorch (PyTorch's allocator: its\n"
           "                        defaults, the recorded setting and start state)\n"
@@ -536,6 +540,12 @@ static int parse_synth(const char *spec, char *name, size_t len, uint64_t *seed,
   *scale = strtod(c2 + 1, &end);
   if (end == c2 + 1 || *end) return -1;
   return 0;
+}
+
+/* --report takes a value only when it names an HTML file (else it is the memory summary) */
+static int is_html(const char *s) {
+  size_t n = strlen(s);
+  return (n > 5 && !strcasecmp(s + n - 5, ".html")) || (n > 4 && !strcasecmp(s + n - 4, ".htm"));
 }
 
 typedef struct histories_s {
@@ -574,6 +584,7 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
   histories_t h;
   memset(&h, 0, sizeof h);
   FILE *timeline = NULL;
+  const char *html = NULL; /* --report FILE.html */
   if (!files || !synths) {
     rc = 1;
     goto done;
@@ -600,6 +611,12 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
         goto done;
       }
       val = argv[++i];
+    } else if (!strcmp(arg, "--report")) { /* a value only when it names an .html file */
+      if (!val && i + 1 < argc && is_html(argv[i + 1])) val = argv[++i];
+      if (val && !*val) {
+        rc = bad(err, "--report= needs a file name (FILE.html)");
+        goto done;
+      }
     } else if (!takes && val) {
       rc = bad(err, "option %s takes no value (got '%s')", arg, val);
       goto done;
@@ -640,7 +657,10 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
         goto done;
       }
       o.snapshot_end = !strcmp(val, "end");
-    } else if (!strcmp(arg, "--report")) o.report = 1;
+    } else if (!strcmp(arg, "--report")) {
+      if (val) html = val;
+      else o.report = 1;
+    }
     else if (!strcmp(arg, "--check")) o.check = 1;
     else if (!strcmp(arg, "--json")) o.json = 1;
     else if (!strcmp(arg, "--sweep")) o.sweep = 1;
@@ -667,6 +687,12 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     rc = bad(err, "nothing to replay: give trace files and/or --synth NAME");
     goto done;
   }
+  if (html && (o.snapshot || o.report || o.fit || o.timeline)) {
+    rc = bad(err, "--report %s (a sweep) cannot be combined with --snapshot, --report, --fit "
+                  "or --timeline", html);
+    goto done;
+  }
+  if (html) o.sweep = 1;
   if ((o.snapshot || o.report) && (o.sweep || o.fit)) {
     rc = bad(err, "--snapshot and --report cannot be combined with --sweep or --fit");
     goto done;
@@ -691,6 +717,11 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     }
     n_histories += h.sets[h.n_sets++].n;
   }
+  if (html && n_histories != 1) {
+    rc = bad(err, "--report %s writes one page: give exactly one history (got %zu)", html,
+             n_histories);
+    goto done;
+  }
   if (o.snapshot && n_histories != 1) {
     rc = bad(err, "--snapshot writes one file: give exactly one history (got %zu)", n_histories);
     goto done;
@@ -709,6 +740,10 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
       goto done;
     }
     h.n_synth++;
+  }
+  if (html && !(o.html = _expseg_report_new(html, argc, argv, err))) {
+    rc = 2;
+    goto done;
   }
   if (o.timeline) {
     timeline = fopen(o.timeline, "w");
@@ -729,6 +764,10 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
       const expseg_trace_t *t = i < h.n_sets ? &h.sets[i].traces[j] : &h.synth[i - h.n_sets];
       if (o.sweep) {
         rc = _expseg_replay_sweep(t, &o, out, err);
+        if (o.html && rc != 2) {
+          const int wr = _expseg_report_write(o.html, t, &o, err);
+          if (wr && !rc) rc = wr;
+        }
         continue;
       }
       if (o.fit) {
@@ -736,9 +775,9 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
         continue;
       }
       result_t r;
-      capture_t cap = {-2, o.snapshot_end, o.snapshot, o.report, out};
+      capture_t cap = {-2, o.snapshot_end, o.snapshot, o.report, out, NULL, NULL};
       if (o.report || (o.snapshot && !o.snapshot_end)) { /* first pass: find the peak */
-        capture_t find = {-1, 0, NULL, 0, NULL};
+        capture_t find = {-1, 0, NULL, 0, NULL, NULL, NULL};
         rc = _expseg_replay_cap(t, &o, o.model, o.conf, NULL, NULL, err, &r, &find);
         if (rc == 2) break;
         cap.at = r.peak_event;
@@ -778,6 +817,7 @@ done:
     fprintf(err, "expseg-replay: writing --timeline '%s' failed\n", o.timeline);
     rc = 1;
   }
+  _expseg_report_free(o.html);
   histories_free(&h);
   free(files);
   free(synths);

@@ -30,6 +30,7 @@ typedef struct opts_s {
   const char *snapshot;   /* --snapshot OUT.pickle */
   int snapshot_end;       /* --snapshot-at end (else at the peak) */
   int report;             /* --report: memory summary at the peak */
+  struct expseg_report_s *html; /* --report FILE.html (bench/report.c), or NULL */
   int allow_oom;          /* a failed request does not make the exit status 1 */
   const char *capacity;   /* --capacity SIZE, or NULL */
   int fit;                /* --fit: the smallest capacity without an OOM, per model */
@@ -72,6 +73,12 @@ typedef struct result_s {
 int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
                        const char *user_conf, const char *capacity, FILE *timeline, FILE *err,
                        result_t *r, const capture_t *cap);
+/* Sweep row flags (JSON "flags", in the order of _expseg_flag_names). */
+enum { FLAG_EXPSEG_ONLY = 1, FLAG_RECORDED = 2, FLAG_YOURS = 4, FLAG_COLD = 8, FLAG_NEAR = 16,
+       FLAG_BEST = 32 };
+#define N_FLAGS 6
+extern const char *const _expseg_flag_names[N_FLAGS];
+
 /* synth_sweep.c */
 void _expseg_json_str(FILE *f, const char *s); /* a JSON string, quoted and escaped */
 const char *_expseg_human(char buf[32], double bytes);
@@ -81,5 +88,18 @@ void _expseg_replay_json(FILE *f, const expseg_trace_t *t, const result_t *r,
 void _expseg_replay_table_head(FILE *f);
 void _expseg_replay_table_row(FILE *f, const expseg_trace_t *t, const result_t *r);
 int _expseg_replay_sweep(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *err);
+
+/* report.c: --report FILE.html, one self-contained page per sweep. _new opens the file (NULL
+ * after a message on err); the sweep replays each row with _timeline's stream as its
+ * --timeline and hands the ranked rows to _row, the same figures as its JSON lines; _write
+ * adds the segments at the peak and writes the page (0, or 1 after a message on err). */
+typedef struct expseg_report_s expseg_report_t;
+expseg_report_t *_expseg_report_new(const char *path, int argc, char **argv, FILE *err);
+FILE *_expseg_report_timeline(expseg_report_t *h, const char *label);
+void _expseg_report_row(expseg_report_t *h, const result_t *r, const char *label,
+                        const char *conf, int rank, const char *section, int flags);
+int _expseg_report_write(expseg_report_t *h, const expseg_trace_t *t, const opts_t *o,
+                         FILE *err);
+void _expseg_report_free(expseg_report_t *h);
 
 #endif

@@ -53,8 +53,8 @@ static const sweep_conf_t sweep_table[] = {
 };
 #define N_SWEEP (sizeof sweep_table / sizeof sweep_table[0])
 
-/* Row flags (JSON "flags"). */
-enum { FLAG_EXPSEG_ONLY = 1, FLAG_RECORDED = 2, FLAG_YOURS = 4, FLAG_COLD = 8, FLAG_NEAR = 16 };
+const char *const _expseg_flag_names[N_FLAGS] = {"expseg-only", "recorded", "yours",
+                                                 "cold-start", "near-best", "best"};
 
 static int expseg_only(const char *conf) {
   static const char *const keys[] = {"page_size_mb", "page_cache_max_mb", "va_reserve_mb"};
@@ -106,11 +106,8 @@ void _expseg_replay_json(FILE *f, const expseg_trace_t *t, const result_t *r,
     _expseg_json_str(f, label);
     fprintf(f, ",\"rank\":%d,\"flags\":[", rank);
     const char *sep = "";
-    if (flags & FLAG_EXPSEG_ONLY) fprintf(f, "%s\"expseg-only\"", sep), sep = ",";
-    if (flags & FLAG_RECORDED) fprintf(f, "%s\"recorded\"", sep), sep = ",";
-    if (flags & FLAG_YOURS) fprintf(f, "%s\"yours\"", sep), sep = ",";
-    if (flags & FLAG_COLD) fprintf(f, "%s\"cold-start\"", sep), sep = ",";
-    if (flags & FLAG_NEAR) fprintf(f, "%s\"near-best\"", sep);
+    for (int k = 0; k < N_FLAGS; k++)
+      if (flags & (1 << k)) fprintf(f, "%s\"%s\"", sep, _expseg_flag_names[k]), sep = ",";
     fprintf(f, "]");
   }
   fprintf(f, ",\"model\":\"%s\",\"warm_start\":%s,\"driver\":", _expseg_model_name(r->model),
@@ -288,12 +285,23 @@ static void print_section(FILE *out, const sweep_row_t *rows, size_t n, int mode
   }
 }
 
+/* Flags the best row of each section (ranked rows): the first without an OOM or failure.
+ * The closing lines, JSON ("best") and --report name these rows. */
+static void mark_best(sweep_row_t *rows, size_t n) {
+  int seen[2] = {0, 0};
+  for (size_t i = 0; i < n; i++) {
+    if (rows[i].r.errors || rows[i].r.num_ooms || seen[rows[i].model]) continue;
+    seen[rows[i].model] = 1;
+    rows[i].flags |= FLAG_BEST;
+  }
+}
+
 static void closing(FILE *out, const expseg_trace_t *t, const sweep_row_t *rows, size_t n) {
   const sweep_row_t *pt = NULL, *ex = NULL;
   for (size_t i = 0; i < n; i++) {
-    if (rows[i].r.errors || rows[i].r.num_ooms) continue;
-    if (!pt && rows[i].model == EXPSEG_MODEL_PYTORCH) pt = &rows[i];
-    if (!ex && rows[i].model == EXPSEG_MODEL_EXPSEG) ex = &rows[i];
+    if (!(rows[i].flags & FLAG_BEST)) continue;
+    if (rows[i].model == EXPSEG_MODEL_PYTORCH) pt = &rows[i];
+    else ex = &rows[i];
   }
   char b1[32], b2[32], b3[32];
   if (pt) {
@@ -336,7 +344,8 @@ int _expseg_replay_sweep(const expseg_trace_t *t, const opts_t *o, FILE *out, FI
       fprintf(err, "\r%s: setting %zu/%zu (%s)%20s", t->name, i + 1, n, w->label, "");
     /* a setting the allocator fails on (not an OOM) is ranked last and the sweep goes on;
      * the exit status is then 1 */
-    rc = _expseg_replay_cap(t, o, w->model, w->conf, NULL, NULL, err, &w->r, NULL);
+    FILE *tl = o->html ? _expseg_report_timeline(o->html, w->label) : NULL;
+    rc = _expseg_replay_cap(t, o, w->model, w->conf, NULL, tl, err, &w->r, NULL);
     if (t->n_start_segs && !w->r.warm_started) w->flags |= FLAG_COLD;
     if (rc == 1) {
       failed = 1;
@@ -350,15 +359,19 @@ int _expseg_replay_sweep(const expseg_trace_t *t, const opts_t *o, FILE *out, FI
   }
   mark_near(rows, n);
   qsort(rows, n, sizeof *rows, row_cmp);
+  mark_best(rows, n);
+  int rank = 0, model = -1;
+  for (size_t i = 0; i < n && (o->json || o->html); i++) { /* the same rows, both outputs */
+    rank = rows[i].model == model ? rank + 1 : 1;
+    model = rows[i].model;
+    const char *section = model == EXPSEG_MODEL_PYTORCH ? "pytorch" : "expseg";
+    const int flags = rows[i].flags | (rows[i].near ? FLAG_NEAR : 0);
+    if (o->json) _expseg_replay_json(out, t, &rows[i].r, rows[i].label, rank, section, flags);
+    if (o->html)
+      _expseg_report_row(o->html, &rows[i].r, rows[i].label, rows[i].conf, rank, section,
+                         flags);
+  }
   if (o->json) {
-    int rank = 0, model = -1;
-    for (size_t i = 0; i < n; i++) {
-      rank = rows[i].model == model ? rank + 1 : 1;
-      model = rows[i].model;
-      _expseg_replay_json(out, t, &rows[i].r, rows[i].label, rank,
-                          model == EXPSEG_MODEL_PYTORCH ? "pytorch" : "expseg",
-                          rows[i].flags | (rows[i].near ? FLAG_NEAR : 0));
-    }
     free(rows);
     return failed;
   }

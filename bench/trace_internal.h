@@ -62,6 +62,9 @@ typedef struct capture_s {
   const char *snapshot; /* --snapshot path, or NULL */
   int report;           /* --report */
   FILE *out;            /* where the report goes */
+  /* --report FILE.html: called with each segment at the peak (expseg_walk), or NULL */
+  void (*walk)(void *ctx, const expseg_walk_segment *s);
+  void *walk_ctx;
 } capture_t;
 /* At the peak (end = 0): the report and, unless at_end, the snapshot; at the end: the
  * snapshot. 0 on success, 1 after printing why to err. */
