@@ -5,7 +5,11 @@
 # message GoogleTest printed after "Skipped"; a test skipped by its exit code 77 shows its
 # line starting with SKIP.
 #   cmake -DLOG=BUILD/Testing/Temporary/LastTest.log -P skip_reasons.cmake
-if(NOT EXISTS "${LOG}")
+# While the run's post-test command runs, CTest is still writing the log as LastTest.log.tmp
+# (renamed when it ends); LastTest.log is the previous run's then.
+if(EXISTS "${LOG}.tmp")
+  set(LOG "${LOG}.tmp")
+elseif(NOT EXISTS "${LOG}")
   return()
 endif()
 # brackets and semicolons would change how CMake splits the list of lines: stand-ins
