@@ -284,7 +284,7 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
   const size_t n = o->limit && o->limit < t->n_events ? (size_t)o->limit : t->n_events;
   _expseg_window_baseline(t, n, &r->base);
   const uint64_t t0 = _expseg_bench_now_ns();
-  /* progress: rewritten in place (\r) on a terminal; elsewhere a line every 10 s */
+  /* progress: rewritten in place (\r) on a terminal; elsewhere a line after 1 s, then every 10 s */
   const int tty = err && isatty(fileno(err));
   uint64_t last_line = 0;
   for (size_t i = 0; i < n; i++) {
@@ -374,7 +374,7 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
                                         events % every == 0 || i + 1 == n);
     if ((i & 8191) == 8191 && err && !o->quiet) {
       uint64_t el = _expseg_bench_now_ns() - t0;
-      if (el > 1000000000ull && (tty || el - last_line >= 10000000000ull)) {
+      if (el > 1000000000ull && (tty || !last_line || el - last_line >= 10000000000ull)) {
         progress = tty;
         last_line = el;
         fprintf(err, "%s%s: %zu / %zu events (%.0f%%), %.1f s%s", tty ? "\r" : "", t->name,
