@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_hit.c: expseg-bench-hit, the cache-hit path: one expseg_malloc + expseg_free pair
  * served from cached memory, timed pair by pair against a floor, for request sizes drawn from a recorded
  * trace (or a synthetic workload: --synth, the default), with 0 .. 1M other blocks live while timing.

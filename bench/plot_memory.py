@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """plot_memory.py: memory held over time for one workload under several allocator settings,
 or (--timeline) allocated, reserved and cached memory of one replay with the true peaks marked.
 

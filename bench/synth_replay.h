@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* synth_replay.h: what the replay tool's files share (bench/synth_replay.c: one replay and
  * the command line; bench/synth_sweep.c: output and the sweep). Internal to the tools. */
 #ifndef EXPSEG_SYNTH_REPLAY_H

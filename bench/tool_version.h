@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tool_version.h: `--version` for every tool of bench/, one line at the top of each main:
  *   if (expseg_tool_version(argc, argv, "expseg-replay")) return 0;
  * It prints "NAME (expseg) BUILD_VERSION" (the build's git describe version, cmake/version.cmake),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* trace_config.c: the part of a configuration string that differs from expseg's defaults,
  * for the replay table's header line (the whole string is over 500 characters: --json
  * carries it). Keys are compared as printed by expseg_config_string, which lists every key

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # help2roff.cmake: cmake -DTOOL=PATH -DNAME=NAME -DVERSION=V -DOUT=FILE -P help2roff.cmake
 # Writes a man(7) page for a tool from its --help: NAME (the first line after "usage:"'s line
 # that describes the tool, or the tool's name), SYNOPSIS (the usage line), DESCRIPTION and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # install.cmake: what `cmake --install` puts where (GNUInstallDirs), the CMake package
 # (find_package(expseg) -> expseg::expseg, expseg::expseg_shared, expseg::expseg_static)
 # and expseg.pc for pkg-config. Included by the top-level CMakeLists.txt when EXPSEG_INSTALL.

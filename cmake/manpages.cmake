@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # manpages.cmake: a man page per installed tool, generated at build time from the tool's own
 # --help by cmake/help2roff.cmake (so a page never disagrees with its tool), installed under
 # share/man/man1. Included by cmake/install.cmake; skipped when cross-compiling (the tools

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # skip_reasons.cmake: after `ctest` (CTEST_CUSTOM_POST_TEST, written by tests/CMakeLists.txt
 # into the build's CTestCustom.cmake), prints why each skipped test was skipped, which
 # CTest's own output does not say. Reads Testing/Temporary/LastTest.log of the run: a test

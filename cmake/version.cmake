@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # version.cmake: the build's version string, EXPSEG_BUILD_VERSION, for the tools' --version.
 # In a git checkout: `git describe --tags --match 'v[0-9]*' --dirty` without its leading v
 # (0.1.0 on the tag v0.1.0, 0.1.0-12-gabc1234 twelve commits later); with no such tag, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* expseg.h: the whole public C API of expseg, a caching GPU memory allocator built on
  * CUDA's virtual memory management (reserve / create / map / set-access / unmap).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* hello.c: the smallest program using expseg from C: an allocator on a driver, one allocation,
  * what the allocator holds, and every error message printed as the library words it.
  *   cc hello.c $(pkg-config --cflags --libs expseg)   (docs/build.md, "Install and use")

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // main.cpp: expseg from C++: the C API behind a small owning wrapper (an allocator and a
 // buffer released by their destructors), errors turned into exceptions with the library's
 // message. Run: hello_cpp [DRIVER] (default "sim": no GPU needed).

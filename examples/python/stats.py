@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """stats.py: expseg's statistics and memory report from Python, without PyTorch.
 
     PYTHONPATH=PREFIX/share/expseg/python python3 stats.py      # an installed expseg

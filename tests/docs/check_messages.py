@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """check_messages.py LIBEXPSEG_SO: the messages quoted in docs/api.md and docs/config.md are
 what the library says. Each plain fenced block (``` with no language) of those files is a
 quoted message: one per line, or one wrapped over several lines (compared joined with

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """check_pip_install.py SOURCE_DIR VERSION WORK: `pip install ./python` works and installs an
 importable expseg whose version is the library's. Offline: the copy of python/ is built with
 the setuptools already installed (--no-build-isolation) into WORK/site (--target), so

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """check_public_text.py: the text users read (README.md, CHANGELOG.md, docs/*.md, the
 installed headers include/*.h and plugin/expseg_torch.h, examples/) speaks to them: no
 tracker numbers ("issue 9"), no words about how the work was organised ("session", "lead"

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # replay_header.cmake: cmake -DREPLAY=expseg-replay -P replay_header.cmake
 # The table's header line names the configuration by the keys that differ from expseg's
 # defaults ("expseg's defaults" when none), not by the whole 500-character string, which

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # tests/docs/tests.cmake: what a user outside the project meets first, included by
 # tests/CMakeLists.txt (python3 needed; without it these tests are not added).
 #  docs_commands:   every ```sh block of README.md and docs/ runs (tools/doc-commands, in a

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # package_test.sh MODE BUILD_DIR SOURCE_DIR WORK_DIR: the packaging tests (tests.cmake).
 #  install:    cmake --install BUILD_DIR into WORK_DIR/prefix, check what is there, then build
 #              and run tests/install/consumer/main.c four ways: CMake package shared and
