@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* clock.h: the one monotonic clock of expseg, in nanoseconds (CLOCK_MONOTONIC), header-only
  * so the library (vmm/: the driver's now_ns and the host pool's waits) and the tools
  * (bench/: timings) read the same one. policy/ takes time as an argument and never reads

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dec.h: the one decimal reader of expseg, header-only so every layer uses the same one
  * (the driver spec and fault rules in vmm/, the configuration's integers in policy/,
  * EXPSEG_CHECK_EVERY in pools/, the trace readers' fields and the tools' arguments in

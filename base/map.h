@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* map.h: the one open-addressing hash map of expseg, u64 key -> u64 value, header-only so
  * every layer can use it (pools/ptrmap.c: pointer -> block on the hit path; vmm/fault.c:
  * chunk handle -> size; bench/trace.c: addresses and stream handles -> ids).

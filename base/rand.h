@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* rand.h: the one pseudo-random generator of expseg's C code, splitmix64 (Steele, Lea and
  * Flood), header-only so every layer uses the same one: the ledger's treap priorities
  * (vmm/), the tools' seeded workloads and benchmarks (bench/). A seed is any 64-bit value;

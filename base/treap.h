@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* treap.h: the one treap of expseg, intrusive and generated per node type, header-only so
  * every layer can use it (vmm/ledger.c: mappings by address; meant for pools/' block
  * indexes too). A treap is a binary search tree kept balanced in expectation by random

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* units.h: the unit ladder of expseg's size and count formatters, once: the binary size
  * units and how many steps up the ladder a value goes. Two outputs use it with PyTorch's
  * two rules: _expseg_format_size (vmm/error.c; messages, as c10's format_size: "2.00 MiB",

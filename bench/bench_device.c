@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_device.c: expseg-bench-device, the allocator on a driver's real memory, with the
  * bytes checked. Two parts:
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_driver.c: expseg-bench-driver, the cost of each driver call. For chunk sizes of
  * 2, 20, 256 and 2048 MiB (or --sizes), repeats reserve -> create -> map -> set_access ->
  * unmap -> release -> unreserve through the checked wrappers of vmm/vmm.h and reports the

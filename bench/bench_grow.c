@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_grow.c: expseg-bench-grow, the cost of growing and shrinking what the allocator
  * holds, per GiB, on a real driver (host by default; cuda on a GPU machine).
  *

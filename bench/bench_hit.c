@@ -1,6 +1,7 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_hit.c: expseg-bench-hit, the cache-hit path: one expseg_malloc + expseg_free pair
  * served from cached memory, timed pair by pair against a floor, for request sizes drawn from a recorded
- * trace, with 0 .. 1M other blocks live while timing.
+ * trace (or a synthetic workload: --synth, the default), with 0 .. 1M other blocks live while timing.
  *
  * Method: sizes are drawn (splitmix64, --seed) from the 'a' events of the trace, so their
  * mix is the program's. For each live count L the allocator is created fresh; 2L blocks
@@ -114,7 +115,7 @@ static int64_t stat0(const expseg_allocator *a, const char *key) {
 }
 
 typedef struct args_s {
-  const char *trace, *driver, *conf;
+  const char *trace, *synth, *driver, *conf;
   uint64_t seed, batches, batch, max_live_size, holes;
   uint64_t live[16];
   size_t n_live;
@@ -123,12 +124,18 @@ typedef struct args_s {
   uint64_t history_entries;
 } args_t;
 
+/* The sizes' source: a file's set, or the one synthetic history standing in for a set. */
+static void free_sizes_source(expseg_trace_set_t *set, expseg_trace_t *synth) {
+  if (set->traces == synth) expseg_trace_free(synth);
+  else expseg_trace_set_free(set);
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: expseg-bench-hit [options]\n"
           "  --trace FILE     sizes are drawn from its allocations\n"
-          "                   (default ../shared/traces/memtrace/"
-          "wedsonlin_medium_128_training.dev0.memtrace)\n"
+          "  --synth NAME     without --trace: sizes from a synthetic workload, seed 1\n"
+          "                   (train, infer or streams8; default train)\n"
           "  --seed N         PRNG seed (default 1)\n"
           "  --batches N      timed samples (default 1000000)\n"
           "  --batch N        malloc+free pairs per sample (default 1: each pair timed alone)\n"
@@ -145,7 +152,8 @@ static void usage(FILE *f) {
 
 static int parse_args(int argc, char **argv, args_t *a) {
   memset(a, 0, sizeof *a);
-  a->trace = "../shared/traces/memtrace/wedsonlin_medium_128_training.dev0.memtrace";
+  a->trace = NULL;
+  a->synth = "train";
   a->conf = "";
   a->seed = 1;
   a->batches = 1000000;
@@ -159,6 +167,7 @@ static int parse_args(int argc, char **argv, args_t *a) {
   const _expseg_arg_t opts[] = {
       ARG_FLAG_("--json", &a->json),
       ARG_STR_("--trace", &a->trace),
+      ARG_STR_("--synth", &a->synth),
       ARG_STR_("--driver", &a->driver),
       ARG_STR_("--conf", &a->conf),
       ARG_U64_("--seed", &a->seed, 0, UINT64_MAX),
@@ -178,8 +187,19 @@ int main(int argc, char **argv) {
   if (expseg_tool_version(argc, argv, "expseg-bench-hit")) return 0;
   args_t arg;
   if (parse_args(argc, argv, &arg)) return 2;
-  expseg_trace_set_t set;
-  if (expseg_trace_read_file(arg.trace, &set) != EXPSEG_OK) {
+  expseg_trace_set_t set = {0};
+  expseg_trace_t synth = {0};
+  char synth_name[64];
+  if (arg.trace == NULL) { /* one synthetic history stands in for a set of one */
+    if (expseg_trace_synth(arg.synth, 1, 1.0, &synth) != EXPSEG_OK) {
+      fprintf(stderr, "expseg-bench-hit: --synth: %s\n", expseg_trace_last_error());
+      return 2;
+    }
+    snprintf(synth_name, sizeof synth_name, "--synth %s", arg.synth);
+    arg.trace = synth_name;
+    set.traces = &synth;
+    set.n = 1;
+  } else if (expseg_trace_read_file(arg.trace, &set) != EXPSEG_OK) {
     fprintf(stderr, "expseg-bench-hit: %s\n", expseg_trace_last_error());
     return 2;
   }
@@ -195,7 +215,7 @@ int main(int argc, char **argv) {
   if (n_sizes == 0) {
     fprintf(stderr, "expseg-bench-hit: %s has no allocations to draw sizes from\n", arg.trace);
     free(pool);
-    expseg_trace_set_free(&set);
+    free_sizes_source(&set, &synth);
     return 2;
   }
   uint64_t rng = arg.seed;
@@ -343,6 +363,6 @@ int main(int argc, char **argv) {
   free(fl);
   free(fnodes);
   free(pool);
-  expseg_trace_set_free(&set);
+  free_sizes_source(&set, &synth);
   return rc;
 }

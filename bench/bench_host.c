@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_host.c: expseg-bench-host, the pinned host pool's two costs.
  *  - hit: expseg_host_malloc + expseg_host_free of one cached block, in batches; the median
  *    batch gives ns per pair (with events processed on the caller's thread, and with

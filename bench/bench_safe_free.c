@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_safe_free.c: expseg-bench-safe-free, the cost of the PyTorch plug's safe mode
  * (expseg_torch_set_safe_free: frees deferred and completed in batches after a device-wide
  * synchronization, docs/torch.md "Safe record_stream") against plain frees, in one run.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """gpu_check_report.py: the report of bench/gpu-check, from what its parts left in a work folder.
 
 Reads WORK/parts.tsv (name, status, seconds, note per part) and the parts' outputs

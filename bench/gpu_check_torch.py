@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """gpu_check_torch.py: expseg against PyTorch's own allocator, on one GPU (bench/gpu-check).
 
     python3 bench/gpu_check_torch.py --out torch.json [--budget SECONDS] [--steps N]

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # hit_instructions.sh BENCH_HIT [LIVE...]: instructions per expseg_malloc + expseg_free pair
 # on the cache-hit path, deterministic (valgrind's callgrind): the instructions executed
 # inside expseg_malloc and expseg_free (everything they call included, the two lock pairs

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pickle.c: a small, defensive unpickler for PyTorch memory snapshots.
  *
  * It accepts the opcodes of protocols 2-5 that plain trees of dict/list/tuple/str/bytes/

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """plot_memory.py: allocated, reserved and cached memory of one replay with the true peaks
 marked (--timeline, --csv), or the memory a snapshot's own history records (--snapshot), as
 a self-contained SVG written by hand (no matplotlib needed). Memory over time under every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* synth.c: seeded synthetic allocation histories with realistic shapes, for replaying
  * with no input file.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* synth_capture.c: what expseg-replay captures for --snapshot and --report (the file name
  * starts with "synth" so that the expseg_traces library's glob picks it up): the memory
  * summary (expseg_memory_summary) printed to the report stream, and the snapshot pickle

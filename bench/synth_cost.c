@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* synth_cost.c: priced driver work for the replay tool (--costs FILE).
  *
  * Every driver call a replay (or the recorded run) made is priced from one table: a cost

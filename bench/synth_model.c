@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* synth_model.c: the replay tool's models (--model expseg | pytorch) and the warm start.
  *
  * --model expseg replays through expseg as configured (the default). --model pytorch

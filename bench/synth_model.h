@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* synth_model.h: the replay tool's models and warm start (bench/synth_model.c). Internal
  * to the tools; not installed. */
 #ifndef EXPSEG_SYNTH_MODEL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* synth_replay.c: the replay tool's whole logic (expseg_replay_main); bench/replay.c is a
  * two-line main around it so that tests/test_replay.cpp can call it in-process. (The
  * file name starts with "synth" so that the expseg_traces library's glob picks it up.)
@@ -292,6 +293,9 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
   const size_t n = o->limit && o->limit < t->n_events ? (size_t)o->limit : t->n_events;
   _expseg_window_baseline(t, n, &r->base);
   const uint64_t t0 = _expseg_bench_now_ns();
+  /* progress: rewritten in place (\r) on a terminal; elsewhere a line after 1 s, then every 10 s */
+  const int tty = err && isatty(fileno(err));
+  uint64_t last_line = 0;
   for (size_t i = 0; i < n; i++) {
     const expseg_trace_event_t *e = &ev[i];
     if (i > 0 && e->kind != EXPSEG_TR_PRELIVE && ev[i - 1].kind == EXPSEG_TR_PRELIVE) {
@@ -379,10 +383,11 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
                                         events % every == 0 || i + 1 == n);
     if ((i & 8191) == 8191 && err && !o->quiet) {
       uint64_t el = _expseg_bench_now_ns() - t0;
-      if (el > 1000000000ull) {
-        progress = 1;
-        fprintf(err, "\r%s: %zu / %zu events (%.0f%%), %.1f s", t->name, i + 1, n,
-                100.0 * (double)(i + 1) / (double)n, (double)el / 1e9);
+      if (el > 1000000000ull && (tty || !last_line || el - last_line >= 10000000000ull)) {
+        progress = tty;
+        last_line = el;
+        fprintf(err, "%s%s: %zu / %zu events (%.0f%%), %.1f s%s", tty ? "\r" : "", t->name,
+                i + 1, n, 100.0 * (double)(i + 1) / (double)n, (double)el / 1e9, tty ? "" : "\n");
         fflush(err);
       }
     }
@@ -799,9 +804,10 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
         _expseg_replay_json(out, t, &r, NULL, 0, NULL, 0);
       } else {
         if (strcmp(last_driver, r.driver)) {
-          char cb[32];
-          fprintf(out, "# driver %s, device capacity %s; config %s\n", r.driver,
-                  r.capacity ? _expseg_human(cb, (double)r.capacity) : "unknown", r.config);
+          char cb[32], changed[sizeof r.config];
+          fprintf(out, "# driver %s, device capacity %s; config %s (every key: --json)\n",
+                  r.driver, r.capacity ? _expseg_human(cb, (double)r.capacity) : "unknown",
+                  _expseg_config_changed(r.config, changed, sizeof changed));
           _expseg_replay_table_head(out);
           snprintf(last_driver, sizeof last_driver, "%s", r.driver);
         }

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* synth_replay.h: what the replay tool's files share (bench/synth_replay.c: one replay and
  * the command line; bench/synth_sweep.c: output and the sweep). Internal to the tools. */
 #ifndef EXPSEG_SYNTH_REPLAY_H
@@ -82,6 +83,9 @@ extern const char *const _expseg_flag_names[N_FLAGS];
 /* synth_sweep.c */
 void _expseg_json_str(FILE *f, const char *s); /* a JSON string, quoted and escaped */
 const char *_expseg_human(char buf[32], double bytes);
+/* The entries of config that differ from expseg's defaults ("expseg's defaults" when none),
+ * written into buf (trace_config.c). */
+const char *_expseg_config_changed(const char *config, char *buf, size_t len);
 double _expseg_ratio(int64_t num, uint64_t den);
 void _expseg_replay_json(FILE *f, const expseg_trace_t *t, const result_t *r,
                          const char *label, int rank, const char *section, int flags);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* synth_sweep.c: the replay tool's output (JSON rows, the table) and --sweep.
  *
  * The sweep answers two questions in two sections. (a) "pytorch": what the user gets by

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tool_args.c: the tools' one command-line parser (tool_args.h): a table of options, each
  * value read and checked here, one message per refusal naming what is accepted. */
 #include "tool_args.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tool_args.h: the tools' one command-line parser (bench_hit.c, bench_host.c,
  * bench_driver.c, bench_grow.c). A tool describes its options in a table; the parser reads
  * `--name value` pairs (and value-less flags) into the table's destinations, checks each

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # tools.cmake: expseg-replay and the microbenchmarks; included by bench/CMakeLists.txt
 # (which defines expseg_traces: the trace readers, synth.c and the replay core
 # synth_replay.c). Results and how to reproduce them: docs/benchmarks.md.

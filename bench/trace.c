@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* trace.c: what every trace reader shares, and the entry points that are not one format's.
  *
  * Readers build an expseg_trace_t with _expseg_trace_push and pass every event through the

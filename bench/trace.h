@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* trace.h: allocation histories in memory, and the readers that build them.
  *
  * Every reader (memtrace v1 text, RMM logging_resource_adaptor CSV, PyTorch snapshot

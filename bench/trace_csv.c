@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* trace_csv.c: the RMM logging_resource_adaptor CSV reader.
  *
  * Header "Thread,Time,Action,Pointer,Size,Stream", then one line per call:

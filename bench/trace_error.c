@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* trace_error.c: the trace library's own error message, one per thread (a fixed buffer:
  * setting it never allocates), apart from the allocator's private one. */
 #include "trace_internal.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* trace_memtrace.c: the memtrace v1 reader.
  *
  * One event per line ("p S ID SIZE", "a ...", "f ...", "r ...", "E", "M S ADDR SIZE", "X",

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* trace_pickle.c: device histories out of a PyTorch memory snapshot pickle.
  *
  * The snapshot holds the end state (`segments` with their blocks) and, per device, the

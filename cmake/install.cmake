@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # install.cmake: what `cmake --install` puts where (GNUInstallDirs), the CMake package
 # (find_package(expseg) -> expseg::expseg, expseg::expseg_shared, expseg::expseg_static)
 # and expseg.pc for pkg-config. Included by the top-level CMakeLists.txt when EXPSEG_INSTALL.
@@ -30,11 +31,13 @@ install(FILES ${PROJECT_BINARY_DIR}/expsegConfig.cmake
               ${PROJECT_BINARY_DIR}/expsegConfigVersion.cmake
         DESTINATION ${EXPSEG_CMAKE_DIR})
 
-# pkg-config: Libs.private lists what libexpseg.a needs (pkg-config --static). The prefix
+# pkg-config: Requires.private and Libs.private list what libexpseg.a needs
+# (`pkg-config --static --libs expseg`: hwloc's own flags come from hwloc.pc). The prefix
 # is found from the .pc file's own place, so `cmake --install --prefix P` stays right.
 set(EXPSEG_PC_LIBS_PRIVATE "-lpthread -ldl")
+set(EXPSEG_PC_REQUIRES_PRIVATE "")
 if(EXPSEG_WITH_HWLOC)
-  set(EXPSEG_PC_LIBS_PRIVATE "-lhwloc ${EXPSEG_PC_LIBS_PRIVATE}")
+  set(EXPSEG_PC_REQUIRES_PRIVATE "Requires.private: hwloc\n")
 endif()
 file(RELATIVE_PATH EXPSEG_PC_UP /p/${CMAKE_INSTALL_LIBDIR}/pkgconfig /p)
 set(EXPSEG_PC_PREFIX "\${pcfiledir}/${EXPSEG_PC_UP}")
@@ -64,3 +67,21 @@ if(TARGET expseg_torch)
 endif()
 # The C++ backend's sources, compiled at run time by python/_expseg_cxx.py.
 include(${PROJECT_SOURCE_DIR}/plugin/backend_sources.cmake)
+
+# Documentation: README, LICENSE, CHANGELOG and docs/ under share/doc/expseg.
+install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/LICENSE
+              ${PROJECT_SOURCE_DIR}/CHANGELOG.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs)
+# Man pages of the installed tools, generated from their --help (cmake/manpages.cmake).
+if(EXISTS ${PROJECT_SOURCE_DIR}/cmake/manpages.cmake)
+  include(${PROJECT_SOURCE_DIR}/cmake/manpages.cmake)
+endif()
+
+# `cmake --build build --target uninstall`: removes every file the last install wrote
+# (install_manifest.txt), then the directories it made that are left empty.
+if(NOT TARGET uninstall)
+  configure_file(${CMAKE_CURRENT_LIST_DIR}/uninstall.cmake.in
+                 ${PROJECT_BINARY_DIR}/expseg_uninstall.cmake @ONLY)
+  add_custom_target(uninstall COMMAND ${CMAKE_COMMAND} -P ${PROJECT_BINARY_DIR}/expseg_uninstall.cmake
+                    COMMENT "Removing the files of the last install")
+endif()

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* expseg.h: the whole public C API of expseg, a caching GPU memory allocator built on
  * CUDA's virtual memory management (reserve / create / map / set-access / unmap).
  *
@@ -230,7 +231,7 @@ EXPSEG_EXPORT expseg_status expseg_walk(expseg_allocator *a,
                                         void (*event)(void *ctx, const expseg_walk_event *e),
                                         void *ctx);
 
-/* ---- Identity: version, driver, device (issue 9; docs/api.md "Identity") ---- */
+/* ---- Identity: version, driver, device (docs/api.md "Identity") ---- */
 
 #define EXPSEG_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if checks against the header compiled with. */
@@ -311,7 +312,7 @@ EXPSEG_EXPORT expseg_status expseg_ipc_close(expseg_allocator *a, void *ptr);
 EXPSEG_EXPORT expseg_status expseg_ipc_poll(expseg_allocator *a, size_t *held);
 EXPSEG_EXPORT void expseg_ipc_handle_free(expseg_ipc_handle *h);
 
-/* ---- Streams the driver creates (issue 11: replaying a history's streams on a GPU) ---- */
+/* ---- Streams the driver creates (to replay a history's streams on a GPU) ---- */
 /* A new stream on the allocator's device: on cuda a CUstream (cuStreamCreate, non-blocking)
  * usable with expseg_malloc and expseg_record_stream; destroy it with
  * expseg_stream_destroy. host and sim have none to create (any value is a stream there):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* expseg_testing.h: hooks for testing programs that use expseg, kept out of expseg.h.
  *
  * They let a test do what a GPU does to an allocator: keep work on a stream unfinished

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # backend.cmake: libexpseg_torch_backend.so, the C++ backend (plugin/backend.cpp): a
 # CUDAAllocator subclass that makes expseg PyTorch's CUDA allocator (docs/torch.md, "The C++
 # backend"). Included by the top-level CMakeLists.txt only with -DEXPSEG_WITH_TORCH=ON.

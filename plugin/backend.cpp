@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // backend.cpp: expseg as PyTorch's CUDA allocator: a subclass of
 // c10::cuda::CUDACachingAllocator::CUDAAllocator over expseg's C API, so every torch.cuda
 // memory call (tensors, raw_alloc, record_stream, empty_cache, memory_stats, snapshots,

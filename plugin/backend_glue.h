@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* backend_glue.h: the parts of the C++ backend (backend.cpp) that need no PyTorch header:
  * the map from PyTorch's memory-pool ids to expseg pool ids, the statistics mapping into a
  * DeviceStats, and the one-line error text. Header-only C++17 over include/expseg.h, so

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # backend_sources.cmake: installs what python/_expseg_cxx.py compiles the C++ backend from
 # at run time (PREFIX/share/expseg/plugin/) and the module itself (next to expseg.py), with or
 # without EXPSEG_WITH_TORCH. Included by cmake/install.cmake.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* expseg_torch.c: libexpseg_torch.so, expseg behind PyTorch's CUDAPluggableAllocator.
  *
  * A fixed table of one allocator per device ordinal. The first call naming a device

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* expseg_torch.h: the C ABI of libexpseg_torch.so, the allocator library PyTorch loads with
  *   torch.cuda.memory.CUDAPluggableAllocator(path, "expseg_torch_alloc", "expseg_torch_free")
  * (python/expseg.py does it for you: expseg.install()). Contract of each call: docs/torch.md.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* decide.c: decisions the allocator core used to make inline, as pure functions of the
  * configuration and the figures the core passes in: when the physical page cache is over
  * its bound, which hint an out-of-memory message gives (pools/oom.c writes the words), and

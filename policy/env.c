@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* env.c: where the configuration text comes from. The only file of expseg that reads the
  * environment, and only through the getenv_fn it is given (NULL = getenv), so tests pass a
  * fake environment. Precedence: text passed to the API, else EXPSEG_ALLOC_CONF, else

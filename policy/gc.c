@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gc.c: garbage-collection decisions. With a memory fraction below 1 and a
  * garbage_collection_threshold > 0, the allocator reclaims idle cached memory once what it
  * holds exceeds threshold x allowed: the target is the excess, and the victims are the items

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* number.c: numbers as PyTorch's configuration parser reads them, without the C locale.
  *
  * PyTorch reads integers with std::stoull and decimals with std::stod (glibc strtod), so it

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* parse.c: the option table, the defaults and the config parser.
  *
  * Everything here is generated from policy/options.def: one descriptor per row (key, alias,

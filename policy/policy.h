@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* policy.h: configuration and decisions, as pure functions. Nothing here calls the driver,
  * takes a lock, reads a clock or (outside env.c) the environment, or allocates: time, ages
  * and sizes are passed in. pools/ asks; policy/ answers. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* print.c: the canonical printer, the no-effect report and the output buffer they write
  * with (snprintf semantics: the length wanted is returned even when the buffer is short).
  *

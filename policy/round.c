@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* round.c: the size policy as pure functions of (config, sizes): request rounding with
  * roundup_power2_divisions, classic segment sizes, the split rule, the oversize rules of
  * max_split_size / max_non_split_rounding (classic segments only), the expandable page size

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* round.h: request rounding as an inline pure function, so that the allocator's hit path
  * rounds without a call: log2 by count-leading-zeros (_expseg_log2_floor, policy.h), steps
  * that are powers of two by a mask. _expseg_round_size (round.c) is this function; the rules are documented there. */

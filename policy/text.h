@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* text.h: policy/'s internal text helpers, shared by parse.c, number.c and print.c only:
  * numbers read as PyTorch's parser reads them (std::stoull / std::stod, without the C
  * locale), the clean decimal form the printer writes, and an output buffer with snprintf

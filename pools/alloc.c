@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* alloc.c: the public allocator API. Every entry point checks its arguments, takes the
  * allocator's lock, and leaves a message in expseg_last_error() on failure.
  *

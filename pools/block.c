@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* block.c: block structs (recycled from slabs), the free sets, splitting and merging; the
  * hit path's part is inline in block.h.
  *

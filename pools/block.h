@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* block.h: the blocks' hit-path half, inline (block.c has the rest).
  *
  * A cache hit most often takes the front of the pool's last insert (fidx.h: the block

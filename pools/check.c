@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* check.c: the invariant checker behind expseg_check(). It walks every segment and block
  * and recounts everything the allocator keeps incrementally:
  *  - blocks tile each segment with no gap or overlap, neighbour links agree;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* config.c: the configuration an allocator or a host pool starts with: the option text
  * from the API or the environment (policy/env.c), parsed over the defaults
  * (policy/parse.c), with the parser's message turned into the thread's error and its

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* driver_streams.c: streams the driver creates (expseg_stream_create/destroy) and a
  * device-wide wait (expseg_synchronize), for callers that need them without including
  * cuda.h: expseg-replay --driver cuda replaying a history's streams, and the PyTorch plug's

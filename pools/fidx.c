@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fidx.c: the free index's slow half (fidx.h has the design and the hit path).
  *
  * Size nodes come from slabs and are never fewer than the block structs ever made (block.c

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fidx.h: the free index's hit path, inline (the rest is in fidx.c).
  *
  * Best fit over free mapped blocks keyed (stream, size, address), as one ordered set would

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gc.c: garbage collection. When a request finds no free block and held memory is above
  * garbage_collection_threshold x allowed, policy/gc.c picks victims oldest first (by the
  * driver's clock, a->now_ns) among the whole idle chunks of expandable blocks, free classic

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* history.c: the allocation history behind expseg_record_history, in PyTorch's TraceEntry
  * terms (../shared/reference/pytorch-allocator.md §6).
  *

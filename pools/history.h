@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* history.h: the allocation history (history.c), the snapshot builder (snapshot.c), the
  * pickle writer (pickle_write.c) and the readable summary (summary.c), as seen by the rest
  * of pools/. The allocator's hooks are one line each: EXPSEG_HIST(a, ...), one predictable

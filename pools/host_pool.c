@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* host_pool.c: the pinned host memory pool (public expseg_host_* API). Design and choices:
  * docs/host_pool.md; structures: host_pool.h.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* host_pool.h: the pinned host memory pool's structures, shared by host_pool.c (the API
  * and the caching), host_pool_stats.c (statistics keys) and the tests. Design:
  * docs/host_pool.md.

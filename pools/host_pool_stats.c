@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* host_pool_stats.c: the host pool's statistics keys. The torch.cuda.host_memory_stats()
  * keys keep PyTorch's names (allocation, allocated_bytes, segment, reserved_bytes with
  * .current/.peak/.allocated/.freed; num_host_alloc, num_host_free; host_alloc_time and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* info.c: identity calls of the public API: the library's version, the driver and device an
  * allocator runs on, and the device's free/total memory as cudaMemGetInfo reports it. Each
  * reads fields fixed at creation, or asks the driver (mem_get_info), so none takes the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* internal.h: the allocator core's data structures and the functions shared by pools/ files.
  *
  * Memory is held in segments. A classic segment is one physical chunk mapped into its own

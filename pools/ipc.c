@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ipc.c: sharing live allocations with other processes (docs/ipc.md).
  *
  * Export describes the physical chunks under an allocation: a classic segment's one chunk,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* model.c: the switch that makes the allocator behave as PyTorch's caching allocator (>= 2.5)
  * where expseg deliberately differs, for expseg-replay --model pytorch (docs/replay.md,
  * "Models"). It is no configuration key: only the replay tool sets it, through this

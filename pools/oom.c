@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* oom.c: the out-of-memory report. When a request fails after every retry, the message says
  * what was asked, what the device and this allocator held at that moment (taken before the
  * page cache is given back, so its figures agree with the driver's own words in the cause),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pages.c: mapping and unmapping physical chunks in expandable segments, the page cache's
  * choice of chunks for a growth, and moving idle chunks to where they are needed.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* peer.c: access to the allocator's memory from peer devices.
  *
  * With virtual memory management, cudaDeviceEnablePeerAccess does not make a mapping

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pickle_write.c: a pickle writer for snapshots (snapshot.c). Protocol 4 (PROTO 4, no
  * FRAME: framing is optional) using only opcodes that PyTorch's memory viewer's own
  * unpickler (MemoryViz.js) accepts: EMPTY_DICT, EMPTY_LIST, MARK, SETITEMS, APPENDS,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ppool.c: private memory pools (PyTorch's MemPool and CUDA-graph pools).
  *
  * A private pool is a slot of a->ppools (its tag, 1 and up) holding its id, use count,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* public_error.c: the public calls about errors and logging (include/expseg.h): the
  * thread's last message, the log sink, the status names. Their machinery is vmm/error.c's,
  * the bottom layer every other layer reports through (docs/design.md, "Layers"); vmm/

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* release.c: memory going back to the driver (release.h): release items given back in
  * batches with the lock dropped, the retry list of what the driver refused (kept with its
  * accounting, so a refusal never leaks and statistics stay true), and the page cache of

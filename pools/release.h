@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* release.h: giving memory back to the driver, shared by the pools/ files that do it.
  * A release item is a mapping, a chunk and a reservation to give back in that order; items
  * are batched and given back with the allocator's lock dropped. What the driver refuses

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* segment.c: where memory comes from and goes back to. Classic segments (one chunk each)
  * and expandable segments (a reservation whose pages are mapped on demand), and deciding
  * what to give back.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* snapshot.c: expseg_snapshot / expseg_snapshot_dump, the allocator's state and history as
  * PyTorch's memory snapshot (torch.cuda.memory._snapshot(); reference §6.3), so that
  * pytorch.org/memory_viz and torch.cuda._memory_viz open it unchanged.

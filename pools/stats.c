@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* stats.c: statistics storage rules and the key table. The stats struct and every key are
  * generated from stats.def; this file builds the sorted key list once, answers lookups by
  * key (binary search) and visits in sorted order. The update rules (PyTorch's Stat

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* streams.c: blocks used on other streams. record_stream adds a stream to a block's uses;
  * freeing such a block records one event per used stream (events come from a pool and are
  * never recorded on the plain same-stream path) and leaves the block pending until all of

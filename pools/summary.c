@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* summary.c: expseg_memory_summary, torch.cuda.memory_summary()'s text from expseg's
  * statistics, followed by expseg's own section; and _expseg_memfig, the figures that
  * section and the out-of-memory message share.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* testing.c: the testing hooks of include/expseg_testing.h. They reach the allocator's
  * driver: holding streams (host and sim model stream work), fault rules (the fault
  * wrapper), the driver's own gauges, and a destroy that reports what the driver still held.

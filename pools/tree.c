@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* tree.c: the ordered block indexes that are plain treaps of blocks (base/treap.h): the
  * unmapped blocks of each pool keyed (stream, address), so growth finds the lowest free
  * place, and the free blocks of single-chunk segments keyed (stream, size, address).

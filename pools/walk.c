@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* walk.c: expseg_walk, the allocator's segments, blocks and history as C structs (the
  * content of expseg_snapshot without the pickle), and the one iteration over reported
  * segments that the snapshot also uses: sorted by address, an expandable segment split into

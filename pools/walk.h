@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* walk.h: the segments as snapshots report them (walk.c), shared by the snapshot pickle
  * (snapshot.c) and expseg_walk, so both report the same segments. */
 #ifndef EXPSEG_POOLS_WALK_H

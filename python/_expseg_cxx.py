@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """_expseg_cxx.py: expseg's C++ backend for PyTorch (plugin/backend.cpp), built against the
 PyTorch that is running and installed as its CUDA allocator, so every torch.cuda memory call
 (not only alloc and free) reaches expseg. expseg.install(route="cxx"|"auto") calls install().

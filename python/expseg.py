@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """expseg.py: expseg as the CUDA allocator of PyTorch, CuPy and Numba, and its statistics.
 
     import expseg

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """expseg_interop.py: expseg as CuPy's allocator and as Numba's EMM plugin (part of the expseg
 Python module, split from expseg.py to keep each file short; use them through expseg:
 

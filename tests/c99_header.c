@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* c99_header.c: proves include/expseg.h is C99 (built with -std=c99 -pedantic) and that a
  * plain C program can drive the allocator through it. */
 #include "expseg.h"

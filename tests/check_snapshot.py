@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """check_snapshot.py: checks a snapshot pickle written by expseg, field by field, with
 Python's standard pickle (run by tests/test_snapshot.cpp; usable by hand).
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_adv_fidx.cpp: adversarial tests of the free index (pools/fidx.c) and what it leans
 // on, through the public API: expseg_check short of host memory and on corrupted index
 // structures, the EXPSEG_DEBUG=3 periodic check (in free, in destroy), threads on the hit

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_adv_pools.cpp: adversarial tests of the private pools (expseg_pool_*, expseg_malloc_pool,
 // expseg_pool_of) through the public API only (expseg.h, expseg_testing.h), on the host and sim
 // drivers with expandable segments on and off. Every failed call must change nothing (all

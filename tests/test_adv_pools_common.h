@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // test_adv_pools_common.h: the fixture of the adversarial private-pool suites
 // (test_adv_pools.cpp, test_adv_pools_random.cpp): the drivers and configurations they run on,
 // an allocator per test that must give everything back, and expect_refused (a failed call

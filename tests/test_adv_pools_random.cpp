@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_adv_pools_random.cpp: the seeded random differential run of the private pools against
 // a small model of which pool each live pointer belongs to (fixture: test_adv_pools_common.h).
 #include "test_adv_pools_common.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_alloc_api.cpp: the public API on bad input (each call returns the right status with a
 // message naming the value, and the allocator keeps working), size 0 and sizes that overflow
 // when rounded, many streams on a big device without exhausting the address space, the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_alloc_busy.cpp: a seeded random run that tracks busy memory, through the public API
 // and the testing hooks only (expseg.h, expseg_testing.h), on the host driver (real memory)
 // behind a fault wrapper that fails driver calls of every kind at random points.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_alloc_fault.cpp: every driver call of a scripted scenario fails in turn. The scenario
 // (mallocs of several sizes on two streams, frees, record_stream + free on a held stream,
 // empty_cache, classic and expandable segments) first runs with no fault to count the calls

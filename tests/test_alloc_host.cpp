@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_alloc_host.cpp: fragmentation on the host driver (real memory). Fill the device with
 // 8 MiB blocks, free every other one, ask for more than any hole: expandable segments serve
 // it (the freed pages move), classic segments fail with an out-of-memory message that states

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_alloc_index.cpp: the free index (pools/fidx.c) seen from the API. Best fit is the
 // smallest free size that fits on the request's stream and, among blocks of that size, the
 // lowest address (PyTorch's rule, and what the single ordered set gave before the two-level

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_alloc_inplace.cpp: the hit path's in-place split and merge (pools/block.h). A cache
 // hit on the pool's last insert hands out its front and leaves the rest in place; a free
 // next to the last insert grows it in place. That must give exactly what the general path

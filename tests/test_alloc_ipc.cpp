@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sharing allocations between processes (issue 14, docs/ipc.md) on the host driver: a
 // forked child imports what the parent exported over a socketpair (SCM_RIGHTS), reads it,
 // writes back and closes; a child killed with SIGKILL before closing releases the parent's

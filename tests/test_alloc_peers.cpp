@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Several devices and peer access (issue 14): allocators of different devices are
 // independent (8 threads over 4 device ordinals, each with its own statistics), and
 // expseg_enable_peer_access grants every mapped range, and every later one, to the peer with

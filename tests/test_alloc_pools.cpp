@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_alloc_pools.cpp: private memory pools (expseg_pool_*, expseg_malloc_pool), each call
 // and each error, on the host and sim drivers, with expandable segments on and off: routing
 // (filters, newest begun first), isolation (no block crosses pools, reuse only inside a pool,

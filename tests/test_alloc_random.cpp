@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_alloc_random.cpp: seeded random operations against the allocator with expseg_check
 // after every step. Mixed sizes (1 B .. 64 MiB) on several streams, frees, record_stream on
 // held streams (pending frees), empty_cache, run-time configure (expandable segments on/off,

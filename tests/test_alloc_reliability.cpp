@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reliability defects found by adversarial testing (issue 8), each pinned through the public
 // API and the testing hooks of expseg_testing.h: memory freed on a busy stream is never
 // given back or handed out before that stream's work is done; refused undo steps are kept

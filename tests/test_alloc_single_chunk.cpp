@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Single-chunk allocations (issue 14): EXPSEG_MALLOC_SINGLE_CHUNK and single_chunk_min_mb
 // give an allocation one physical chunk of its own, mapped contiguously, even under
 // expandable segments (whose allocations are otherwise built of many page-sized chunks).

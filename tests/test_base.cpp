@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_base.cpp: base/, the helpers every layer shares: the hash map (against std::map,
 // clustered and aligned keys, the key 0, growth, removal by backward shift), the treap
 // (against std::set: every query after every change, the search-tree and heap orders,

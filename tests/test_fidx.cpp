@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_fidx.cpp: the free index (pools/fidx.c) against a reference ordered set. Random
 // inserts, removes and best-fit queries over few streams, both pools and sizes with many
 // ties, at random unique addresses; best fit must be exactly the reference's lower_bound of (pool, stream, size, 0)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_gpu_calls.cpp: call sequences of the cuda backend, read from the CUDA driver double's
 // call log (label gpu; skips unless libcuda.so.1 is the double, tests/cuda_double/): one
 // cuMemSetAccess per newly mapped range, no cuMemUnmap of a range whose stream still has

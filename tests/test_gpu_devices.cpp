@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Several devices and peer access on the cuda backend (label gpu; skips without a usable
 // CUDA device, the peer test without two). Checks that a call on one device's allocator
 // leaves the calling thread's current context alone, and that enabling a peer makes

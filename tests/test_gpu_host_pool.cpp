@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_gpu_host_pool.cpp: the pinned host pool on the cuda driver (label gpu; skipped without
 // a usable CUDA device): both chunk paths give locked memory on the reported node, usable
 // from the host, and a block recorded on a stream is reused once the stream is done.

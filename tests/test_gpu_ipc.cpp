@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sharing an allocation between two processes on the cuda backend (label gpu; skips where
 // no CUDA device with virtual memory management is usable). CUDA is not fork-safe, so the
 // child is this same binary started afresh (posix_spawn of /proc/self/exe) running only

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_gpu_streams.cpp: streams the cuda driver creates (expseg_stream_create/destroy), as
 // expseg-replay --driver cuda uses them for a history's streams, and the device-wide wait
 // (expseg_synchronize) of the PyTorch plug's safe mode (label gpu). Skips where no

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The driver contract against the cuda backend (label gpu). Skips where no CUDA device with
 // virtual memory management is usable. Same suite as test_vmm_contract.cpp.
 #define EXPSEG_VMM_CONTRACT_GPU 1

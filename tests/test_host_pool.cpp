@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_host_pool.cpp: the pinned host memory pool (expseg_host_*) on the host and sim
 // backends: placement on the chosen NUMA node as the kernel sees the pages (move_pages(2)
 // with NULL nodes), reuse only after the events of recorded streams complete, the effect of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Identity calls (pools/info.c) and the default driver choice (vmm/vmm.c): expseg_version,
 // expseg_get_info, expseg_driver_name, expseg_mem_get_info on host and sim, and
 // expseg_create(NULL, ...) failing with a message instead of falling back to host memory.

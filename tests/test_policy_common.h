@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // test_policy_common.h: helpers shared by the tests/test_policy_*.cpp suites: field-wise
 // config comparison and the option ranges, both generated from policy/options.def.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_policy_decide.cpp: the decisions moved out of pools/ into policy/decide.c (oversize,
 // the page-cache bound, the out-of-memory hint) and the shared helpers of policy.h
 // (_expseg_round_up, _expseg_log2_floor), each against its rule written out here.

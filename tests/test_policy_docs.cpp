@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_policy_docs.cpp: docs/config.md documents every option of policy/options.def: each key
 // and alias appears in backquotes, each key has a row in the options table, and the
 // expandable_segments default difference and the canonical example are stated.

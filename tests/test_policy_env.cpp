@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_policy_env.cpp: where the configuration comes from (policy/env.c), with a fake
 // environment: every combination of API text and the three variables, the ignored list, empty
 // variables (set, as in PyTorch main), and the source name reaching the parser's error message.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_policy_gc.cpp: garbage-collection decisions (policy/gc.c) with a fake clock: when GC is
 // active, how much it reclaims, which idle items go first (oldest first, ties by larger
 // bytes), that it stops once the target is reached, and that held memory ends at or under

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_policy_parse.cpp: the config parser (policy/parse.c), table-driven: every key at and
 // past each bound, every error class with its message (source, position, key, value), the
 // list form of roundup_power2_divisions, whitespace, the HIP aliases, duplicate keys, the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_policy_print.cpp: the canonical printer (_expseg_config_print). Round trip over the
 // whole option space sampled at random (seeded; the seed is printed; set EXPSEG_TEST_SEED to
 // replay): random option strings parse, print, and parse back to the same configuration, and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_policy_pytorch.cpp: parity with PyTorch main (2026). A table of option strings, each
 // with PyTorch's verdict and the values its parse gives, written beside it from reading
 // c10/core/AllocatorConfig.cpp and c10/cuda/CUDAAllocatorConfig.cpp (see docs/config.md):

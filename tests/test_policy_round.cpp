@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_policy_round.cpp: the size policy (policy/round.c) against PyTorch's observable
 // behaviour: round_size with roundup_power2_divisions (both forms, the 512-byte rule, the
 // list-form intervals) checked on the reference's examples and against a model of PyTorch's

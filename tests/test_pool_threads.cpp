@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_pool_threads.cpp: a private pool released to use count 0 by one thread while another
 // thread's allocation into it is under way (the allocator drops its lock to create memory),
 // and the cost of retrying the drain of a released pool whose memory cannot go back yet.

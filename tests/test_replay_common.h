@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // test_replay_common.h: helpers shared by tests/test_replay*.cpp: run expseg-replay
 // in-process (expseg_replay_main) with captured output, split lines, read a number or a
 // string field of a one-line JSON object, and a temporary trace file.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_replay_model.cpp: the replay tool's honesty (issue 11). --model pytorch reproduces
 // every recorded history of ../shared/traces/raw (peak reserved within 1 %, segment
 // allocations within 10 %; skipped when the folder is absent); and each dishonest case of

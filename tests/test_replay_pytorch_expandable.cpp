@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_replay_pytorch_expandable.cpp: --model pytorch with expandable_segments:True is
 // PyTorch's ExpandableSegment (c10/cuda/CUDACachingAllocator.cpp), call for call. Each
 // workload is a memtrace small enough to work out by hand what PyTorch does; the expected

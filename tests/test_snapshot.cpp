@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_snapshot.cpp: history recording and snapshots. Every snapshot written here is loaded
 // by Python's standard pickle in tests/check_snapshot.py (opcodes the viewer accepts,
 // structure field by field, sums against expseg's statistics, the history against the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_stats_derived.cpp: the statistics as a reader sees them, whatever the storage
 // (pools/internal.h keeps the pools only and derives `all` and `freed` on read). Under a
 // seeded random workload with resets, memory pressure (pages moved between pools) and

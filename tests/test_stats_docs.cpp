@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_stats_docs.cpp: docs/stats.md names every statistic key's base name, written as
 // `base` (the rule is stated in docs/stats.md: strip .current/.peak/.allocated/.freed, then
 // .all/.small_pool/.large_pool).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_stats_rules.cpp: PyTorch's statistic update rules (reference/pytorch-allocator.md §4.3),
 // case by case, and expseg's documented differences (docs/stats.md): rounding, splits and
 // inactive_split (classic only, net change after merges), pending frees, oversize, retries,

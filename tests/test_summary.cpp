@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_summary.cpp: expseg_memory_summary against torch.cuda.memory_summary()'s layout.
 // The expected text below was produced by PyTorch's own formatting rules
 // (torch/cuda/memory.py: memory_summary, _format_size, _format_count) applied to the fixed

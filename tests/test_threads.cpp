@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_threads.cpp: 8 threads on one allocator. Each mallocs and frees random sizes on its
 // own stream and on shared ones, records blocks on other streams, hands some blocks to other
 // threads to free, and now and then empties the cache, reads statistics or runs the checker.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_tool_args.cpp: the tools' one command-line parser (bench/tool_args.c): every kind of
 // option reads its value, and every refusal returns -1 with a message naming the option,
 // the value and what is accepted, leaving the destination as it was.

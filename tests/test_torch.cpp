@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libexpseg_torch.so (plugin/expseg_torch.c) as PyTorch uses it: loaded with dlopen, every entry
 // point resolved by name, driven from 8 threads on two device ordinals of the host driver
 // (chosen through $EXPSEG_DRIVER, as a PyTorch user would), statistics checked per device,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_torch_backend_glue.cpp: the PyTorch-free part of the C++ backend
 // (plugin/backend_glue.h): the statistics mapping into a DeviceStats-shaped struct (against
 // the host driver's real statistics), the MempoolId_t -> expseg pool map (against a fake of

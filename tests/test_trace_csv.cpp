@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_trace_csv.cpp: the RMM logging_resource_adaptor CSV reader (bench/trace_csv.c).
 #include <gtest/gtest.h>
 

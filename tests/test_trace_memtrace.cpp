@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_trace_memtrace.cpp: the memtrace v1 reader (bench/trace_memtrace.c), the writer, the
 // format detection of expseg_trace_read_file, and the shared map and checker (bench/trace.c).
 #include <gtest/gtest.h>

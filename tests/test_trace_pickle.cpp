@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_trace_pickle.cpp: the snapshot unpickler (bench/pickle.c) and the device-history
 // extraction (bench/trace_pickle.c). The recorded traces in EXPSEG_TRACES_DIR/raw must give
 // exactly the reference files in EXPSEG_TRACES_DIR/memtrace; small hand-built snapshots pin

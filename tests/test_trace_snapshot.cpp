@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_trace_snapshot.cpp: snapshots of replayed recorded workloads (../shared/traces/raw).
 // expseg-replay --snapshot writes the allocator's state and its history recorded from the
 // start of the replay; the file must hold only the opcodes of PyTorch's viewer at protocol

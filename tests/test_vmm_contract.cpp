@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The driver contract (vmm/vmm.h), run against every backend: host, sim, and the fault
 // wrapper (with no rules) over each. test_gpu_vmm.cpp includes this file with
 // EXPSEG_VMM_CONTRACT_GPU defined to run the same suite against cuda; there the tests read

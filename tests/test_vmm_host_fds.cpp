@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_vmm_host_fds.cpp: the host driver holds no open file per chunk. Under a low limit on
 // open files (RLIMIT_NOFILE lowered in the test, restored after) it creates thousands of
 // chunks of 4 KiB and of 2 MiB, maps and touches some, releases them, and the process's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_vmm_ranges.cpp: the free-range set (vmm/ranges.c) that sim's address space and the
 // host arenas share, against a model (one bool per unit): random takes at random alignments
 // and gives-back in random order (seeded, seed printed). After each step the set is sorted,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sim and fault specifics: fake address space, scale and speed of the mapping table,
 // fault injection rules and counter balance.
 #include <gtest/gtest.h>

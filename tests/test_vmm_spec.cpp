@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Driver spec parsing (_expseg_vmm_open) and error.c: messages, sizes, status names, sink.
 #include <gtest/gtest.h>
 

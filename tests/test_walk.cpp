@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_walk.cpp: expseg_walk, the allocator's segments, blocks and history as C structs.
 // Checked against the statistics (seeded random workloads with pending frees on held
 // streams, classic and expandable segments), against the snapshot pickle (same segments

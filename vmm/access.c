@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* access.c: which devices may access which mapped ranges, as the host and sim drivers
  * record it (a test checks peer access through _expseg_vmm_has_access).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cuda.c: the cuda backend, CUDA's virtual memory management API. The only file that
  * includes cuda.h.
  *

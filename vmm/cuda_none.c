@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cuda_none.c: the cuda backend of a build without cuda.h: always unsupported (so
  * expseg_create(NULL, ...) fails with this reason unless $EXPSEG_DRIVER names a driver).
  * Compiled instead of cuda.c. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* error.c: the thread's last error message, the warning sink and size formatting.
  * Internal only: the public calls over them (expseg_last_error, expseg_set_log_sink,
  * expseg_status_name) are pools/public_error.c's, so vmm/ exports nothing.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* error.h: the thread's last error message and the warning sink; the bottom of the stack,
  * used by every layer (vmm, pools, bench). policy/ stays pure: its parser writes into a
  * buffer the caller passes, and the caller hands that to _expseg_error_set. */

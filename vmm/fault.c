@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fault.c: a pass-through driver that fails chosen calls, for tests of every error path.
  *
  * _expseg_fault_new(inner) returns a new expseg_vmm_t whose backend forwards each call to

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* host_arena.c: where the host backend's chunks live, with no open file per chunk.
  *
  * A chunk is a range of an "arena": a large sparse memfd (ftruncate'd to max(capacity, 1 GiB),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* host_pinned.c: pinned host memory for the host and sim backends, and the pre-faulting
  * threads every backend's register path uses.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ipc_socket.c: moving a handle (bytes and file descriptors) over a Unix socket.
  *
  * No pidfd_getfd, no ptrace, no /proc/PID/fd: descriptors travel with SCM_RIGHTS, which

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ledger.c: bookkeeping of reservations, chunks and mappings, with every precondition of
  * vmm.h checked. sim is this plus a fake address space; host consults it before each mmap,
  * so a bad call is refused with a message instead of silently replacing a mapping.

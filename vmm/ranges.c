@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ranges.c: a set of free ranges [start, start+len) of some space (sim's fake addresses,
  * the offsets of a host arena file): a sorted array, coalesced on every give-back, taken
  * from by first fit at an alignment. Sets are small (a few free extents), so the linear

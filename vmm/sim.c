@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sim.c: the simulated backend: bookkeeping only, nothing is mapped or touched.
  *
  * Lets the allocator replay traces of an 80 GiB GPU on a laptop, fast. reserve hands out

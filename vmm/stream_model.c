@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* stream_model.c: the stream and event model shared by the host and sim backends.
  *
  * Nothing runs on these "devices", so work completes the moment it is queued, except on a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* topo.c: machine topology through hwloc: NUMA node count, the node nearest a PCI device,
  * binding host memory to a node (the host backend's numa=N option, pinned host memory) and
  * binding a thread to a node's cores (the threads that pre-fault pinned host memory).

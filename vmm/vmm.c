@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* vmm.c: construction of a driver from its spec, and the checked, counting wrappers.
  *
  * Every driver call from pools/ goes through a wrapper here. A wrapper checks what can be

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* vmm.h: the driver contract. The only way the rest of expseg reaches memory.
  *
  * A driver is a table of function pointers (expseg_vmm_ops_t) plus the backend's state,

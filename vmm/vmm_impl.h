@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* vmm_impl.h: internals shared by the files of vmm/ only (never included outside vmm/).
  *
  * - the wrapper's accounting step (vmm.c), reused by the fault wrapper to keep its inner

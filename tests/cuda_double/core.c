@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* core.c: the CUDA driver double's process state (tests only; includes cuda.h, as test
  * doubles may): configuration ($EXPSEG_CUDA_DOUBLE or cudadouble_configure), cuInit,
  * devices and their attributes, primary contexts with retain counts and a current context

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cudadouble.h: the control interface of the CUDA driver double (tests/cuda_double/, a test
  * library named libcuda.so.1, never installed; docs/driver.md, "The CUDA driver double").
  *

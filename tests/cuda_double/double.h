@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* double.h: shared state of the CUDA driver double (a test library named libcuda.so.1; it
  * includes cuda.h, as test doubles in tests/ may). core.c: configuration, initialisation,
  * devices, contexts, cuGetProcAddress, the call log and the control calls; memory.c: the

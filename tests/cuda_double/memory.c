@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* memory.c: the CUDA driver double's device memory (tests only; includes cuda.h). Device
  * memory is real host memory so data can be checked: each allocation (cuMemCreate) is a
  * memfd of its size, a reservation (cuMemAddressReserve) is a PROT_NONE mapping of anonymous

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # mutations.sh: shows that the gpu tests, run against the CUDA driver double, catch a broken
 # cuda backend. Builds a scratch copy of this tree (only the library, the double and the gpu
 # test binaries), checks that the gpu tests pass on it, then breaks it one way at a time and

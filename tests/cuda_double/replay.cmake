@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # replay.cmake: expseg-replay --driver cuda over the recorded histories (TRACES, a folder of
 # PyTorch snapshot pickles) against the CUDA driver double (DOUBLE_DIR), with --check, must
 # succeed (no check violation, no out-of-memory) and hold what the sim driver holds on the

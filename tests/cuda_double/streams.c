@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* streams.c: the CUDA driver double's streams and events (tests only; includes cuda.h).
  *
  * Work is asynchronous: each stream is a queue of operations (event records, waits on a

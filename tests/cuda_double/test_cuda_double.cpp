@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_cuda_double.cpp: the CUDA driver double's own rules (label gpu; built only with the
 // double, linked to it directly). A test of the test double, so it includes cuda.h: each
 // rule the double enforces (docs/driver.md, "The CUDA driver double") is driven here with

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake -DSOURCE=<checkout> -DBINARY=<dir> -DCC=<C compiler> -P broken.cmake
 # Builds the library with EXPSEG_TEST_BREAK_INVARIANT=1 (pools/segment.c skips one
 # statistic update) at EXPSEG_DEBUG=3 plus tests/debug/probe.c, runs the probe, and passes

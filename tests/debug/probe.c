@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* probe.c: a few allocations and frees through the public API, with no expseg_check call
  * of its own. Built twice (tests/debug/CMakeLists.txt): in the normal tree it must pass; in
  * a tree built with EXPSEG_TEST_BREAK_INVARIANT (one statistic update skipped) at

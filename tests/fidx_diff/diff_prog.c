@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* diff_prog.c: a random program through the public API that prints every address handed
  * out (and each status), so that two builds of the library can be compared line by line
  * (run.sh). Usage: diff_prog SEED CONFIG_INDEX STEPS [check]; DIFF_NOGC=1 never turns garbage

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* hostfail.c: random traffic with host memory failing (malloc, calloc, realloc return NULL
  * after a countdown, then persistently until the step ends); expseg_check after every step
  * with host memory back; frees of plain blocks must succeed even while host memory fails.

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # replay_diff.sh OLD_REPLAY NEW_REPLAY [TRACE_DIR]: every replay figure of two builds of
 # expseg-replay must be equal (ns_per_op aside: it is a time): the recorded PyTorch traces in
 # TRACE_DIR (default ../shared/traces/raw, and its ../memtrace; skipped when absent) and the synthetic histories,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* rng.h: the harnesses' generator: base/rand.h's splitmix64 on one state, seeded by the
  * caller through rng. */
 #ifndef EXPSEG_FIDX_DIFF_RNG_H

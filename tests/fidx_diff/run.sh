@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # run.sh OLD_BUILD NEW_BUILD FIRST_SEED LAST_SEED STEPS: the differential test of the free
 # index. diff_prog.c is built against both libraries (OLD_BUILD, NEW_BUILD: build folders
 # holding libexpseg.a, their source trees one level up); for every seed and configuration

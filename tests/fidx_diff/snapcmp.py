@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """snapcmp.py A.pickle B.pickle: two memory_viz snapshots equal but for the events' wall-clock
 times (time_us), which differ from run to run. Exit 0 when equal; else the first differences."""
 import pickle

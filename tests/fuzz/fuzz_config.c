@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_config.c: libFuzzer target for the config parser. Arbitrary bytes (cut at the first
  * NUL) are parsed over the defaults; a rejected text must leave the output untouched and write
  * a one-line, NUL-terminated message naming the source, the position and what is accepted; an

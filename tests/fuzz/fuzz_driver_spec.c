@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_driver_spec.c: libFuzzer target over the driver spec parser (_expseg_vmm_open).
  *
  * The input is used as a spec string. Only the sim and host backends are built from it

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_ipc_handle.c: libFuzzer target over the importer (expseg_ipc_import).
  *
  * Input: one selector byte, then the handle's bytes. The selector picks the descriptors

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_pickle.c: libFuzzer target for the snapshot unpickler and the device-history
  * extraction (bench/pickle.c, bench/trace_pickle.c): any input gives traces or an error
  * naming the byte offset; never a crash, a leak, or memory far beyond the input's size;

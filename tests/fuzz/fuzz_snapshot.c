@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_snapshot.c: libFuzzer target for the history and the snapshot writer (pools/history.c,
  * pools/snapshot.c, pools/pickle_write.c) and the memory summary. The input is a program:
  * each 4-byte op mallocs (size, stream), frees, record_streams, empties the cache, pushes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_tool_args.c: libFuzzer target for the tools' command-line parser (bench/tool_args.c):
  * the input's lines are the arguments; any of them is parsed without a crash, and a success
  * leaves every value inside what its option accepts. (--help and -h, which exit, are left

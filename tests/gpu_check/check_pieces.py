@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """check_pieces.py: the pieces of bench/gpu-check, each run quickly on a driver that needs no GPU.
 
     check_pieces.py PIECE BENCH_DIR SOURCE_DIR [SPEC]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # tests/gpu_check/tests.cmake: the pieces of bench/gpu-check (included by tests/CMakeLists.txt).
 # Each runs in seconds on the host driver (label cpu); with the CUDA driver double, the driver
 # and device benchmarks also run on the cuda backend (label gpu), as bench/gpu-check runs them.

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # package_test.sh MODE BUILD_DIR SOURCE_DIR WORK_DIR: the packaging tests (tests.cmake).
 #  install:    cmake --install BUILD_DIR into WORK_DIR/prefix, check what is there, then build
 #              and run tests/install/consumer/main.c four ways: CMake package shared and
 #              static, pkg-config shared and static (docs/build.md shows each).
-#  subproject: configure and build tests/install/parent (add_subdirectory of SOURCE_DIR) and
+#              Then pkg-config --static --libs alone links a consumer against a copy of the
+#              prefix holding only the static library; the docs and man pages are there;
+#              the uninstall target removes everything the install wrote.
+#  subproject: configure and build tests/install/parent (add_subdirectory of SOURCE_DIR, with
+#              -DBUILD_SHARED_LIBS=OFF: expseg::expseg must be the static library) and
 #              configure SOURCE_DIR with -DEXPSEG_BUILD_TESTS=OFF, GoogleTest unfindable in
 #              both (CMAKE_DISABLE_FIND_PACKAGE_GTest).
 # Environment: CMAKE (cmake), CC (C compiler), BENCH and TORCH (ON when the tools and
@@ -28,10 +33,12 @@ check_linked() { # BINARY shared|static
 if [ "$mode" = subproject ]; then
   say "add_subdirectory(expseg) without GoogleTest"
   "$cmake" -S "$src/tests/install/parent" -B "$work/parent" -DEXPSEG_SOURCE_DIR="$src" \
-    -DCMAKE_C_COMPILER="$cc" -DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON >"$work/parent.log" 2>&1 ||
+    -DCMAKE_C_COMPILER="$cc" -DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON -DBUILD_SHARED_LIBS=OFF \
+    >"$work/parent.log" 2>&1 ||
     { cat "$work/parent.log"; fail "configure as a subproject"; }
   "$cmake" --build "$work/parent" -j2 --target consumer >>"$work/parent.log" 2>&1 ||
     { cat "$work/parent.log"; fail "build as a subproject"; }
+  check_linked "$work/parent/consumer" static # BUILD_SHARED_LIBS=OFF honoured
   "$work/parent/consumer" subproject
   say "top level with -DEXPSEG_BUILD_TESTS=OFF without GoogleTest"
   "$cmake" -S "$src" -B "$work/top" -DEXPSEG_BUILD_TESTS=OFF -DCMAKE_C_COMPILER="$cc" \
@@ -72,7 +79,19 @@ fi
 [ "$(readlink "$lib/libexpseg.so")" = libexpseg.so.0 ] || fail "libexpseg.so -> libexpseg.so.0"
 [ "$(readlink "$lib/libexpseg.so.0")" = libexpseg.so.0.1.0 ] || fail "libexpseg.so.0 -> 0.1.0"
 readelf -d "$lib/libexpseg.so.0.1.0" | grep -q 'SONAME.*\[libexpseg.so.0\]' || fail "SONAME"
-grep -q '^Libs.private:.*-lhwloc' "$lib/pkgconfig/expseg.pc" || fail "Libs.private: -lhwloc"
+grep -qx 'Requires.private: hwloc' "$lib/pkgconfig/expseg.pc" || fail "Requires.private: hwloc"
+grep -qx 'License: Apache-2.0' "$lib/pkgconfig/expseg.pc" || fail "expseg.pc: License"
+grep -q 'set(expseg_LICENSE "Apache-2.0")' "$lib/cmake/expseg/expsegConfig.cmake" ||
+  fail "expsegConfig.cmake: expseg_LICENSE"
+for f in share/doc/expseg/LICENSE share/doc/expseg/README.md share/doc/expseg/CHANGELOG.md \
+         share/doc/expseg/docs/build.md; do
+  [ -e "$prefix/$f" ] || fail "not installed: $f"
+done
+if [ "${BENCH:-ON}" = ON ]; then
+  for t in expseg-replay expseg-bench-hit expseg-bench-grow expseg-bench-driver; do
+    [ -s "$prefix/share/man/man1/$t.1" ] || fail "no man page: share/man/man1/$t.1"
+  done
+fi
 
 for kind in shared static; do
   say "CMake package, $kind"
@@ -103,6 +122,31 @@ say "pkg-config, static"
   $(pkg-config --static --libs-only-l expseg | sed 's/-lexpseg\b//')
 check_linked "$work/pc-static" static
 "$work/pc-static" "pkg-config, static"
+say "pkg-config --static --libs alone, a prefix with only the static library"
+sp=$work/static-prefix
+mkdir -p "$sp/$rel/pkgconfig"
+cp -r "$prefix/include" "$sp/"
+cp "$lib/libexpseg.a" "$sp/$rel/"
+cp "$lib/pkgconfig/expseg.pc" "$sp/$rel/pkgconfig/"
+# hwloc.pc's own Libs.private (-ludev on Debian) need their -dev packages: said, not failed
+absent=""
+for l in $(PKG_CONFIG_PATH=$sp/$rel/pkgconfig pkg-config --static --libs-only-l expseg); do
+  n=${l#-l}
+  [ "$n" = expseg ] && continue
+  [ "$("$cc" -print-file-name="lib$n.so")" != "lib$n.so" ] ||
+    [ "$("$cc" -print-file-name="lib$n.a")" != "lib$n.a" ] || absent="$absent lib$n"
+done
+if [ -n "$absent" ]; then
+  say "not linked: pkg-config --static names libraries not installed here:$absent" \
+      "(hwloc's static dependencies: apt-get install libudev-dev)"
+else
+  # shellcheck disable=SC2046
+  "$cc" "$src/tests/install/consumer/main.c" -o "$work/pc-static-only" \
+    $(PKG_CONFIG_PATH=$sp/$rel/pkgconfig pkg-config --static --cflags --libs expseg) ||
+    fail "pkg-config --static --libs expseg does not link a static consumer"
+  check_linked "$work/pc-static-only" static
+  "$work/pc-static-only" "pkg-config --static"
+fi
 if [ "${TORCH:-ON}" = ON ] && command -v python3 >/dev/null; then
   say "installed python helper finds the installed libexpseg_torch.so"
   got=$(env -u EXPSEG_TORCH_LIB EXPSEG_DRIVER=host:capacity=16M \
@@ -110,4 +154,9 @@ if [ "${TORCH:-ON}" = ON ] && command -v python3 >/dev/null; then
         'import expseg; print(expseg.library_path(), expseg.memory_stats(0)["allocation.all.current"]); assert expseg.cupy_allocator.__module__ == "expseg_interop"')
   [ "$got" = "$(cd "$lib" && pwd)/libexpseg_torch.so 0" ] || fail "python helper: got '$got'"
 fi
-echo "installed tree: 4 consumers built and run: ok"
+say "uninstall removes what the install wrote"
+"$cmake" --build "$build" --target uninstall >"$work/uninstall.log" 2>&1 ||
+  { cat "$work/uninstall.log"; fail "uninstall target"; }
+left=$(find "$prefix" -type f -o -type l)
+[ -z "$left" ] || fail "left after uninstall: $left"
+echo "installed tree: 5 consumers built and run, uninstalled: ok"

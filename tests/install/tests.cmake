@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # tests/install/tests.cmake: packaging tests, included by tests/CMakeLists.txt.
 #  install_consumer: `cmake --install` into a scratch prefix, then a small C program built
 #    against it four ways (CMake package / pkg-config x shared / static) and run.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gpu_cxx_backend.py: the C++ backend under real PyTorch on a GPU (CTest gpu_cxx_backend,
 label gpu). Builds or finds the backend (python/_expseg_cxx.py), installs it, then drives
 every PyTorch memory call it serves and prints one line per check; exits 0 when all pass, 1

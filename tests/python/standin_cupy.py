@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """standin_cupy.py: a stand-in `cupy` for expseg.cupy_allocator, after CuPy's documented
 interface: cupy.cuda.set_allocator(f) makes f(nbytes) -> cupy.cuda.MemoryPointer the
 allocator of cupy.cuda.alloc; cupy.cuda.UnownedMemory(ptr, size, owner, device_id=-1) keeps

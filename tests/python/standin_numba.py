@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """standin_numba.py: a stand-in `numba` (numba.cuda) for expseg's EMM plugin, after Numba's
 documented External Memory Management interface: the plugin subclasses
 numba.cuda.HostOnlyCUDAMemoryManager (constructed with the context; it keeps host memory),

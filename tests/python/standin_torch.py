@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """standin_torch.py: a stand-in `torch` module for testing expseg's Python route without
 PyTorch or a GPU.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """test_expseg.py: python/expseg.py without PyTorch (run by CTest: python3 -m unittest).
 
 The statistics calls are checked against the C library itself (libexpseg_torch.so on the

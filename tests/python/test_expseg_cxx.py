@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """test_expseg_cxx.py: python/_expseg_cxx.py without PyTorch (run by CTest: python3 -m unittest).
 
 The cache key, the version checks, the prebuilt lookup and the one-line messages are checked

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """test_interop.py: expseg.cupy_allocator and expseg's Numba EMM plugin with the stand-in
 cupy and numba modules (standin_cupy.py, standin_numba.py say what they cannot show), on the
 host driver: allocations come from the device's expseg allocator (its statistics, shared

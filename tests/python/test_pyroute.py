@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """test_pyroute.py: expseg.install()'s routes without PyTorch or a GPU (run by CTest).
 
 A stand-in torch (standin_torch.py) gives what PyTorch gives a CUDAPluggableAllocator made

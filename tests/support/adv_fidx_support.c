@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* adv_fidx_support.c: the corruptions of adv_fidx_support.h, each saved for its undo. */
 #include "adv_fidx_support.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* adv_fidx_support.h: corruptions of a live allocator's free index (pools/fidx.c), for
  * tests/test_adv_fidx.cpp to prove that expseg_check notices each of them. */
 #ifndef EXPSEG_TEST_ADV_FIDX_SUPPORT_H

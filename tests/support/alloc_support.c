@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* alloc_support.c: helpers for the allocator-core tests (alloc_support.h). The borrow
  * driver forwards to the inner driver's wrappers (so the inner driver checks and counts
  * every call) and remembers each chunk's size, which release needs and the backend op

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* alloc_support.h: C helpers for the allocator-core tests (tests/test_alloc_*.cpp,
  * test_stats_*.cpp, test_threads.cpp). They reach the allocator's internals (its driver,
  * held streams) so that the C++ tests need only expseg.h and this header, and they build a

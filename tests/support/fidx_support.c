@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fidx_support.c: the harness of fidx_support.h. */
 #include "fidx_support.h"
 

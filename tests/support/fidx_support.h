@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fidx_support.h: a harness over the free index (pools/fidx.c) alone, for
  * tests/test_fidx.cpp: blocks are plain structs of two fake segments (one per pool), so a
  * test can insert, remove and ask best fit directly and compare with a reference set. */

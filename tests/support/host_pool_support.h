@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* host_pool_support.h: C++ helpers for the pinned host pool tests (tests/test_host_pool.cpp,
  * tests/test_gpu_host_pool.cpp): an owning pool handle, creation that fails the test with
  * the message, and statistics by key. */

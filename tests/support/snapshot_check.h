@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* snapshot_check.h: runs tests/check_snapshot.py (Python's pickle) and other commands for
  * the snapshot tests (test_snapshot.cpp, test_trace_snapshot.cpp). C++ only, header-only. */
 #ifndef EXPSEG_SNAPSHOT_CHECK_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_seed.h: the one seeding helper of the randomized tests. A fixed default per test
  * (so CI runs are repeatable), $EXPSEG_TEST_SEED overrides it, the seed is printed, and
  * EXPSEG_SEEDED(var, default) also adds it to every failure message of the enclosing scope

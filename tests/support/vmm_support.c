@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* vmm_support.c: C helpers for the driver tests (tests/test_vmm_*.cpp, test_gpu_vmm.cpp). */
 #include "vmm_support.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* vmm_support.h: C helpers for the driver tests: plain copies of the driver's atomic
  * counters and gauges, read in C so every test sees them the same way. */
 #ifndef EXPSEG_VMM_SUPPORT_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Control, and the wall under base/: its headers compile with base/ alone on the include
  * path, so they include nothing of expseg's layers. */
 #include "clock.h"

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake -DCC=<C compiler> -DINCS=<dir|dir|...> -DSRC=<file.c> -DEXPECT=<fail|pass>
 #       -DHEADER=<name> -P check_include.cmake
 # Compiles SRC (syntax only) with exactly the include paths a layer's target has and

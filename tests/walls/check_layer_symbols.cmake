@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake -DNM=<nm> -DLAYER=<obj|obj|...> -DBELOW=<obj|...> -DNAME=<layer> [-DFORBID=<sym|...>]
 #       -P check_layer_symbols.cmake
 # Link-level walls: every expseg symbol a layer's objects use is defined by the layer itself

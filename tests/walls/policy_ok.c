@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Control: what policy/ may include. */
 #include "expseg.h"
 #include "dec.h" /* base/ */

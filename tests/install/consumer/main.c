@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* main.c: the smallest real use of an installed expseg: the header's version agrees with the
  * library's, an allocator on the host driver hands out memory that can be written, and the
  * statistics and identity calls answer. Exit 0 when all holds. */
