@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_pickle.c: expseg-bench-pickle, the snapshot reader's time and memory against the
  * size of crafted pickles (bench/pickle_craft.c) of doubling size.
  *

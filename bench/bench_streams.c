@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_streams.c: expseg-bench-streams, the cost of many streams: each stream's first
  * malloc, and a failing malloc's out-of-memory report, with N streams holding memory.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pickle_craft.c: crafted snapshot pickles whose cost depends on how the reader treats memo
  * sharing, for the cost tests, the fuzzer's seeds and expseg-bench-pickle.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* report.c: expseg-replay --report FILE.html, the sweep of one history as a page a person
  * would rather look at than read: the answer first, memory over time per setting, the
  * segments at the peak, then the sweep table.

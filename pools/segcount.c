@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* segcount.c: how many expandable segments each stream holds in each pool, kept as
  * segments come and go, so that a growth asks in O(1) what it used to learn by walking
  * every segment: how many segments its (pool, stream) already reserved (the next

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """check_report.py: expseg-replay --report FILE.html against the --json lines of the same run.
 
   check_report.py REPLAY [--browser] [--traces DIR]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_alloc_placement.cpp: reuse before growth. A request that free memory already mapped
 // can serve must not map or create more: its own stream's free blocks first, then a free
 // block another stream holds once that stream's work is done (lending, pools/streams.c),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_alloc_truth.cpp: costs that must stay linear and statuses that must tell the truth.
 // - A stream's first malloc and the out-of-memory report cost time linear in the segments,
 //   with 16,000 streams holding one expandable segment each (sim driver): the first uses at

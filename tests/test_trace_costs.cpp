@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test_trace_costs.cpp: the snapshot reader (bench/pickle.c, bench/trace_pickle.c) costs time
 // linear in its input whatever the memo shares. The crafted shapes of bench/pickle_craft.c
 // (a wide event dict read through the memo, a history and a segment shared by many devices,
