@@ -155,7 +155,8 @@ static bool free_mapped(const block_t *b) {
 
 /* The place unmapped range u gives a request of `rounded` bytes: with the free mapped block
  * just before it (and after it), the pages to map at u->ptr. false: it does not fit. */
-static bool place_at(expseg_allocator *a, block_t *u, int pool, size_t rounded, place_t *pl) {
+static bool place_at(expseg_allocator *a, block_t *u, int pool, size_t rounded, bool exact,
+                     place_t *pl) {
   block_t *prefix = free_mapped(u->prev) ? u->prev : NULL;
   block_t *suffix = free_mapped(u->next) ? u->next : NULL;
   uintptr_t start = prefix ? prefix->ptr : u->ptr;
@@ -165,7 +166,9 @@ static bool place_at(expseg_allocator *a, block_t *u, int pool, size_t rounded, 
   uintptr_t need = start + rounded;
   if (need <= u->ptr) return false; /* the prefix alone fits: best fit would have found it */
   const size_t pg = u->seg->page;
-  size_t grow = _expseg_grow_for(need - u->ptr, u->seg->mapped_bytes, pool == POOL_SMALL);
+  /* exact (memory is short: the out-of-memory retry): no growth floor */
+  size_t grow = exact ? need - u->ptr
+                      : _expseg_grow_for(need - u->ptr, u->seg->mapped_bytes, pool == POOL_SMALL);
   uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + _expseg_round_up(grow, pg);
   if (a->model_pytorch) hi = _expseg_model_map_end(a, u, pool, need);
   /* a mapping the driver refused to remove (on the retry list) blocks this range: grow
@@ -182,12 +185,12 @@ static bool place_at(expseg_allocator *a, block_t *u, int pool, size_t rounded, 
  * The block mapped there is that stream's and is lent (streams.c). Not under PyTorch's
  * model. */
 static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
-                       place_t *pl) {
+                       bool exact, place_t *pl) {
   const tree_t *t = &a->unmapped_idx[pool];
   bool found = false;
   for (block_t *u = _expseg_tree_lower_bound(t, stream, 0, 0); u && u->stream == stream;
        u = _expseg_tree_next(t, u))
-    if ((found = place_at(a, u, pool, rounded, pl))) break;
+    if ((found = place_at(a, u, pool, rounded, exact, pl))) break;
   if (a->model_pytorch) return found;
   const bool own = found;
   const size_t own_pages = found ? pl->pages : 0;
@@ -198,7 +201,7 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
     block_t *u = f->next;
     place_t other;
     if (u == NULL || u->mapped || u->stream == stream || seg_tag(u->seg) != skey_tag(stream) ||
-        !place_at(a, u, pool, rounded, &other) ||
+        !place_at(a, u, pool, rounded, exact, &other) ||
         !_expseg_place_better(own, own_pages, other.pages) ||
         (found && pl->u->stream != stream && other.pages >= pl->pages) ||
         !_expseg_stream_idle(a, u->stream, false, seen, &n_seen, SEEN_MAX))
@@ -275,9 +278,9 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
   size_t created = 0; /* pages created for this request so far */
   for (int round = 0; round < 8; round++) {
     place_t pl;
-    if (!find_place(a, pool, stream, rounded, &pl)) {
+    if (!find_place(a, pool, stream, rounded, blocking, &pl)) {
       if (expandable_new(a, pool, stream, rounded, st) == NULL) return NULL;
-      if (!find_place(a, pool, stream, rounded, &pl)) {
+      if (!find_place(a, pool, stream, rounded, blocking, &pl)) {
         *st = _expseg_error_set(EXPSEG_ERR_DRIVER, "internal: new segment cannot place %zu bytes",
                                 rounded);
         return NULL;
