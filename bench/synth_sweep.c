@@ -57,10 +57,22 @@ static const sweep_conf_t sweep_table[] = {
 const char *const _expseg_flag_names[N_FLAGS] = {"expseg-only", "recorded", "yours",
                                                  "cold-start", "near-best", "best"};
 
+/* Does conf give a key PyTorch does not accept (the option table says: expseg_option_pytorch)?
+ * Keys are the words before ':' outside brackets ("roundup_power2_divisions:[>:0]"). */
 static int expseg_only(const char *conf) {
-  static const char *const keys[] = {"page_size_mb", "page_cache_max_mb", "va_reserve_mb"};
-  for (size_t i = 0; conf && i < sizeof keys / sizeof keys[0]; i++)
-    if (strstr(conf, keys[i])) return 1;
+  int depth = 0;
+  for (const char *k = conf, *p = conf; p && *p; p++) {
+    if (*p == '[') depth++;
+    else if (*p == ']') depth--;
+    else if (*p == ',' && depth == 0) k = p + 1;
+    else if (*p == ':' && depth == 0 && k != NULL) {
+      while (*k == ' ') k++;
+      size_t n = (size_t)(p - k);
+      while (n > 0 && k[n - 1] == ' ') n--;
+      if (expseg_option_pytorch(k, n) != 1) return 1;
+      k = NULL; /* the value follows, up to the next ',' at depth 0 */
+    }
+  }
   return 0;
 }
 

@@ -81,6 +81,10 @@ EXPSEG_EXPORT expseg_status expseg_configure(expseg_allocator *a, const char *co
 /* The configuration in force as one option string that parses back to itself.
  * Writes at most len bytes (NUL included); returns the length it needs. */
 EXPSEG_EXPORT size_t expseg_config_string(const expseg_allocator *a, char *buf, size_t len);
+/* Whether the option key key[0..len) (its canonical spelling or alias) is one PyTorch's
+ * PYTORCH_CUDA_ALLOC_CONF accepts: 1; an option of expseg's own that PyTorch refuses: 0;
+ * not an option at all: -1 (docs/config.md lists both kinds). */
+EXPSEG_EXPORT int expseg_option_pytorch(const char *key, size_t len);
 
 /* Statistics: the keys of torch.cuda.memory_stats() exactly ("allocated_bytes.all.current",
  * "reserved_bytes.large_pool.peak", "num_device_alloc", ...), plus expseg's own keys

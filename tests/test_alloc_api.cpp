@@ -406,3 +406,17 @@ TEST(AllocApi, SynchronizeWaitsForEveryStream) {
   EXPECT_EQ(expseg_synchronize(nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(msg_has("expseg_synchronize: the allocator is NULL")) << expseg_last_error();
 }
+
+// Which option keys PyTorch accepts, from the option table (docs/config.md).
+TEST(AllocApi, OptionKeysArePytorchsOrExpsegsOwn) {
+  auto is = [](const char *k) { return expseg_option_pytorch(k, strlen(k)); };
+  EXPECT_EQ(is("expandable_segments"), 1);
+  EXPECT_EQ(is("max_split_size_mb"), 1);
+  EXPECT_EQ(is("page_size_mb"), 0);
+  EXPECT_EQ(is("single_chunk_min_mb"), 0);
+  EXPECT_EQ(is("verbose"), 0);
+  EXPECT_EQ(is("expandable"), -1) << "a prefix is not a key";
+  EXPECT_EQ(is("no_such_key"), -1);
+  EXPECT_EQ(expseg_option_pytorch("page_size_mb:2", 12), 0) << "len bounds the key";
+  EXPECT_EQ(expseg_option_pytorch(nullptr, 0), -1);
+}

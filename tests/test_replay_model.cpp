@@ -315,6 +315,20 @@ TEST(ReplayModel, SweepSectionsFlagsAndClosingLines) {
   EXPECT_EQ(best_line.find("page_size_mb"), std::string::npos) << best_line;
   EXPECT_NE(o.find("expseg beyond it: "), std::string::npos) << o;
   EXPECT_NE(o.find("ms in the driver"), std::string::npos) << o;
+
+  // every key of expseg's own (the option table's, not a hand-kept list) stays out of (a)
+  for (const char *conf : {"single_chunk_min_mb:100", "verbose:True", "page_cache_max_mb:0",
+                           "va_reserve_mb:1024", "expandable_segments:True,single_chunk_min_mb:64"}) {
+    Outcome u = Replay({"--sweep", "--quiet", "--synth", "train:1:0.02", "--conf", conf});
+    ASSERT_EQ(u.rc, 0) << conf << ": " << u.err;
+    const std::string key = std::string(conf).substr(std::string(conf).rfind(',') + 1);
+    const std::string name = key.substr(0, key.find(':'));
+    size_t ua = u.out.find("(a) PyTorch"), ub = u.out.find("(b) expseg");
+    ASSERT_NE(ua, std::string::npos) << u.out;
+    ASSERT_NE(ub, std::string::npos) << u.out;
+    EXPECT_EQ(u.out.substr(ua, ub - ua).find(name), std::string::npos)
+        << conf << ": section (a) holds PyTorch keys only: " << u.out;
+  }
 }
 
 TEST(ReplayModel, PytorchExpandableSegmentsMoveNoPage) {
