@@ -440,6 +440,8 @@ void _expseg_process_events(expseg_allocator *a);
  * recorded for it, polled), instead of at the next malloc: a lent block's borrower, or a
  * stream that recorded a use and has finished, often has. b may be gone afterwards. */
 void _expseg_poll_uses(expseg_allocator *a, block_t *b);
+/* Are blocks used on stream s (lent to it, or recorded) waiting for its work? */
+bool _expseg_stream_frees_pending(const expseg_allocator *a, expseg_stream s);
 /* A freed block used on other streams for which neither an event nor a wait worked: it
  * stays pending and events are tried again at every malloc. false: no host memory. */
 bool _expseg_orphan_add(expseg_allocator *a, block_t *b);

@@ -183,7 +183,7 @@ static bool place_at(expseg_allocator *a, block_t *u, int pool, size_t rounded, 
  * another stream of the same pool whose queued work is done that needs the fewest new
  * pages, when it needs fewer (its free blocks around the range serve more of the request).
  * The block mapped there is that stream's and is lent (streams.c). Not under PyTorch's
- * model. */
+ * model, nor while blocks the stream freed wait for its work. */
 static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
                        bool exact, place_t *pl) {
   const tree_t *t = &a->unmapped_idx[pool];
@@ -191,7 +191,10 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
   for (block_t *u = _expseg_tree_lower_bound(t, stream, 0, 0); u && u->stream == stream;
        u = _expseg_tree_next(t, u))
     if ((found = place_at(a, u, pool, rounded, exact, pl))) break;
-  if (a->model_pytorch) return found;
+  /* not while blocks this stream freed still wait for its work: on a GPU with a deep queue
+   * each growth there would be lent again and wait again, where the stream's own memory is
+   * reusable on it at once */
+  if (a->model_pytorch || _expseg_stream_frees_pending(a, skey_stream(stream))) return found;
   const bool own = found;
   const size_t own_pages = found ? pl->pages : 0;
   stream_seen_t seen[SEEN_MAX];

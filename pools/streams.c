@@ -184,17 +184,20 @@ static void retry_orphans(expseg_allocator *a, bool wait) {
 
 /* Pops the completed events at the head of stream s's queue. */
 static void poll_queue(expseg_allocator *a, expseg_stream s) {
-  for (size_t i = 0; i < a->n_queues; i++) {
-    if (a->queues[i].stream != s) continue;
-    stream_queue_t *q = &a->queues[i];
-    while (q->count > 0) {
-      bool done = false;
-      if (_expseg_vmm_event_query(a->drv, q->items[q->head].ev, &done) != EXPSEG_OK || !done)
-        break;
-      event_done(a, queue_pop(q));
-    }
-    return;
+  const uint64_t *i = _expseg_map_get(&a->queue_of, s);
+  if (i == NULL) return;
+  stream_queue_t *q = &a->queues[*i];
+  while (q->count > 0) {
+    bool done = false;
+    if (_expseg_vmm_event_query(a->drv, q->items[q->head].ev, &done) != EXPSEG_OK || !done)
+      break;
+    event_done(a, queue_pop(q));
   }
+}
+
+bool _expseg_stream_frees_pending(const expseg_allocator *a, expseg_stream s) {
+  const uint64_t *i = _expseg_map_get(&a->queue_of, s);
+  return i != NULL && a->queues[*i].count > 0;
 }
 
 void _expseg_poll_uses(expseg_allocator *a, block_t *b) {

@@ -107,6 +107,34 @@ TEST(Placement, PrivatePoolsNeitherLendNorBorrow) {
   EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
 }
 
+// A stream with no place of its own grows at an idle stream's place where that stream's
+// free memory serves part of the request; not while blocks it freed wait for its own work
+// (on a GPU each such growth would be lent and wait again): then it grows its own.
+TEST(Placement, GrowthAtAnotherStreamsPlaceOnlyWithoutPendingFrees) {
+  Alloc a = make("sim", "expandable_segments:True");
+  expseg_allocator *A = a.get();
+  const expseg_stream s1 = 0x1000, s2 = 0x2000;
+  void *p1 = nullptr, *p2 = nullptr, *p3 = nullptr, *q = nullptr, *r = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 8 * MiB, s1, &p1));
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 8 * MiB, s1, &p2));
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, p2));
+  const int64_t created = stat_of(A, "expseg.created_bytes");
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 20 * MiB, s2, &q));
+  EXPECT_EQ(q, p2) << "grown after stream 1's free 8 MiB";
+  EXPECT_EQ(stat_of(A, "expseg.created_bytes") - created, (int64_t)(12 * MiB));
+  EXPECT_EQ(stat_of(A, "expseg.num_lent"), 1);
+  ASSERT_EQ(EXPSEG_OK, expseg_testing_hold_stream(A, s2, true));
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, q)); // waits for stream 2's work
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 8 * MiB, s1, &p3)); // after q
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, p3)); // a free block before an unmapped range again
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 20 * MiB, s2, &r));
+  EXPECT_EQ(stat_of(A, "expseg.num_lent"), 1) << "a segment of its own this time";
+  EXPECT_NE(r, p3);
+  ASSERT_EQ(EXPSEG_OK, expseg_testing_hold_stream(A, s2, false));
+  for (void *x : {p1, r}) ASSERT_EQ(EXPSEG_OK, expseg_free(A, x));
+  EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
+}
+
 // Variable large requests near capacity (an image model whose input size changes): each
 // step allocates activations sized by its input, frees them in reverse, keeps the weights.
 TEST(Placement, VariableLargeRequestsNearCapacityHoldLittle) {
