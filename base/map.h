@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* map.h: the one open-addressing hash map of expseg, u64 key -> u64 value, header-only so
  * every layer can use it (pools/ptrmap.c: pointer -> block on the hit path; vmm/fault.c:
- * chunk handle -> size; bench/trace.c: addresses and stream handles -> ids).
+ * chunk handle -> size; bench/replay/trace.c: addresses and stream handles -> ids).
  *
  * Slots hold key and value side by side (one cache line per probe); linear probing;
  * Fibonacci hashing (key times 2^64/phi, the top log2(cap) bits), so keys that differ only

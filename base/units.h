@@ -3,7 +3,7 @@
  * units and how many steps up the ladder a value goes. Two outputs use it with PyTorch's
  * two rules: _expseg_format_size (vmm/error.c; messages, as c10's format_size: "2.00 MiB",
  * a step while the value is >= 1024 of the unit) and the memory summary's columns
- * (pools/summary.c, as torch.cuda.memory_summary's _format_size/_format_count: integer
+ * (pools/observe/summary.c, as torch.cuda.memory_summary's _format_size/_format_count: integer
  * values floor-divided while the column's reference is >= 768 KiB or 750 K of the unit). */
 #ifndef EXPSEG_BASE_UNITS_H
 #define EXPSEG_BASE_UNITS_H

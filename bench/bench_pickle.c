@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* bench_pickle.c: expseg-bench-pickle, the snapshot reader's time and memory against the
- * size of crafted pickles (bench/pickle_craft.c) of doubling size.
+ * size of crafted pickles (bench/replay/pickle_craft.c) of doubling size.
  *
  * For each shape (--shape, repeatable: wide, shared, devices, memo; all by default) and
  * each n from --from doubling --steps times, the pickle is made in memory and read with

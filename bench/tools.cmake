@@ -1,13 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-# tools.cmake: expseg-replay and the microbenchmarks; included by bench/CMakeLists.txt
-# (which defines expseg_traces: the trace readers, synth.c and the replay core
-# synth_replay.c). Results and how to reproduce them: docs/benchmarks.md.
+# tools.cmake: the microbenchmarks; included by bench/CMakeLists.txt after
+# bench/replay/replay.cmake (which defines expseg_traces, the trace readers and synthetic
+# workloads they draw requests from, and expseg-replay). Results and how to reproduce them:
+# docs/benchmarks.md.
 # Walls: the tools see the public headers and the trace library's (not vmm/, pools/,
 # policy/); expseg-bench-driver and expseg-bench-device are the white-box tools: one times
 # vmm/ calls directly, the other reaches the driver's copy hook to check the allocator's bytes.
-add_executable(expseg-replay ${CMAKE_CURRENT_LIST_DIR}/replay.c)
-target_link_libraries(expseg-replay PRIVATE expseg_traces)
-
 foreach(b hit grow driver host device streams pickle)
   add_executable(expseg-bench-${b} ${CMAKE_CURRENT_LIST_DIR}/bench_${b}.c)
   target_link_libraries(expseg-bench-${b} PRIVATE expseg_traces)
@@ -15,7 +13,7 @@ endforeach()
 target_link_libraries(expseg-bench-driver PRIVATE expseg_internal)
 target_link_libraries(expseg-bench-device PRIVATE expseg_internal)
 
-foreach(t expseg-replay expseg-bench-hit expseg-bench-grow expseg-bench-driver expseg-bench-host
+foreach(t expseg-bench-hit expseg-bench-grow expseg-bench-driver expseg-bench-host
           expseg-bench-device expseg-bench-streams expseg-bench-pickle)
   target_compile_definitions(${t} PRIVATE _GNU_SOURCE)
   target_compile_options(${t} PRIVATE -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes)

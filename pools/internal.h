@@ -545,12 +545,12 @@ static inline void api_lock(const expseg_allocator *a) {
   pthread_mutex_lock((pthread_mutex_t *)&a->lock);
 }
 #if EXPSEG_DEBUG >= 3
-/* check.c: counts public operations; every EXPSEG_CHECK_EVERY-th runs the full check
+/* observe/check.c: counts public operations; every EXPSEG_CHECK_EVERY-th runs the full check
  * (lock held) and aborts on a violation. */
 void _expseg_debug_tick(const expseg_allocator *a);
 #endif
 #if EXPSEG_DEBUG >= 2
-/* check.c: the block, its address neighbours and its segment links agree (abort if not). */
+/* observe/check.c: the block, its address neighbours and its segment links agree (abort if not). */
 void _expseg_check_block_local(const expseg_allocator *a, const block_t *b);
 #define EXPSEG_CHECK_BLOCK(a, b) _expseg_check_block_local((a), (b))
 #else
@@ -708,6 +708,6 @@ static inline bool _expseg_seg_general(const expseg_allocator *a, const segment_
   const ppool_t *p = &a->ppools[t];
   return _expseg_pool_may_take(0, t, p->use_count, p->busy + p->inflight);
 }
-#include "history.h" /* EXPSEG_HIST: the history hooks */
+#include "observe/history.h" /* EXPSEG_HIST: the history hooks */
 
 #endif

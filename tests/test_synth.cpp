@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// test_synth.cpp: the synthetic workload generator (bench/synth.c): deterministic per seed,
+// test_synth.cpp: the synthetic workload generator (bench/replay/synth.c): deterministic per seed,
 // well-formed traces (dense ids, each freed at most once, 'r' before 'f', pre-live first),
 // figures that match a recount, the documented shapes, and clear errors for bad input.
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// test_trace_costs.cpp: the snapshot reader (bench/pickle.c, bench/trace_pickle.c) costs time
-// linear in its input whatever the memo shares. The crafted shapes of bench/pickle_craft.c
+// test_trace_costs.cpp: the snapshot reader (bench/replay/pickle.c, bench/replay/trace_pickle.c) costs time
+// linear in its input whatever the memo shares. The crafted shapes of bench/replay/pickle_craft.c
 // (a wide event dict read through the memo, a history and a segment shared by many devices,
 // many devices beside many segments, sparse memo indices) must read, or be refused, well
 // within a bound that a quadratic reader misses by far (seconds to hours); the refusals of

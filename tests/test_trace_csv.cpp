@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// test_trace_csv.cpp: the RMM logging_resource_adaptor CSV reader (bench/trace_csv.c).
+// test_trace_csv.cpp: the RMM logging_resource_adaptor CSV reader (bench/replay/trace_csv.c).
 #include <gtest/gtest.h>
 
 #include <cstdio>

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// test_trace_memtrace.cpp: the memtrace v1 reader (bench/trace_memtrace.c), the writer, the
-// format detection of expseg_trace_read_file, and the shared map and checker (bench/trace.c).
+// test_trace_memtrace.cpp: the memtrace v1 reader (bench/replay/trace_memtrace.c), the writer, the
+// format detection of expseg_trace_read_file, and the shared map and checker (bench/replay/trace.c).
 #include <gtest/gtest.h>
 
 #include "test_seed.h"

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// test_trace_pickle.cpp: the snapshot unpickler (bench/pickle.c) and the device-history
-// extraction (bench/trace_pickle.c). The recorded traces in EXPSEG_TRACES_DIR/raw must give
+// test_trace_pickle.cpp: the snapshot unpickler (bench/replay/pickle.c) and the device-history
+// extraction (bench/replay/trace_pickle.c). The recorded traces in EXPSEG_TRACES_DIR/raw must give
 // exactly the reference files in EXPSEG_TRACES_DIR/memtrace; small hand-built snapshots pin
 // the rules; malformed pickles (every truncation, mutated bytes, wrong opcodes, deep nesting,
 // bad memo references) must fail cleanly with the byte offset (the suite also runs under ASan).

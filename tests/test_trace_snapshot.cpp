@@ -4,7 +4,7 @@
 // start of the replay; the file must hold only the opcodes of PyTorch's viewer at protocol
 // <= 4, pass the field-by-field check and the viewer's backward replay to an empty state
 // (tests/check_snapshot.py, Python's pickle), and read back through expseg's own pickle
-// reader (bench/trace_pickle.c) into the history that was replayed: the same allocations
+// reader (bench/replay/trace_pickle.c) into the history that was replayed: the same allocations
 // and frees, in order, with the same sizes, streams and ids.
 #include <gtest/gtest.h>
 

@@ -81,7 +81,7 @@ typedef enum expseg_vmm_call {
 typedef uint64_t expseg_vmm_handle; /* physical chunk (CUmemGenericAllocationHandle) */
 typedef uint64_t expseg_vmm_event;  /* CUevent or the backend's own id; never 0 when live */
 
-/* A chunk of pinned host memory (the host pool, pools/host_pool.c). The caller fills the
+/* A chunk of pinned host memory (the host pool, pools/host/host_pool.c). The caller fills the
  * inputs; host_alloc fills the outputs; host_free takes the record back unchanged.
  * Preconditions (vmm.c): size > 0 and a multiple of the OS page; numa_node is -1 (no
  * placement) or a node of this machine (_expseg_topo_node_exists); fault_threads is a power of two from 1 to 128. */

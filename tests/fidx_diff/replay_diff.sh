@@ -3,7 +3,9 @@
 # replay_diff.sh OLD_REPLAY NEW_REPLAY [TRACE_DIR]: every replay figure of two builds of
 # expseg-replay must be equal (ns_per_op aside: it is a time): the recorded PyTorch traces in
 # TRACE_DIR (default ../shared/traces/raw, and its ../memtrace; skipped when absent) and the synthetic histories,
-# under both models and several settings, --json, plus --sweep on the synthetic ones.
+# under both models and several settings, --json, plus --sweep on the synthetic ones; then the
+# text table, --sweep and --sweep --json of each recorded pickle and of three synthetic
+# histories, byte for byte.
 set -u
 old=$1 new=$2 dir=${3:-$(dirname "$0")/../../../shared/traces/raw}
 T=$(mktemp -d)
@@ -32,16 +34,38 @@ for model in expseg pytorch; do
   run "capacity $model" --model "$model" --capacity 3G --allow-oom --synth train:9:2 --synth streams8:9:2
 done
 run "sweep" --sweep --synth train:11 --synth streams8:12
+# the text table and the sweep (text and --json) of each recorded pickle and three synthetic
+# histories: byte for byte, ns_per_op aside
+text() { # NAME ARGS...: both builds' output as printed, compared
+  local name=$1; shift
+  "$old" "$@" 2>/dev/null | sed 's/"ns_per_op":[0-9.e+-]*,//g' > "$T/o"; local ro=${PIPESTATUS[0]}
+  "$new" "$@" 2>/dev/null | sed 's/"ns_per_op":[0-9.e+-]*,//g' > "$T/n"; local rn=${PIPESTATUS[0]}
+  if ! cmp -s "$T/o" "$T/n" || [ "$ro" != "$rn" ] || [ ! -s "$T/n" ]; then
+    echo "DIFF $name rc=$ro/$rn"; diff "$T/o" "$T/n" | head -4; fails=$((fails + 1))
+  else echo "same $name rc=$rn"; fi
+}
+srcs=(--synth=train:1 --synth=infer:2 --synth=streams8:3)
+[ -d "$dir" ] && srcs+=("$dir"/*.pickle)
+for src in "${srcs[@]}"; do
+  arg=("$src"); [ "${src#--synth=}" != "$src" ] && arg=(--synth "${src#--synth=}")
+  text "table ${src##*/}" "${arg[@]}"
+  text "sweep table ${src##*/}" --sweep "${arg[@]}"
+  text "sweep json ${src##*/}" --sweep --json "${arg[@]}"
+done
 # the snapshot (at the peak and at the end: snapcmp.py, equal but for wall-clock times) and the
 # memory summary's text
-snaps=("${files[@]:0:2}")
+snaps=("${files[@]:0:3}") # the second recording holds several devices: both builds refuse it alike
 for h in "${snaps[@]}" synth; do
   for at in peak end; do for model in expseg pytorch; do
     src=("$h"); [ "$h" = synth ] && src=(--synth streams8:13)
-    "$old" --quiet --model $model --snapshot "$T/o.pickle" --snapshot-at $at --report "${src[@]}" 2>/dev/null | grep -v ns_per_op > "$T/or"
-    "$new" --quiet --model $model --snapshot "$T/n.pickle" --snapshot-at $at --report "${src[@]}" 2>/dev/null | grep -v ns_per_op > "$T/nr"
+    "$old" --quiet --model $model --snapshot "$T/o.pickle" --snapshot-at $at --report "${src[@]}" 2> "$T/oe" | grep -v ns_per_op > "$T/or"
+    "$new" --quiet --model $model --snapshot "$T/n.pickle" --snapshot-at $at --report "${src[@]}" 2> "$T/ne" | grep -v ns_per_op > "$T/nr"
+    : > "$T/sd"
     if [ -s "$T/n.pickle" ] && "$(dirname "$0")/snapcmp.py" "$T/o.pickle" "$T/n.pickle" > "$T/sd" && cmp -s "$T/or" "$T/nr"; then
       echo "same snapshot+report $(basename "$h") $at $model"
+    elif [ ! -e "$T/o.pickle" ] && [ ! -e "$T/n.pickle" ] && [ -s "$T/ne" ] && cmp -s "$T/oe" "$T/ne" && cmp -s "$T/or" "$T/nr"; then
+      # both refuse alike (--snapshot takes one history: a multi-device recording is several)
+      echo "same refusal snapshot+report $(basename "$h") $at $model: $(tail -c 120 "$T/ne")"
     else echo "DIFF snapshot+report $(basename "$h") $at $model"; cat "$T/sd"; diff "$T/or" "$T/nr" | head -4; fails=$((fails + 1)); fi
     rm -f "$T/o.pickle" "$T/n.pickle"
   done; done

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* fuzz_costs.c: libFuzzer target for expseg-replay's --costs parser (bench/synth_cost.c).
+/* fuzz_costs.c: libFuzzer target for expseg-replay's --costs parser (bench/replay/synth_cost.c).
  * Any input must give EXPSEG_OK with every cost in [0, 1e9], or EXPSEG_ERR_INVALID_ARGUMENT
  * with a message naming the line; never a crash or a leak. */
 #include "synth_model.h"

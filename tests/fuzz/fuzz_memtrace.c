@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* fuzz_memtrace.c: libFuzzer target for the memtrace v1 reader (bench/trace_memtrace.c).
+/* fuzz_memtrace.c: libFuzzer target for the memtrace v1 reader (bench/replay/trace_memtrace.c).
  * Any input must give EXPSEG_OK with a trace the checker's rules hold for, or
  * EXPSEG_ERR_INVALID_ARGUMENT with a message naming the line; never a crash or a leak. */
 #include "trace.h"

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_pickle.c: libFuzzer target for the snapshot unpickler and the device-history
- * extraction (bench/pickle.c, bench/trace_pickle.c): any input gives traces or an error
+ * extraction (bench/replay/pickle.c, bench/replay/trace_pickle.c): any input gives traces or an error
  * naming the byte offset; never a crash, a leak, or memory far beyond the input's size;
  * and never time beyond linear in the input.
  *
@@ -11,7 +11,7 @@
  * 10-30 times slower, so 50 us per byte leaves about ten times headroom; 50 ms covers the
  * fixed costs of a small input (up to EXPSEG_PICKLE_MAX_DEVICES traces, each with its own
  * tables). A quadratic reader misses it by orders of magnitude as inputs grow: the crafted
- * shapes of bench/pickle_craft.c (the seeds wide_*, shared_*, devices_*, memo_* in
+ * shapes of bench/replay/pickle_craft.c (the seeds wide_*, shared_*, devices_*, memo_* in
  * corpus/pickle) took seconds at 80-350 KB. libFuzzer's own -timeout stays the backstop. */
 #include "trace.h"
 

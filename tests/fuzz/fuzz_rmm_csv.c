@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_rmm_csv.c: libFuzzer target for the RMM logging_resource_adaptor CSV reader
- * (bench/trace_csv.c): any input gives a well-formed trace or an error naming the line. */
+ * (bench/replay/trace_csv.c): any input gives a well-formed trace or an error naming the line. */
 #include "trace.h"
 
 #include <stdint.h>

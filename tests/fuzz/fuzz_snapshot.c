@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* fuzz_snapshot.c: libFuzzer target for the history and the snapshot writer (pools/history.c,
- * pools/snapshot.c, pools/pickle_write.c) and the memory summary. The input is a program:
+/* fuzz_snapshot.c: libFuzzer target for the history and the snapshot writer (pools/observe/history.c,
+ * pools/observe/snapshot.c, pools/observe/pickle_write.c) and the memory summary. The input is a program:
  * each 4-byte op mallocs (size, stream), frees, record_streams, empties the cache, pushes
  * frames whose strings are raw input bytes (any bytes, invalid UTF-8 included) or pops
  * them, resizes the ring (with or without C stacks), or takes a snapshot. Every snapshot
- * must read back through expseg's own reader (bench/trace_pickle.c) when it is linked, and
+ * must read back through expseg's own reader (bench/replay/trace_pickle.c) when it is linked, and
  * be a well-formed protocol-4 pickle made only of the viewer's opcodes; the summary's lines
  * must all be framed by '|', 75 characters or more. Never a crash or a leak. */
 #include "expseg.h"

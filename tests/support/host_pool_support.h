@@ -12,7 +12,7 @@
 #include <string>
 
 #include "expseg.h"
-#include "host_pool.h"
+#include "host/host_pool.h"
 
 struct PoolDeleter {
   void operator()(expseg_host_pool *h) const { expseg_host_destroy(h); }

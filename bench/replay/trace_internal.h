@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* trace_internal.h: what the trace readers share (bench/trace*.c, bench/pickle.c).
+/* trace_internal.h: what the trace readers share (bench/replay/trace*.c, pickle.c).
  *
  * - base/map.h's map from 64-bit keys to 64-bit values (addresses -> ids, stream handles
  *   -> dense indices), included here;

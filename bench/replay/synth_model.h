@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* synth_model.h: the replay tool's models and warm start (bench/synth_model.c). Internal
+/* synth_model.h: the replay tool's models and warm start (bench/replay/synth_model.c). Internal
  * to the tools; not installed. */
 #ifndef EXPSEG_SYNTH_MODEL_H
 #define EXPSEG_SYNTH_MODEL_H

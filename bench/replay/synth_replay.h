@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* synth_replay.h: what the replay tool's files share (bench/synth_replay.c: one replay and
- * the command line; bench/synth_sweep.c: output and the sweep). Internal to the tools. */
+/* synth_replay.h: what the replay tool's files share (bench/replay/synth_replay.c: one replay and
+ * the command line; bench/replay/synth_sweep.c: output and the sweep). Internal to the tools. */
 #ifndef EXPSEG_SYNTH_REPLAY_H
 #define EXPSEG_SYNTH_REPLAY_H
 
@@ -31,7 +31,7 @@ typedef struct opts_s {
   const char *snapshot;   /* --snapshot OUT.pickle */
   int snapshot_end;       /* --snapshot-at end (else at the peak) */
   int report;             /* --report: memory summary at the peak */
-  struct expseg_report_s *html; /* --report FILE.html (bench/report.c), or NULL */
+  struct expseg_report_s *html; /* --report FILE.html (bench/replay/report.c), or NULL */
   int allow_oom;          /* a failed request does not make the exit status 1 */
   const char *capacity;   /* --capacity SIZE, or NULL */
   int fit;                /* --fit: the smallest capacity without an OOM, per model */

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* synth_replay.c: the replay tool's whole logic (expseg_replay_main); bench/replay.c is a
+/* synth_replay.c: the replay tool's whole logic (expseg_replay_main); bench/replay/replay.c is a
  * two-line main around it so that tests/test_replay.cpp can call it in-process. (The
  * file name starts with "synth" so that the expseg_traces library's glob picks it up.)
  *

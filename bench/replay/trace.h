@@ -78,7 +78,7 @@ typedef struct expseg_trace_set_s {
   size_t n;
 } expseg_trace_set_t;
 
-/* The trace library's own error reporting (bench/trace_error.c): what the last failed call
+/* The trace library's own error reporting (bench/replay/trace_error.c): what the last failed call
  * of this library on this thread said (readers, writers, synth, cost files). The library's
  * expseg_last_error() is the allocator's, untouched by these calls. */
 const char *expseg_trace_last_error(void);
@@ -99,7 +99,7 @@ expseg_status expseg_trace_read_pickle(const char *name, const unsigned char *bu
 expseg_status expseg_trace_write_memtrace(const expseg_trace_t *t, const char *path);
 void expseg_trace_set_free(expseg_trace_set_t *s);
 
-/* Synthetic workloads (bench/synth.c), seeded and deterministic:
+/* Synthetic workloads (bench/replay/synth.c), seeded and deterministic:
  * "train" (transformer steps, sequence length changing per step), "infer" (KV cache grown
  * and released per request), "streams8" (8 streams exchanging buffers with record_stream,
  * emitted as 'r' then 'f'). scale 1.0 = the default size (peak around 2 GiB). */
