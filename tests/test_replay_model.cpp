@@ -316,6 +316,21 @@ TEST(ReplayModel, SweepSectionsFlagsAndClosingLines) {
   EXPECT_NE(o.find("expseg beyond it: "), std::string::npos) << o;
   EXPECT_NE(o.find("ms in the driver"), std::string::npos) << o;
 
+  // the recommended expseg row never holds more than expseg's defaults (the row "expseg")
+  for (const char *w : {"train:1", "infer:2"}) {
+    Outcome sj = Replay({"--sweep", "--json", "--quiet", "--synth", w});
+    ASSERT_EQ(sj.rc, 0) << sj.err;
+    double plain = -1, best = -1;
+    for (const auto &l : Lines(sj.out)) {
+      if (Str(l, "section") != "expseg") continue;
+      if (Str(l, "setting") == "expseg") plain = Num(l, "peak_reserved");
+      if (l.find("\"best\"") != std::string::npos) best = Num(l, "peak_reserved");
+    }
+    ASSERT_GT(plain, 0) << w << ": " << sj.out;
+    ASSERT_GT(best, 0) << w << ": " << sj.out;
+    EXPECT_LE(best, plain) << w << ": the recommended row holds more than the defaults";
+  }
+
   // every key of expseg's own (the option table's, not a hand-kept list) stays out of (a)
   for (const char *conf : {"single_chunk_min_mb:100", "verbose:True", "page_cache_max_mb:0",
                            "va_reserve_mb:1024", "expandable_segments:True,single_chunk_min_mb:64"}) {
@@ -328,6 +343,31 @@ TEST(ReplayModel, SweepSectionsFlagsAndClosingLines) {
     ASSERT_NE(ub, std::string::npos) << u.out;
     EXPECT_EQ(u.out.substr(ua, ub - ua).find(name), std::string::npos)
         << conf << ": section (a) holds PyTorch keys only: " << u.out;
+  }
+}
+
+// The closing line sets the best PyTorch row against the recorded run only when both
+// started alike: a row replayed from an empty cache is not compared with a warm recorded run.
+TEST(ReplayModel, ClosingLineComparesLikeWithLike) {
+  std::string missing;
+  const std::vector<std::string> histories = RecordedHistories(&missing);
+  if (histories.empty()) GTEST_SKIP() << missing;
+  const std::string f = std::string(EXPSEG_TRACES_DIR) + "/raw/ftcourse_qlora_finetune.pickle";
+  Outcome j = Replay({"--sweep", "--json", "--quiet", f});
+  ASSERT_EQ(j.rc, 0) << j.err;
+  bool cold = false;
+  for (const auto &l : Lines(j.out)) {
+    if (Str(l, "section") == "pytorch" && l.find("\"best\"") != std::string::npos)
+      cold = l.find("\"cold-start\"") != std::string::npos;
+  }
+  Outcome t = Replay({"--sweep", "--quiet", f});
+  ASSERT_EQ(t.rc, 0) << t.err;
+  size_t b = t.out.find("best PyTorch setting: ");
+  ASSERT_NE(b, std::string::npos) << t.out;
+  const std::string line = t.out.substr(b, t.out.find('\n', b) - b);
+  EXPECT_EQ(line.find("(recorded run: ") == std::string::npos, cold) << line;
+  if (cold) {
+    EXPECT_NE(line.find("not compared"), std::string::npos) << line;
   }
 }
 

@@ -298,12 +298,21 @@ static void print_section(FILE *out, const sweep_row_t *rows, size_t n, int mode
   }
 }
 
-/* Flags the best row of each section (ranked rows): the first without an OOM or failure.
- * The closing lines, JSON ("best") and --report name these rows. */
+/* Flags the best row of each section (ranked rows): the first without an OOM or failure;
+ * in expseg's section never one that holds more than expseg's defaults (the row "expseg"),
+ * which a tie on memory broken by driver time could otherwise pick. The closing lines, JSON
+ * ("best") and --report name these rows. */
 static void mark_best(sweep_row_t *rows, size_t n) {
+  int64_t plain = -1; /* expseg's defaults, when they ran clean */
+  for (size_t i = 0; i < n; i++)
+    if (rows[i].model == EXPSEG_MODEL_EXPSEG && !strcmp(rows[i].label, "expseg") &&
+        !rows[i].r.errors && !rows[i].r.num_ooms)
+      plain = rows[i].r.peak_reserved;
   int seen[2] = {0, 0};
   for (size_t i = 0; i < n; i++) {
     if (rows[i].r.errors || rows[i].r.num_ooms || seen[rows[i].model]) continue;
+    if (rows[i].model == EXPSEG_MODEL_EXPSEG && plain >= 0 && rows[i].r.peak_reserved > plain)
+      continue;
     seen[rows[i].model] = 1;
     rows[i].flags |= FLAG_BEST;
   }
@@ -322,9 +331,14 @@ static void closing(FILE *out, const expseg_trace_t *t, const sweep_row_t *rows,
                  "in the driver",
             pt->label, pt->conf, _expseg_human(b1, (double)pt->r.peak_reserved),
             pt->r.driver_ms);
-    if (pt->r.base.present)
+    /* like with like: a row replayed from an empty cache is not set against a recorded run
+     * that started warm */
+    if (pt->r.base.present && !(pt->flags & FLAG_COLD))
       fprintf(out, " (recorded run: %s, %.1f ms)",
               _expseg_human(b2, (double)pt->r.base.peak_reserved), pt->r.rec_ms);
+    else if (pt->r.base.present)
+      fprintf(out, " (started from an empty cache, the recorded run from a warm one: not "
+                   "compared)");
     fprintf(out, "\n");
   } else {
     fprintf(out, "best PyTorch setting: none ran without an OOM or failure\n");
