@@ -180,6 +180,7 @@ TEST(Replay, BadArgumentsExit2) {
       {{"--conf", "no_such_key:1", "--synth", "train:1:0.01"}, "no_such_key"},
       {{"--driver", "warp:capacity=1G", "--synth", "train:1:0.01"}, "warp"},
       {{"--sweep", "--timeline", "x.csv", "--synth", "train"}, "cannot be combined"},
+      {{"--sweep", "--fit", "--synth", "train:1:0.01"}, "--fit and --sweep cannot be combined"},
       {{"--limit", "0", "--synth", "train"}, "--limit"},
   };
   for (auto &c : cases) {

@@ -706,6 +706,11 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     rc = bad(err, "--timeline and --sweep cannot be combined");
     goto done;
   }
+  if (o.sweep && o.fit) { /* --fit searches a capacity per model, the sweep one per row */
+    rc = bad(err, "--fit and --sweep cannot be combined: run --fit alone (per model) or "
+                  "--sweep with --capacity SIZE");
+    goto done;
+  }
 
   h.sets = calloc(n_files ? n_files : 1, sizeof *h.sets);
   h.synth = calloc(n_synths ? n_synths : 1, sizeof *h.synth);
