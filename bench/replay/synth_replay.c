@@ -429,62 +429,6 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
 }
 
 /* ------------------------------------------------------------------------------------ */
-/* --fit: the smallest device capacity (to 1 %) on which a history runs without an OOM    */
-
-static int fits(const expseg_trace_t *t, const opts_t *o, int model, uint64_t cap,
-                FILE *err, result_t *r) {
-  char c[32];
-  snprintf(c, sizeof c, "%" PRIu64 "K", (cap + 1023) / 1024);
-  int rc = _expseg_replay_cap(t, o, model, o->conf, c, NULL, err, r, NULL);
-  return rc == 2 ? -2 : (rc == 0 && r->num_ooms == 0);
-}
-
-static int fit_one(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *err) {
-  opts_t q = *o;
-  q.quiet = 1;
-  const uint64_t gran = UINT64_C(2) << 20;
-  for (int model = EXPSEG_MODEL_EXPSEG; model <= EXPSEG_MODEL_PYTORCH; model++) {
-    result_t r;
-    int rc = _expseg_replay_cap(t, &q, model, o->conf, NULL, NULL, err, &r, NULL);
-    if (rc) return rc;
-    char config[sizeof r.config];
-    memcpy(config, r.config, sizeof config);
-    uint64_t lo = r.peak_requested, hi = ((uint64_t)r.peak_reserved + gran - 1) / gran * gran;
-    unsigned runs = 1;
-    int ok = 0;
-    for (int k = 0; k < 8 && (ok = fits(t, &q, model, hi, err, &r)) == 0; k++, runs++) hi *= 2;
-    if (ok < 0) return 2;
-    if (!ok) {
-      fprintf(err, "expseg-replay: %s: --fit: no capacity up to %" PRIu64 " bytes runs "
-                   "without an OOM under --model %s\n",
-              t->name, hi, _expseg_model_name(model));
-      return 1;
-    }
-    while (hi - lo > hi / 100) {
-      uint64_t mid = lo + (hi - lo) / 2;
-      int f = fits(t, &q, model, mid, err, &r);
-      runs++;
-      if (f < 0) return 2;
-      if (f) hi = mid;
-      else lo = mid;
-    }
-    char b[32];
-    if (o->json) {
-      fprintf(out, "{\"trace\":");
-      _expseg_json_str(out, t->name);
-      fprintf(out, ",\"device\":%d,\"model\":\"%s\",\"config\":", t->device,
-              _expseg_model_name(model));
-      _expseg_json_str(out, config);
-      fprintf(out, ",\"fit_capacity\":%" PRIu64 ",\"fit_runs\":%u}\n", hi, runs);
-    } else
-      fprintf(out, "%s: runs without an OOM on %s of device memory (%" PRIu64
-                   " bytes, to 1 %%) under --model %s\n", t->name, _expseg_human(b, (double)hi),
-              hi, _expseg_model_name(model));
-  }
-  return 0;
-}
-
-/* ------------------------------------------------------------------------------------ */
 /* Command line                                                                          */
 
 static void usage(FILE *f) {
@@ -781,7 +725,7 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
         continue;
       }
       if (o.fit) {
-        rc = fit_one(t, &o, out, err);
+        rc = _expseg_replay_fit(t, &o, out, err);
         continue;
       }
       result_t r;

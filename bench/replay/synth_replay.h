@@ -74,6 +74,8 @@ typedef struct result_s {
 int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
                        const char *user_conf, const char *capacity, FILE *timeline, FILE *err,
                        result_t *r, const capture_t *cap);
+/* synth_fit.c: --fit for one history (every model); 0 ok, 1 no capacity runs, 2 bad input. */
+int _expseg_replay_fit(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE *err);
 /* Sweep row flags (JSON "flags", in the order of _expseg_flag_names). */
 enum { FLAG_EXPSEG_ONLY = 1, FLAG_RECORDED = 2, FLAG_YOURS = 4, FLAG_COLD = 8, FLAG_NEAR = 16,
        FLAG_BEST = 32 };
