@@ -27,24 +27,29 @@ static void remove_at(expseg_ranges_t *s, size_t i) {
   s->n--;
 }
 
+/* Carves [a, a+size) out of range i (which holds it): the head stays in place, the tail
+ * goes after it. 1, or -1 when out of host memory (nothing changed). */
+static int carve(expseg_ranges_t *s, size_t i, uint64_t a, uint64_t size, uint64_t *start) {
+  const expseg_range_t e = s->r[i];
+  const uint64_t end = a + size, eend = e.start + e.len;
+  if (a > e.start) {
+    if (end < eend && !insert_at(s, i + 1, (expseg_range_t){end, eend - end})) return -1;
+    s->r[i].len = a - e.start;
+  } else if (end < eend) {
+    s->r[i] = (expseg_range_t){end, eend - end};
+  } else {
+    remove_at(s, i);
+  }
+  *start = a;
+  return 1;
+}
+
 int _expseg_ranges_take(expseg_ranges_t *s, uint64_t size, uint64_t align, uint64_t *start) {
   for (size_t i = 0; i < s->n; i++) {
-    expseg_range_t e = s->r[i];
+    const expseg_range_t e = s->r[i];
     uint64_t a = (e.start + align - 1) & ~(align - 1);
     if (a < e.start || a - e.start > e.len || size > e.len - (a - e.start)) continue;
-    uint64_t end = a + size, eend = e.start + e.len;
-    /* Carve [a, end) out of e: the head stays in place, the tail goes after it. */
-    if (a > e.start) {
-      if (end < eend && !insert_at(s, i + 1, (expseg_range_t){end, eend - end}))
-        return -1;
-      s->r[i].len = a - e.start;
-    } else if (end < eend) {
-      s->r[i] = (expseg_range_t){end, eend - end};
-    } else {
-      remove_at(s, i);
-    }
-    *start = a;
-    return 1;
+    return carve(s, i, a, size, start);
   }
   return 0;
 }
@@ -52,23 +57,11 @@ int _expseg_ranges_take(expseg_ranges_t *s, uint64_t size, uint64_t align, uint6
 int _expseg_ranges_take_top(expseg_ranges_t *s, uint64_t size, uint64_t align,
                             uint64_t *start) {
   for (size_t i = s->n; i-- > 0;) {
-    expseg_range_t e = s->r[i];
+    const expseg_range_t e = s->r[i];
     if (size > e.len) continue;
     uint64_t a = (e.start + e.len - size) & ~(align - 1);
     if (a < e.start) continue;
-    uint64_t end = a + size, eend = e.start + e.len;
-    /* Carve [a, end) out of e: the head stays in place, the tail goes after it. */
-    if (a > e.start) {
-      if (end < eend && !insert_at(s, i + 1, (expseg_range_t){end, eend - end}))
-        return -1;
-      s->r[i].len = a - e.start;
-    } else if (end < eend) {
-      s->r[i] = (expseg_range_t){end, eend - end};
-    } else {
-      remove_at(s, i);
-    }
-    *start = a;
-    return 1;
+    return carve(s, i, a, size, start);
   }
   return 0;
 }
