@@ -124,7 +124,9 @@ def piece_args(bench, src, spec, tmp):
     gc = os.path.join(src, "bench", "gpu-check")
     for args, want in ((["--budget", "abc", tmp], "--budget 'abc'"), ([tmp, "--budget", "5"], "from 30"),
                        ([], "OUTDIR is missing"), ([tmp, "--frob"], "unknown option '--frob'"),
-                       ([tmp, tmp + "x"], "one OUTDIR only")):
+                       ([tmp, tmp + "x"], "one OUTDIR only"),
+                       ([tmp, "--parts", "torch,frob"], "unknown part 'frob'"),
+                       ([tmp, "--parts", ","], "the list is empty")):
         p = run(["bash", gc] + args)
         check(p.returncode == 2 and want in p.stdout, "gpu-check %s: status 2 and '%s'" % (args, want))
 
