@@ -393,8 +393,8 @@ PYTHON_ROUTE_LIMITS = (
     "and Tensor.record_stream from Python report and act on expseg, but it cannot see "
     "record_stream calls made from C++ (NCCL process groups, FSDP, other extensions: memory "
     "they still use may be reused early; install(safe_record_stream=True) or %s=1 makes "
-    "every free wait for a device-wide synchronization instead), and CUDA graph private "
-    "pools (torch.cuda.graph, MemPool) are not given to expseg. For both, use the C++ "
+    "every free wait for a device-wide synchronization instead), and CUDA graph capture "
+    "(torch.cuda.graph) is refused: graphs get no private pool. For both, use the C++ "
     "backend (install(route=\"cxx\"); it needs a C++ compiler and PyTorch's headers; "
     "docs/torch.md)." % SAFE_ENV)
 
@@ -678,6 +678,28 @@ def _patch_torch(torch):
                                                                                      stream)))
         record_stream.__doc__ = getattr(original, "__doc__", None)
         _replace(tensor, "record_stream", record_stream)
+    _refuse_graphs(torch)
+
+
+GRAPH_REFUSED = (
+    "expseg's Python route cannot capture CUDA graphs: PyTorch gives an allocator made from "
+    "Python no private pool for a graph, so memory the graph uses on replay could be handed to "
+    "other tensors. Use the C++ backend (expseg.install(route=\"cxx\")), which gives each graph "
+    "its own pool")
+
+
+def _refuse_graphs(torch):
+    """CUDAGraph.capture_begin (torch.cuda.graph, make_graphed_callables) raises ExpsegError
+    on the Python route, before the capture starts."""
+    graphs = getattr(torch.cuda, "graphs", None)
+    cls = getattr(graphs, "CUDAGraph", None) if graphs is not None else None
+    if cls is None or not hasattr(cls, "capture_begin"):
+        return
+
+    def capture_begin(self, *args, **kwargs):
+        raise ExpsegError(GRAPH_REFUSED)
+    capture_begin.__doc__ = GRAPH_REFUSED
+    _replace(cls, "capture_begin", capture_begin)
 
 
 def _unpatch():

@@ -362,6 +362,7 @@ TEST(TORCH_SUITE, StatisticsResetsCacheAndHooks) {
 // until a batch of 16 completes after a device-wide synchronization; turning the mode off
 // completes the rest; the statistics end where they began.
 TEST(Torch, SafeModeDefersFreesFromManyThreads) {
+  NEED_DRIVER(); // device 1 and made-up streams: the double's devices, not a real GPU's
   Lib &L = lib();
   EXPSEG_SEEDED(seed, 20261126u);
   ASSERT_EQ(EXPSEG_OK, L.synchronize(1)) << L.last_error(1);

@@ -69,6 +69,13 @@ static cu_api_t cu;
 static expseg_status load_status = EXPSEG_ERR_UNSUPPORTED;
 static char load_msg[512];
 
+/* cuGetProcAddress hands out the newest version of a name not newer than asked for; where a
+ * version changed the arguments but cuda.h still declares the plain name with the old ones
+ * (CUDA 13.0: cuCtxSynchronize(CUcontext)), ask for the last version with those. */
+static int declared_version(const char *name, int ask) {
+  return strcmp(name, "cuCtxSynchronize") == 0 && ask >= 13000 ? 12000 : ask;
+}
+
 static void load_driver(void) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
@@ -94,8 +101,9 @@ static void load_driver(void) {
   {                                                                                        \
     void *p = NULL;                                                                        \
     CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SUCCESS;                        \
-    CUresult r = gp2 ? gp2(#f, &p, ask, CU_GET_PROC_ADDRESS_DEFAULT, &q)                   \
-                     : gp1(#f, &p, ask, CU_GET_PROC_ADDRESS_DEFAULT);                      \
+    int v = declared_version(#f, ask);                                                     \
+    CUresult r = gp2 ? gp2(#f, &p, v, CU_GET_PROC_ADDRESS_DEFAULT, &q)                     \
+                     : gp1(#f, &p, v, CU_GET_PROC_ADDRESS_DEFAULT);                        \
     if (r != CUDA_SUCCESS || !p || q != CU_GET_PROC_ADDRESS_SUCCESS) {                     \
       snprintf(load_msg, sizeof load_msg,                                                  \
                "cuda driver: the driver (version %d) has no %s (error %d); a newer NVIDIA " \

@@ -379,6 +379,7 @@ DBL_EXPORT CUresult CUDAAPI cuCtxGetDevice(CUdevice *dev) {
   X(CUDA_ERROR_DEINITIALIZED, "driver shutting down")                                          \
   X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                                       \
   X(CUDA_ERROR_INVALID_CONTEXT, "invalid device context")                                      \
+  X(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed")                                  \
   X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle")                                      \
   X(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                            \
   X(CUDA_ERROR_NOT_READY, "device not ready") X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported") \
@@ -431,25 +432,32 @@ DBL_EXPORT CUresult CUDAAPI cuGetErrorString(CUresult e, const char **s) {
 
 static const struct {
   const char *name;
+  int version; /* handed out to callers asking for this version or later */
   void *fn;
 } procs[] = {
-#define DBL_PROC_(f) {#f, (void *)&f},
+#define DBL_PROC_(f) {#f, 0, (void *)&f},
     DBL_PROCS(DBL_PROC_)
 #undef DBL_PROC_
+/* entry points whose newer version changed the arguments under the same name */
+#if CUDA_VERSION >= 13000
+    {"cuCtxSynchronize", 13000, (void *)&cuCtxSynchronize_v2},
+#endif
 };
 
 DBL_EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int version,
                                              cuuint64_t flags,
                                              CUdriverProcAddressQueryResult *status) {
   if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
-  (void)version;
   (void)flags;
-  for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
-    if (strcmp(procs[i].name, symbol) == 0) {
-      *pfn = procs[i].fn;
-      if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
-      return CUDA_SUCCESS;
-    }
+  int best = -1; /* the newest version of the name not newer than the caller asked for */
+  for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++)
+    if (strcmp(procs[i].name, symbol) == 0 && procs[i].version <= version &&
+        (best < 0 || procs[i].version > procs[best].version))
+      best = (int)i;
+  if (best >= 0) {
+    *pfn = procs[best].fn;
+    if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
   }
   *pfn = NULL;
   if (status) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;

@@ -229,6 +229,26 @@ DBL_EXPORT CUresult CUDAAPI cuCtxSynchronize(void) {
   END(wait_until(device_idle, ctx) ? CUDA_SUCCESS : timed_out(call_.name));
 }
 
+#if CUDA_VERSION >= 13000
+/* CUDA 13.0's cuCtxSynchronize takes the context (NULL: the current one). cuGetProcAddress
+ * hands it out for "cuCtxSynchronize" at version 13000 or later, while cuda.h still declares
+ * the plain name without the argument: a caller that asks for 13000 and calls the plain
+ * prototype passes garbage, refused here as the driver does (CONTEXT_IS_DESTROYED). */
+DBL_EXPORT CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
+  BEGIN("cuCtxSynchronize_v2");
+  dbl_ctx *c = ctx ? (dbl_ctx *)ctx : dbl_current;
+  if (!c)
+    END(dbl_refuse(CUDA_ERROR_INVALID_CONTEXT,
+                   "cuCtxSynchronize_v2(NULL): no current context on this thread"));
+  if (!dbl_valid_ctx(c))
+    END(dbl_refuse(CUDA_ERROR_CONTEXT_IS_DESTROYED,
+                   "cuCtxSynchronize_v2(%p): not a live context (the version 13000 entry point "
+                   "takes the context as its argument)",
+                   (void *)ctx));
+  END(wait_until(device_idle, c) ? CUDA_SUCCESS : timed_out(call_.name));
+}
+#endif
+
 static CUresult value_op(dbl_call *c, dbl_stream *s, dbl_op_kind kind, CUdeviceptr addr,
                          uint32_t value, unsigned flags) {
   if (addr % 4)

@@ -110,6 +110,28 @@ TEST_F(Double, ProcAddressAnswersKnownNamesAndRefusesOthers) {
   EXPECT_EQ(nullptr, fn);
 }
 
+#if CUDA_VERSION >= 13000
+// CUDA 13.0 gave cuCtxSynchronize a context argument under the same name: asked for at 13000
+// the double hands out the new one (which refuses a context that is not live, as the driver
+// does), asked for at 12000 the one cuda.h declares under the plain name.
+TEST_F(Double, ProcAddressHandsOutTheVersionAskedFor) {
+  void *fn = nullptr;
+  OK(cuGetProcAddress("cuCtxSynchronize", &fn, 13000, CU_GET_PROC_ADDRESS_DEFAULT, nullptr));
+  EXPECT_EQ((void *)&cuCtxSynchronize_v2, fn);
+  OK(cuGetProcAddress("cuCtxSynchronize", &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, nullptr));
+  EXPECT_EQ((void *)&cuCtxSynchronize, fn);
+  CUcontext ctx = nullptr;
+  OK(cuDevicePrimaryCtxRetain(&ctx, 0));
+  OK(cuCtxSetCurrent(ctx));
+  OK(cuCtxSynchronize_v2(ctx));
+  OK(cuCtxSynchronize_v2(nullptr)); // the current one
+  int junk = 0;
+  EXPECT_EQ(CUDA_ERROR_CONTEXT_IS_DESTROYED, cuCtxSynchronize_v2((CUcontext)&junk));
+  OK(cuCtxSetCurrent(nullptr));
+  OK(cuDevicePrimaryCtxRelease(0));
+}
+#endif
+
 TEST_F(Double, ContextsAreRetainedCountedAndPerThread) {
   CUmemGenericAllocationHandle h = 0;
   CUmemAllocationProp p = prop();

@@ -108,7 +108,7 @@ def _():
 @check("memory fraction, out of memory, OOM observer")
 def _():
     seen = []
-    torch._C._cuda_attachOutOfMemoryObserver(lambda *a: seen.append(a))
+    torch._C._cuda_attach_out_of_memory_observer(lambda *a: seen.append(a))
     torch.cuda.set_per_process_memory_fraction(0.25)
     total = torch.cuda.get_device_properties(0).total_memory
     try:

@@ -142,6 +142,17 @@ def build():
         state.swapped = True
 
     memory.CUDAPluggableAllocator = CUDAPluggableAllocator
+
+    graphs = types.ModuleType("torch.cuda.graphs")
+
+    class CUDAGraph:  # PyTorch's Python subclass of torch._C._CUDAGraph, reduced
+        captured = 0
+
+        def capture_begin(self, pool=None, capture_error_mode="global"):
+            CUDAGraph.captured += 1
+
+    graphs.CUDAGraph = CUDAGraph
+    cuda.graphs, cuda.CUDAGraph = graphs, CUDAGraph
     memory.change_current_allocator = change_current_allocator
     memory.get_allocator_backend = lambda: "pluggable" if state.swapped else "native"
 
@@ -179,5 +190,6 @@ def install():
     sys.modules["torch"] = torch
     sys.modules["torch.cuda"] = torch.cuda
     sys.modules["torch.cuda.memory"] = torch.cuda.memory
+    sys.modules["torch.cuda.graphs"] = torch.cuda.graphs
     sys.modules["torch.accelerator"] = torch.accelerator
     return torch

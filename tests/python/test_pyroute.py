@@ -258,6 +258,26 @@ class PythonRoute(unittest.TestCase):
         self.assertIn("route=\"cxx\"", err)
         self.assertNotIn("C++ backend is not used", err)  # no loader: nothing else to say
 
+    def test_graph_capture_is_refused_before_it_starts(self):
+        r, _ = self.result("""
+            g = torch.cuda.CUDAGraph()
+            g.capture_begin()  # before install: PyTorch's own
+            expseg.install(route="python")
+            try:
+                torch.cuda.CUDAGraph().capture_begin(pool=None)
+                err = "no error"
+            except expseg.ExpsegError as e:
+                err = str(e)
+            started = torch.cuda.CUDAGraph.captured
+            expseg._unpatch()
+            torch.cuda.CUDAGraph().capture_begin()
+            print(json.dumps(dict(err=err, started=started, after=torch.cuda.CUDAGraph.captured)))
+            """)
+        self.assertIn("cannot capture CUDA graphs", r["err"])
+        self.assertIn('route="cxx"', r["err"])
+        self.assertEqual(r["started"], 1, "the refused capture must not have begun")
+        self.assertEqual(r["after"], 2, "unpatched: PyTorch's capture_begin again")
+
     def test_device_values_never_wrap_to_another_device(self):
         # a device ordinal past C's int must not become another device (ctypes keeps the low
         # 32 bits), nor may a value that is no device name the current device
