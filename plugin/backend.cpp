@@ -289,6 +289,16 @@ class ExpsegAllocator final : public CCA::CUDAAllocator {
     create_or_incref(device, mempool_id, other.get());
   }
 
+  // MemPool(use_on_oom=...): every MemPool's destructor calls it with false, which is what
+  // expseg does anyway (a pool's memory serves only that pool); true is refused.
+  void setUseOnOOM(DeviceIndex device, MempoolId mempool_id, bool use_on_oom) {
+    (void)mempool_id;
+    if (use_on_oom)
+      fail("setUseOnOOM", device, EXPSEG_ERR_UNSUPPORTED,
+           "MemPool(use_on_oom=True) is not supported by expseg: a pool's memory serves only "
+           "that pool");
+  }
+
   CCA::ShareableHandle shareIpcHandle(void *ptr) override {
     fail("shareIpcHandle", c10::cuda::current_device(), EXPSEG_ERR_UNSUPPORTED,
          ("sharing " + ptr_text(ptr) +

@@ -31,6 +31,11 @@ extern "C" {
 /* NULL when size is 0, or on failure (out of memory, no usable driver, bad device): the
  * message is kept (expseg_torch_last_error) and printed to stderr. */
 EXPSEG_EXPORT void *expseg_torch_alloc(size_t size, int device, void *stream);
+/* The same, but a failure (size > 0) throws a C++ std::runtime_error with the message instead
+ * of returning NULL: PyTorch's pluggable allocator does not check the pointer, and turns the
+ * exception into a Python RuntimeError. expseg.install(route="python") gives PyTorch this one.
+ * For C++ callers only (an exception must not cross C frames). */
+EXPSEG_EXPORT void *expseg_torch_alloc_raising(size_t size, int device, void *stream);
 /* A pointer expseg did not hand out (or a device without an allocator) is ignored with a
  * message: never a crash. size and stream are not needed (expseg knows both). */
 EXPSEG_EXPORT void expseg_torch_free(void *ptr, size_t size, int device, void *stream);

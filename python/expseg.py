@@ -499,7 +499,8 @@ def install(route="auto", safe_record_stream=None):
             _say_once("the C++ backend is not used (%s); using the Python route" % why)
     _check(_lib.expseg_torch_set_safe_free(safe), "expseg.install(safe_record_stream)", -1)
     try:
-        alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "expseg_torch_alloc",
+        # the raising entry point: PyTorch does not check a NULL from the alloc function
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "expseg_torch_alloc_raising",
                                                          "expseg_torch_free")
         torch.cuda.memory.change_current_allocator(alloc)
     except RuntimeError as e:

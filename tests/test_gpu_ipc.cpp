@@ -33,6 +33,7 @@ struct Cu {
   int (*set_current)(void *) = nullptr;
   int (*htod)(unsigned long long, const void *, size_t) = nullptr;
   int (*dtoh)(void *, unsigned long long, size_t) = nullptr;
+  int (*stream_sync)(void *) = nullptr;
   bool load() {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) return false;
@@ -42,7 +43,9 @@ struct Cu {
     set_current = (int (*)(void *))dlsym(lib, "cuCtxSetCurrent");
     htod = (int (*)(unsigned long long, const void *, size_t))dlsym(lib, "cuMemcpyHtoD_v2");
     dtoh = (int (*)(void *, unsigned long long, size_t))dlsym(lib, "cuMemcpyDtoH_v2");
-    if (!init || !dev_get || !retain || !set_current || !htod || !dtoh) return false;
+    stream_sync = (int (*)(void *))dlsym(lib, "cuStreamSynchronize");
+    if (!init || !dev_get || !retain || !set_current || !htod || !dtoh || !stream_sync)
+      return false;
     int dev = 0;
     void *ctx = nullptr;
     return init(0) == 0 && dev_get(&dev, 0) == 0 && retain(&ctx, dev) == 0 &&
@@ -78,6 +81,8 @@ TEST(GpuIpc, ChildSide) {
   for (size_t i = 0; i < kSize; i += 4096) ASSERT_EQ(buf[i], (unsigned char)(i / 4096 + 1));
   for (size_t i = 0; i < kSize; i += 4096) buf[i] = (unsigned char)(i / 4096 + 2);
   ASSERT_EQ(0, cu.htod((unsigned long long)(uintptr_t)p, buf.data(), kSize));
+  // from pageable memory the copy returns before its DMA lands: wait before the unmap
+  ASSERT_EQ(0, cu.stream_sync(nullptr));
   t = std::chrono::steady_clock::now();
   ASSERT_EQ(EXPSEG_OK, expseg_ipc_close(a, p));
   std::printf("close: %.3f ms\n", ms_since(t));

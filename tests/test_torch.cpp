@@ -17,6 +17,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -110,6 +111,7 @@ struct Lib {
   int (*deferred)(int, size_t *, size_t *);
   int (*synchronize)(int);
   expseg_allocator *(*allocator)(int, int);
+  void *(*alloc_raising)(size_t, int, void *);
 
   template <class F> void resolve(F &f, const char *name) {
     void *p = dlsym(h, name);
@@ -124,6 +126,7 @@ struct Lib {
     R(last_error); R(driver_name); R(get_info); R(mem_get_info); R(stat); R(stats_foreach);
     R(stats_json); R(reset_peak_stats); R(reset_accumulated_stats); R(empty_cache);
     R(snapshot_dump); R(set_safe_free); R(deferred); R(synchronize); R(allocator);
+    R(alloc_raising);
 #undef R
   }
   int64_t get(int device, const char *key) {
@@ -145,6 +148,35 @@ TEST(TORCH_SUITE, EveryEntryPointResolvesByName) {
   ASSERT_NO_FATAL_FAILURE(lib());
   EXPECT_STREQ(kDriver, lib().driver_name(0));
   EXPECT_STREQ(kDriver, lib().driver_name(1));
+}
+
+// The Python route's alloc function: a failure throws (PyTorch's pluggable allocator does not
+// check the pointer and turns the exception into a Python RuntimeError); size 0 is NULL, as
+// cudaMalloc; success is an ordinary block the C free takes back.
+TEST(TORCH_SUITE, RaisingAllocThrowsWhereTheCOneReturnsNull) {
+  NEED_DRIVER();
+  Lib &L = lib();
+  const int64_t live0 = L.get(0, "allocation.all.current");
+  EXPECT_EQ(nullptr, L.alloc_raising(0, 0, nullptr));
+  void *p = L.alloc_raising(1u << 20, 0, stream_of(0, 0));
+  EXPECT_EQ(live0 + 1, L.get(0, "allocation.all.current"));
+  ASSERT_NE(nullptr, p) << L.last_error(0);
+  L.free(p, 1u << 20, 0, stream_of(0, 0));
+  try {
+    L.alloc_raising(size_t(1) << 40, 0, stream_of(0, 0)); // a TiB: more than the device has
+    ADD_FAILURE() << "no exception for a TiB";
+  } catch (const std::runtime_error &e) {
+    const std::string m = e.what();
+    EXPECT_NE(std::string::npos, m.find("CUDA out of memory (expseg): expseg_torch_alloc(")) << m;
+    EXPECT_NE(std::string::npos, m.find("1099511627776 bytes, device 0")) << m;
+  }
+  try {
+    L.alloc_raising(16, 64, nullptr);
+    ADD_FAILURE() << "no exception for device 64";
+  } catch (const std::runtime_error &e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("device 64")) << e.what();
+  }
+  EXPECT_EQ(live0, L.get(0, "allocation.all.current")) << "a failure leaves nothing allocated";
 }
 
 // The accessor the C++ backend uses: the same allocator every entry point serves.

@@ -676,8 +676,12 @@ static expseg_status cuda_copy(void *st, uintptr_t dev, void *host, size_t size,
   ENTER(c);
   CUresult r = to_device ? cu.cuMemcpyHtoD((CUdeviceptr)dev, host, size)
                          : cu.cuMemcpyDtoH(host, (CUdeviceptr)dev, size);
-  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK
-                                 : cu_fail(r, to_device ? "cuMemcpyHtoD" : "cuMemcpyDtoH", NULL));
+  const char *what = to_device ? "cuMemcpyHtoD" : "cuMemcpyDtoH";
+  /* from pageable memory HtoD returns before its DMA lands: wait, or an unmap right after
+   * faults the context (CUDA_ERROR_LAUNCH_FAILED, seen on an H200) */
+  if (r == CUDA_SUCCESS && to_device && (r = cu.cuStreamSynchronize(NULL)) != CUDA_SUCCESS)
+    what = "cuStreamSynchronize (after cuMemcpyHtoD)";
+  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, what, NULL));
 }
 
 static size_t cuda_granularity(void *st) { return ((cuda_t *)st)->granularity; }

@@ -107,6 +107,9 @@ typedef struct {
   dbl_device dev[DBL_MAX_DEVICES];
   uint64_t next_handle;
   dbl_vec allocs, ranges, maps, streams, events, hostregs;
+  /* destinations of cuMemcpyHtoD from pageable memory whose DMA may still run (dbl_range *):
+   * until the legacy stream or the context is synchronized, or another copy starts */
+  dbl_vec dma;
   /* the call log: a ring of log_max entries */
   cudadouble_call *log;
   size_t log_n, log_head;
@@ -159,6 +162,8 @@ dbl_stream *dbl_default_stream(int dev);
 void dbl_counts_streams(cudadouble_state *o);
 int dbl_hold(dbl_stream *s, bool hold);
 dbl_stream *dbl_stream_of(CUstream s, dbl_ctx *ctx);
+/* the pageable-memory copies in flight have landed (a synchronizing call) */
+void dbl_dma_done(void);
 
 /* BEGIN_ARGS: the address range and handle the call names, logged with it (an injected
  * failure too). */

@@ -318,6 +318,11 @@ DBL_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset
   END(CUDA_SUCCESS);
 }
 
+void dbl_dma_done(void) {
+  for (size_t i = 0; i < g.dma.n; i++) free(g.dma.v[i]);
+  g.dma.n = 0;
+}
+
 DBL_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
   BEGIN_ARGS("cuMemUnmap", ptr, size, 0);
   size_t k = whole_mappings(ptr, size);
@@ -326,6 +331,17 @@ DBL_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
                    "cuMemUnmap(0x%llx, %zu): not the entire range of one or more mappings "
                    "(cuMemUnmap cannot unmap a sub-range, nor unmapped memory)",
                    ptr, size));
+  for (size_t i = 0; i < g.dma.n; i++) {
+    const dbl_range *r = g.dma.v[i];
+    if (r->base < ptr + size && ptr < r->base + r->size)
+      END(dbl_refuse(CUDA_ERROR_ILLEGAL_STATE,
+                     "cuMemUnmap(0x%llx, %zu): a cuMemcpyHtoD from pageable host memory into "
+                     "[0x%lx, +%zu) may still be in flight (it returns once the bytes are "
+                     "staged, before the DMA lands): synchronize first (cuStreamSynchronize(0), "
+                     "cuCtxSynchronize); on a GPU the DMA hits unmapped memory and the context "
+                     "fails with CUDA_ERROR_LAUNCH_FAILED",
+                     ptr, size, (unsigned long)r->base, r->size));
+  }
   if (mmap((void *)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
            -1, 0) == MAP_FAILED)
     END(dbl_refuse(CUDA_ERROR_OUT_OF_MEMORY, "cuMemUnmap: mmap: %s", strerror(errno)));
@@ -540,11 +556,30 @@ static CUresult check_device_range(const char *call, int dev, uintptr_t p, size_
     if (rr_ != CUDA_SUCCESS) END(rr_);                                \
   }
 
+static bool host_registered(const void *p, size_t n) {
+  for (size_t i = 0; i < g.hostregs.n; i++) {
+    const dbl_range *r = g.hostregs.v[i];
+    if ((uintptr_t)p >= r->base && (uintptr_t)p - r->base + n <= r->size) return true;
+  }
+  return false;
+}
+
+/* From pageable memory the call returns once the bytes are staged and the DMA may still run
+ * (the driver API's "API synchronization behavior"): the destination is recorded as in
+ * flight, and an unmap of it before a synchronizing call is refused. From registered
+ * (pinned) memory the copy is synchronous. Either way a stream sync comes first. */
 DBL_EXPORT CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n) {
   BEGIN_ARGS("cuMemcpyHtoD", dst, n, 0);
   NEED_CTX(ctx);
   CHECKED(call_.name, ctx->dev, dst, n);
+  dbl_dma_done();
   if (n) memcpy((void *)dst, src, n);
+  if (n && !host_registered(src, n)) {
+    dbl_range *r = malloc(sizeof *r);
+    if (!r) abort(); /* a test library: out of host memory ends the test */
+    *r = (dbl_range){(uintptr_t)dst, n};
+    dbl_vec_push(&g.dma, r);
+  }
   END(CUDA_SUCCESS);
 }
 
@@ -552,6 +587,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
   BEGIN_ARGS("cuMemcpyDtoH", src, n, 0);
   NEED_CTX(ctx);
   CHECKED(call_.name, ctx->dev, src, n);
+  dbl_dma_done(); /* synchronous to the host, after a stream sync */
   if (n) memcpy(dst, (const void *)src, n);
   END(CUDA_SUCCESS);
 }
@@ -561,6 +597,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_
   NEED_CTX(ctx);
   CHECKED(call_.name, ctx->dev, dst, n);
   CHECKED(call_.name, ctx->dev, src, n);
+  dbl_dma_done();
   if (n) memmove((void *)dst, (const void *)src, n);
   END(CUDA_SUCCESS);
 }

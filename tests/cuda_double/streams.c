@@ -202,6 +202,7 @@ DBL_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream h) {
   BEGIN_ARGS("cuStreamSynchronize", 0, 0, (uintptr_t)h);
   NEED_CTX(ctx);
   STREAM(s, h, ctx);
+  if (h == NULL || h == CU_STREAM_LEGACY) dbl_dma_done(); /* the copies' stream */
   END(wait_until(stream_idle, s) ? CUDA_SUCCESS : timed_out(call_.name));
 }
 
@@ -226,6 +227,7 @@ static bool device_idle(const void *ctx) {
 DBL_EXPORT CUresult CUDAAPI cuCtxSynchronize(void) {
   BEGIN("cuCtxSynchronize");
   NEED_CTX(ctx);
+  dbl_dma_done();
   END(wait_until(device_idle, ctx) ? CUDA_SUCCESS : timed_out(call_.name));
 }
 
@@ -245,6 +247,7 @@ DBL_EXPORT CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
                    "cuCtxSynchronize_v2(%p): not a live context (the version 13000 entry point "
                    "takes the context as its argument)",
                    (void *)ctx));
+  dbl_dma_done();
   END(wait_until(device_idle, c) ? CUDA_SUCCESS : timed_out(call_.name));
 }
 #endif

@@ -203,6 +203,9 @@ TEST_F(Double, MapUnmapAndAccessRules) {
   OK(cuMemcpyHtoD(va, buf.data(), buf.size()));
   REFUSED(CUDA_ERROR_INVALID_VALUE, cuMemUnmap(va, 2 * MiB)); // a sub-range
   REFUSED(CUDA_ERROR_INVALID_VALUE, cuMemAddressFree(va, 16 * MiB)); // still mapped
+  // from pageable memory the copy's DMA may still run: no unmap until a synchronizing call
+  REFUSED(CUDA_ERROR_ILLEGAL_STATE, cuMemUnmap(va, 4 * MiB));
+  OK(cuStreamSynchronize(nullptr));
   OK(cuMemUnmap(va, 4 * MiB));
   REFUSED(CUDA_ERROR_INVALID_VALUE, cuMemcpyDtoH(back.data(), va, back.size())); // unmapped
   // data written before the unmap is there after a map elsewhere

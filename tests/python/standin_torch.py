@@ -112,25 +112,37 @@ def build():
         if state.allocator is None:
             raise RuntimeError("stand-in torch: no allocator (install expseg first)")
         state.initialized = True
+        # as PyTorch's CUDAPluggableAllocator: the pointer is not checked (a NULL is a tensor
+        # with no memory); only an exception from the alloc function raises
         ptr = state.allocator._alloc(nbytes, index, state.stream)
-        if not ptr and nbytes:
-            raise RuntimeError("CUDA out of memory. Tried to allocate %d bytes" % nbytes)
-        return Tensor(Storage(ptr, nbytes, index, state.stream))
+        return Tensor(Storage(ptr or 0, nbytes, index, state.stream))
 
     torch.empty = empty
 
     class CUDAPluggableAllocator:
+        # What this stand-in cannot show: a C++ exception from the alloc function. ctypes
+        # cannot catch one, so for a *_raising function it calls the C function of the same
+        # name without the suffix and raises RuntimeError where PyTorch's C++ would have
+        # translated the exception (the raising function itself is tested from C++).
         def __init__(self, path, alloc_name, free_name):
             lib = ctypes.CDLL(path)
-            self._a = getattr(lib, alloc_name)
+            getattr(lib, alloc_name)  # PyTorch resolves the name it was given
+            self._raises = alloc_name.endswith("_raising")
+            self._a = getattr(lib, alloc_name[:-len("_raising")] if self._raises else alloc_name)
             self._a.restype = ctypes.c_void_p
             self._a.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+            self._err = lib.expseg_torch_last_error
+            self._err.restype, self._err.argtypes = ctypes.c_char_p, [ctypes.c_int]
             self._f = getattr(lib, free_name)
             self._f.restype = None
             self._f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
 
         def _alloc(self, size, dev, stream):
-            return self._a(size, dev, ctypes.c_void_p(stream))
+            p = self._a(size, dev, ctypes.c_void_p(stream))
+            if self._raises and not p and size > 0:
+                raise RuntimeError("CUDA out of memory (expseg): " +
+                                   (self._err(dev) or b"").decode())
+            return p
 
         def _free(self, ptr, size, dev, stream):
             self._f(ctypes.c_void_p(ptr), size, dev, ctypes.c_void_p(stream))

@@ -210,7 +210,7 @@ class WithLibrary(unittest.TestCase):
             del sys.modules["torch"], sys.modules["_expseg_cxx"]
             expseg._unpatch()
         self.assertEqual(os.path.realpath(path), os.path.realpath(LIB))
-        self.assertEqual(calls[0], ("CUDAPluggableAllocator", path, "expseg_torch_alloc",
+        self.assertEqual(calls[0], ("CUDAPluggableAllocator", path, "expseg_torch_alloc_raising",
                                     "expseg_torch_free"))
         self.assertEqual(calls[1][0], "change_current_allocator")
         lib = expseg._load()
