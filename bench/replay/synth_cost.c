@@ -24,15 +24,15 @@ const char *const _expseg_cost_names[EXPSEG_COST_N] = {
     "reserve", "create", "release", "map", "unmap", "set_access", "cudaMalloc", "cudaFree"};
 
 void _expseg_costs_default(expseg_costs_t *c) {
+  /* Measured on an NVIDIA H200 (driver 580.159.04) by bench/gpu-check: per call the
+   * intercept, per 2 MiB page the slope of the medians (docs/replay.md, "Costs") */
+  static const double call[EXPSEG_COST_N] = {0.93, 4.98, 0.0, 0.59, 14.25, 37.01, 46.91, 30.08};
+  static const double page[EXPSEG_COST_N] = {0.005, 0.105, 1.061, 0.002, 0.033, 21.66, 0.160, 1.103};
   memset(c, 0, sizeof *c);
-  c->call_us[EXPSEG_COST_RESERVE] = 14.0;     /* cuMemAddressReserve(8 GiB): 9-19 us */
-  c->call_us[EXPSEG_COST_CREATE] = 100.0;     /* cuMemCreate(2 MiB): 7.6-193 us */
-  c->call_us[EXPSEG_COST_RELEASE] = 11.5;     /* cuMemRelease: unpublished, assumed */
-  c->call_us[EXPSEG_COST_MAP] = 1.25;         /* cuMemMap(2 MiB): 1.05-1.45 us */
-  c->call_us[EXPSEG_COST_UNMAP] = 18.5;       /* cuMemUnmap(2 MiB): 11.5-25.6 us */
-  c->call_us[EXPSEG_COST_SET_ACCESS] = 28.5;  /* cuMemSetAccess(2 MiB): 20.8-36 us */
-  c->call_us[EXPSEG_COST_CUDA_MALLOC] = 33.0; /* cudaMalloc+cudaFree ~33 us per op */
-  c->call_us[EXPSEG_COST_CUDA_FREE] = 33.0;
+  for (int k = 0; k < EXPSEG_COST_N; k++) {
+    c->call_us[k] = call[k];
+    c->page_us[k] = page[k];
+  }
 }
 
 expseg_status _expseg_costs_parse(const char *name, const char *buf, size_t len,
