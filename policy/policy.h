@@ -180,12 +180,16 @@ size_t _expseg_grow_bytes(size_t need, size_t segment_mapped);
 size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small);
 /* Pages of the next physical chunk a growth creates when `left` pages are still to create:
  * one under PyTorch's model (its ExpandableSegment creates a chunk per page); else what
- * the growth needs, up to EXPSEG_CHUNK_MAX bytes: one create and one map per growth, where
+ * the growth needs, up to EXPSEG_CHUNK_MAX bytes: one create and one map per chunk, where
  * a chunk per page costs a create and a map per page. A chunk is mapped, moved and given
- * back only whole, so larger chunks trade how finely idle memory can move for fewer calls;
+ * back only whole, so larger chunks trade how finely idle memory can move for fewer calls
+ * (8 MiB: chosen on half of the recorded histories under the costs measured on an H200,
+ * confirmed on the other half; docs/benchmarks.md, "Chunk size under the measured costs");
  * between streams memory is lent rather than moved (reuse before growth, below), so pools
  * that streams share get the same chunks (docs/benchmarks.md, "Placement and chunks"). */
-#define EXPSEG_CHUNK_MAX ((size_t)1 << 26)
+#ifndef EXPSEG_CHUNK_MAX /* -DEXPSEG_CHUNK_MAX=BYTES builds another size, for measuring */
+#define EXPSEG_CHUNK_MAX ((size_t)1 << 23)
+#endif
 size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page);
 /* Reuse before growth. A request maps or creates memory only when no memory already
  * mapped and free can serve it, in this order: a free block of its own stream (best fit);

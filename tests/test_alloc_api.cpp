@@ -5,9 +5,11 @@
 // device-wide wait (expseg_synchronize), and
 // physical pages reused across streams (created once, one set_access per new range).
 #include "alloc_support.h"
+#include "policy.h" // EXPSEG_CHUNK_MAX
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -256,33 +258,34 @@ TEST(AllocApi, ThousandStreamsDoNotExhaustAddressSpace) {
 }
 
 // Physical pages are created once. A growth creates its pages as chunks of at most
-// EXPSEG_CHUNK_MAX (64 MiB): 100 MiB is a 64 MiB and a 36 MiB chunk, each created and
-// mapped with one call. Freed on stream 1 they serve 100 MiB on stream 2 without a driver
-// call (the free block is lent: reuse before growth); what no free block can serve whole
-// grows where the fewest pages are missing, and the pages come from idle chunks moved
-// there, not from the driver.
+// EXPSEG_CHUNK_MAX: 100 MiB is ceil(100 MiB / CHUNK_MAX) chunks, each created and mapped
+// with one call. Freed on stream 1 they serve 100 MiB on stream 2 without a driver call
+// (the free block is lent: reuse before growth); what no free block can serve whole grows
+// where the fewest pages are missing, and the pages come from idle chunks moved there, not
+// from the driver.
 TEST(AllocApi, PhysicalPagesAreReusedAcrossStreams) {
   AllocPtr a = make_alloc("sim:capacity=8G", "");
   expseg_allocator *A = a.get();
+  auto chunks = [](size_t n) { return (int64_t)((n + EXPSEG_CHUNK_MAX - 1) / EXPSEG_CHUNK_MAX); };
   void *p = nullptr;
   ASSERT_EQ(expseg_malloc(A, 100 * MiB, 1, &p), EXPSEG_OK);
   EXPECT_EQ(stat_of(A, "expseg.created_bytes"), (int64_t)(100 * MiB));
   EXPECT_EQ(stat_of(A, "expseg.driver.set_access"), 1);
-  EXPECT_EQ(stat_of(A, "expseg.driver.create"), 2);
-  EXPECT_EQ(stat_of(A, "expseg.driver.map"), 2);
+  EXPECT_EQ(stat_of(A, "expseg.driver.create"), chunks(100 * MiB));
+  EXPECT_EQ(stat_of(A, "expseg.driver.map"), chunks(100 * MiB));
   ASSERT_EQ(expseg_free(A, p), EXPSEG_OK);
   void *q = nullptr;
   ASSERT_EQ(expseg_malloc(A, 100 * MiB, 2, &q), EXPSEG_OK);
   EXPECT_EQ(q, p) << "stream 1's free block, lent";
   EXPECT_EQ(stat_of(A, "expseg.num_lent"), 1);
-  EXPECT_EQ(stat_of(A, "expseg.driver.create"), 2);
-  EXPECT_EQ(stat_of(A, "expseg.driver.map"), 2);
+  EXPECT_EQ(stat_of(A, "expseg.driver.create"), chunks(100 * MiB));
+  EXPECT_EQ(stat_of(A, "expseg.driver.map"), chunks(100 * MiB));
   EXPECT_EQ(stat_of(A, "expseg.driver.set_access"), 1);
   ASSERT_EQ(expseg_free(A, q), EXPSEG_OK);
-  // Freed blocks of 64 and 40 MiB (a chunk each) with a live one between: 70 MiB on stream
-  // 3 grows at the end of stream 1's segment after the 40 MiB (30 MiB missing there, 70 in
-  // a segment of its own) and takes those pages from the 64 MiB block's idle chunk, moved
-  // whole: nothing is created.
+  // Freed blocks of 64 and 40 MiB with a live one between: 70 MiB on stream 3 grows at the
+  // end of stream 1's segment after the 40 MiB (30 MiB missing there, 70 in a segment of
+  // its own) and takes those pages from the 64 MiB block's idle chunks, each moved whole
+  // (as many as cover 30 MiB): nothing is created.
   void *x = nullptr, *keep = nullptr, *y = nullptr, *z = nullptr;
   ASSERT_EQ(expseg_empty_cache(A), EXPSEG_OK);
   ASSERT_EQ(stat_of(A, "reserved_bytes.all.current"), 0);
@@ -296,7 +299,9 @@ TEST(AllocApi, PhysicalPagesAreReusedAcrossStreams) {
   ASSERT_EQ(expseg_malloc(A, 70 * MiB, 3, &z), EXPSEG_OK);
   EXPECT_EQ(z, y) << "grown after stream 1's free block";
   EXPECT_EQ(stat_of(A, "expseg.created_bytes"), created) << "pages were not reused";
-  EXPECT_EQ(stat_of(A, "expseg.pages_moved") - moved, 32) << "the 64 MiB chunk, whole";
+  const size_t moved_bytes = std::min<size_t>(64 * MiB, chunks(30 * MiB) * EXPSEG_CHUNK_MAX);
+  EXPECT_EQ(stat_of(A, "expseg.pages_moved") - moved, (int64_t)(moved_bytes / (2 * MiB)))
+      << "whole chunks of the 64 MiB block, enough for 30 MiB";
   EXPECT_EQ(stat_of(A, "expseg.num_lent"), 2);
   EXPECT_EQ(stat_of(A, "reserved_bytes.all.current"), (int64_t)(124 * MiB));
   for (void *v : {keep, z}) ASSERT_EQ(expseg_free(A, v), EXPSEG_OK);
@@ -304,24 +309,26 @@ TEST(AllocApi, PhysicalPagesAreReusedAcrossStreams) {
 }
 
 // A small request on another stream borrows from a large idle block instead of moving its
-// chunk (a chunk moves only whole): 60 MiB freed on stream 0 (one chunk) lends 3 MiB to
-// stream 1, the small pool creates its own few pages for 1 KiB, and the 60 MiB asked again
-// on stream 0 grows only by what the lent 3 MiB took. Moving the chunk would have held
-// 124 MiB.
+// chunk (a chunk moves only whole): a block of one chunk (CHUNK_MAX - 4 MiB) freed on stream
+// 0 lends 3 MiB to stream 1, the small pool creates its own few pages for 1 KiB, and the
+// block asked again on stream 0 grows only by what the lent 3 MiB took (4 MiB of pages).
+// Moving the chunk would have held twice the block.
 TEST(AllocApi, SmallGrowthDoesNotMoveALargeIdleChunk) {
   AllocPtr a = make_alloc("sim:capacity=8G", "");
   expseg_allocator *A = a.get();
+  const size_t big = EXPSEG_CHUNK_MAX - 4 * MiB;
+  ASSERT_GE(big, 4 * MiB);
   void *p = nullptr, *q = nullptr, *s = nullptr;
-  ASSERT_EQ(expseg_malloc(A, 60 * MiB, 0, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(A, big, 0, &p), EXPSEG_OK);
   ASSERT_EQ(stat_of(A, "expseg.driver.create"), 1) << "one chunk";
   ASSERT_EQ(expseg_free(A, p), EXPSEG_OK);
   ASSERT_EQ(expseg_malloc(A, 3 * MiB, 1, &q), EXPSEG_OK);
   EXPECT_EQ(stat_of(A, "expseg.num_lent"), 1);
   ASSERT_EQ(expseg_malloc(A, 1024, 0, &s), EXPSEG_OK);
   EXPECT_EQ(stat_of(A, "expseg.pages_moved"), 0);
-  ASSERT_EQ(expseg_malloc(A, 60 * MiB, 0, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(A, big, 0, &p), EXPSEG_OK);
   EXPECT_EQ(stat_of(A, "expseg.pages_moved"), 0);
-  EXPECT_EQ(stat_of(A, "reserved_bytes.large_pool.current"), (int64_t)(64 * MiB));
+  EXPECT_EQ(stat_of(A, "reserved_bytes.large_pool.current"), (int64_t)(big + 4 * MiB));
   EXPECT_EQ(stat_of(A, "reserved_bytes.small_pool.current"), (int64_t)(4 * MiB));
   for (void *x : {p, q, s}) ASSERT_EQ(expseg_free(A, x), EXPSEG_OK);
   expect_consistent(A, "small growth");
@@ -350,9 +357,9 @@ TEST(AllocApi, PagesOfBusyStreamDoNotMove) {
 }  // namespace
 
 // page_cache_max_mb bounds the unmapped chunks kept for re-mapping. Chunks land in the cache
-// when a growth is undone (here: the map of a 10 MiB request's one 10 MiB chunk fails); a
+// when a growth is undone (here: the map of a 6 MiB request's one 6 MiB chunk fails); a
 // bound set then with expseg_configure gives back what is over it at once, in whole chunks,
-// oldest first: a bound of 4 MiB cannot keep part of a 10 MiB chunk.
+// oldest first: a bound of 4 MiB cannot keep part of a 6 MiB chunk.
 TEST(AllocApi, PageCacheBoundIsEnforced) {
   for (int bound_mb : {0, 4, -1}) {
     SCOPED_TRACE(bound_mb);
@@ -367,8 +374,9 @@ TEST(AllocApi, PageCacheBoundIsEnforced) {
     ASSERT_EQ(expseg_free(A, p), EXPSEG_OK); // the small pool's 4 MiB stay mapped, free
     expseg_fault_rule_t rule = {EXPSEG_VMM_CALL_map, 2, 1, EXPSEG_ERR_DRIVER};
     _expseg_fault_set_rules(fault, &rule, 1);
-    EXPECT_EQ(expseg_malloc(A, 10 * MiB, 0, &p), EXPSEG_ERR_DRIVER);
-    EXPECT_EQ(stat_of(A, "expseg.cached_physical_bytes.current"), (int64_t)(10 * MiB))
+    static_assert(EXPSEG_CHUNK_MAX >= ((size_t)6 << 20), "6 MiB is one chunk");
+    EXPECT_EQ(expseg_malloc(A, 6 * MiB, 0, &p), EXPSEG_ERR_DRIVER);
+    EXPECT_EQ(stat_of(A, "expseg.cached_physical_bytes.current"), (int64_t)(6 * MiB))
         << "the chunk created for the request waits in the cache";
     _expseg_fault_set_rules(fault, nullptr, 0);
     if (bound_mb >= 0) {
@@ -376,7 +384,7 @@ TEST(AllocApi, PageCacheBoundIsEnforced) {
                 EXPSEG_OK)
           << expseg_last_error();
     }
-    int64_t left = bound_mb < 0 ? (int64_t)(10 * MiB) : 0;
+    int64_t left = bound_mb < 0 ? (int64_t)(6 * MiB) : 0;
     EXPECT_EQ(stat_of(A, "expseg.cached_physical_bytes.current"), left);
     EXPECT_EQ(stat_of(A, "reserved_bytes.all.current"), (int64_t)(4 * MiB) + left);
     expect_consistent(A, "after the bound");
