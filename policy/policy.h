@@ -48,6 +48,8 @@ typedef struct expseg_config_s {
   uint32_t pinned_num_register_threads;
   bool pinned_use_background_threads;
   size_t pinned_reserve_segment_size;   /* bytes; 0 = off */
+  size_t pinned_max_round_threshold;   /* bytes; SIZE_MAX = off */
+  size_t pinned_max_cached_size;       /* bytes; SIZE_MAX = off */
   bool graph_capture_record_stream_reuse;
   double per_process_memory_fraction;
   bool throw_on_cudamalloc_oom;

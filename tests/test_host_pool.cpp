@@ -374,6 +374,63 @@ TEST(HostPool, PageLockingIsModelledUnderRlimitMemlock) {
   EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
 }
 
+// ---- pinned_max_round_threshold_mb, pinned_max_cached_size_mb (PyTorch 2.13) ----
+
+TEST(HostPool, RoundThresholdGivesExactPageRoundedBlocks) {
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  PoolPtr h = make_pool("host", "pinned_max_round_threshold_mb:1");
+  ASSERT_TRUE(h);
+  void *small = nullptr, *big = nullptr, *exact = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 600 * KiB, &small), EXPSEG_OK);  // <= 1 MiB: rounded
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(1 * MiB));
+  ASSERT_EQ(expseg_host_malloc(h.get(), 3 * MiB + 1, &big), EXPSEG_OK);  // above: exact
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(1 * MiB + 3 * MiB + page));
+  EXPECT_EQ(hstat(h.get(), "allocated_bytes.current"), int64_t(1 * MiB + 3 * MiB + page));
+  ASSERT_EQ(expseg_host_malloc(h.get(), 1 * MiB, &exact), EXPSEG_OK);  // at the threshold: 2^20
+  ASSERT_EQ(expseg_host_free(h.get(), big), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "expseg.cached_bytes.current"), int64_t(3 * MiB + page)) << "cached";
+  void *other = nullptr, *same = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 3 * MiB + 2 * page, &other), EXPSEG_OK);
+  EXPECT_NE(other, big) << "a cached exact block serves only its own size";
+  ASSERT_EQ(expseg_host_malloc(h.get(), 3 * MiB + 5, &same), EXPSEG_OK);
+  EXPECT_EQ(same, big) << "the same page-rounded size is a hit";
+  for (void *x : {small, exact, other, same}) ASSERT_EQ(expseg_host_free(h.get(), x), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), 0);
+}
+
+TEST(HostPool, MaxCachedSizeGivesLargeBlocksBack) {
+  PoolPtr h = make_pool("host", "pinned_max_cached_size_mb:2");
+  ASSERT_TRUE(h);
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  void *big = nullptr, *small = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 3 * MiB, &big), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(3 * MiB))
+      << "above pinned_max_cached_size_mb: not rounded to 4 MiB either";
+  ASSERT_EQ(expseg_host_malloc(h.get(), 2 * MiB - page, &small), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_free(h.get(), big), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(2 * MiB)) << "given back at free";
+  EXPECT_EQ(hstat(h.get(), "expseg.cached_bytes.current"), 0);
+  EXPECT_EQ(hstat(h.get(), "num_host_free"), 1);
+  ASSERT_EQ(expseg_host_free(h.get(), small), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "expseg.cached_bytes.current"), int64_t(2 * MiB)) << "at most 2 MiB: cached";
+
+  // A block a stream still uses is given back once its event completes, not before.
+  void *p = nullptr;
+  expseg_stream s = 7;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 5 * MiB, &p), EXPSEG_OK);
+  hold(h.get(), s, true);
+  ASSERT_EQ(expseg_host_record_stream(h.get(), p, s), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(2 * MiB + 5 * MiB)) << "pending";
+  hold(h.get(), s, false);
+  void *q = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 4 * KiB, &q), EXPSEG_OK);  // processes the events
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(2 * MiB + 4 * KiB))
+      << "released once its stream passed; a 4 KiB request is new (no 2 MiB block serves it)";
+  ASSERT_EQ(expseg_host_free(h.get(), q), EXPSEG_OK);
+}
+
 // ---- pinned_reserve_segment_size_mb ----
 
 TEST(HostPool, ReserveSegmentIsServedFirstAndKept) {

@@ -2,7 +2,8 @@
 /* host_pool.c: the pinned host memory pool (public expseg_host_* API). Design and choices:
  * docs/host_pool.md; structures: host_pool.h.
  *
- * malloc: size -> power-of-two class (at least the OS page) -> process completed events
+ * malloc: size -> power-of-two class (at least the OS page; an exact page-rounded size above
+ * pinned_max_round_threshold_mb or pinned_max_cached_size_mb) -> process completed events
  * (on the caller's thread, or left to the background thread with
  * pinned_use_background_threads, which the caller then helps only on a miss) -> pop the
  * class's free list -> else slice the reserve segment (pinned_reserve_segment_size_mb) ->
@@ -41,8 +42,12 @@ static void pool_unlock(expseg_host_pool *h) {
   _expseg_log_defer(false);
 }
 
-/* Power of two >= size and >= the page; size <= EXPSEG_MAX_REQUEST. */
+/* The block size of a request (size <= EXPSEG_MAX_REQUEST): above
+ * pinned_max_round_threshold_mb or pinned_max_cached_size_mb (PyTorch 2.13), the size
+ * rounded up to the page; else a power of two >= size and >= the page. */
 static size_t size_class(const expseg_host_pool *h, size_t size) {
+  if (size > h->cfg.pinned_max_round_threshold || size > h->cfg.pinned_max_cached_size)
+    return (size + h->page - 1) / h->page * h->page;
   size_t c = h->page;
   while (c < size) c <<= 1;
   return c;
@@ -73,16 +78,20 @@ static void push_free(expseg_host_pool *h, hblock_t *b) {
   b->requested = 0;
   b->next_free = h->free_list[i];
   h->free_list[i] = b;
+  if (b->size > h->cfg.pinned_max_cached_size && !b->in_reserve) h->release_due = true;
   _expseg_stat_add(&h->st.allocation, -1);
   _expseg_stat_add(&h->st.allocated_bytes, -(int64_t)b->size);
   _expseg_stat_add(&h->st.cached_bytes, (int64_t)b->size);
 }
 
+/* A cached block of exactly cls bytes (a list holds the power of two 2^i and the exact
+ * sizes between 2^i and 2^(i+1)), or NULL. */
 static hblock_t *pop_free(expseg_host_pool *h, size_t cls) {
-  unsigned i = _expseg_log2_floor(cls);
-  hblock_t *b = h->free_list[i];
+  hblock_t **pp = &h->free_list[_expseg_log2_floor(cls)];
+  while (*pp && (*pp)->size != cls) pp = &(*pp)->next_free;
+  hblock_t *b = *pp;
   if (!b) return NULL;
-  h->free_list[i] = b->next_free;
+  *pp = b->next_free;
   b->next_free = NULL;
   _expseg_stat_add(&h->st.cached_bytes, -(int64_t)b->size);
   return b;
@@ -174,6 +183,8 @@ static void retry_stuck(expseg_host_pool *h) {
   }
 }
 
+static void release_due(expseg_host_pool *h);
+
 /* ---- the background thread ---- */
 
 enum { BG_POLL_NS = 100 * 1000 }; /* PyTorch's 100 us */
@@ -190,6 +201,7 @@ static void *bg_main(void *arg) {
       pthread_cond_wait(&h->cv, &h->lock);
     } else {
       process_events(h);
+      release_due(h);
       h->st.background_passes++;
       uint64_t until = _expseg_clock_ns() + BG_POLL_NS; /* the cv waits on CLOCK_MONOTONIC */
       struct timespec ts = {.tv_sec = (time_t)(until / 1000000000u),
@@ -250,15 +262,15 @@ static void note_chunk_free(expseg_host_pool *h, const expseg_host_chunk_t *c, u
   if (c->placed) s->placed_bytes -= (int64_t)c->size;
 }
 
-/* Frees the cached blocks that own a chunk (reserve slices stay). Lock held on entry and
- * exit; dropped around the driver calls. Returns the bytes given back. */
-static size_t release_cached(expseg_host_pool *h) {
+/* Frees the cached blocks larger than `above` that own a chunk (reserve slices stay). Lock
+ * held on entry and exit; dropped around the driver calls. Returns the bytes given back. */
+static size_t release_cached(expseg_host_pool *h, size_t above) {
   hblock_t *gone = NULL;
   for (unsigned i = 0; i < EXPSEG_HOST_CLASSES; i++) {
     hblock_t **pp = &h->free_list[i];
     while (*pp) {
       hblock_t *b = *pp;
-      if (b->in_reserve) {
+      if (b->in_reserve || b->size <= above) {
         pp = &b->next_free;
         continue;
       }
@@ -301,6 +313,14 @@ static size_t release_cached(expseg_host_pool *h) {
     _expseg_stat_add(&h->st.cached_bytes, (int64_t)b->size);
   }
   return freed;
+}
+
+/* pinned_max_cached_size_mb: blocks above it that became free since the last call are given
+ * back instead of cached. Lock held; dropped around the driver calls. */
+static void release_due(expseg_host_pool *h) {
+  if (!h->release_due) return;
+  h->release_due = false;
+  release_cached(h, h->cfg.pinned_max_cached_size);
 }
 
 /* ---- every live pool, for the device allocator's messages ---- */
@@ -492,6 +512,7 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
   size_t cls = size_class(h, size);
   pool_lock(h);
   if (!h->bg_running) process_events(h);
+  release_due(h);
   hblock_t *b = pop_free(h, cls);
   if (!b && h->bg_running && h->n_events) { /* a miss: help the background thread once */
     process_events(h);
@@ -510,7 +531,7 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
     pool_lock(h);
     process_events(h);
     retry_stuck(h);
-    size_t freed = release_cached(h);
+    size_t freed = release_cached(h, 0);
     pool_unlock(h);
     if (freed) s = chunk_new(h, cls, &b->chunk, &us);
   }
@@ -597,6 +618,7 @@ expseg_status expseg_host_free(expseg_host_pool *h, void *ptr) {
   } else {
     push_free(h, b);
   }
+  release_due(h);
   pool_unlock(h);
   return EXPSEG_OK;
 }
@@ -637,7 +659,7 @@ expseg_status expseg_host_empty_cache(expseg_host_pool *h) {
   pool_lock(h);
   process_events(h);
   retry_stuck(h);
-  release_cached(h);
+  release_cached(h, 0);
   pool_unlock(h);
   return EXPSEG_OK;
 }

@@ -3,7 +3,8 @@
  * and the caching), host_pool_stats.c (statistics keys) and the tests. Design:
  * docs/host_pool.md.
  *
- * Blocks have power-of-two sizes (at least the OS page) and are never split: a block is
+ * Blocks have power-of-two sizes (at least the OS page; above pinned_max_round_threshold_mb
+ * or pinned_max_cached_size_mb, the size rounded up to the page) and are never split: a block is
  * either one driver chunk of its own or a slice of the reserve segment. Free blocks sit in
  * LIFO lists, one per size; a freed block that streams used waits for their events
  * (pending) before it goes back on a list. One mutex guards the pool; driver calls that
@@ -23,7 +24,7 @@ enum { HB_FREE = 0, HB_ALLOCATED = 1, HB_PENDING = 2 };
 typedef struct hblock_s hblock_t;
 struct hblock_s {
   uintptr_t ptr;
-  size_t size;              /* a power of two, at least the OS page */
+  size_t size;              /* a power of two, at least the OS page; or an exact size */
   size_t requested;         /* the caller's size while allocated */
   uint8_t state;            /* HB_* */
   bool in_reserve;          /* a slice of the reserve segment: never given back */
@@ -84,6 +85,7 @@ struct expseg_host_pool {
   expseg_host_chunk_t reserve; /* reserve.ptr NULL = none */
   size_t reserve_used;
   bool warned_query;
+  bool release_due;         /* a block above pinned_max_cached_size_mb went on a free list */
   /* background event processing (pinned_use_background_threads) */
   bool bg_running, bg_stop;
   pthread_t bg;
