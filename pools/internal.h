@@ -604,12 +604,12 @@ static inline void _expseg_stat_pool_add(stat_t arr[3], int pool, int64_t delta)
   _expseg_stat_add(&arr[stat_pool(pool)], delta);
   if (delta > 0) stat_all_peak(arr);
 }
-/* d units counted in pool `from` move to pool `to`: a decrease and an increase there, none
- * in `all` (its allocated and freed are corrected back). */
+/* d units counted in pool `from` move to pool `to`: a decrease there and an increase here,
+ * and so, as PyTorch's update_stat_array counts every pool update in `all` too, a freed and
+ * an allocated in `all` (its current is unchanged); `all` stays the sum of its pools. */
 static inline void stat_move(stat_t arr[3], int from, int to, int64_t d) {
   _expseg_stat_add(&arr[stat_pool(from)], -d);
-  _expseg_stat_add(&arr[stat_pool(to)], d);
-  arr[STAT_ALL].allocated -= d;
+  _expseg_stat_pool_add(arr, to, d);
 }
 /* The statistics of one block's life, in one place (PyTorch's rules): stat_alloc when it
  * is handed out, stat_free when the caller frees it, stat_free_done when its last use is
