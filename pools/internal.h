@@ -145,8 +145,7 @@ typedef struct chunk_s {
  * not kept: freed = allocated + base - current, base being current at the last
  * reset_accumulated (0 before), so a decrease is one write. In a StatArray (stat_t[3],
  * PyTorch's StatType order) only the two pools are counted; the `all` entry keeps its peak
- * (a maximum of sums is no sum of maxima) and corrections to the pool sums: allocated and
- * base (nonzero only after bytes move between pools, stat_move), current always 0. Read
+ * (a maximum of sums is no sum of maxima); its current, allocated and base stay 0. Read
  * through stat_view / stat_array_view (PyTorch's four fields), never field by field. */
 typedef struct stat_s {
   int64_t current, peak, allocated, base;
