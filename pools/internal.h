@@ -62,7 +62,7 @@ enum { POOL_SMALL = 0, POOL_LARGE = 1, POOL_COUNT = 2 };
 enum { STAT_ALL = 0, STAT_SMALL = 1, STAT_LARGE = 2 }; /* PyTorch's StatType order */
 enum { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_PENDING = 2 };
 /* What ran out when a request fails (the OOM message's hint). */
-enum { OOM_MEMORY = 0, OOM_ADDRESS_SPACE = 1, OOM_TOO_LARGE = 2 };
+enum { OOM_MEMORY = 0, OOM_ADDRESS_SPACE = 1, OOM_TOO_LARGE = 2, OOM_FRACTION = 3 };
 
 typedef struct segment_s segment_t;
 typedef struct block_s block_t;

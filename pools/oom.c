@@ -107,6 +107,9 @@ expseg_status _expseg_fail_oom(expseg_allocator *a, size_t size, size_t rounded,
   char cause[1024];
   snprintf(cause, sizeof cause, "%s", cause_msg); /* may be the thread's own message */
   a->stats.num_ooms++;
+  /* PyTorch 2.12: a request the memory fraction refused before the driver was asked, under
+   * throw_on_cudamalloc_oom (expseg always refuses it so; the key turns on the count) */
+  if (a->oom_kind == OOM_FRACTION && a->cfg.throw_on_cudamalloc_oom) a->stats.num_oom_rejections++;
   size_t dev_free = 0, dev_total = 0;
   _expseg_vmm_mem_info(a->drv, &dev_free, &dev_total);
   EXPSEG_HIST(a, HIST_OOM, dev_free, rounded, stream);
