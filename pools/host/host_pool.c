@@ -511,6 +511,7 @@ static expseg_status hand_out(expseg_host_pool *h, hblock_t *b, size_t size, voi
 /* A miss of a carved size: a new carve segment (lock held on entry, dropped around the
  * driver; on out-of-memory the cache goes back and one segment of exactly cls is asked). */
 static expseg_status carve_miss(expseg_host_pool *h, size_t size, size_t cls, void **out) {
+  _expseg_host_carve_release(h); /* segments all free, each too small to serve cls */
   size_t want = _expseg_host_carve_segment_size(h, cls);
   pool_unlock(h);
   hcarve_t *seg = calloc(1, sizeof *seg);
