@@ -300,6 +300,8 @@ struct expseg_allocator {
   observer_t *observers;
   size_t n_observers;
   uint8_t oom_kind;           /* OOM_*: why the current request's growth failed */
+  expseg_stream oom_key;      /* the current request's stream key (its place, for the
+                               * out-of-memory report's free-memory split) */
 
   stats_t stats;
   struct history_s *hist;     /* history.c: the recorded events; NULL = not recording */
