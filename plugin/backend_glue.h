@@ -26,6 +26,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 namespace expseg_glue {
@@ -106,6 +107,13 @@ struct PoolSuffix {
 };
 constexpr PoolSuffix kPoolSuffixes[] = {{"all", 0}, {"small_pool", 1}, {"large_pool", 2}};
 
+/* Whether a DeviceStats has PyTorch 2.12's num_oom_rejections field. */
+template <class S, class = void>
+struct HasOomRejections : std::false_type {};
+template <class S>
+struct HasOomRejections<S, std::void_t<decltype(std::declval<S &>().num_oom_rejections)>>
+    : std::true_type {};
+
 /* Fills a DeviceStats-shaped struct (PyTorch's c10::CachingDeviceAllocator::DeviceStats, or
  * a stand-in with the same field names) from get(key, &value) -> bool, a reader of expseg's
  * statistics. Each key read is added to *keys_read when given; returns how many keys get()
@@ -151,6 +159,7 @@ int fill_device_stats(Stats &s, Get &&get, std::set<std::string> *keys_read = nu
   EXPSEG_GLUE_COUNTER_(num_device_alloc)
   EXPSEG_GLUE_COUNTER_(num_device_free)
   EXPSEG_GLUE_COUNTER_(max_split_size)
+  if constexpr (HasOomRejections<Stats>::value) EXPSEG_GLUE_COUNTER_(num_oom_rejections)
 #undef EXPSEG_GLUE_ARRAY_
 #undef EXPSEG_GLUE_STAT_
 #undef EXPSEG_GLUE_COUNTER_

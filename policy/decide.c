@@ -28,3 +28,13 @@ expseg_oom_hint_t _expseg_oom_hint(const expseg_oom_facts_t *f) {
   if (f->capped) return EXPSEG_HINT_FRACTION;
   return EXPSEG_HINT_FULL;
 }
+
+expseg_oom_help_t _expseg_oom_help(const expseg_oom_facts_t *f) {
+  /* the hint already names the only remedy */
+  if (f->too_large || f->unit > f->total || f->address_space) return EXPSEG_HELP_NONE;
+  if (f->other_pools >= f->rounded) return EXPSEG_HELP_OTHER_POOLS;
+  if (f->other_streams >= f->rounded) return EXPSEG_HELP_OTHER_STREAMS;
+  /* classic segments: the stranded hint names expandable_segments already */
+  if (f->expandable && f->partial >= f->rounded) return EXPSEG_HELP_PAGE_SIZE;
+  return EXPSEG_HELP_NONE;
+}

@@ -93,7 +93,9 @@ static bool generic_key(int id) {
   case EXPSEG_OPT_roundup_power2_divisions:
   case EXPSEG_OPT_expandable_segments:
   case EXPSEG_OPT_large_segment_size_mb:
-  case EXPSEG_OPT_pinned_use_background_threads: return true;
+  case EXPSEG_OPT_pinned_use_background_threads:
+  case EXPSEG_OPT_pinned_max_round_threshold_mb:
+  case EXPSEG_OPT_pinned_max_cached_size_mb: return true;
   default: return false;
   }
 }

@@ -48,6 +48,8 @@ typedef struct expseg_config_s {
   uint32_t pinned_num_register_threads;
   bool pinned_use_background_threads;
   size_t pinned_reserve_segment_size;   /* bytes; 0 = off */
+  size_t pinned_max_round_threshold;   /* bytes; SIZE_MAX = off */
+  size_t pinned_max_cached_size;       /* bytes; SIZE_MAX = off */
   bool graph_capture_record_stream_reuse;
   double per_process_memory_fraction;
   bool throw_on_cudamalloc_oom;
@@ -162,8 +164,20 @@ typedef struct expseg_oom_facts {
   size_t unit;                   /* what the request must create: an expandable page, or a
                                   * classic segment (large_segment_size for 1-10 MiB) */
   size_t total;                  /* the device's bytes */
+  /* free mapped bytes by how usable they were for the request: in partly used pages (or
+   * free blocks of classic segments) of its own place, on other streams' segments, in other
+   * pools (the other size pool, other private pools) */
+  size_t partial, other_streams, other_pools;
 } expseg_oom_facts_t;
 expseg_oom_hint_t _expseg_oom_hint(const expseg_oom_facts_t *f);
+/* decide.c: which other setting or call would have served the request, beside the hint */
+typedef enum {
+  EXPSEG_HELP_NONE,          /* nothing beyond the hint */
+  EXPSEG_HELP_OTHER_POOLS,   /* enough is free in other pools: release them / empty_cache */
+  EXPSEG_HELP_OTHER_STREAMS, /* enough is free on busy streams: wait for their work */
+  EXPSEG_HELP_PAGE_SIZE      /* enough is free in partly used pages: page_size_mb lower */
+} expseg_oom_help_t;
+expseg_oom_help_t _expseg_oom_help(const expseg_oom_facts_t *f);
 /* Oversize rules (classic blocks only): may a cached block of candidate bytes serve? */
 bool _expseg_oversize_ok(const expseg_config_t *c, size_t rounded, size_t candidate);
 /* Expandable page size for a driver granularity: page_size rounded up to g (0 = g). */

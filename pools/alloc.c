@@ -292,6 +292,7 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
                              size, (size_t)EXPSEG_MAX_REQUEST);
   }
   a->oom_kind = OOM_MEMORY;
+  a->oom_key = key;
   if (rounded > a->total_mem) { /* no cache, no setting can serve it: no driver call */
     a->oom_kind = OOM_TOO_LARGE;
     char total[32];

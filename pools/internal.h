@@ -62,7 +62,7 @@ enum { POOL_SMALL = 0, POOL_LARGE = 1, POOL_COUNT = 2 };
 enum { STAT_ALL = 0, STAT_SMALL = 1, STAT_LARGE = 2 }; /* PyTorch's StatType order */
 enum { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_PENDING = 2 };
 /* What ran out when a request fails (the OOM message's hint). */
-enum { OOM_MEMORY = 0, OOM_ADDRESS_SPACE = 1, OOM_TOO_LARGE = 2 };
+enum { OOM_MEMORY = 0, OOM_ADDRESS_SPACE = 1, OOM_TOO_LARGE = 2, OOM_FRACTION = 3 };
 
 typedef struct segment_s segment_t;
 typedef struct block_s block_t;
@@ -145,8 +145,7 @@ typedef struct chunk_s {
  * not kept: freed = allocated + base - current, base being current at the last
  * reset_accumulated (0 before), so a decrease is one write. In a StatArray (stat_t[3],
  * PyTorch's StatType order) only the two pools are counted; the `all` entry keeps its peak
- * (a maximum of sums is no sum of maxima) and corrections to the pool sums: allocated and
- * base (nonzero only after bytes move between pools, stat_move), current always 0. Read
+ * (a maximum of sums is no sum of maxima); its current, allocated and base stay 0. Read
  * through stat_view / stat_array_view (PyTorch's four fields), never field by field. */
 typedef struct stat_s {
   int64_t current, peak, allocated, base;
@@ -301,6 +300,8 @@ struct expseg_allocator {
   observer_t *observers;
   size_t n_observers;
   uint8_t oom_kind;           /* OOM_*: why the current request's growth failed */
+  expseg_stream oom_key;      /* the current request's stream key (its place, for the
+                               * out-of-memory report's free-memory split) */
 
   stats_t stats;
   struct history_s *hist;     /* history.c: the recorded events; NULL = not recording */
@@ -604,12 +605,12 @@ static inline void _expseg_stat_pool_add(stat_t arr[3], int pool, int64_t delta)
   _expseg_stat_add(&arr[stat_pool(pool)], delta);
   if (delta > 0) stat_all_peak(arr);
 }
-/* d units counted in pool `from` move to pool `to`: a decrease and an increase there, none
- * in `all` (its allocated and freed are corrected back). */
+/* d units counted in pool `from` move to pool `to`: a decrease there and an increase here,
+ * and so, as PyTorch's update_stat_array counts every pool update in `all` too, a freed and
+ * an allocated in `all` (its current is unchanged); `all` stays the sum of its pools. */
 static inline void stat_move(stat_t arr[3], int from, int to, int64_t d) {
   _expseg_stat_add(&arr[stat_pool(from)], -d);
-  _expseg_stat_add(&arr[stat_pool(to)], d);
-  arr[STAT_ALL].allocated -= d;
+  _expseg_stat_pool_add(arr, to, d);
 }
 /* The statistics of one block's life, in one place (PyTorch's rules): stat_alloc when it
  * is handed out, stat_free when the caller frees it, stat_free_done when its last use is

@@ -36,7 +36,38 @@ static size_t unit_of(const expseg_allocator *a, size_t rounded) {
   return _expseg_classic_segment_size(&a->cfg, rounded);
 }
 
-static void hint(const expseg_allocator *a, size_t rounded, char *buf, size_t len) {
+/* Free mapped memory at the failure, by how usable it was for the request at its place
+ * (stream key, size pool): whole free pages and the rest (partly used pages, free blocks of
+ * classic segments) there, free blocks on other streams' segments, in other pools; and the
+ * address space reserved but unmapped in expandable segments. One walk of the blocks. */
+typedef struct oomfree_s {
+  size_t whole, partial, other_streams, other_pools, unmapped_va;
+} oomfree_t;
+
+static oomfree_t free_by_use(const expseg_allocator *a, size_t rounded) {
+  oomfree_t f = {0};
+  const int kind = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
+  for (const segment_t *s = a->segments; s; s = s->next_all) {
+    if (s->expandable && s->va_size > s->mapped_bytes) f.unmapped_va += s->va_size - s->mapped_bytes;
+    const bool here = seg_tag(s) == skey_tag(a->oom_key) && s->pool == kind;
+    for (const block_t *b = s->first; b; b = b->next) {
+      if (b->state != BLOCK_FREE || !b->mapped) continue;
+      if (!here) {
+        f.other_pools += b->size;
+      } else if (s->stream != a->oom_key) {
+        f.other_streams += b->size;
+      } else {
+        size_t w = _expseg_block_whole_pages(a, b, NULL) * s->page;
+        f.whole += w;
+        f.partial += b->size - w;
+      }
+    }
+  }
+  return f;
+}
+
+static void hint(const expseg_allocator *a, size_t rounded, const oomfree_t *u, char *buf,
+                 size_t len) {
   size_t held = held_bytes(a);
   size_t allocated = (size_t)stat_all_current(a->stats.allocated_bytes);
   char b1[32], b2[32];
@@ -48,7 +79,10 @@ static void hint(const expseg_allocator *a, size_t rounded, char *buf, size_t le
                           .allocated = allocated,
                           .rounded = rounded,
                           .unit = unit_of(a, rounded),
-                          .total = a->total_mem};
+                          .total = a->total_mem,
+                          .partial = u->partial,
+                          .other_streams = u->other_streams,
+                          .other_pools = u->other_pools};
   switch (_expseg_oom_hint(&f)) { /* policy/decide.c chooses, this writes the words */
   case EXPSEG_HINT_TOO_LARGE:
     snprintf(buf, len,
@@ -100,6 +134,23 @@ static void hint(const expseg_allocator *a, size_t rounded, char *buf, size_t le
                  : "nothing cached can serve it");
     break;
   }
+  size_t n = strlen(buf);
+  switch (_expseg_oom_help(&f)) { /* what else would have served it */
+  case EXPSEG_HELP_NONE: break;
+  case EXPSEG_HELP_OTHER_POOLS:
+    snprintf(buf + n, len - n, "; %s is free in other pools: release idle private pools "
+             "(expseg_pool_release) or give cached memory back (expseg_empty_cache)",
+             _expseg_format_size(b1, u->other_pools));
+    break;
+  case EXPSEG_HELP_OTHER_STREAMS:
+    snprintf(buf + n, len - n, "; %s is free on other streams whose work is still running: "
+             "wait for those streams before this request", _expseg_format_size(b1, u->other_streams));
+    break;
+  case EXPSEG_HELP_PAGE_SIZE:
+    snprintf(buf + n, len - n, "; %s is free in pages that live blocks share: a lower "
+             "page_size_mb leaves less of it stranded", _expseg_format_size(b1, u->partial));
+    break;
+  }
 }
 
 expseg_status _expseg_fail_oom(expseg_allocator *a, size_t size, size_t rounded,
@@ -107,29 +158,45 @@ expseg_status _expseg_fail_oom(expseg_allocator *a, size_t size, size_t rounded,
   char cause[1024];
   snprintf(cause, sizeof cause, "%s", cause_msg); /* may be the thread's own message */
   a->stats.num_ooms++;
+  /* PyTorch 2.12: a request the memory fraction refused before the driver was asked, under
+   * throw_on_cudamalloc_oom (expseg always refuses it so; the key turns on the count) */
+  if (a->oom_kind == OOM_FRACTION && a->cfg.throw_on_cudamalloc_oom) a->stats.num_oom_rejections++;
   size_t dev_free = 0, dev_total = 0;
   _expseg_vmm_mem_info(a->drv, &dev_free, &dev_total);
   EXPSEG_HIST(a, HIST_OOM, dev_free, rounded, stream);
   memfig_t fig = _expseg_memfig(a); /* the figures of expseg_memory_summary (summary.c) */
   size_t held = fig.reserved, allocated = fig.allocated, cached = fig.cached, largest = fig.largest_free;
   char s1[32], s2[32], s3[32], s4[32], s5[32], s6[32], s7[32], s8[32], s9[32], s10[32];
-  char why[480], cap[96] = "";
-  hint(a, rounded, why, sizeof why);
+  oomfree_t u = free_by_use(a, rounded);
+  a->stats.oom_largest_free_block = (int64_t)largest;
+  a->stats.oom_free_whole_page_bytes = (int64_t)u.whole;
+  a->stats.oom_free_partial_bytes = (int64_t)u.partial;
+  a->stats.oom_free_other_stream_bytes = (int64_t)u.other_streams;
+  a->stats.oom_free_other_pool_bytes = (int64_t)u.other_pools;
+  a->stats.oom_unmapped_va_bytes = (int64_t)u.unmapped_va;
+  char s11[32], s12[32], s13[32], s14[32], s15[32];
+  char why[640], cap[96] = "";
+  hint(a, rounded, &u, why, sizeof why);
   if (a->allowed != SIZE_MAX)
     snprintf(cap, sizeof cap, " %s allowed (memory fraction %.3g).",
              _expseg_format_size(s10, a->allowed), a->cfg.per_process_memory_fraction);
-  char msg[2600];
+  char msg[3200];
   int n = snprintf(msg, sizeof msg,
                    "out of memory: tried to allocate %s (%zu bytes, rounded to %s, %s pool, "
                    "stream %#llx) on device %d. The device has %s in total, %s free.%s This "
                    "allocator holds %s: %s allocated, %s cached (%s as unmapped pages), "
-                   "largest free block %s. Hint: %s. [%s]",
+                   "largest free block %s. Free: %s in whole pages, %s in partly used pages "
+                   "or classic segments, %s on other streams, %s in other pools; %s of "
+                   "reserved address space unmapped. Hint: %s. [%s]",
                    _expseg_format_size(s1, size), size, _expseg_format_size(s2, rounded),
                    _expseg_is_small(rounded) ? "small" : "large", (unsigned long long)stream,
                    a->device, _expseg_format_size(s3, dev_total), _expseg_format_size(s4, dev_free),
                    cap, _expseg_format_size(s5, held), _expseg_format_size(s6, allocated),
                    _expseg_format_size(s7, held - allocated), _expseg_format_size(s8, cached),
-                   _expseg_format_size(s9, largest), why, cause);
+                   _expseg_format_size(s9, largest), _expseg_format_size(s11, u.whole),
+                   _expseg_format_size(s12, u.partial), _expseg_format_size(s13, u.other_streams),
+                   _expseg_format_size(s14, u.other_pools), _expseg_format_size(s15, u.unmapped_va),
+                   why, cause);
   /* pages created for this request before the device ran out help no one: the page cache
    * goes back now; the figures above are those of the failure */
   size_t given = _expseg_cache_trim(a, 0);

@@ -220,8 +220,9 @@ static bool cap_allows(const expseg_allocator *a, size_t more) {
   return a->allowed == SIZE_MAX || (held <= a->allowed && more <= a->allowed - held);
 }
 
-static expseg_status cap_error(const expseg_allocator *a, size_t more) {
+static expseg_status cap_error(expseg_allocator *a, size_t more) {
   char b1[32], b2[32], b3[32];
+  a->oom_kind = OOM_FRACTION; /* refused before any driver call (num_oom_rejections) */
   return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
                            "memory fraction cap: holding %s, %s more would pass the %s allowed",
                            _expseg_format_size(b1, held_bytes(a) + a->inflight),

@@ -374,6 +374,104 @@ TEST(HostPool, PageLockingIsModelledUnderRlimitMemlock) {
   EXPECT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
 }
 
+// ---- pinned_max_round_threshold_mb, pinned_max_cached_size_mb (PyTorch 2.13) ----
+
+TEST(HostPool, RoundThresholdGivesExactPageRoundedBlocks) {
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  PoolPtr h = make_pool("host", "pinned_max_round_threshold_mb:1");
+  ASSERT_TRUE(h);
+  void *small = nullptr, *big = nullptr, *exact = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 600 * KiB, &small), EXPSEG_OK);  // <= 1 MiB: rounded
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(1 * MiB));
+  ASSERT_EQ(expseg_host_malloc(h.get(), 3 * MiB + 1, &big), EXPSEG_OK);  // above: exact
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(1 * MiB + 3 * MiB + page));
+  EXPECT_EQ(hstat(h.get(), "allocated_bytes.current"), int64_t(1 * MiB + 3 * MiB + page));
+  ASSERT_EQ(expseg_host_malloc(h.get(), 1 * MiB, &exact), EXPSEG_OK);  // at the threshold: 2^20
+  ASSERT_EQ(expseg_host_free(h.get(), big), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "expseg.cached_bytes.current"), int64_t(3 * MiB + page)) << "cached";
+  void *other = nullptr, *same = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 3 * MiB + 2 * page, &other), EXPSEG_OK);
+  EXPECT_NE(other, big) << "a smaller free block cannot serve it";
+  ASSERT_EQ(expseg_host_malloc(h.get(), 3 * MiB + 5, &same), EXPSEG_OK);
+  EXPECT_EQ(same, big) << "the same page-rounded size is a hit";
+  for (void *x : {small, exact, other, same}) ASSERT_EQ(expseg_host_free(h.get(), x), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), 0);
+}
+
+// Exact blocks are carved from shared segments: neighbours merge when free, a free range
+// serves any request that fits (best fit), and a segment all free goes back at empty_cache;
+// a carved block a stream still uses merges only after its event.
+TEST(HostPool, ExactBlocksAreCarvedFromSegmentsAndMerge) {
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  PoolPtr h = make_pool("host", "pinned_max_round_threshold_mb:0");
+  ASSERT_TRUE(h);
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 100 * KiB, &a), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(2 * MiB)) << "one 2 MiB segment";
+  EXPECT_EQ(hstat(h.get(), "allocated_bytes.current"), int64_t(100 * KiB)) << "exact";
+  ASSERT_EQ(expseg_host_malloc(h.get(), 300 * KiB + 1, &b), EXPSEG_OK);
+  EXPECT_EQ((char *)b - (char *)a, (ptrdiff_t)(100 * KiB)) << "cut right after a";
+  EXPECT_EQ(hstat(h.get(), "segment.current"), 1);
+  EXPECT_EQ(hstat(h.get(), "allocated_bytes.current"), int64_t(400 * KiB + page));
+  ASSERT_EQ(expseg_host_malloc(h.get(), 200 * KiB, &c), EXPSEG_OK);
+  expseg_stream s = 7;
+  hold(h.get(), s, true);
+  ASSERT_EQ(expseg_host_record_stream(h.get(), b, s), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_free(h.get(), a), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_free(h.get(), b), EXPSEG_OK);  // pending: a and b stay apart
+  void *d = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 200 * KiB, &d), EXPSEG_OK);
+  EXPECT_NE(d, a) << "a alone (100 KiB) is too small, b is pending";
+  ASSERT_EQ(expseg_host_free(h.get(), d), EXPSEG_OK);
+  hold(h.get(), s, false);
+  void *e = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 400 * KiB + page, &e), EXPSEG_OK);
+  EXPECT_EQ(e, a) << "a and b merged once b's event completed";
+  EXPECT_EQ(hstat(h.get(), "segment.current"), 1) << "all from the first segment";
+  ASSERT_EQ(expseg_host_free(h.get(), e), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "segment.current"), 1) << "c still lives in it";
+  ASSERT_EQ(expseg_host_free(h.get(), c), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "expseg.cached_bytes.current"), int64_t(2 * MiB)) << "merged whole";
+  ASSERT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "segment.current"), 0);
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), 0);
+  EXPECT_EQ(hstat(h.get(), "expseg.cached_bytes.current"), 0);
+}
+
+TEST(HostPool, MaxCachedSizeGivesLargeBlocksBack) {
+  PoolPtr h = make_pool("host", "pinned_max_cached_size_mb:2");
+  ASSERT_TRUE(h);
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  void *big = nullptr, *small = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 3 * MiB, &big), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(3 * MiB))
+      << "above pinned_max_cached_size_mb: not rounded to 4 MiB either";
+  ASSERT_EQ(expseg_host_malloc(h.get(), 2 * MiB - page, &small), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_free(h.get(), big), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(2 * MiB)) << "given back at free";
+  EXPECT_EQ(hstat(h.get(), "expseg.cached_bytes.current"), 0);
+  EXPECT_EQ(hstat(h.get(), "num_host_free"), 1);
+  ASSERT_EQ(expseg_host_free(h.get(), small), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "expseg.cached_bytes.current"), int64_t(2 * MiB)) << "at most 2 MiB: cached";
+
+  // A block a stream still uses is given back once its event completes, not before.
+  void *p = nullptr;
+  expseg_stream s = 7;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 5 * MiB, &p), EXPSEG_OK);
+  hold(h.get(), s, true);
+  ASSERT_EQ(expseg_host_record_stream(h.get(), p, s), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_free(h.get(), p), EXPSEG_OK);
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(2 * MiB + 5 * MiB)) << "pending";
+  hold(h.get(), s, false);
+  void *q = nullptr;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 4 * KiB, &q), EXPSEG_OK);  // processes the events
+  EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(2 * MiB + 4 * KiB))
+      << "released once its stream passed; a 4 KiB request is new (no 2 MiB block serves it)";
+  ASSERT_EQ(expseg_host_free(h.get(), q), EXPSEG_OK);
+}
+
 // ---- pinned_reserve_segment_size_mb ----
 
 TEST(HostPool, ReserveSegmentIsServedFirstAndKept) {
@@ -672,7 +770,9 @@ TEST(HostPoolRandom, NoReuseBeforeStreamsAndNoOverlap) {
   EXPSEG_SEEDED(seed, 20261122);
   for (const char *drv : {"host", "sim"}) {
     SCOPED_TRACE(drv);
-    for (const char *cfg : {"", "pinned_use_background_threads:True,pinned_reserve_segment_size_mb:2"}) {
+    for (const char *cfg : {"", "pinned_use_background_threads:True,pinned_reserve_segment_size_mb:2",
+                            "pinned_max_round_threshold_mb:0",
+                            "pinned_max_round_threshold_mb:0,pinned_max_cached_size_mb:1,pinned_use_background_threads:True"}) {
       SCOPED_TRACE(cfg);
       PoolPtr h = make_pool(drv, cfg);
       ASSERT_TRUE(h);
@@ -689,7 +789,17 @@ TEST(HostPoolRandom, NoReuseBeforeStreamsAndNoOverlap) {
       };
       std::vector<Live> live;
       // freed blocks that must stay out of use: pointer -> streams still held at free
-      std::vector<std::pair<void *, std::vector<expseg_stream>>> fenced;
+      struct Fence {
+        void *first;
+        size_t size;
+        std::vector<expseg_stream> second;
+      };
+      std::vector<Fence> fenced;
+      // carved blocks start anywhere: ranges, not pointers, must not meet
+      auto meet = [](const void *p, size_t n, const void *q, size_t m) {
+        auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(q);
+        return a < b + m && b < a + n;
+      };
       bool held[4] = {};
       uint8_t tag = 0;
       for (int op = 0; op < 4000 && !HasFailure(); op++) {
@@ -698,8 +808,9 @@ TEST(HostPoolRandom, NoReuseBeforeStreamsAndNoOverlap) {
           size_t size = size_t(1) << (8 + next() % 12);  // 256 B .. 512 KiB
           void *p = nullptr;
           ASSERT_EQ(expseg_host_malloc(h.get(), size, &p), EXPSEG_OK) << expseg_last_error();
-          for (auto &f : fenced) ASSERT_NE(f.first, p) << "op " << op << ": reused before its streams";
-          for (auto &l : live) ASSERT_NE(l.p, p) << "op " << op << ": handed out twice";
+          for (auto &f : fenced)
+            ASSERT_FALSE(meet(f.first, f.size, p, size)) << "op " << op << ": reused before its streams";
+          for (auto &l : live) ASSERT_FALSE(meet(l.p, l.size, p, size)) << "op " << op << ": handed out twice";
           tag++;
           std::memset(p, tag, size);
           live.push_back({p, size, tag, {}});
@@ -718,7 +829,7 @@ TEST(HostPoolRandom, NoReuseBeforeStreamsAndNoOverlap) {
           for (expseg_stream s : l.streams)
             if (held[s - 1]) busy.push_back(s);
           ASSERT_EQ(expseg_host_free(h.get(), l.p), EXPSEG_OK);
-          if (!busy.empty()) fenced.push_back({l.p, busy});
+          if (!busy.empty()) fenced.push_back({l.p, l.size, busy});
         } else if (r < 97) {
           expseg_stream s = 1 + next() % 4;
           held[s - 1] = !held[s - 1];
@@ -749,7 +860,9 @@ TEST(HostPoolRandom, NoReuseBeforeStreamsAndNoOverlap) {
       ASSERT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
       EXPECT_EQ(hstat(h.get(), "allocation.current"), 0);
       EXPECT_EQ(hstat(h.get(), "expseg.pending_events"), 0);
-      EXPECT_EQ(hstat(h.get(), "segment.current"), *cfg ? 1 : 0);
+      const bool reserve = std::strstr(cfg, "pinned_reserve_segment_size_mb") != nullptr;
+      EXPECT_EQ(hstat(h.get(), "segment.current"), reserve ? 1 : 0);
+      EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), reserve ? int64_t(2 * MiB) : 0);
     }
   }
 }

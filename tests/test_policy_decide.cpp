@@ -38,6 +38,28 @@ TEST(PolicyDecide, PageCacheExcessIsWhatPassesTheBound) {
   EXPECT_EQ(_expseg_page_cache_excess(&c, 2 * MiB), 2 * MiB);
 }
 
+// What else would have served the request: other pools first, then busy streams, then
+// (expandable only) a lower page size; nothing when the hint names the only remedy.
+TEST(PolicyDecide, OomHelpByWhereMemoryWasFree) {
+  expseg_oom_facts_t f{};
+  f.rounded = 20 * MiB;
+  f.total = 1024 * MiB;
+  f.expandable = true;
+  EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_NONE);
+  f.partial = 20 * MiB;
+  EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_PAGE_SIZE);
+  f.expandable = false;  // classic: the stranded hint says it
+  EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_NONE);
+  f.other_streams = 20 * MiB;
+  EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_OTHER_STREAMS);
+  f.other_pools = 20 * MiB;
+  EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_OTHER_POOLS);
+  f.other_pools = 20 * MiB - 1;  // not enough there alone
+  EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_OTHER_STREAMS);
+  f.address_space = true;
+  EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_NONE);
+}
+
 TEST(PolicyDecide, OomHintByWhatRanOut) {
   expseg_oom_facts_t f{};
   f.held = 100 * MiB;

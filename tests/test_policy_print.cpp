@@ -171,6 +171,8 @@ TEST(PolicyPrint, RoundTripRandomConfigs) {
     c.pinned_num_register_threads = uint32_t(1) << g.u(0, 7);
     c.pinned_use_background_threads = g.coin();
     c.pinned_reserve_segment_size = g.coin(0.3) ? 0 : g.u(1, 1 << 30) * MiB;
+    c.pinned_max_round_threshold = g.coin(0.3) ? SIZE_MAX : g.u(0, 1 << 30) * MiB;
+    c.pinned_max_cached_size = g.coin(0.3) ? SIZE_MAX : g.u(0, 1 << 30) * MiB;
     c.graph_capture_record_stream_reuse = g.coin();
     c.per_process_memory_fraction = g.coin(0.1) ? 0.0 : g.coin(0.1) ? 1.0 : g.unit();
     c.throw_on_cudamalloc_oom = g.coin();
@@ -200,7 +202,8 @@ TEST(PolicyPrint, DefaultsAndShape) {
     size_t f = p.find(k);
     if (i == EXPSEG_OPT_garbage_collection_threshold || i == EXPSEG_OPT_pinned_reserve_segment_size_mb ||
         i == EXPSEG_OPT_max_split_size_mb || i == EXPSEG_OPT_page_cache_max_mb ||
-        i == EXPSEG_OPT_expandable_segments_reserve || i == EXPSEG_OPT_single_chunk_min_mb) {
+        i == EXPSEG_OPT_expandable_segments_reserve || i == EXPSEG_OPT_single_chunk_min_mb ||
+        i == EXPSEG_OPT_pinned_max_round_threshold_mb || i == EXPSEG_OPT_pinned_max_cached_size_mb) {
       EXPECT_EQ(f, std::string::npos) << "off by default, cannot be written: " << p;
       continue;
     }

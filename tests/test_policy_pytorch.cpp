@@ -34,7 +34,7 @@ struct Case {
   const char *text;
   Verdict v;
   // ACC / WARN: the values PyTorch's parse gives, "field=value" separated by spaces:
-  //   msplit nsplit large pres page cache va: bytes ("20M", "clamp", "max" = SIZE_MAX)
+  //   msplit nsplit large pres pround pcached page cache va: bytes ("20M", "clamp", "max" = SIZE_MAX)
   //   gc frac res: decimals (res "40G" = GiB); exp lock host bg graph throw catch verbose: T/F
   //   thr: integer; div: "*N" (all intervals) or 16 integers "a,b,..."; cls: the classes
   // REF: substrings the message must hold (besides the position and "accepted").
@@ -103,6 +103,15 @@ const Case kCases[] = {
     {"pinned_num_register_threads:128", ACC, "thr=128"},
     {"pinned_use_background_threads:True", ACC, "bg=T"},
     {"pinned_reserve_segment_size_mb:1", ACC, "pres=1M"},
+    // PyTorch 2.13 (generic parser, c10/core/AllocatorConfig.cpp): integer MB, 0 accepted
+    {"pinned_max_round_threshold_mb:64", ACC, "pround=64M pcached=max"},
+    {"pinned_max_round_threshold_mb:0", ACC, "pround=0M"},
+    {"pinned_max_cached_size_mb:0", ACC, "pcached=0M pround=max"},
+    {"pinned_max_cached_size_mb:1024", ACC, "pcached=1024M"},
+    {"pinned_max_round_threshold_mb:1,pinned_max_cached_size_mb:1", ACC, "pround=1M pcached=1M"},
+    {"expandable_segments:True,pinned_max_round_threshold_mb:128", ACC, "exp=T pround=128M"},
+    {"pinned_max_cached_size_mb:64,pinned_max_cached_size_mb:32", ACC, "pcached=32M"},
+    {"pinned_max_cached_size_mb:-1", WARN, "pcached=clamp"},
     {"graph_capture_record_stream_reuse:True", ACC, "graph=T"},
     {"per_process_memory_fraction:0", ACC, "frac=0"},
     {"per_process_memory_fraction:1", ACC, "frac=1"},
@@ -231,6 +240,9 @@ const Case kCases[] = {
     {"pinned_num_register_threads:256", REF, "[1, 128]"},
     {"pinned_num_register_threads:-8", REF, "power of two"},
     {"pinned_reserve_segment_size_mb:0", REF, "too small"},
+    {"pinned_max_round_threshold_mb:abc", REF, "pinned_max_round_threshold_mb 'abc'"},
+    {"pinned_max_cached_size_mb:True", REF, "pinned_max_cached_size_mb 'True'"},
+    {"pinned_max_cached_size_mb", REF, "pinned_max_cached_size_mb no value"},
     {"per_process_memory_fraction:1.0000001", REF, "[0, 1]"},
     {"per_process_memory_fraction:2", REF, "out of range"},
     {"per_process_memory_fraction:-0.1", REF, "out of range"},
@@ -286,6 +298,8 @@ std::string check_values(const expseg_config_t &c, const std::string &spec) {
     else if (f == "nsplit") size(c.max_non_split_rounding);
     else if (f == "large") size(c.large_segment_size);
     else if (f == "pres") size(c.pinned_reserve_segment_size);
+    else if (f == "pround") size(c.pinned_max_round_threshold);
+    else if (f == "pcached") size(c.pinned_max_cached_size);
     else if (f == "page") size(c.page_size);
     else if (f == "cache") size(c.page_cache_max);
     else if (f == "va") size(c.va_reserve);

@@ -279,6 +279,32 @@ TEST(StatsRules, OomCountsOomAndRetry) {
   }
 }
 
+// num_oom_rejections (PyTorch 2.12): counted only with throw_on_cudamalloc_oom:True, and only
+// for requests the memory fraction refused, not for the device running out.
+TEST(StatsRules, OomRejectionsCountFractionRefusalsUnderThrowOnOom) {
+  for (bool on : {true, false}) {
+    SCOPED_TRACE(on);
+    std::string conf = std::string("per_process_memory_fraction:0.5,throw_on_cudamalloc_oom:") +
+                       (on ? "True" : "False");
+    AllocPtr a = make_alloc("sim:capacity=1G", conf.c_str());
+    expseg_allocator *A = a.get();
+    void *p = must_malloc(A, 100 * MiB, 0);  // within the fraction: no rejection
+    EXPECT_EQ(stat_of(A, "num_oom_rejections"), 0);
+    void *q = nullptr;
+    EXPECT_EQ(expseg_malloc(A, 600 * MiB, 0, &q), EXPSEG_ERR_OUT_OF_MEMORY);  // > 512 MiB
+    EXPECT_EQ(stat_of(A, "num_ooms"), 1);
+    EXPECT_EQ(stat_of(A, "num_oom_rejections"), on ? 1 : 0);
+    must_free(A, p);
+  }
+  // the device itself running out is no rejection
+  AllocPtr b = make_alloc("sim:capacity=1G", "throw_on_cudamalloc_oom:True");
+  void *held = must_malloc(b.get(), 600 * MiB, 0), *q = nullptr;
+  EXPECT_EQ(expseg_malloc(b.get(), 600 * MiB, 0, &q), EXPSEG_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(stat_of(b.get(), "num_ooms"), 1);
+  EXPECT_EQ(stat_of(b.get(), "num_oom_rejections"), 0);
+  must_free(b.get(), held);
+}
+
 TEST(StatsRules, NumSyncAllStreamsCountsEmptyCache) {
   AllocPtr a = make_alloc("sim:capacity=8G", "");
   EXPECT_EQ(stat_of(a.get(), "num_sync_all_streams"), 0);
@@ -462,7 +488,7 @@ TEST(StatsRules, ResetAccumulatedZeroesAllocatedFreedCountersAndDriverCalls) {
   expseg_reset_accumulated_stats(A);
   Collected c;
   expseg_stats_foreach(A, collect, &c);
-  static const char *const zeroed[] = {"num_alloc_retries", "num_ooms", "num_sync_all_streams",
+  static const char *const zeroed[] = {"num_alloc_retries", "num_ooms", "num_oom_rejections", "num_sync_all_streams",
                                        "num_device_alloc", "num_device_free"};
   for (size_t i = 0; i < c.keys.size(); i++) {
     const std::string &k = c.keys[i];
@@ -509,7 +535,7 @@ TEST(StatsRules, ForeachSortedAndHasEveryTorchKey) {
   for (const char *single : {"oversize_allocations", "oversize_segments"})
     for (const char *m : {"current", "peak", "allocated", "freed"})
       torch.push_back(std::string(single) + "." + m);
-  for (const char *k : {"num_alloc_retries", "num_ooms", "num_sync_all_streams",
+  for (const char *k : {"num_alloc_retries", "num_ooms", "num_oom_rejections", "num_sync_all_streams",
                         "num_device_alloc", "num_device_free", "max_split_size"})
     torch.push_back(k);
   // the library's PyTorch-named keys (everything outside expseg.*) are exactly these: a key

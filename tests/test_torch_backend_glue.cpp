@@ -29,6 +29,7 @@ struct DeviceStats {
   int64_t num_alloc_retries = 0, num_ooms = 0;
   Stat oversize_allocations, oversize_segments;
   int64_t num_sync_all_streams = 0, num_device_alloc = 0, num_device_free = 0;
+  int64_t num_oom_rejections = 0;  // PyTorch 2.12
   int64_t max_split_size = 0;
 };
 constexpr size_t kAll = 0, kSmall = 1, kLarge = 2;
@@ -82,7 +83,7 @@ TEST(BackendGlueStats, FieldsComeFromTheirKeys) {
       },
       &torch_keys);
   EXPECT_EQ(read, torch_keys);
-  EXPECT_EQ(read.size(), 9u * 3 * 4 + 2 * 4 + 6);
+  EXPECT_EQ(read.size(), 9u * 3 * 4 + 2 * 4 + 7);
   expseg_free(al.a, small);
   expseg_free(al.a, large);
 }

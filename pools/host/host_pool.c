@@ -2,7 +2,8 @@
 /* host_pool.c: the pinned host memory pool (public expseg_host_* API). Design and choices:
  * docs/host_pool.md; structures: host_pool.h.
  *
- * malloc: size -> power-of-two class (at least the OS page) -> process completed events
+ * malloc: size -> power-of-two class (at least the OS page; an exact page-rounded size above
+ * pinned_max_round_threshold_mb or pinned_max_cached_size_mb) -> process completed events
  * (on the caller's thread, or left to the background thread with
  * pinned_use_background_threads, which the caller then helps only on a miss) -> pop the
  * class's free list -> else slice the reserve segment (pinned_reserve_segment_size_mb) ->
@@ -41,21 +42,25 @@ static void pool_unlock(expseg_host_pool *h) {
   _expseg_log_defer(false);
 }
 
-/* Power of two >= size and >= the page; size <= EXPSEG_MAX_REQUEST. */
+/* The block size of a request (size <= EXPSEG_MAX_REQUEST): above
+ * pinned_max_round_threshold_mb or pinned_max_cached_size_mb (PyTorch 2.13), the size
+ * rounded up to the page; else a power of two >= size and >= the page. */
 static size_t size_class(const expseg_host_pool *h, size_t size) {
+  if (size > h->cfg.pinned_max_round_threshold || size > h->cfg.pinned_max_cached_size)
+    return (size + h->page - 1) / h->page * h->page;
   size_t c = h->page;
   while (c < size) c <<= 1;
   return c;
 }
 
-static void link_block(expseg_host_pool *h, hblock_t *b) {
+void _expseg_host_link_block(expseg_host_pool *h, hblock_t *b) {
   b->prev_all = NULL;
   b->next_all = h->all;
   if (h->all) h->all->prev_all = b;
   h->all = b;
 }
 
-static void unlink_block(expseg_host_pool *h, hblock_t *b) {
+void _expseg_host_unlink_block(expseg_host_pool *h, hblock_t *b) {
   if (b->prev_all) b->prev_all->next_all = b->next_all;
   else h->all = b->next_all;
   if (b->next_all) b->next_all->prev_all = b->prev_all;
@@ -67,22 +72,30 @@ static void block_delete(hblock_t *b) {
 }
 
 static void push_free(expseg_host_pool *h, hblock_t *b) {
-  unsigned i = _expseg_log2_floor(b->size);
   b->state = HB_FREE;
   b->n_streams = 0;
   b->requested = 0;
-  b->next_free = h->free_list[i];
-  h->free_list[i] = b;
   _expseg_stat_add(&h->st.allocation, -1);
   _expseg_stat_add(&h->st.allocated_bytes, -(int64_t)b->size);
   _expseg_stat_add(&h->st.cached_bytes, (int64_t)b->size);
+  if (b->carve) {
+    _expseg_host_carve_put(h, b); /* may merge b away */
+    return;
+  }
+  unsigned i = _expseg_log2_floor(b->size);
+  b->next_free = h->free_list[i];
+  h->free_list[i] = b;
+  if (b->size > h->cfg.pinned_max_cached_size && !b->in_reserve) h->release_due = true;
 }
 
+/* A cached block of exactly cls bytes (a list holds the power of two 2^i and the exact
+ * sizes between 2^i and 2^(i+1)), or NULL. */
 static hblock_t *pop_free(expseg_host_pool *h, size_t cls) {
-  unsigned i = _expseg_log2_floor(cls);
-  hblock_t *b = h->free_list[i];
+  hblock_t **pp = &h->free_list[_expseg_log2_floor(cls)];
+  while (*pp && (*pp)->size != cls) pp = &(*pp)->next_free;
+  hblock_t *b = *pp;
   if (!b) return NULL;
-  h->free_list[i] = b->next_free;
+  *pp = b->next_free;
   b->next_free = NULL;
   _expseg_stat_add(&h->st.cached_bytes, -(int64_t)b->size);
   return b;
@@ -174,6 +187,8 @@ static void retry_stuck(expseg_host_pool *h) {
   }
 }
 
+static void release_due(expseg_host_pool *h);
+
 /* ---- the background thread ---- */
 
 enum { BG_POLL_NS = 100 * 1000 }; /* PyTorch's 100 us */
@@ -190,6 +205,7 @@ static void *bg_main(void *arg) {
       pthread_cond_wait(&h->cv, &h->lock);
     } else {
       process_events(h);
+      release_due(h);
       h->st.background_passes++;
       uint64_t until = _expseg_clock_ns() + BG_POLL_NS; /* the cv waits on CLOCK_MONOTONIC */
       struct timespec ts = {.tv_sec = (time_t)(until / 1000000000u),
@@ -231,15 +247,15 @@ static expseg_status chunk_new(expseg_host_pool *h, size_t size, expseg_host_chu
 }
 
 /* Gives a chunk back; lock not held. Returns the microseconds it took. */
-static expseg_status chunk_free(expseg_host_pool *h, const expseg_host_chunk_t *c,
-                                uint64_t *us) {
+expseg_status _expseg_host_chunk_free(expseg_host_pool *h, const expseg_host_chunk_t *c,
+                                      uint64_t *us) {
   uint64_t t0 = _expseg_vmm_now_ns(h->drv);
   expseg_status s = _expseg_vmm_host_free(h->drv, c);
   *us = (_expseg_vmm_now_ns(h->drv) - t0) / 1000;
   return s;
 }
 
-static void note_chunk_free(expseg_host_pool *h, const expseg_host_chunk_t *c, uint64_t us) {
+void _expseg_host_note_chunk_free(expseg_host_pool *h, const expseg_host_chunk_t *c, uint64_t us) {
   host_stats_t *s = &h->st;
   s->num_host_free++;
   _expseg_dur_add(&s->host_free_time, (int64_t)us);
@@ -250,36 +266,36 @@ static void note_chunk_free(expseg_host_pool *h, const expseg_host_chunk_t *c, u
   if (c->placed) s->placed_bytes -= (int64_t)c->size;
 }
 
-/* Frees the cached blocks that own a chunk (reserve slices stay). Lock held on entry and
- * exit; dropped around the driver calls. Returns the bytes given back. */
-static size_t release_cached(expseg_host_pool *h) {
+/* Frees the cached blocks larger than `above` that own a chunk (reserve slices stay). Lock
+ * held on entry and exit; dropped around the driver calls. Returns the bytes given back. */
+static size_t release_cached(expseg_host_pool *h, size_t above) {
+  size_t freed = above == 0 ? _expseg_host_carve_release(h) : 0; /* carved: <= the cached size */
   hblock_t *gone = NULL;
   for (unsigned i = 0; i < EXPSEG_HOST_CLASSES; i++) {
     hblock_t **pp = &h->free_list[i];
     while (*pp) {
       hblock_t *b = *pp;
-      if (b->in_reserve) {
+      if (b->in_reserve || b->size <= above) {
         pp = &b->next_free;
         continue;
       }
       *pp = b->next_free;
-      unlink_block(h, b);
+      _expseg_host_unlink_block(h, b);
       _expseg_stat_add(&h->st.cached_bytes, -(int64_t)b->size);
       b->next_free = gone;
       gone = b;
     }
   }
-  if (!gone) return 0;
+  if (!gone) return freed;
   pthread_mutex_unlock(&h->lock);
   hblock_t *kept = NULL;
-  size_t freed = 0;
   for (hblock_t *b = gone, *next; b; b = next) {
     next = b->next_free;
     uint64_t us = 0;
-    expseg_status s = chunk_free(h, &b->chunk, &us);
+    expseg_status s = _expseg_host_chunk_free(h, &b->chunk, &us);
     pthread_mutex_lock(&h->lock);
     if (s == EXPSEG_OK) {
-      note_chunk_free(h, &b->chunk, us);
+      _expseg_host_note_chunk_free(h, &b->chunk, us);
       freed += b->size;
       pthread_mutex_unlock(&h->lock);
       block_delete(b);
@@ -294,13 +310,21 @@ static size_t release_cached(expseg_host_pool *h) {
   pthread_mutex_lock(&h->lock);
   for (hblock_t *b = kept, *next; b; b = next) {
     next = b->next_free;
-    link_block(h, b);
+    _expseg_host_link_block(h, b);
     unsigned i = _expseg_log2_floor(b->size);
     b->next_free = h->free_list[i];
     h->free_list[i] = b;
     _expseg_stat_add(&h->st.cached_bytes, (int64_t)b->size);
   }
   return freed;
+}
+
+/* pinned_max_cached_size_mb: blocks above it that became free since the last call are given
+ * back instead of cached. Lock held; dropped around the driver calls. */
+static void release_due(expseg_host_pool *h) {
+  if (!h->release_due) return;
+  h->release_due = false;
+  release_cached(h, h->cfg.pinned_max_cached_size);
 }
 
 /* ---- every live pool, for the device allocator's messages ---- */
@@ -421,8 +445,13 @@ void expseg_host_destroy(expseg_host_pool *h) {
   for (size_t i = 0; i < h->n_ev_pool; i++) (void)_expseg_vmm_event_destroy(h->drv, h->ev_pool[i]);
   for (hblock_t *b = h->all, *next; b; b = next) {
     next = b->next_all;
-    if (!b->in_reserve) (void)_expseg_vmm_host_free(h->drv, &b->chunk);
+    if (!b->in_reserve && !b->carve) (void)_expseg_vmm_host_free(h->drv, &b->chunk);
     block_delete(b);
+  }
+  for (hcarve_t *c = h->carve_segs, *next; c; c = next) {
+    next = c->next;
+    (void)_expseg_vmm_host_free(h->drv, &c->chunk);
+    free(c);
   }
   if (h->reserve.ptr) (void)_expseg_vmm_host_free(h->drv, &h->reserve);
   free(h->events);
@@ -455,7 +484,7 @@ static hblock_t *from_reserve(expseg_host_pool *h, size_t cls) {
   h->reserve_used += cls;
   h->st.reserve_segment_used_bytes = (int64_t)h->reserve_used;
   h->st.reserve_allocs++;
-  link_block(h, b);
+  _expseg_host_link_block(h, b);
   return b;
 }
 
@@ -479,6 +508,41 @@ static expseg_status hand_out(expseg_host_pool *h, hblock_t *b, size_t size, voi
   return EXPSEG_OK;
 }
 
+/* A miss of a carved size: a new carve segment (lock held on entry, dropped around the
+ * driver; on out-of-memory the cache goes back and one segment of exactly cls is asked). */
+static expseg_status carve_miss(expseg_host_pool *h, size_t size, size_t cls, void **out) {
+  _expseg_host_carve_release(h); /* segments all free, each too small to serve cls */
+  size_t want = _expseg_host_carve_segment_size(h, cls);
+  pool_unlock(h);
+  hcarve_t *seg = calloc(1, sizeof *seg);
+  if (!seg) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
+  uint64_t us = 0;
+  expseg_status s = chunk_new(h, want, &seg->chunk, &us);
+  if (s == EXPSEG_ERR_OUT_OF_MEMORY) {
+    pool_lock(h);
+    process_events(h);
+    retry_stuck(h);
+    size_t freed = release_cached(h, 0);
+    pool_unlock(h);
+    if (freed || want > cls) s = chunk_new(h, cls, &seg->chunk, &us);
+  }
+  if (s != EXPSEG_OK) {
+    char b1[32], b2[32];
+    _expseg_error_prefix("expseg_host_malloc(size=%s, block %s)", _expseg_format_size(b1, size),
+                         _expseg_format_size(b2, cls));
+    free(seg);
+    return s;
+  }
+  pool_lock(h);
+  note_chunk(h, &seg->chunk, us);
+  hblock_t *b = _expseg_host_carve_new(h, seg, cls);
+  if (!b) {
+    pool_unlock(h);
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
+  }
+  return hand_out(h, b, size, out);
+}
+
 expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
   if (!h) return no_pool("expseg_host_malloc");
   if (!out) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_host_malloc: out is NULL");
@@ -490,17 +554,22 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
                              "request may ask (rounding it up would overflow)",
                              size);
   size_t cls = size_class(h, size);
+  /* exact blocks that will be cached are carved; those above the cached size get a chunk
+   * of their own, which goes back at free */
+  bool carve = size > h->cfg.pinned_max_round_threshold && size <= h->cfg.pinned_max_cached_size;
   pool_lock(h);
   if (!h->bg_running) process_events(h);
-  hblock_t *b = pop_free(h, cls);
+  release_due(h);
+  hblock_t *b = carve ? _expseg_host_carve_take(h, cls) : pop_free(h, cls);
   if (!b && h->bg_running && h->n_events) { /* a miss: help the background thread once */
     process_events(h);
-    b = pop_free(h, cls);
+    b = carve ? _expseg_host_carve_take(h, cls) : pop_free(h, cls);
   }
   if (b) h->st.hits++;
-  else b = from_reserve(h, cls);
+  else if (!carve) b = from_reserve(h, cls);
   if (b) return hand_out(h, b, size, out);
   h->st.misses++;
+  if (carve) return carve_miss(h, size, cls, out);
   pool_unlock(h);
   b = block_new(cls);
   if (!b) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
@@ -510,7 +579,7 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
     pool_lock(h);
     process_events(h);
     retry_stuck(h);
-    size_t freed = release_cached(h);
+    size_t freed = release_cached(h, 0);
     pool_unlock(h);
     if (freed) s = chunk_new(h, cls, &b->chunk, &us);
   }
@@ -524,7 +593,7 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
   b->ptr = (uintptr_t)b->chunk.ptr;
   pool_lock(h);
   note_chunk(h, &b->chunk, us);
-  link_block(h, b);
+  _expseg_host_link_block(h, b);
   return hand_out(h, b, size, out);
 }
 
@@ -597,6 +666,7 @@ expseg_status expseg_host_free(expseg_host_pool *h, void *ptr) {
   } else {
     push_free(h, b);
   }
+  release_due(h);
   pool_unlock(h);
   return EXPSEG_OK;
 }
@@ -637,7 +707,7 @@ expseg_status expseg_host_empty_cache(expseg_host_pool *h) {
   pool_lock(h);
   process_events(h);
   retry_stuck(h);
-  release_cached(h);
+  release_cached(h, 0);
   pool_unlock(h);
   return EXPSEG_OK;
 }

@@ -3,7 +3,8 @@
  * and the caching), host_pool_stats.c (statistics keys) and the tests. Design:
  * docs/host_pool.md.
  *
- * Blocks have power-of-two sizes (at least the OS page) and are never split: a block is
+ * Blocks have power-of-two sizes (at least the OS page; above pinned_max_round_threshold_mb
+ * or pinned_max_cached_size_mb, the size rounded up to the page) and are never split: a block is
  * either one driver chunk of its own or a slice of the reserve segment. Free blocks sit in
  * LIFO lists, one per size; a freed block that streams used waits for their events
  * (pending) before it goes back on a list. One mutex guards the pool; driver calls that
@@ -21,9 +22,16 @@ enum { HB_FREE = 0, HB_ALLOCATED = 1, HB_PENDING = 2 };
 #define EXPSEG_HOST_CLASSES 64
 
 typedef struct hblock_s hblock_t;
+
+/* A carve segment: one driver chunk that exact-size blocks are cut from (host_carve.c). */
+typedef struct hcarve_s {
+  expseg_host_chunk_t chunk;
+  struct hcarve_s *next;    /* every carve segment of the pool */
+} hcarve_t;
+
 struct hblock_s {
   uintptr_t ptr;
-  size_t size;              /* a power of two, at least the OS page */
+  size_t size;              /* a power of two, at least the OS page; or an exact size */
   size_t requested;         /* the caller's size while allocated */
   uint8_t state;            /* HB_* */
   bool in_reserve;          /* a slice of the reserve segment: never given back */
@@ -33,7 +41,9 @@ struct hblock_s {
   uint32_t n_streams, cap_streams;
   expseg_stream *streams;   /* recorded with expseg_host_record_stream */
   expseg_stream streams_inline[2];
-  expseg_host_chunk_t chunk; /* its own driver chunk (not in_reserve) */
+  expseg_host_chunk_t chunk; /* its own driver chunk (not in_reserve, not carved) */
+  hcarve_t *carve;          /* the carve segment it was cut from, or NULL */
+  hblock_t *seg_prev, *seg_next; /* carved: its neighbours in the segment, address order */
   hblock_t *next_free;      /* free list link */
   hblock_t *prev_all, *next_all;
 };
@@ -75,6 +85,9 @@ struct expseg_host_pool {
   int node;                 /* NUMA node of every chunk; -1 = the OS's choice */
   size_t page;              /* OS page */
   hblock_t *free_list[EXPSEG_HOST_CLASSES]; /* by log2(size) */
+  hblock_t *carve_free;     /* free carved blocks (merged with free neighbours) */
+  hcarve_t *carve_segs;     /* every carve segment */
+  size_t carve_reserved;    /* their bytes */
   hblock_t *all;            /* every block */
   ptrmap_t live;            /* allocated blocks (values are hblock_t*, stored cast) */
   hevent_t *events;         /* outstanding events, oldest first */
@@ -84,6 +97,7 @@ struct expseg_host_pool {
   expseg_host_chunk_t reserve; /* reserve.ptr NULL = none */
   size_t reserve_used;
   bool warned_query;
+  bool release_due;         /* a block above pinned_max_cached_size_mb went on a free list */
   /* background event processing (pinned_use_background_threads) */
   bool bg_running, bg_stop;
   pthread_t bg;
@@ -91,6 +105,27 @@ struct expseg_host_pool {
   host_stats_t st;
   expseg_host_pool *next_pool; /* every live pool (host_pool.c's registry) */
 };
+
+/* ---- host_pool.c, for host_carve.c ---- */
+void _expseg_host_link_block(expseg_host_pool *h, hblock_t *b);
+void _expseg_host_unlink_block(expseg_host_pool *h, hblock_t *b);
+expseg_status _expseg_host_chunk_free(expseg_host_pool *h, const expseg_host_chunk_t *c,
+                                      uint64_t *us);
+void _expseg_host_note_chunk_free(expseg_host_pool *h, const expseg_host_chunk_t *c, uint64_t us);
+
+/* ---- host_carve.c (lock held) ---- */
+/* The size of a new carve segment for a block of cls bytes. */
+size_t _expseg_host_carve_segment_size(const expseg_host_pool *h, size_t cls);
+/* A free carved block of cls bytes cut from the best-fitting free one, or NULL. */
+hblock_t *_expseg_host_carve_take(expseg_host_pool *h, size_t cls);
+/* A new carve segment (its chunk made): the block of cls bytes at its start, or NULL
+ * (no host memory; the segment is listed all the same). */
+hblock_t *_expseg_host_carve_new(expseg_host_pool *h, hcarve_t *seg, size_t cls);
+/* A carved block that became free (state HB_FREE, stats done): merged and listed. */
+void _expseg_host_carve_put(expseg_host_pool *h, hblock_t *b);
+/* Gives back every carve segment whose memory is all free (lock dropped around the driver
+ * calls); returns the bytes given back. */
+size_t _expseg_host_carve_release(expseg_host_pool *h);
 
 /* ---- host_pool_stats.c ---- */
 bool _expseg_host_stats_get(const host_stats_t *s, const char *key, int64_t *v);
