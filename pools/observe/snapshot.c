@@ -178,20 +178,27 @@ static void write_traces(ctx_t *c) {
     _expseg_pkw_kuint(w, "time_us", _expseg_hist_time_us(c->h, scale, e->ticks));
     _expseg_pkw_str(w, "frames");
     write_frames(c, e);
+    _expseg_pkw_kstr(w, "compile_context", "N/A"); /* PyTorch's value when not recorded */
+    _expseg_pkw_kstr(w, "user_metadata", "");
     _expseg_pkw_setitems(w);
   }
   _expseg_pkw_appends(w);
   _expseg_pkw_appends(w);
 }
 
+/* PyTorch writes "no bound" (SIZE_MAX) as -1, its int64_t cast: every viewer reads it (an
+ * older MemoryViz.js refuses integers wider than 8 bytes; a newer one reads them as BigInt,
+ * which JSON.stringify refuses). */
+static int64_t none_is_minus_1(uint64_t v) { return v > INT64_MAX ? -1 : (int64_t)v; }
+
 static void write_settings(ctx_t *c) {
   const expseg_config_t *k = &c->a->cfg;
   pkw_t *w = &c->w;
-  char text[1024];
-  _expseg_config_print(k, text, sizeof text);
   _expseg_pkw_dict(w);
-  _expseg_pkw_kstr(w, "PYTORCH_CUDA_ALLOC_CONF", text);
-  _expseg_pkw_kuint(w, "max_split_size", k->max_split_size);
+  /* as PyTorch's last_allocator_settings: the option text the user gave, not the whole
+   * configuration (expseg_config_string has that) */
+  _expseg_pkw_kstr(w, "PYTORCH_CUDA_ALLOC_CONF", c->a->conf_text ? c->a->conf_text : "");
+  _expseg_pkw_kint(w, "max_split_size", none_is_minus_1(k->max_split_size));
   _expseg_pkw_str(w, "garbage_collection_threshold");
   _expseg_pkw_float(w, k->garbage_collection_threshold);
   _expseg_pkw_kbool(w, "expandable_segments", k->expandable_segments);
@@ -211,11 +218,11 @@ static void write_settings(ctx_t *c) {
   _expseg_pkw_kstr(w, "expseg.driver", c->a->drv->ops->name);
   _expseg_pkw_kuint(w, "expseg.page_size", c->a->page);
   _expseg_pkw_kuint(w, "expseg.granularity", c->a->granularity);
-  _expseg_pkw_kuint(w, "expseg.page_cache_max", k->page_cache_max);
-  _expseg_pkw_kuint(w, "expseg.va_reserve", k->va_reserve);
+  _expseg_pkw_kint(w, "expseg.page_cache_max", none_is_minus_1(k->page_cache_max));
+  _expseg_pkw_kint(w, "expseg.va_reserve", none_is_minus_1(k->va_reserve));
   _expseg_pkw_str(w, "expseg.per_process_memory_fraction");
   _expseg_pkw_float(w, k->per_process_memory_fraction);
-  _expseg_pkw_kuint(w, "expseg.history_max_entries", c->h ? c->h->max : 0);
+  _expseg_pkw_kint(w, "expseg.history_max_entries", c->h ? none_is_minus_1(c->h->max) : 0);
   _expseg_pkw_kuint(w, "expseg.history_recorded", c->h ? c->h->total : 0);
   _expseg_pkw_kbool(w, "expseg.history_c_stacks",
                     c->h != NULL && (c->h->flags & EXPSEG_HISTORY_C_STACKS));
