@@ -21,6 +21,7 @@
 #include <vector>
 
 extern "C" {
+#include "trace.h"
 int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err);
 }
 
@@ -133,6 +134,11 @@ TEST(Viewers, CApiSnapshotsOpenInBothViewersAndMemoryViz) {
   SKIP_WITHOUT_NODE_OR_PYTHON();
 }
 
+struct Set {
+  expseg_trace_set_t s{};
+  ~Set() { expseg_trace_set_free(&s); }
+};
+
 int Replay(std::vector<std::string> args, std::string *out_text) {
   args.insert(args.begin(), "expseg-replay");
   std::vector<char *> argv;
@@ -170,11 +176,32 @@ TEST(Viewers, ReplaySnapshotsOpenInBothViewersAndMemoryViz) {
                      &text),
               0)
         << text;
+    // every allocation carries the frames the recorded one had (its innermost 16, what a
+    // history event keeps), read back through expseg's own reader: ids match one to one
+    Set orig, back;
+    ASSERT_EQ(expseg_trace_read_file(raw.c_str(), &orig.s), EXPSEG_OK) << expseg_trace_last_error();
+    ASSERT_EQ(expseg_trace_read_file(end.c_str(), &back.s), EXPSEG_OK) << expseg_trace_last_error();
+    ASSERT_EQ(back.s.n, 1u);
+    const expseg_trace_t &o = orig.s.traces[0], &b = back.s.traces[0];
+    ASSERT_EQ(b.n_ids, o.n_ids);
+    size_t framed = 0;
+    for (uint64_t id = 0; id < o.n_ids; id++) {
+      expseg_frame fo[16], fb[16];
+      size_t no = expseg_trace_frames_of(&o, id, fo, 16), nb = expseg_trace_frames_of(&b, id, fb, 16);
+      ASSERT_EQ(nb, no) << "id " << id;
+      for (size_t k = 0; k < no; k++) {
+        ASSERT_STREQ(fb[k].filename, fo[k].filename) << "id " << id << " frame " << k;
+        ASSERT_STREQ(fb[k].name, fo[k].name) << "id " << id << " frame " << k;
+        ASSERT_EQ(fb[k].line, fo[k].line) << "id " << id << " frame " << k;
+      }
+      framed += no > 0;
+    }
+    EXPECT_GT(framed, 600u) << "allocations with frames in " << raw;
     if (HaveNode()) {
-      OpenInViewers(end, std::string("--conf ") + conf);
+      OpenInViewers(end, std::string("--conf ") + conf + " --min-framed 600");
       OpenInViewers(peak, std::string("--conf ") + conf);
     }
-    if (snapshot_have_python()) RunMemoryViz(peak, end, "");
+    if (snapshot_have_python()) RunMemoryViz(end, peak, "--min-framed 600");
   }
   EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
   SKIP_WITHOUT_NODE_OR_PYTHON();
