@@ -59,6 +59,7 @@ typedef struct ctx_s {
   u64map_t live_alloc; /* block address -> history index of its alloc (-1: freed since) */
   u64map_t seg_alloc;  /* classic segment address -> history index of its segment_alloc */
   bool oom;
+  bool no_traces; /* EXPSEG_SNAPSHOT_NO_TRACES: device_traces holds empty lists */
 } ctx_t;
 
 static void write_frames(ctx_t *c, const hist_event_t *e) {
@@ -168,7 +169,7 @@ static void write_traces(ctx_t *c) {
   }
   _expseg_pkw_list(w);
   double scale = c->h ? _expseg_hist_scale(c->h) : 0.0;
-  for (size_t i = 0; c->h && i < c->h->count; i++) {
+  for (size_t i = 0; c->h && !c->no_traces && i < c->h->count; i++) {
     const hist_event_t *e = _expseg_hist_at(c->h, i);
     _expseg_pkw_dict(w);
     _expseg_pkw_kstr(w, "action", _expseg_hist_action_name(e->action));
@@ -179,7 +180,7 @@ static void write_traces(ctx_t *c) {
     _expseg_pkw_str(w, "frames");
     write_frames(c, e);
     _expseg_pkw_kstr(w, "compile_context", "N/A"); /* PyTorch's value when not recorded */
-    _expseg_pkw_kstr(w, "user_metadata", "");
+    _expseg_pkw_kstr(w, "user_metadata", _expseg_hist_note_text(e->note)); /* annotate's */
     _expseg_pkw_setitems(w);
   }
   _expseg_pkw_appends(w);
@@ -230,11 +231,13 @@ static void write_settings(ctx_t *c) {
 }
 
 /* Lock held. */
-static expseg_status build(expseg_allocator *a, unsigned char **buf, size_t *len) {
+static expseg_status build(expseg_allocator *a, unsigned flags, unsigned char **buf,
+                           size_t *len) {
   EXPSEG_HIST(a, HIST_SNAPSHOT, 0, stat_all_current(a->stats.active_bytes), 0);
   ctx_t c;
   memset(&c, 0, sizeof c);
   c.a = a;
+  c.no_traces = (flags & EXPSEG_SNAPSHOT_NO_TRACES) != 0;
   c.h = a->hist;
   for (size_t i = 0; c.h && i < c.h->count; i++) {
     const hist_event_t *e = _expseg_hist_at(c.h, i);
@@ -272,6 +275,16 @@ static expseg_status build(expseg_allocator *a, unsigned char **buf, size_t *len
 }
 
 expseg_status expseg_snapshot(expseg_allocator *a, unsigned char **buf, size_t *len) {
+  return expseg_snapshot_ex(a, 0, buf, len);
+}
+
+expseg_status expseg_snapshot_ex(expseg_allocator *a, unsigned flags, unsigned char **buf,
+                                 size_t *len) {
+  if (flags & ~EXPSEG_SNAPSHOT_NO_TRACES)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_snapshot: unknown flags %#x; accepted: "
+                             "EXPSEG_SNAPSHOT_NO_TRACES (1)",
+                             flags);
   if (buf == NULL || len == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_snapshot: %s is NULL",
                              buf == NULL ? "buf" : "len");
@@ -280,7 +293,7 @@ expseg_status expseg_snapshot(expseg_allocator *a, unsigned char **buf, size_t *
   if (a == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_snapshot: the allocator is NULL");
   api_lock(a);
-  expseg_status st = build(a, buf, len);
+  expseg_status st = build(a, flags, buf, len);
   api_unlock(a);
   return st;
 }
@@ -288,6 +301,10 @@ expseg_status expseg_snapshot(expseg_allocator *a, unsigned char **buf, size_t *
 void expseg_snapshot_free(unsigned char *buf) { free(buf); }
 
 expseg_status expseg_snapshot_dump(expseg_allocator *a, const char *path) {
+  return expseg_snapshot_dump_ex(a, path, 0);
+}
+
+expseg_status expseg_snapshot_dump_ex(expseg_allocator *a, const char *path, unsigned flags) {
   if (path == NULL || path[0] == '\0')
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_snapshot_dump: path is %s; give a file name such as "
@@ -325,7 +342,7 @@ expseg_status expseg_snapshot_dump(expseg_allocator *a, const char *path) {
   }
   unsigned char *buf;
   size_t len;
-  expseg_status st = expseg_snapshot(a, &buf, &len);
+  expseg_status st = expseg_snapshot_ex(a, flags, &buf, &len);
   if (st != EXPSEG_OK) {
     free(resolved);
     return st;
