@@ -5,7 +5,7 @@
 // torch/cuda/_memory_viz.py (plain python3; tests/check_memory_viz.py). The PyTorch files
 // are test fixtures read from ../shared/reference/pytorch-viewer/ (the test skips, saying
 // so, where they or node are absent). Snapshots of each kind: the C API with private pools,
-// a configuration string and pushed frames; a replay of a recorded history (whose frames
+// a configuration string, annotations and pushed frames; a replay of a recorded history (whose frames
 // must come through the replay).
 #include <gtest/gtest.h>
 
@@ -110,6 +110,8 @@ TEST(Viewers, CApiSnapshotsOpenInBothViewersAndMemoryViz) {
     ASSERT_EQ(expseg_malloc_pool(a, (i + 1) << 20, 0, pool, &p), EXPSEG_OK);
     live.push_back(p);
   }
+  ASSERT_EQ(expseg_history_annotate(a, live[1], "kv cache of request 7"), EXPSEG_OK);
+  ASSERT_EQ(expseg_history_annotate(a, nullptr, "step 1"), EXPSEG_OK);
   for (size_t i = 0; i < live.size(); i += 3) ASSERT_EQ(expseg_free(a, live[i]), EXPSEG_OK);
   std::string dir = TmpDir(), one = dir + "/one.pickle", two = dir + "/two.pickle";
   ASSERT_EQ(expseg_snapshot_dump(a, one.c_str()), EXPSEG_OK) << expseg_last_error();
