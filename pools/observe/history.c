@@ -276,10 +276,11 @@ expseg_status expseg_record_history_ex(expseg_allocator *a, bool enabled, size_t
                         EXPSEG_HISTORY_SKIP_SNAPSHOT;
   if (flags & ~(EXPSEG_HISTORY_C_STACKS | EXPSEG_HISTORY_CLEAR | skips))
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                             "expseg_record_history_ex: unknown flags %#x; accepted: "
-                             "EXPSEG_HISTORY_C_STACKS (1), EXPSEG_HISTORY_CLEAR (2) and the "
-                             "EXPSEG_HISTORY_SKIP_* bits of alloc, free_requested, "
+                             "expseg_record_history_ex: flags %#x hold unknown flags %#x; "
+                             "accepted: EXPSEG_HISTORY_C_STACKS (1), EXPSEG_HISTORY_CLEAR (2) "
+                             "and the EXPSEG_HISTORY_SKIP_* bits of alloc, free_requested, "
                              "free_completed, segment_alloc, segment_free, oom, snapshot (%#x)",
+                             flags,
                              flags & ~(EXPSEG_HISTORY_C_STACKS | EXPSEG_HISTORY_CLEAR | skips),
                              skips);
   history_t *h = NULL;
