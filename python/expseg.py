@@ -638,7 +638,9 @@ def _torch_calls(torch):
         if stacks not in ("all", "python"):
             raise ExpsegError("torch.cuda.memory._record_memory_history(stacks=%r): expected "
                               "\"all\" or \"python\"" % (stacks,))
-        record_history(on, max_entries if on else 1, c_stacks=(stacks == "all"))
+        record_history(on, max_entries if on else 1, c_stacks=(stacks == "all"),
+                       clear_history=bool(kwargs.get("clear_history", False)),
+                       skip_actions=kwargs.get("skip_actions") if on else None)
 
     def snap(device=None, *args, **kwargs):
         return snapshot_dict(None)
