@@ -162,8 +162,34 @@ EXPSEG_EXPORT void expseg_host_reset_peak_stats(expseg_host_pool *h);
  * pushed by the calling thread; false stops recording and clears the history (as PyTorch).
  * The _ex form takes EXPSEG_HISTORY_* flags (0 = no C stacks: the cheaper recording). */
 #define EXPSEG_HISTORY_C_STACKS 1u
+/* Enabling: drop the events recorded so far (PyTorch's clear_history=True); without it,
+ * enabling while recording keeps the newest events that fit. */
+#define EXPSEG_HISTORY_CLEAR 2u
+/* Do not record these actions (PyTorch's skip_actions): alloc, free_requested,
+ * free_completed, segment_alloc, segment_free, oom, snapshot. */
+#define EXPSEG_HISTORY_SKIP_ALLOC (1u << 8)
+#define EXPSEG_HISTORY_SKIP_FREE_REQUESTED (1u << 9)
+#define EXPSEG_HISTORY_SKIP_FREE_COMPLETED (1u << 10)
+#define EXPSEG_HISTORY_SKIP_SEGMENT_ALLOC (1u << 11)
+#define EXPSEG_HISTORY_SKIP_SEGMENT_FREE (1u << 12)
+#define EXPSEG_HISTORY_SKIP_OOM (1u << 15)
+#define EXPSEG_HISTORY_SKIP_SNAPSHOT (1u << 16)
 EXPSEG_EXPORT expseg_status expseg_record_history_ex(expseg_allocator *a, bool enabled,
                                                      size_t max_entries, unsigned flags);
+/* Records an `annotate` event (PyTorch's _annotate_memory): text (copied; the event's
+ * user_metadata in the snapshot) on the live allocation at ptr (addr, requested size,
+ * stream), or, with ptr NULL, on no allocation (addr 0) as a mark in time. Nothing is
+ * recorded while the history is off. A ptr that is no live allocation is
+ * EXPSEG_ERR_INVALID_ARGUMENT. */
+EXPSEG_EXPORT expseg_status expseg_history_annotate(expseg_allocator *a, const void *ptr,
+                                                    const char *text);
+/* Where the live allocation at ptr was made (PyTorch's _allocation_traceback): the frames of
+ * its alloc event, innermost first, one "filename:line:name" line each, in buf (snprintf
+ * semantics; returns the length needed, NUL included). EXPSEG_ERR_INVALID_ARGUMENT when ptr
+ * is no live allocation or the history does not hold its alloc event (not recording, or
+ * dropped from the ring): the message says which. */
+EXPSEG_EXPORT expseg_status expseg_allocation_traceback(expseg_allocator *a, const void *ptr,
+                                                        char *buf, size_t len, size_t *needed);
 /* Frames an embedding framework (e.g. Python's interpreter) attaches to the next events of
  * the calling thread, on every allocator: push outermost first; the strings are copied. */
 typedef struct expseg_frame {
@@ -179,6 +205,13 @@ EXPSEG_EXPORT void expseg_history_pop_frames(size_t n);
  * file and a rename. */
 EXPSEG_EXPORT expseg_status expseg_snapshot(expseg_allocator *a, unsigned char **buf,
                                             size_t *len);
+/* The same with EXPSEG_SNAPSHOT_* flags. NO_TRACES: device_traces holds empty lists
+ * (PyTorch's include_traces=False: the state only, written in O(blocks)). */
+#define EXPSEG_SNAPSHOT_NO_TRACES 1u
+EXPSEG_EXPORT expseg_status expseg_snapshot_ex(expseg_allocator *a, unsigned flags,
+                                               unsigned char **buf, size_t *len);
+EXPSEG_EXPORT expseg_status expseg_snapshot_dump_ex(expseg_allocator *a, const char *path,
+                                                    unsigned flags);
 EXPSEG_EXPORT void expseg_snapshot_free(unsigned char *buf);
 /* torch.cuda.memory_summary()'s text, then expseg's own section. Writes at most len bytes
  * (NUL included); returns the length it needs (0 when a is NULL). */
@@ -223,7 +256,7 @@ typedef struct expseg_walk_segment {
 typedef struct expseg_walk_event {
   const char *action; /* PyTorch's TraceEntry action: "alloc", "free_requested",
                        * "free_completed", "segment_alloc", "segment_free", "segment_map",
-                       * "segment_unmap", "oom", "snapshot" */
+                       * "segment_unmap", "oom", "snapshot", "annotate" */
   uint64_t addr;      /* oom: the device's free bytes */
   uint64_t size;
   expseg_stream stream;

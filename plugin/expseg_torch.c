@@ -511,3 +511,23 @@ int expseg_torch_snapshot_dump(int device, const char *path) {
   if (!a) return get_status;
   return check(device, "expseg_torch_snapshot_dump", expseg_snapshot_dump(a, path));
 }
+
+int expseg_torch_snapshot_dump_ex(int device, const char *path, unsigned flags) {
+  expseg_allocator *a = get(device, "expseg_torch_snapshot_dump");
+  if (!a) return get_status;
+  return check(device, "expseg_torch_snapshot_dump", expseg_snapshot_dump_ex(a, path, flags));
+}
+
+int expseg_torch_annotate(int device, void *ptr, const char *text) {
+  expseg_allocator *a = get(device, "expseg_torch_annotate");
+  if (!a) return get_status;
+  return check(device, "expseg_torch_annotate", expseg_history_annotate(a, ptr, text));
+}
+
+int expseg_torch_allocation_traceback(int device, void *ptr, char *buf, size_t len,
+                                      size_t *needed) {
+  expseg_allocator *a = get(device, "expseg_torch_allocation_traceback");
+  if (!a) return get_status;
+  return check(device, "expseg_torch_allocation_traceback",
+               expseg_allocation_traceback(a, ptr, buf, len, needed));
+}

@@ -84,6 +84,12 @@ EXPSEG_EXPORT int expseg_torch_reset_accumulated_stats(int device);
 EXPSEG_EXPORT int expseg_torch_empty_cache(int device);
 /* Forwards to expseg_snapshot_dump: the memory_viz pickle of the device's allocator. */
 EXPSEG_EXPORT int expseg_torch_snapshot_dump(int device, const char *path);
+/* The same with EXPSEG_SNAPSHOT_* flags (expseg_snapshot_dump_ex). */
+EXPSEG_EXPORT int expseg_torch_snapshot_dump_ex(int device, const char *path, unsigned flags);
+/* Forwards to expseg_history_annotate and expseg_allocation_traceback on the device. */
+EXPSEG_EXPORT int expseg_torch_annotate(int device, void *ptr, const char *text);
+EXPSEG_EXPORT int expseg_torch_allocation_traceback(int device, void *ptr, char *buf,
+                                                    size_t len, size_t *needed);
 /* The configuration in force (expseg_config_string): writes at most len bytes (NUL
  * included), returns the length it needs; 0 when the allocator cannot be created. */
 EXPSEG_EXPORT size_t expseg_torch_config_string(int device, char *buf, size_t len);

@@ -63,6 +63,13 @@ expseg_status _expseg_create_with_driver(expseg_vmm_t *drv, const char *config,
   a->drv = drv;
   a->device = drv->device;
   a->cfg = cfg;
+  if (src.text != NULL && (a->conf_text = strdup(src.text)) == NULL) {
+    pthread_mutex_destroy(&a->lock);
+    _expseg_ptrmap_destroy(&a->live);
+    free(a);
+    _expseg_vmm_close(drv);
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_create: out of host memory");
+  }
   a->granularity = drv->granularity;
   a->page = _expseg_page_size(&cfg, a->granularity);
   if ((a->page & (a->page - 1)) == 0)
@@ -117,6 +124,7 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
   _expseg_ppool_destroy(a);
   _expseg_segcount_destroy(a);
   free(a->observers);
+  free(a->conf_text);
   _expseg_hist_destroy(a);
   pthread_mutex_unlock(&a->lock); /* not api_unlock: no EXPSEG_DEBUG=3 check of what is gone */
   _expseg_log_defer(false);
@@ -548,6 +556,7 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
                              "\"expandable_segments:False\"");
   api_lock(a);
   expseg_config_t next;
+  char *text;
   char err[EXPSEG_CONFIG_MSG_MAX], warn[EXPSEG_CONFIG_MSG_MAX];
   expseg_status st = _expseg_config_parse_warn(config, "expseg_configure", &a->cfg, &next, err,
                                                sizeof err, warn, sizeof warn);
@@ -564,8 +573,12 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
     st = _expseg_error_set(EXPSEG_ERR_CONFIG,
                            "expseg_configure(\"%.200s\"): not with the settings in force: %s",
                            config, err);
+  } else if ((text = strdup(config)) == NULL) {
+    st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_configure: out of host memory");
   } else {
     a->cfg = next;
+    free(a->conf_text);
+    a->conf_text = text; /* the snapshot's PYTORCH_CUDA_ALLOC_CONF: the text last given */
     refresh_derived(a);
     /* a lower page_cache_max takes effect now (a cache hit does not look at the cache) */
     if (_expseg_page_cache_excess(&a->cfg, (size_t)a->stats.cached_physical_bytes.current) > 0)

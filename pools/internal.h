@@ -253,6 +253,9 @@ struct expseg_allocator {
   expseg_vmm_t *drv;
   int device;
   expseg_config_t cfg;
+  char *conf_text;            /* the option text last given (expseg_create's or its environment
+                               * variable's, then expseg_configure's); NULL: none. A snapshot's
+                               * PYTORCH_CUDA_ALLOC_CONF, as PyTorch's last_allocator_settings */
   size_t granularity, page;   /* page: expseg's expandable chunk size (page_size_mb); a
                                * segment's own is seg->page (_expseg_pool_page) */
   unsigned page_shift;        /* log2(page) when page is a power of two, else 0 */

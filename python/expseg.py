@@ -119,6 +119,10 @@ def _load():
         "expseg_torch_reset_accumulated_stats": (c_int, [c_int]),
         "expseg_torch_empty_cache": (c_int, [c_int]),
         "expseg_torch_snapshot_dump": (c_int, [c_int, ctypes.c_char_p]),
+        "expseg_torch_snapshot_dump_ex": (c_int, [c_int, ctypes.c_char_p, ctypes.c_uint]),
+        "expseg_torch_annotate": (c_int, [c_int, c_p, ctypes.c_char_p]),
+        "expseg_torch_allocation_traceback": (c_int, [c_int, c_p, ctypes.c_char_p, c_size,
+                                                      ctypes.POINTER(c_size)]),
         "expseg_torch_device_count": (c_int, []),
         "expseg_torch_device_used": (c_int, [c_int]),
         "expseg_torch_config_string": (c_size, [c_int, ctypes.c_char_p, c_size]),
@@ -261,11 +265,51 @@ def _path_bytes(path, call):
     return raw
 
 
-def snapshot(path, device=None):
-    """Writes the device's memory snapshot (the memory_viz pickle) to path."""
+def snapshot(path, device=None, include_traces=True):
+    """Writes the device's memory snapshot (the memory_viz pickle) to path. include_traces
+    False: the state only, device_traces empty (PyTorch's include_traces=False)."""
     d = _device(device)
-    _check(_load().expseg_torch_snapshot_dump(d, _path_bytes(path, "expseg.snapshot")),
+    _check(_load().expseg_torch_snapshot_dump_ex(d, _path_bytes(path, "expseg.snapshot"),
+                                                 0 if include_traces else 1),
            "expseg.snapshot", d)
+
+
+def _pointer(ptr, call):
+    if isinstance(ptr, bool) or not isinstance(ptr, int) or not 0 <= ptr < 1 << 64:
+        raise ExpsegError("%s: ptr=%r: expected an address (an int, e.g. tensor.data_ptr())"
+                          % (call, ptr))
+    return ptr
+
+
+def annotate_memory(ptr, text, device=None):
+    """Records an `annotate` event whose user_metadata is text (as PyTorch's
+    _annotate_memory): on the live allocation at ptr, or with ptr None a mark in time.
+    Nothing is recorded while the history is off."""
+    if not isinstance(text, str):
+        raise ExpsegError("expseg.annotate_memory: text=%r: expected a str" % (text,))
+    p = None if ptr is None else _pointer(ptr, "expseg.annotate_memory")
+    d = _device(device)
+    _check(_load().expseg_torch_annotate(d, p, text.encode("utf-8", "replace")),
+           "expseg.annotate_memory", d)
+
+
+def allocation_traceback(ptr, device=None):
+    """Where the live allocation at ptr was made (PyTorch's _allocation_traceback): its
+    alloc event's frames, innermost first, as [{"filename", "line", "name"}, ...]."""
+    p = _pointer(ptr, "expseg.allocation_traceback")
+    d = _device(device)
+    lib, need = _load(), ctypes.c_size_t(0)
+    _check(lib.expseg_torch_allocation_traceback(d, p, None, 0, ctypes.byref(need)),
+           "expseg.allocation_traceback", d)
+    buf = ctypes.create_string_buffer(need.value)
+    _check(lib.expseg_torch_allocation_traceback(d, p, buf, need.value, ctypes.byref(need)),
+           "expseg.allocation_traceback", d)
+    frames = []
+    for line in buf.value.decode("utf-8", "replace").splitlines():
+        filename, lineno, name = line.split(":", 2) if line.count(":") >= 2 else (line, "0", "")
+        frames.append({"filename": filename, "line": int(lineno) if lineno.isdigit() else 0,
+                       "name": name})
+    return frames
 
 
 def _used_devices():
@@ -311,17 +355,31 @@ def memory_summary(device=None, abbreviated=False):
                    lambda buf, n: _load().expseg_torch_memory_summary(d, buf, n, ab))
 
 
-def record_history(enabled=True, max_entries=100000, c_stacks=True, device=None):
+# PyTorch's skip_actions names -> EXPSEG_HISTORY_SKIP_* bits (include/expseg.h)
+_SKIP_ACTIONS = {"alloc": 1 << 8, "free_requested": 1 << 9, "free_completed": 1 << 10,
+                 "segment_alloc": 1 << 11, "segment_free": 1 << 12, "oom": 1 << 15,
+                 "snapshot": 1 << 16}
+
+
+def record_history(enabled=True, max_entries=100000, c_stacks=True, device=None,
+                   clear_history=False, skip_actions=None):
     """Starts (enabled) or stops and clears the history of allocator events that snapshots
-    carry. device None: every device, those that get an allocator later included."""
+    carry. device None: every device, those that get an allocator later included.
+    clear_history: drop what was recorded before (else re-enabling keeps it); skip_actions:
+    actions not to record, as PyTorch's _record_memory_history takes them."""
     if isinstance(max_entries, bool) or not isinstance(max_entries, int) or \
             (enabled and not 1 <= max_entries < 1 << 64):
         raise ExpsegError("expseg.record_history: max_entries=%r: expected an int from 1 to "
                           "2**64-1" % (max_entries,))
+    flags = (1 if c_stacks else 0) | (2 if clear_history else 0)
+    for name in skip_actions or ():
+        if name not in _SKIP_ACTIONS:
+            raise ExpsegError("expseg.record_history: skip_actions holds %r; accepted: %s"
+                              % (name, ", ".join(_SKIP_ACTIONS)))
+        flags |= _SKIP_ACTIONS[name]
     d = -1 if device is None else _device(device)
     _check(_load().expseg_torch_record_history(d, int(bool(enabled)),
-                                               max(0, max_entries) if enabled else 0,
-                                               1 if c_stacks else 0),
+                                               max(0, max_entries) if enabled else 0, flags),
            "expseg.record_history", d)
 
 
@@ -580,7 +638,9 @@ def _torch_calls(torch):
         if stacks not in ("all", "python"):
             raise ExpsegError("torch.cuda.memory._record_memory_history(stacks=%r): expected "
                               "\"all\" or \"python\"" % (stacks,))
-        record_history(on, max_entries if on else 1, c_stacks=(stacks == "all"))
+        record_history(on, max_entries if on else 1, c_stacks=(stacks == "all"),
+                       clear_history=bool(kwargs.get("clear_history", False)),
+                       skip_actions=kwargs.get("skip_actions") if on else None)
 
     def snap(device=None, *args, **kwargs):
         return snapshot_dict(None)

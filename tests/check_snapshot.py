@@ -34,7 +34,7 @@ VIEWER_OPCODES = {
     "NEWTRUE", "NEWFALSE", "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT",
     "SHORT_BINUNICODE", "BINUNICODE"}
 ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
-           "segment_map", "segment_unmap", "oom", "snapshot"}
+           "segment_map", "segment_unmap", "oom", "snapshot", "annotate"}
 STATES = {"active_allocated", "active_pending_free", "inactive"}
 SEG_KEYS = {"device": int, "address": int, "total_size": int, "allocated_size": int,
             "active_size": int, "requested_size": int, "stream": int, "segment_type": str,
@@ -138,6 +138,9 @@ def check_structure(snap):
                 if not isinstance(e.get(k), int):
                     fail("%s: '%s' is %r" % (w, k, e.get(k)))
             check_frames(w, e.get("frames", []))
+            for k in ("compile_context", "user_metadata"):
+                if not isinstance(e.get(k), str):
+                    fail("%s: '%s' is %r, expected a string" % (w, k, e.get(k)))
 
 
 def blocks_inside(blocks, segs, i):

@@ -319,7 +319,11 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
         break;
       }
       void *p = NULL;
+      expseg_frame fr[32]; /* where the recorded program made it: into the replay's history */
+      size_t nf = cap && cap->snapshot ? expseg_trace_frames_of(t, e->id, fr, 32) : 0;
+      if (nf && expseg_history_push_frames(fr, nf) != EXPSEG_OK) nf = 0;
       s = expseg_malloc(a, (size_t)e->size, sh ? sh[e->stream] : e->stream, &p);
+      expseg_history_pop_frames(nf);
       if (s == EXPSEG_OK || s == EXPSEG_ERR_OUT_OF_MEMORY) {
         /* a failed request still counts in peak requested: the program asked for it */
         live += e->size;

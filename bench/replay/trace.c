@@ -235,6 +235,27 @@ void expseg_trace_free(expseg_trace_t *t) {
   free(t->start_addr);
   t->start_addr = NULL;
   t->n_start_addr = 0;
+  free(t->frame_start);
+  free(t->frames);
+  free(t->frame_text);
+  t->frame_start = NULL;
+  t->frames = NULL;
+  t->frame_text = NULL;
+  t->n_frames = t->frame_text_len = 0;
+}
+
+size_t expseg_trace_frames_of(const expseg_trace_t *t, uint64_t id, expseg_frame *out,
+                              size_t max) {
+  if (!t || !t->frame_start || id >= t->n_ids) return 0;
+  uint64_t b = t->frame_start[id], e = t->frame_start[id + 1];
+  size_t n = e - b < max ? (size_t)(e - b) : max;
+  for (size_t k = 0; k < n; k++) { /* innermost first in the trace: reversed */
+    const expseg_trace_frame_t *f = &t->frames[b + n - 1 - k];
+    out[k].filename = t->frame_text + f->filename;
+    out[k].name = t->frame_text + f->name;
+    out[k].line = f->line;
+  }
+  return n;
 }
 
 void expseg_trace_set_free(expseg_trace_set_t *s) {

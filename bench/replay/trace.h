@@ -51,6 +51,13 @@ typedef struct expseg_trace_segment_s {
   uint8_t small;     /* 1: small pool (2 MiB segment), 0: large pool */
 } expseg_trace_segment_t;
 
+/* A stack frame of an allocation (snapshot pickles that recorded them): the file and
+ * function names are offsets of NUL-terminated strings in the trace's frame_text. */
+typedef struct expseg_trace_frame_s {
+  uint32_t filename, name;
+  int32_t line;
+} expseg_trace_frame_t;
+
 typedef struct expseg_trace_s {
   char name[256];          /* file name without directory and extension, e.g. "x.dev0" */
   int device;
@@ -71,6 +78,14 @@ typedef struct expseg_trace_s {
    * the snapshot's allocator_settings, or from its events (maps mean expandable segments);
    * empty when the file says nothing (memtrace, CSV, synthetic). */
   char recorded_conf[256];
+  /* Where each allocation came from (pickles with frames; all NULL otherwise): the frames of
+   * id i are frames[frame_start[i] .. frame_start[i + 1]), innermost first as the snapshot
+   * lists them (frame_start has n_ids + 1 entries). expseg_trace_frames_of hands them out. */
+  uint64_t *frame_start;
+  expseg_trace_frame_t *frames;
+  size_t n_frames;
+  char *frame_text;
+  size_t frame_text_len;
 } expseg_trace_t;
 
 typedef struct expseg_trace_set_s {
@@ -106,6 +121,11 @@ void expseg_trace_set_free(expseg_trace_set_t *s);
 expseg_status expseg_trace_synth(const char *workload, uint64_t seed, double scale,
                                  expseg_trace_t *out);
 void expseg_trace_free(expseg_trace_t *t);
+/* The innermost (at most max) frames of allocation id, outermost first, as
+ * expseg_history_push_frames takes them (the strings live as long as the trace); 0 when the
+ * trace has none for it. */
+size_t expseg_trace_frames_of(const expseg_trace_t *t, uint64_t id, expseg_frame *out,
+                              size_t max);
 
 #ifdef __cplusplus
 }

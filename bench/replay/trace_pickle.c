@@ -91,6 +91,9 @@ typedef struct dev_s {
   _expseg_map_t seg_size;     /* backwards: segment address -> total size */
   _expseg_map_t seg_stream;   /* segment address -> stream handle */
   _expseg_map_t seg_small;    /* segment address -> 1 small pool, 0 large */
+  _expseg_map_t end_block;    /* live block address at the end -> its dict (its frames) */
+  _expseg_map_t text_at;      /* string value -> offset in the trace's frame_text + 1 */
+  size_t cap_start, cap_frames, cap_text; /* of the trace's frame arrays */
   bool mapped;                   /* expandable segments: is_expandable, or maps/unmaps */
   _expseg_streams_t streams;
   _expseg_trace_check_t chk;
@@ -103,6 +106,8 @@ static void dev_free(devst_t *d) {
   _expseg_map_free(&d->seg_size);
   _expseg_map_free(&d->seg_stream);
   _expseg_map_free(&d->seg_small);
+  _expseg_map_free(&d->end_block);
+  _expseg_map_free(&d->text_at);
   _expseg_streams_free(&d->streams);
   _expseg_trace_check_free(&d->chk);
 }
@@ -238,7 +243,8 @@ static expseg_status end_state(ex_t *x, uint32_t segments, const segref_t *sr, d
       if (_expseg_map_get(&d->live_size, (uint64_t)baddr))
         return failv(x, b, "two active blocks at address 0x%" PRIx64, (uint64_t)baddr);
       if (!_expseg_map_put(&d->live_size, (uint64_t)baddr, (uint64_t)req) ||
-          !_expseg_map_put(&d->live_stream, (uint64_t)baddr, (uint64_t)stream))
+          !_expseg_map_put(&d->live_stream, (uint64_t)baddr, (uint64_t)stream) ||
+          !_expseg_map_put(&d->end_block, (uint64_t)baddr, b))
         return oom(x);
     }
   }
@@ -304,6 +310,76 @@ static expseg_status emit(ex_t *x, uint32_t at, devst_t *d, expseg_trace_t *t, u
   return _expseg_trace_push(t, kind, stream, id, size, extra);
 }
 
+/* ---- where allocations came from: their frames, carried into the trace ---- */
+
+static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap) return true;
+  size_t c = *cap ? *cap : 256;
+  while (c < need) c *= 2;
+  void *q = realloc(*p, c * elem);
+  if (!q) return false;
+  *p = q;
+  *cap = c;
+  return true;
+}
+
+/* The offset of string value v in t->frame_text (each string stored once). */
+static bool frame_text(ex_t *x, devst_t *d, expseg_trace_t *t, uint32_t v, uint32_t *off) {
+  const uint64_t *have = _expseg_map_get(&d->text_at, v);
+  if (have) {
+    *off = (uint32_t)(*have - 1);
+    return true;
+  }
+  const _expseg_pv_t *p = val(x, v);
+  size_t n = p->u.s.len;
+  if (t->frame_text_len + n + 1 > UINT32_MAX ||
+      !grow((void **)&t->frame_text, &d->cap_text, t->frame_text_len + n + 1, 1))
+    return false;
+  *off = (uint32_t)t->frame_text_len;
+  memcpy(t->frame_text + t->frame_text_len, p->u.s.p, n);
+  t->frame_text[t->frame_text_len + n] = '\0';
+  t->frame_text_len += n + 1;
+  return _expseg_map_put(&d->text_at, v, (uint64_t)*off + 1);
+}
+
+/* The frames of the allocation just given the next id, from holder's "frames" (an event or
+ * a block dict; 0: none). Frames are decoration: a malformed one is left out, not refused. */
+static expseg_status add_frames(ex_t *x, devst_t *d, expseg_trace_t *t, uint32_t holder) {
+  size_t ids = d->chk.n_ids; /* the new id is ids - 1; frame_start gets entry ids */
+  if (!grow((void **)&t->frame_start, &d->cap_start, ids + 1, sizeof *t->frame_start))
+    return oom(x);
+  if (ids == 1) t->frame_start[0] = 0;
+  uint32_t fl = holder ? _expseg_pickle_dict_get(x->pk, holder, "frames") : 0;
+  const _expseg_pv_t *l = fl ? val(x, fl) : NULL;
+  for (uint32_t k = 0; l && l->kind == EXPSEG_PV_LIST && k < l->u.c.n; k++) {
+    uint32_t fr = l->u.c.items[k], fn, nm, ln;
+    if (val(x, fr)->kind != EXPSEG_PV_DICT || !(fn = _expseg_pickle_dict_get(x->pk, fr, "filename")) ||
+        !(nm = _expseg_pickle_dict_get(x->pk, fr, "name")) ||
+        !(ln = _expseg_pickle_dict_get(x->pk, fr, "line")) || val(x, fn)->kind != EXPSEG_PV_STR ||
+        val(x, nm)->kind != EXPSEG_PV_STR || val(x, ln)->kind != EXPSEG_PV_INT)
+      continue;
+    expseg_trace_frame_t f = {0, 0, (int32_t)val(x, ln)->u.iv};
+    if (!grow((void **)&t->frames, &d->cap_frames, t->n_frames + 1, sizeof *t->frames) ||
+        !frame_text(x, d, t, fn, &f.filename) || !frame_text(x, d, t, nm, &f.name))
+      return oom(x);
+    t->frames[t->n_frames++] = f;
+  }
+  t->frame_start[ids] = t->n_frames;
+  return EXPSEG_OK;
+}
+
+/* A trace whose allocations have no frames keeps none. */
+static void drop_empty_frames(expseg_trace_t *t) {
+  if (t->n_frames > 0) return;
+  free(t->frame_start);
+  free(t->frame_text);
+  free(t->frames);
+  t->frame_start = NULL;
+  t->frame_text = NULL;
+  t->frames = NULL;
+  t->frame_text_len = 0;
+}
+
 static int cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
   return x < y ? -1 : x > y;
@@ -362,8 +438,10 @@ static expseg_status convert(ex_t *x, uint32_t segments, const segref_t *sr, uin
         return failv(x, ev, "alloc at 0x%" PRIx64 ", but that address is not live after it "
                      "(the history does not match the end state)", f.addr);
       _expseg_map_take(&d->live_stream, f.addr, NULL);
+      _expseg_map_take(&d->end_block, f.addr, NULL); /* that block is this allocation */
       break;
     case A_FREE_DONE:
+      _expseg_map_take(&d->end_block, f.addr, NULL); /* a later allocation's block */
       if (_expseg_map_get(&d->live_size, f.addr))
         return failv(x, ev, "free_completed at 0x%" PRIx64 ", but that address is live again "
                      "after it with no alloc between", f.addr);
@@ -404,6 +482,8 @@ static expseg_status convert(ex_t *x, uint32_t segments, const segref_t *sr, uin
     uint64_t id = d->chk.n_ids;
     s = emit(x, segments, d, t, 'p', *_expseg_map_get(&d->live_stream, addrs[i]), id,
              *_expseg_map_get(&d->live_size, addrs[i]), 0);
+    const uint64_t *blk = _expseg_map_get(&d->end_block, addrs[i]); /* live until the end */
+    if (s == EXPSEG_OK) s = add_frames(x, d, t, blk ? (uint32_t)*blk : 0);
     if (s == EXPSEG_OK && !_expseg_map_put(&d->ids, addrs[i], id)) s = oom(x);
   }
   if (s == EXPSEG_OK && np > 0 && d->chk.n_ids == np) { /* ids 0 .. np-1, address order */
@@ -426,7 +506,9 @@ static expseg_status convert(ex_t *x, uint32_t segments, const segref_t *sr, uin
       uint64_t nid = d->chk.n_ids;
       if (_expseg_map_get(&d->ids, f.addr))
         return failv(x, ev, "alloc at 0x%" PRIx64 ", which is already live", f.addr);
-      if ((s = emit(x, ev, d, t, 'a', f.stream, nid, f.size, 0)) != EXPSEG_OK) return s;
+      if ((s = emit(x, ev, d, t, 'a', f.stream, nid, f.size, 0)) != EXPSEG_OK ||
+          (s = add_frames(x, d, t, ev)) != EXPSEG_OK)
+        return s;
       if (!_expseg_map_put(&d->ids, f.addr, nid)) return oom(x);
       break;
     }
@@ -481,6 +563,7 @@ static expseg_status convert(ex_t *x, uint32_t segments, const segref_t *sr, uin
   if ((s = _expseg_trace_mark_empty_cache(t)) != EXPSEG_OK) return s;
   t->n_ids = d->chk.n_ids;
   t->peak_live_requested = d->chk.peak;
+  drop_empty_frames(t);
   return EXPSEG_OK;
 }
 

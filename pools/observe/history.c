@@ -26,7 +26,7 @@
 
 static const char *const action_names[HIST_ACTION_COUNT] = {
     "alloc",       "free_requested", "free_completed", "segment_alloc", "segment_free",
-    "segment_map", "segment_unmap",  "oom",            "snapshot"};
+    "segment_map", "segment_unmap",  "oom",            "snapshot",      "annotate"};
 
 const char *_expseg_hist_action_name(int action) {
   return action >= 0 && action < HIST_ACTION_COUNT ? action_names[action] : "unknown";
@@ -164,10 +164,11 @@ uint64_t _expseg_hist_time_us(const history_t *h, double scale, uint64_t ticks) 
   return ns > 0 ? (uint64_t)(ns / 1000.0) : 0;
 }
 
-void _expseg_hist_add(expseg_allocator *a, int action, uint64_t addr, uint64_t size,
-                      expseg_stream stream) {
+hist_event_t *_expseg_hist_add(expseg_allocator *a, int action, uint64_t addr, uint64_t size,
+                               expseg_stream stream) {
   history_t *h = a->hist;
   hist_event_t *e;
+  if (h->flags & (1u << (8 + action))) return NULL; /* skip_actions */
   if (h->count < h->max && h->count == h->cap) { /* grow (head is 0 until the ring is full) */
     size_t cap = h->cap * 2 < h->max ? h->cap * 2 : h->max;
     hist_event_t *p = realloc(h->ring, cap * sizeof *p);
@@ -191,6 +192,7 @@ void _expseg_hist_add(expseg_allocator *a, int action, uint64_t addr, uint64_t s
   e->stream = skey_stream(stream); /* a stream key (internal.h): its stream and its pool */
   e->pool = _expseg_ppool_id(a, skey_tag(stream));
   e->action = (uint8_t)action;
+  e->note = 0;
   e->n_c = 0;
   const hist_event_t *prev = h->count > 1 ? _expseg_hist_at(h, h->count - 2) : NULL;
   if ((h->flags & EXPSEG_HISTORY_C_STACKS) && action == HIST_FREE_COMPLETED && prev != NULL &&
@@ -208,6 +210,21 @@ void _expseg_hist_add(expseg_allocator *a, int action, uint64_t addr, uint64_t s
   size_t d = tl_depth < HIST_HOST_MAX ? tl_depth : HIST_HOST_MAX;
   for (size_t i = 0; i < d; i++) e->host[i] = tl_ids[(tl_depth - 1 - i) % TL_RING];
   e->n_host = (uint8_t)d;
+  return e;
+}
+
+uint32_t _expseg_hist_note(const char *text) { /* interned as a frame with no file */
+  pthread_mutex_lock(&frames_lock);
+  uint32_t id = frame_intern("", text, 0);
+  pthread_mutex_unlock(&frames_lock);
+  return id;
+}
+
+const char *_expseg_hist_note_text(uint32_t id) {
+  pthread_mutex_lock(&frames_lock);
+  const char *t = id ? frames[id - 1].name : ""; /* never freed or moved */
+  pthread_mutex_unlock(&frames_lock);
+  return t;
 }
 
 const hist_event_t *_expseg_hist_at(const history_t *h, size_t i) {
@@ -253,11 +270,19 @@ expseg_status expseg_record_history_ex(expseg_allocator *a, bool enabled, size_t
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_record_history: max_entries is 0; at least 1 event must be "
                              "kept (SIZE_MAX = no bound)");
-  if (flags & ~EXPSEG_HISTORY_C_STACKS)
+  const unsigned skips = EXPSEG_HISTORY_SKIP_ALLOC | EXPSEG_HISTORY_SKIP_FREE_REQUESTED |
+                        EXPSEG_HISTORY_SKIP_FREE_COMPLETED | EXPSEG_HISTORY_SKIP_SEGMENT_ALLOC |
+                        EXPSEG_HISTORY_SKIP_SEGMENT_FREE | EXPSEG_HISTORY_SKIP_OOM |
+                        EXPSEG_HISTORY_SKIP_SNAPSHOT;
+  if (flags & ~(EXPSEG_HISTORY_C_STACKS | EXPSEG_HISTORY_CLEAR | skips))
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                             "expseg_record_history_ex: unknown flags %#x; accepted: "
-                             "EXPSEG_HISTORY_C_STACKS (1)",
-                             flags);
+                             "expseg_record_history_ex: flags %#x hold unknown flags %#x; "
+                             "accepted: EXPSEG_HISTORY_C_STACKS (1), EXPSEG_HISTORY_CLEAR (2) "
+                             "and the EXPSEG_HISTORY_SKIP_* bits of alloc, free_requested, "
+                             "free_completed, segment_alloc, segment_free, oom, snapshot (%#x)",
+                             flags,
+                             flags & ~(EXPSEG_HISTORY_C_STACKS | EXPSEG_HISTORY_CLEAR | skips),
+                             skips);
   history_t *h = NULL;
   if (enabled) {
     size_t cap = max_entries < 1024 ? max_entries : 1024;
@@ -270,7 +295,7 @@ expseg_status expseg_record_history_ex(expseg_allocator *a, bool enabled, size_t
     }
     h->cap = cap;
     h->max = max_entries;
-    h->flags = flags;
+    h->flags = flags & ~EXPSEG_HISTORY_CLEAR;
     h->ticks0 = ticks_now();
     h->ns0 = now_ns();
     if (flags & EXPSEG_HISTORY_C_STACKS) { /* the first backtrace() loads the unwinder */
@@ -280,7 +305,8 @@ expseg_status expseg_record_history_ex(expseg_allocator *a, bool enabled, size_t
   }
   api_lock(a);
   history_t *old = a->hist;
-  if (old != NULL && h != NULL) { /* re-enabled: keep the newest events that fit */
+  if (old != NULL && h != NULL && !(flags & EXPSEG_HISTORY_CLEAR)) {
+    /* re-enabled: keep the newest events that fit */
     size_t keep = old->count < max_entries ? old->count : max_entries;
     hist_event_t *ring = keep > h->cap ? malloc(keep * sizeof *ring) : h->ring;
     if (ring != NULL) {
@@ -311,4 +337,75 @@ void _expseg_hist_destroy(expseg_allocator *a) {
   if (a->hist != NULL) free(a->hist->ring);
   free(a->hist);
   a->hist = NULL;
+}
+
+/* ---- annotations and the traceback of one allocation ---- */
+
+expseg_status expseg_history_annotate(expseg_allocator *a, const void *ptr, const char *text) {
+  if (a == NULL || text == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_history_annotate: %s is NULL",
+                             a == NULL ? "the allocator" : "text");
+  uint32_t note = _expseg_hist_note(text); /* before the lock: the table has its own */
+  if (note == 0)
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                             "expseg_history_annotate: out of host memory");
+  api_lock(a);
+  expseg_status st = EXPSEG_OK;
+  const block_t *b = ptr ? _expseg_ptrmap_get(&a->live, (uintptr_t)ptr) : NULL;
+  if (ptr != NULL && b == NULL) {
+    st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                           "expseg_history_annotate(%p): not a live allocation of this "
+                           "allocator; pass a pointer expseg_malloc returned and not yet freed, "
+                           "or NULL for a mark in time",
+                           ptr);
+  } else if (a->hist != NULL) {
+    hist_event_t *e = _expseg_hist_add(a, HIST_ANNOTATE, b ? b->ptr : 0, b ? b->requested : 0,
+                                       b ? b->stream : 0);
+    if (e != NULL) e->note = note;
+  }
+  api_unlock(a);
+  return st;
+}
+
+expseg_status expseg_allocation_traceback(expseg_allocator *a, const void *ptr, char *buf,
+                                          size_t len, size_t *needed) {
+  if (buf != NULL && len > 0) buf[0] = '\0';
+  if (needed != NULL) *needed = 1;
+  if (a == NULL || (buf == NULL && len > 0))
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_allocation_traceback: %s is NULL",
+                             a == NULL ? "the allocator" : "buf (with len > 0)");
+  api_lock(a);
+  expseg_status st = EXPSEG_OK;
+  const block_t *b = _expseg_ptrmap_get(&a->live, (uintptr_t)ptr);
+  const history_t *h = a->hist;
+  const hist_event_t *e = NULL;
+  for (size_t i = h && b ? h->count : 0; i-- > 0 && e == NULL;) {
+    const hist_event_t *c = _expseg_hist_at(h, i);
+    if (c->addr == b->ptr && c->action == HIST_ALLOC) e = c;
+    if (c->addr == b->ptr && c->action == HIST_FREE_COMPLETED) break; /* an older allocation */
+  }
+  if (b == NULL || e == NULL) {
+    st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                           "expseg_allocation_traceback(%p): %s", ptr,
+                           b == NULL ? "not a live allocation of this allocator"
+                           : h == NULL ? "the history is off: record it "
+                                         "(expseg_record_history) before the allocation is made"
+                                       : "the history no longer holds its alloc event (a "
+                                         "larger max_entries keeps more)");
+  } else {
+    size_t n = 0;
+    for (size_t k = 0; k < (size_t)e->n_c + e->n_host; k++) {
+      const char *filename, *name;
+      int line;
+      char sym[256];
+      _expseg_hist_frame(e, k, &filename, &name, &line, sym, sizeof sym);
+      int w = snprintf(buf && n < len ? buf + n : NULL, buf && n < len ? len - n : 0,
+                       "%s:%d:%s\n", filename, line, name);
+      if (w > 0) n += (size_t)w;
+    }
+    if (needed != NULL) *needed = n + 1;
+  }
+  api_unlock(a);
+  return st;
 }

@@ -15,7 +15,7 @@
 /* PyTorch's TraceEntry actions, in the order of their names in _expseg_hist_action_name. */
 enum {
   HIST_ALLOC, HIST_FREE_REQUESTED, HIST_FREE_COMPLETED, HIST_SEGMENT_ALLOC, HIST_SEGMENT_FREE,
-  HIST_SEGMENT_MAP, HIST_SEGMENT_UNMAP, HIST_OOM, HIST_SNAPSHOT, HIST_ACTION_COUNT
+  HIST_SEGMENT_MAP, HIST_SEGMENT_UNMAP, HIST_OOM, HIST_SNAPSHOT, HIST_ANNOTATE, HIST_ACTION_COUNT
 };
 #define HIST_C_MAX 16    /* C frames kept per event */
 #define HIST_HOST_MAX 16 /* innermost pushed frames kept per event */
@@ -27,6 +27,7 @@ typedef struct hist_event_s {
   expseg_stream stream;
   expseg_pool_id pool;   /* the private pool of the block or segment (0: general cache) */
   uint8_t action, n_c, n_host;
+  uint32_t note;         /* annotate: the text's id in the frame table (0: none) */
   void *c[HIST_C_MAX];           /* return addresses, innermost first */
   uint32_t host[HIST_HOST_MAX];  /* pushed frame ids, innermost first */
 } hist_event_t;
@@ -36,15 +37,16 @@ typedef struct history_s {
   size_t cap, max;   /* allocated entries; the bound asked for */
   size_t head, count; /* oldest entry; entries held */
   uint64_t total;    /* events recorded since recording started */
-  unsigned flags;    /* EXPSEG_HISTORY_* */
+  unsigned flags;    /* EXPSEG_HISTORY_*: C stacks; skipped actions (bit 8 + action) */
   uint64_t ticks0, ns0; /* a tick count and CLOCK_REALTIME (ns) taken together */
 } history_t;
 
 struct expseg_allocator;
 
-/* Lock held. Appends one event (the ring keeps the newest max). */
-void _expseg_hist_add(struct expseg_allocator *a, int action, uint64_t addr, uint64_t size,
-                      expseg_stream stream);
+/* Lock held. Appends one event (the ring keeps the newest max); NULL when the action is
+ * skipped (EXPSEG_HISTORY_SKIP_*). */
+hist_event_t *_expseg_hist_add(struct expseg_allocator *a, int action, uint64_t addr,
+                               uint64_t size, expseg_stream stream);
 #define EXPSEG_HIST(a, action, addr, size, stream)                                        \
   do {                                                                                    \
     if (__builtin_expect((a)->hist != NULL, 0))                                           \
@@ -64,6 +66,9 @@ const hist_event_t *_expseg_hist_at(const history_t *h, size_t i);
  * strings live in buf (len bytes) or in the frame table (valid for the process). */
 void _expseg_hist_frame(const hist_event_t *e, size_t k, const char **filename,
                         const char **name, int *line, char *buf, size_t len);
+/* An annotation's text: its id (0 when out of host memory), and the text of an id. */
+uint32_t _expseg_hist_note(const char *text);
+const char *_expseg_hist_note_text(uint32_t id);
 
 /* ---- pickle_write.c: a pickle (protocol 4) writer using only the opcodes that PyTorch's
  * memory viewer (MemoryViz.js) unpickles ---- */

@@ -3,8 +3,8 @@
  * FRAME: framing is optional) using only opcodes that PyTorch's memory viewer's own
  * unpickler (MemoryViz.js) accepts: EMPTY_DICT, EMPTY_LIST, MARK, SETITEMS, APPENDS,
  * TUPLE2, BININT1/BININT2/BININT (integers of 32 bits), LONG1 (wider integers, two's
- * complement little-endian, at most 9 bytes), BINFLOAT, NEWTRUE/NEWFALSE, NONE,
- * SHORT_BINUNICODE/BINUNICODE (UTF-8), LONG_BINPUT/LONG_BINGET (shared frame records) and
+ * complement little-endian, at most 8 bytes: an older viewer refuses wider ones),
+ * BINFLOAT, NEWTRUE/NEWFALSE, NONE, SHORT_BINUNICODE/BINUNICODE (UTF-8), LONG_BINPUT/LONG_BINGET (shared frame records) and
  * STOP. Output grows in one buffer; out of host memory sets `failed` and the caller
  * reports it. */
 #include "history.h"
@@ -73,14 +73,9 @@ void _expseg_pkw_int(pkw_t *w, int64_t v) {
 }
 
 void _expseg_pkw_uint(pkw_t *w, uint64_t v) {
-  if (v <= INT64_MAX) {
-    _expseg_pkw_int(w, (int64_t)v);
-    return;
-  }
-  op(w, 0x8a); /* LONG1, 9 bytes: a zero byte keeps it positive */
-  op(w, 9);
-  le(w, v, 8);
-  op(w, 0);
+  /* at most 8 bytes, as PyTorch writes its unsigned values (int64_t casts): the older
+   * viewer refuses wider integers. Callers turn "no bound" into -1 themselves. */
+  _expseg_pkw_int(w, (int64_t)v);
 }
 
 void _expseg_pkw_float(pkw_t *w, double v) {

@@ -59,6 +59,7 @@ typedef struct ctx_s {
   u64map_t live_alloc; /* block address -> history index of its alloc (-1: freed since) */
   u64map_t seg_alloc;  /* classic segment address -> history index of its segment_alloc */
   bool oom;
+  bool no_traces; /* EXPSEG_SNAPSHOT_NO_TRACES: device_traces holds empty lists */
 } ctx_t;
 
 static void write_frames(ctx_t *c, const hist_event_t *e) {
@@ -168,7 +169,7 @@ static void write_traces(ctx_t *c) {
   }
   _expseg_pkw_list(w);
   double scale = c->h ? _expseg_hist_scale(c->h) : 0.0;
-  for (size_t i = 0; c->h && i < c->h->count; i++) {
+  for (size_t i = 0; c->h && !c->no_traces && i < c->h->count; i++) {
     const hist_event_t *e = _expseg_hist_at(c->h, i);
     _expseg_pkw_dict(w);
     _expseg_pkw_kstr(w, "action", _expseg_hist_action_name(e->action));
@@ -178,20 +179,27 @@ static void write_traces(ctx_t *c) {
     _expseg_pkw_kuint(w, "time_us", _expseg_hist_time_us(c->h, scale, e->ticks));
     _expseg_pkw_str(w, "frames");
     write_frames(c, e);
+    _expseg_pkw_kstr(w, "compile_context", "N/A"); /* PyTorch's value when not recorded */
+    _expseg_pkw_kstr(w, "user_metadata", _expseg_hist_note_text(e->note)); /* annotate's */
     _expseg_pkw_setitems(w);
   }
   _expseg_pkw_appends(w);
   _expseg_pkw_appends(w);
 }
 
+/* PyTorch writes "no bound" (SIZE_MAX) as -1, its int64_t cast: every viewer reads it (an
+ * older MemoryViz.js refuses integers wider than 8 bytes; a newer one reads them as BigInt,
+ * which JSON.stringify refuses). */
+static int64_t none_is_minus_1(uint64_t v) { return v > INT64_MAX ? -1 : (int64_t)v; }
+
 static void write_settings(ctx_t *c) {
   const expseg_config_t *k = &c->a->cfg;
   pkw_t *w = &c->w;
-  char text[1024];
-  _expseg_config_print(k, text, sizeof text);
   _expseg_pkw_dict(w);
-  _expseg_pkw_kstr(w, "PYTORCH_CUDA_ALLOC_CONF", text);
-  _expseg_pkw_kuint(w, "max_split_size", k->max_split_size);
+  /* as PyTorch's last_allocator_settings: the option text the user gave, not the whole
+   * configuration (expseg_config_string has that) */
+  _expseg_pkw_kstr(w, "PYTORCH_CUDA_ALLOC_CONF", c->a->conf_text ? c->a->conf_text : "");
+  _expseg_pkw_kint(w, "max_split_size", none_is_minus_1(k->max_split_size));
   _expseg_pkw_str(w, "garbage_collection_threshold");
   _expseg_pkw_float(w, k->garbage_collection_threshold);
   _expseg_pkw_kbool(w, "expandable_segments", k->expandable_segments);
@@ -211,11 +219,11 @@ static void write_settings(ctx_t *c) {
   _expseg_pkw_kstr(w, "expseg.driver", c->a->drv->ops->name);
   _expseg_pkw_kuint(w, "expseg.page_size", c->a->page);
   _expseg_pkw_kuint(w, "expseg.granularity", c->a->granularity);
-  _expseg_pkw_kuint(w, "expseg.page_cache_max", k->page_cache_max);
-  _expseg_pkw_kuint(w, "expseg.va_reserve", k->va_reserve);
+  _expseg_pkw_kint(w, "expseg.page_cache_max", none_is_minus_1(k->page_cache_max));
+  _expseg_pkw_kint(w, "expseg.va_reserve", none_is_minus_1(k->va_reserve));
   _expseg_pkw_str(w, "expseg.per_process_memory_fraction");
   _expseg_pkw_float(w, k->per_process_memory_fraction);
-  _expseg_pkw_kuint(w, "expseg.history_max_entries", c->h ? c->h->max : 0);
+  _expseg_pkw_kint(w, "expseg.history_max_entries", c->h ? none_is_minus_1(c->h->max) : 0);
   _expseg_pkw_kuint(w, "expseg.history_recorded", c->h ? c->h->total : 0);
   _expseg_pkw_kbool(w, "expseg.history_c_stacks",
                     c->h != NULL && (c->h->flags & EXPSEG_HISTORY_C_STACKS));
@@ -223,11 +231,13 @@ static void write_settings(ctx_t *c) {
 }
 
 /* Lock held. */
-static expseg_status build(expseg_allocator *a, unsigned char **buf, size_t *len) {
+static expseg_status build(expseg_allocator *a, unsigned flags, unsigned char **buf,
+                           size_t *len) {
   EXPSEG_HIST(a, HIST_SNAPSHOT, 0, stat_all_current(a->stats.active_bytes), 0);
   ctx_t c;
   memset(&c, 0, sizeof c);
   c.a = a;
+  c.no_traces = (flags & EXPSEG_SNAPSHOT_NO_TRACES) != 0;
   c.h = a->hist;
   for (size_t i = 0; c.h && i < c.h->count; i++) {
     const hist_event_t *e = _expseg_hist_at(c.h, i);
@@ -265,6 +275,16 @@ static expseg_status build(expseg_allocator *a, unsigned char **buf, size_t *len
 }
 
 expseg_status expseg_snapshot(expseg_allocator *a, unsigned char **buf, size_t *len) {
+  return expseg_snapshot_ex(a, 0, buf, len);
+}
+
+expseg_status expseg_snapshot_ex(expseg_allocator *a, unsigned flags, unsigned char **buf,
+                                 size_t *len) {
+  if (flags & ~EXPSEG_SNAPSHOT_NO_TRACES)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_snapshot: unknown flags %#x; accepted: "
+                             "EXPSEG_SNAPSHOT_NO_TRACES (1)",
+                             flags);
   if (buf == NULL || len == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_snapshot: %s is NULL",
                              buf == NULL ? "buf" : "len");
@@ -273,7 +293,7 @@ expseg_status expseg_snapshot(expseg_allocator *a, unsigned char **buf, size_t *
   if (a == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_snapshot: the allocator is NULL");
   api_lock(a);
-  expseg_status st = build(a, buf, len);
+  expseg_status st = build(a, flags, buf, len);
   api_unlock(a);
   return st;
 }
@@ -281,6 +301,10 @@ expseg_status expseg_snapshot(expseg_allocator *a, unsigned char **buf, size_t *
 void expseg_snapshot_free(unsigned char *buf) { free(buf); }
 
 expseg_status expseg_snapshot_dump(expseg_allocator *a, const char *path) {
+  return expseg_snapshot_dump_ex(a, path, 0);
+}
+
+expseg_status expseg_snapshot_dump_ex(expseg_allocator *a, const char *path, unsigned flags) {
   if (path == NULL || path[0] == '\0')
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_snapshot_dump: path is %s; give a file name such as "
@@ -318,7 +342,7 @@ expseg_status expseg_snapshot_dump(expseg_allocator *a, const char *path) {
   }
   unsigned char *buf;
   size_t len;
-  expseg_status st = expseg_snapshot(a, &buf, &len);
+  expseg_status st = expseg_snapshot_ex(a, flags, &buf, &len);
   if (st != EXPSEG_OK) {
     free(resolved);
     return st;

@@ -197,6 +197,48 @@ class WithLibrary(unittest.TestCase):
         self.assertIn("'cuda:x'", lines[2])
         self.assertIn("device 99", lines[3])
 
+    def test_history_arguments_annotate_and_traceback(self):
+        rc, out, err = run_child('''
+            import os, pickle, tempfile, expseg
+            lib = expseg._load()
+            expseg.record_history(True, 1000, c_stacks=False, device=0)
+            p = lib.expseg_torch_alloc(4096, 0, None)
+            expseg.annotate_memory(p, "weights", 0)
+            expseg.annotate_memory(None, "step 1", 0)
+            print(expseg.allocation_traceback(p, 0))
+            path = os.path.join(tempfile.mkdtemp(), "s.pickle")
+            expseg.snapshot(path, 0)
+            s = pickle.load(open(path, "rb"))
+            print([(e["action"], e["addr"] == p, e["user_metadata"])
+                   for e in s["device_traces"][0] if e["action"] == "annotate"])
+            expseg.snapshot(path, 0, include_traces=False)
+            print(pickle.load(open(path, "rb"))["device_traces"])
+            expseg.record_history(True, 1000, c_stacks=False, device=0, clear_history=True,
+                                  skip_actions=["alloc"])
+            q = lib.expseg_torch_alloc(8192, 0, None)
+            expseg.snapshot(path, 0)
+            print(sorted({e["action"] for e in pickle.load(open(path, "rb"))["device_traces"][0]}))
+            for bad in (lambda: expseg.record_history(skip_actions=["segment_map"]),
+                        lambda: expseg.annotate_memory(p, 3, 0),
+                        lambda: expseg.allocation_traceback(q, 0)):
+                try:
+                    bad()
+                    print("no error")
+                except expseg.ExpsegError as e:
+                    print(e)
+            ''', EXPSEG_DRIVER="sim:capacity=1G")
+        self.assertEqual(rc, 0, err)
+        lines = out.strip().split("\n")
+        self.assertEqual(len(lines), 7, out)
+        self.assertEqual(lines[0], "[]")  # no frames: no C stacks, nothing pushed
+        self.assertEqual(lines[1], "[('annotate', True, 'weights'), ('annotate', False, 'step 1')]")
+        self.assertEqual(lines[2], "[[]]")
+        self.assertEqual(lines[3], "['snapshot']")  # cleared; the alloc skipped
+        self.assertIn("'segment_map'", lines[4])
+        self.assertIn("alloc, free_requested", lines[4])
+        self.assertIn("text=3", lines[5])
+        self.assertIn("no longer holds its alloc event", lines[6])
+
     def test_install_hands_pytorch_the_two_functions(self):
         t, calls = fake_torch()
         sys.modules["torch"] = t

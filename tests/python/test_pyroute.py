@@ -166,9 +166,14 @@ class PythonRoute(unittest.TestCase):
             torch.cuda.memory._dump_snapshot(path, augment_with_fx_traces=False)
             with open(path, "rb") as f:
                 d = pickle.load(f)
+            torch.cuda.memory._record_memory_history(max_entries=100, clear_history=True,
+                                                     skip_actions=["alloc"])
+            z = torch.empty(3 << 20, 0)
+            cleared = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(enabled=None)
             off = torch.cuda.memory._snapshot()
-            print(json.dumps(dict(keys=sorted(s), segs=segs == s["segments"], devs=sorted({seg["device"] for seg in s["segments"]}),
+            print(json.dumps(dict(keys=sorted(s),
+                cleared=sorted({e["action"] for t in cleared["device_traces"] for e in t}), segs=segs == s["segments"], devs=sorted({seg["device"] for seg in s["segments"]}),
                 acts1=[e["action"] for e in s["device_traces"][1]],
                 acts0=[e["action"] for e in s["device_traces"][0]],
                 dumped=[len(d["segments"]), len(d["device_traces"])],
@@ -183,6 +188,9 @@ class PythonRoute(unittest.TestCase):
         self.assertIn("alloc", r["acts0"])
         self.assertEqual(r["dumped"], [2, 2])
         self.assertEqual(r["off"], [0, 0])
+        self.assertIn("snapshot", r["cleared"])
+        self.assertNotIn("free_requested", r["cleared"])  # cleared: x's free is gone
+        self.assertNotIn("alloc", r["cleared"])  # z's alloc skipped
 
     def test_snapshot_creates_no_allocator_for_unused_devices(self):
         r, _ = self.result("""
