@@ -219,6 +219,7 @@ typedef struct expseg_walk_segment {
   const expseg_walk_block *blocks;
   size_t n_blocks;
   expseg_pool_id pool;     /* its private pool (0 = the general cache), released or not */
+  bool asleep;             /* its region sleeps (expseg_sleep): no memory behind it */
 } expseg_walk_segment;
 typedef struct expseg_walk_event {
   const char *action; /* PyTorch's TraceEntry action: "alloc", "free_requested",

@@ -161,6 +161,26 @@ TEST_P(Sleep, OffloadKeepsAddressesAndBytes) {
   EXPECT_EQ(s.sleeps, 1u);
   EXPECT_EQ(driver_mapped(), mapped_before - (int64_t)awake.device_bytes);
   EXPECT_EQ(stat_of(a_, "reserved_bytes.all.current"), reserved_before - (int64_t)awake.device_bytes);
+  // the walk and the snapshot show the sleeping segments, at their addresses
+  struct Seen {
+    size_t asleep = 0, awake_in_pool = 0;
+    expseg_pool_id pool;
+  } seen{0, 0, pool};
+  ASSERT_EQ(expseg_walk(a_,
+                        [](void *ctx, const expseg_walk_segment *sg) {
+                          Seen *v = (Seen *)ctx;
+                          if (sg->asleep) v->asleep++;
+                          if (sg->pool == v->pool && !sg->asleep) v->awake_in_pool++;
+                        },
+                        nullptr, &seen),
+            EXPSEG_OK);
+  EXPECT_GT(seen.asleep, 0u);
+  EXPECT_EQ(seen.awake_in_pool, 0u);
+  unsigned char *snap = nullptr;
+  size_t snap_len = 0;
+  ASSERT_EQ(expseg_snapshot(a_, &snap, &snap_len), EXPSEG_OK);
+  EXPECT_NE(std::string((const char *)snap, snap_len).find("expseg.asleep"), std::string::npos);
+  expseg_snapshot_free(snap);
   // the rest of the allocator works on: the general block keeps its bytes, empty_cache
   // leaves the sleeping region alone, a new general allocation is served
   EXPECT_EQ(expseg_empty_cache(a_), EXPSEG_OK);
@@ -202,6 +222,9 @@ TEST_P(Sleep, OffloadKeepsAddressesAndBytes) {
   alloc(1 * MiB);
   ASSERT_EQ(expseg_region_end(a_, "w"), EXPSEG_OK);
   expect_data("after a new allocation");
+  ASSERT_EQ(expseg_snapshot(a_, &snap, &snap_len), EXPSEG_OK);
+  EXPECT_EQ(std::string((const char *)snap, snap_len).find("expseg.asleep"), std::string::npos);
+  expseg_snapshot_free(snap);
   EXPECT_EQ(expseg_wake(a_, "w"), EXPSEG_OK); // awake already: OK
   EXPECT_EQ(expseg_free(a_, general), EXPSEG_OK);
   EXPECT_EQ(expseg_free(a_, kv), EXPSEG_OK);
