@@ -252,6 +252,7 @@ typedef struct expseg_walk_segment {
   const expseg_walk_block *blocks;
   size_t n_blocks;
   expseg_pool_id pool;     /* its private pool (0 = the general cache), released or not */
+  bool asleep;             /* its region sleeps (expseg_sleep): no memory behind it */
 } expseg_walk_segment;
 typedef struct expseg_walk_event {
   const char *action; /* PyTorch's TraceEntry action: "alloc", "free_requested",
@@ -400,6 +401,50 @@ EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_malloc_pool(expseg_allocator
 /* The pool a live pointer belongs to (0 = the general cache). */
 EXPSEG_EXPORT expseg_status expseg_pool_of(const expseg_allocator *a, const void *ptr,
                                            expseg_pool_id *out);
+
+/* ---- Tagged regions: sleep and wake (docs/api.md "Sleep and wake") ----
+ * A region is a private pool named by a tag ("weights", "kv_cache"): between
+ * expseg_region_begin and expseg_region_end, allocations on every stream come from the
+ * region's own segments (never shared with another region or the general cache, not even
+ * a page). expseg_sleep gives the region's physical memory back to the driver and keeps
+ * every address reserved; expseg_wake maps memory at the same addresses again, so every
+ * pointer into the region stays valid across a sleep. Tags are 1 to 63 bytes of printable
+ * ASCII; a region lives as long as its allocator. */
+typedef enum expseg_sleep_mode {
+  EXPSEG_SLEEP_OFFLOAD = 0, /* live bytes are copied to pinned host memory, restored on wake */
+  EXPSEG_SLEEP_DISCARD = 1  /* live bytes are dropped: after wake their contents are undefined */
+} expseg_sleep_mode;
+/* Allocations (on every stream) go to region `tag`, created on first use, until
+ * expseg_region_end(tag). Begins nest as private pools do (the latest begun wins).
+ * A sleeping region refuses allocations: EXPSEG_ERR_INVALID_ARGUMENT naming the tag. */
+EXPSEG_EXPORT expseg_status expseg_region_begin(expseg_allocator *a, const char *tag);
+EXPSEG_EXPORT expseg_status expseg_region_end(expseg_allocator *a, const char *tag);
+/* Waits for the work queued on every stream (the region's blocks may be used on any), gives
+ * the region's free cached memory back, then (offload) copies every live block to pinned
+ * host memory, unmaps and releases the region's physical memory. On failure before the
+ * first unmap nothing changed and the region is awake; a failure later leaves it asleep
+ * with its bytes safe (some memory may still be held): calling expseg_sleep again retries,
+ * expseg_wake restores. Sleeping twice is OK (the mode of the first sleep stays). */
+EXPSEG_EXPORT expseg_status expseg_sleep(expseg_allocator *a, const char *tag,
+                                         expseg_sleep_mode mode);
+/* Creates and maps physical memory at the same addresses and copies the offloaded bytes
+ * back; when it returns the region is usable by any work queued after it. On failure the
+ * region stays asleep and intact (host copies kept) and the next wake tries again. Frees of
+ * the region's blocks made while it slept take effect here. Waking an awake region is OK. */
+EXPSEG_EXPORT expseg_status expseg_wake(expseg_allocator *a, const char *tag);
+typedef struct expseg_region_info {
+  expseg_pool_id pool;     /* the region's private pool (expseg_pool_of of its pointers) */
+  bool asleep;
+  uint64_t live_bytes;     /* bytes of its allocated blocks */
+  uint64_t device_bytes;   /* physical device memory it holds now */
+  uint64_t asleep_bytes;   /* device memory given back by the current sleep (0 awake) */
+  uint64_t host_bytes;     /* pinned host memory holding its offloaded bytes (0 awake) */
+  uint64_t deferred_frees; /* frees made while asleep, done at wake */
+  uint64_t sleeps, wakes;  /* completed so far */
+  uint64_t last_sleep_us, last_wake_us; /* duration of the last complete sleep / wake, us */
+} expseg_region_info;
+EXPSEG_EXPORT expseg_status expseg_region_get_info(expseg_allocator *a, const char *tag,
+                                                   expseg_region_info *out);
 
 #ifdef __cplusplus
 }

@@ -261,6 +261,25 @@ int expseg_torch_synchronize(int device) {
   return check(device, "expseg_torch_synchronize", expseg_synchronize(a));
 }
 
+int expseg_torch_region(int device, const char *tag, int begin) {
+  expseg_allocator *a = get(device, "expseg_torch_region");
+  if (!a) return get_status;
+  return check(device, "expseg_torch_region",
+               begin ? expseg_region_begin(a, tag) : expseg_region_end(a, tag));
+}
+
+int expseg_torch_sleep(int device, const char *tag, int mode) {
+  expseg_allocator *a = get(device, "expseg_torch_sleep");
+  if (!a) return get_status;
+  return check(device, "expseg_torch_sleep", expseg_sleep(a, tag, (expseg_sleep_mode)mode));
+}
+
+int expseg_torch_wake(int device, const char *tag) {
+  expseg_allocator *a = get(device, "expseg_torch_wake");
+  if (!a) return get_status;
+  return check(device, "expseg_torch_wake", expseg_wake(a, tag));
+}
+
 /* ---- the two functions CUDAPluggableAllocator takes ---- */
 
 void *expseg_torch_alloc(size_t size, int device, void *stream) {

@@ -114,6 +114,11 @@ EXPSEG_EXPORT int expseg_torch_set_memory_fraction(int device, double fraction);
 EXPSEG_EXPORT int expseg_torch_record_stream_status(void *ptr, void *stream);
 /* Waits until all work on the device is done (expseg_synchronize). */
 EXPSEG_EXPORT int expseg_torch_synchronize(int device);
+/* Tagged regions (docs/api.md "Sleep and wake"): begin != 0 expseg_region_begin, else
+ * expseg_region_end; sleep's mode is EXPSEG_SLEEP_OFFLOAD (0) or EXPSEG_SLEEP_DISCARD (1). */
+EXPSEG_EXPORT int expseg_torch_region(int device, const char *tag, int begin);
+EXPSEG_EXPORT int expseg_torch_sleep(int device, const char *tag, int mode);
+EXPSEG_EXPORT int expseg_torch_wake(int device, const char *tag);
 
 /* ---- safe mode: deferred frees (docs/torch.md "Safe record_stream") ----
  * batch > 0: every free is deferred; the device's deferred frees complete together, after a

@@ -116,6 +116,7 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
   api_lock(a);
   _expseg_ipc_destroy(a); /* imports unmapped, exports' sockets closed */
   _expseg_sync_all_events(a); /* blocks used on other streams: wait for that work first */
+  _expseg_sleep_destroy(a);   /* sleeping regions: host copies and what they still hold */
   _expseg_segments_destroy(a);
   _expseg_streams_destroy(a);
   _expseg_ptrmap_destroy(&a->live);
@@ -285,6 +286,10 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
     }
     key = skey_make(stream, t);
   }
+  if (skey_tag(key) != 0 && a->sleep != NULL && _expseg_sleep_refuses(a, skey_tag(key))) {
+    api_unlock(a);
+    return EXPSEG_ERR_INVALID_ARGUMENT; /* message set: the region sleeps */
+  }
   /* an allocation into a private pool is counted from here to its end (inflight_end): the
    * lock may be dropped below, and a release meanwhile must not free the pool's slot */
   if (skey_tag(key) != 0) _expseg_ppool_inflight(a, skey_tag(key), true);
@@ -443,6 +448,10 @@ expseg_status _expseg_free_locked(expseg_allocator *a, void *ptr) {
                              "expseg_free(%p): not a pointer this allocator handed out, or "
                              "already freed%s",
                              ptr, _expseg_host_pool_hint(ptr));
+  }
+  if (b->seg->asleep) { /* its region sleeps: the free is done at the wake (sleep.c) */
+    (void)_expseg_ptrmap_put(&a->live, b->ptr, b); /* it was there: a slot is free */
+    return _expseg_sleep_defer_free(a, b);
   }
   bool pending = false, evented = false;
   if (b->n_uses > 0) {

@@ -111,6 +111,8 @@ struct segment_s {
   bool oversize;         /* classic, counted in oversize_segments when created */
   bool single;           /* classic, made for a single-chunk allocation: serves only those */
   bool keep_va;          /* scratch of _expseg_release_cached (the PyTorch model) */
+  bool asleep;           /* its region sleeps (sleep.c): pages and handle are the layout
+                          * to restore, not memory held; sleep.c knows what is held */
   uint32_t busy;         /* classic: its allocated and pending blocks (inactive_split) */
   uint8_t pool;
   expseg_stream stream;
@@ -326,6 +328,7 @@ struct expseg_allocator {
   route_t *routes;            /* pools begun, oldest first (checked newest first) */
   size_t n_routes, cap_routes;
   bool reap;                  /* a released pool may now be given back */
+  struct sleep_state_s *sleep; /* tagged regions (sleep.c); NULL until the first */
   uint32_t reap_skip;         /* non-blocking reaps to skip before the next try ... */
   uint32_t reap_backoff;      /* ... doubled after each try that left memory behind */
 };
@@ -537,6 +540,19 @@ void _expseg_ppool_stats_visit(const expseg_allocator *a,
 bool _expseg_ppool_stat_get(const expseg_allocator *a, const char *key, int64_t *v);
 void _expseg_ppool_stats_reset(expseg_allocator *a, bool peak);
 #define EXPSEG_PPOOL_FAMILY "reserved_bytes_by_private_pools"
+
+/* ---- sleep.c: tagged regions, sleep and wake (lock held) ---- */
+/* Is private pool `tag` a sleeping region's? (malloc refuses it; message set when true) */
+bool _expseg_sleep_refuses(expseg_allocator *a, uint32_t tag);
+/* expseg_free of b, whose segment sleeps: deferred to the wake (*st its result). */
+expseg_status _expseg_sleep_defer_free(expseg_allocator *a, block_t *b);
+/* What segment s holds from the driver: physical bytes (the return), mapped bytes and
+ * chunks; for an awake segment its mapped bytes (classic: the segment) and chunk count. */
+size_t _expseg_seg_held(const expseg_allocator *a, const segment_t *s, size_t *mapped,
+                        size_t *chunks);
+/* Before the segments are given back at destroy: host copies freed, sleeping segments'
+ * remaining chunks released, their layout marked unmapped. */
+void _expseg_sleep_destroy(expseg_allocator *a);
 
 /* ---- check.c ---- */
 expseg_status _expseg_check_locked(const expseg_allocator *a);

@@ -414,7 +414,8 @@ expseg_status _expseg_ppool_check(const expseg_allocator *a) {
                              (unsigned long)s->base, t);
       break;
     }
-    sum[2 * t + (s->pool == POOL_SMALL ? 0 : 1)] += (int64_t)s->mapped_bytes;
+    size_t mapped, chunks;
+    sum[2 * t + (s->pool == POOL_SMALL ? 0 : 1)] += (int64_t)_expseg_seg_held(a, s, &mapped, &chunks);
     for (const block_t *b = s->first; b != NULL; b = b->next)
       busy[t] += b->state != BLOCK_FREE;
   }

@@ -571,6 +571,8 @@ void _expseg_segments_destroy(expseg_allocator *a) {
         }
       destroy_release(a->drv, (release_item_t){.va = s->base, .size_va = s->va_size});
       free(s->pages);
+    } else if (s->mapped_bytes == 0) { /* its region slept: nothing mapped (sleep.c) */
+      destroy_release(a->drv, (release_item_t){.va = s->base, .size_va = s->va_size});
     } else {
       destroy_unmap(a->drv, s->base, s->va_size,
                     (release_item_t){.h = s->handle, .size_h = s->va_size, .va = s->base,

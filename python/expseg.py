@@ -20,6 +20,7 @@ their names are this module's). Every failure is an ExpsegError with a one-line 
 """
 
 import collections
+import contextlib
 import ctypes
 import glob
 import importlib.util
@@ -134,6 +135,9 @@ def _load():
         "expseg_torch_set_safe_free": (c_int, [c_int]),
         "expseg_torch_deferred": (c_int, [c_int, ctypes.POINTER(c_size),
                                           ctypes.POINTER(c_size)]),
+        "expseg_torch_region": (c_int, [c_int, ctypes.c_char_p, c_int]),
+        "expseg_torch_sleep": (c_int, [c_int, ctypes.c_char_p, c_int]),
+        "expseg_torch_wake": (c_int, [c_int, ctypes.c_char_p]),
     }
     for name, (res, args) in sigs.items():
         try:
@@ -423,6 +427,47 @@ def deferred_frees(device=None):
     _check(_load().expseg_torch_deferred(d, ctypes.byref(n), ctypes.byref(b)),
            "expseg.deferred_frees", d)
     return n.value, b.value
+
+
+def _tag(tag):
+    if not isinstance(tag, str):
+        raise ExpsegError("region tag %r: expected a str of 1 to 63 printable ASCII "
+                          "characters" % (tag,))
+    return tag.encode("ascii", errors="replace")
+
+
+@contextlib.contextmanager
+def region(tag, device=None):
+    """Allocations on the device, on every stream, inside the block belong to region `tag`:
+    segments of its own that expseg.sleep(tag) gives back and expseg.wake(tag) restores at
+    the same addresses."""
+    d = _device(device)
+    t = _tag(tag)
+    _check(_load().expseg_torch_region(d, t, 1), "expseg.region(%r)" % (tag,), d)
+    try:
+        yield
+    finally:
+        _check(_lib.expseg_torch_region(d, t, 0), "expseg.region(%r) end" % (tag,), d)
+
+
+_SLEEP_MODES = {"offload": 0, "discard": 1}
+
+
+def sleep(tag, mode="offload", device=None):
+    """Gives region `tag`'s device memory back, keeping its addresses: mode "offload"
+    copies its live bytes to pinned host memory first, "discard" drops them."""
+    d = _device(device)
+    if mode not in _SLEEP_MODES:
+        raise ExpsegError("expseg.sleep(%r): mode %r: expected 'offload' or 'discard'"
+                          % (tag, mode))
+    _check(_load().expseg_torch_sleep(d, _tag(tag), _SLEEP_MODES[mode]),
+           "expseg.sleep(%r)" % (tag,), d)
+
+
+def wake(tag, device=None):
+    """Maps region `tag`'s memory again at the same addresses and restores its bytes."""
+    d = _device(device)
+    _check(_load().expseg_torch_wake(d, _tag(tag)), "expseg.wake(%r)" % (tag,), d)
 
 
 def _stat(device, key, call):

@@ -140,6 +140,15 @@ static expseg_status check_segment(const expseg_allocator *a, const segment_t *s
          (unsigned long)(s->base + s->va_size));
   add3(r->segment, s->pool, 1);
   r->va += (int64_t)s->va_size;
+  if (s->asleep) { /* its region sleeps: what it holds is sleep.c's record */
+    size_t mapped, chunks, held = _expseg_seg_held(a, s, &mapped, &chunks);
+    add3(r->reserved, s->pool, (int64_t)held);
+    if (s->expandable) r->mapped += (int64_t)mapped; /* expseg.mapped_bytes: expandable */
+    else r->oversize_segments += s->oversize;
+    r->driver_mapped += (int64_t)mapped;
+    r->chunks += (int64_t)chunks;
+    return EXPSEG_OK;
+  }
   if (s->expandable) {
     size_t mapped = 0, chunks = 0;
     for (size_t i = 0; i < s->pages_cap; i++) {

@@ -129,6 +129,7 @@ static void write_segment(ctx_t *c, const segment_t *s, const block_t *first, co
   _expseg_pkw_uint(w, _expseg_ppool_id(c->a, seg_tag(s)));
   _expseg_pkw_tuple2(w);
   _expseg_pkw_kbool(w, "is_expandable", s->expandable);
+  if (s->asleep) _expseg_pkw_kbool(w, "expseg.asleep", true); /* its region sleeps */
   _expseg_pkw_str(w, "frames");
   write_frames_of(c, s->expandable ? -1 : map_get(&c->seg_alloc, s->base));
   _expseg_pkw_str(w, "blocks");

@@ -92,6 +92,7 @@ static void walk_segment(void *ctx, const segment_t *s, const block_t *first, co
   out.blocks = w->blocks;
   out.n_blocks = n;
   out.pool = _expseg_ppool_id(w->a, seg_tag(s));
+  out.asleep = s->asleep;
   w->segment(w->ctx, &out);
 }
 

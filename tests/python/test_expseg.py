@@ -134,6 +134,41 @@ class WithLibrary(unittest.TestCase):
         self.assertEqual(r["reset"]["allocation.all.allocated"], 1)
         self.assertEqual(r["acc"]["allocation.all.allocated"], 0)
 
+    def test_region_sleep_wake_keeps_addresses_and_bytes(self):
+        # host driver: device addresses are this process's memory, read with ctypes
+        rc, out, err = run_child("""
+            import ctypes, expseg
+            lib = expseg._load()
+            with expseg.region("weights"):
+                p = lib.expseg_torch_alloc(3 << 20, 0, None)
+            assert p, expseg.last_error()
+            ctypes.memmove(p, bytes(range(256)) * 4, 1024)
+            before = expseg.memory_stats()["reserved_bytes.all.current"]
+            expseg.sleep("weights")
+            asleep = expseg.memory_stats()["reserved_bytes.all.current"]
+            for call in (lambda: expseg.sleep("nope"), lambda: expseg.sleep("weights", "zap"),
+                         lambda: expseg.sleep(3)):
+                try:
+                    call()
+                    print("no error")
+                except expseg.ExpsegError as e:
+                    print(e)
+            with expseg.region("weights"):
+                q = lib.expseg_torch_alloc(1 << 20, 0, None)
+            print("refused" if not q else "served", expseg.last_error().split(":")[0])
+            expseg.wake("weights")
+            print(before, asleep, ctypes.string_at(p, 1024) == bytes(range(256)) * 4)
+            """, EXPSEG_DRIVER="host:capacity=64M")
+        self.assertEqual(rc, 0, err)
+        lines = out.strip().split("\n")
+        self.assertIn('no region is tagged "nope"', lines[0])
+        self.assertIn("mode 'zap'", lines[1])
+        self.assertIn("region tag 3", lines[2])
+        self.assertTrue(lines[3].startswith("refused"), lines[3])
+        before, asleep, same = lines[4].split()
+        self.assertGreater(int(before), int(asleep))
+        self.assertEqual(same, "True")
+
     def test_device_strings_and_bad_paths(self):
         rc, out, err = run_child("""
             import expseg

@@ -1,0 +1,565 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* sleep.c: tagged regions, and their sleep and wake.
+ *
+ * A region is a private pool (ppool.c) named by a tag, so its segments and pages are never
+ * shared with anything else. Sleep keeps every segment of the region (its address range,
+ * its blocks, the layout of its pages and their chunks: the allocator's bookkeeping is left
+ * as it was) and only changes what stands behind it: the live blocks' bytes go to pinned
+ * host memory (offload) or nowhere (discard), then each physical chunk is unmapped and
+ * released. Wake creates a chunk of the same size for each, maps it at the same address,
+ * grants access and copies the bytes back. Segments marked `asleep` are the only ones whose
+ * pages and handles do not describe memory held: what they hold (chunks a refused unmap or
+ * release left behind) is in this file's records, which expseg_check and the statistics
+ * read through _expseg_seg_held.
+ *
+ * Both directions converge on a target: each chunk record says whether its chunk is alive
+ * and mapped, sleep drives every record to (dead, unmapped), wake to (alive, mapped). A
+ * failed step leaves the records true to the driver, so the next call continues from
+ * there and nothing leaks; a wake that fails part-way drives everything back to asleep, so
+ * a region is never half restored. Copies are the driver's synchronous copy (cuda:
+ * cuMemcpyDtoH/HtoD), made with the allocator's lock held, as are the driver calls. */
+#include "error.h"
+#include "internal.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct crec_s { /* one physical chunk of a sleeping segment */
+  uintptr_t addr;
+  size_t size, first_page; /* first_page: expandable segments */
+  expseg_vmm_handle h;
+  bool alive, mapped;
+} crec_t;
+
+typedef struct piece_s { /* a live block's bytes and where they sit in the host copy */
+  uintptr_t addr;
+  size_t size, off;
+} piece_t;
+
+typedef struct sseg_s {
+  segment_t *s;
+  crec_t *chunks;
+  size_t n_chunks;
+  piece_t *pieces;
+  size_t n_pieces;
+  expseg_host_chunk_t host;
+  bool has_host;
+} sseg_t;
+
+typedef struct region_s {
+  char name[64];
+  expseg_pool_id pool;
+  uint32_t tag;
+  bool asleep, no_bytes; /* no_bytes: the driver has none to copy (sim) */
+  sseg_t *segs;
+  size_t n_segs;
+  block_t **deferred; /* frees made while asleep */
+  size_t n_deferred, cap_deferred;
+  uint64_t sleeps, wakes, last_sleep_us, last_wake_us;
+} region_t;
+
+enum { STALE_MAX = 16 };
+
+struct sleep_state_s {
+  region_t *r;
+  size_t n, cap;
+  expseg_host_chunk_t stale[STALE_MAX]; /* host copies the driver refused to take back */
+  size_t n_stale;
+};
+
+static expseg_status null_allocator(const char *fn) {
+  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: the allocator is NULL", fn);
+}
+
+static expseg_status bad_tag(const char *fn, const char *tag) {
+  if (tag == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "%s: tag is NULL; accepted: 1 to 63 bytes of printable ASCII", fn);
+  size_t n = strlen(tag);
+  bool ok = n >= 1 && n <= 63;
+  for (size_t i = 0; ok && i < n; i++) ok = tag[i] >= 0x20 && tag[i] < 0x7f;
+  if (ok) return EXPSEG_OK;
+  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                           "%s: tag \"%.80s\" (%zu bytes) is not accepted; accepted: 1 to 63 "
+                           "bytes of printable ASCII",
+                           fn, tag, n);
+}
+
+static region_t *find(const expseg_allocator *a, const char *tag) {
+  if (a->sleep == NULL) return NULL;
+  for (size_t i = 0; i < a->sleep->n; i++)
+    if (strcmp(a->sleep->r[i].name, tag) == 0) return &a->sleep->r[i];
+  return NULL;
+}
+
+static region_t *find_tag(const expseg_allocator *a, uint32_t tag) {
+  if (a->sleep == NULL) return NULL;
+  for (size_t i = 0; i < a->sleep->n; i++)
+    if (a->sleep->r[i].tag == tag) return &a->sleep->r[i];
+  return NULL;
+}
+
+static expseg_status unknown_tag(const char *fn, const expseg_allocator *a, const char *tag) {
+  char known[256] = "";
+  size_t len = 0;
+  for (size_t i = 0; a->sleep != NULL && i < a->sleep->n && len + 70 < sizeof known; i++)
+    len += (size_t)snprintf(known + len, sizeof known - len, "%s\"%s\"", i ? ", " : "",
+                            a->sleep->r[i].name);
+  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                           "%s: no region is tagged \"%s\"; accepted: a tag passed to "
+                           "expseg_region_begin (known: %s)",
+                           fn, tag, len ? known : "none");
+}
+
+/* ---- regions ---- */
+
+expseg_status expseg_region_begin(expseg_allocator *a, const char *tag) {
+  if (a == NULL) return null_allocator("expseg_region_begin");
+  expseg_status st = bad_tag("expseg_region_begin", tag);
+  if (st != EXPSEG_OK) return st;
+  api_lock(a);
+  region_t *r = find(a, tag);
+  expseg_pool_id pool = r ? r->pool : 0;
+  api_unlock(a);
+  if (pool == 0) { /* a new region: its pool, then its entry (another thread may race) */
+    if ((st = expseg_pool_create(a, &pool)) != EXPSEG_OK) return st;
+    api_lock(a);
+    if ((r = find(a, tag)) != NULL) {
+      api_unlock(a);
+      (void)expseg_pool_release(a, pool);
+      pool = r->pool;
+    } else {
+      struct sleep_state_s *ss = a->sleep;
+      if (ss == NULL && (ss = a->sleep = calloc(1, sizeof *ss)) == NULL) st = EXPSEG_ERR_OUT_OF_MEMORY;
+      if (st == EXPSEG_OK && ss->n == ss->cap) {
+        size_t cap = ss->cap ? 2 * ss->cap : 4;
+        region_t *nr = realloc(ss->r, cap * sizeof *nr);
+        if (nr == NULL) st = EXPSEG_ERR_OUT_OF_MEMORY;
+        else ss->r = nr, ss->cap = cap;
+      }
+      if (st == EXPSEG_OK) {
+        region_t *e = &ss->r[ss->n++];
+        memset(e, 0, sizeof *e);
+        snprintf(e->name, sizeof e->name, "%s", tag);
+        e->pool = pool;
+        e->tag = _expseg_ppool_live_tag(a, pool);
+      }
+      api_unlock(a);
+      if (st != EXPSEG_OK) {
+        (void)expseg_pool_release(a, pool);
+        return _expseg_error_set(st, "expseg_region_begin(\"%s\"): out of host memory", tag);
+      }
+    }
+  }
+  return expseg_pool_begin(a, pool, NULL, NULL);
+}
+
+expseg_status expseg_region_end(expseg_allocator *a, const char *tag) {
+  if (a == NULL) return null_allocator("expseg_region_end");
+  expseg_status st = bad_tag("expseg_region_end", tag);
+  if (st != EXPSEG_OK) return st;
+  api_lock(a);
+  const region_t *r = find(a, tag);
+  expseg_pool_id pool = r ? r->pool : 0;
+  if (r == NULL) st = unknown_tag("expseg_region_end", a, tag);
+  api_unlock(a);
+  return st == EXPSEG_OK ? expseg_pool_end(a, pool) : st;
+}
+
+bool _expseg_sleep_refuses(expseg_allocator *a, uint32_t tag) {
+  const region_t *r = find_tag(a, tag);
+  if (r == NULL || !r->asleep) return false;
+  _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                    "expseg_malloc: region \"%s\" is asleep; wake it (expseg_wake) before "
+                    "allocating in it, or end it (expseg_region_end) to allocate elsewhere",
+                    r->name);
+  return true;
+}
+
+expseg_status _expseg_sleep_defer_free(expseg_allocator *a, block_t *b) {
+  region_t *r = find_tag(a, seg_tag(b->seg));
+  expseg_assert(r != NULL && r->asleep);
+  for (size_t i = 0; i < r->n_deferred; i++)
+    if (r->deferred[i] == b)
+      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                               "expseg_free(%p): already freed (region \"%s\" is asleep: the "
+                               "free takes effect when it wakes)",
+                               (void *)b->ptr, r->name);
+  if (r->n_deferred == r->cap_deferred) {
+    size_t cap = r->cap_deferred ? 2 * r->cap_deferred : 8;
+    block_t **d = realloc(r->deferred, cap * sizeof *d);
+    if (d == NULL)
+      return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                               "expseg_free(%p): out of host memory; it stays allocated",
+                               (void *)b->ptr);
+    r->deferred = d, r->cap_deferred = cap;
+  }
+  r->deferred[r->n_deferred++] = b;
+  return EXPSEG_OK;
+}
+
+/* ---- what sleeping segments hold ---- */
+
+static const sseg_t *sseg_of(const expseg_allocator *a, const segment_t *s) {
+  const region_t *r = find_tag(a, seg_tag(s));
+  for (size_t i = 0; r != NULL && i < r->n_segs; i++)
+    if (r->segs[i].s == s) return &r->segs[i];
+  return NULL;
+}
+
+size_t _expseg_seg_held(const expseg_allocator *a, const segment_t *s, size_t *mapped,
+                        size_t *chunks) {
+  if (!s->asleep) {
+    size_t n = 0;
+    if (!s->expandable) n = 1;
+    else
+      for (size_t i = 0; i < s->pages_cap; i++) n += s->pages[i].mapped && s->pages[i].off == 0;
+    *mapped = s->mapped_bytes;
+    *chunks = n;
+    return s->mapped_bytes;
+  }
+  const sseg_t *g = sseg_of(a, s);
+  size_t held = 0;
+  *mapped = *chunks = 0;
+  for (size_t i = 0; g != NULL && i < g->n_chunks; i++) {
+    if (g->chunks[i].mapped) *mapped += g->chunks[i].size;
+    if (g->chunks[i].alive) held += g->chunks[i].size, ++*chunks;
+  }
+  return held;
+}
+
+/* ---- the two directions ---- */
+
+static void held_change(expseg_allocator *a, const segment_t *s, int64_t d) {
+  _expseg_stat_pool_add(a->stats.reserved_bytes, s->pool, d);
+  _expseg_ppool_reserved(a, s, d);
+  if (d > 0) a->stats.created_bytes += d;
+  else a->stats.released_bytes += -d;
+}
+
+/* Drives every chunk of r's sleeping segments to unmapped and released; the first
+ * failure's status (its message set), the rest still tried. */
+static expseg_status drop_all(expseg_allocator *a, region_t *r) {
+  expseg_status first = EXPSEG_OK, st;
+  for (size_t i = 0; i < r->n_segs; i++) {
+    sseg_t *g = &r->segs[i];
+    for (size_t k = 0; k < g->n_chunks; k++) {
+      crec_t *c = &g->chunks[k];
+      if (c->mapped) {
+        if ((st = _expseg_vmm_unmap(a->drv, c->addr, c->size)) != EXPSEG_OK) {
+          if (first == EXPSEG_OK) first = st;
+          continue;
+        }
+        c->mapped = false;
+        if (g->s->expandable) _expseg_stat_add(&a->stats.mapped_bytes, -(int64_t)c->size);
+      }
+      if (c->alive) {
+        if ((st = _expseg_vmm_release(a->drv, c->h, c->size)) != EXPSEG_OK) {
+          if (first == EXPSEG_OK) first = st;
+          continue;
+        }
+        c->alive = false;
+        held_change(a, g->s, -(int64_t)c->size);
+      }
+    }
+  }
+  return first;
+}
+
+/* Drives every chunk to created and mapped, access granted; stops at the first failure. */
+static expseg_status raise_all(expseg_allocator *a, region_t *r) {
+  expseg_status st;
+  for (size_t i = 0; i < r->n_segs; i++) {
+    sseg_t *g = &r->segs[i];
+    for (size_t k = 0; k < g->n_chunks; k++) {
+      crec_t *c = &g->chunks[k];
+      if (!c->alive) {
+        if ((st = _expseg_vmm_create(a->drv, c->size, &c->h)) != EXPSEG_OK) return st;
+        c->alive = true;
+        held_change(a, g->s, (int64_t)c->size);
+      }
+      if (!c->mapped) {
+        if ((st = _expseg_vmm_map(a->drv, c->addr, c->size, c->h, 0)) != EXPSEG_OK) return st;
+        c->mapped = true;
+        if (g->s->expandable) _expseg_stat_add(&a->stats.mapped_bytes, (int64_t)c->size);
+        if ((st = _expseg_vmm_set_access(a->drv, c->addr, c->size)) != EXPSEG_OK ||
+            (st = _expseg_peers_grant(a, c->addr, c->size)) != EXPSEG_OK)
+          return st;
+      }
+    }
+  }
+  return EXPSEG_OK;
+}
+
+/* Host copies the driver refused to take back: kept and tried again at every sleep, wake
+ * and destroy (reported only when the list is full or at destroy). */
+static void host_give_back(expseg_allocator *a, const expseg_host_chunk_t *c, bool last) {
+  struct sleep_state_s *ss = a->sleep;
+  if (_expseg_vmm_host_free(a->drv, c) == EXPSEG_OK) return;
+  if (!last && ss->n_stale < STALE_MAX) {
+    ss->stale[ss->n_stale++] = *c;
+    return;
+  }
+  _expseg_warn("sleep: giving back %zu bytes of pinned host memory failed: %s", c->size,
+               expseg_last_error());
+}
+
+static void stale_retry(expseg_allocator *a, bool last) {
+  struct sleep_state_s *ss = a->sleep;
+  const size_t n = ss->n_stale;
+  expseg_host_chunk_t c[STALE_MAX];
+  memcpy(c, ss->stale, n * sizeof *c);
+  ss->n_stale = 0;
+  for (size_t i = 0; i < n; i++) host_give_back(a, &c[i], last);
+}
+
+static void sseg_free(expseg_allocator *a, sseg_t *g) {
+  if (g->has_host) host_give_back(a, &g->host, false);
+  free(g->chunks);
+  free(g->pieces);
+  memset(g, 0, sizeof *g);
+}
+
+static void segs_free(expseg_allocator *a, region_t *r) {
+  for (size_t i = 0; i < r->n_segs; i++) sseg_free(a, &r->segs[i]);
+  free(r->segs);
+  r->segs = NULL;
+  r->n_segs = 0;
+}
+
+/* The chunks and live blocks of s, the host memory for them (offload), their bytes copied
+ * out. Nothing is changed in the allocator; on failure g holds what to free. */
+static expseg_status sseg_build(expseg_allocator *a, region_t *r, segment_t *s, bool offload,
+                                sseg_t *g) {
+  g->s = s;
+  size_t n = 0, np = 0, bytes = 0;
+  if (s->expandable) {
+    for (size_t i = 0; i < s->pages_cap; i++) n += s->pages[i].mapped && s->pages[i].off == 0;
+  } else {
+    n = 1;
+  }
+  for (const block_t *b = s->first; b != NULL; b = b->next)
+    if (b->state != BLOCK_FREE) np++, bytes += b->size;
+  g->chunks = calloc(n ? n : 1, sizeof *g->chunks);
+  g->pieces = calloc(np ? np : 1, sizeof *g->pieces);
+  if (g->chunks == NULL || g->pieces == NULL)
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+  if (s->expandable) {
+    for (size_t i = 0; i < s->pages_cap; i++)
+      if (s->pages[i].mapped && s->pages[i].off == 0)
+        g->chunks[g->n_chunks++] = (crec_t){.addr = s->base + i * s->page,
+                                            .size = s->pages[i].n * s->page, .first_page = i,
+                                            .h = s->pages[i].h, .alive = true, .mapped = true};
+  } else {
+    g->chunks[g->n_chunks++] = (crec_t){.addr = s->base, .size = s->va_size, .h = s->handle,
+                                        .alive = true, .mapped = true};
+  }
+  if (!offload || bytes == 0) return EXPSEG_OK;
+  const size_t os_page = (size_t)sysconf(_SC_PAGESIZE);
+  g->host = (expseg_host_chunk_t){.size = (bytes + os_page - 1) / os_page * os_page,
+                                  .numa_node = _expseg_vmm_host_numa(a->drv),
+                                  .fault_threads = 1};
+  expseg_status st = _expseg_vmm_host_alloc(a->drv, &g->host);
+  if (st != EXPSEG_OK) return st;
+  g->has_host = true;
+  size_t off = 0;
+  for (const block_t *b = s->first; b != NULL; b = b->next) {
+    if (b->state == BLOCK_FREE) continue;
+    g->pieces[g->n_pieces++] = (piece_t){b->ptr, b->size, off};
+    if (!r->no_bytes) {
+      st = _expseg_vmm_copy_out(a->drv, (char *)g->host.ptr + off, b->ptr, b->size);
+      if (st == EXPSEG_ERR_UNSUPPORTED && off == 0) r->no_bytes = true; /* sim: no bytes */
+      else if (st != EXPSEG_OK) return st;
+    }
+    off += b->size;
+  }
+  return EXPSEG_OK;
+}
+
+/* Waits for the work of every stream the region's blocks and segments are used on. */
+static expseg_status wait_streams(expseg_allocator *a, uint32_t tag) {
+  _expseg_sync_all_events(a);
+  for (const segment_t *s = a->segments; s != NULL; s = s->next_all) {
+    if (seg_tag(s) != tag) continue;
+    expseg_status st = _expseg_vmm_stream_synchronize(a->drv, skey_stream(s->stream));
+    for (const block_t *b = s->first; b != NULL && st == EXPSEG_OK; b = b->next)
+      for (uint32_t i = 0; i < b->n_uses && st == EXPSEG_OK; i++)
+        st = _expseg_vmm_stream_synchronize(a->drv, b->uses[i]);
+    if (st != EXPSEG_OK) return st;
+  }
+  return EXPSEG_OK;
+}
+
+static expseg_status sleep_locked(expseg_allocator *a, region_t *r, bool offload) {
+  if (r->asleep) return drop_all(a, r); /* a sleep that failed part-way: go on */
+  expseg_status st = wait_streams(a, r->tag);
+  if (st != EXPSEG_OK) return st;
+  (void)_expseg_release_pool_memory(a, r->tag, true); /* nothing free is kept asleep */
+  size_t n = 0;
+  for (const segment_t *s = a->segments; s != NULL; s = s->next_all)
+    n += seg_tag(s) == r->tag && s->mapped_bytes > 0;
+  r->segs = calloc(n ? n : 1, sizeof *r->segs);
+  if (r->segs == NULL) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+  r->no_bytes = false;
+  for (segment_t *s = a->segments; s != NULL && st == EXPSEG_OK; s = s->next_all)
+    if (seg_tag(s) == r->tag && s->mapped_bytes > 0)
+      st = sseg_build(a, r, s, offload, &r->segs[r->n_segs++]);
+  if (st != EXPSEG_OK) {
+    segs_free(a, r);
+    return st;
+  }
+  /* from here the bytes are safe: the region is asleep whatever the driver does */
+  for (size_t i = 0; i < r->n_segs; i++) r->segs[i].s->asleep = true;
+  r->asleep = true;
+  return drop_all(a, r);
+}
+
+/* The records' new handles into the segments, which wake up; host copies freed. */
+static void commit_wake(expseg_allocator *a, region_t *r) {
+  for (size_t i = 0; i < r->n_segs; i++) {
+    segment_t *s = r->segs[i].s;
+    for (size_t k = 0; k < r->segs[i].n_chunks; k++) {
+      const crec_t *c = &r->segs[i].chunks[k];
+      if (!s->expandable) s->handle = c->h;
+      else
+        for (size_t j = 0; j < s->pages[c->first_page].n; j++) s->pages[c->first_page + j].h = c->h;
+    }
+    s->asleep = false;
+  }
+  segs_free(a, r);
+  r->asleep = false;
+}
+
+static expseg_status wake_locked(expseg_allocator *a, region_t *r) {
+  if (!r->asleep) return EXPSEG_OK;
+  expseg_status st = raise_all(a, r);
+  for (size_t i = 0; i < r->n_segs && st == EXPSEG_OK && !r->no_bytes; i++) {
+    const sseg_t *g = &r->segs[i];
+    for (size_t k = 0; k < g->n_pieces && st == EXPSEG_OK && g->has_host; k++)
+      st = _expseg_vmm_copy_in(a->drv, g->pieces[k].addr, (char *)g->host.ptr + g->pieces[k].off,
+                               g->pieces[k].size);
+  }
+  if (st != EXPSEG_OK) { /* back to asleep: nothing half restored */
+    char cause[512];
+    snprintf(cause, sizeof cause, "%s", expseg_last_error());
+    if (drop_all(a, r) != EXPSEG_OK)
+      _expseg_warn("wake of region \"%s\" failed and giving its memory back failed too (%s); "
+                   "what is still held is reused by the next wake",
+                   r->name, expseg_last_error());
+    return _expseg_error_set(st, "%s", cause);
+  }
+  commit_wake(a, r);
+  /* frees made while it slept */
+  block_t **d = r->deferred;
+  size_t nd = r->n_deferred;
+  r->deferred = NULL;
+  r->n_deferred = r->cap_deferred = 0;
+  for (size_t i = 0; i < nd; i++) (void)_expseg_free_locked(a, (void *)d[i]->ptr);
+  free(d);
+  return EXPSEG_OK;
+}
+
+static expseg_status run(expseg_allocator *a, const char *fn, const char *tag, int mode) {
+  if (a == NULL) return null_allocator(fn);
+  expseg_status st = bad_tag(fn, tag);
+  if (st != EXPSEG_OK) return st;
+  if (mode != -1 && mode != EXPSEG_SLEEP_OFFLOAD && mode != EXPSEG_SLEEP_DISCARD)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "%s(\"%s\"): mode %d is not accepted; accepted: "
+                             "EXPSEG_SLEEP_OFFLOAD (0) or EXPSEG_SLEEP_DISCARD (1)",
+                             fn, tag, mode);
+  api_lock(a);
+  region_t *r = find(a, tag);
+  if (r == NULL) {
+    st = unknown_tag(fn, a, tag);
+    api_unlock(a);
+    return st;
+  }
+  if (a->sleep->n_stale > 0) stale_retry(a, false);
+  const uint64_t t0 = _expseg_vmm_now_ns(a->drv);
+  const bool was = r->asleep;
+  st = mode == -1 ? wake_locked(a, r) : sleep_locked(a, r, mode == EXPSEG_SLEEP_OFFLOAD);
+  const uint64_t us = (_expseg_vmm_now_ns(a->drv) - t0) / 1000;
+  if (st == EXPSEG_OK && mode == -1 && was) r->wakes++, r->last_wake_us = us;
+  if (st == EXPSEG_OK && mode != -1 && !was) r->sleeps++, r->last_sleep_us = us;
+  if (st != EXPSEG_OK) {
+    char cause[512];
+    snprintf(cause, sizeof cause, "%s", expseg_last_error());
+    st = _expseg_error_set(st, "%s(\"%s\"): %s%s", fn, tag, cause,
+                           r->asleep ? " (the region is asleep, its bytes kept)"
+                                     : " (the region is awake, nothing changed)");
+  }
+  api_unlock(a);
+  return st;
+}
+
+expseg_status expseg_sleep(expseg_allocator *a, const char *tag, expseg_sleep_mode mode) {
+  return run(a, "expseg_sleep", tag, (int)mode);
+}
+
+expseg_status expseg_wake(expseg_allocator *a, const char *tag) {
+  return run(a, "expseg_wake", tag, -1);
+}
+
+expseg_status expseg_region_get_info(expseg_allocator *a, const char *tag,
+                                     expseg_region_info *out) {
+  if (a == NULL) return null_allocator("expseg_region_get_info");
+  if (out == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_region_get_info: out is NULL");
+  memset(out, 0, sizeof *out);
+  expseg_status st = bad_tag("expseg_region_get_info", tag);
+  if (st != EXPSEG_OK) return st;
+  api_lock(a);
+  const region_t *r = find(a, tag);
+  if (r == NULL) {
+    st = unknown_tag("expseg_region_get_info", a, tag);
+  } else {
+    out->pool = r->pool;
+    out->asleep = r->asleep;
+    out->deferred_frees = r->n_deferred;
+    out->sleeps = r->sleeps, out->wakes = r->wakes;
+    out->last_sleep_us = r->last_sleep_us, out->last_wake_us = r->last_wake_us;
+    for (const segment_t *s = a->segments; s != NULL; s = s->next_all) {
+      if (seg_tag(s) != r->tag) continue;
+      size_t mapped, chunks;
+      out->device_bytes += _expseg_seg_held(a, s, &mapped, &chunks);
+      for (const block_t *b = s->first; b != NULL; b = b->next)
+        if (b->state == BLOCK_ALLOCATED) out->live_bytes += b->size;
+    }
+    for (size_t i = 0; i < r->n_segs; i++) {
+      if (r->segs[i].has_host) out->host_bytes += r->segs[i].host.size;
+      for (size_t k = 0; k < r->segs[i].n_chunks; k++)
+        if (!r->segs[i].chunks[k].alive) out->asleep_bytes += r->segs[i].chunks[k].size;
+    }
+  }
+  api_unlock(a);
+  return st;
+}
+
+void _expseg_sleep_destroy(expseg_allocator *a) {
+  if (a->sleep == NULL) return;
+  for (size_t i = 0; i < a->sleep->n; i++) {
+    region_t *r = &a->sleep->r[i];
+    if (r->asleep && drop_all(a, r) != EXPSEG_OK && drop_all(a, r) != EXPSEG_OK)
+      _expseg_warn("destroy: region \"%s\": the driver kept memory: %s", r->name,
+                   expseg_last_error());
+    for (size_t k = 0; k < r->n_segs; k++) { /* nothing mapped behind them any more */
+      segment_t *s = r->segs[k].s;
+      s->asleep = false;
+      if (s->expandable)
+        for (size_t j = 0; j < s->pages_cap; j++) s->pages[j].mapped = false;
+      s->mapped_bytes = 0;
+      s->handle = 0;
+    }
+    segs_free(a, r);
+    free(r->deferred);
+  }
+  stale_retry(a, false);
+  stale_retry(a, true);
+  free(a->sleep->r);
+  free(a->sleep);
+  a->sleep = NULL;
+}

@@ -1,0 +1,368 @@
+// SPDX-License-Identifier: Apache-2.0
+// test_alloc_sleep.cpp: tagged regions, sleep and wake (pools/sleep.c). Data is written and
+// read back through the driver's data-check hook, so the same tests run on `host` (real
+// memory) and, from test_gpu_sleep.cpp, on `cuda` against the CUDA driver double. Every
+// allocator is built over a fault wrapper ("fault;DRIVER"): the fault test makes each driver
+// call of a sleep and a wake fail in turn, at every position, and checks that the region is
+// then either awake or asleep (never between), that its bytes come back bit for bit once
+// the faults stop, that expseg_check passes after every step and that nothing is left in
+// the driver at the end.
+#include "alloc_support.h"
+
+#ifdef EXPSEG_SLEEP_GPU
+#include "cudadouble.h"
+#endif
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr size_t KiB = 1024, MiB = 1024 * KiB;
+
+#ifdef EXPSEG_SLEEP_GPU
+const char *const kDrivers[] = {"cuda"};
+#else
+const char *const kDrivers[] = {"host", "sim"};
+#endif
+
+struct Live {
+  void *p;
+  size_t size;
+  std::vector<unsigned char> data;
+};
+
+class Sleep : public ::testing::TestWithParam<std::tuple<const char *, const char *>> {
+protected:
+  expseg_allocator *a_ = nullptr;
+  TestRng rng_{0};
+  std::vector<Live> live_;
+  expseg_stream other_ = 7; // a second stream (cuda: one the driver made)
+  std::string driver() const { return std::get<0>(GetParam()); }
+  bool bytes() const { return driver() != "sim"; }
+
+  void SetUp() override {
+    rng_ = TestRng(test_seed(27));
+    std::string spec = "fault;" + driver();
+#ifdef EXPSEG_SLEEP_GPU
+    cudadouble_api api;
+    if (!cudadouble_load(&api) || !_expseg_cuda_usable(0))
+      GTEST_SKIP() << "libcuda.so.1 is not the CUDA driver double";
+    ASSERT_EQ(0, api.configure("capacity=1G,granularity=2M,recommended=2M")) << api.last_message();
+#else
+    spec += ":capacity=1G";
+#endif
+    ASSERT_EQ(expseg_create(spec.c_str(), 0, std::get<1>(GetParam()), &a_), EXPSEG_OK)
+        << expseg_last_error();
+  }
+  void TearDown() override {
+    if (a_ == nullptr) return;
+    expseg_testing_driver_counts left;
+    (void)expseg_testing_set_faults(a_, "");
+    if (driver() == "cuda" && other_ != 7) {
+      EXPECT_EQ(expseg_stream_destroy(a_, other_), EXPSEG_OK);
+    }
+    expseg_testing_destroy(a_, &left);
+    EXPECT_EQ(left.live_chunks, 0);
+    EXPECT_EQ(left.live_reservations, 0);
+    EXPECT_EQ(left.mapped_bytes, 0);
+  }
+
+  void put(void *p, const std::vector<unsigned char> &d) {
+    if (!bytes()) return;
+    ASSERT_EQ(_expseg_vmm_copy_in(alloc_test_driver(a_), (uintptr_t)p, d.data(), d.size()),
+              EXPSEG_OK)
+        << expseg_last_error();
+  }
+  std::vector<unsigned char> get(void *p, size_t n) {
+    std::vector<unsigned char> d(n);
+    if (!bytes()) return d;
+    EXPECT_EQ(_expseg_vmm_copy_out(alloc_test_driver(a_), d.data(), (uintptr_t)p, n), EXPSEG_OK)
+        << expseg_last_error();
+    return d;
+  }
+  void *alloc(size_t n, expseg_stream s = 0) {
+    void *p = nullptr;
+    EXPECT_EQ(expseg_malloc(a_, n, s, &p), EXPSEG_OK) << expseg_last_error();
+    if (p == nullptr) return p;
+    std::vector<unsigned char> d(n);
+    for (auto &c : d) c = (unsigned char)rng_.next();
+    put(p, d);
+    live_.push_back({p, n, d});
+    return p;
+  }
+  // every live block holds its bytes, at the address it was given
+  void expect_data(const std::string &where) {
+    if (!bytes()) return;
+    for (const Live &l : live_)
+      EXPECT_TRUE(get(l.p, l.size) == l.data) << where << ": bytes at " << l.p << " (" << l.size
+                                              << ") changed";
+  }
+  void check(const std::string &where) {
+    EXPECT_EQ(expseg_check(a_), EXPSEG_OK) << where << ": " << expseg_last_error();
+  }
+  expseg_region_info info(const char *tag) {
+    expseg_region_info i;
+    EXPECT_EQ(expseg_region_get_info(a_, tag, &i), EXPSEG_OK) << expseg_last_error();
+    return i;
+  }
+  // a region "w" of several sizes (small pool, a chunk, several chunks), and a general block
+  void fill_region(bool big = true) {
+    ASSERT_EQ(expseg_region_begin(a_, "w"), EXPSEG_OK) << expseg_last_error();
+    for (size_t n : {size_t{1000}, 300 * KiB, 3 * MiB, 17 * MiB, 70 * MiB})
+      if (big || n < 10 * MiB) alloc(n);
+    if (driver() == "cuda" && other_ == 7) {
+      ASSERT_EQ(expseg_stream_create(a_, &other_), EXPSEG_OK) << expseg_last_error();
+    }
+    alloc(5 * MiB, other_); // another stream
+    ASSERT_EQ(expseg_region_end(a_, "w"), EXPSEG_OK);
+  }
+  int64_t driver_mapped() {
+    expseg_testing_driver_counts c;
+    EXPECT_EQ(expseg_testing_driver_counts_get(a_, &c), EXPSEG_OK);
+    return c.mapped_bytes;
+  }
+};
+
+TEST_P(Sleep, OffloadKeepsAddressesAndBytes) {
+  if (a_ == nullptr) return;
+  void *general = alloc(2 * MiB);
+  fill_region();
+  const size_t region_blocks = live_.size() - 1;
+  expseg_pool_id pool = 0;
+  ASSERT_EQ(expseg_pool_of(a_, live_[1].p, &pool), EXPSEG_OK);
+  EXPECT_EQ(info("w").pool, pool);
+  EXPECT_NE(pool, 0u);
+  // tags never share a segment or a page: a second region's blocks are in other pages
+  ASSERT_EQ(expseg_region_begin(a_, "kv"), EXPSEG_OK);
+  void *kv = nullptr;
+  ASSERT_EQ(expseg_malloc(a_, 1000, 0, &kv), EXPSEG_OK);
+  ASSERT_EQ(expseg_region_end(a_, "kv"), EXPSEG_OK);
+  for (size_t i = 1; i <= region_blocks; i++) {
+    const uintptr_t lo = (uintptr_t)live_[i].p / (2 * MiB), hi = ((uintptr_t)live_[i].p + live_[i].size - 1) / (2 * MiB);
+    EXPECT_TRUE((uintptr_t)kv / (2 * MiB) < lo || (uintptr_t)kv / (2 * MiB) > hi) << "kv shares a page";
+  }
+  const int64_t mapped_before = driver_mapped();
+  const int64_t reserved_before = stat_of(a_, "reserved_bytes.all.current");
+  const expseg_region_info awake = info("w");
+  EXPECT_GE(awake.device_bytes, awake.live_bytes);
+  EXPECT_GT(awake.live_bytes, 95 * MiB);
+
+  ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+  check("asleep");
+  const expseg_region_info s = info("w");
+  EXPECT_TRUE(s.asleep);
+  EXPECT_EQ(s.device_bytes, 0u);
+  EXPECT_EQ(s.asleep_bytes, awake.device_bytes);
+  EXPECT_GE(s.host_bytes, awake.live_bytes);
+  EXPECT_EQ(s.sleeps, 1u);
+  EXPECT_EQ(driver_mapped(), mapped_before - (int64_t)awake.device_bytes);
+  EXPECT_EQ(stat_of(a_, "reserved_bytes.all.current"), reserved_before - (int64_t)awake.device_bytes);
+  // the walk and the snapshot show the sleeping segments, at their addresses
+  struct Seen {
+    size_t asleep = 0, awake_in_pool = 0;
+    expseg_pool_id pool;
+  } seen{0, 0, pool};
+  ASSERT_EQ(expseg_walk(a_,
+                        [](void *ctx, const expseg_walk_segment *sg) {
+                          Seen *v = (Seen *)ctx;
+                          if (sg->asleep) v->asleep++;
+                          if (sg->pool == v->pool && !sg->asleep) v->awake_in_pool++;
+                        },
+                        nullptr, &seen),
+            EXPSEG_OK);
+  EXPECT_GT(seen.asleep, 0u);
+  EXPECT_EQ(seen.awake_in_pool, 0u);
+  unsigned char *snap = nullptr;
+  size_t snap_len = 0;
+  ASSERT_EQ(expseg_snapshot(a_, &snap, &snap_len), EXPSEG_OK);
+  EXPECT_NE(std::string((const char *)snap, snap_len).find("expseg.asleep"), std::string::npos);
+  expseg_snapshot_free(snap);
+  // the rest of the allocator works on: the general block keeps its bytes, empty_cache
+  // leaves the sleeping region alone, a new general allocation is served
+  EXPECT_EQ(expseg_empty_cache(a_), EXPSEG_OK);
+  check("empty_cache asleep");
+  EXPECT_EQ(info("w").asleep_bytes, s.asleep_bytes);
+  void *other = nullptr;
+  ASSERT_EQ(expseg_malloc(a_, 4 * MiB, 0, &other), EXPSEG_OK);
+  EXPECT_EQ(expseg_free(a_, other), EXPSEG_OK);
+  // allocating into the sleeping region is refused, naming it
+  ASSERT_EQ(expseg_region_begin(a_, "w"), EXPSEG_OK);
+  void *p = nullptr;
+  EXPECT_EQ(expseg_malloc(a_, 1000, 0, &p), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(expseg_last_error()).find("\"w\" is asleep"), std::string::npos)
+      << expseg_last_error();
+  EXPECT_EQ(p, nullptr);
+  ASSERT_EQ(expseg_region_end(a_, "w"), EXPSEG_OK);
+  // sleeping twice is OK and changes nothing
+  EXPECT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK);
+  EXPECT_EQ(info("w").sleeps, 1u);
+
+  const int64_t mapped_asleep = driver_mapped();
+  ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+  check("awake");
+  const expseg_region_info w = info("w");
+  EXPECT_FALSE(w.asleep);
+  EXPECT_EQ(w.device_bytes, awake.device_bytes);
+  EXPECT_EQ(w.host_bytes, 0u);
+  EXPECT_EQ(w.wakes, 1u);
+  EXPECT_EQ(driver_mapped(), mapped_asleep + (int64_t)awake.device_bytes);
+  // captured-graph style: the addresses recorded before the sleep hold the same bytes
+  expect_data("after wake");
+  for (size_t i = 1; i <= region_blocks; i++) {
+    expseg_pool_id q = 0;
+    EXPECT_EQ(expseg_pool_of(a_, live_[i].p, &q), EXPSEG_OK);
+    EXPECT_EQ(q, pool);
+  }
+  // and the region serves allocations again
+  ASSERT_EQ(expseg_region_begin(a_, "w"), EXPSEG_OK);
+  alloc(1 * MiB);
+  ASSERT_EQ(expseg_region_end(a_, "w"), EXPSEG_OK);
+  expect_data("after a new allocation");
+  ASSERT_EQ(expseg_snapshot(a_, &snap, &snap_len), EXPSEG_OK);
+  EXPECT_EQ(std::string((const char *)snap, snap_len).find("expseg.asleep"), std::string::npos);
+  expseg_snapshot_free(snap);
+  EXPECT_EQ(expseg_wake(a_, "w"), EXPSEG_OK); // awake already: OK
+  EXPECT_EQ(expseg_free(a_, general), EXPSEG_OK);
+  EXPECT_EQ(expseg_free(a_, kv), EXPSEG_OK);
+  check("end");
+}
+
+TEST_P(Sleep, DiscardGivesMemoryBackWithoutCopies) {
+  if (a_ == nullptr) return;
+  fill_region();
+  const expseg_region_info awake = info("w");
+  ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_DISCARD), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(info("w").host_bytes, 0u);
+  EXPECT_EQ(info("w").device_bytes, 0u);
+  check("asleep");
+  ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(info("w").device_bytes, awake.device_bytes);
+  for (Live &l : live_) put(l.p, l.data); // usable at the same addresses
+  expect_data("rewritten after wake");
+  check("awake");
+}
+
+TEST_P(Sleep, FreeWhileAsleepIsDoneAtWake) {
+  if (a_ == nullptr) return;
+  fill_region();
+  ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+  const int64_t allocated = stat_of(a_, "allocated_bytes.all.current");
+  const Live gone = live_[3];
+  live_.erase(live_.begin() + 3);
+  EXPECT_EQ(expseg_free(a_, gone.p), EXPSEG_OK);
+  EXPECT_EQ(expseg_free(a_, gone.p), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(expseg_last_error()).find("already freed"), std::string::npos)
+      << expseg_last_error();
+  EXPECT_EQ(info("w").deferred_frees, 1u);
+  EXPECT_EQ(stat_of(a_, "allocated_bytes.all.current"), allocated); // no memory touched
+  check("asleep, one free deferred");
+  ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(info("w").deferred_frees, 0u);
+  EXPECT_LT(stat_of(a_, "allocated_bytes.all.current"), allocated);
+  EXPECT_EQ(expseg_free(a_, gone.p), EXPSEG_ERR_INVALID_ARGUMENT);
+  expect_data("after wake");
+  check("awake");
+}
+
+TEST_P(Sleep, DestroyWhileAsleepLeavesNothing) {
+  if (a_ == nullptr) return;
+  fill_region();
+  ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+  // TearDown destroys it asleep and checks the driver holds nothing
+}
+
+TEST_P(Sleep, BadArgumentsNameTheValue) {
+  if (a_ == nullptr) return;
+  fill_region();
+  auto msg = [] { return std::string(expseg_last_error()); };
+  EXPECT_EQ(expseg_sleep(a_, "nope", EXPSEG_SLEEP_OFFLOAD), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("no region is tagged \"nope\""), std::string::npos) << msg();
+  EXPECT_NE(msg().find("\"w\""), std::string::npos) << msg();
+  EXPECT_EQ(expseg_wake(a_, "nope"), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_sleep(a_, "w", (expseg_sleep_mode)7), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("mode 7"), std::string::npos) << msg();
+  EXPECT_EQ(expseg_sleep(a_, nullptr, EXPSEG_SLEEP_OFFLOAD), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_region_begin(a_, ""), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("1 to 63 bytes"), std::string::npos) << msg();
+  EXPECT_EQ(expseg_region_end(a_, "nope"), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_sleep(nullptr, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_ERR_INVALID_ARGUMENT);
+  expseg_region_info i;
+  EXPECT_EQ(expseg_region_get_info(a_, "w", nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_region_get_info(a_, "x", &i), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_FALSE(info("w").asleep);
+  check("after refusals");
+}
+
+// ---- every driver call of a sleep and a wake fails in turn ----
+
+const char *const kFaultKinds[] = {"create", "map", "set_access", "unmap", "release",
+                                   "host_alloc", "host_free", "stream_synchronize"};
+
+TEST_P(Sleep, FaultAtEveryCallPosition) {
+  if (a_ == nullptr) return;
+  // the calls of one clean sleep + wake
+  fill_region(false);
+  expseg_vmm_t *drv = alloc_test_driver(a_);
+  std::vector<uint64_t> before;
+  for (int k = 0; k < EXPSEG_VMM_CALL_COUNT; k++) before.push_back(_expseg_fault_seen(drv, (expseg_vmm_call)k));
+  ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+  std::vector<uint64_t> calls; // of one clean sleep and wake, by kind
+  for (int k = 0; k < EXPSEG_VMM_CALL_COUNT; k++)
+    calls.push_back(_expseg_fault_seen(drv, (expseg_vmm_call)k) - before[k]);
+  const std::string kinds_text[] = {"reserve", "unreserve", "create", "release", "map", "unmap", "set_access",
+                                    "event_create", "event_destroy", "event_record", "event_query",
+                                    "event_synchronize", "stream_synchronize", "export_fd", "import_fd",
+                                    "host_alloc", "host_free", "device_synchronize"};
+  size_t runs = 0;
+  for (const char *kind : kFaultKinds) {
+    int k = 0;
+    while (kinds_text[k] != kind) k++;
+    const uint64_t n_calls = calls[k];
+    for (uint64_t n = 1; n <= n_calls; n++) {
+      for (const char *how : {"", ":oom", ".."}) {
+        const std::string rule = std::string(kind) + "@" + std::to_string(n) + how;
+        SCOPED_TRACE(rule);
+        runs++;
+        ASSERT_EQ(expseg_testing_set_faults(a_, rule.c_str()), EXPSEG_OK) << expseg_last_error();
+        const expseg_status s1 = expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD);
+        const bool asleep1 = info("w").asleep;
+        if (s1 == EXPSEG_OK) {
+          EXPECT_TRUE(asleep1);
+        }
+        check("after the sleep");
+        expseg_status s2 = expseg_wake(a_, "w");
+        check("after the wake");
+        if (s2 != EXPSEG_OK) {
+          EXPECT_TRUE(info("w").asleep) << "a failed wake left it awake";
+        }
+        ASSERT_EQ(expseg_testing_set_faults(a_, ""), EXPSEG_OK);
+        // faults off: a region left asleep wakes now, whole
+        for (int i = 0; i < 2 && info("w").asleep; i++) s2 = expseg_wake(a_, "w");
+        ASSERT_EQ(s2, EXPSEG_OK) << expseg_last_error();
+        EXPECT_FALSE(info("w").asleep);
+        expect_data("after " + rule);
+        check("awake again");
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
+  }
+  EXPECT_GT(runs, 20u);
+  EXPECT_GT(expseg_testing_faults_injected(a_), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Drivers, Sleep,
+    ::testing::Combine(::testing::ValuesIn(kDrivers),
+                       ::testing::Values("expandable_segments:True", "expandable_segments:False")),
+    [](const auto &i) {
+      return std::string(std::get<0>(i.param)) +
+             (std::string(std::get<1>(i.param)).find("True") != std::string::npos ? "_expandable"
+                                                                                   : "_classic");
+    });
+
+} // namespace
