@@ -10,12 +10,14 @@
 
 #include "expseg.h"
 #include "snapshot_check.h"
+#include "test_replay_common.h"
 
 #include <sys/stat.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 extern "C" {
@@ -30,22 +32,11 @@ struct Set {
   ~Set() { expseg_trace_set_free(&s); }
 };
 
+// expseg-replay in-process: its output and its messages, together (test_replay_common.h)
 int Replay(std::vector<std::string> args, std::string *out_text) {
-  args.insert(args.begin(), "expseg-replay");
-  std::vector<char *> argv;
-  for (auto &a : args) argv.push_back(&a[0]);
-  argv.push_back(nullptr);
-  FILE *out = tmpfile(), *err = tmpfile();
-  int rc = expseg_replay_main((int)args.size(), argv.data(), out, err);
-  out_text->clear();
-  for (FILE *f : {out, err}) {
-    rewind(f);
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) out_text->append(buf, n);
-    fclose(f);
-  }
-  return rc;
+  replay_test::Outcome o = replay_test::Replay(std::move(args));
+  *out_text = o.out + o.err;
+  return o.rc;
 }
 
 // Walks the opcodes of a pickle and fails on any that MemoryViz.js's unpickler does not

@@ -80,7 +80,9 @@ hblock_t *_expseg_host_carve_take(expseg_host_pool *h, size_t cls) {
   return best;
 }
 
-hblock_t *_expseg_host_carve_new(expseg_host_pool *h, hcarve_t *seg, size_t cls) {
+/* Lists seg among the carve segments and makes one block of all of it (NULL: no host memory
+ * for the block struct; the segment stays listed, so destroy frees it). */
+static hblock_t *adopt(expseg_host_pool *h, hcarve_t *seg) {
   seg->next = h->carve_segs;
   h->carve_segs = seg;
   h->carve_reserved += seg->chunk.size;
@@ -92,7 +94,12 @@ hblock_t *_expseg_host_carve_new(expseg_host_pool *h, hcarve_t *seg, size_t cls)
   b->ptr = (uintptr_t)seg->chunk.ptr;
   b->size = seg->chunk.size;
   _expseg_host_link_block(h, b);
-  split(h, b, cls);
+  return b;
+}
+
+hblock_t *_expseg_host_carve_new(expseg_host_pool *h, hcarve_t *seg, size_t cls) {
+  hblock_t *b = adopt(h, seg);
+  if (b) split(h, b, cls);
   return b;
 }
 
@@ -154,17 +161,10 @@ size_t _expseg_host_carve_release(expseg_host_pool *h) {
     }
     _expseg_warn("host pool: giving back carve segment %p failed (%s); it stays cached",
                  seg->chunk.ptr, expseg_last_error());
-    seg->next = h->carve_segs; /* kept: expseg_host_destroy frees every segment listed */
-    h->carve_segs = seg;
-    h->carve_reserved += seg->chunk.size;
-    hblock_t *b = calloc(1, sizeof *b); /* its memory back on the list, whole and free */
+    /* kept (expseg_host_destroy frees every segment listed), its memory back on the list,
+     * whole and free */
+    hblock_t *b = adopt(h, seg);
     if (!b) continue;
-    b->streams = b->streams_inline;
-    b->cap_streams = 2;
-    b->carve = seg;
-    b->ptr = (uintptr_t)seg->chunk.ptr;
-    b->size = seg->chunk.size;
-    _expseg_host_link_block(h, b);
     list_push(h, b);
     _expseg_stat_add(&h->st.cached_bytes, (int64_t)b->size);
   }
