@@ -233,12 +233,16 @@ bool _expseg_may_take_back(uint64_t robbed, uint64_t now);
  * live private pool's: its memory is its own until it is emptied or released. */
 bool _expseg_pool_may_take(uint32_t taker, uint32_t owner, int owner_use_count,
                            size_t owner_busy);
-/* Address space for a new expandable segment: va_reserve_mb (0 = expandable_segments_reserve
- * when set, a fraction of total or GiB; else total / 8) for the first
- * large-pool segment of a stream, an eighth of that for the small pool (requests of at
- * most 1 MiB), at least 64 pages; doubled for each segment the stream and pool already
- * have (at most 4 times, not past 9/8 of total); never less than `need`. A multiple of
- * page. */
+/* Address space for a new expandable segment: va_reserve_mb, else expandable_segments_reserve
+ * when set (a fraction of total or GiB, at most 9/8 of total), else EXPSEG_VA_FIRST, for the
+ * first large-pool segment of a stream; an eighth of that for the small pool (requests of at
+ * most 1 MiB), at least 64 pages; doubled for each segment the stream and pool already have
+ * (at most 4 times; where the user set the size, not past 9/8 of total); never less than
+ * `need`. A multiple of page. The default does not depend on the device's size, so the
+ * segments a program's requests land in, and the memory it holds, are the same on every
+ * device it fits (a device just large enough for the peak included: replay --fit). 8 GiB:
+ * 1,000 streams reserve about 9 TiB of a 128 TiB address space (docs/design.md). */
+#define EXPSEG_VA_FIRST ((size_t)8 << 30)
 size_t _expseg_segment_va(const expseg_config_t *c, bool small, size_t existing, size_t need,
                           size_t total, size_t page);
 /* Allowed bytes for a fraction of total; SIZE_MAX when fraction >= 1. */

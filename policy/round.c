@@ -48,18 +48,19 @@ bool _expseg_may_take_back(uint64_t robbed, uint64_t now) {
 
 size_t _expseg_segment_va(const expseg_config_t *c, bool small, size_t existing, size_t need,
                           size_t total, size_t page) {
-  size_t va = total / 8;
+  size_t va = EXPSEG_VA_FIRST, limit = SIZE_MAX; /* the default: the same on every device */
   if (c->va_reserve) {
     va = c->va_reserve;
+    limit = _expseg_round_up(total + total / 8, page);
   } else if (c->expandable_segments_reserve > 0) {
     /* PyTorch bounds a reserve to its full reserve, 9/8 of device memory */
+    limit = _expseg_round_up(total + total / 8, page);
     va = reserve_bytes(c, total);
     if (va > total + total / 8) va = total + total / 8;
   }
   if (small) va /= 8;
   if (va < 64 * page) va = 64 * page;
   va = _expseg_round_up(va, page);
-  size_t limit = _expseg_round_up(total + total / 8, page);
   for (size_t i = 0; i < existing && i < 4 && va < limit / 2; i++) va *= 2;
   return va < need ? _expseg_round_up(need, page) : va;
 }

@@ -275,16 +275,29 @@ TEST(PolicyRound, SegmentAddressSpaceGrowsPerSegment) {
   const size_t MiB = (size_t)1 << 20, GiB = MiB << 10, page = 2 * MiB, total = 80 * GiB;
   expseg_config_t c;
   _expseg_config_defaults(&c);
-  EXPECT_EQ(_expseg_segment_va(&c, false, 0, MiB, total, page), 10 * GiB) << "total / 8";
-  EXPECT_EQ(_expseg_segment_va(&c, true, 0, MiB, total, page), 1280 * MiB) << "small: / 8";
-  EXPECT_EQ(_expseg_segment_va(&c, false, 1, MiB, total, page), 20 * GiB) << "doubles";
-  EXPECT_EQ(_expseg_segment_va(&c, false, 3, MiB, total, page), 80 * GiB);
-  EXPECT_EQ(_expseg_segment_va(&c, false, 9, MiB, total, page), 80 * GiB) << "capped near 9/8";
+  EXPECT_EQ(_expseg_segment_va(&c, false, 0, MiB, total, page), 8 * GiB) << "EXPSEG_VA_FIRST";
+  EXPECT_EQ(_expseg_segment_va(&c, true, 0, MiB, total, page), 1 * GiB) << "small: / 8";
+  EXPECT_EQ(_expseg_segment_va(&c, false, 1, MiB, total, page), 16 * GiB) << "doubles";
+  EXPECT_EQ(_expseg_segment_va(&c, false, 3, MiB, total, page), 64 * GiB);
+  EXPECT_EQ(_expseg_segment_va(&c, false, 9, MiB, total, page), 128 * GiB) << "4 doublings";
   EXPECT_EQ(_expseg_segment_va(&c, false, 0, 33 * GiB + 1, total, page), 33 * GiB + page)
       << "never less than the request";
-  EXPECT_EQ(_expseg_segment_va(&c, true, 0, MiB, 8 * GiB, page), 128 * MiB) << "64 pages";
+  EXPECT_EQ(_expseg_segment_va(&c, true, 0, MiB, 8 * GiB, page), 1 * GiB) << "any device";
+  EXPECT_EQ(_expseg_segment_va(&c, true, 0, MiB, 8 * GiB, 64 * MiB), 4 * GiB) << "64 pages";
+  // The default does not depend on the device's size: a device just large enough for a
+  // program's peak lays its segments out as a larger one does, so it holds the same memory
+  // and does not run out (replay --fit answers at most the peak plus one chunk).
+  for (size_t n = 0; n < 6; n++)
+    for (bool small : {false, true}) {
+      const size_t on80 = _expseg_segment_va(&c, small, n, MiB, total, page);
+      for (size_t t : {8 * GiB, 78 * GiB + 3 * page, 157 * GiB, 1024 * GiB})
+        EXPECT_EQ(_expseg_segment_va(&c, small, n, MiB, t, page), on80)
+            << "segment " << n << (small ? " small" : " large") << " on " << t;
+    }
   c.va_reserve = 3 * GiB;
   EXPECT_EQ(_expseg_segment_va(&c, false, 0, MiB, total, page), 3 * GiB);
+  EXPECT_EQ(_expseg_segment_va(&c, false, 9, MiB, total, page), 48 * GiB)
+      << "a size the user set: doubled while under 9/8 of total / 2";
   // expandable_segments_reserve (PyTorch main): used when va_reserve_mb is 0; a fraction of
   // device memory or GiB, at most 9/8 of device memory; va_reserve_mb wins
   expseg_config_t r = defaults();

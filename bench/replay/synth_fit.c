@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* synth_fit.c: --fit, per model the smallest device capacity (to 1 %) on which a history
- * runs without an OOM: doubling from the unconstrained peak reserved until it runs, then
- * bisection down towards the peak requested. Usage and fields: docs/replay.md. */
+/* synth_fit.c: --fit, per model the smallest device capacity (to 2 MiB) on which a history
+ * runs without an OOM: the unconstrained peak reserved first, then that plus 2, 4, 8 ... MiB
+ * until it runs, then bisection down towards the peak requested. Usage and fields:
+ * docs/replay.md. */
 #include "synth_replay.h"
 
 #include <inttypes.h>
@@ -29,7 +30,10 @@ int _expseg_replay_fit(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE
     uint64_t lo = r.peak_requested, hi = ((uint64_t)r.peak_reserved + gran - 1) / gran * gran;
     unsigned runs = 1;
     int ok = 0;
-    for (int k = 0; k < 8 && (ok = fits(t, &q, model, hi, err, &r)) == 0; k++, runs++) hi *= 2;
+    const uint64_t peak = hi;
+    for (uint64_t step = gran; (ok = fits(t, &q, model, hi, err, &r)) == 0 && step <= peak * 256;
+         step *= 2, runs++)
+      hi = peak + step;
     if (ok < 0) return 2;
     if (!ok) {
       fprintf(err, "expseg-replay: %s: --fit: no capacity up to %" PRIu64 " bytes runs "
@@ -37,7 +41,8 @@ int _expseg_replay_fit(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE
               t->name, hi, _expseg_model_name(model));
       return 1;
     }
-    while (hi - lo > hi / 100) {
+    if (hi > peak) lo = hi - (hi - peak) / 2; /* the step before ran out */
+    while (hi - lo > gran) {
       uint64_t mid = lo + (hi - lo) / 2;
       int f = fits(t, &q, model, mid, err, &r);
       runs++;
@@ -55,7 +60,7 @@ int _expseg_replay_fit(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE
       fprintf(out, ",\"fit_capacity\":%" PRIu64 ",\"fit_runs\":%u}\n", hi, runs);
     } else
       fprintf(out, "%s: runs without an OOM on %s of device memory (%" PRIu64
-                   " bytes, to 1 %%) under --model %s\n", t->name, _expseg_human(b, (double)hi),
+                   " bytes, to 2 MiB) under --model %s\n", t->name, _expseg_human(b, (double)hi),
               hi, _expseg_model_name(model));
   }
   return 0;
