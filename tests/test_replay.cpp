@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// test_replay.cpp: the replay tool (bench/replay/synth_replay.c, expseg_replay_main) run
+// test_replay.cpp: the replay tool (bench/replay/synth_cli.c, expseg_replay_main) run
 // in-process: JSON fields are sane and agree with the trace, OOMs and skipped frees,
 // baseline figures, --check, --timeline, --sweep ordering, and exit status 2 with a clear
 // message for every kind of bad argument or input.

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* replay.c: expseg-replay, which replays recorded or synthetic allocation histories
- * through expseg and reports the memory held. The logic lives in synth_replay.c
+ * through expseg and reports the memory held. The logic lives in synth_cli.c
  * (expseg_replay_main) so that tests call it in-process; usage in docs/replay.md. */
 #include <stdio.h>
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* synth_replay.h: what the replay tool's files share (bench/replay/synth_replay.c: one replay and
- * the command line; bench/replay/synth_sweep.c: output and the sweep). Internal to the tools. */
+/* synth_replay.h: what the replay tool's files share (bench/replay/synth_replay.c: one replay;
+ * synth_cli.c: the command line; synth_sweep.c: output and the sweep). Internal to the tools. */
 #ifndef EXPSEG_SYNTH_REPLAY_H
 #define EXPSEG_SYNTH_REPLAY_H
 
