@@ -289,25 +289,12 @@ block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, expseg_st
 
 size_t _expseg_steal_pages(expseg_allocator *a, int pool, size_t page, size_t want,
                            size_t max_pages, const block_t *ex1, const block_t *ex2,
-                           bool blocking, bool whole_only, uint32_t tag, bool general) {
+                           bool blocking, uint32_t tag, bool general) {
   stream_seen_t seen[SEEN_MAX];
   size_t n_seen = 0, got = 0;
   for (int pass = 0; pass < 2 && got < want; pass++) {
     int p = pass == 0 ? pool : 1 - pool;
     if (pass == 1 && !blocking && !_expseg_may_take_back(a->robbed[pool], a->tick)) break;
-    if (pass == 1 && !blocking && whole_only) {
-      /* chunks from the other pool only when they spare the growth a create: a create
-       * costs one call whatever its size (pages are made in one chunk), while a page taken
-       * from the other pool is one it will soon create again (docs/design.md) */
-      size_t avail = 0;
-      for (block_t *b = a->idle_head[p]; b != NULL && avail < want - got; b = b->idle_next) {
-        uintptr_t lo, hi;
-        if (b != ex1 && b != ex2 && (page == 0 || b->seg->page == page) &&
-            (seg_tag(b->seg) == tag || (general && _expseg_seg_general(a, b->seg))))
-          avail += _expseg_block_chunks(a, b, &lo, &hi);
-      }
-      if (avail < want - got) break;
-    }
     block_t *b = a->idle_head[p];
     while (b != NULL && got < want) {
       block_t *next = b->idle_next;

@@ -294,7 +294,7 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     size_t have = _expseg_cache_cover(a, pg, pl.pages, room);
     if (have < pl.pages && !a->model_pytorch) { /* PyTorch moves no page */
       const size_t need = pl.pages - have;
-      _expseg_steal_pages(a, pool, pg, need, room, pl.prefix, pl.suffix, blocking, true,
+      _expseg_steal_pages(a, pool, pg, need, room, pl.prefix, pl.suffix, blocking,
                           skey_tag(stream), true);
       have = _expseg_cache_cover(a, pg, pl.pages, room);
     }
@@ -485,7 +485,7 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
   for (segment_t *s = a->segments; s; s = s->next_all)
     s->keep_va = a->model_pytorch && s->expandable && s->mapped_bytes == 0;
   /* every idle page: its stream is synchronized if needed */
-  _expseg_steal_pages(a, POOL_LARGE, 0, SIZE_MAX, SIZE_MAX, NULL, NULL, true, false, 0, true);
+  _expseg_steal_pages(a, POOL_LARGE, 0, SIZE_MAX, SIZE_MAX, NULL, NULL, true, 0, true);
   for (segment_t *s = a->segments, *next; s; s = next) {
     next = s->next_all;
     if (s->expandable && !s->keep_va && s->first->next == NULL && !s->first->mapped &&
@@ -508,7 +508,7 @@ bool _expseg_release_pool_memory(expseg_allocator *a, uint32_t tag, bool blockin
   }
   /* its idle pages go to the top of the page cache, and from there to the driver */
   const size_t top = a->cache_count;
-  _expseg_steal_pages(a, POOL_LARGE, 0, SIZE_MAX, SIZE_MAX, NULL, NULL, blocking, false, tag,
+  _expseg_steal_pages(a, POOL_LARGE, 0, SIZE_MAX, SIZE_MAX, NULL, NULL, blocking, tag,
                       false);
   while (a->cache_count > top) _expseg_cache_release_at(a, a->cache_count - 1, &rb);
   for (segment_t *s = a->segments, *next; s; s = next) {

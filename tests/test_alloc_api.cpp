@@ -334,6 +334,29 @@ TEST(AllocApi, SmallGrowthDoesNotMoveALargeIdleChunk) {
   expect_consistent(A, "small growth");
 }
 
+// A large growth takes the small pool's idle chunk even when it covers only part of what
+// the growth lacks (the rest is created): the idle memory is not held beside new memory.
+// (When the other pool's chunks were taken only if they covered the whole growth, the
+// 4 MiB stayed idle in the small pool and the large pool created all 20 MiB.)
+TEST(AllocApi, GrowthTakesTheOtherPoolsIdleChunkThatCoversPartOfIt) {
+  AllocPtr a = make_alloc("sim:capacity=8G", "");
+  expseg_allocator *A = a.get();
+  void *s = nullptr, *p = nullptr;
+  ASSERT_EQ(expseg_malloc(A, 1024, 0, &s), EXPSEG_OK);
+  const int64_t small = stat_of(A, "reserved_bytes.small_pool.current");
+  ASSERT_GE(small, (int64_t)(2 * MiB));
+  ASSERT_LT(small, (int64_t)(20 * MiB));
+  ASSERT_EQ(stat_of(A, "expseg.driver.create"), 1) << "the small pool's pages: one chunk";
+  ASSERT_EQ(expseg_free(A, s), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(A, 20 * MiB, 0, &p), EXPSEG_OK);
+  EXPECT_EQ(stat_of(A, "expseg.pages_moved"), small / (int64_t)(2 * MiB));
+  EXPECT_EQ(stat_of(A, "reserved_bytes.small_pool.current"), 0);
+  EXPECT_EQ(stat_of(A, "reserved_bytes.all.current"), (int64_t)(20 * MiB)) << "no idle memory held";
+  EXPECT_EQ(stat_of(A, "expseg.created_bytes"), (int64_t)(20 * MiB)) << "only what was lacking";
+  ASSERT_EQ(expseg_free(A, p), EXPSEG_OK);
+  expect_consistent(A, "partial take");
+}
+
 // A held stream's pages do not move: the request creates new memory instead.
 TEST(AllocApi, PagesOfBusyStreamDoNotMove) {
   AllocPtr a = make_alloc("sim:capacity=8G", "");

@@ -99,8 +99,8 @@ std::string ProportionalCosts() {
 // (docs/benchmarks.md, "Placement and chunks", gives the figures and the targets still
 // missed): no more modelled driver time than PyTorch's expandable segments under both cost
 // tables (the default one, measured on an H200, and the one that prices every page a call
-// covers), and at most 1.06 x the peak live request + 8 MiB (the target is 1.02 x: four
-// recorded histories miss it, the worst at 1.052).
+// covers), and at most 1.05 x the peak live request + 8 MiB (the target is 1.02 x: one
+// recorded history misses it, silmont, at 1.046).
 TEST(ReplayModel, ExpsegHoldsLittleAndCostsNoMoreThanPytorchExpandable) {
   std::string missing;
   const std::vector<std::string> histories = RecordedHistories(&missing);
@@ -127,7 +127,7 @@ TEST(ReplayModel, ExpsegHoldsLittleAndCostsNoMoreThanPytorchExpandable) {
         SCOPED_TRACE(Str(el[i], "trace"));
         EXPECT_LE(Num(el[i], "driver_ms"), Num(pl[i], "driver_ms")) << el[i] << "\n" << pl[i];
         EXPECT_LE(Num(el[i], "peak_reserved"),
-                  1.06 * Num(el[i], "peak_requested") + 8.0 * (1 << 20))
+                  1.05 * Num(el[i], "peak_requested") + 8.0 * (1 << 20))
             << el[i];
         EXPECT_EQ(Num(el[i], "num_ooms"), 0) << el[i];
       }
