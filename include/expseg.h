@@ -442,6 +442,10 @@ typedef struct expseg_region_info {
   uint64_t deferred_frees; /* frees made while asleep, done at wake */
   uint64_t sleeps, wakes;  /* completed so far */
   uint64_t last_sleep_us, last_wake_us; /* duration of the last complete sleep / wake, us */
+  uint64_t last_sleep_at_us, last_wake_at_us; /* when they ended: us since the Unix epoch
+                                               * (0: none yet) */
+  uint64_t host_kept_bytes; /* pinned host memory kept from the last offload for the next
+                             * (awake; given back by expseg_empty_cache) */
 } expseg_region_info;
 EXPSEG_EXPORT expseg_status expseg_region_get_info(expseg_allocator *a, const char *tag,
                                                    expseg_region_info *out);

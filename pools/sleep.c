@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct crec_s { /* one physical chunk of a sleeping segment */
@@ -52,13 +53,15 @@ typedef struct sseg_s {
 typedef struct region_s {
   char name[64];
   expseg_pool_id pool;
-  uint32_t tag;
+  uint32_t tag, note; /* note: the tag in the history's text table (0: none) */
   bool asleep, no_bytes; /* no_bytes: the driver has none to copy (sim) */
   sseg_t *segs;
   size_t n_segs;
   block_t **deferred; /* frees made while asleep */
   size_t n_deferred, cap_deferred;
-  uint64_t sleeps, wakes, last_sleep_us, last_wake_us;
+  expseg_host_chunk_t *kept; /* host copies of the last offload, kept for the next one */
+  size_t n_kept, cap_kept;
+  uint64_t sleeps, wakes, last_sleep_us, last_wake_us, last_sleep_at_us, last_wake_at_us;
 } region_t;
 
 enum { STALE_MAX = 16 };
@@ -125,6 +128,7 @@ expseg_status expseg_region_begin(expseg_allocator *a, const char *tag) {
   expseg_pool_id pool = r ? r->pool : 0;
   api_unlock(a);
   if (pool == 0) { /* a new region: its pool, then its entry (another thread may race) */
+    const uint32_t note = _expseg_hist_note(tag); /* outside the lock: the table has its own */
     if ((st = expseg_pool_create(a, &pool)) != EXPSEG_OK) return st;
     api_lock(a);
     if ((r = find(a, tag)) != NULL) {
@@ -146,6 +150,7 @@ expseg_status expseg_region_begin(expseg_allocator *a, const char *tag) {
         snprintf(e->name, sizeof e->name, "%s", tag);
         e->pool = pool;
         e->tag = _expseg_ppool_live_tag(a, pool);
+        e->note = note;
       }
       api_unlock(a);
       if (st != EXPSEG_OK) {
@@ -269,29 +274,51 @@ static expseg_status drop_all(expseg_allocator *a, region_t *r) {
   return first;
 }
 
-/* Drives every chunk to created and mapped, access granted; stops at the first failure. */
-static expseg_status raise_all(expseg_allocator *a, region_t *r) {
-  expseg_status st;
-  for (size_t i = 0; i < r->n_segs; i++) {
-    sseg_t *g = &r->segs[i];
-    for (size_t k = 0; k < g->n_chunks; k++) {
-      crec_t *c = &g->chunks[k];
-      if (!c->alive) {
-        if ((st = _expseg_vmm_create(a->drv, c->size, &c->h)) != EXPSEG_OK) return st;
-        c->alive = true;
-        held_change(a, g->s, (int64_t)c->size);
-      }
-      if (!c->mapped) {
-        if ((st = _expseg_vmm_map(a->drv, c->addr, c->size, c->h, 0)) != EXPSEG_OK) return st;
-        c->mapped = true;
-        if (g->s->expandable) _expseg_stat_add(&a->stats.mapped_bytes, (int64_t)c->size);
-        if ((st = _expseg_vmm_set_access(a->drv, c->addr, c->size)) != EXPSEG_OK ||
-            (st = _expseg_peers_grant(a, c->addr, c->size)) != EXPSEG_OK)
-          return st;
-      }
+static expseg_status grant(expseg_allocator *a, uintptr_t lo, uintptr_t hi) {
+  expseg_status st = EXPSEG_OK;
+  if (hi > lo && (st = _expseg_vmm_set_access(a->drv, lo, hi - lo)) == EXPSEG_OK)
+    st = _expseg_peers_grant(a, lo, hi - lo);
+  return st;
+}
+
+/* Drives every chunk of g to created and mapped, with one set_access per contiguous range
+ * it maps (chunks still mapped by a sleep that failed part-way kept their access); stops
+ * at the first failure. */
+static expseg_status raise_seg(expseg_allocator *a, sseg_t *g) {
+  expseg_status st = EXPSEG_OK;
+  uintptr_t lo = 0, hi = 0; /* mapped here, access not yet granted */
+  for (size_t k = 0; k < g->n_chunks && st == EXPSEG_OK; k++) {
+    crec_t *c = &g->chunks[k];
+    if (!c->alive) {
+      if ((st = _expseg_vmm_create(a->drv, c->size, &c->h)) != EXPSEG_OK) break;
+      c->alive = true;
+      held_change(a, g->s, (int64_t)c->size);
     }
+    if (c->mapped) continue;
+    if (c->addr != hi) { /* not contiguous with the range before: that one first */
+      if ((st = grant(a, lo, hi)) != EXPSEG_OK) break;
+      lo = hi = c->addr;
+    }
+    if ((st = _expseg_vmm_map(a->drv, c->addr, c->size, c->h, 0)) != EXPSEG_OK) break;
+    c->mapped = true;
+    hi = c->addr + c->size;
+    if (g->s->expandable) _expseg_stat_add(&a->stats.mapped_bytes, (int64_t)c->size);
   }
-  return EXPSEG_OK;
+  if (st == EXPSEG_OK) st = grant(a, lo, hi);
+  return st;
+}
+
+/* Every segment raised, its offloaded bytes copied back right after. */
+static expseg_status raise_all(expseg_allocator *a, region_t *r) {
+  expseg_status st = EXPSEG_OK;
+  for (size_t i = 0; i < r->n_segs && st == EXPSEG_OK; i++) {
+    sseg_t *g = &r->segs[i];
+    st = raise_seg(a, g);
+    for (size_t k = 0; k < g->n_pieces && st == EXPSEG_OK && g->has_host && !r->no_bytes; k++)
+      st = _expseg_vmm_copy_in(a->drv, g->pieces[k].addr, (char *)g->host.ptr + g->pieces[k].off,
+                               g->pieces[k].size);
+  }
+  return st;
 }
 
 /* Host copies the driver refused to take back: kept and tried again at every sleep, wake
@@ -316,15 +343,57 @@ static void stale_retry(expseg_allocator *a, bool last) {
   for (size_t i = 0; i < n; i++) host_give_back(a, &c[i], last);
 }
 
-static void sseg_free(expseg_allocator *a, sseg_t *g) {
-  if (g->has_host) host_give_back(a, &g->host, false);
+/* A host copy kept by r for its next offload (given back when there is no room). */
+static void keep_host(expseg_allocator *a, region_t *r, const expseg_host_chunk_t *c) {
+  if (r->n_kept == r->cap_kept) {
+    size_t cap = r->cap_kept ? 2 * r->cap_kept : 4;
+    expseg_host_chunk_t *k = realloc(r->kept, cap * sizeof *k);
+    if (k == NULL) {
+      host_give_back(a, c, false);
+      return;
+    }
+    r->kept = k, r->cap_kept = cap;
+  }
+  r->kept[r->n_kept++] = *c;
+  _expseg_stat_add(&a->stats.sleep_host_kept_bytes, (int64_t)c->size);
+}
+
+/* The smallest kept host copy of `need` bytes up to twice that, taken out of the list. */
+static bool take_kept(expseg_allocator *a, region_t *r, size_t need, expseg_host_chunk_t *out) {
+  size_t best = SIZE_MAX;
+  for (size_t i = 0; i < r->n_kept; i++)
+    if (r->kept[i].size >= need && r->kept[i].size / 2 <= need &&
+        (best == SIZE_MAX || r->kept[i].size < r->kept[best].size))
+      best = i;
+  if (best == SIZE_MAX) return false;
+  *out = r->kept[best];
+  r->kept[best] = r->kept[--r->n_kept];
+  _expseg_stat_add(&a->stats.sleep_host_kept_bytes, -(int64_t)out->size);
+  return true;
+}
+
+static void kept_give_back(expseg_allocator *a, region_t *r) {
+  while (r->n_kept > 0) {
+    const expseg_host_chunk_t c = r->kept[--r->n_kept];
+    _expseg_stat_add(&a->stats.sleep_host_kept_bytes, -(int64_t)c.size);
+    host_give_back(a, &c, false);
+  }
+}
+
+/* keep: its host copy goes to r's kept list (a wake, a sleep that did not happen), else
+ * back to the driver. */
+static void sseg_free(expseg_allocator *a, region_t *r, sseg_t *g, bool keep) {
+  if (g->has_host) {
+    if (keep) keep_host(a, r, &g->host);
+    else host_give_back(a, &g->host, false);
+  }
   free(g->chunks);
   free(g->pieces);
   memset(g, 0, sizeof *g);
 }
 
-static void segs_free(expseg_allocator *a, region_t *r) {
-  for (size_t i = 0; i < r->n_segs; i++) sseg_free(a, &r->segs[i]);
+static void segs_free(expseg_allocator *a, region_t *r, bool keep) {
+  for (size_t i = 0; i < r->n_segs; i++) sseg_free(a, r, &r->segs[i], keep);
   free(r->segs);
   r->segs = NULL;
   r->n_segs = 0;
@@ -359,11 +428,13 @@ static expseg_status sseg_build(expseg_allocator *a, region_t *r, segment_t *s, 
   }
   if (!offload || bytes == 0) return EXPSEG_OK;
   const size_t os_page = (size_t)sysconf(_SC_PAGESIZE);
-  g->host = (expseg_host_chunk_t){.size = (bytes + os_page - 1) / os_page * os_page,
-                                  .numa_node = _expseg_vmm_host_numa(a->drv),
-                                  .fault_threads = 1};
-  expseg_status st = _expseg_vmm_host_alloc(a->drv, &g->host);
-  if (st != EXPSEG_OK) return st;
+  const size_t need = (bytes + os_page - 1) / os_page * os_page;
+  expseg_status st = EXPSEG_OK;
+  if (!take_kept(a, r, need, &g->host)) {
+    g->host = (expseg_host_chunk_t){.size = need, .numa_node = _expseg_vmm_host_numa(a->drv),
+                                    .fault_threads = 1};
+    if ((st = _expseg_vmm_host_alloc(a->drv, &g->host)) != EXPSEG_OK) return st;
+  }
   g->has_host = true;
   size_t off = 0;
   for (const block_t *b = s->first; b != NULL; b = b->next) {
@@ -408,9 +479,10 @@ static expseg_status sleep_locked(expseg_allocator *a, region_t *r, bool offload
     if (seg_tag(s) == r->tag && s->mapped_bytes > 0)
       st = sseg_build(a, r, s, offload, &r->segs[r->n_segs++]);
   if (st != EXPSEG_OK) {
-    segs_free(a, r);
+    segs_free(a, r, true);
     return st;
   }
+  kept_give_back(a, r); /* what this sleep did not reuse */
   /* from here the bytes are safe: the region is asleep whatever the driver does */
   for (size_t i = 0; i < r->n_segs; i++) r->segs[i].s->asleep = true;
   r->asleep = true;
@@ -429,19 +501,13 @@ static void commit_wake(expseg_allocator *a, region_t *r) {
     }
     s->asleep = false;
   }
-  segs_free(a, r);
+  segs_free(a, r, true);
   r->asleep = false;
 }
 
 static expseg_status wake_locked(expseg_allocator *a, region_t *r) {
   if (!r->asleep) return EXPSEG_OK;
   expseg_status st = raise_all(a, r);
-  for (size_t i = 0; i < r->n_segs && st == EXPSEG_OK && !r->no_bytes; i++) {
-    const sseg_t *g = &r->segs[i];
-    for (size_t k = 0; k < g->n_pieces && st == EXPSEG_OK && g->has_host; k++)
-      st = _expseg_vmm_copy_in(a->drv, g->pieces[k].addr, (char *)g->host.ptr + g->pieces[k].off,
-                               g->pieces[k].size);
-  }
   if (st != EXPSEG_OK) { /* back to asleep: nothing half restored */
     char cause[512];
     snprintf(cause, sizeof cause, "%s", expseg_last_error());
@@ -460,6 +526,28 @@ static expseg_status wake_locked(expseg_allocator *a, region_t *r) {
   for (size_t i = 0; i < nd; i++) (void)_expseg_free_locked(a, (void *)d[i]->ptr);
   free(d);
   return EXPSEG_OK;
+}
+
+static uint64_t epoch_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (uint64_t)t.tv_sec * 1000000u + (uint64_t)t.tv_nsec / 1000u;
+}
+
+/* The physical memory of r's sleeping segments (what a sleep gives back, a wake maps). */
+static uint64_t chunk_bytes(const region_t *r) {
+  uint64_t n = 0;
+  for (size_t i = 0; i < r->n_segs; i++)
+    for (size_t k = 0; k < r->segs[i].n_chunks; k++) n += r->segs[i].chunks[k].size;
+  return n;
+}
+
+/* A sleep or wake event: address 0, size the bytes, the tag as its text, on the region's
+ * pool. */
+static void hist_region(expseg_allocator *a, const region_t *r, int action, uint64_t bytes) {
+  if (a->hist == NULL) return;
+  hist_event_t *e = _expseg_hist_add(a, action, 0, bytes, skey_make(0, r->tag));
+  if (e != NULL) e->note = r->note;
 }
 
 static expseg_status run(expseg_allocator *a, const char *fn, const char *tag, int mode) {
@@ -481,10 +569,18 @@ static expseg_status run(expseg_allocator *a, const char *fn, const char *tag, i
   if (a->sleep->n_stale > 0) stale_retry(a, false);
   const uint64_t t0 = _expseg_vmm_now_ns(a->drv);
   const bool was = r->asleep;
+  const uint64_t bytes = was ? chunk_bytes(r) : 0; /* what a wake maps again */
   st = mode == -1 ? wake_locked(a, r) : sleep_locked(a, r, mode == EXPSEG_SLEEP_OFFLOAD);
-  const uint64_t us = (_expseg_vmm_now_ns(a->drv) - t0) / 1000;
-  if (st == EXPSEG_OK && mode == -1 && was) r->wakes++, r->last_wake_us = us;
-  if (st == EXPSEG_OK && mode != -1 && !was) r->sleeps++, r->last_sleep_us = us;
+  const uint64_t us = (_expseg_vmm_now_ns(a->drv) - t0) / 1000, at = epoch_us();
+  if (st == EXPSEG_OK && mode == -1 && was) {
+    r->wakes++, r->last_wake_us = us, r->last_wake_at_us = at;
+    hist_region(a, r, HIST_WAKE, bytes);
+  }
+  if (r->asleep && mode != -1 && !was) { /* asleep now, its bytes safe (a failed give-back
+                                          * is finished by the next sleep or wake) */
+    if (st == EXPSEG_OK) r->sleeps++, r->last_sleep_us = us, r->last_sleep_at_us = at;
+    hist_region(a, r, HIST_SLEEP, chunk_bytes(r));
+  }
   if (st != EXPSEG_OK) {
     char cause[512];
     snprintf(cause, sizeof cause, "%s", expseg_last_error());
@@ -522,6 +618,8 @@ expseg_status expseg_region_get_info(expseg_allocator *a, const char *tag,
     out->deferred_frees = r->n_deferred;
     out->sleeps = r->sleeps, out->wakes = r->wakes;
     out->last_sleep_us = r->last_sleep_us, out->last_wake_us = r->last_wake_us;
+    out->last_sleep_at_us = r->last_sleep_at_us, out->last_wake_at_us = r->last_wake_at_us;
+    for (size_t i = 0; i < r->n_kept; i++) out->host_kept_bytes += r->kept[i].size;
     for (const segment_t *s = a->segments; s != NULL; s = s->next_all) {
       if (seg_tag(s) != r->tag) continue;
       size_t mapped, chunks;
@@ -539,6 +637,10 @@ expseg_status expseg_region_get_info(expseg_allocator *a, const char *tag,
   return st;
 }
 
+void _expseg_sleep_trim(expseg_allocator *a) {
+  for (size_t i = 0; i < a->sleep->n; i++) kept_give_back(a, &a->sleep->r[i]);
+}
+
 void _expseg_sleep_destroy(expseg_allocator *a) {
   if (a->sleep == NULL) return;
   for (size_t i = 0; i < a->sleep->n; i++) {
@@ -554,7 +656,9 @@ void _expseg_sleep_destroy(expseg_allocator *a) {
       s->mapped_bytes = 0;
       s->handle = 0;
     }
-    segs_free(a, r);
+    segs_free(a, r, false);
+    kept_give_back(a, r);
+    free(r->kept);
     free(r->deferred);
   }
   stale_retry(a, false);
