@@ -17,7 +17,15 @@
  * failed step leaves the records true to the driver, so the next call continues from
  * there and nothing leaks; a wake that fails part-way drives everything back to asleep, so
  * a region is never half restored. Copies are the driver's synchronous copy (cuda:
- * cuMemcpyDtoH/HtoD), made with the allocator's lock held, as are the driver calls. */
+ * cuMemcpyDtoH/HtoD), made with the allocator's lock let go (the region marked busy: see
+ * copy_unlocked); the driver calls are made with it held. A wake maps each segment with one
+ * set_access per contiguous range, then copies that segment's bytes back.
+ *
+ * Host copies are kept: a wake keeps the region's pinned host copies and its next offload
+ * reuses those of the right size (at most twice the bytes), so a sleep-wake cycle after the
+ * first makes no host allocation and copies into memory already faulted in. Kept copies
+ * are counted (expseg.sleep_host_kept_bytes) and given back by expseg_empty_cache, a
+ * discarding sleep, or a sleep that does not need them. */
 #include "error.h"
 #include "internal.h"
 
@@ -55,6 +63,7 @@ typedef struct region_s {
   expseg_pool_id pool;
   uint32_t tag, note; /* note: the tag in the history's text table (0: none) */
   bool asleep, no_bytes; /* no_bytes: the driver has none to copy (sim) */
+  bool busy;             /* its bytes are being copied, the lock let go (copy_unlocked) */
   sseg_t *segs;
   size_t n_segs;
   block_t **deferred; /* frees made while asleep */
@@ -176,17 +185,17 @@ expseg_status expseg_region_end(expseg_allocator *a, const char *tag) {
 
 bool _expseg_sleep_refuses(expseg_allocator *a, uint32_t tag) {
   const region_t *r = find_tag(a, tag);
-  if (r == NULL || !r->asleep) return false;
+  if (r == NULL || !(r->asleep || r->busy)) return false;
   _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                    "expseg_malloc: region \"%s\" is asleep; wake it (expseg_wake) before "
+                    "expseg_malloc: region \"%s\" is %s; wake it (expseg_wake) before "
                     "allocating in it, or end it (expseg_region_end) to allocate elsewhere",
-                    r->name);
+                    r->name, r->asleep ? "asleep" : "going to sleep (its bytes are being copied)");
   return true;
 }
 
 expseg_status _expseg_sleep_defer_free(expseg_allocator *a, block_t *b) {
   region_t *r = find_tag(a, seg_tag(b->seg));
-  expseg_assert(r != NULL && r->asleep);
+  expseg_assert(r != NULL && (r->asleep || r->busy));
   for (size_t i = 0; i < r->n_deferred; i++)
     if (r->deferred[i] == b)
       return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
@@ -308,18 +317,6 @@ static expseg_status raise_seg(expseg_allocator *a, sseg_t *g) {
   return st;
 }
 
-/* Every segment raised, its offloaded bytes copied back right after. */
-static expseg_status raise_all(expseg_allocator *a, region_t *r) {
-  expseg_status st = EXPSEG_OK;
-  for (size_t i = 0; i < r->n_segs && st == EXPSEG_OK; i++) {
-    sseg_t *g = &r->segs[i];
-    st = raise_seg(a, g);
-    for (size_t k = 0; k < g->n_pieces && st == EXPSEG_OK && g->has_host && !r->no_bytes; k++)
-      st = _expseg_vmm_copy_in(a->drv, g->pieces[k].addr, (char *)g->host.ptr + g->pieces[k].off,
-                               g->pieces[k].size);
-  }
-  return st;
-}
 
 /* Host copies the driver refused to take back: kept and tried again at every sleep, wake
  * and destroy (reported only when the list is full or at destroy). */
@@ -440,14 +437,65 @@ static expseg_status sseg_build(expseg_allocator *a, region_t *r, segment_t *s, 
   for (const block_t *b = s->first; b != NULL; b = b->next) {
     if (b->state == BLOCK_FREE) continue;
     g->pieces[g->n_pieces++] = (piece_t){b->ptr, b->size, off};
-    if (!r->no_bytes) {
-      st = _expseg_vmm_copy_out(a->drv, (char *)g->host.ptr + off, b->ptr, b->size);
-      if (st == EXPSEG_ERR_UNSUPPORTED && off == 0) r->no_bytes = true; /* sim: no bytes */
-      else if (st != EXPSEG_OK) return st;
-    }
     off += b->size;
   }
   return EXPSEG_OK;
+}
+
+/* Copies the live bytes of segs[0..n) out to their host copies (in: back in). No lock
+ * needed: it reads the records of a busy region, which no other call changes, and the
+ * driver copies with its own. *no_bytes: the driver has no bytes (sim; found at the first
+ * copy). */
+static expseg_status copy_segs(expseg_vmm_t *drv, const sseg_t *segs, size_t n, bool in,
+                               bool *no_bytes) {
+  for (size_t i = 0; i < n && !*no_bytes; i++) {
+    const sseg_t *g = &segs[i];
+    for (size_t k = 0; k < g->n_pieces && g->has_host; k++) {
+      const piece_t *p = &g->pieces[k];
+      char *host = (char *)g->host.ptr + p->off;
+      expseg_status st = in ? _expseg_vmm_copy_in(drv, p->addr, host, p->size)
+                            : _expseg_vmm_copy_out(drv, host, p->addr, p->size);
+      if (st == EXPSEG_ERR_UNSUPPORTED && !in && i == 0 && k == 0) {
+        *no_bytes = true; /* sim */
+        break;
+      }
+      if (st != EXPSEG_OK) return st;
+    }
+  }
+  return EXPSEG_OK;
+}
+
+/* copy_segs of (*rp)->segs[first .. first + n) with the allocator's lock let go, so that
+ * other threads' calls go on during the copy; the region is busy meanwhile (a sleep or wake
+ * of it is refused, an allocation in it too, a free of its blocks is deferred as while it
+ * sleeps). *rp is found again after: the region table may have moved. */
+static expseg_status copy_unlocked(expseg_allocator *a, region_t **rp, size_t first, size_t n,
+                                   bool in) {
+  region_t *r = *rp;
+  char tag[sizeof r->name];
+  memcpy(tag, r->name, sizeof tag);
+  const sseg_t *segs = r->segs + first; /* r->segs is not freed nor moved while busy */
+  bool no_bytes = r->no_bytes;
+  r->busy = true;
+  api_unlock(a);
+  expseg_status st = copy_segs(a->drv, segs, n, in, &no_bytes);
+  char cause[512] = "";
+  if (st != EXPSEG_OK) snprintf(cause, sizeof cause, "%s", expseg_last_error());
+  api_lock(a);
+  *rp = r = find(a, tag);
+  r->busy = false;
+  r->no_bytes = no_bytes;
+  return st == EXPSEG_OK ? st : _expseg_error_set(st, "%s", cause);
+}
+
+/* The frees made while r slept or was busy, done now that its segments are awake. */
+static void apply_deferred(expseg_allocator *a, region_t *r) {
+  block_t **d = r->deferred;
+  size_t nd = r->n_deferred;
+  r->deferred = NULL;
+  r->n_deferred = r->cap_deferred = 0;
+  for (size_t i = 0; i < nd; i++) (void)_expseg_free_locked(a, (void *)d[i]->ptr);
+  free(d);
 }
 
 /* Waits for the work of every stream the region's blocks and segments are used on. */
@@ -464,7 +512,19 @@ static expseg_status wait_streams(expseg_allocator *a, uint32_t tag) {
   return EXPSEG_OK;
 }
 
-static expseg_status sleep_locked(expseg_allocator *a, region_t *r, bool offload) {
+/* Every segment raised (lock held), its offloaded bytes copied back right after (lock let
+ * go). */
+static expseg_status raise_all(expseg_allocator *a, region_t **rp) {
+  expseg_status st = EXPSEG_OK;
+  for (size_t i = 0; i < (*rp)->n_segs && st == EXPSEG_OK; i++)
+    if ((st = raise_seg(a, &(*rp)->segs[i])) == EXPSEG_OK && !(*rp)->no_bytes &&
+        (*rp)->segs[i].has_host)
+      st = copy_unlocked(a, rp, i, 1, true);
+  return st;
+}
+
+static expseg_status sleep_locked(expseg_allocator *a, region_t **rp, bool offload) {
+  region_t *r = *rp;
   if (r->asleep) return drop_all(a, r); /* a sleep that failed part-way: go on */
   expseg_status st = wait_streams(a, r->tag);
   if (st != EXPSEG_OK) return st;
@@ -483,8 +543,18 @@ static expseg_status sleep_locked(expseg_allocator *a, region_t *r, bool offload
     return st;
   }
   kept_give_back(a, r); /* what this sleep did not reuse */
-  /* from here the bytes are safe: the region is asleep whatever the driver does */
+  /* its segments sleep from here for the rest of the allocator (frees deferred, release
+   * and allocation kept away), while the bytes are copied out */
   for (size_t i = 0; i < r->n_segs; i++) r->segs[i].s->asleep = true;
+  if (offload) st = copy_unlocked(a, rp, 0, r->n_segs, false);
+  r = *rp;
+  if (st != EXPSEG_OK) { /* awake again as it was, with the frees made meanwhile */
+    for (size_t i = 0; i < r->n_segs; i++) r->segs[i].s->asleep = false;
+    segs_free(a, r, true);
+    apply_deferred(a, r);
+    return st;
+  }
+  /* from here the bytes are safe: the region is asleep whatever the driver does */
   r->asleep = true;
   return drop_all(a, r);
 }
@@ -505,9 +575,10 @@ static void commit_wake(expseg_allocator *a, region_t *r) {
   r->asleep = false;
 }
 
-static expseg_status wake_locked(expseg_allocator *a, region_t *r) {
-  if (!r->asleep) return EXPSEG_OK;
-  expseg_status st = raise_all(a, r);
+static expseg_status wake_locked(expseg_allocator *a, region_t **rp) {
+  if (!(*rp)->asleep) return EXPSEG_OK;
+  expseg_status st = raise_all(a, rp);
+  region_t *r = *rp;
   if (st != EXPSEG_OK) { /* back to asleep: nothing half restored */
     char cause[512];
     snprintf(cause, sizeof cause, "%s", expseg_last_error());
@@ -518,13 +589,7 @@ static expseg_status wake_locked(expseg_allocator *a, region_t *r) {
     return _expseg_error_set(st, "%s", cause);
   }
   commit_wake(a, r);
-  /* frees made while it slept */
-  block_t **d = r->deferred;
-  size_t nd = r->n_deferred;
-  r->deferred = NULL;
-  r->n_deferred = r->cap_deferred = 0;
-  for (size_t i = 0; i < nd; i++) (void)_expseg_free_locked(a, (void *)d[i]->ptr);
-  free(d);
+  apply_deferred(a, r); /* frees made while it slept */
   return EXPSEG_OK;
 }
 
@@ -566,11 +631,20 @@ static expseg_status run(expseg_allocator *a, const char *fn, const char *tag, i
     api_unlock(a);
     return st;
   }
+  if (r->busy) {
+    st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                           "%s(\"%s\"): a sleep or wake of this region is in progress on "
+                           "another thread; accepted: one at a time (call again when it "
+                           "returns)",
+                           fn, tag);
+    api_unlock(a);
+    return st;
+  }
   if (a->sleep->n_stale > 0) stale_retry(a, false);
   const uint64_t t0 = _expseg_vmm_now_ns(a->drv);
   const bool was = r->asleep;
   const uint64_t bytes = was ? chunk_bytes(r) : 0; /* what a wake maps again */
-  st = mode == -1 ? wake_locked(a, r) : sleep_locked(a, r, mode == EXPSEG_SLEEP_OFFLOAD);
+  st = mode == -1 ? wake_locked(a, &r) : sleep_locked(a, &r, mode == EXPSEG_SLEEP_OFFLOAD);
   const uint64_t us = (_expseg_vmm_now_ns(a->drv) - t0) / 1000, at = epoch_us();
   if (st == EXPSEG_OK && mode == -1 && was) {
     r->wakes++, r->last_wake_us = us, r->last_wake_at_us = at;

@@ -15,7 +15,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <ctime>
 #include <string>
 #include <vector>
@@ -439,6 +442,57 @@ TEST_P(Sleep, HistoryAndTimesOfSleepAndWake) {
   ASSERT_EQ(expseg_wake(a_, "sleep-history-tag"), EXPSEG_OK);
   live_.pop_back(); // discarded
   expect_data("end");
+}
+
+// The copies are made with the allocator's lock let go: once a sleep has made its host
+// copies (a host_alloc seen) and before it is asleep, and once a wake has created memory
+// and before it is awake, another thread's calls go through; a sleep or wake of the same
+// region meanwhile is refused, saying why.
+TEST_P(Sleep, OtherThreadsGoOnDuringTheCopies) {
+  if (a_ == nullptr) return;
+  if (!bytes()) GTEST_SKIP() << "sim has no bytes to copy";
+  fill_region();
+  void *warm = alloc(1 << 20); // the other thread's blocks come from the cache: no create
+  ASSERT_EQ(expseg_free(a_, warm), EXPSEG_OK);
+  live_.pop_back();
+  const uint64_t h0 = seen(a_, EXPSEG_VMM_CALL_host_alloc), c0 = seen(a_, EXPSEG_VMM_CALL_create);
+  std::atomic<bool> stop{false};
+  struct Seen {
+    bool in_sleep = false, in_wake = false;
+    expseg_status wake_in_sleep = EXPSEG_OK, sleep_in_wake = EXPSEG_OK;
+    std::string why_sleep, why_wake;
+  } v;
+  auto wait_for = [&](expseg_vmm_call k, uint64_t from) {
+    while (!stop.load() && seen(a_, k) == from) std::this_thread::yield();
+  };
+  std::thread other([&] {
+    void *p = nullptr;
+    wait_for(EXPSEG_VMM_CALL_host_alloc, h0); // the sleep is under way
+    if (expseg_malloc(a_, 1 << 20, 0, &p) != EXPSEG_OK || expseg_free(a_, p) != EXPSEG_OK) return;
+    v.wake_in_sleep = expseg_wake(a_, "w");
+    v.why_sleep = expseg_last_error();
+    v.in_sleep = !info("w").asleep; // all of that before the sleep ended
+    wait_for(EXPSEG_VMM_CALL_create, c0); // the wake is under way
+    if (expseg_malloc(a_, 1 << 20, 0, &p) != EXPSEG_OK || expseg_free(a_, p) != EXPSEG_OK) return;
+    v.sleep_in_wake = expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD);
+    v.why_wake = expseg_last_error();
+    v.in_wake = info("w").asleep; // all of that before the wake ended
+  });
+  const expseg_status s1 = expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD);
+  const expseg_status s2 = expseg_wake(a_, "w");
+  stop = true;
+  other.join();
+  ASSERT_EQ(s1, EXPSEG_OK);
+  ASSERT_EQ(s2, EXPSEG_OK);
+  EXPECT_TRUE(v.in_sleep) << "another thread's malloc waited for the whole sleep";
+  EXPECT_TRUE(v.in_wake) << "another thread's malloc waited for the whole wake";
+  EXPECT_EQ(v.wake_in_sleep, EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(v.why_sleep.find("in progress on another thread"), std::string::npos) << v.why_sleep;
+  EXPECT_EQ(v.sleep_in_wake, EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(v.why_wake.find("in progress on another thread"), std::string::npos) << v.why_wake;
+  EXPECT_FALSE(info("w").asleep);
+  expect_data("after wake");
+  check("end");
 }
 
 // ---- every driver call of a sleep and a wake fails in turn ----
