@@ -6,8 +6,8 @@
  * its blocks, the layout of its pages and their chunks: the allocator's bookkeeping is left
  * as it was) and only changes what stands behind it: the live blocks' bytes go to pinned
  * host memory (offload) or nowhere (discard), then each physical chunk is unmapped and
- * released. Wake creates a chunk of the same size for each, maps it at the same address,
- * grants access and copies the bytes back. Segments marked `asleep` are the only ones whose
+ * released. Wake takes a chunk of the same size for each from the page cache, else creates
+ * one, maps it at the same address, grants access and copies the bytes back. Segments marked `asleep` are the only ones whose
  * pages and handles do not describe memory held: what they hold (chunks a refused unmap or
  * release left behind) is in this file's records, which expseg_check and the statistics
  * read through _expseg_seg_held.
@@ -28,6 +28,7 @@
  * discarding sleep, or a sleep that does not need them. */
 #include "error.h"
 #include "internal.h"
+#include "release.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -290,7 +291,22 @@ static expseg_status grant(expseg_allocator *a, uintptr_t lo, uintptr_t hi) {
   return st;
 }
 
-/* Drives every chunk of g to created and mapped, with one set_access per contiguous range
+/* The page cache supplies physical memory first: the newest cached chunk of exactly c's
+ * size becomes c's (its reserved_bytes moved to s's pool; no create). */
+static bool take_cached(expseg_allocator *a, const segment_t *s, crec_t *c) {
+  for (size_t i = a->cache_count; i-- > 0;) {
+    if (a->cache[i].size != c->size) continue;
+    const chunk_t k = _expseg_cache_take(a, i, s->pool);
+    c->h = k.h;
+    c->alive = true;
+    _expseg_ppool_reserved(a, s, (int64_t)c->size);
+    a->stats.page_cache_hits += (int64_t)(c->size / (s->expandable ? s->page : c->size));
+    return true;
+  }
+  return false;
+}
+
+/* Drives every chunk of g to created (or taken from the page cache) and mapped, with one set_access per contiguous range
  * it maps (chunks still mapped by a sleep that failed part-way kept their access); stops
  * at the first failure. */
 static expseg_status raise_seg(expseg_allocator *a, sseg_t *g) {
@@ -298,7 +314,7 @@ static expseg_status raise_seg(expseg_allocator *a, sseg_t *g) {
   uintptr_t lo = 0, hi = 0; /* mapped here, access not yet granted */
   for (size_t k = 0; k < g->n_chunks && st == EXPSEG_OK; k++) {
     crec_t *c = &g->chunks[k];
-    if (!c->alive) {
+    if (!c->alive && !take_cached(a, g->s, c)) {
       if ((st = _expseg_vmm_create(a->drv, c->size, &c->h)) != EXPSEG_OK) break;
       c->alive = true;
       held_change(a, g->s, (int64_t)c->size);

@@ -353,6 +353,35 @@ TEST_P(Sleep, HostCopiesAreKeptForTheNextOffload) {
   check("end");
 }
 
+// A wake takes physical memory from the page cache first: a chunk of the size it needs,
+// left there by a general allocation whose map failed, is mapped instead of created.
+TEST_P(Sleep, WakeTakesThePageCacheFirst) {
+  if (a_ == nullptr) return;
+  if (std::string(std::get<1>(GetParam())).find("True") == std::string::npos)
+    GTEST_SKIP() << "the test fills the page cache through a failed growth of an expandable segment";
+  ASSERT_EQ(expseg_region_begin(a_, "p"), EXPSEG_OK);
+  alloc(8 * MiB); // one chunk of 8 MiB
+  ASSERT_EQ(expseg_region_end(a_, "p"), EXPSEG_OK);
+  ASSERT_EQ(expseg_sleep(a_, "p", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(info("p").asleep_bytes, 8 * MiB);
+  // an 8 MiB chunk into the page cache: created, its map refused
+  ASSERT_EQ(expseg_testing_set_faults(a_, "map@1"), EXPSEG_OK);
+  void *p = nullptr;
+  EXPECT_NE(expseg_malloc(a_, 8 * MiB, 0, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_testing_set_faults(a_, ""), EXPSEG_OK);
+  ASSERT_EQ(stat_of(a_, "expseg.cached_physical_bytes.current"), (int64_t)(8 * MiB));
+  const int64_t hits = stat_of(a_, "expseg.page_cache_hits"), reserved = stat_of(a_, "reserved_bytes.all.current");
+  const uint64_t creates = seen(a_, EXPSEG_VMM_CALL_create);
+  ASSERT_EQ(expseg_wake(a_, "p"), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(seen(a_, EXPSEG_VMM_CALL_create), creates);
+  EXPECT_EQ(stat_of(a_, "expseg.cached_physical_bytes.current"), 0);
+  EXPECT_EQ(stat_of(a_, "expseg.page_cache_hits"), hits + 4); // 2 MiB pages
+  EXPECT_EQ(stat_of(a_, "reserved_bytes.all.current"), reserved); // moved, not created
+  EXPECT_EQ(info("p").device_bytes, 8 * MiB);
+  expect_data("after a wake on cached memory");
+  check("end");
+}
+
 TEST_P(Sleep, WakeGrantsAccessOncePerMappedRange) {
   if (a_ == nullptr) return;
   fill_region();
