@@ -2,7 +2,10 @@
 /* bench_sleep.c: expseg-bench-sleep, the cost of putting a region to sleep and waking it.
  * A region of --size MiB (blocks of --block MiB) is filled, put to sleep with offload and
  * woken, --rounds times; each round also times a plain memcpy of the same bytes to a host
- * buffer and back (the floor for the copies), in the same process on the same memory. On
+ * buffer and back (the floor for the copies), in the same process on the same memory, and
+ * a memcpy into freshly mapped pages (what a wake's copy-back meets: memory given back by
+ * the sleep comes back without its pages, each faulted in on first touch). The first
+ * round, whose sleep makes its pinned host copies, is also shown apart. On
  * `host` the device memory is this process's memory (filled and checked directly); on
  * `sim` there are no bytes and the tool reports the driver calls per GiB of one sleep and
  * one wake (expseg.driver.<call> statistics). Public API only. */
@@ -13,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 static uint64_t now_ns(void) {
@@ -71,8 +75,10 @@ int main(int argc, char **argv) {
   const size_t block = (size_t)block_mb << 20, n = (size_t)((size_mb + block_mb - 1) / block_mb);
   void **p = calloc(n, sizeof *p);
   unsigned char *host = bytes ? malloc(n * block) : NULL;
-  uint64_t *t_sleep = calloc(rounds, 8), *t_wake = calloc(rounds, 8), *t_copy = calloc(rounds, 8);
-  if (!p || (bytes && !host) || !t_sleep || !t_wake || !t_copy) return fail("out of host memory");
+  uint64_t *t_sleep = calloc(rounds, 8), *t_wake = calloc(rounds, 8), *t_copy = calloc(rounds, 8),
+           *t_fresh = calloc(rounds, 8);
+  if (!p || (bytes && !host) || !t_sleep || !t_wake || !t_copy || !t_fresh)
+    return fail("out of host memory");
   if (expseg_region_begin(a, "r") != EXPSEG_OK) return fail("region_begin");
   for (size_t i = 0; i < n; i++) {
     if (expseg_malloc(a, block, 0, &p[i]) != EXPSEG_OK) return fail("malloc");
@@ -98,26 +104,40 @@ int main(int argc, char **argv) {
       for (size_t i = 0; i < n; i++) memcpy(host + i * block, p[i], block);
       for (size_t i = 0; i < n; i++) memcpy(p[i], host + i * block, block);
       t_copy[r] = now_ns() - m0;
+      unsigned char *fresh = mmap(NULL, n * block, PROT_READ | PROT_WRITE,
+                                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (fresh == MAP_FAILED) return fail("mmap of the fresh-pages floor");
+      m0 = now_ns();
+      for (size_t i = 0; i < n; i++) memcpy(fresh + i * block, host + i * block, block);
+      t_fresh[r] = now_ns() - m0;
+      munmap(fresh, n * block);
     }
   }
+  const uint64_t first_sleep = t_sleep[0], first_wake = t_wake[0];
   qsort(t_sleep, rounds, 8, cmp_u64);
   qsort(t_wake, rounds, 8, cmp_u64);
   qsort(t_copy, rounds, 8, cmp_u64);
+  qsort(t_fresh, rounds, 8, cmp_u64);
   const double gib = (double)(n * block) / (1u << 30);
   printf("driver %s, region %.2f GiB in %zu blocks of %" PRIu64 " MiB, median of %" PRIu64
          " rounds\n", driver, gib, n, block_mb, rounds);
   printf("sleep (offload) %.1f ms, wake %.1f ms, sleep + wake %.1f ms\n", t_sleep[rounds / 2] / 1e6,
          t_wake[rounds / 2] / 1e6, (t_sleep[rounds / 2] + t_wake[rounds / 2]) / 1e6);
-  if (bytes)
+  printf("first round (host copies made): sleep %.1f ms, wake %.1f ms\n", first_sleep / 1e6,
+         first_wake / 1e6);
+  if (bytes) {
     printf("memcpy of the same bytes out and back %.1f ms: sleep + wake / memcpy = %.2f\n",
            t_copy[rounds / 2] / 1e6,
            (double)(t_sleep[rounds / 2] + t_wake[rounds / 2]) / (double)t_copy[rounds / 2]);
+    printf("memcpy into fresh pages (one way) %.1f ms: wake / that = %.2f\n",
+           t_fresh[rounds / 2] / 1e6, (double)t_wake[rounds / 2] / (double)t_fresh[rounds / 2]);
+  }
   printf("driver calls per GiB (last round):");
   for (int i = 0; i < N_CALLS; i++)
     printf(" %s %.1f+%.1f", kCalls[i], (c1[i] - c0[i]) / gib, (c2[i] - c1[i]) / gib);
   printf("  (sleep+wake)\n");
   for (size_t i = 0; i < n; i++) (void)expseg_free(a, p[i]);
   expseg_destroy(a);
-  free(p), free(host), free(t_sleep), free(t_wake), free(t_copy);
+  free(p), free(host), free(t_sleep), free(t_wake), free(t_copy), free(t_fresh);
   return 0;
 }

@@ -158,7 +158,8 @@ EXPSEG_EXPORT void expseg_host_reset_peak_stats(expseg_host_pool *h);
 
 /* ---- History, snapshots and readable reports (docs/snapshots.md) ----
  * expseg_record_history(a, true, n) keeps the newest n (>= 1) events (alloc, free_requested,
- * free_completed, segment_alloc/free/map/unmap, oom, snapshot) with C stacks and the frames
+ * free_completed, segment_alloc/free/map/unmap, oom, snapshot, annotate, and expseg's own
+ * sleep and wake of a region: docs/snapshots.md) with C stacks and the frames
  * pushed by the calling thread; false stops recording and clears the history (as PyTorch).
  * The _ex form takes EXPSEG_HISTORY_* flags (0 = no C stacks: the cheaper recording). */
 #define EXPSEG_HISTORY_C_STACKS 1u
@@ -257,7 +258,8 @@ typedef struct expseg_walk_segment {
 typedef struct expseg_walk_event {
   const char *action; /* PyTorch's TraceEntry action: "alloc", "free_requested",
                        * "free_completed", "segment_alloc", "segment_free", "segment_map",
-                       * "segment_unmap", "oom", "snapshot", "annotate" */
+                       * "segment_unmap", "oom", "snapshot", "annotate"; expseg's own
+                       * "sleep" and "wake" of a region (addr 0, size its bytes) */
   uint64_t addr;      /* oom: the device's free bytes */
   uint64_t size;
   expseg_stream stream;
@@ -442,6 +444,10 @@ typedef struct expseg_region_info {
   uint64_t deferred_frees; /* frees made while asleep, done at wake */
   uint64_t sleeps, wakes;  /* completed so far */
   uint64_t last_sleep_us, last_wake_us; /* duration of the last complete sleep / wake, us */
+  uint64_t last_sleep_at_us, last_wake_at_us; /* when they ended: us since the Unix epoch
+                                               * (0: none yet) */
+  uint64_t host_kept_bytes; /* pinned host memory kept from the last offload for the next
+                             * (awake; given back by expseg_empty_cache) */
 } expseg_region_info;
 EXPSEG_EXPORT expseg_status expseg_region_get_info(expseg_allocator *a, const char *tag,
                                                    expseg_region_info *out);

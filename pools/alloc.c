@@ -518,6 +518,7 @@ expseg_status expseg_empty_cache(expseg_allocator *a) {
    * pools whose blocks are all free are given back either way */
   if (a->n_routes == 0) _expseg_release_cached(a, false);
   _expseg_ppool_reap(a, true);
+  if (a->sleep != NULL) _expseg_sleep_trim(a);
   api_unlock(a);
   return EXPSEG_OK;
 }

@@ -553,6 +553,8 @@ size_t _expseg_seg_held(const expseg_allocator *a, const segment_t *s, size_t *m
 /* Before the segments are given back at destroy: host copies freed, sleeping segments'
  * remaining chunks released, their layout marked unmapped. */
 void _expseg_sleep_destroy(expseg_allocator *a);
+/* expseg_empty_cache: the host copies awake regions keep for their next sleep given back. */
+void _expseg_sleep_trim(expseg_allocator *a);
 
 /* ---- check.c ---- */
 expseg_status _expseg_check_locked(const expseg_allocator *a);

@@ -6,8 +6,8 @@
  * its blocks, the layout of its pages and their chunks: the allocator's bookkeeping is left
  * as it was) and only changes what stands behind it: the live blocks' bytes go to pinned
  * host memory (offload) or nowhere (discard), then each physical chunk is unmapped and
- * released. Wake creates a chunk of the same size for each, maps it at the same address,
- * grants access and copies the bytes back. Segments marked `asleep` are the only ones whose
+ * released. Wake takes a chunk of the same size for each from the page cache, else creates
+ * one, maps it at the same address, grants access and copies the bytes back. Segments marked `asleep` are the only ones whose
  * pages and handles do not describe memory held: what they hold (chunks a refused unmap or
  * release left behind) is in this file's records, which expseg_check and the statistics
  * read through _expseg_seg_held.
@@ -17,14 +17,24 @@
  * failed step leaves the records true to the driver, so the next call continues from
  * there and nothing leaks; a wake that fails part-way drives everything back to asleep, so
  * a region is never half restored. Copies are the driver's synchronous copy (cuda:
- * cuMemcpyDtoH/HtoD), made with the allocator's lock held, as are the driver calls. */
+ * cuMemcpyDtoH/HtoD), made with the allocator's lock let go (the region marked busy: see
+ * copy_unlocked); the driver calls are made with it held. A wake maps each segment with one
+ * set_access per contiguous range, then copies that segment's bytes back.
+ *
+ * Host copies are kept: a wake keeps the region's pinned host copies and its next offload
+ * reuses those of the right size (at most twice the bytes), so a sleep-wake cycle after the
+ * first makes no host allocation and copies into memory already faulted in. Kept copies
+ * are counted (expseg.sleep_host_kept_bytes) and given back by expseg_empty_cache, a
+ * discarding sleep, or a sleep that does not need them. */
 #include "error.h"
 #include "internal.h"
+#include "release.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct crec_s { /* one physical chunk of a sleeping segment */
@@ -52,13 +62,16 @@ typedef struct sseg_s {
 typedef struct region_s {
   char name[64];
   expseg_pool_id pool;
-  uint32_t tag;
+  uint32_t tag, note; /* note: the tag in the history's text table (0: none) */
   bool asleep, no_bytes; /* no_bytes: the driver has none to copy (sim) */
+  bool busy;             /* its bytes are being copied, the lock let go (copy_unlocked) */
   sseg_t *segs;
   size_t n_segs;
   block_t **deferred; /* frees made while asleep */
   size_t n_deferred, cap_deferred;
-  uint64_t sleeps, wakes, last_sleep_us, last_wake_us;
+  expseg_host_chunk_t *kept; /* host copies of the last offload, kept for the next one */
+  size_t n_kept, cap_kept;
+  uint64_t sleeps, wakes, last_sleep_us, last_wake_us, last_sleep_at_us, last_wake_at_us;
 } region_t;
 
 enum { STALE_MAX = 16 };
@@ -125,6 +138,7 @@ expseg_status expseg_region_begin(expseg_allocator *a, const char *tag) {
   expseg_pool_id pool = r ? r->pool : 0;
   api_unlock(a);
   if (pool == 0) { /* a new region: its pool, then its entry (another thread may race) */
+    const uint32_t note = _expseg_hist_note(tag); /* outside the lock: the table has its own */
     if ((st = expseg_pool_create(a, &pool)) != EXPSEG_OK) return st;
     api_lock(a);
     if ((r = find(a, tag)) != NULL) {
@@ -146,6 +160,7 @@ expseg_status expseg_region_begin(expseg_allocator *a, const char *tag) {
         snprintf(e->name, sizeof e->name, "%s", tag);
         e->pool = pool;
         e->tag = _expseg_ppool_live_tag(a, pool);
+        e->note = note;
       }
       api_unlock(a);
       if (st != EXPSEG_OK) {
@@ -171,17 +186,17 @@ expseg_status expseg_region_end(expseg_allocator *a, const char *tag) {
 
 bool _expseg_sleep_refuses(expseg_allocator *a, uint32_t tag) {
   const region_t *r = find_tag(a, tag);
-  if (r == NULL || !r->asleep) return false;
+  if (r == NULL || !(r->asleep || r->busy)) return false;
   _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                    "expseg_malloc: region \"%s\" is asleep; wake it (expseg_wake) before "
+                    "expseg_malloc: region \"%s\" is %s; wake it (expseg_wake) before "
                     "allocating in it, or end it (expseg_region_end) to allocate elsewhere",
-                    r->name);
+                    r->name, r->asleep ? "asleep" : "going to sleep (its bytes are being copied)");
   return true;
 }
 
 expseg_status _expseg_sleep_defer_free(expseg_allocator *a, block_t *b) {
   region_t *r = find_tag(a, seg_tag(b->seg));
-  expseg_assert(r != NULL && r->asleep);
+  expseg_assert(r != NULL && (r->asleep || r->busy));
   for (size_t i = 0; i < r->n_deferred; i++)
     if (r->deferred[i] == b)
       return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
@@ -269,30 +284,55 @@ static expseg_status drop_all(expseg_allocator *a, region_t *r) {
   return first;
 }
 
-/* Drives every chunk to created and mapped, access granted; stops at the first failure. */
-static expseg_status raise_all(expseg_allocator *a, region_t *r) {
-  expseg_status st;
-  for (size_t i = 0; i < r->n_segs; i++) {
-    sseg_t *g = &r->segs[i];
-    for (size_t k = 0; k < g->n_chunks; k++) {
-      crec_t *c = &g->chunks[k];
-      if (!c->alive) {
-        if ((st = _expseg_vmm_create(a->drv, c->size, &c->h)) != EXPSEG_OK) return st;
-        c->alive = true;
-        held_change(a, g->s, (int64_t)c->size);
-      }
-      if (!c->mapped) {
-        if ((st = _expseg_vmm_map(a->drv, c->addr, c->size, c->h, 0)) != EXPSEG_OK) return st;
-        c->mapped = true;
-        if (g->s->expandable) _expseg_stat_add(&a->stats.mapped_bytes, (int64_t)c->size);
-        if ((st = _expseg_vmm_set_access(a->drv, c->addr, c->size)) != EXPSEG_OK ||
-            (st = _expseg_peers_grant(a, c->addr, c->size)) != EXPSEG_OK)
-          return st;
-      }
-    }
-  }
-  return EXPSEG_OK;
+static expseg_status grant(expseg_allocator *a, uintptr_t lo, uintptr_t hi) {
+  expseg_status st = EXPSEG_OK;
+  if (hi > lo && (st = _expseg_vmm_set_access(a->drv, lo, hi - lo)) == EXPSEG_OK)
+    st = _expseg_peers_grant(a, lo, hi - lo);
+  return st;
 }
+
+/* The page cache supplies physical memory first: the newest cached chunk of exactly c's
+ * size becomes c's (its reserved_bytes moved to s's pool; no create). */
+static bool take_cached(expseg_allocator *a, const segment_t *s, crec_t *c) {
+  for (size_t i = a->cache_count; i-- > 0;) {
+    if (a->cache[i].size != c->size) continue;
+    const chunk_t k = _expseg_cache_take(a, i, s->pool);
+    c->h = k.h;
+    c->alive = true;
+    _expseg_ppool_reserved(a, s, (int64_t)c->size);
+    a->stats.page_cache_hits += (int64_t)(c->size / (s->expandable ? s->page : c->size));
+    return true;
+  }
+  return false;
+}
+
+/* Drives every chunk of g to created (or taken from the page cache) and mapped, with one set_access per contiguous range
+ * it maps (chunks still mapped by a sleep that failed part-way kept their access); stops
+ * at the first failure. */
+static expseg_status raise_seg(expseg_allocator *a, sseg_t *g) {
+  expseg_status st = EXPSEG_OK;
+  uintptr_t lo = 0, hi = 0; /* mapped here, access not yet granted */
+  for (size_t k = 0; k < g->n_chunks && st == EXPSEG_OK; k++) {
+    crec_t *c = &g->chunks[k];
+    if (!c->alive && !take_cached(a, g->s, c)) {
+      if ((st = _expseg_vmm_create(a->drv, c->size, &c->h)) != EXPSEG_OK) break;
+      c->alive = true;
+      held_change(a, g->s, (int64_t)c->size);
+    }
+    if (c->mapped) continue;
+    if (c->addr != hi) { /* not contiguous with the range before: that one first */
+      if ((st = grant(a, lo, hi)) != EXPSEG_OK) break;
+      lo = hi = c->addr;
+    }
+    if ((st = _expseg_vmm_map(a->drv, c->addr, c->size, c->h, 0)) != EXPSEG_OK) break;
+    c->mapped = true;
+    hi = c->addr + c->size;
+    if (g->s->expandable) _expseg_stat_add(&a->stats.mapped_bytes, (int64_t)c->size);
+  }
+  if (st == EXPSEG_OK) st = grant(a, lo, hi);
+  return st;
+}
+
 
 /* Host copies the driver refused to take back: kept and tried again at every sleep, wake
  * and destroy (reported only when the list is full or at destroy). */
@@ -316,15 +356,57 @@ static void stale_retry(expseg_allocator *a, bool last) {
   for (size_t i = 0; i < n; i++) host_give_back(a, &c[i], last);
 }
 
-static void sseg_free(expseg_allocator *a, sseg_t *g) {
-  if (g->has_host) host_give_back(a, &g->host, false);
+/* A host copy kept by r for its next offload (given back when there is no room). */
+static void keep_host(expseg_allocator *a, region_t *r, const expseg_host_chunk_t *c) {
+  if (r->n_kept == r->cap_kept) {
+    size_t cap = r->cap_kept ? 2 * r->cap_kept : 4;
+    expseg_host_chunk_t *k = realloc(r->kept, cap * sizeof *k);
+    if (k == NULL) {
+      host_give_back(a, c, false);
+      return;
+    }
+    r->kept = k, r->cap_kept = cap;
+  }
+  r->kept[r->n_kept++] = *c;
+  _expseg_stat_add(&a->stats.sleep_host_kept_bytes, (int64_t)c->size);
+}
+
+/* The smallest kept host copy of `need` bytes up to twice that, taken out of the list. */
+static bool take_kept(expseg_allocator *a, region_t *r, size_t need, expseg_host_chunk_t *out) {
+  size_t best = SIZE_MAX;
+  for (size_t i = 0; i < r->n_kept; i++)
+    if (r->kept[i].size >= need && r->kept[i].size / 2 <= need &&
+        (best == SIZE_MAX || r->kept[i].size < r->kept[best].size))
+      best = i;
+  if (best == SIZE_MAX) return false;
+  *out = r->kept[best];
+  r->kept[best] = r->kept[--r->n_kept];
+  _expseg_stat_add(&a->stats.sleep_host_kept_bytes, -(int64_t)out->size);
+  return true;
+}
+
+static void kept_give_back(expseg_allocator *a, region_t *r) {
+  while (r->n_kept > 0) {
+    const expseg_host_chunk_t c = r->kept[--r->n_kept];
+    _expseg_stat_add(&a->stats.sleep_host_kept_bytes, -(int64_t)c.size);
+    host_give_back(a, &c, false);
+  }
+}
+
+/* keep: its host copy goes to r's kept list (a wake, a sleep that did not happen), else
+ * back to the driver. */
+static void sseg_free(expseg_allocator *a, region_t *r, sseg_t *g, bool keep) {
+  if (g->has_host) {
+    if (keep) keep_host(a, r, &g->host);
+    else host_give_back(a, &g->host, false);
+  }
   free(g->chunks);
   free(g->pieces);
   memset(g, 0, sizeof *g);
 }
 
-static void segs_free(expseg_allocator *a, region_t *r) {
-  for (size_t i = 0; i < r->n_segs; i++) sseg_free(a, &r->segs[i]);
+static void segs_free(expseg_allocator *a, region_t *r, bool keep) {
+  for (size_t i = 0; i < r->n_segs; i++) sseg_free(a, r, &r->segs[i], keep);
   free(r->segs);
   r->segs = NULL;
   r->n_segs = 0;
@@ -359,24 +441,77 @@ static expseg_status sseg_build(expseg_allocator *a, region_t *r, segment_t *s, 
   }
   if (!offload || bytes == 0) return EXPSEG_OK;
   const size_t os_page = (size_t)sysconf(_SC_PAGESIZE);
-  g->host = (expseg_host_chunk_t){.size = (bytes + os_page - 1) / os_page * os_page,
-                                  .numa_node = _expseg_vmm_host_numa(a->drv),
-                                  .fault_threads = 1};
-  expseg_status st = _expseg_vmm_host_alloc(a->drv, &g->host);
-  if (st != EXPSEG_OK) return st;
+  const size_t need = (bytes + os_page - 1) / os_page * os_page;
+  expseg_status st = EXPSEG_OK;
+  if (!take_kept(a, r, need, &g->host)) {
+    g->host = (expseg_host_chunk_t){.size = need, .numa_node = _expseg_vmm_host_numa(a->drv),
+                                    .fault_threads = 1};
+    if ((st = _expseg_vmm_host_alloc(a->drv, &g->host)) != EXPSEG_OK) return st;
+  }
   g->has_host = true;
   size_t off = 0;
   for (const block_t *b = s->first; b != NULL; b = b->next) {
     if (b->state == BLOCK_FREE) continue;
     g->pieces[g->n_pieces++] = (piece_t){b->ptr, b->size, off};
-    if (!r->no_bytes) {
-      st = _expseg_vmm_copy_out(a->drv, (char *)g->host.ptr + off, b->ptr, b->size);
-      if (st == EXPSEG_ERR_UNSUPPORTED && off == 0) r->no_bytes = true; /* sim: no bytes */
-      else if (st != EXPSEG_OK) return st;
-    }
     off += b->size;
   }
   return EXPSEG_OK;
+}
+
+/* Copies the live bytes of segs[0..n) out to their host copies (in: back in). No lock
+ * needed: it reads the records of a busy region, which no other call changes, and the
+ * driver copies with its own. *no_bytes: the driver has no bytes (sim; found at the first
+ * copy). */
+static expseg_status copy_segs(expseg_vmm_t *drv, const sseg_t *segs, size_t n, bool in,
+                               bool *no_bytes) {
+  for (size_t i = 0; i < n && !*no_bytes; i++) {
+    const sseg_t *g = &segs[i];
+    for (size_t k = 0; k < g->n_pieces && g->has_host; k++) {
+      const piece_t *p = &g->pieces[k];
+      char *host = (char *)g->host.ptr + p->off;
+      expseg_status st = in ? _expseg_vmm_copy_in(drv, p->addr, host, p->size)
+                            : _expseg_vmm_copy_out(drv, host, p->addr, p->size);
+      if (st == EXPSEG_ERR_UNSUPPORTED && !in && i == 0 && k == 0) {
+        *no_bytes = true; /* sim */
+        break;
+      }
+      if (st != EXPSEG_OK) return st;
+    }
+  }
+  return EXPSEG_OK;
+}
+
+/* copy_segs of (*rp)->segs[first .. first + n) with the allocator's lock let go, so that
+ * other threads' calls go on during the copy; the region is busy meanwhile (a sleep or wake
+ * of it is refused, an allocation in it too, a free of its blocks is deferred as while it
+ * sleeps). *rp is found again after: the region table may have moved. */
+static expseg_status copy_unlocked(expseg_allocator *a, region_t **rp, size_t first, size_t n,
+                                   bool in) {
+  region_t *r = *rp;
+  char tag[sizeof r->name];
+  memcpy(tag, r->name, sizeof tag);
+  const sseg_t *segs = r->segs + first; /* r->segs is not freed nor moved while busy */
+  bool no_bytes = r->no_bytes;
+  r->busy = true;
+  api_unlock(a);
+  expseg_status st = copy_segs(a->drv, segs, n, in, &no_bytes);
+  char cause[512] = "";
+  if (st != EXPSEG_OK) snprintf(cause, sizeof cause, "%s", expseg_last_error());
+  api_lock(a);
+  *rp = r = find(a, tag);
+  r->busy = false;
+  r->no_bytes = no_bytes;
+  return st == EXPSEG_OK ? st : _expseg_error_set(st, "%s", cause);
+}
+
+/* The frees made while r slept or was busy, done now that its segments are awake. */
+static void apply_deferred(expseg_allocator *a, region_t *r) {
+  block_t **d = r->deferred;
+  size_t nd = r->n_deferred;
+  r->deferred = NULL;
+  r->n_deferred = r->cap_deferred = 0;
+  for (size_t i = 0; i < nd; i++) (void)_expseg_free_locked(a, (void *)d[i]->ptr);
+  free(d);
 }
 
 /* Waits for the work of every stream the region's blocks and segments are used on. */
@@ -393,7 +528,19 @@ static expseg_status wait_streams(expseg_allocator *a, uint32_t tag) {
   return EXPSEG_OK;
 }
 
-static expseg_status sleep_locked(expseg_allocator *a, region_t *r, bool offload) {
+/* Every segment raised (lock held), its offloaded bytes copied back right after (lock let
+ * go). */
+static expseg_status raise_all(expseg_allocator *a, region_t **rp) {
+  expseg_status st = EXPSEG_OK;
+  for (size_t i = 0; i < (*rp)->n_segs && st == EXPSEG_OK; i++)
+    if ((st = raise_seg(a, &(*rp)->segs[i])) == EXPSEG_OK && !(*rp)->no_bytes &&
+        (*rp)->segs[i].has_host)
+      st = copy_unlocked(a, rp, i, 1, true);
+  return st;
+}
+
+static expseg_status sleep_locked(expseg_allocator *a, region_t **rp, bool offload) {
+  region_t *r = *rp;
   if (r->asleep) return drop_all(a, r); /* a sleep that failed part-way: go on */
   expseg_status st = wait_streams(a, r->tag);
   if (st != EXPSEG_OK) return st;
@@ -408,11 +555,22 @@ static expseg_status sleep_locked(expseg_allocator *a, region_t *r, bool offload
     if (seg_tag(s) == r->tag && s->mapped_bytes > 0)
       st = sseg_build(a, r, s, offload, &r->segs[r->n_segs++]);
   if (st != EXPSEG_OK) {
-    segs_free(a, r);
+    segs_free(a, r, true);
+    return st;
+  }
+  kept_give_back(a, r); /* what this sleep did not reuse */
+  /* its segments sleep from here for the rest of the allocator (frees deferred, release
+   * and allocation kept away), while the bytes are copied out */
+  for (size_t i = 0; i < r->n_segs; i++) r->segs[i].s->asleep = true;
+  if (offload) st = copy_unlocked(a, rp, 0, r->n_segs, false);
+  r = *rp;
+  if (st != EXPSEG_OK) { /* awake again as it was, with the frees made meanwhile */
+    for (size_t i = 0; i < r->n_segs; i++) r->segs[i].s->asleep = false;
+    segs_free(a, r, true);
+    apply_deferred(a, r);
     return st;
   }
   /* from here the bytes are safe: the region is asleep whatever the driver does */
-  for (size_t i = 0; i < r->n_segs; i++) r->segs[i].s->asleep = true;
   r->asleep = true;
   return drop_all(a, r);
 }
@@ -429,19 +587,14 @@ static void commit_wake(expseg_allocator *a, region_t *r) {
     }
     s->asleep = false;
   }
-  segs_free(a, r);
+  segs_free(a, r, true);
   r->asleep = false;
 }
 
-static expseg_status wake_locked(expseg_allocator *a, region_t *r) {
-  if (!r->asleep) return EXPSEG_OK;
-  expseg_status st = raise_all(a, r);
-  for (size_t i = 0; i < r->n_segs && st == EXPSEG_OK && !r->no_bytes; i++) {
-    const sseg_t *g = &r->segs[i];
-    for (size_t k = 0; k < g->n_pieces && st == EXPSEG_OK && g->has_host; k++)
-      st = _expseg_vmm_copy_in(a->drv, g->pieces[k].addr, (char *)g->host.ptr + g->pieces[k].off,
-                               g->pieces[k].size);
-  }
+static expseg_status wake_locked(expseg_allocator *a, region_t **rp) {
+  if (!(*rp)->asleep) return EXPSEG_OK;
+  expseg_status st = raise_all(a, rp);
+  region_t *r = *rp;
   if (st != EXPSEG_OK) { /* back to asleep: nothing half restored */
     char cause[512];
     snprintf(cause, sizeof cause, "%s", expseg_last_error());
@@ -452,14 +605,30 @@ static expseg_status wake_locked(expseg_allocator *a, region_t *r) {
     return _expseg_error_set(st, "%s", cause);
   }
   commit_wake(a, r);
-  /* frees made while it slept */
-  block_t **d = r->deferred;
-  size_t nd = r->n_deferred;
-  r->deferred = NULL;
-  r->n_deferred = r->cap_deferred = 0;
-  for (size_t i = 0; i < nd; i++) (void)_expseg_free_locked(a, (void *)d[i]->ptr);
-  free(d);
+  apply_deferred(a, r); /* frees made while it slept */
   return EXPSEG_OK;
+}
+
+static uint64_t epoch_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (uint64_t)t.tv_sec * 1000000u + (uint64_t)t.tv_nsec / 1000u;
+}
+
+/* The physical memory of r's sleeping segments (what a sleep gives back, a wake maps). */
+static uint64_t chunk_bytes(const region_t *r) {
+  uint64_t n = 0;
+  for (size_t i = 0; i < r->n_segs; i++)
+    for (size_t k = 0; k < r->segs[i].n_chunks; k++) n += r->segs[i].chunks[k].size;
+  return n;
+}
+
+/* A sleep or wake event: address 0, size the bytes, the tag as its text, on the region's
+ * pool. */
+static void hist_region(expseg_allocator *a, const region_t *r, int action, uint64_t bytes) {
+  if (a->hist == NULL) return;
+  hist_event_t *e = _expseg_hist_add(a, action, 0, bytes, skey_make(0, r->tag));
+  if (e != NULL) e->note = r->note;
 }
 
 static expseg_status run(expseg_allocator *a, const char *fn, const char *tag, int mode) {
@@ -478,13 +647,30 @@ static expseg_status run(expseg_allocator *a, const char *fn, const char *tag, i
     api_unlock(a);
     return st;
   }
+  if (r->busy) {
+    st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                           "%s(\"%s\"): a sleep or wake of this region is in progress on "
+                           "another thread; accepted: one at a time (call again when it "
+                           "returns)",
+                           fn, tag);
+    api_unlock(a);
+    return st;
+  }
   if (a->sleep->n_stale > 0) stale_retry(a, false);
   const uint64_t t0 = _expseg_vmm_now_ns(a->drv);
   const bool was = r->asleep;
-  st = mode == -1 ? wake_locked(a, r) : sleep_locked(a, r, mode == EXPSEG_SLEEP_OFFLOAD);
-  const uint64_t us = (_expseg_vmm_now_ns(a->drv) - t0) / 1000;
-  if (st == EXPSEG_OK && mode == -1 && was) r->wakes++, r->last_wake_us = us;
-  if (st == EXPSEG_OK && mode != -1 && !was) r->sleeps++, r->last_sleep_us = us;
+  const uint64_t bytes = was ? chunk_bytes(r) : 0; /* what a wake maps again */
+  st = mode == -1 ? wake_locked(a, &r) : sleep_locked(a, &r, mode == EXPSEG_SLEEP_OFFLOAD);
+  const uint64_t us = (_expseg_vmm_now_ns(a->drv) - t0) / 1000, at = epoch_us();
+  if (st == EXPSEG_OK && mode == -1 && was) {
+    r->wakes++, r->last_wake_us = us, r->last_wake_at_us = at;
+    hist_region(a, r, HIST_WAKE, bytes);
+  }
+  if (r->asleep && mode != -1 && !was) { /* asleep now, its bytes safe (a failed give-back
+                                          * is finished by the next sleep or wake) */
+    if (st == EXPSEG_OK) r->sleeps++, r->last_sleep_us = us, r->last_sleep_at_us = at;
+    hist_region(a, r, HIST_SLEEP, chunk_bytes(r));
+  }
   if (st != EXPSEG_OK) {
     char cause[512];
     snprintf(cause, sizeof cause, "%s", expseg_last_error());
@@ -522,6 +708,8 @@ expseg_status expseg_region_get_info(expseg_allocator *a, const char *tag,
     out->deferred_frees = r->n_deferred;
     out->sleeps = r->sleeps, out->wakes = r->wakes;
     out->last_sleep_us = r->last_sleep_us, out->last_wake_us = r->last_wake_us;
+    out->last_sleep_at_us = r->last_sleep_at_us, out->last_wake_at_us = r->last_wake_at_us;
+    for (size_t i = 0; i < r->n_kept; i++) out->host_kept_bytes += r->kept[i].size;
     for (const segment_t *s = a->segments; s != NULL; s = s->next_all) {
       if (seg_tag(s) != r->tag) continue;
       size_t mapped, chunks;
@@ -539,6 +727,10 @@ expseg_status expseg_region_get_info(expseg_allocator *a, const char *tag,
   return st;
 }
 
+void _expseg_sleep_trim(expseg_allocator *a) {
+  for (size_t i = 0; i < a->sleep->n; i++) kept_give_back(a, &a->sleep->r[i]);
+}
+
 void _expseg_sleep_destroy(expseg_allocator *a) {
   if (a->sleep == NULL) return;
   for (size_t i = 0; i < a->sleep->n; i++) {
@@ -554,7 +746,9 @@ void _expseg_sleep_destroy(expseg_allocator *a) {
       s->mapped_bytes = 0;
       s->handle = 0;
     }
-    segs_free(a, r);
+    segs_free(a, r, false);
+    kept_give_back(a, r);
+    free(r->kept);
     free(r->deferred);
   }
   stale_retry(a, false);

@@ -34,7 +34,7 @@ VIEWER_OPCODES = {
     "NEWTRUE", "NEWFALSE", "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT",
     "SHORT_BINUNICODE", "BINUNICODE"}
 ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
-           "segment_map", "segment_unmap", "oom", "snapshot", "annotate"}
+           "segment_map", "segment_unmap", "oom", "snapshot", "annotate", "sleep", "wake"}
 STATES = {"active_allocated", "active_pending_free", "inactive"}
 SEG_KEYS = {"device": int, "address": int, "total_size": int, "allocated_size": int,
             "active_size": int, "requested_size": int, "stream": int, "segment_type": str,

@@ -15,7 +15,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -36,6 +40,11 @@ struct Live {
 };
 
 class Sleep : public ::testing::TestWithParam<std::tuple<const char *, const char *>> {
+public: // the fault test's helper uses them
+  void rewrite() { // every live block's bytes written again (after a discarding sleep)
+    for (Live &l : live_) put(l.p, l.data);
+  }
+
 protected:
   expseg_allocator *a_ = nullptr;
   TestRng rng_{0};
@@ -94,6 +103,7 @@ protected:
     live_.push_back({p, n, d});
     return p;
   }
+public:
   // every live block holds its bytes, at the address it was given
   void expect_data(const std::string &where) {
     if (!bytes()) return;
@@ -120,6 +130,7 @@ protected:
     alloc(5 * MiB, other_); // another stream
     ASSERT_EQ(expseg_region_end(a_, "w"), EXPSEG_OK);
   }
+protected:
   int64_t driver_mapped() {
     expseg_testing_driver_counts c;
     EXPECT_EQ(expseg_testing_driver_counts_get(a_, &c), EXPSEG_OK);
@@ -297,28 +308,258 @@ TEST_P(Sleep, BadArgumentsNameTheValue) {
   check("after refusals");
 }
 
+uint64_t seen(expseg_allocator *a, expseg_vmm_call k) {
+  return _expseg_fault_seen(alloc_test_driver(a), k);
+}
+
+TEST_P(Sleep, HostCopiesAreKeptForTheNextOffload) {
+  if (a_ == nullptr) return;
+  fill_region();
+  ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+  const uint64_t host_bytes = info("w").host_bytes;
+  ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+  // awake, the host copies stay, counted
+  expseg_region_info w = info("w");
+  EXPECT_EQ(w.host_bytes, 0u);
+  EXPECT_EQ(w.host_kept_bytes, host_bytes);
+  EXPECT_EQ(stat_of(a_, "expseg.sleep_host_kept_bytes.current"), (int64_t)host_bytes);
+  // the next offload reuses them: no host_alloc, none given back
+  const uint64_t alloc0 = seen(a_, EXPSEG_VMM_CALL_host_alloc), free0 = seen(a_, EXPSEG_VMM_CALL_host_free);
+  ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(seen(a_, EXPSEG_VMM_CALL_host_alloc), alloc0);
+  EXPECT_EQ(seen(a_, EXPSEG_VMM_CALL_host_free), free0);
+  EXPECT_EQ(info("w").host_bytes, host_bytes);
+  EXPECT_EQ(info("w").host_kept_bytes, 0u);
+  EXPECT_EQ(stat_of(a_, "expseg.sleep_host_kept_bytes.current"), 0);
+  check("asleep on kept copies");
+  ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+  expect_data("after a wake from kept copies");
+  // empty_cache gives them back
+  ASSERT_EQ(expseg_empty_cache(a_), EXPSEG_OK);
+  EXPECT_EQ(info("w").host_kept_bytes, 0u);
+  EXPECT_EQ(stat_of(a_, "expseg.sleep_host_kept_bytes.current"), 0);
+  EXPECT_GT(seen(a_, EXPSEG_VMM_CALL_host_free), free0);
+  ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+  EXPECT_GT(seen(a_, EXPSEG_VMM_CALL_host_alloc), alloc0);
+  ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+  expect_data("after a wake from fresh copies");
+  // a discarding sleep gives them back too
+  EXPECT_GT(info("w").host_kept_bytes, 0u);
+  ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_DISCARD), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(info("w").host_bytes, 0u);
+  EXPECT_EQ(info("w").host_kept_bytes, 0u);
+  EXPECT_EQ(stat_of(a_, "expseg.sleep_host_kept_bytes.current"), 0);
+  ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+  check("end");
+}
+
+// A wake takes physical memory from the page cache first: a chunk of the size it needs,
+// left there by a general allocation whose map failed, is mapped instead of created.
+TEST_P(Sleep, WakeTakesThePageCacheFirst) {
+  if (a_ == nullptr) return;
+  if (std::string(std::get<1>(GetParam())).find("True") == std::string::npos)
+    GTEST_SKIP() << "the test fills the page cache through a failed growth of an expandable segment";
+  ASSERT_EQ(expseg_region_begin(a_, "p"), EXPSEG_OK);
+  alloc(8 * MiB); // one chunk of 8 MiB
+  ASSERT_EQ(expseg_region_end(a_, "p"), EXPSEG_OK);
+  ASSERT_EQ(expseg_sleep(a_, "p", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(info("p").asleep_bytes, 8 * MiB);
+  // an 8 MiB chunk into the page cache: created, its map refused
+  ASSERT_EQ(expseg_testing_set_faults(a_, "map@1"), EXPSEG_OK);
+  void *p = nullptr;
+  EXPECT_NE(expseg_malloc(a_, 8 * MiB, 0, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_testing_set_faults(a_, ""), EXPSEG_OK);
+  ASSERT_EQ(stat_of(a_, "expseg.cached_physical_bytes.current"), (int64_t)(8 * MiB));
+  const int64_t hits = stat_of(a_, "expseg.page_cache_hits"), reserved = stat_of(a_, "reserved_bytes.all.current");
+  const uint64_t creates = seen(a_, EXPSEG_VMM_CALL_create);
+  ASSERT_EQ(expseg_wake(a_, "p"), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(seen(a_, EXPSEG_VMM_CALL_create), creates);
+  EXPECT_EQ(stat_of(a_, "expseg.cached_physical_bytes.current"), 0);
+  EXPECT_EQ(stat_of(a_, "expseg.page_cache_hits"), hits + 4); // 2 MiB pages
+  EXPECT_EQ(stat_of(a_, "reserved_bytes.all.current"), reserved); // moved, not created
+  EXPECT_EQ(info("p").device_bytes, 8 * MiB);
+  expect_data("after a wake on cached memory");
+  check("end");
+}
+
+TEST_P(Sleep, WakeGrantsAccessOncePerMappedRange) {
+  if (a_ == nullptr) return;
+  fill_region();
+  ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+  struct Count {
+    expseg_pool_id pool;
+    size_t segs;
+  } n{info("w").pool, 0};
+  ASSERT_EQ(expseg_walk(a_,
+                        [](void *ctx, const expseg_walk_segment *sg) {
+                          Count *c = (Count *)ctx;
+                          if (sg->pool == c->pool && sg->asleep) c->segs++;
+                        },
+                        nullptr, &n),
+            EXPSEG_OK);
+  const uint64_t acc0 = seen(a_, EXPSEG_VMM_CALL_set_access), cr0 = seen(a_, EXPSEG_VMM_CALL_create);
+  ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+  const uint64_t acc = seen(a_, EXPSEG_VMM_CALL_set_access) - acc0, cr = seen(a_, EXPSEG_VMM_CALL_create) - cr0;
+  // each sleeping segment's chunks are one contiguous range: one set_access each
+  EXPECT_GT(n.segs, 0u);
+  EXPECT_EQ(acc, n.segs) << cr << " chunks created";
+  if (std::string(std::get<1>(GetParam())).find("True") != std::string::npos) {
+    EXPECT_GT(cr, acc) << "expected segments of several chunks";
+  }
+  expect_data("after wake");
+  check("awake");
+}
+
+TEST_P(Sleep, HistoryAndTimesOfSleepAndWake) {
+  if (a_ == nullptr) return;
+  ASSERT_EQ(expseg_record_history_ex(a_, true, 10000, 0), EXPSEG_OK);
+  fill_region();
+  const expseg_region_info awake = info("w");
+  EXPECT_EQ(awake.last_sleep_at_us, 0u);
+  EXPECT_EQ(awake.last_wake_at_us, 0u);
+  auto now_us = [] {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (uint64_t)t.tv_sec * 1000000u + (uint64_t)t.tv_nsec / 1000u;
+  };
+  const uint64_t t0 = now_us();
+  ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+  const uint64_t t1 = now_us();
+  ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+  const uint64_t t2 = now_us();
+  const expseg_region_info w = info("w");
+  EXPECT_GE(w.last_sleep_at_us, t0);
+  EXPECT_LE(w.last_sleep_at_us, t1);
+  EXPECT_GE(w.last_wake_at_us, t1);
+  EXPECT_LE(w.last_wake_at_us, t2);
+  // a second sleep and wake of nothing new: no events for the no-op calls
+  EXPECT_EQ(expseg_wake(a_, "w"), EXPSEG_OK);
+  struct Ev {
+    std::vector<std::string> actions;
+    std::vector<uint64_t> sizes;
+    std::vector<expseg_pool_id> pools;
+  } ev;
+  ASSERT_EQ(expseg_walk(a_, nullptr,
+                        [](void *ctx, const expseg_walk_event *e) {
+                          Ev *v = (Ev *)ctx;
+                          std::string act = e->action;
+                          if (act != "sleep" && act != "wake") return;
+                          v->actions.push_back(act);
+                          v->sizes.push_back(e->size);
+                          v->pools.push_back(e->pool);
+                        },
+                        &ev),
+            EXPSEG_OK);
+  ASSERT_EQ(ev.actions, (std::vector<std::string>{"sleep", "wake"}));
+  EXPECT_EQ(ev.sizes[0], awake.device_bytes); // the physical memory given back, mapped again
+  EXPECT_EQ(ev.sizes[1], awake.device_bytes);
+  EXPECT_EQ(ev.pools[0], awake.pool);
+  EXPECT_EQ(ev.pools[1], awake.pool);
+  // the snapshot names the region in the events' user_metadata
+  ASSERT_EQ(expseg_region_begin(a_, "sleep-history-tag"), EXPSEG_OK);
+  alloc(3 * MiB);
+  ASSERT_EQ(expseg_region_end(a_, "sleep-history-tag"), EXPSEG_OK);
+  ASSERT_EQ(expseg_sleep(a_, "sleep-history-tag", EXPSEG_SLEEP_DISCARD), EXPSEG_OK);
+  unsigned char *snap = nullptr;
+  size_t snap_len = 0;
+  ASSERT_EQ(expseg_snapshot(a_, &snap, &snap_len), EXPSEG_OK);
+  const std::string text((const char *)snap, snap_len);
+  expseg_snapshot_free(snap);
+  const size_t at = text.find("\x8c\x05sleep");
+  EXPECT_NE(at, std::string::npos);
+  EXPECT_NE(text.find("sleep-history-tag", at), std::string::npos);
+  ASSERT_EQ(expseg_wake(a_, "sleep-history-tag"), EXPSEG_OK);
+  live_.pop_back(); // discarded
+  expect_data("end");
+}
+
+// The copies are made with the allocator's lock let go: once a sleep has made its host
+// copies (a host_alloc seen) and before it is asleep, and once a wake has created memory
+// and before it is awake, another thread's calls go through; a sleep or wake of the same
+// region meanwhile is refused, saying why.
+TEST_P(Sleep, OtherThreadsGoOnDuringTheCopies) {
+  if (a_ == nullptr) return;
+  if (!bytes()) GTEST_SKIP() << "sim has no bytes to copy";
+  fill_region();
+  void *warm = alloc(1 << 20); // the other thread's blocks come from the cache: no create
+  ASSERT_EQ(expseg_free(a_, warm), EXPSEG_OK);
+  live_.pop_back();
+  const uint64_t h0 = seen(a_, EXPSEG_VMM_CALL_host_alloc), c0 = seen(a_, EXPSEG_VMM_CALL_create);
+  std::atomic<bool> stop{false};
+  struct Seen {
+    bool in_sleep = false, in_wake = false;
+    expseg_status wake_in_sleep = EXPSEG_OK, sleep_in_wake = EXPSEG_OK;
+    std::string why_sleep, why_wake;
+  } v;
+  auto wait_for = [&](expseg_vmm_call k, uint64_t from) {
+    while (!stop.load() && seen(a_, k) == from) std::this_thread::yield();
+  };
+  std::thread other([&] {
+    void *p = nullptr;
+    wait_for(EXPSEG_VMM_CALL_host_alloc, h0); // the sleep is under way
+    if (expseg_malloc(a_, 1 << 20, 0, &p) != EXPSEG_OK || expseg_free(a_, p) != EXPSEG_OK) return;
+    v.wake_in_sleep = expseg_wake(a_, "w");
+    v.why_sleep = expseg_last_error();
+    v.in_sleep = !info("w").asleep; // all of that before the sleep ended
+    wait_for(EXPSEG_VMM_CALL_create, c0); // the wake is under way
+    if (expseg_malloc(a_, 1 << 20, 0, &p) != EXPSEG_OK || expseg_free(a_, p) != EXPSEG_OK) return;
+    v.sleep_in_wake = expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD);
+    v.why_wake = expseg_last_error();
+    v.in_wake = info("w").asleep; // all of that before the wake ended
+  });
+  const expseg_status s1 = expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD);
+  const expseg_status s2 = expseg_wake(a_, "w");
+  stop = true;
+  other.join();
+  ASSERT_EQ(s1, EXPSEG_OK);
+  ASSERT_EQ(s2, EXPSEG_OK);
+  EXPECT_TRUE(v.in_sleep) << "another thread's malloc waited for the whole sleep";
+  EXPECT_TRUE(v.in_wake) << "another thread's malloc waited for the whole wake";
+  EXPECT_EQ(v.wake_in_sleep, EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(v.why_sleep.find("in progress on another thread"), std::string::npos) << v.why_sleep;
+  EXPECT_EQ(v.sleep_in_wake, EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(v.why_wake.find("in progress on another thread"), std::string::npos) << v.why_wake;
+  EXPECT_FALSE(info("w").asleep);
+  expect_data("after wake");
+  check("end");
+}
+
 // ---- every driver call of a sleep and a wake fails in turn ----
 
 const char *const kFaultKinds[] = {"create", "map", "set_access", "unmap", "release",
                                    "host_alloc", "host_free", "stream_synchronize"};
 
-TEST_P(Sleep, FaultAtEveryCallPosition) {
-  if (a_ == nullptr) return;
-  // the calls of one clean sleep + wake
-  fill_region(false);
-  expseg_vmm_t *drv = alloc_test_driver(a_);
+// Three ways in: an offload whose host copies are made afresh (empty_cache gave the kept
+// ones back), an offload on the copies kept from the last one, and a discarding sleep that
+// gives the kept copies back.
+enum Variant { kFresh, kKept, kDiscard };
+
+void FaultAtEveryCallPosition(Sleep *t, expseg_allocator *a, Variant v, size_t *runs) {
+  const expseg_sleep_mode mode = v == kDiscard ? EXPSEG_SLEEP_DISCARD : EXPSEG_SLEEP_OFFLOAD;
+  auto prepare = [&] { // the state the variant starts from: kept copies or none
+    if (v == kFresh) {
+      ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+    } else if (t->info("w").host_kept_bytes == 0) {
+      ASSERT_EQ(expseg_sleep(a, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+      ASSERT_EQ(expseg_wake(a, "w"), EXPSEG_OK) << expseg_last_error();
+    }
+  };
+  expseg_vmm_t *drv = alloc_test_driver(a);
+  prepare();
   std::vector<uint64_t> before;
   for (int k = 0; k < EXPSEG_VMM_CALL_COUNT; k++) before.push_back(_expseg_fault_seen(drv, (expseg_vmm_call)k));
-  ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
-  ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_sleep(a, "w", mode), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_wake(a, "w"), EXPSEG_OK) << expseg_last_error();
   std::vector<uint64_t> calls; // of one clean sleep and wake, by kind
   for (int k = 0; k < EXPSEG_VMM_CALL_COUNT; k++)
     calls.push_back(_expseg_fault_seen(drv, (expseg_vmm_call)k) - before[k]);
+  if (v == kDiscard) t->rewrite();
   const std::string kinds_text[] = {"reserve", "unreserve", "create", "release", "map", "unmap", "set_access",
                                     "event_create", "event_destroy", "event_record", "event_query",
                                     "event_synchronize", "stream_synchronize", "export_fd", "import_fd",
                                     "host_alloc", "host_free", "device_synchronize"};
-  size_t runs = 0;
+  EXPECT_EQ(calls[EXPSEG_VMM_CALL_host_alloc] > 0, v == kFresh) << "host_alloc";
+  EXPECT_EQ(calls[EXPSEG_VMM_CALL_host_free] > 0, v == kDiscard) << "host_free";
   for (const char *kind : kFaultKinds) {
     int k = 0;
     while (kinds_text[k] != kind) k++;
@@ -327,31 +568,44 @@ TEST_P(Sleep, FaultAtEveryCallPosition) {
       for (const char *how : {"", ":oom", ".."}) {
         const std::string rule = std::string(kind) + "@" + std::to_string(n) + how;
         SCOPED_TRACE(rule);
-        runs++;
-        ASSERT_EQ(expseg_testing_set_faults(a_, rule.c_str()), EXPSEG_OK) << expseg_last_error();
-        const expseg_status s1 = expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD);
-        const bool asleep1 = info("w").asleep;
+        ++*runs;
+        prepare();
+        ASSERT_EQ(expseg_testing_set_faults(a, rule.c_str()), EXPSEG_OK) << expseg_last_error();
+        const expseg_status s1 = expseg_sleep(a, "w", mode);
+        const bool asleep1 = t->info("w").asleep;
         if (s1 == EXPSEG_OK) {
           EXPECT_TRUE(asleep1);
         }
-        check("after the sleep");
-        expseg_status s2 = expseg_wake(a_, "w");
-        check("after the wake");
+        t->check("after the sleep");
+        expseg_status s2 = expseg_wake(a, "w");
+        t->check("after the wake");
         if (s2 != EXPSEG_OK) {
-          EXPECT_TRUE(info("w").asleep) << "a failed wake left it awake";
+          EXPECT_TRUE(t->info("w").asleep) << "a failed wake left it awake";
         }
-        ASSERT_EQ(expseg_testing_set_faults(a_, ""), EXPSEG_OK);
+        ASSERT_EQ(expseg_testing_set_faults(a, ""), EXPSEG_OK);
         // faults off: a region left asleep wakes now, whole
-        for (int i = 0; i < 2 && info("w").asleep; i++) s2 = expseg_wake(a_, "w");
+        for (int i = 0; i < 2 && t->info("w").asleep; i++) s2 = expseg_wake(a, "w");
         ASSERT_EQ(s2, EXPSEG_OK) << expseg_last_error();
-        EXPECT_FALSE(info("w").asleep);
-        expect_data("after " + rule);
-        check("awake again");
+        EXPECT_FALSE(t->info("w").asleep);
+        if (v == kDiscard) t->rewrite();
+        t->expect_data("after " + rule);
+        t->check("awake again");
         if (::testing::Test::HasFailure()) return;
       }
     }
   }
-  EXPECT_GT(runs, 20u);
+}
+
+TEST_P(Sleep, FaultAtEveryCallPosition) {
+  if (a_ == nullptr) return;
+  fill_region(false);
+  size_t runs = 0;
+  for (Variant v : {kFresh, kKept, kDiscard}) {
+    SCOPED_TRACE(v == kFresh ? "fresh host copies" : v == kKept ? "kept host copies" : "discard");
+    FaultAtEveryCallPosition(this, a_, v, &runs);
+    if (::testing::Test::HasFailure()) return;
+  }
+  EXPECT_GT(runs, 60u);
   EXPECT_GT(expseg_testing_faults_injected(a_), 0u);
 }
 

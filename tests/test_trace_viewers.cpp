@@ -88,6 +88,8 @@ void RunMemoryViz(const std::string &snap, const std::string &snap2, const std::
       GTEST_SKIP() << "python3 is not on PATH: _memory_viz.py did not run";                 \
   } while (0)
 
+int Replay(std::vector<std::string> args, std::string *out_text);
+
 // The C API: pools, a user's configuration string, pushed frames; then a second snapshot
 // after more segments came, for `compare`.
 TEST(Viewers, CApiSnapshotsOpenInBothViewersAndMemoryViz) {
@@ -112,6 +114,15 @@ TEST(Viewers, CApiSnapshotsOpenInBothViewersAndMemoryViz) {
     ASSERT_EQ(expseg_malloc_pool(a, (i + 1) << 20, 0, pool, &p), EXPSEG_OK);
     live.push_back(p);
   }
+  // a region put to sleep and woken (expseg's own "sleep" and "wake" events)
+  ASSERT_EQ(expseg_region_begin(a, "weights"), EXPSEG_OK);
+  for (size_t i = 0; i < 3; i++) {
+    void *p;
+    ASSERT_EQ(expseg_malloc(a, (i + 3) << 20, 0, &p), EXPSEG_OK);
+  }
+  ASSERT_EQ(expseg_region_end(a, "weights"), EXPSEG_OK);
+  ASSERT_EQ(expseg_sleep(a, "weights", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_wake(a, "weights"), EXPSEG_OK) << expseg_last_error();
   ASSERT_EQ(expseg_history_annotate(a, live[1], "kv cache of request 7"), EXPSEG_OK);
   ASSERT_EQ(expseg_history_annotate(a, nullptr, "step 1"), EXPSEG_OK);
   for (size_t i = 0; i < live.size(); i += 3) ASSERT_EQ(expseg_free(a, live[i]), EXPSEG_OK);
@@ -123,6 +134,8 @@ TEST(Viewers, CApiSnapshotsOpenInBothViewersAndMemoryViz) {
     void *p;
     ASSERT_EQ(expseg_malloc(a, (64u << 20) + i, 1, &p), EXPSEG_OK);
   }
+  // the second snapshot shows the region asleep
+  ASSERT_EQ(expseg_sleep(a, "weights", EXPSEG_SLEEP_DISCARD), EXPSEG_OK) << expseg_last_error();
   ASSERT_EQ(expseg_snapshot_dump(a, two.c_str()), EXPSEG_OK) << expseg_last_error();
   expseg_destroy(a);
 
@@ -133,7 +146,19 @@ TEST(Viewers, CApiSnapshotsOpenInBothViewersAndMemoryViz) {
   if (snapshot_have_python()) {
     RunMemoryViz(one, two, "--min-framed 20");
     RunMemoryViz(two, one, "");
+    std::string out;
+    for (const std::string &snap : {one, two}) { // expseg's checker, with the two new actions
+      EXPECT_EQ(snapshot_check(snap, "{\"counts\": {\"sleep\": " +
+                                         std::string(snap == one ? "1" : "2") +
+                                         ", \"wake\": 1}}",
+                               false, &out),
+                0)
+          << out;
+    }
   }
+  // expseg-replay reads its own snapshots, passing over sleep and wake
+  std::string text;
+  EXPECT_EQ(Replay({"--quiet", two}, &text), 0) << text;
   EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
   SKIP_WITHOUT_NODE_OR_PYTHON();
 }

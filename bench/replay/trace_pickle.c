@@ -259,7 +259,8 @@ enum { A_ALLOC, A_FREE_REQ, A_FREE_DONE, A_SEG_ALLOC, A_SEG_FREE, A_MAP, A_UNMAP
 static expseg_status action_of(ex_t *x, uint32_t ev, int *out) {
   static const char *const names[] = {"alloc", "free_requested", "free_completed",
                                       "segment_alloc", "segment_free", "segment_map",
-                                      "segment_unmap", "oom", "snapshot", "annotate"};
+                                      "segment_unmap", "oom", "snapshot", "annotate",
+                                      "sleep", "wake"}; /* the last four: nothing to replay */
   expseg_status s = want_dict(x, ev);
   if (s != EXPSEG_OK) return s;
   uint32_t a = _expseg_pickle_dict_get(x->pk, ev, "action");

@@ -26,7 +26,8 @@
 
 static const char *const action_names[HIST_ACTION_COUNT] = {
     "alloc",       "free_requested", "free_completed", "segment_alloc", "segment_free",
-    "segment_map", "segment_unmap",  "oom",            "snapshot",      "annotate"};
+    "segment_map", "segment_unmap",  "oom",            "snapshot",      "annotate",
+    "sleep",       "wake"};
 
 const char *_expseg_hist_action_name(int action) {
   return action >= 0 && action < HIST_ACTION_COUNT ? action_names[action] : "unknown";

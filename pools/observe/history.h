@@ -15,7 +15,9 @@
 /* PyTorch's TraceEntry actions, in the order of their names in _expseg_hist_action_name. */
 enum {
   HIST_ALLOC, HIST_FREE_REQUESTED, HIST_FREE_COMPLETED, HIST_SEGMENT_ALLOC, HIST_SEGMENT_FREE,
-  HIST_SEGMENT_MAP, HIST_SEGMENT_UNMAP, HIST_OOM, HIST_SNAPSHOT, HIST_ANNOTATE, HIST_ACTION_COUNT
+  HIST_SEGMENT_MAP, HIST_SEGMENT_UNMAP, HIST_OOM, HIST_SNAPSHOT, HIST_ANNOTATE,
+  HIST_SLEEP, HIST_WAKE, /* expseg's own (sleep.c): PyTorch's viewers pass over them */
+  HIST_ACTION_COUNT
 };
 #define HIST_C_MAX 16    /* C frames kept per event */
 #define HIST_HOST_MAX 16 /* innermost pushed frames kept per event */
@@ -27,7 +29,8 @@ typedef struct hist_event_s {
   expseg_stream stream;
   expseg_pool_id pool;   /* the private pool of the block or segment (0: general cache) */
   uint8_t action, n_c, n_host;
-  uint32_t note;         /* annotate: the text's id in the frame table (0: none) */
+  uint32_t note;         /* annotate: the text's id in the frame table; sleep, wake: the
+                          * region's tag (0: none) */
   void *c[HIST_C_MAX];           /* return addresses, innermost first */
   uint32_t host[HIST_HOST_MAX];  /* pushed frame ids, innermost first */
 } hist_event_t;

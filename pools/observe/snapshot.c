@@ -181,7 +181,8 @@ static void write_traces(ctx_t *c) {
     _expseg_pkw_str(w, "frames");
     write_frames(c, e);
     _expseg_pkw_kstr(w, "compile_context", "N/A"); /* PyTorch's value when not recorded */
-    _expseg_pkw_kstr(w, "user_metadata", _expseg_hist_note_text(e->note)); /* annotate's */
+    /* annotate's text; sleep's and wake's tag */
+    _expseg_pkw_kstr(w, "user_metadata", _expseg_hist_note_text(e->note));
     _expseg_pkw_setitems(w);
   }
   _expseg_pkw_appends(w);
