@@ -730,4 +730,14 @@ static inline bool _expseg_seg_general(const expseg_allocator *a, const segment_
 }
 #include "observe/history.h" /* EXPSEG_HIST: the history hooks */
 
+/* The pinned host pool's state for a snapshot (pools/host/host_observe.c, read by
+ * observe/snapshot.c; declared here, as neither folder includes the other): its driver
+ * chunks as walk segments sorted by address, each tiled by its blocks, and its history
+ * (NULL: not recording), handed to fn under the pool's lock after a `snapshot` event is
+ * recorded. false: out of host memory (fn not called). */
+bool _expseg_host_observe(expseg_host_pool *h,
+                          void (*fn)(void *ctx, const struct history_s *hist,
+                                     const expseg_walk_segment *segs, size_t n),
+                          void *ctx);
+
 #endif
