@@ -373,6 +373,14 @@ EXPSEG_EXPORT void expseg_ipc_handle_free(expseg_ipc_handle *h);
  * EXPSEG_ERR_UNSUPPORTED. */
 EXPSEG_EXPORT expseg_status expseg_stream_create(expseg_allocator *a, expseg_stream *out);
 EXPSEG_EXPORT expseg_status expseg_stream_destroy(expseg_allocator *a, expseg_stream stream);
+/* Tags stream with an expandable-segment reserve class (PyTorch's
+ * setExpandableSegmentReserveClassForStream): its new expandable segments reserve what
+ * expandable_segments_reserve_by_class gives the class (docs/config.md); a class the option
+ * does not list keeps the stream's usual reserve. cls NULL or "" removes the tag. A name of
+ * 1 to 63 bytes without ',', ':', '[', ']' or spaces (what the option can name). */
+EXPSEG_EXPORT expseg_status expseg_stream_set_reserve_class(expseg_allocator *a,
+                                                            expseg_stream stream,
+                                                            const char *cls);
 /* Waits until all work queued on the allocator's device, on every stream, is done (cuda:
  * cuCtxSynchronize in the device's primary context). host and sim: EXPSEG_ERR_DRIVER while
  * a test holds a stream (it would wait forever), else EXPSEG_OK at once. */

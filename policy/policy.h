@@ -23,7 +23,7 @@ extern "C" {
 #define EXPSEG_ROUNDUP_INTERVALS 16
 #define EXPSEG_MAX_REQUEST ((size_t)1 << 60)     /* PyTorch's one-exabyte guard: sizes >=
                                                     this are refused as out of memory */
-#define EXPSEG_RESERVE_CLASSES_MAX 256           /* bytes kept of a class list (no effect) */
+#define EXPSEG_RESERVE_CLASSES_MAX 256           /* bytes kept of a class list */
 /* Size of every buffer a config message (error or warning) passes through, from the parser to
  * expseg_last_error() (vmm/error.c keeps 1024 bytes): the parser's messages fit in it. */
 #define EXPSEG_CONFIG_MSG_MAX 1024
@@ -233,14 +233,20 @@ bool _expseg_may_take_back(uint64_t robbed, uint64_t now);
  * live private pool's: its memory is its own until it is emptied or released. */
 bool _expseg_pool_may_take(uint32_t taker, uint32_t owner, int owner_use_count,
                            size_t owner_busy);
-/* Address space for a new expandable segment: va_reserve_mb (0 = expandable_segments_reserve
- * when set, a fraction of total or GiB; else total / 8) for the first
- * large-pool segment of a stream, an eighth of that for the small pool (requests of at
- * most 1 MiB), at least 64 pages; doubled for each segment the stream and pool already
- * have (at most 4 times, not past 9/8 of total); never less than `need`. A multiple of
- * page. */
+/* The reserve of stream class cls in expandable_segments_reserve_by_class, in bytes of a
+ * device of `total` bytes (a fraction of it, or GiB; saturates); false when cls is NULL, ""
+ * or not listed. */
+bool _expseg_class_reserve(const expseg_config_t *c, const char *cls, size_t total,
+                           size_t *bytes);
+/* Address space for a new expandable segment of a stream of class cls (NULL: none): the
+ * class's reserve when expandable_segments_reserve_by_class lists it (at most 9/8 of total;
+ * every segment of the stream alike); else va_reserve_mb (0 = expandable_segments_reserve
+ * when set, a fraction of total or GiB; else total / 8) for the first large-pool segment of
+ * a stream, doubled for each segment the stream and pool already have (at most 4 times, not
+ * past 9/8 of total). An eighth of that for the small pool (requests of at most 1 MiB), at
+ * least 64 pages; never less than `need`. A multiple of page. */
 size_t _expseg_segment_va(const expseg_config_t *c, bool small, size_t existing, size_t need,
-                          size_t total, size_t page);
+                          size_t total, size_t page, const char *cls);
 /* Allowed bytes for a fraction of total; SIZE_MAX when fraction >= 1. */
 size_t _expseg_allowed_bytes(double fraction, size_t total);
 

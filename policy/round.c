@@ -8,6 +8,9 @@
  * as out of memory before it rounds. */
 #include "policy.h"
 #include "round.h"
+#include "text.h"
+
+#include <string.h>
 
 size_t _expseg_round_size(const expseg_config_t *c, size_t size) {
   return _expseg_round_size_inline(c, size);
@@ -46,10 +49,39 @@ bool _expseg_may_take_back(uint64_t robbed, uint64_t now) {
   return robbed == 0 || now - robbed >= EXPSEG_NO_TAKE_BACK;
 }
 
+bool _expseg_class_reserve(const expseg_config_t *c, const char *cls, size_t total,
+                           size_t *bytes) {
+  size_t n = cls ? strlen(cls) : 0;
+  if (n == 0) return false;
+  /* the list as the parser keeps it: name:value entries, ',' between (names hold neither) */
+  for (const char *e = c->expandable_segments_reserve_by_class; *e;) {
+    const char *colon = strchr(e, ':'), *end = strchr(e, ',');
+    if (!end) end = e + strlen(e);
+    if (!colon || colon > end) return false; /* not the parser's text */
+    if ((size_t)(colon - e) == n && !memcmp(e, cls, n)) {
+      const char *v = colon + 1;
+      size_t vn = (size_t)(end - v);
+      bool gib = vn > 0 && (v[vn - 1] == 'G' || v[vn - 1] == 'g');
+      double x;
+      if (!_expseg_read_stream_double(v, gib ? vn - 1 : vn, &x) || !(x > 0)) return false;
+      x = gib ? x * 1073741824.0 : x * (double)total;
+      *bytes = x < 18446744073709551615.0 ? (size_t)x : SIZE_MAX;
+      return true;
+    }
+    e = *end ? end + 1 : end;
+  }
+  return false;
+}
+
 size_t _expseg_segment_va(const expseg_config_t *c, bool small, size_t existing, size_t need,
-                          size_t total, size_t page) {
-  size_t va = total / 8;
-  if (c->va_reserve) {
+                          size_t total, size_t page, const char *cls) {
+  size_t va = total / 8, class_va;
+  if (_expseg_class_reserve(c, cls, total, &class_va)) {
+    /* the stream's class: every segment reserves this (bounded to 9/8 of device memory, as
+     * PyTorch bounds it), never doubled */
+    va = class_va < total + total / 8 ? class_va : total + total / 8;
+    existing = 0;
+  } else if (c->va_reserve) {
     va = c->va_reserve;
   } else if (c->expandable_segments_reserve > 0) {
     /* PyTorch bounds a reserve to its full reserve, 9/8 of device memory */

@@ -329,11 +329,18 @@ struct expseg_allocator {
   size_t n_routes, cap_routes;
   bool reap;                  /* a released pool may now be given back */
   struct sleep_state_s *sleep; /* tagged regions (sleep.c); NULL until the first */
+  struct rclass_s *rclasses;  /* streams' reserve classes (reserve_class.c) */
+  size_t n_rclasses;
   uint32_t reap_skip;         /* non-blocking reaps to skip before the next try ... */
   uint32_t reap_backoff;      /* ... doubled after each try that left memory behind */
 };
 
 static inline uint32_t seg_tag(const segment_t *s) { return skey_tag(s->stream); }
+
+/* ---- reserve_class.c: streams' expandable-segment reserve classes ---- */
+/* The class stream (a stream key's stream) was tagged with, or NULL. Lock held. */
+const char *_expseg_reserve_class_of(const expseg_allocator *a, expseg_stream stream);
+void _expseg_reserve_classes_destroy(expseg_allocator *a);
 
 /* ---- segcount.c: expandable segments per stream (O(1) questions of growth) ---- */
 /* s's (pool, stream) gained (segs = 1) or lost (-1) an expandable segment: s */

@@ -275,33 +275,76 @@ TEST(PolicyRound, SegmentAddressSpaceGrowsPerSegment) {
   const size_t MiB = (size_t)1 << 20, GiB = MiB << 10, page = 2 * MiB, total = 80 * GiB;
   expseg_config_t c;
   _expseg_config_defaults(&c);
-  EXPECT_EQ(_expseg_segment_va(&c, false, 0, MiB, total, page), 10 * GiB) << "total / 8";
-  EXPECT_EQ(_expseg_segment_va(&c, true, 0, MiB, total, page), 1280 * MiB) << "small: / 8";
-  EXPECT_EQ(_expseg_segment_va(&c, false, 1, MiB, total, page), 20 * GiB) << "doubles";
-  EXPECT_EQ(_expseg_segment_va(&c, false, 3, MiB, total, page), 80 * GiB);
-  EXPECT_EQ(_expseg_segment_va(&c, false, 9, MiB, total, page), 80 * GiB) << "capped near 9/8";
-  EXPECT_EQ(_expseg_segment_va(&c, false, 0, 33 * GiB + 1, total, page), 33 * GiB + page)
+  EXPECT_EQ(_expseg_segment_va(&c, false, 0, MiB, total, page, nullptr), 10 * GiB) << "total / 8";
+  EXPECT_EQ(_expseg_segment_va(&c, true, 0, MiB, total, page, nullptr), 1280 * MiB) << "small: / 8";
+  EXPECT_EQ(_expseg_segment_va(&c, false, 1, MiB, total, page, nullptr), 20 * GiB) << "doubles";
+  EXPECT_EQ(_expseg_segment_va(&c, false, 3, MiB, total, page, nullptr), 80 * GiB);
+  EXPECT_EQ(_expseg_segment_va(&c, false, 9, MiB, total, page, nullptr), 80 * GiB) << "capped near 9/8";
+  EXPECT_EQ(_expseg_segment_va(&c, false, 0, 33 * GiB + 1, total, page, nullptr), 33 * GiB + page)
       << "never less than the request";
-  EXPECT_EQ(_expseg_segment_va(&c, true, 0, MiB, 8 * GiB, page), 128 * MiB) << "64 pages";
+  EXPECT_EQ(_expseg_segment_va(&c, true, 0, MiB, 8 * GiB, page, nullptr), 128 * MiB) << "64 pages";
   c.va_reserve = 3 * GiB;
-  EXPECT_EQ(_expseg_segment_va(&c, false, 0, MiB, total, page), 3 * GiB);
+  EXPECT_EQ(_expseg_segment_va(&c, false, 0, MiB, total, page, nullptr), 3 * GiB);
   // expandable_segments_reserve (PyTorch main): used when va_reserve_mb is 0; a fraction of
   // device memory or GiB, at most 9/8 of device memory; va_reserve_mb wins
   expseg_config_t r = defaults();
   char err[256];
   ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:0.25", "t", nullptr, &r, err, sizeof err),
             EXPSEG_OK);
-  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page), total / 4);
-  EXPECT_EQ(_expseg_segment_va(&r, true, 0, MiB, total, page), total / 32) << "small: / 8";
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, nullptr), total / 4);
+  EXPECT_EQ(_expseg_segment_va(&r, true, 0, MiB, total, page, nullptr), total / 32) << "small: / 8";
   ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:40G", "t", nullptr, &r, err, sizeof err),
             EXPSEG_OK);
-  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page), 40 * GiB);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, nullptr), 40 * GiB);
   ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:1e6G", "t", nullptr, &r, err, sizeof err),
             EXPSEG_OK);
-  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page), total + total / 8) << "bounded";
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, nullptr), total + total / 8) << "bounded";
   ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:1e300G", "t", nullptr, &r, err, sizeof err),
             EXPSEG_OK);
-  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page), total + total / 8) << "saturates";
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, nullptr), total + total / 8) << "saturates";
   r.va_reserve = 3 * GiB;
-  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page), 3 * GiB);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, nullptr), 3 * GiB);
+}
+
+// expandable_segments_reserve_by_class (PyTorch main): a stream tagged with a listed class
+// reserves the class's reserve for every segment (a fraction of device memory or GiB, at
+// most 9/8 of it; never doubled; the small pool an eighth); a class not listed, or no
+// class, keeps the usual reserve; the class wins over va_reserve_mb and
+// expandable_segments_reserve (PyTorch: over its global reserve)
+TEST(PolicyRound, ReserveClassSetsTheSegmentsOfItsStreams) {
+  const size_t MiB = (size_t)1 << 20, GiB = MiB << 10, page = 2 * MiB, total = 80 * GiB;
+  expseg_config_t r = defaults();
+  char err[256];
+  ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:0.9,expandable_segments_reserve_by_"
+                                 "class:[serving:0.25,ads_sparse:8G,huge:1e9G,tiny:1e-9]",
+                                 "t", nullptr, &r, err, sizeof err),
+            EXPSEG_OK)
+      << err;
+  size_t b = 0;
+  EXPECT_TRUE(_expseg_class_reserve(&r, "serving", total, &b));
+  EXPECT_EQ(b, total / 4);
+  EXPECT_TRUE(_expseg_class_reserve(&r, "ads_sparse", total, &b));
+  EXPECT_EQ(b, 8 * GiB);
+  EXPECT_FALSE(_expseg_class_reserve(&r, "other", total, &b));
+  EXPECT_FALSE(_expseg_class_reserve(&r, "serv", total, &b)) << "a prefix is another name";
+  EXPECT_FALSE(_expseg_class_reserve(&r, "", total, &b));
+  EXPECT_FALSE(_expseg_class_reserve(&r, nullptr, total, &b));
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, "serving"), total / 4);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 3, MiB, total, page, "serving"), total / 4)
+      << "never doubled";
+  EXPECT_EQ(_expseg_segment_va(&r, true, 2, MiB, total, page, "serving"), total / 32)
+      << "small: / 8";
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, "ads_sparse"), 8 * GiB);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, "huge"), total + total / 8)
+      << "bounded to 9/8";
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, "tiny"), 64 * page)
+      << "at least 64 pages";
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, 9 * GiB, total, page, "ads_sparse"), 9 * GiB)
+      << "never less than the request";
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, "other"), (total / 10) * 9)
+      << "an unlisted class: the global reserve";
+  r.va_reserve = 3 * GiB;
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, "serving"), total / 4)
+      << "the class wins over va_reserve_mb";
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, "other"), 3 * GiB);
 }
