@@ -50,6 +50,7 @@ typedef struct expseg_config_s {
   size_t pinned_reserve_segment_size;   /* bytes; 0 = off */
   size_t pinned_max_round_threshold;   /* bytes; SIZE_MAX = off */
   size_t pinned_max_cached_size;       /* bytes; SIZE_MAX = off */
+  bool pinned_carve_strict;
   bool graph_capture_record_stream_reuse;
   double per_process_memory_fraction;
   bool throw_on_cudamalloc_oom;
@@ -247,6 +248,18 @@ bool _expseg_class_reserve(const expseg_config_t *c, const char *cls, size_t tot
  * least 64 pages; never less than `need`. A multiple of page. */
 size_t _expseg_segment_va(const expseg_config_t *c, bool small, size_t existing, size_t need,
                           size_t total, size_t page, const char *cls);
+/* Pinned host pool, exact carved blocks (pools/host/host_carve.c; docs/host_pool.md):
+ * the size of a new carve segment for a block of cls bytes when the carve segments held
+ * make `held` bytes: 1/32 of held, within [2 MiB, 256 MiB], rounded up to page, never less
+ * than cls. */
+size_t _expseg_carve_segment_size(size_t held, size_t cls, size_t page);
+/* May a request of cls bytes be cut from a free carved block of free_size bytes (>= cls)?
+ * whole: the block is a whole carve segment (nothing in it in use); fresh: the segment a
+ * miss would make (_expseg_carve_segment_size). Yes, except with pinned_carve_strict for a
+ * whole segment larger than fresh: the request then misses, and the miss gives the whole
+ * free segments back before it makes the fresh one, so a small block never pins a large
+ * free segment. */
+bool _expseg_carve_may_take(bool strict, size_t free_size, bool whole, size_t fresh);
 /* Allowed bytes for a fraction of total; SIZE_MAX when fraction >= 1. */
 size_t _expseg_allowed_bytes(double fraction, size_t total);
 

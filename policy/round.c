@@ -117,6 +117,20 @@ size_t _expseg_page_size(const expseg_config_t *c, size_t granularity) {
   return _expseg_round_up(c->page_size, granularity);
 }
 
+size_t _expseg_carve_segment_size(size_t held, size_t cls, size_t page) {
+  enum { CARVE_SHARE = 32 };
+  const size_t lo = (size_t)2 << 20, hi = (size_t)256 << 20;
+  size_t s = held / CARVE_SHARE;
+  if (s < lo) s = lo;
+  if (s > hi) s = hi;
+  s = _expseg_round_up(s, page);
+  return s > cls ? s : cls;
+}
+
+bool _expseg_carve_may_take(bool strict, size_t free_size, bool whole, size_t fresh) {
+  return !strict || !whole || free_size <= fresh;
+}
+
 size_t _expseg_allowed_bytes(double fraction, size_t total) {
   if (fraction >= 1.0) return SIZE_MAX;
   if (!(fraction > 0.0)) return 0; /* 0, negative or NaN */

@@ -348,3 +348,24 @@ TEST(PolicyRound, ReserveClassSetsTheSegmentsOfItsStreams) {
       << "the class wins over va_reserve_mb";
   EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, "other"), 3 * GiB);
 }
+
+// The pinned host pool's carve segments: 1/32 of what carve segments hold, within 2 MiB to
+// 256 MiB, page-rounded, never below the request; and pinned_carve_strict's rule: a whole
+// free segment larger than a fresh one is passed over, any other free block is taken.
+TEST(PolicyRound, CarveSegmentSizeAndStrictReuse) {
+  const size_t MiB = (size_t)1 << 20, page = 4096;
+  EXPECT_EQ(_expseg_carve_segment_size(0, MiB, page), 2 * MiB) << "at least 2 MiB";
+  EXPECT_EQ(_expseg_carve_segment_size(3200 * MiB, MiB, page), 100 * MiB) << "1/32 of held";
+  EXPECT_EQ(_expseg_carve_segment_size(3200 * MiB + 3200, MiB, page), 100 * MiB + page)
+      << "page-rounded";
+  EXPECT_EQ(_expseg_carve_segment_size(64000 * MiB, MiB, page), 256 * MiB) << "at most 256 MiB";
+  EXPECT_EQ(_expseg_carve_segment_size(64 * MiB, 9 * MiB, page), 9 * MiB) << "never below cls";
+  // not strict: any free block that fits
+  EXPECT_TRUE(_expseg_carve_may_take(false, 64 * MiB, true, 2 * MiB));
+  // strict: a whole segment larger than a fresh one is passed over; one no larger, and any
+  // free block inside a segment in use, are taken
+  EXPECT_FALSE(_expseg_carve_may_take(true, 64 * MiB, true, 2 * MiB));
+  EXPECT_FALSE(_expseg_carve_may_take(true, 2 * MiB + page, true, 2 * MiB));
+  EXPECT_TRUE(_expseg_carve_may_take(true, 2 * MiB, true, 2 * MiB));
+  EXPECT_TRUE(_expseg_carve_may_take(true, 64 * MiB, false, 2 * MiB));
+}

@@ -523,7 +523,7 @@ static void note_oom(expseg_host_pool *h, size_t cls) {
 /* A miss of a carved size: a new carve segment (lock held on entry, dropped around the
  * driver; on out-of-memory the cache goes back and one segment of exactly cls is asked). */
 static expseg_status carve_miss(expseg_host_pool *h, size_t size, size_t cls, void **out) {
-  _expseg_host_carve_release(h); /* segments all free, each too small to serve cls */
+  _expseg_host_carve_release(h); /* segments all free: too small for cls, or passed over (strict) */
   size_t want = _expseg_host_carve_segment_size(h, cls);
   pool_unlock(h);
   hcarve_t *seg = calloc(1, sizeof *seg);
