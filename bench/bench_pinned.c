@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* bench_pinned.c: expseg-bench-pinned, host memory held by the pinned host pool against the
  * memory live, on one seeded workload of mixed sizes, under each block policy in the same
- * run: power-of-two blocks (PyTorch's default) and exact page-rounded blocks carved from
- * shared segments (pinned_max_round_threshold_mb). Sizes are drawn log-uniformly from --min
+ * run: power-of-two blocks (PyTorch's default), exact page-rounded blocks carved from
+ * shared segments (pinned_max_round_threshold_mb), and the same with pinned_carve_strict
+ * (a whole free segment larger than a fresh one is given back rather than cut). Sizes are drawn log-uniformly from --min
  * to --max KiB (any byte count, as tensors have). Two shapes (--shape):
  *  - resident: buffers are allocated until --live MiB are live and kept (offloaded weights,
  *    a host KV cache), then the remaining --ops steps allocate staging buffers and free
@@ -11,7 +12,8 @@
  *    with probability 0.4), else allocates: random lifetimes, the hard case for any pool.
  * Reported per policy: held / live when the live bytes first reach --live (the resident
  * set complete), peak held (reserved_bytes.peak) / peak live, the largest held / live seen
- * after that first moment, and driver chunks made.
+ * after that first moment, driver chunks made and given back, and the run's wall time (page
+ * faulting and the driver calls dominate it).
  * The memory is real (pinned where the OS allows): keep --live modest on a shared machine. */
 #include "tool_args.h"
 
@@ -22,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct {
   const char *driver, *shape;
@@ -50,7 +53,8 @@ typedef struct {
 } live_t;
 
 typedef struct {
-  int64_t peak_held, chunks;
+  int64_t peak_held, chunks, chunks_freed;
+  double seconds;
   uint64_t peak_live;
   double first; /* held / live when live first reached the target */
   double worst; /* held / live after the first time live reached the target */
@@ -73,6 +77,8 @@ static int run(const args_t *a, const char *config, result_t *r) {
   }
   live_t *live = calloc(a->ops, sizeof *live);
   if (!live) return -1;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
   size_t n = 0;
   uint64_t x = a->seed * 0x9E3779B97F4A7C15ull + 1, bytes = 0, target = a->live_mb << 20;
   bool reached = false;
@@ -113,6 +119,9 @@ static int run(const args_t *a, const char *config, result_t *r) {
   }
   r->peak_held = hstat(h, "reserved_bytes.peak");
   r->chunks = hstat(h, "num_host_alloc");
+  r->chunks_freed = hstat(h, "num_host_free");
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  r->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
   for (size_t i = 0; i < n; i++) (void)expseg_host_free(h, live[i].p);
   free(live);
   expseg_host_destroy(h);
@@ -143,19 +152,22 @@ int main(int argc, char **argv) {
             a.max_kb, a.min_kb);
     return 2;
   }
-  const char *configs[][2] = {{"power of two (default)", ""},
-                              {"exact, carved", "pinned_max_round_threshold_mb:1"}};
+  const char *configs[][2] = {
+      {"power of two (default)", ""},
+      {"exact, carved", "pinned_max_round_threshold_mb:1"},
+      {"exact, carved, strict", "pinned_max_round_threshold_mb:1,pinned_carve_strict:True"}};
   printf("workload: %s, %" PRIu64 " ops, live %" PRIu64 " MiB, sizes %" PRIu64 " KiB .. %" PRIu64
          " KiB log-uniform, seed %" PRIu64 ", driver %s\n",
          a.shape, a.ops, a.live_mb, a.min_kb, a.max_kb, a.seed, a.driver);
-  printf("| policy | config | held / live at --live | peak live MiB | peak held MiB | peak held / peak live | worst held / live after | chunks |\n");
-  printf("|---|---|---|---|---|---|---|---|\n");
-  for (size_t i = 0; i < 2; i++) {
+  printf("| policy | config | held / live at --live | peak live MiB | peak held MiB | peak held / peak live | worst held / live after | chunks made / given back | s |\n");
+  printf("|---|---|---|---|---|---|---|---|---|\n");
+  for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
     result_t r;
     if (run(&a, configs[i][1], &r) != 0) return 1;
-    printf("| %s | `%s` | %.3f | %.1f | %.1f | %.3f | %.3f | %" PRId64 " |\n", configs[i][0],
-           configs[i][1], r.first, (double)r.peak_live / 1048576.0, (double)r.peak_held / 1048576.0,
-           (double)r.peak_held / (double)r.peak_live, r.worst, r.chunks);
+    printf("| %s | `%s` | %.3f | %.1f | %.1f | %.3f | %.3f | %" PRId64 " / %" PRId64 " | %.2f |\n",
+           configs[i][0], configs[i][1], r.first, (double)r.peak_live / 1048576.0,
+           (double)r.peak_held / 1048576.0, (double)r.peak_held / (double)r.peak_live, r.worst,
+           r.chunks, r.chunks_freed, r.seconds);
   }
   return 0;
 }

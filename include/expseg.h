@@ -155,6 +155,12 @@ EXPSEG_EXPORT void expseg_host_stats_foreach(const expseg_host_pool *h,
                                                         int64_t value),
                                              void *ctx);
 EXPSEG_EXPORT void expseg_host_reset_peak_stats(expseg_host_pool *h);
+/* The pool's own history (alloc, free_requested, free_completed, segment_alloc,
+ * segment_free, oom, snapshot), as expseg_record_history_ex with the same flags, for the
+ * host_traces of expseg_snapshot_with_host. Frames pushed with expseg_history_push_frames
+ * are attached as on the device allocator. */
+EXPSEG_EXPORT expseg_status expseg_host_record_history(expseg_host_pool *h, bool enabled,
+                                                       size_t max_entries, unsigned flags);
 
 /* ---- History, snapshots and readable reports (docs/snapshots.md) ----
  * expseg_record_history(a, true, n) keeps the newest n (>= 1) events (alloc, free_requested,
@@ -214,6 +220,16 @@ EXPSEG_EXPORT expseg_status expseg_snapshot_ex(expseg_allocator *a, unsigned fla
 EXPSEG_EXPORT expseg_status expseg_snapshot_dump_ex(expseg_allocator *a, const char *path,
                                                     unsigned flags);
 EXPSEG_EXPORT void expseg_snapshot_free(unsigned char *buf);
+/* The same snapshot plus the pinned host pool h (PyTorch's record_pinned_host_memory):
+ * "host_segments" (each driver chunk of h, in the shape of "segments", device -1) and
+ * "host_traces" (h's history as one list of trace entries; empty unless recording with
+ * expseg_host_record_history, or with EXPSEG_SNAPSHOT_NO_TRACES). docs/snapshots.md. */
+EXPSEG_EXPORT expseg_status expseg_snapshot_with_host(expseg_allocator *a, expseg_host_pool *h,
+                                                      unsigned flags, unsigned char **buf,
+                                                      size_t *len);
+EXPSEG_EXPORT expseg_status expseg_snapshot_dump_with_host(expseg_allocator *a,
+                                                           expseg_host_pool *h,
+                                                           const char *path, unsigned flags);
 /* torch.cuda.memory_summary()'s text, then expseg's own section. Writes at most len bytes
  * (NUL included); returns the length it needs (0 when a is NULL). */
 EXPSEG_EXPORT size_t expseg_memory_summary(expseg_allocator *a, char *buf, size_t len,
@@ -359,6 +375,14 @@ EXPSEG_EXPORT void expseg_ipc_handle_free(expseg_ipc_handle *h);
  * EXPSEG_ERR_UNSUPPORTED. */
 EXPSEG_EXPORT expseg_status expseg_stream_create(expseg_allocator *a, expseg_stream *out);
 EXPSEG_EXPORT expseg_status expseg_stream_destroy(expseg_allocator *a, expseg_stream stream);
+/* Tags stream with an expandable-segment reserve class (PyTorch's
+ * setExpandableSegmentReserveClassForStream): its new expandable segments reserve what
+ * expandable_segments_reserve_by_class gives the class (docs/config.md); a class the option
+ * does not list keeps the stream's usual reserve. cls NULL or "" removes the tag. A name of
+ * 1 to 63 bytes without ',', ':', '[', ']' or spaces (what the option can name). */
+EXPSEG_EXPORT expseg_status expseg_stream_set_reserve_class(expseg_allocator *a,
+                                                            expseg_stream stream,
+                                                            const char *cls);
 /* Waits until all work queued on the allocator's device, on every stream, is done (cuda:
  * cuCtxSynchronize in the device's primary context). host and sim: EXPSEG_ERR_DRIVER while
  * a test holds a stream (it would wait forever), else EXPSEG_OK at once. */

@@ -539,7 +539,7 @@ static expseg_status reserve_classes(parser_t *p, const option_t *o, const tok_t
       out_reserve(&b, value, gib);
       if (b.pos >= sizeof cls) {
         b.pos = keep;
-        note(p, name.at, "%s: class %s dropped: expseg keeps %d bytes of classes (no effect)",
+        note(p, name.at, "%s: class %s dropped: expseg keeps %d bytes of classes (its streams keep the usual reserve)",
              p->key, name.w, EXPSEG_RESERVE_CLASSES_MAX - 1);
       }
     }

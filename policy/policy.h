@@ -23,7 +23,7 @@ extern "C" {
 #define EXPSEG_ROUNDUP_INTERVALS 16
 #define EXPSEG_MAX_REQUEST ((size_t)1 << 60)     /* PyTorch's one-exabyte guard: sizes >=
                                                     this are refused as out of memory */
-#define EXPSEG_RESERVE_CLASSES_MAX 256           /* bytes kept of a class list (no effect) */
+#define EXPSEG_RESERVE_CLASSES_MAX 256           /* bytes kept of a class list */
 /* Size of every buffer a config message (error or warning) passes through, from the parser to
  * expseg_last_error() (vmm/error.c keeps 1024 bytes): the parser's messages fit in it. */
 #define EXPSEG_CONFIG_MSG_MAX 1024
@@ -50,6 +50,7 @@ typedef struct expseg_config_s {
   size_t pinned_reserve_segment_size;   /* bytes; 0 = off */
   size_t pinned_max_round_threshold;   /* bytes; SIZE_MAX = off */
   size_t pinned_max_cached_size;       /* bytes; SIZE_MAX = off */
+  bool pinned_carve_strict;
   bool graph_capture_record_stream_reuse;
   double per_process_memory_fraction;
   bool throw_on_cudamalloc_oom;
@@ -233,18 +234,37 @@ bool _expseg_may_take_back(uint64_t robbed, uint64_t now);
  * live private pool's: its memory is its own until it is emptied or released. */
 bool _expseg_pool_may_take(uint32_t taker, uint32_t owner, int owner_use_count,
                            size_t owner_busy);
-/* Address space for a new expandable segment: va_reserve_mb, else expandable_segments_reserve
+/* The reserve of stream class cls in expandable_segments_reserve_by_class, in bytes of a
+ * device of `total` bytes (a fraction of it, or GiB; saturates); false when cls is NULL, ""
+ * or not listed. */
+bool _expseg_class_reserve(const expseg_config_t *c, const char *cls, size_t total,
+                           size_t *bytes);
+/* Address space for a new expandable segment of a stream of class cls (NULL: none): the
+ * class's reserve when expandable_segments_reserve_by_class lists it (at most 9/8 of total;
+ * every segment of the stream alike); else va_reserve_mb, else expandable_segments_reserve
  * when set (a fraction of total or GiB, at most 9/8 of total), else EXPSEG_VA_FIRST, for the
- * first large-pool segment of a stream; an eighth of that for the small pool (requests of at
- * most 1 MiB), at least 64 pages; doubled for each segment the stream and pool already have
- * (at most 4 times; where the user set the size, not past 9/8 of total); never less than
+ * first large-pool segment of a stream, doubled for each segment the stream and pool already
+ * have (at most 4 times; where the user set the size, not past 9/8 of total). An eighth of
+ * that for the small pool (requests of at most 1 MiB), at least 64 pages; never less than
  * `need`. A multiple of page. The default does not depend on the device's size, so the
  * segments a program's requests land in, and the memory it holds, are the same on every
  * device it fits (a device just large enough for the peak included: replay --fit). 8 GiB:
  * 1,000 streams reserve about 9 TiB of a 128 TiB address space (docs/design.md). */
 #define EXPSEG_VA_FIRST ((size_t)8 << 30)
 size_t _expseg_segment_va(const expseg_config_t *c, bool small, size_t existing, size_t need,
-                          size_t total, size_t page);
+                          size_t total, size_t page, const char *cls);
+/* Pinned host pool, exact carved blocks (pools/host/host_carve.c; docs/host_pool.md):
+ * the size of a new carve segment for a block of cls bytes when the carve segments held
+ * make `held` bytes: 1/32 of held, within [2 MiB, 256 MiB], rounded up to page, never less
+ * than cls. */
+size_t _expseg_carve_segment_size(size_t held, size_t cls, size_t page);
+/* May a request of cls bytes be cut from a free carved block of free_size bytes (>= cls)?
+ * whole: the block is a whole carve segment (nothing in it in use); fresh: the segment a
+ * miss would make (_expseg_carve_segment_size). Yes, except with pinned_carve_strict for a
+ * whole segment larger than fresh: the request then misses, and the miss gives the whole
+ * free segments back before it makes the fresh one, so a small block never pins a large
+ * free segment. */
+bool _expseg_carve_may_take(bool strict, size_t free_size, bool whole, size_t fresh);
 /* Allowed bytes for a fraction of total; SIZE_MAX when fraction >= 1. */
 size_t _expseg_allowed_bytes(double fraction, size_t total);
 

@@ -8,6 +8,9 @@
  * as out of memory before it rounds. */
 #include "policy.h"
 #include "round.h"
+#include "text.h"
+
+#include <string.h>
 
 size_t _expseg_round_size(const expseg_config_t *c, size_t size) {
   return _expseg_round_size_inline(c, size);
@@ -46,10 +49,39 @@ bool _expseg_may_take_back(uint64_t robbed, uint64_t now) {
   return robbed == 0 || now - robbed >= EXPSEG_NO_TAKE_BACK;
 }
 
+bool _expseg_class_reserve(const expseg_config_t *c, const char *cls, size_t total,
+                           size_t *bytes) {
+  size_t n = cls ? strlen(cls) : 0;
+  if (n == 0) return false;
+  /* the list as the parser keeps it: name:value entries, ',' between (names hold neither) */
+  for (const char *e = c->expandable_segments_reserve_by_class; *e;) {
+    const char *colon = strchr(e, ':'), *end = strchr(e, ',');
+    if (!end) end = e + strlen(e);
+    if (!colon || colon > end) return false; /* not the parser's text */
+    if ((size_t)(colon - e) == n && !memcmp(e, cls, n)) {
+      const char *v = colon + 1;
+      size_t vn = (size_t)(end - v);
+      bool gib = vn > 0 && (v[vn - 1] == 'G' || v[vn - 1] == 'g');
+      double x;
+      if (!_expseg_read_stream_double(v, gib ? vn - 1 : vn, &x) || !(x > 0)) return false;
+      x = gib ? x * 1073741824.0 : x * (double)total;
+      *bytes = x < 18446744073709551615.0 ? (size_t)x : SIZE_MAX;
+      return true;
+    }
+    e = *end ? end + 1 : end;
+  }
+  return false;
+}
+
 size_t _expseg_segment_va(const expseg_config_t *c, bool small, size_t existing, size_t need,
-                          size_t total, size_t page) {
-  size_t va = EXPSEG_VA_FIRST, limit = SIZE_MAX; /* the default: the same on every device */
-  if (c->va_reserve) {
+                          size_t total, size_t page, const char *cls) {
+  size_t va = EXPSEG_VA_FIRST, limit = SIZE_MAX, class_va; /* the default: any device */
+  if (_expseg_class_reserve(c, cls, total, &class_va)) {
+    /* the stream's class: every segment reserves this (bounded to 9/8 of device memory, as
+     * PyTorch bounds it), never doubled */
+    va = class_va < total + total / 8 ? class_va : total + total / 8;
+    existing = 0;
+  } else if (c->va_reserve) {
     va = c->va_reserve;
     limit = _expseg_round_up(total + total / 8, page);
   } else if (c->expandable_segments_reserve > 0) {
@@ -84,6 +116,20 @@ size_t _expseg_page_size(const expseg_config_t *c, size_t granularity) {
   if (granularity == 0) return c->page_size;
   if (c->page_size == 0) return granularity;
   return _expseg_round_up(c->page_size, granularity);
+}
+
+size_t _expseg_carve_segment_size(size_t held, size_t cls, size_t page) {
+  enum { CARVE_SHARE = 32 };
+  const size_t lo = (size_t)2 << 20, hi = (size_t)256 << 20;
+  size_t s = held / CARVE_SHARE;
+  if (s < lo) s = lo;
+  if (s > hi) s = hi;
+  s = _expseg_round_up(s, page);
+  return s > cls ? s : cls;
+}
+
+bool _expseg_carve_may_take(bool strict, size_t free_size, bool whole, size_t fresh) {
+  return !strict || !whole || free_size <= fresh;
 }
 
 size_t _expseg_allowed_bytes(double fraction, size_t total) {

@@ -124,6 +124,7 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
   _expseg_fidx_destroy(&a->free_idx);
   _expseg_ppool_destroy(a);
   _expseg_segcount_destroy(a);
+  _expseg_reserve_classes_destroy(a);
   free(a->observers);
   free(a->conf_text);
   _expseg_hist_destroy(a);

@@ -329,11 +329,18 @@ struct expseg_allocator {
   size_t n_routes, cap_routes;
   bool reap;                  /* a released pool may now be given back */
   struct sleep_state_s *sleep; /* tagged regions (sleep.c); NULL until the first */
+  struct rclass_s *rclasses;  /* streams' reserve classes (reserve_class.c) */
+  size_t n_rclasses;
   uint32_t reap_skip;         /* non-blocking reaps to skip before the next try ... */
   uint32_t reap_backoff;      /* ... doubled after each try that left memory behind */
 };
 
 static inline uint32_t seg_tag(const segment_t *s) { return skey_tag(s->stream); }
+
+/* ---- reserve_class.c: streams' expandable-segment reserve classes ---- */
+/* The class stream (a stream key's stream) was tagged with, or NULL. Lock held. */
+const char *_expseg_reserve_class_of(const expseg_allocator *a, expseg_stream stream);
+void _expseg_reserve_classes_destroy(expseg_allocator *a);
 
 /* ---- segcount.c: expandable segments per stream (O(1) questions of growth) ---- */
 /* s's (pool, stream) gained (segs = 1) or lost (-1) an expandable segment: s */
@@ -731,5 +738,15 @@ static inline bool _expseg_seg_general(const expseg_allocator *a, const segment_
   return _expseg_pool_may_take(0, t, p->use_count, p->busy + p->inflight);
 }
 #include "observe/history.h" /* EXPSEG_HIST: the history hooks */
+
+/* The pinned host pool's state for a snapshot (pools/host/host_observe.c, read by
+ * observe/snapshot.c; declared here, as neither folder includes the other): its driver
+ * chunks as walk segments sorted by address, each tiled by its blocks, and its history
+ * (NULL: not recording), handed to fn under the pool's lock after a `snapshot` event is
+ * recorded. false: out of host memory (fn not called). */
+bool _expseg_host_observe(expseg_host_pool *h,
+                          void (*fn)(void *ctx, const struct history_s *hist,
+                                     const expseg_walk_segment *segs, size_t n),
+                          void *ctx);
 
 #endif

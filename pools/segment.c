@@ -86,7 +86,8 @@ static segment_t *expandable_new(expseg_allocator *a, int pool, expseg_stream st
   size_t va = a->model_pytorch
                   ? _expseg_round_up(a->total_mem + a->total_mem / 8, page)
                   : _expseg_segment_va(&a->cfg, pool == POOL_SMALL, existing, need,
-                                       a->total_mem, page);
+                                       a->total_mem, page,
+                                       _expseg_reserve_class_of(a, skey_stream(stream)));
   if (va < need) va = _expseg_round_up(need, page);
   block_t *b;
   segment_t *s = segment_new(a, &b, st);

@@ -453,3 +453,55 @@ TEST(AllocApi, OptionKeysArePytorchsOrExpsegsOwn) {
   EXPECT_EQ(expseg_option_pytorch("page_size_mb:2", 12), 0) << "len bounds the key";
   EXPECT_EQ(expseg_option_pytorch(nullptr, 0), -1);
 }
+
+// expandable_segments_reserve_by_class with expseg_stream_set_reserve_class: a tagged
+// stream's segments reserve the class's share of device memory; other streams and an
+// untagged one keep the usual reserve; a class the option does not list changes nothing;
+// runtime configuration applies to the segments that follow; bad names are refused, naming
+// the byte.
+TEST(AllocApi, ReserveClassSizesTheSegmentsOfTaggedStreams) {
+  const int64_t GiB = (int64_t)1 << 30;
+  AllocPtr a = make_alloc("sim:capacity=80G",
+                          "expandable_segments:True,"
+                          "expandable_segments_reserve_by_class:[tiny:0.05,fixed:3G]");
+  auto va_of = [&](expseg_stream s, size_t size) {
+    int64_t before = stat_of(a.get(), "expseg.reserved_va_bytes.current");
+    void *p;
+    EXPECT_EQ(expseg_malloc(a.get(), size, s, &p), EXPSEG_OK) << expseg_last_error();
+    return stat_of(a.get(), "expseg.reserved_va_bytes.current") - before;
+  };
+  ASSERT_EQ(expseg_stream_set_reserve_class(a.get(), 5, "tiny"), EXPSEG_OK);
+  ASSERT_EQ(expseg_stream_set_reserve_class(a.get(), 6, "fixed"), EXPSEG_OK);
+  ASSERT_EQ(expseg_stream_set_reserve_class(a.get(), 7, "unlisted"), EXPSEG_OK);
+  const int64_t usual = 80 * GiB / 8;
+  EXPECT_EQ(va_of(5, 32 << 20), 80 * GiB / 20) << "tiny: 0.05 of device memory";
+  EXPECT_EQ(va_of(5, 5 * GiB), 5 * GiB) << "a request above the reserve: a segment its size";
+  EXPECT_EQ(va_of(5, 32 << 20), 0) << "room left in the first segment";
+  EXPECT_EQ(va_of(6, 32 << 20), 3 * GiB);
+  EXPECT_EQ(va_of(7, 32 << 20), usual) << "a class not listed: the usual reserve";
+  EXPECT_EQ(va_of(8, 32 << 20), usual) << "untagged";
+  // the tag moves: stream 8 becomes tiny, its next segment follows
+  ASSERT_EQ(expseg_stream_set_reserve_class(a.get(), 8, "tiny"), EXPSEG_OK);
+  EXPECT_EQ(va_of(8, usual + 1), usual + (2 << 20)) << "larger than both: its own size";
+  EXPECT_EQ(va_of(8, 64 << 20), 0) << "room in the untagged segment";
+  // untagging: the usual reserve again, doubled for the stream's second segment
+  ASSERT_EQ(expseg_stream_set_reserve_class(a.get(), 6, nullptr), EXPSEG_OK);
+  EXPECT_EQ(va_of(6, 4 * GiB), 2 * usual) << "untagged: the usual reserve, doubled";
+  // the configuration is read when a segment is made
+  ASSERT_EQ(expseg_configure(a.get(), "expandable_segments_reserve_by_class:[unlisted:2G]"),
+            EXPSEG_OK)
+      << expseg_last_error();
+  EXPECT_EQ(va_of(7, usual), usual)
+      << "listed now (2G): a larger request gets its own size, not the doubled usual reserve";
+  ASSERT_EQ(expseg_stream_set_reserve_class(a.get(), 10, "unlisted"), EXPSEG_OK);
+  EXPECT_EQ(va_of(10, 32 << 20), 2 * GiB) << "a new stream of the class: its 2G";
+  EXPECT_EQ(expseg_stream_set_reserve_class(a.get(), 9, "a:b"), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(strstr(expseg_last_error(), "':' at byte 1"), nullptr) << expseg_last_error();
+  EXPECT_EQ(expseg_stream_set_reserve_class(a.get(), 9, std::string(64, 'x').c_str()),
+            EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(strstr(expseg_last_error(), "1 to 63 bytes"), nullptr) << expseg_last_error();
+  EXPECT_EQ(expseg_stream_set_reserve_class(a.get(), (expseg_stream)1 << 50, "tiny"),
+            EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_stream_set_reserve_class(nullptr, 9, "tiny"), EXPSEG_ERR_INVALID_ARGUMENT);
+  expect_consistent(a.get(), "reserve classes");
+}

@@ -403,6 +403,41 @@ TEST(HostPool, RoundThresholdGivesExactPageRoundedBlocks) {
   EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), 0);
 }
 
+// pinned_carve_strict: a small carved request does not take a large whole free segment (it
+// would pin it); it misses, the miss gives the large one back and makes a segment of the
+// usual size. Without it the large segment is cut (and held). A whole free segment no larger
+// than a fresh one is taken either way (a free range inside a segment in use too: the
+// policy's own test).
+TEST(HostPool, StrictCarvingGivesLargeFreeSegmentsBack) {
+  for (bool strict : {false, true}) {
+    SCOPED_TRACE(strict ? "strict" : "default");
+    PoolPtr h = make_pool("host", strict ? "pinned_max_round_threshold_mb:1,pinned_carve_strict:True"
+                                         : "pinned_max_round_threshold_mb:1");
+    ASSERT_TRUE(h);
+    void *big = nullptr, *small = nullptr, *small2 = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h.get(), 40 * MiB, &big), EXPSEG_OK);  // its own 40 MiB segment
+    EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(40 * MiB));
+    ASSERT_EQ(expseg_host_free(h.get(), big), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_malloc(h.get(), 3 * MiB, &small), EXPSEG_OK);
+    if (strict) {
+      EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(3 * MiB))
+          << "the 40 MiB segment went back; a fresh one (3 MiB: larger than 40/32) made";
+      EXPECT_EQ(hstat(h.get(), "num_host_free"), 1);
+    } else {
+      EXPECT_EQ(small, big) << "cut from the free 40 MiB segment";
+      EXPECT_EQ(hstat(h.get(), "reserved_bytes.current"), int64_t(40 * MiB));
+      EXPECT_EQ(hstat(h.get(), "num_host_free"), 0);
+    }
+    // a whole free segment no larger than a fresh one is taken either way
+    const int64_t made = hstat(h.get(), "num_host_alloc");
+    ASSERT_EQ(expseg_host_free(h.get(), small), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_malloc(h.get(), 3 * MiB, &small2), EXPSEG_OK);
+    EXPECT_EQ(small2, small);
+    EXPECT_EQ(hstat(h.get(), "num_host_alloc"), made) << "no new chunk";
+    ASSERT_EQ(expseg_host_free(h.get(), small2), EXPSEG_OK);
+  }
+}
+
 // Exact blocks are carved from shared segments: neighbours merge when free, a free range
 // serves any request that fits (best fit), and a segment all free goes back at empty_cache;
 // a carved block a stream still uses merges only after its event.

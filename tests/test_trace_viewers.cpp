@@ -6,10 +6,13 @@
 // are test fixtures read from ../shared/reference/pytorch-viewer/ (the test skips, saying
 // so, where they or node are absent). Snapshots of each kind: the C API with private pools,
 // a configuration string, annotations and pushed frames; a replay of a recorded history (whose frames
-// must come through the replay).
+// must come through the replay); a snapshot with the pinned host pool (host_segments and
+// host_traces, checked block by block against the pool's statistics, and run through every
+// _memory_viz.py subcommand in the place of the device's segments and trace).
 #include <gtest/gtest.h>
 
 #include "expseg.h"
+#include "host_pool_support.h"
 #include "snapshot_check.h"
 #include "test_replay_common.h"
 
@@ -18,6 +21,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -159,6 +163,85 @@ TEST(Viewers, CApiSnapshotsOpenInBothViewersAndMemoryViz) {
   // expseg-replay reads its own snapshots, passing over sleep and wake
   std::string text;
   EXPECT_EQ(Replay({"--quiet", two}, &text), 0) << text;
+  EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
+  SKIP_WITHOUT_NODE_OR_PYTHON();
+}
+
+// The pinned host pool next to a device allocator: blocks of every kind (a power of two's
+// own chunk, carved exact sizes, reserve slices and the reserve's unused tail), a block
+// pending on a held stream, freed ones, pushed frames; the history of both.
+TEST(Viewers, HostPoolSnapshotsOpenInBothViewersAndMemoryViz) {
+  REQUIRE_VIEWERS();
+  expseg_allocator *a;
+  ASSERT_EQ(expseg_create("sim", 0, "expandable_segments:True", &a), EXPSEG_OK) << expseg_last_error();
+  PoolPtr h = make_pool("host", "pinned_reserve_segment_size_mb:1,pinned_max_round_threshold_mb:1");
+  ASSERT_NE(h, nullptr);
+  EXPECT_EQ(expseg_host_record_history(h.get(), true, 0, 0), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(strstr(expseg_last_error(), "expseg_host_record_history: max_entries is 0"), nullptr)
+      << expseg_last_error();
+  ASSERT_EQ(expseg_record_history_ex(a, true, SIZE_MAX, 0), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_record_history(h.get(), true, SIZE_MAX, 0), EXPSEG_OK);
+  expseg_frame f[2] = {{"loader.py", "main", 3}, {"loader.py", "pin_batch", 17}};
+  ASSERT_EQ(expseg_history_push_frames(f, 2), EXPSEG_OK);
+  std::vector<void *> live;
+  const size_t sizes[] = {4096, 100000, 300000, 1500000, 2600000, 3100000, 5000000, 700};
+  for (size_t i = 0; i < 24; i++) {
+    void *p;
+    ASSERT_EQ(expseg_host_malloc(h.get(), sizes[i % 8] + i, &p), EXPSEG_OK) << expseg_last_error();
+    live.push_back(p);
+  }
+  void *d;
+  ASSERT_EQ(expseg_malloc(a, 3 << 20, 0, &d), EXPSEG_OK);
+  expseg_history_pop_frames(2);
+  // one freed block waits for a held stream: active_pending_free
+  ASSERT_EQ(_expseg_vmm_hold_stream(_expseg_host_pool_driver(h.get()), 9, true), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_record_stream(h.get(), live[4], 9), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_free(h.get(), live[4]), EXPSEG_OK);
+  size_t n_live = 0;
+  for (size_t i = 0; i < live.size(); i++) {
+    if (i == 4) continue;
+    if (i % 3 == 0) {
+      ASSERT_EQ(expseg_host_free(h.get(), live[i]), EXPSEG_OK);
+    } else {
+      n_live++;
+    }
+  }
+  std::string dir = TmpDir(), one = dir + "/one.pickle", two = dir + "/two.pickle",
+              three = dir + "/three.pickle";
+  int64_t reserved = hstat(h.get(), "reserved_bytes.current");
+  ASSERT_EQ(expseg_snapshot_dump_with_host(a, h.get(), one.c_str(), 0), EXPSEG_OK)
+      << expseg_last_error();
+  ASSERT_EQ(_expseg_vmm_hold_stream(_expseg_host_pool_driver(h.get()), 9, false), EXPSEG_OK);
+  for (size_t i = 0; i < live.size(); i++) {
+    if (i == 4 || i % 3 == 0) continue;
+    ASSERT_EQ(expseg_host_free(h.get(), live[i]), EXPSEG_OK);
+  }
+  ASSERT_EQ(expseg_host_empty_cache(h.get()), EXPSEG_OK);
+  void *q;
+  ASSERT_EQ(expseg_host_malloc(h.get(), 9 << 20, &q), EXPSEG_OK);
+  int64_t reserved2 = hstat(h.get(), "reserved_bytes.current");
+  ASSERT_EQ(expseg_snapshot_dump_with_host(a, h.get(), two.c_str(), 0), EXPSEG_OK);
+  ASSERT_EQ(expseg_snapshot_dump_with_host(a, h.get(), three.c_str(), EXPSEG_SNAPSHOT_NO_TRACES),
+            EXPSEG_OK);
+  EXPECT_EQ(expseg_snapshot_dump_with_host(a, nullptr, three.c_str(), 0), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(strstr(expseg_last_error(), "the host pool is NULL"), nullptr) << expseg_last_error();
+  ASSERT_EQ(expseg_host_free(h.get(), q), EXPSEG_OK);
+  expseg_destroy(a);
+
+  if (HaveNode()) {
+    OpenInViewers(one, "--conf expandable_segments:True");
+    OpenInViewers(two, "");
+  }
+  if (snapshot_have_python()) {
+    char arg[160];
+    // the first: 1 pending block, n_live allocated, 18+ framed allocated blocks
+    snprintf(arg, sizeof arg, "--host %lld %zu 1 %zu", (long long)reserved, n_live, n_live);
+    RunMemoryViz(one, two, arg);
+    snprintf(arg, sizeof arg, "--host %lld 1 0 0", (long long)reserved2);
+    RunMemoryViz(two, one, arg);
+    snprintf(arg, sizeof arg, "--host %lld 1 0 0 --no-traces", (long long)reserved2);
+    RunMemoryViz(three, one, arg);
+  }
   EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
   SKIP_WITHOUT_NODE_OR_PYTHON();
 }

@@ -5,10 +5,12 @@
  * Above pinned_max_round_threshold_mb (and at most pinned_max_cached_size_mb) a request
  * gets a block of its page-rounded size, cut from a carve segment: a driver chunk of at
  * least 1/32 of the carve segments held so far (2 MiB to 256 MiB, never less than the
- * request), so the unused tail of the newest segment stays a small share of what is held.
- * The blocks of a segment are linked in address order; a free block merges with its free
- * neighbours at once and waits on one best-fit list; a segment whose memory is all free is
- * given back by empty_cache (and on the out-of-memory path). Power-of-two blocks trade up to
+ * request; policy: _expseg_carve_segment_size), so the unused tail of the newest segment
+ * stays a small share of what is held. The blocks of a segment are linked in address order;
+ * a free block merges with its free neighbours at once and waits on one best-fit list
+ * (with pinned_carve_strict a whole free segment larger than a fresh one is passed over:
+ * _expseg_carve_may_take); a segment whose memory is all free is given back by empty_cache,
+ * by the next carve miss and on the out-of-memory path. Power-of-two blocks trade up to
  * 2x the memory asked for a list pop; carving trades a walk of the free list for memory held
  * close to what is live. Lock held in every function here unless said otherwise. */
 #include "error.h"
@@ -17,14 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { CARVE_MIN = 2u << 20, CARVE_MAX = 256u << 20, CARVE_SHARE = 32 };
-
 size_t _expseg_host_carve_segment_size(const expseg_host_pool *h, size_t cls) {
-  size_t s = h->carve_reserved / CARVE_SHARE;
-  if (s < CARVE_MIN) s = CARVE_MIN;
-  if (s > CARVE_MAX) s = CARVE_MAX;
-  s = (s + h->page - 1) / h->page * h->page;
-  return s > cls ? s : cls;
+  return _expseg_carve_segment_size(h->carve_reserved, cls, h->page);
 }
 
 static void drop(hblock_t *b) {
@@ -68,8 +64,11 @@ static void split(expseg_host_pool *h, hblock_t *b, size_t cls) {
 
 hblock_t *_expseg_host_carve_take(expseg_host_pool *h, size_t cls) {
   hblock_t *best = NULL;
+  const size_t fresh = _expseg_host_carve_segment_size(h, cls);
   for (hblock_t *b = h->carve_free; b; b = b->next_free)
-    if (b->size >= cls && (!best || b->size < best->size)) {
+    if (b->size >= cls && (!best || b->size < best->size) &&
+        _expseg_carve_may_take(h->cfg.pinned_carve_strict, b->size, !b->seg_prev && !b->seg_next,
+                               fresh)) {
       best = b;
       if (b->size == cls) break;
     }

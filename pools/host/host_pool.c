@@ -72,6 +72,7 @@ static void block_delete(hblock_t *b) {
 }
 
 static void push_free(expseg_host_pool *h, hblock_t *b) {
+  if (b->state != HB_FREE) EXPSEG_HOST_HIST(h, HIST_FREE_COMPLETED, b->ptr, b->requested);
   b->state = HB_FREE;
   b->n_streams = 0;
   b->requested = 0;
@@ -230,6 +231,7 @@ static void note_chunk(expseg_host_pool *h, const expseg_host_chunk_t *c, uint64
   if (c->method == EXPSEG_HOST_REGISTERED) s->registered_segments++;
   else s->created_segments++;
   s->fault_threads_started += c->threads_used;
+  EXPSEG_HOST_HIST(h, HIST_SEGMENT_ALLOC, (uintptr_t)c->ptr, c->size);
 }
 
 /* A new chunk of `size` bytes, lock not held. Stats are the caller's (note_chunk). */
@@ -264,6 +266,7 @@ void _expseg_host_note_chunk_free(expseg_host_pool *h, const expseg_host_chunk_t
   if (c->locked) s->locked_bytes -= (int64_t)c->size;
   else s->unlocked_bytes -= (int64_t)c->size;
   if (c->placed) s->placed_bytes -= (int64_t)c->size;
+  EXPSEG_HOST_HIST(h, HIST_SEGMENT_FREE, (uintptr_t)c->ptr, c->size);
 }
 
 /* Frees the cached blocks larger than `above` that own a chunk (reserve slices stay). Lock
@@ -454,6 +457,7 @@ void expseg_host_destroy(expseg_host_pool *h) {
     free(c);
   }
   if (h->reserve.ptr) (void)_expseg_vmm_host_free(h->drv, &h->reserve);
+  _expseg_hist_free(h->hist);
   free(h->events);
   free(h->ev_pool);
   _expseg_ptrmap_destroy(&h->live);
@@ -498,6 +502,7 @@ static expseg_status hand_out(expseg_host_pool *h, hblock_t *b, size_t size, voi
     b->state = HB_ALLOCATED;
     b->requested = size;
     *out = (void *)b->ptr;
+    EXPSEG_HOST_HIST(h, HIST_ALLOC, b->ptr, size);
   } else {
     push_free(h, b);
   }
@@ -508,10 +513,17 @@ static expseg_status hand_out(expseg_host_pool *h, hblock_t *b, size_t size, voi
   return EXPSEG_OK;
 }
 
+/* A request the driver could not serve, even after the cache went back (lock not held). */
+static void note_oom(expseg_host_pool *h, size_t cls) {
+  pool_lock(h);
+  EXPSEG_HOST_HIST(h, HIST_OOM, 0, cls);
+  pool_unlock(h);
+}
+
 /* A miss of a carved size: a new carve segment (lock held on entry, dropped around the
  * driver; on out-of-memory the cache goes back and one segment of exactly cls is asked). */
 static expseg_status carve_miss(expseg_host_pool *h, size_t size, size_t cls, void **out) {
-  _expseg_host_carve_release(h); /* segments all free, each too small to serve cls */
+  _expseg_host_carve_release(h); /* segments all free: too small for cls, or passed over (strict) */
   size_t want = _expseg_host_carve_segment_size(h, cls);
   pool_unlock(h);
   hcarve_t *seg = calloc(1, sizeof *seg);
@@ -531,6 +543,7 @@ static expseg_status carve_miss(expseg_host_pool *h, size_t size, size_t cls, vo
     _expseg_error_prefix("expseg_host_malloc(size=%s, block %s)", _expseg_format_size(b1, size),
                          _expseg_format_size(b2, cls));
     free(seg);
+    if (s == EXPSEG_ERR_OUT_OF_MEMORY) note_oom(h, cls);
     return s;
   }
   pool_lock(h);
@@ -588,6 +601,7 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
     _expseg_error_prefix("expseg_host_malloc(size=%s, block %s)", _expseg_format_size(b1, size),
                          _expseg_format_size(b2, cls));
     block_delete(b);
+    if (s == EXPSEG_ERR_OUT_OF_MEMORY) note_oom(h, cls);
     return s;
   }
   b->ptr = (uintptr_t)b->chunk.ptr;
@@ -658,6 +672,7 @@ expseg_status expseg_host_free(expseg_host_pool *h, void *ptr) {
     pool_unlock(h);
     return s;
   }
+  EXPSEG_HOST_HIST(h, HIST_FREE_REQUESTED, b->ptr, b->requested);
   b->event_count = b->n_streams ? record_events(h, b) : 0;
   if (b->event_count > 0 || b->stuck) {
     b->state = HB_PENDING;
@@ -737,6 +752,24 @@ void expseg_host_stats_foreach(const expseg_host_pool *h,
   host_stats_t copy = h->st; /* fn runs without the lock */
   pthread_mutex_unlock(&m->lock);
   _expseg_host_stats_visit(&copy, fn, ctx);
+}
+
+expseg_status expseg_host_record_history(expseg_host_pool *h, bool enabled, size_t max_entries,
+                                         unsigned flags) {
+  if (!h) return no_pool("expseg_host_record_history");
+  expseg_status st = _expseg_hist_check("expseg_host_record_history", enabled, max_entries, flags);
+  if (st != EXPSEG_OK) return st;
+  history_t *n = NULL;
+  if (enabled && (n = _expseg_hist_new(max_entries, flags)) == NULL)
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                             "expseg_host_record_history: out of host memory");
+  pool_lock(h);
+  history_t *old = h->hist;
+  _expseg_hist_keep(n, old, flags);
+  h->hist = n; /* disabling clears the history, as the device allocator's */
+  pool_unlock(h);
+  _expseg_hist_free(old);
+  return EXPSEG_OK;
 }
 
 void expseg_host_reset_peak_stats(expseg_host_pool *h) {

@@ -103,6 +103,7 @@ struct expseg_host_pool {
   pthread_t bg;
   pthread_cond_t cv;
   host_stats_t st;
+  struct history_s *hist;   /* expseg_host_record_history; NULL = not recording */
   expseg_host_pool *next_pool; /* every live pool (host_pool.c's registry) */
 };
 
@@ -126,6 +127,13 @@ void _expseg_host_carve_put(expseg_host_pool *h, hblock_t *b);
 /* Gives back every carve segment whose memory is all free (lock dropped around the driver
  * calls); returns the bytes given back. */
 size_t _expseg_host_carve_release(expseg_host_pool *h);
+
+/* History hooks (lock held): one branch when not recording. */
+#define EXPSEG_HOST_HIST(h, action, addr, size)                                             \
+  do {                                                                                      \
+    if (__builtin_expect((h)->hist != NULL, 0))                                             \
+      _expseg_hist_push((h)->hist, (action), (uint64_t)(addr), (uint64_t)(size), 0);        \
+  } while (0)
 
 /* ---- host_pool_stats.c ---- */
 bool _expseg_host_stats_get(const host_stats_t *s, const char *key, int64_t *v);

@@ -165,9 +165,8 @@ uint64_t _expseg_hist_time_us(const history_t *h, double scale, uint64_t ticks) 
   return ns > 0 ? (uint64_t)(ns / 1000.0) : 0;
 }
 
-hist_event_t *_expseg_hist_add(expseg_allocator *a, int action, uint64_t addr, uint64_t size,
-                               expseg_stream stream) {
-  history_t *h = a->hist;
+hist_event_t *_expseg_hist_push(history_t *h, int action, uint64_t addr, uint64_t size,
+                                expseg_stream stream) {
   hist_event_t *e;
   if (h->flags & (1u << (8 + action))) return NULL; /* skip_actions */
   if (h->count < h->max && h->count == h->cap) { /* grow (head is 0 until the ring is full) */
@@ -190,15 +189,15 @@ hist_event_t *_expseg_hist_add(expseg_allocator *a, int action, uint64_t addr, u
   e->ticks = ticks_now();
   e->addr = addr;
   e->size = size;
-  e->stream = skey_stream(stream); /* a stream key (internal.h): its stream and its pool */
-  e->pool = _expseg_ppool_id(a, skey_tag(stream));
+  e->stream = stream;
+  e->pool = 0;
   e->action = (uint8_t)action;
   e->note = 0;
   e->n_c = 0;
   const hist_event_t *prev = h->count > 1 ? _expseg_hist_at(h, h->count - 2) : NULL;
   if ((h->flags & EXPSEG_HISTORY_C_STACKS) && action == HIST_FREE_COMPLETED && prev != NULL &&
       prev->action == HIST_FREE_REQUESTED && prev->addr == addr) {
-    e->n_c = prev->n_c; /* completed within the same expseg_free: the same C stack */
+    e->n_c = prev->n_c; /* completed within the same free: the same C stack */
     memcpy(e->c, prev->c, prev->n_c * sizeof(void *));
   } else if (h->flags & EXPSEG_HISTORY_C_STACKS) {
     void *raw[HIST_C_MAX + 1];
@@ -211,6 +210,14 @@ hist_event_t *_expseg_hist_add(expseg_allocator *a, int action, uint64_t addr, u
   size_t d = tl_depth < HIST_HOST_MAX ? tl_depth : HIST_HOST_MAX;
   for (size_t i = 0; i < d; i++) e->host[i] = tl_ids[(tl_depth - 1 - i) % TL_RING];
   e->n_host = (uint8_t)d;
+  return e;
+}
+
+hist_event_t *_expseg_hist_add(expseg_allocator *a, int action, uint64_t addr, uint64_t size,
+                               expseg_stream stream) {
+  /* a stream key (internal.h): its stream and its pool */
+  hist_event_t *e = _expseg_hist_push(a->hist, action, addr, size, skey_stream(stream));
+  if (e != NULL) e->pool = _expseg_ppool_id(a, skey_tag(stream));
   return e;
 }
 
@@ -263,70 +270,87 @@ void _expseg_hist_frame(const hist_event_t *e, size_t k, const char **filename,
 
 /* ---- the public switch ---- */
 
-expseg_status expseg_record_history_ex(expseg_allocator *a, bool enabled, size_t max_entries,
-                                       unsigned flags) {
-  if (a == NULL)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_record_history: the allocator is NULL");
+expseg_status _expseg_hist_check(const char *fn, bool enabled, size_t max_entries,
+                                  unsigned flags) {
   if (enabled && max_entries == 0)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                             "expseg_record_history: max_entries is 0; at least 1 event must be "
-                             "kept (SIZE_MAX = no bound)");
+                             "%s: max_entries is 0; at least 1 event must be kept (SIZE_MAX = "
+                             "no bound)",
+                             fn);
   const unsigned skips = EXPSEG_HISTORY_SKIP_ALLOC | EXPSEG_HISTORY_SKIP_FREE_REQUESTED |
                         EXPSEG_HISTORY_SKIP_FREE_COMPLETED | EXPSEG_HISTORY_SKIP_SEGMENT_ALLOC |
                         EXPSEG_HISTORY_SKIP_SEGMENT_FREE | EXPSEG_HISTORY_SKIP_OOM |
                         EXPSEG_HISTORY_SKIP_SNAPSHOT;
   if (flags & ~(EXPSEG_HISTORY_C_STACKS | EXPSEG_HISTORY_CLEAR | skips))
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                             "expseg_record_history_ex: flags %#x hold unknown flags %#x; "
+                             "%s: flags %#x hold unknown flags %#x; "
                              "accepted: EXPSEG_HISTORY_C_STACKS (1), EXPSEG_HISTORY_CLEAR (2) "
                              "and the EXPSEG_HISTORY_SKIP_* bits of alloc, free_requested, "
                              "free_completed, segment_alloc, segment_free, oom, snapshot (%#x)",
-                             flags,
+                             fn, flags,
                              flags & ~(EXPSEG_HISTORY_C_STACKS | EXPSEG_HISTORY_CLEAR | skips),
                              skips);
-  history_t *h = NULL;
-  if (enabled) {
-    size_t cap = max_entries < 1024 ? max_entries : 1024;
-    h = calloc(1, sizeof *h);
-    if (h != NULL) h->ring = malloc(cap * sizeof *h->ring);
-    if (h == NULL || h->ring == NULL) {
-      free(h);
-      return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
-                               "expseg_record_history: out of host memory");
-    }
-    h->cap = cap;
-    h->max = max_entries;
-    h->flags = flags & ~EXPSEG_HISTORY_CLEAR;
-    h->ticks0 = ticks_now();
-    h->ns0 = now_ns();
-    if (flags & EXPSEG_HISTORY_C_STACKS) { /* the first backtrace() loads the unwinder */
-      void *warm[4];
-      (void)backtrace(warm, 4);
-    }
+  return EXPSEG_OK;
+}
+
+history_t *_expseg_hist_new(size_t max_entries, unsigned flags) {
+  size_t cap = max_entries < 1024 ? max_entries : 1024;
+  history_t *h = calloc(1, sizeof *h);
+  if (h != NULL) h->ring = malloc(cap * sizeof *h->ring);
+  if (h == NULL || h->ring == NULL) {
+    free(h);
+    return NULL;
   }
+  h->cap = cap;
+  h->max = max_entries;
+  h->flags = flags & ~EXPSEG_HISTORY_CLEAR;
+  h->ticks0 = ticks_now();
+  h->ns0 = now_ns();
+  if (flags & EXPSEG_HISTORY_C_STACKS) { /* the first backtrace() loads the unwinder */
+    void *warm[4];
+    (void)backtrace(warm, 4);
+  }
+  return h;
+}
+
+void _expseg_hist_keep(history_t *h, const history_t *old, unsigned flags) {
+  if (old == NULL || h == NULL || (flags & EXPSEG_HISTORY_CLEAR)) return;
+  /* re-enabled: keep the newest events that fit */
+  size_t keep = old->count < h->max ? old->count : h->max;
+  hist_event_t *ring = keep > h->cap ? malloc(keep * sizeof *ring) : h->ring;
+  if (ring == NULL) return;
+  for (size_t i = 0; i < keep; i++) ring[i] = *_expseg_hist_at(old, old->count - keep + i);
+  if (ring != h->ring) {
+    free(h->ring);
+    h->ring = ring;
+    h->cap = keep;
+  }
+  h->count = keep;
+  h->total = old->total;
+  h->ticks0 = old->ticks0; /* the kept events' ticks count from the same origin */
+  h->ns0 = old->ns0;
+}
+
+void _expseg_hist_free(history_t *h) {
+  if (h != NULL) free(h->ring);
+  free(h);
+}
+
+expseg_status expseg_record_history_ex(expseg_allocator *a, bool enabled, size_t max_entries,
+                                       unsigned flags) {
+  if (a == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_record_history: the allocator is NULL");
+  expseg_status st = _expseg_hist_check("expseg_record_history", enabled, max_entries, flags);
+  if (st != EXPSEG_OK) return st;
+  history_t *h = NULL;
+  if (enabled && (h = _expseg_hist_new(max_entries, flags)) == NULL)
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_record_history: out of host memory");
   api_lock(a);
   history_t *old = a->hist;
-  if (old != NULL && h != NULL && !(flags & EXPSEG_HISTORY_CLEAR)) {
-    /* re-enabled: keep the newest events that fit */
-    size_t keep = old->count < max_entries ? old->count : max_entries;
-    hist_event_t *ring = keep > h->cap ? malloc(keep * sizeof *ring) : h->ring;
-    if (ring != NULL) {
-      for (size_t i = 0; i < keep; i++) ring[i] = *_expseg_hist_at(old, old->count - keep + i);
-      if (ring != h->ring) {
-        free(h->ring);
-        h->ring = ring;
-        h->cap = keep;
-      }
-      h->count = keep;
-      h->total = old->total;
-      h->ticks0 = old->ticks0; /* the kept events' ticks count from the same origin */
-      h->ns0 = old->ns0;
-    }
-  }
+  _expseg_hist_keep(h, old, flags);
   a->hist = h; /* disabling clears the history (as PyTorch) */
   api_unlock(a);
-  if (old != NULL) free(old->ring);
-  free(old);
+  _expseg_hist_free(old);
   return EXPSEG_OK;
 }
 
@@ -335,8 +359,7 @@ expseg_status expseg_record_history(expseg_allocator *a, bool enabled, size_t ma
 }
 
 void _expseg_hist_destroy(expseg_allocator *a) {
-  if (a->hist != NULL) free(a->hist->ring);
-  free(a->hist);
+  _expseg_hist_free(a->hist);
   a->hist = NULL;
 }
 

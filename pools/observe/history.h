@@ -57,6 +57,17 @@ hist_event_t *_expseg_hist_add(struct expseg_allocator *a, int action, uint64_t 
   } while (0)
 
 void _expseg_hist_destroy(struct expseg_allocator *a);
+/* The same for a history of its own (the pinned host pool's): no allocator, pool 0. */
+hist_event_t *_expseg_hist_push(history_t *h, int action, uint64_t addr, uint64_t size,
+                                expseg_stream stream);
+/* expseg_record_history's checks of its arguments (fn names the caller in the message). */
+expseg_status _expseg_hist_check(const char *fn, bool enabled, size_t max_entries,
+                                 unsigned flags);
+/* A new empty history (NULL: out of host memory); _keep copies into it the newest events of
+ * old that fit, unless flags hold EXPSEG_HISTORY_CLEAR. */
+history_t *_expseg_hist_new(size_t max_entries, unsigned flags);
+void _expseg_hist_keep(history_t *h, const history_t *old, unsigned flags);
+void _expseg_hist_free(history_t *h);
 const char *_expseg_hist_action_name(int action);
 /* µs since the Unix epoch of a tick count: ticks are the CPU's time-stamp counter where
  * there is one (read in ~17 ns against ~35 ns for clock_gettime on the VM measured), scaled

@@ -60,6 +60,7 @@ typedef struct ctx_s {
   u64map_t seg_alloc;  /* classic segment address -> history index of its segment_alloc */
   bool oom;
   bool no_traces; /* EXPSEG_SNAPSHOT_NO_TRACES: device_traces holds empty lists */
+  expseg_host_pool *host; /* host_segments and host_traces from this pool (NULL: none) */
 } ctx_t;
 
 static void write_frames(ctx_t *c, const hist_event_t *e) {
@@ -161,6 +162,31 @@ static void write_segments(ctx_t *c) {
 
 /* ---- history and settings ---- */
 
+static void write_event(ctx_t *c, const history_t *h, double scale, const hist_event_t *e) {
+  pkw_t *w = &c->w;
+  _expseg_pkw_dict(w);
+  _expseg_pkw_kstr(w, "action", _expseg_hist_action_name(e->action));
+  _expseg_pkw_kuint(w, e->action == HIST_OOM ? "device_free" : "addr", e->addr);
+  _expseg_pkw_kuint(w, "size", e->size);
+  _expseg_pkw_kuint(w, "stream", e->stream);
+  _expseg_pkw_kuint(w, "time_us", _expseg_hist_time_us(h, scale, e->ticks));
+  _expseg_pkw_str(w, "frames");
+  write_frames(c, e);
+  _expseg_pkw_kstr(w, "compile_context", "N/A"); /* PyTorch's value when not recorded */
+  /* annotate's text; sleep's and wake's tag */
+  _expseg_pkw_kstr(w, "user_metadata", _expseg_hist_note_text(e->note));
+  _expseg_pkw_setitems(w);
+}
+
+/* The events of h as one list (empty with EXPSEG_SNAPSHOT_NO_TRACES or no history). */
+static void write_event_list(ctx_t *c, const history_t *h) {
+  _expseg_pkw_list(&c->w);
+  double scale = h ? _expseg_hist_scale(h) : 0.0;
+  for (size_t i = 0; h && !c->no_traces && i < h->count; i++)
+    write_event(c, h, scale, _expseg_hist_at(h, i));
+  _expseg_pkw_appends(&c->w);
+}
+
 static void write_traces(ctx_t *c) {
   pkw_t *w = &c->w;
   _expseg_pkw_list(w);
@@ -168,25 +194,75 @@ static void write_traces(ctx_t *c) {
     _expseg_pkw_list(w);
     _expseg_pkw_appends(w);
   }
+  write_event_list(c, c->h);
+  _expseg_pkw_appends(w);
+}
+
+/* ---- the pinned host pool: host_segments and host_traces ---- */
+
+static const char *walk_state_name(expseg_block_state s) {
+  return s == EXPSEG_BLOCK_ALLOCATED      ? "active_allocated"
+         : s == EXPSEG_BLOCK_PENDING_FREE ? "active_pending_free"
+                                          : "inactive";
+}
+
+/* Called by _expseg_host_observe under the host pool's lock: the segments in the device
+ * segments' shape (device -1: host memory), then the pool's events. */
+static void write_host(void *ctx, const history_t *hist, const expseg_walk_segment *segs,
+                       size_t n) {
+  ctx_t *c = ctx;
+  pkw_t *w = &c->w;
+  u64map_t live = {0}; /* block address -> history index of its alloc */
+  for (size_t i = 0; hist && i < hist->count; i++) {
+    const hist_event_t *e = _expseg_hist_at(hist, i);
+    bool ok = true;
+    if (e->action == HIST_ALLOC) ok = map_put(&live, e->addr, (int64_t)i);
+    else if (e->action == HIST_FREE_COMPLETED) ok = map_put(&live, e->addr, -1);
+    if (!ok) c->oom = true;
+  }
+  const history_t *dev = c->h;
+  c->h = hist; /* write_frames_of reads events of this history */
+  _expseg_pkw_str(w, "host_segments");
   _expseg_pkw_list(w);
-  double scale = c->h ? _expseg_hist_scale(c->h) : 0.0;
-  for (size_t i = 0; c->h && !c->no_traces && i < c->h->count; i++) {
-    const hist_event_t *e = _expseg_hist_at(c->h, i);
+  for (size_t i = 0; i < n; i++) {
+    const expseg_walk_segment *s = &segs[i];
     _expseg_pkw_dict(w);
-    _expseg_pkw_kstr(w, "action", _expseg_hist_action_name(e->action));
-    _expseg_pkw_kuint(w, e->action == HIST_OOM ? "device_free" : "addr", e->addr);
-    _expseg_pkw_kuint(w, "size", e->size);
-    _expseg_pkw_kuint(w, "stream", e->stream);
-    _expseg_pkw_kuint(w, "time_us", _expseg_hist_time_us(c->h, scale, e->ticks));
+    _expseg_pkw_kint(w, "device", -1);
+    _expseg_pkw_kuint(w, "address", s->address);
+    _expseg_pkw_kuint(w, "total_size", s->total_size);
+    _expseg_pkw_kuint(w, "allocated_size", s->allocated_size);
+    _expseg_pkw_kuint(w, "active_size", s->active_size);
+    _expseg_pkw_kuint(w, "requested_size", s->requested_size);
+    _expseg_pkw_kuint(w, "stream", 0);
+    _expseg_pkw_kstr(w, "segment_type", "host");
+    _expseg_pkw_str(w, "segment_pool_id");
+    _expseg_pkw_int(w, 0);
+    _expseg_pkw_int(w, 0);
+    _expseg_pkw_tuple2(w);
+    _expseg_pkw_kbool(w, "is_expandable", false);
     _expseg_pkw_str(w, "frames");
-    write_frames(c, e);
-    _expseg_pkw_kstr(w, "compile_context", "N/A"); /* PyTorch's value when not recorded */
-    /* annotate's text; sleep's and wake's tag */
-    _expseg_pkw_kstr(w, "user_metadata", _expseg_hist_note_text(e->note));
+    write_frames_of(c, -1);
+    _expseg_pkw_str(w, "blocks");
+    _expseg_pkw_list(w);
+    for (size_t k = 0; k < s->n_blocks; k++) {
+      const expseg_walk_block *b = &s->blocks[k];
+      _expseg_pkw_dict(w);
+      _expseg_pkw_kuint(w, "address", b->address);
+      _expseg_pkw_kuint(w, "size", b->size);
+      _expseg_pkw_kuint(w, "requested_size", b->requested_size);
+      _expseg_pkw_kstr(w, "state", walk_state_name(b->state));
+      _expseg_pkw_str(w, "frames");
+      write_frames_of(c, b->state == EXPSEG_BLOCK_INACTIVE ? -1 : map_get(&live, b->address));
+      _expseg_pkw_setitems(w);
+    }
+    _expseg_pkw_appends(w);
     _expseg_pkw_setitems(w);
   }
   _expseg_pkw_appends(w);
-  _expseg_pkw_appends(w);
+  _expseg_pkw_str(w, "host_traces");
+  write_event_list(c, hist);
+  c->h = dev;
+  map_free(&live);
 }
 
 /* PyTorch writes "no bound" (SIZE_MAX) as -1, its int64_t cast: every viewer reads it (an
@@ -233,13 +309,14 @@ static void write_settings(ctx_t *c) {
 }
 
 /* Lock held. */
-static expseg_status build(expseg_allocator *a, unsigned flags, unsigned char **buf,
-                           size_t *len) {
+static expseg_status build(expseg_allocator *a, expseg_host_pool *host, unsigned flags,
+                           unsigned char **buf, size_t *len) {
   EXPSEG_HIST(a, HIST_SNAPSHOT, 0, stat_all_current(a->stats.active_bytes), 0);
   ctx_t c;
   memset(&c, 0, sizeof c);
   c.a = a;
   c.no_traces = (flags & EXPSEG_SNAPSHOT_NO_TRACES) != 0;
+  c.host = host;
   c.h = a->hist;
   for (size_t i = 0; c.h && i < c.h->count; i++) {
     const hist_event_t *e = _expseg_hist_at(c.h, i);
@@ -261,6 +338,7 @@ static expseg_status build(expseg_allocator *a, unsigned flags, unsigned char **
   _expseg_pkw_str(w, "external_annotations");
   _expseg_pkw_list(w);
   _expseg_pkw_appends(w);
+  if (host && !_expseg_host_observe(host, write_host, &c)) c.oom = true;
   _expseg_pkw_setitems(w);
   _expseg_pkw_end(w);
   map_free(&c.frame_memo);
@@ -280,24 +358,37 @@ expseg_status expseg_snapshot(expseg_allocator *a, unsigned char **buf, size_t *
   return expseg_snapshot_ex(a, 0, buf, len);
 }
 
-expseg_status expseg_snapshot_ex(expseg_allocator *a, unsigned flags, unsigned char **buf,
-                                 size_t *len) {
+static expseg_status snapshot_any(const char *fn, expseg_allocator *a, expseg_host_pool *host,
+                                  unsigned flags, unsigned char **buf, size_t *len) {
   if (flags & ~EXPSEG_SNAPSHOT_NO_TRACES)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                             "expseg_snapshot: unknown flags %#x; accepted: "
-                             "EXPSEG_SNAPSHOT_NO_TRACES (1)",
+                             "%s: unknown flags %#x; accepted: EXPSEG_SNAPSHOT_NO_TRACES (1)", fn,
                              flags);
   if (buf == NULL || len == NULL)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_snapshot: %s is NULL",
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
                              buf == NULL ? "buf" : "len");
   *buf = NULL;
   *len = 0;
   if (a == NULL)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_snapshot: the allocator is NULL");
-  api_lock(a);
-  expseg_status st = build(a, flags, buf, len);
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: the allocator is NULL", fn);
+  api_lock(a); /* then the host pool's lock, inside (host pool code takes no allocator lock) */
+  expseg_status st = build(a, host, flags, buf, len);
   api_unlock(a);
   return st;
+}
+
+expseg_status expseg_snapshot_ex(expseg_allocator *a, unsigned flags, unsigned char **buf,
+                                 size_t *len) {
+  return snapshot_any("expseg_snapshot", a, NULL, flags, buf, len);
+}
+
+expseg_status expseg_snapshot_with_host(expseg_allocator *a, expseg_host_pool *h,
+                                        unsigned flags, unsigned char **buf, size_t *len) {
+  if (h == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_snapshot_with_host: the host pool is NULL (expseg_snapshot "
+                             "writes a snapshot without one)");
+  return snapshot_any("expseg_snapshot_with_host", a, h, flags, buf, len);
 }
 
 void expseg_snapshot_free(unsigned char *buf) { free(buf); }
@@ -306,7 +397,24 @@ expseg_status expseg_snapshot_dump(expseg_allocator *a, const char *path) {
   return expseg_snapshot_dump_ex(a, path, 0);
 }
 
+static expseg_status dump(expseg_allocator *a, expseg_host_pool *host, const char *path,
+                          unsigned flags);
+
 expseg_status expseg_snapshot_dump_ex(expseg_allocator *a, const char *path, unsigned flags) {
+  return dump(a, NULL, path, flags);
+}
+
+expseg_status expseg_snapshot_dump_with_host(expseg_allocator *a, expseg_host_pool *h,
+                                             const char *path, unsigned flags) {
+  if (h == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_snapshot_dump_with_host: the host pool is NULL "
+                             "(expseg_snapshot_dump writes a snapshot without one)");
+  return dump(a, h, path, flags);
+}
+
+static expseg_status dump(expseg_allocator *a, expseg_host_pool *host, const char *path,
+                          unsigned flags) {
   if (path == NULL || path[0] == '\0')
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_snapshot_dump: path is %s; give a file name such as "
@@ -344,7 +452,8 @@ expseg_status expseg_snapshot_dump_ex(expseg_allocator *a, const char *path, uns
   }
   unsigned char *buf;
   size_t len;
-  expseg_status st = expseg_snapshot_ex(a, flags, &buf, &len);
+  expseg_status st = host ? expseg_snapshot_with_host(a, host, flags, &buf, &len)
+                          : expseg_snapshot_ex(a, flags, &buf, &len);
   if (st != EXPSEG_OK) {
     free(resolved);
     return st;
