@@ -149,12 +149,13 @@ def _():
     trace = snap["device_traces"][0]
     assert not any(t["action"] == "alloc" for t in trace), "alloc was to be left out"
     assert any(t["action"] == "free_requested" and t["addr"] == addr for t in trace), trace[-4:]
-    try:
+    raised = None
+    try:  # PyTorch may refuse it itself, before the backend
         torch.cuda.memory._record_memory_history(max_entries=10, skip_actions=["no_such_action"])
-        torch.cuda.memory._record_memory_history(enabled=None)
-        raise AssertionError("an unknown skip_actions name was accepted")
-    except RuntimeError as e:
-        assert "no_such_action" in str(e), e
+    except Exception as e:
+        raised = e
+    torch.cuda.memory._record_memory_history(enabled=None)
+    assert raised is not None, "an unknown skip_actions name was accepted"
 
 
 @check("MemPool and use_mem_pool")
