@@ -504,16 +504,19 @@ class ExpsegAllocator final : public CCA::CUDAAllocator {
   void record_history(bool enabled, CCA::CreateContextFn recorder, size_t max_entries,
                       CCA::RecordContext when, bool clear,
                       const std::vector<std::string> &skip_actions) {
-    if (enabled && !skip_actions.empty())
-      fail("recordHistory", c10::cuda::current_device(), EXPSEG_ERR_UNSUPPORTED,
-           "skip_actions is not supported by the expseg backend: record every action");
+    unsigned skip = 0;
+    std::string bad;
+    if (enabled && !expseg_glue::skip_flags(skip_actions, &skip, &bad))
+      fail("recordHistory", c10::cuda::current_device(), EXPSEG_ERR_INVALID_ARGUMENT,
+           ("skip_actions holds '" + bad + "'; accepted: " + expseg_glue::skip_names())
+               .c_str());
     CCA::CreateContextFn keep = enabled && when != CCA::RecordContext::NEVER ? recorder : nullptr;
     {
       std::lock_guard<std::mutex> g(settings_mu_);
       if (enabled && clear) ++history_.clear_gen;
       history_.enabled = enabled;
       history_.max_entries = enabled ? (max_entries ? max_entries : 1) : 0;
-      history_.flags = keep ? EXPSEG_HISTORY_C_STACKS : 0u;
+      history_.flags = (keep ? EXPSEG_HISTORY_C_STACKS : 0u) | (enabled ? skip : 0u);
       ++history_.gen;
     }
     history_on_ = enabled;

@@ -113,6 +113,34 @@ TEST(BackendGlueStats, MissingKeysAreCounted) {
   EXPECT_EQ(s.active[kLarge].freed, 5);
 }
 
+// recordHistory's skip_actions: PyTorch's names as expseg's skip flags; any other name is
+// refused and named (the backend raises with it and the accepted list).
+TEST(BackendGlueHistory, SkipActionsBecomeSkipFlags) {
+  unsigned f = 1;
+  std::string bad;
+  EXPECT_TRUE(expseg_glue::skip_flags({}, &f, &bad));
+  EXPECT_EQ(f, 0u);
+  EXPECT_TRUE(expseg_glue::skip_flags({"alloc", "free_requested", "free_completed",
+                                       "segment_alloc", "segment_free", "oom", "snapshot"},
+                                      &f, &bad));
+  EXPECT_EQ(f, (unsigned)(EXPSEG_HISTORY_SKIP_ALLOC | EXPSEG_HISTORY_SKIP_FREE_REQUESTED |
+                          EXPSEG_HISTORY_SKIP_FREE_COMPLETED | EXPSEG_HISTORY_SKIP_SEGMENT_ALLOC |
+                          EXPSEG_HISTORY_SKIP_SEGMENT_FREE | EXPSEG_HISTORY_SKIP_OOM |
+                          EXPSEG_HISTORY_SKIP_SNAPSHOT));
+  EXPECT_TRUE(expseg_glue::skip_flags({"oom"}, &f, &bad));
+  EXPECT_EQ(f, (unsigned)EXPSEG_HISTORY_SKIP_OOM);
+  EXPECT_FALSE(expseg_glue::skip_flags({"alloc", "Alloc", "segment_map"}, &f, &bad));
+  EXPECT_EQ(bad, "Alloc");
+  EXPECT_NE(std::string(expseg_glue::skip_names()).find("free_completed"), std::string::npos);
+  // every accepted name is in the message
+  for (const char *n : {"alloc", "free_requested", "free_completed", "segment_alloc",
+                        "segment_free", "oom", "snapshot"}) {
+    EXPECT_NE(std::string(expseg_glue::skip_names()).find(n), std::string::npos) << n;
+    EXPECT_TRUE(expseg_glue::skip_flags({n}, &f, &bad)) << n;
+    EXPECT_NE(f, 0u) << n;
+  }
+}
+
 TEST(BackendGlueError, OneLineNamingCallDeviceStatusAndMessage) {
   std::string t = expseg_glue::error_text("raw_alloc(4096 bytes)", 3, EXPSEG_ERR_OUT_OF_MEMORY,
                                           "asked 4096\nheld 0");

@@ -134,6 +134,30 @@ def _():
     assert any(t["action"] == "alloc" and t["addr"] == z.data_ptr() for t in trace)
 
 
+@check("history with skip_actions (PyTorch releases that take it)")
+def _():
+    import inspect
+    if "skip_actions" not in inspect.signature(torch.cuda.memory._record_memory_history).parameters:
+        print("     (this PyTorch has no skip_actions)")
+        return
+    torch.cuda.memory._record_memory_history(max_entries=100000, skip_actions=["alloc"])
+    z = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+    addr = z.data_ptr()
+    del z
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    trace = snap["device_traces"][0]
+    assert not any(t["action"] == "alloc" for t in trace), "alloc was to be left out"
+    assert any(t["action"] == "free_requested" and t["addr"] == addr for t in trace), trace[-4:]
+    raised = None
+    try:  # PyTorch may refuse it itself, before the backend
+        torch.cuda.memory._record_memory_history(max_entries=10, skip_actions=["no_such_action"])
+    except Exception as e:
+        raised = e
+    torch.cuda.memory._record_memory_history(enabled=None)
+    assert raised is not None, "an unknown skip_actions name was accepted"
+
+
 @check("MemPool and use_mem_pool")
 def _():
     pool = torch.cuda.MemPool()
