@@ -12,7 +12,8 @@
  * fixed costs of a small input (up to EXPSEG_PICKLE_MAX_DEVICES traces, each with its own
  * tables). A quadratic reader misses it by orders of magnitude as inputs grow: the crafted
  * shapes of bench/replay/pickle_craft.c (the seeds wide_*, shared_*, devices_*, memo_* in
- * corpus/pickle) took seconds at 80-350 KB. libFuzzer's own -timeout stays the backstop. */
+ * corpus/pickle) took seconds at 80-350 KB. An input over the bound is read a second time, and
+ * only a second read over it aborts. libFuzzer's own -timeout stays the backstop. */
 #include "trace.h"
 
 #include <stdint.h>
@@ -34,9 +35,19 @@ static double cpu_ms(void) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   expseg_trace_set_t s;
-  const double t0 = cpu_ms();
+  const double limit = FIXED_MS + US_PER_BYTE * 1e-3 * (double)size;
+  double t0 = cpu_ms();
   expseg_status st = expseg_trace_read_pickle("fuzz.pickle", data, size, &s);
-  const double took = cpu_ms() - t0, limit = FIXED_MS + US_PER_BYTE * 1e-3 * (double)size;
+  double took = cpu_ms() - t0;
+  if (took > limit) {
+    /* once more before calling it a bound broken: a read that is slow by its shape is slow
+     * every time, where a stall of the machine (page faults under memory pressure from
+     * other processes, counted in this thread's CPU time) does not repeat */
+    if (st == EXPSEG_OK) expseg_trace_set_free(&s);
+    t0 = cpu_ms();
+    st = expseg_trace_read_pickle("fuzz.pickle", data, size, &s);
+    took = cpu_ms() - t0;
+  }
   if (took > limit) {
     fprintf(stderr, "fuzz_pickle: %zu bytes read in %.1f ms of CPU, above the linear bound "
                     "of %.1f ms (%.0f us per byte + %.0f ms)\n",
