@@ -17,7 +17,8 @@
  * = cuMemSetAccess (READWRITE for its own device or a peer; PROT_NONE revokes a peer), unmap =
  * cuMemUnmap, release = cuMemRelease, unreserve = cuMemAddressFree, copy (data checks) =
  * cuMemcpyHtoD/DtoH; events without timing. Every failure names the call and its error name.
- * hold_stream (a test hook): cuStreamWaitValue32 on a word of a registered host page.
+ * hold_stream (a test hook): cuStreamWaitValue32 on a word of a registered host page; its
+ * slots and the set of destroyed streams are kept by vmm/stream_holds.c.
  *
  * Pinned host memory (host_alloc): where the device supports host-NUMA locations for the
  * VMM API (CUDA 12.4+ headers, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_
@@ -29,6 +30,7 @@
 #include "vmm_impl.h"
 
 #include "map.h"
+#include "stream_holds.h"
 
 #include <cuda.h>
 #include <dlfcn.h>
@@ -141,9 +143,6 @@ static expseg_status cu_fail(CUresult r, const char *call, const char *detail) {
 
 /* ---- one device ---- */
 
-#define HOLD_PAGE 4096
-#define HOLD_SLOTS (HOLD_PAGE / 4)
-
 typedef struct {
   CUdevice dev;
   CUcontext ctx;
@@ -152,19 +151,8 @@ typedef struct {
   CUmemAllocationHandleType htype; /* POSIX fd where supported, else NONE */
   bool host_numa_vmm;              /* cuMemCreate accepts HOST_NUMA locations */
   int host_numa;                   /* node nearest the device; -1 unknown */
-  /* hold_stream (a test hook): one 32-bit word per held stream in a registered host page */
-  pthread_mutex_t hold_mu;
-  uint32_t *hold_page; /* NULL until the first hold */
-  CUdeviceptr hold_dptr;
-  struct {
-    expseg_stream stream;
-    uint32_t gen; /* the stream waits for word >= gen; release writes gen */
-    bool held;
-  } holds[HOLD_SLOTS];
-  int n_holds, held_now;
-  /* streams destroyed through this driver, which the allocator's records may still name:
-   * their work was waited for before the destroy (hold_mu guards them too) */
-  _expseg_map_t retired; /* stream -> 1 (base/map.h) */
+  _expseg_holds_t holds;           /* hold_stream and destroyed streams (stream_holds.h) */
+  CUdeviceptr hold_dptr;           /* the device's address of holds.page */
 } cuda_t;
 
 typedef struct {
@@ -320,25 +308,9 @@ static expseg_status cuda_event_destroy(void *st, expseg_vmm_event ev) {
  * stream's work and remembers the handle; a wait for it is then done at once, an event
  * recorded on it goes to the default stream. A new stream with that handle is live again. */
 
-static bool retired_find(cuda_t *c, expseg_stream s, bool remove) {
-  pthread_mutex_lock(&c->hold_mu);
-  bool found = remove ? _expseg_map_take(&c->retired, s, NULL)
-                      : _expseg_map_get(&c->retired, s) != NULL;
-  pthread_mutex_unlock(&c->hold_mu);
-  return found;
-}
-
-static expseg_status retire(cuda_t *c, expseg_stream s) {
-  pthread_mutex_lock(&c->hold_mu);
-  bool ok = _expseg_map_put(&c->retired, s, 1);
-  pthread_mutex_unlock(&c->hold_mu);
-  return ok ? EXPSEG_OK
-            : _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "cuda driver: out of host memory");
-}
-
 static expseg_status cuda_event_record(void *st, expseg_vmm_event ev, expseg_stream s) {
   cuda_t *c = st;
-  if (s != 0 && retired_find(c, s, false)) s = 0;
+  if (s != 0 && _expseg_holds_retired(&c->holds, s, false)) s = 0;
   ENTER(c);
   CUresult r = cu.cuEventRecord((CUevent)(uintptr_t)ev, (CUstream)(uintptr_t)s);
   LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuEventRecord", NULL));
@@ -361,108 +333,87 @@ static expseg_status cuda_event_query(void *st, expseg_vmm_event ev, bool *done)
  * never reset). While held, stream_synchronize of it and event_synchronize of an incomplete
  * event fail instead of blocking forever the thread that would release it. */
 
-static int hold_slot(const cuda_t *c, expseg_stream s) {
-  for (int i = 0; i < c->n_holds; i++)
-    if (c->holds[i].stream == s) return i;
-  return -1;
-}
-
-static bool stream_held(cuda_t *c, expseg_stream s) {
-  if (__atomic_load_n(&c->held_now, __ATOMIC_ACQUIRE) == 0) return false;
-  pthread_mutex_lock(&c->hold_mu);
-  bool h = hold_slot(c, s) >= 0 && c->holds[hold_slot(c, s)].held;
-  pthread_mutex_unlock(&c->hold_mu);
-  return h;
-}
-
-static void hold_release(cuda_t *c, int i) { /* hold_mu held */
-  if (!c->holds[i].held) return;
-  __atomic_store_n(&c->hold_page[i], c->holds[i].gen, __ATOMIC_RELEASE);
-  c->holds[i].held = false;
-  __atomic_sub_fetch(&c->held_now, 1, __ATOMIC_RELEASE);
-}
-
-static expseg_status hold_page(cuda_t *c) { /* hold_mu held, context entered */
-  if (c->hold_page) return EXPSEG_OK;
-  void *p = mmap(NULL, HOLD_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+static expseg_status hold_page(cuda_t *c) { /* holds.mu held, context entered */
+  if (c->holds.page) return EXPSEG_OK;
+  void *p = mmap(NULL, EXPSEG_HOLD_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "cuda driver: hold_stream: mmap: %s",
                              strerror(errno));
-  CUresult r = cu.cuMemHostRegister(p, HOLD_PAGE,
+  CUresult r = cu.cuMemHostRegister(p, EXPSEG_HOLD_PAGE,
                                     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
   if (r != CUDA_SUCCESS) {
-    munmap(p, HOLD_PAGE);
+    munmap(p, EXPSEG_HOLD_PAGE);
     return cu_fail(r, "cuMemHostRegister", "(hold_stream)");
   }
   if ((r = cu.cuMemHostGetDevicePointer(&c->hold_dptr, p, 0)) != CUDA_SUCCESS) {
     cu.cuMemHostUnregister(p);
-    munmap(p, HOLD_PAGE);
+    munmap(p, EXPSEG_HOLD_PAGE);
     return cu_fail(r, "cuMemHostGetDevicePointer", "(hold_stream)");
   }
-  c->hold_page = p;
+  c->holds.page = p;
   return EXPSEG_OK;
 }
 
 static void cuda_hold_stream(void *st, expseg_stream s, bool hold) {
   cuda_t *c = st;
-  pthread_mutex_lock(&c->hold_mu);
-  int i = hold_slot(c, s);
+  pthread_mutex_lock(&c->holds.mu);
+  int i = _expseg_holds_slot(&c->holds, s);
   expseg_status es = EXPSEG_OK;
   if (!hold) {
-    if (i >= 0) hold_release(c, i);
-  } else if (i < 0 || !c->holds[i].held) {
+    if (i >= 0) _expseg_holds_release(&c->holds, i);
+  } else if (i < 0 || !c->holds.slot[i].held) {
     ctx_guard_t gd;
     if ((es = enter(c, &gd)) == EXPSEG_OK) {
       es = hold_page(c);
       if (es == EXPSEG_OK && i < 0) {
-        if (c->n_holds == HOLD_SLOTS)
+        if (c->holds.n == EXPSEG_HOLD_SLOTS)
           es = _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
-                                 "cuda driver: hold_stream: at most %d streams", HOLD_SLOTS);
+                                 "cuda driver: hold_stream: at most %d streams", EXPSEG_HOLD_SLOTS);
         else
-          c->holds[i = c->n_holds++].stream = s;
+          c->holds.slot[i = c->holds.n++].stream = s;
       }
       if (es == EXPSEG_OK) {
-        uint32_t gen = c->holds[i].gen + 1;
+        uint32_t gen = c->holds.slot[i].gen + 1;
         CUresult r = cu.cuStreamWaitValue32((CUstream)(uintptr_t)s, c->hold_dptr + 4u * (unsigned)i,
                                             gen, CU_STREAM_WAIT_VALUE_GEQ);
         if (r != CUDA_SUCCESS) {
           es = cu_fail(r, "cuStreamWaitValue32", "(hold_stream)");
         } else {
-          c->holds[i].gen = gen;
-          c->holds[i].held = true;
-          __atomic_add_fetch(&c->held_now, 1, __ATOMIC_RELEASE);
+          c->holds.slot[i].gen = gen;
+          c->holds.slot[i].held = true;
+          __atomic_add_fetch(&c->holds.held_now, 1, __ATOMIC_RELEASE);
         }
       }
       leave(&gd);
     }
   }
-  pthread_mutex_unlock(&c->hold_mu);
+  pthread_mutex_unlock(&c->holds.mu);
   if (es != EXPSEG_OK) _expseg_warn("%s; stream not held", _expseg_error_message());
 }
 
 /* Releases every hold, waits for the streams that were held, unregisters the page. */
 static void hold_teardown(cuda_t *c) {
-  if (!c->hold_page) return;
+  if (!c->holds.page) return;
   ctx_guard_t gd;
   bool entered = enter(c, &gd) == EXPSEG_OK;
-  for (int i = 0; i < c->n_holds; i++) {
-    bool was = c->holds[i].gen > 0 && c->holds[i].stream != (expseg_stream)-1;
-    hold_release(c, i);
-    if (was && entered) cu.cuStreamSynchronize((CUstream)(uintptr_t)c->holds[i].stream);
+  for (int i = 0; i < c->holds.n; i++) {
+    bool was = c->holds.slot[i].gen > 0 && c->holds.slot[i].stream != (expseg_stream)-1;
+    _expseg_holds_release(&c->holds, i);
+    if (was && entered) cu.cuStreamSynchronize((CUstream)(uintptr_t)c->holds.slot[i].stream);
   }
   if (entered) {
-    cu.cuMemHostUnregister(c->hold_page);
+    cu.cuMemHostUnregister(c->holds.page);
     leave(&gd);
   }
-  munmap(c->hold_page, HOLD_PAGE);
-  c->hold_page = NULL;
+  munmap(c->holds.page, EXPSEG_HOLD_PAGE);
+  c->holds.page = NULL;
 }
 
 static expseg_status cuda_event_synchronize(void *st, expseg_vmm_event ev) {
   cuda_t *c = st;
   ENTER(c);
   CUresult r;
-  if (__atomic_load_n(&c->held_now, __ATOMIC_ACQUIRE) > 0 &&
+  if (__atomic_load_n(&c->holds.held_now, __ATOMIC_ACQUIRE) > 0 &&
       (r = cu.cuEventQuery((CUevent)(uintptr_t)ev)) == CUDA_ERROR_NOT_READY)
     LEAVE_RETURN(_expseg_error_set(EXPSEG_ERR_DRIVER,
                                    "cuda driver: event_synchronize(event=0x%llx) would block "
@@ -479,37 +430,37 @@ static expseg_status cuda_stream_create(void *st, expseg_stream *s) {
   CUresult r = cu.cuStreamCreate(&h, CU_STREAM_NON_BLOCKING);
   if (r != CUDA_SUCCESS) LEAVE_RETURN(cu_fail(r, "cuStreamCreate", NULL));
   *s = (expseg_stream)(uintptr_t)h;
-  retired_find(c, *s, true); /* the handle of a destroyed stream, reused: live again */
+  _expseg_holds_retired(&c->holds, *s, true); /* the handle of a destroyed stream, reused: live again */
   LEAVE_RETURN(EXPSEG_OK);
 }
 
 static expseg_status cuda_stream_destroy(void *st, expseg_stream s) {
   cuda_t *c = st;
-  pthread_mutex_lock(&c->hold_mu);
-  int i = hold_slot(c, s);
+  pthread_mutex_lock(&c->holds.mu);
+  int i = _expseg_holds_slot(&c->holds, s);
   if (i >= 0) { /* its held work must be able to finish; the slot is not synchronized later */
-    hold_release(c, i);
-    c->holds[i].stream = (expseg_stream)-1;
+    _expseg_holds_release(&c->holds, i);
+    c->holds.slot[i].stream = (expseg_stream)-1;
   }
-  pthread_mutex_unlock(&c->hold_mu);
+  pthread_mutex_unlock(&c->holds.mu);
   ENTER(c);
   CUresult r = cu.cuStreamSynchronize((CUstream)(uintptr_t)s);
   if (r != CUDA_SUCCESS) LEAVE_RETURN(cu_fail(r, "cuStreamSynchronize", "(before cuStreamDestroy)"));
-  expseg_status es = retire(c, s);
+  expseg_status es = _expseg_holds_retire(&c->holds, s);
   if (es != EXPSEG_OK) LEAVE_RETURN(es);
   r = cu.cuStreamDestroy((CUstream)(uintptr_t)s);
-  if (r != CUDA_SUCCESS) retired_find(c, s, true);
+  if (r != CUDA_SUCCESS) _expseg_holds_retired(&c->holds, s, true);
   LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuStreamDestroy", NULL));
 }
 
 static expseg_status cuda_stream_synchronize(void *st, expseg_stream s) {
   cuda_t *c = st;
-  if (stream_held(c, s))
+  if (_expseg_holds_held(&c->holds, s))
     return _expseg_error_set(EXPSEG_ERR_DRIVER,
                              "cuda driver: stream_synchronize would block forever: stream "
                              "0x%llx is held (release it with hold_stream)",
                              (unsigned long long)s);
-  if (s != 0 && retired_find(c, s, false)) return EXPSEG_OK; /* waited for at its destroy */
+  if (s != 0 && _expseg_holds_retired(&c->holds, s, false)) return EXPSEG_OK; /* waited for at its destroy */
   ENTER(c);
   CUresult r = cu.cuStreamSynchronize((CUstream)(uintptr_t)s);
   LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuStreamSynchronize", NULL));
@@ -517,7 +468,7 @@ static expseg_status cuda_stream_synchronize(void *st, expseg_stream s) {
 
 static expseg_status cuda_device_synchronize(void *st) {
   cuda_t *c = st;
-  if (__atomic_load_n(&c->held_now, __ATOMIC_ACQUIRE) > 0) /* a held stream never finishes */
+  if (__atomic_load_n(&c->holds.held_now, __ATOMIC_ACQUIRE) > 0) /* a held stream never finishes */
     return _expseg_error_set(EXPSEG_ERR_DRIVER, "cuda driver: device_synchronize would block "
                                                 "forever: a stream is held (hold_stream)");
   ENTER(c); /* the device's primary context is current: cuCtxSynchronize waits for it */
@@ -710,8 +661,7 @@ static void cuda_destroy(void *st) {
     hold_teardown(c);
     cu.cuDevicePrimaryCtxRelease(c->dev);
   }
-  pthread_mutex_destroy(&c->hold_mu);
-  _expseg_map_free(&c->retired);
+  _expseg_holds_fini(&c->holds);
   free(c);
 }
 
@@ -761,7 +711,7 @@ expseg_status _expseg_cuda_new(int device, expseg_vmm_t **out) {
   cuda_t *c = calloc(1, sizeof *c);
   if (!c) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "cuda driver: out of host memory");
   c->ordinal = device;
-  pthread_mutex_init(&c->hold_mu, NULL);
+  _expseg_holds_init(&c->holds);
   expseg_status s = EXPSEG_OK;
   int vmm = 0, fd_ok = 0;
   if ((r = cu.cuDeviceGet(&c->dev, device)) != CUDA_SUCCESS) {
