@@ -24,6 +24,7 @@
  * History settings given with device -1 are kept and applied to allocators created later
  * (PyTorch's _record_memory_history is process-wide). */
 #include "expseg_torch.h"
+#include "expseg_torch_internal.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -88,6 +89,8 @@ static void fail(int device, const char *fmt, ...) {
     fprintf(stderr, "expseg_torch: device %d: later failures are not printed; "
                     "expseg_torch_last_error(%d) has the latest\n", device, device);
 }
+
+void _expseg_torch_fail_msg(int device, const char *msg) { fail(device, "%s", msg); }
 
 static bool valid_device(int device, const char *call) {
   int limit = atomic_load_explicit(&device_limit, memory_order_relaxed);
@@ -526,15 +529,17 @@ int expseg_torch_empty_cache(int device) {
 }
 
 int expseg_torch_snapshot_dump(int device, const char *path) {
-  expseg_allocator *a = get(device, "expseg_torch_snapshot_dump");
-  if (!a) return get_status;
-  return check(device, "expseg_torch_snapshot_dump", expseg_snapshot_dump(a, path));
+  return expseg_torch_snapshot_dump_ex(device, path, 0);
 }
 
+/* With the pinned host pool (host_segments, host_traces) once the program has used it. */
 int expseg_torch_snapshot_dump_ex(int device, const char *path, unsigned flags) {
   expseg_allocator *a = get(device, "expseg_torch_snapshot_dump");
   if (!a) return get_status;
-  return check(device, "expseg_torch_snapshot_dump", expseg_snapshot_dump_ex(a, path, flags));
+  expseg_host_pool *h = _expseg_torch_host_existing();
+  return check(device, "expseg_torch_snapshot_dump",
+               h ? expseg_snapshot_dump_with_host(a, h, path, flags)
+                 : expseg_snapshot_dump_ex(a, path, flags));
 }
 
 int expseg_torch_annotate(int device, void *ptr, const char *text) {

@@ -82,9 +82,11 @@ EXPSEG_EXPORT int expseg_torch_reset_peak_stats(int device);
 EXPSEG_EXPORT int expseg_torch_reset_accumulated_stats(int device);
 /* device -1: every device that has an allocator. */
 EXPSEG_EXPORT int expseg_torch_empty_cache(int device);
-/* Forwards to expseg_snapshot_dump: the memory_viz pickle of the device's allocator. */
+/* Forwards to expseg_snapshot_dump: the memory_viz pickle of the device's allocator; once
+ * the process has allocated pinned host memory here (expseg_torch_host_alloc), with the host
+ * pool's host_segments and host_traces (expseg_snapshot_dump_with_host). */
 EXPSEG_EXPORT int expseg_torch_snapshot_dump(int device, const char *path);
-/* The same with EXPSEG_SNAPSHOT_* flags (expseg_snapshot_dump_ex). */
+/* The same with EXPSEG_SNAPSHOT_* flags (expseg_snapshot_dump_ex / _with_host). */
 EXPSEG_EXPORT int expseg_torch_snapshot_dump_ex(int device, const char *path, unsigned flags);
 /* Forwards to expseg_history_annotate and expseg_allocation_traceback on the device. */
 EXPSEG_EXPORT int expseg_torch_annotate(int device, void *ptr, const char *text);
@@ -119,6 +121,26 @@ EXPSEG_EXPORT int expseg_torch_synchronize(int device);
 EXPSEG_EXPORT int expseg_torch_region(int device, const char *tag, int begin);
 EXPSEG_EXPORT int expseg_torch_sleep(int device, const char *tag, int mode);
 EXPSEG_EXPORT int expseg_torch_wake(int device, const char *tag);
+
+/* ---- the pinned host pool (docs/torch.md "Pinned host memory") ----
+ * One expseg_host_pool per process, created by the first expseg_torch_host_alloc (driver and
+ * configuration from the environment, as the device allocators; placed near that call's
+ * device). Failures keep their message under device -1 (expseg_torch_last_error(-1)). */
+
+/* expseg_host_malloc: *out NULL for size 0. device: 0 .. EXPSEG_TORCH_MAX_DEVICES-1. */
+EXPSEG_EXPORT int expseg_torch_host_alloc(int device, size_t size, void **out);
+/* expseg_host_free; NULL is OK; a pointer the pool did not hand out is refused. */
+EXPSEG_EXPORT int expseg_torch_host_free(void *ptr);
+/* expseg_host_record_history (PyTorch's record_pinned_host_memory): kept, and applied to the
+ * pool when it is created later. flags: EXPSEG_HISTORY_*. */
+EXPSEG_EXPORT int expseg_torch_host_record_history(int enabled, size_t max_entries,
+                                                   unsigned flags);
+/* 1 once the pool exists, else 0. */
+EXPSEG_EXPORT int expseg_torch_host_used(void);
+/* expseg_host_stat (torch.cuda.host_memory_stats() keys); refused before the pool exists. */
+EXPSEG_EXPORT int expseg_torch_host_stat(const char *key, int64_t *value);
+/* expseg_host_empty_cache; nothing to do before the pool exists. */
+EXPSEG_EXPORT int expseg_torch_host_empty_cache(void);
 
 /* ---- safe mode: deferred frees (docs/torch.md "Safe record_stream") ----
  * batch > 0: every free is deferred; the device's deferred frees complete together, after a

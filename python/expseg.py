@@ -34,7 +34,8 @@ import warnings
 __all__ = [
     "ExpsegError", "ExpsegWarning", "install", "route", "library_path", "memory_stats",
     "memory_summary", "empty_cache", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
-    "record_history", "snapshot", "snapshot_dict", "mem_get_info", "set_memory_fraction",
+    "record_history", "snapshot", "snapshot_dict", "host_alloc", "host_free", "host_stat",
+    "mem_get_info", "set_memory_fraction",
     "get_memory_fraction", "config",
     "synchronize", "deferred_frees", "driver", "last_error", "cupy_allocator",
     "numba_memory_manager",
@@ -138,6 +139,12 @@ def _load():
         "expseg_torch_region": (c_int, [c_int, ctypes.c_char_p, c_int]),
         "expseg_torch_sleep": (c_int, [c_int, ctypes.c_char_p, c_int]),
         "expseg_torch_wake": (c_int, [c_int, ctypes.c_char_p]),
+        "expseg_torch_host_alloc": (c_int, [c_int, c_size, ctypes.POINTER(c_p)]),
+        "expseg_torch_host_free": (c_int, [c_p]),
+        "expseg_torch_host_record_history": (c_int, [c_int, c_size, ctypes.c_uint]),
+        "expseg_torch_host_used": (c_int, []),
+        "expseg_torch_host_stat": (c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]),
+        "expseg_torch_host_empty_cache": (c_int, []),
     }
     for name, (res, args) in sigs.items():
         try:
@@ -198,9 +205,12 @@ def last_error(device=None):
 
 
 def _check(status, call, device):
+    """device -1: a call on no one device (its message is kept under -1)."""
     if status != 0:
-        raise ExpsegError("%s(device %d) failed (%s): %s"
-                          % (call, device, _STATUS.get(status, status), last_error(device)))
+        why = _load().expseg_torch_last_error(device).decode(errors="replace")
+        where = "" if device < 0 else "(device %d)" % device
+        raise ExpsegError("%s%s failed (%s): %s"
+                          % (call, where, _STATUS.get(status, status), why))
 
 
 def driver(device=None):
@@ -366,11 +376,15 @@ _SKIP_ACTIONS = {"alloc": 1 << 8, "free_requested": 1 << 9, "free_completed": 1 
 
 
 def record_history(enabled=True, max_entries=100000, c_stacks=True, device=None,
-                   clear_history=False, skip_actions=None):
+                   clear_history=False, skip_actions=None, record_pinned_host_memory=False,
+                   record_cuda=True):
     """Starts (enabled) or stops and clears the history of allocator events that snapshots
     carry. device None: every device, those that get an allocator later included.
     clear_history: drop what was recorded before (else re-enabling keeps it); skip_actions:
-    actions not to record, as PyTorch's _record_memory_history takes them."""
+    actions not to record, as PyTorch's _record_memory_history takes them.
+    record_pinned_host_memory: the same setting for the pinned host pool (host_alloc), whose
+    history is the snapshot's host_traces; record_cuda False: leave the devices' history as
+    it is (PyTorch 2.14's arguments)."""
     if isinstance(max_entries, bool) or not isinstance(max_entries, int) or \
             (enabled and not 1 <= max_entries < 1 << 64):
         raise ExpsegError("expseg.record_history: max_entries=%r: expected an int from 1 to "
@@ -381,10 +395,74 @@ def record_history(enabled=True, max_entries=100000, c_stacks=True, device=None,
             raise ExpsegError("expseg.record_history: skip_actions holds %r; accepted: %s"
                               % (name, ", ".join(_SKIP_ACTIONS)))
         flags |= _SKIP_ACTIONS[name]
-    d = -1 if device is None else _device(device)
-    _check(_load().expseg_torch_record_history(d, int(bool(enabled)),
-                                               max(0, max_entries) if enabled else 0, flags),
-           "expseg.record_history", d)
+    entries = max(0, max_entries) if enabled else 0
+    if record_cuda:
+        d = -1 if device is None else _device(device)
+        _check(_load().expseg_torch_record_history(d, int(bool(enabled)), entries, flags),
+               "expseg.record_history", d)
+    if record_pinned_host_memory:
+        _check(_load().expseg_torch_host_record_history(int(bool(enabled)), entries, flags),
+               "expseg.record_history(record_pinned_host_memory=True)", -1)
+
+
+# ---- the pinned host pool (docs/torch.md "Pinned host memory") ----
+
+def host_alloc(size, device=None):
+    """size bytes of pinned host memory from expseg's pinned host pool (one per process,
+    placed near the device of the first call): its address as an int (0 for size 0). Once
+    used, every snapshot carries the pool as host_segments and host_traces."""
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < 1 << 64:
+        raise ExpsegError("expseg.host_alloc: size=%r: expected an int from 0 to 2**64-1"
+                          % (size,))
+    d = _device(device)
+    out = ctypes.c_void_p()
+    _check(_load().expseg_torch_host_alloc(d, size, ctypes.byref(out)), "expseg.host_alloc", -1)
+    return out.value or 0
+
+
+def host_free(ptr):
+    """Gives back pinned host memory that host_alloc returned (0 or None: nothing)."""
+    if ptr is None or ptr == 0:
+        return
+    p = _pointer(ptr, "expseg.host_free")
+    _check(_load().expseg_torch_host_free(p), "expseg.host_free", -1)
+
+
+def host_stat(key):
+    """One statistic of the pinned host pool (torch.cuda.host_memory_stats()'s keys, e.g.
+    "allocated_bytes.current"); an ExpsegError before the first host_alloc."""
+    v = ctypes.c_int64()
+    _check(_load().expseg_torch_host_stat(key.encode(), ctypes.byref(v)), "expseg.host_stat", -1)
+    return v.value
+
+
+def _host_part(include_traces=True):
+    """(host_segments, host_traces) of the pinned host pool, or None before its first use."""
+    lib = _load()
+    if not lib.expseg_torch_host_used():
+        return None
+    d = _used_devices()[0]
+    with tempfile.TemporaryDirectory(prefix="expseg-snapshot-") as tmp:
+        path = os.path.join(tmp, "host.pickle")
+        _check(lib.expseg_torch_snapshot_dump_ex(d, os.fsencode(path), 0 if include_traces else 1),
+               "expseg.snapshot (pinned host pool)", d)
+        with open(path, "rb") as f:
+            one = pickle.load(f)
+    return one.get("host_segments", []), one.get("host_traces", [])
+
+
+def _add_host(snap, include_traces=True):
+    """Adds expseg's pinned host pool to a snapshot dict made by PyTorch (the C++ backend's
+    route): host_segments appended, host_traces merged in time order."""
+    part = _host_part(include_traces)
+    if part is None or not isinstance(snap, dict):
+        return snap
+    segments, traces = part
+    snap["host_segments"] = list(snap.get("host_segments", [])) + segments
+    merged = list(snap.get("host_traces", [])) + traces
+    merged.sort(key=lambda e: e.get("time_us", 0) if isinstance(e, dict) else 0)
+    snap["host_traces"] = merged
+    return snap
 
 
 def set_memory_fraction(fraction, device=None):
@@ -594,6 +672,7 @@ def install(route="auto", safe_record_stream=None):
         ok, why, present = _try_cxx(path)
         if ok:
             _installed, _route = sys.modules.get(CXX_MODULE, True), "cxx"
+            _patch_cxx(torch)
             return path
         if route == "cxx":
             raise ExpsegError("expseg.install(route=\"cxx\"): the C++ backend is not available: "
@@ -631,6 +710,61 @@ def route():
 
 _HISTORY_ON = {"all": True, "state": True, "alloc": True, True: True,
                None: False, False: False}
+
+
+def _history_args(enabled, stacks, max_entries, kwargs):
+    """record_history's arguments for torch.cuda.memory._record_memory_history's."""
+    try:
+        on = _HISTORY_ON[enabled]
+    except (KeyError, TypeError):
+        raise ExpsegError("torch.cuda.memory._record_memory_history(enabled=%r): expected "
+                          "\"all\", \"state\", True, or None/False to stop" % (enabled,)) \
+            from None
+    max_entries = kwargs.get("trace_alloc_max_entries", max_entries)  # the old signature
+    if stacks not in ("all", "python"):
+        raise ExpsegError("torch.cuda.memory._record_memory_history(stacks=%r): expected "
+                          "\"all\" or \"python\"" % (stacks,))
+    return dict(enabled=on, max_entries=max_entries if on else 1, c_stacks=(stacks == "all"),
+                clear_history=bool(kwargs.get("clear_history", False)),
+                skip_actions=kwargs.get("skip_actions") if on else None,
+                record_pinned_host_memory=bool(kwargs.get("record_pinned_host_memory", False)),
+                record_cuda=bool(kwargs.get("record_cuda", True)))
+
+
+def _patch_cxx(torch):
+    """The C++ backend's route: PyTorch answers _record_memory_history and _snapshot itself
+    (from the backend); expseg adds its pinned host pool. record_pinned_host_memory=True
+    also records the pool's history; the snapshot gets its host_segments and host_traces
+    (appended to PyTorch's own where PyTorch writes them). An argument this PyTorch does not
+    take (record_pinned_host_memory, record_cuda before 2.14) is not passed on."""
+    import inspect
+    memory = torch.cuda.memory
+    hist = getattr(memory, "_record_memory_history", None)
+    snap = getattr(memory, "_snapshot", None)
+    if hist is not None:
+        try:
+            params = inspect.signature(hist).parameters
+        except (TypeError, ValueError):
+            params = {}
+        any_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+        def history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
+                    device=None, **kwargs):
+            if kwargs.get("record_pinned_host_memory", False):
+                args = _history_args(enabled, stacks, max_entries, kwargs)
+                args.update(record_cuda=False, device=None)
+                record_history(**args)
+            if not kwargs.get("record_cuda", True) and not ("record_cuda" in params or any_kw):
+                return None
+            passed = {k: v for k, v in kwargs.items() if k in params or any_kw}
+            return hist(enabled, context, stacks, max_entries, device, **passed)
+        history.__doc__ = getattr(hist, "__doc__", None)
+        _replace(memory, "_record_memory_history", history)
+    if snap is not None:
+        def snapshot_with_host(*args, **kwargs):
+            return _add_host(snap(*args, **kwargs), kwargs.get("include_traces", True))
+        snapshot_with_host.__doc__ = getattr(snap, "__doc__", None)
+        _replace(memory, "_snapshot", snapshot_with_host)
 
 
 def _torch_calls(torch):
@@ -673,19 +807,7 @@ def _torch_calls(torch):
 
     def history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
                 device=None, **kwargs):
-        try:
-            on = _HISTORY_ON[enabled]
-        except (KeyError, TypeError):
-            raise ExpsegError("torch.cuda.memory._record_memory_history(enabled=%r): expected "
-                              "\"all\", \"state\", True, or None/False to stop" % (enabled,)) \
-                from None
-        max_entries = kwargs.get("trace_alloc_max_entries", max_entries)  # the old signature
-        if stacks not in ("all", "python"):
-            raise ExpsegError("torch.cuda.memory._record_memory_history(stacks=%r): expected "
-                              "\"all\" or \"python\"" % (stacks,))
-        record_history(on, max_entries if on else 1, c_stacks=(stacks == "all"),
-                       clear_history=bool(kwargs.get("clear_history", False)),
-                       skip_actions=kwargs.get("skip_actions") if on else None)
+        record_history(**_history_args(enabled, stacks, max_entries, kwargs))
 
     def snap(device=None, *args, **kwargs):
         return snapshot_dict(None)

@@ -33,7 +33,8 @@ set_tests_properties(subproject_without_gtest PROPERTIES LABELS cpu TIMEOUT 600
 if(TARGET expseg_torch)
   find_package(Python3 COMPONENTS Interpreter)
   if(Python3_Interpreter_FOUND)
-    foreach(_t helper:test_expseg route:test_pyroute interop:test_interop)
+    foreach(_t helper:test_expseg route:test_pyroute interop:test_interop
+            host_snapshot:test_host_snapshot)
       string(REPLACE ":" ";" _t ${_t})
       list(GET _t 0 _name)
       list(GET _t 1 _module)
