@@ -183,6 +183,12 @@ EXPSEG_EXPORT expseg_status expseg_host_record_history(expseg_host_pool *h, bool
 #define EXPSEG_HISTORY_SKIP_SNAPSHOT (1u << 16)
 EXPSEG_EXPORT expseg_status expseg_record_history_ex(expseg_allocator *a, bool enabled,
                                                      size_t max_entries, unsigned flags);
+/* The EXPSEG_HISTORY_SKIP_* flag of one of PyTorch's skip_actions names ("alloc", ...) in
+ * *flag; any other name is EXPSEG_ERR_INVALID_ARGUMENT (*flag 0), the message naming it and
+ * those accepted. The one table of these names, for bindings (Python, C++). */
+EXPSEG_EXPORT expseg_status expseg_history_skip_action(const char *name, unsigned *flag);
+/* Every name expseg_history_skip_action accepts: "alloc, free_requested, ..." (static). */
+EXPSEG_EXPORT const char *expseg_history_skip_action_names(void);
 /* Records an `annotate` event (PyTorch's _annotate_memory): text (copied; the event's
  * user_metadata in the snapshot) on the live allocation at ptr (addr, requested size,
  * stream), or, with ptr NULL, on no allocation (addr 0) as a mark in time. Nothing is

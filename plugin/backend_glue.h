@@ -100,24 +100,15 @@ inline double memory_fraction(const expseg_allocator *a) {
 
 /* ---- history ---- */
 
-/* PyTorch's skip_actions (recordHistory) as EXPSEG_HISTORY_SKIP_* flags in *flags; false,
- * with the first name expseg cannot leave out in *bad, for any other name. */
+/* PyTorch's skip_actions (recordHistory) as EXPSEG_HISTORY_SKIP_* flags in *flags, from the
+ * C library's one table (expseg_history_skip_action); false, with the first name expseg
+ * cannot leave out in *bad, for any other name. */
 inline bool skip_flags(const std::vector<std::string> &names, unsigned *flags,
                        std::string *bad) {
-  static const std::pair<const char *, unsigned> table[] = {
-      {"alloc", EXPSEG_HISTORY_SKIP_ALLOC},
-      {"free_requested", EXPSEG_HISTORY_SKIP_FREE_REQUESTED},
-      {"free_completed", EXPSEG_HISTORY_SKIP_FREE_COMPLETED},
-      {"segment_alloc", EXPSEG_HISTORY_SKIP_SEGMENT_ALLOC},
-      {"segment_free", EXPSEG_HISTORY_SKIP_SEGMENT_FREE},
-      {"oom", EXPSEG_HISTORY_SKIP_OOM},
-      {"snapshot", EXPSEG_HISTORY_SKIP_SNAPSHOT}};
   *flags = 0;
   for (const std::string &n : names) {
     unsigned f = 0;
-    for (const auto &t : table)
-      if (n == t.first) f = t.second;
-    if (f == 0) {
+    if (expseg_history_skip_action(n.c_str(), &f) != EXPSEG_OK) {
       *bad = n;
       return false;
     }
@@ -127,9 +118,7 @@ inline bool skip_flags(const std::vector<std::string> &names, unsigned *flags,
 }
 
 /* The names skip_flags accepts, for a message: "alloc, free_requested, ...". */
-inline const char *skip_names() {
-  return "alloc, free_requested, free_completed, segment_alloc, segment_free, oom, snapshot";
-}
+inline const char *skip_names() { return expseg_history_skip_action_names(); }
 
 /* ---- statistics ---- */
 

@@ -145,6 +145,9 @@ def _load():
         "expseg_torch_host_used": (c_int, []),
         "expseg_torch_host_stat": (c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]),
         "expseg_torch_host_empty_cache": (c_int, []),
+        # the C library's (libexpseg.so, loaded with the plug)
+        "expseg_history_skip_action": (c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint)]),
+        "expseg_history_skip_action_names": (ctypes.c_char_p, []),
     }
     for name, (res, args) in sigs.items():
         try:
@@ -369,10 +372,16 @@ def memory_summary(device=None, abbreviated=False):
                    lambda buf, n: _load().expseg_torch_memory_summary(d, buf, n, ab))
 
 
-# PyTorch's skip_actions names -> EXPSEG_HISTORY_SKIP_* bits (include/expseg.h)
-_SKIP_ACTIONS = {"alloc": 1 << 8, "free_requested": 1 << 9, "free_completed": 1 << 10,
-                 "segment_alloc": 1 << 11, "segment_free": 1 << 12, "oom": 1 << 15,
-                 "snapshot": 1 << 16}
+def _skip_action(name):
+    """The EXPSEG_HISTORY_SKIP_* flag of one of PyTorch's skip_actions names, from the C
+    library's table (expseg_history_skip_action); an ExpsegError for any other name."""
+    lib, flag = _load(), ctypes.c_uint(0)
+    raw = name.encode("utf-8", "replace") if isinstance(name, str) else None
+    if raw is None or b"\0" in raw or \
+            lib.expseg_history_skip_action(raw, ctypes.byref(flag)) != 0:
+        raise ExpsegError("expseg.record_history: skip_actions holds %r; accepted: %s"
+                          % (name, lib.expseg_history_skip_action_names().decode()))
+    return flag.value
 
 
 def record_history(enabled=True, max_entries=100000, c_stacks=True, device=None,
@@ -391,10 +400,7 @@ def record_history(enabled=True, max_entries=100000, c_stacks=True, device=None,
                           "2**64-1" % (max_entries,))
     flags = (1 if c_stacks else 0) | (2 if clear_history else 0)
     for name in skip_actions or ():
-        if name not in _SKIP_ACTIONS:
-            raise ExpsegError("expseg.record_history: skip_actions holds %r; accepted: %s"
-                              % (name, ", ".join(_SKIP_ACTIONS)))
-        flags |= _SKIP_ACTIONS[name]
+        flags |= _skip_action(name)
     entries = max(0, max_entries) if enabled else 0
     if record_cuda:
         d = -1 if device is None else _device(device)

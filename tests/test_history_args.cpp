@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -126,6 +127,56 @@ TEST(HistoryArgs, SkipActionsAreNotRecordedAndOthersAreRefused) {
   EXPECT_NE(std::string(expseg_last_error()).find("unknown flags 0x2000"), std::string::npos)
       << expseg_last_error();
   EXPECT_EQ(Events(a).size(), ev.size());
+}
+
+// The one table of PyTorch's skip_actions names (the Python helper and the C++ backend read
+// it): each name gives its own EXPSEG_HISTORY_SKIP_* flag, the names string lists exactly
+// these, any other name is refused and named; each flag leaves out the event of its name.
+TEST(HistoryArgs, SkipActionTableNamesEachFlag) {
+  const std::pair<const char *, unsigned> want[] = {
+      {"alloc", EXPSEG_HISTORY_SKIP_ALLOC},
+      {"free_requested", EXPSEG_HISTORY_SKIP_FREE_REQUESTED},
+      {"free_completed", EXPSEG_HISTORY_SKIP_FREE_COMPLETED},
+      {"segment_alloc", EXPSEG_HISTORY_SKIP_SEGMENT_ALLOC},
+      {"segment_free", EXPSEG_HISTORY_SKIP_SEGMENT_FREE},
+      {"oom", EXPSEG_HISTORY_SKIP_OOM},
+      {"snapshot", EXPSEG_HISTORY_SKIP_SNAPSHOT}};
+  std::string names;
+  for (const auto &w : want) {
+    unsigned f = 0;
+    EXPECT_EQ(expseg_history_skip_action(w.first, &f), EXPSEG_OK) << w.first;
+    EXPECT_EQ(f, w.second) << w.first;
+    names += (names.empty() ? "" : ", ") + std::string(w.first);
+  }
+  EXPECT_EQ(std::string(expseg_history_skip_action_names()), names);
+  for (const char *bad : {"segment_map", "Alloc", "", "alloc "}) {
+    unsigned f = 7;
+    EXPECT_EQ(expseg_history_skip_action(bad, &f), EXPSEG_ERR_INVALID_ARGUMENT) << bad;
+    EXPECT_EQ(f, 0u);
+    std::string m = expseg_last_error();
+    EXPECT_NE(m.find("'" + std::string(bad) + "'"), std::string::npos) << m;
+    EXPECT_NE(m.find(names), std::string::npos) << m;
+  }
+  unsigned f = 0;
+  EXPECT_EQ(expseg_history_skip_action(nullptr, &f), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_history_skip_action("alloc", nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  // each flag, recorded with the others off, leaves out its own action only
+  for (const auto &w : want) {
+    if (std::string(w.first) == "oom") continue; // no out-of-memory here
+    expseg_allocator *a = nullptr; // classic segments: segment_alloc and segment_free
+    ASSERT_EQ(expseg_create("sim", 0, "expandable_segments:False", &a), EXPSEG_OK);
+    ASSERT_EQ(expseg_history_skip_action(w.first, &f), EXPSEG_OK);
+    ASSERT_EQ(expseg_record_history_ex(a, true, 1000, f), EXPSEG_OK);
+    void *p;
+    ASSERT_EQ(expseg_malloc(a, 4096, 0, &p), EXPSEG_OK);
+    ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
+    ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+    std::vector<Ev> ev = Events(a); // takes a snapshot
+    for (const char *act : {"alloc", "free_requested", "free_completed", "segment_alloc",
+                            "segment_free", "snapshot"})
+      EXPECT_EQ(Count(ev, act) == 0, std::string(act) == w.first) << w.first << " " << act;
+    expseg_destroy(a);
+  }
 }
 
 TEST(HistoryArgs, ClearHistoryDropsWhatWasRecordedAndPlainReenablingKeepsIt) {

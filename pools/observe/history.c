@@ -33,6 +33,56 @@ const char *_expseg_hist_action_name(int action) {
   return action >= 0 && action < HIST_ACTION_COUNT ? action_names[action] : "unknown";
 }
 
+/* ---- PyTorch's skip_actions: the one table of names and flags ---- */
+
+static const struct {
+  const char *name;
+  unsigned flag;
+} skip_actions[] = {{"alloc", EXPSEG_HISTORY_SKIP_ALLOC},
+                    {"free_requested", EXPSEG_HISTORY_SKIP_FREE_REQUESTED},
+                    {"free_completed", EXPSEG_HISTORY_SKIP_FREE_COMPLETED},
+                    {"segment_alloc", EXPSEG_HISTORY_SKIP_SEGMENT_ALLOC},
+                    {"segment_free", EXPSEG_HISTORY_SKIP_SEGMENT_FREE},
+                    {"oom", EXPSEG_HISTORY_SKIP_OOM},
+                    {"snapshot", EXPSEG_HISTORY_SKIP_SNAPSHOT}};
+#define N_SKIP (sizeof skip_actions / sizeof skip_actions[0])
+/* every name, comma separated: filled once from the table */
+static char skip_names[128];
+static pthread_once_t skip_names_once = PTHREAD_ONCE_INIT;
+
+static void skip_names_fill(void) {
+  size_t at = 0;
+  for (size_t i = 0; i < N_SKIP; i++)
+    at += (size_t)snprintf(skip_names + at, sizeof skip_names - at, "%s%s", i ? ", " : "",
+                           skip_actions[i].name);
+}
+
+const char *expseg_history_skip_action_names(void) {
+  pthread_once(&skip_names_once, skip_names_fill);
+  return skip_names;
+}
+
+static unsigned skip_all(void) {
+  unsigned f = 0;
+  for (size_t i = 0; i < N_SKIP; i++) f |= skip_actions[i].flag;
+  return f;
+}
+
+expseg_status expseg_history_skip_action(const char *name, unsigned *flag) {
+  if (flag == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_history_skip_action: flag is NULL");
+  *flag = 0;
+  for (size_t i = 0; name != NULL && i < N_SKIP; i++)
+    if (strcmp(name, skip_actions[i].name) == 0) {
+      *flag = skip_actions[i].flag;
+      return EXPSEG_OK;
+    }
+  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                           "skip_actions holds '%s'; accepted: %s", name ? name : "(null)",
+                           expseg_history_skip_action_names());
+}
+
 /* ---- the process-wide table of pushed frames ---- */
 
 typedef struct frame_rec_s {
@@ -277,19 +327,15 @@ expseg_status _expseg_hist_check(const char *fn, bool enabled, size_t max_entrie
                              "%s: max_entries is 0; at least 1 event must be kept (SIZE_MAX = "
                              "no bound)",
                              fn);
-  const unsigned skips = EXPSEG_HISTORY_SKIP_ALLOC | EXPSEG_HISTORY_SKIP_FREE_REQUESTED |
-                        EXPSEG_HISTORY_SKIP_FREE_COMPLETED | EXPSEG_HISTORY_SKIP_SEGMENT_ALLOC |
-                        EXPSEG_HISTORY_SKIP_SEGMENT_FREE | EXPSEG_HISTORY_SKIP_OOM |
-                        EXPSEG_HISTORY_SKIP_SNAPSHOT;
+  const unsigned skips = skip_all();
   if (flags & ~(EXPSEG_HISTORY_C_STACKS | EXPSEG_HISTORY_CLEAR | skips))
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "%s: flags %#x hold unknown flags %#x; "
                              "accepted: EXPSEG_HISTORY_C_STACKS (1), EXPSEG_HISTORY_CLEAR (2) "
-                             "and the EXPSEG_HISTORY_SKIP_* bits of alloc, free_requested, "
-                             "free_completed, segment_alloc, segment_free, oom, snapshot (%#x)",
+                             "and the EXPSEG_HISTORY_SKIP_* bits of %s (%#x)",
                              fn, flags,
                              flags & ~(EXPSEG_HISTORY_C_STACKS | EXPSEG_HISTORY_CLEAR | skips),
-                             skips);
+                             expseg_history_skip_action_names(), skips);
   return EXPSEG_OK;
 }
 

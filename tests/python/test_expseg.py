@@ -7,6 +7,7 @@ modules (none, no GPU, too late, a refused swap) and for what it hands PyTorch. 
 runs in a child interpreter where the process-wide state matters (the library creates one
 allocator per device on first use, from $EXPSEG_DRIVER at that moment)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -273,6 +274,32 @@ class WithLibrary(unittest.TestCase):
         self.assertIn("alloc, free_requested", lines[4])
         self.assertIn("text=3", lines[5])
         self.assertIn("no longer holds its alloc event", lines[6])
+
+    def test_skip_actions_come_from_the_c_librarys_table(self):
+        rc, out, err = run_child('''
+            import ctypes, json, expseg
+            lib = expseg._load()
+            names = lib.expseg_history_skip_action_names().decode()
+            flags = {n: expseg._skip_action(n) for n in names.split(", ")}
+            msgs = []
+            for bad in (["segment_map"], ["alloc", 3], ["al\\0loc"]):
+                try:
+                    expseg.record_history(True, 10, skip_actions=bad)
+                    msgs.append("no error")
+                except expseg.ExpsegError as e:
+                    msgs.append(str(e))
+            print(json.dumps(dict(names=names, flags=flags, msgs=msgs)))
+            ''', EXPSEG_DRIVER="sim:capacity=1G")
+        self.assertEqual(rc, 0, err)
+        r = json.loads(out.strip().split("\n")[-1])
+        # PyTorch's names, each with its EXPSEG_HISTORY_SKIP_* bit (include/expseg.h)
+        self.assertEqual(r["flags"], {"alloc": 1 << 8, "free_requested": 1 << 9,
+                                      "free_completed": 1 << 10, "segment_alloc": 1 << 11,
+                                      "segment_free": 1 << 12, "oom": 1 << 15,
+                                      "snapshot": 1 << 16})
+        for m, bad in zip(r["msgs"], ("'segment_map'", "3", "'al\\x00loc'")):
+            self.assertIn(bad, m)
+            self.assertIn("accepted: " + r["names"], m)
 
     def test_install_hands_pytorch_the_two_functions(self):
         t, calls = fake_torch()
