@@ -12,11 +12,12 @@
 Standard library and ctypes only; PyTorch, CuPy and Numba are imported by the calls that
 need them. The library is libexpseg_torch.so (plugin/expseg_torch.c), found through
 $EXPSEG_TORCH_LIB, next to this file, the build folders of the repository, then the installed
-lib folders (docs/torch.md). install() tries the C++ backend (_expseg_cxx.py beside this
-file), then the Python route: the plug as PyTorch's allocator plus torch.cuda's memory calls
-and Tensor.record_stream routed here (docs/torch.md has the table of every call). CuPy's
-allocator and the Numba plugin are in expseg_interop.py beside this file (loaded from here,
-their names are this module's). Every failure is an ExpsegError with a one-line message.
+lib folders (docs/torch.md). This file holds the library, the statistics, the history and
+snapshots, the pinned host pool and regions; by concern, the modules beside it hold the rest
+(loaded from here by path; their public names are this module's): expseg_pytorch.py
+install() and the PyTorch routes (the C++ backend through _expseg_cxx.py, else the Python
+route; docs/torch.md has the table of every call), expseg_interop.py CuPy's allocator and the
+Numba plugin. Every failure is an ExpsegError with a one-line message.
 """
 
 import collections
@@ -29,7 +30,6 @@ import os
 import pickle
 import sys
 import tempfile
-import warnings
 
 __all__ = [
     "ExpsegError", "ExpsegWarning", "install", "route", "library_path", "memory_stats",
@@ -47,10 +47,8 @@ _STATUS = {0: "EXPSEG_OK", 1: "EXPSEG_ERR_OUT_OF_MEMORY", 2: "EXPSEG_ERR_INVALID
 
 _lib = None
 _lib_path = None
-_installed = None  # the CUDAPluggableAllocator object (or the C++ backend), kept alive
-_route = None      # "cxx" or "python" once installed
-_patched = []      # (object, attribute, original) replaced by the Python route
 _said = set()      # messages printed once
+_modelled_driver_ok = False  # tests: allow EXPSEG_DRIVER=host/sim under a stand-in torch
 
 
 class ExpsegError(RuntimeError):
@@ -568,73 +566,31 @@ def _say_once(message):
         print("expseg: " + message, file=sys.stderr)
 
 
-# ---- install: the C++ backend, else the Python route ----
+# ---- PyTorch, CuPy and Numba: modules beside this file, loaded by path and bound here ----
 
-ROUTES = ("auto", "cxx", "python")
-SAFE_ENV = "EXPSEG_SAFE_RECORD_STREAM"
-SAFE_BATCH = 256  # frees completed together in safe mode (docs/torch.md)
-CXX_MODULE = "_expseg_cxx"
-
-PYTHON_ROUTE_LIMITS = (
-    "expseg runs PyTorch's CUDA memory through its Python route: torch.cuda's memory calls "
-    "and Tensor.record_stream from Python report and act on expseg, but it cannot see "
-    "record_stream calls made from C++ (NCCL process groups, FSDP, other extensions: memory "
-    "they still use may be reused early; install(safe_record_stream=True) or %s=1 makes "
-    "every free wait for a device-wide synchronization instead), and CUDA graph capture "
-    "(torch.cuda.graph) is refused: graphs get no private pool. For both, use the C++ "
-    "backend (install(route=\"cxx\"); it needs a C++ compiler and PyTorch's headers; "
-    "docs/torch.md)." % SAFE_ENV)
+PYTORCH_MODULE = "expseg_pytorch"
+INTEROP_MODULE = "expseg_interop"
 
 
-def _safe_setting(safe_record_stream):
-    """The safe-mode batch size: 0 (off) or SAFE_BATCH, from the argument, else $SAFE_ENV."""
-    if safe_record_stream is None:
-        raw = os.environ.get(SAFE_ENV, "")
-        words = {"": 0, "0": 0, "false": 0, "no": 0, "off": 0,
-                 "1": SAFE_BATCH, "true": SAFE_BATCH, "yes": SAFE_BATCH, "on": SAFE_BATCH}
-        if raw.strip().lower() not in words:
-            raise ExpsegError("%s=%s: expected 1 (on) or 0 (off) (also true/false, yes/no, "
-                              "on/off)" % (SAFE_ENV, raw))
-        return words[raw.strip().lower()]
-    if not isinstance(safe_record_stream, bool):
-        raise ExpsegError("expseg.install(safe_record_stream=%r): expected True, False or None "
-                          "(None: $%s)" % (safe_record_stream, SAFE_ENV))
-    return SAFE_BATCH if safe_record_stream else 0
-
-
-def _cxx_module():
-    """The C++ backend's loader: sys.modules[CXX_MODULE] if set (None there: absent), else
-    _expseg_cxx.py beside this file; (module, None) or (None, why it is absent)."""
-    if CXX_MODULE in sys.modules:
-        mod = sys.modules[CXX_MODULE]
-        return (mod, None) if mod is not None else (None, "%s is disabled" % CXX_MODULE)
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), CXX_MODULE + ".py")
-    if not os.path.isfile(path):
-        return None, "%s is not installed next to %s" % (os.path.basename(path), __file__)
-    try:
-        spec = importlib.util.spec_from_file_location(CXX_MODULE, path)
+def _sibling(name, holds):
+    """The module NAME.py beside this file, bound to this module (loaded by path, as the C++
+    backend's loader is, so that the copy beside this expseg.py is the one used)."""
+    mod = sys.modules.get(name)
+    here = os.path.dirname(os.path.abspath(__file__))
+    if mod is None or os.path.dirname(os.path.abspath(getattr(mod, "__file__", ""))) != here:
+        path = os.path.join(here, name + ".py")
+        if not os.path.isfile(path):
+            raise ImportError("expseg: %s is not installed next to %s (it holds %s)"
+                              % (os.path.basename(path), __file__, holds))
+        spec = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(spec)
-        sys.modules[CXX_MODULE] = mod
         spec.loader.exec_module(mod)
-    except Exception as e:  # a broken loader must not stop the Python route
-        sys.modules.pop(CXX_MODULE, None)
-        return None, "cannot import %s: %s: %s" % (path, type(e).__name__, e)
-    return mod, None
+        sys.modules[name] = mod
+    mod._core = sys.modules.get(__name__)  # None: it imports expseg itself on first use
+    return mod
 
 
-def _try_cxx(path):
-    """(installed, why not, whether the loader is there)."""
-    mod, why = _cxx_module()
-    if mod is None:
-        return False, why, False
-    try:
-        ok = mod.install(path)
-    except Exception as e:  # ExpsegError from the loader, or anything it let through
-        text = str(e) if isinstance(e, ExpsegError) else "%s: %s" % (type(e).__name__, e)
-        return False, text, True
-    if ok is not True:
-        return False, "%s.install() returned %r, not True" % (CXX_MODULE, ok), True
-    return True, None, True
+_pytorch = _sibling(PYTORCH_MODULE, "install() and the PyTorch routes")
 
 
 def install(route="auto", safe_record_stream=None):
@@ -647,336 +603,35 @@ def install(route="auto", safe_record_stream=None):
     "auto" (default) the C++ backend when it can be loaded, else the Python route, saying
     once why. safe_record_stream (Python route): True defers every free until a
     device-wide synchronization (None: $EXPSEG_SAFE_RECORD_STREAM)."""
-    global _installed, _route
-    if route not in ROUTES:
-        raise ExpsegError("expseg.install(route=%r): expected one of %s"
-                          % (route, ", ".join(repr(r) for r in ROUTES)))
-    safe = _safe_setting(safe_record_stream)
-    if _installed is not None:
-        return _lib_path
-    try:
-        import torch
-    except ImportError:
-        raise ExpsegError("expseg.install() needs PyTorch, which is not installed here "
-                          "(pip install torch); the statistics calls work without it") from None
-    spec = os.environ.get("EXPSEG_DRIVER", "")
-    if spec and not spec.startswith("cuda") and not _modelled_driver_ok:
-        raise ExpsegError("expseg.install(): EXPSEG_DRIVER=%s, but PyTorch's kernels need "
-                          "device memory: unset EXPSEG_DRIVER (or set it to cuda)" % spec)
-    if not torch.cuda.is_available():
-        raise ExpsegError("expseg.install(): PyTorch sees no CUDA device "
-                          "(torch.cuda.is_available() is False); expseg replaces PyTorch's CUDA "
-                          "allocator, so it needs a GPU")
-    too_late = ("expseg.install() came too late: PyTorch's CUDA allocator is already "
-                "initialized (CUDA was used before); call expseg.install() before the first "
-                "CUDA tensor, e.g. right after import torch")
-    if torch.cuda.is_initialized():
-        raise ExpsegError(too_late)
-    path = library_path()
-    _load()
-    if route in ("auto", "cxx"):
-        ok, why, present = _try_cxx(path)
-        if ok:
-            _installed, _route = sys.modules.get(CXX_MODULE, True), "cxx"
-            _patch_cxx(torch)
-            return path
-        if route == "cxx":
-            raise ExpsegError("expseg.install(route=\"cxx\"): the C++ backend is not available: "
-                              "%s (route=\"python\" needs no compiler)" % why)
-        if present:  # a loader that failed says why; a missing one is in the warning below
-            _say_once("the C++ backend is not used (%s); using the Python route" % why)
-    _check(_lib.expseg_torch_set_safe_free(safe), "expseg.install(safe_record_stream)", -1)
-    try:
-        # the raising entry point: PyTorch does not check a NULL from the alloc function
-        alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "expseg_torch_alloc_raising",
-                                                         "expseg_torch_free")
-        torch.cuda.memory.change_current_allocator(alloc)
-    except RuntimeError as e:
-        _lib.expseg_torch_set_safe_free(0)
-        if "already initialized" in str(e):
-            raise ExpsegError(too_late) from None
-        raise ExpsegError("expseg.install(): PyTorch refused the allocator: %s" % e) from None
-    _installed, _route = alloc, "python"
-    _patch_torch(torch)
-    if PYTHON_ROUTE_LIMITS not in _said:
-        _said.add(PYTHON_ROUTE_LIMITS)
-        warnings.warn(PYTHON_ROUTE_LIMITS, ExpsegWarning, stacklevel=2)
-    return path
-
-
-_modelled_driver_ok = False  # tests: allow EXPSEG_DRIVER=host/sim under a stand-in torch
+    return _pytorch.install(route, safe_record_stream)
 
 
 def route():
     """"cxx", "python", or None before install()."""
-    return _route
-
-
-# ---- the Python route: torch.cuda's memory calls answered by expseg ----
-
-_HISTORY_ON = {"all": True, "state": True, "alloc": True, True: True,
-               None: False, False: False}
-
-
-def _history_args(enabled, stacks, max_entries, kwargs):
-    """record_history's arguments for torch.cuda.memory._record_memory_history's."""
-    try:
-        on = _HISTORY_ON[enabled]
-    except (KeyError, TypeError):
-        raise ExpsegError("torch.cuda.memory._record_memory_history(enabled=%r): expected "
-                          "\"all\", \"state\", True, or None/False to stop" % (enabled,)) \
-            from None
-    max_entries = kwargs.get("trace_alloc_max_entries", max_entries)  # the old signature
-    if stacks not in ("all", "python"):
-        raise ExpsegError("torch.cuda.memory._record_memory_history(stacks=%r): expected "
-                          "\"all\" or \"python\"" % (stacks,))
-    return dict(enabled=on, max_entries=max_entries if on else 1, c_stacks=(stacks == "all"),
-                clear_history=bool(kwargs.get("clear_history", False)),
-                skip_actions=kwargs.get("skip_actions") if on else None,
-                record_pinned_host_memory=bool(kwargs.get("record_pinned_host_memory", False)),
-                record_cuda=bool(kwargs.get("record_cuda", True)))
-
-
-def _patch_cxx(torch):
-    """The C++ backend's route: PyTorch answers _record_memory_history and _snapshot itself
-    (from the backend); expseg adds its pinned host pool. record_pinned_host_memory=True
-    also records the pool's history; the snapshot gets its host_segments and host_traces
-    (appended to PyTorch's own where PyTorch writes them). An argument this PyTorch does not
-    take (record_pinned_host_memory, record_cuda before 2.14) is not passed on."""
-    import inspect
-    memory = torch.cuda.memory
-    hist = getattr(memory, "_record_memory_history", None)
-    snap = getattr(memory, "_snapshot", None)
-    if hist is not None:
-        try:
-            params = inspect.signature(hist).parameters
-        except (TypeError, ValueError):
-            params = {}
-        any_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
-
-        def history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
-                    device=None, **kwargs):
-            if kwargs.get("record_pinned_host_memory", False):
-                args = _history_args(enabled, stacks, max_entries, kwargs)
-                args.update(record_cuda=False, device=None)
-                record_history(**args)
-            if not kwargs.get("record_cuda", True) and not ("record_cuda" in params or any_kw):
-                return None
-            passed = {k: v for k, v in kwargs.items() if k in params or any_kw}
-            return hist(enabled, context, stacks, max_entries, device, **passed)
-        history.__doc__ = getattr(hist, "__doc__", None)
-        _replace(memory, "_record_memory_history", history)
-    if snap is not None:
-        def snapshot_with_host(*args, **kwargs):
-            return _add_host(snap(*args, **kwargs), kwargs.get("include_traces", True))
-        snapshot_with_host.__doc__ = getattr(snap, "__doc__", None)
-        _replace(memory, "_snapshot", snapshot_with_host)
-
-
-def _torch_calls(torch):
-    """The torch.cuda.memory functions of the Python route, by name, with PyTorch's
-    signatures."""
-
-    def memory_stats_as_nested_dict(device=None):
-        nested = {}
-        for key, value in memory_stats(device).items():
-            node, parts = nested, key.split(".")
-            for part in parts[:-1]:
-                node = node.setdefault(part, {})
-                if not isinstance(node, dict):  # a key that is also a prefix: keep it flat
-                    node = None
-                    break
-            if node is None:
-                nested[key] = value
-            else:
-                node[parts[-1]] = value
-        return nested
-
-    def stat(key, name):
-        def f(device=None):
-            return _stat(device, key, "torch.cuda." + name)
-        f.__name__ = name
-        f.__doc__ = "expseg's %s of the device (the Python route of expseg)." % key
-        return f
-
-    def reset_peak(device=None):
-        reset_peak_memory_stats(device)
-
-    def empty(*args, **kwargs):
-        empty_cache(None)
-
-    def fraction(fraction, device=None):
-        set_memory_fraction(fraction, device)
-
-    def summary(device=None, abbreviated=False):
-        return memory_summary(device, abbreviated)
-
-    def history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
-                device=None, **kwargs):
-        record_history(**_history_args(enabled, stacks, max_entries, kwargs))
-
-    def snap(device=None, *args, **kwargs):
-        return snapshot_dict(None)
-
-    def dump(filename="dump_snapshot.pickle", *args, **kwargs):
-        raw = _path_bytes(filename, "torch.cuda.memory._dump_snapshot")
-        devices = _used_devices()
-        if len(devices) == 1:
-            _check(_lib.expseg_torch_snapshot_dump(devices[0], raw),
-                   "torch.cuda.memory._dump_snapshot", devices[0])
-            return
-        data = snapshot_dict(None)
-        try:
-            with open(raw, "wb") as f:
-                pickle.dump(data, f, protocol=4)
-        except OSError as e:
-            raise ExpsegError("torch.cuda.memory._dump_snapshot(%r): %s" % (filename, e)) \
-                from None
-
-    calls = {
-        "memory_stats": memory_stats,
-        "memory_stats_as_nested_dict": memory_stats_as_nested_dict,
-        "memory_allocated": stat("allocated_bytes.all.current", "memory_allocated"),
-        "max_memory_allocated": stat("allocated_bytes.all.peak", "max_memory_allocated"),
-        "memory_reserved": stat("reserved_bytes.all.current", "memory_reserved"),
-        "max_memory_reserved": stat("reserved_bytes.all.peak", "max_memory_reserved"),
-        "memory_cached": stat("reserved_bytes.all.current", "memory_cached"),
-        "max_memory_cached": stat("reserved_bytes.all.peak", "max_memory_cached"),
-        "reset_peak_memory_stats": reset_peak,
-        "reset_max_memory_allocated": reset_peak,
-        "reset_max_memory_cached": reset_peak,
-        "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
-        "memory_summary": summary,
-        "empty_cache": empty,
-        "set_per_process_memory_fraction": fraction,
-        "get_per_process_memory_fraction": get_memory_fraction,
-        "memory_snapshot": lambda *args, **kwargs: snapshot_dict(None)["segments"],
-        "mem_get_info": mem_get_info,
-        "_record_memory_history": history,
-        "_snapshot": snap,
-        "_dump_snapshot": dump,
-    }
-    for f in calls.values():
-        if getattr(f, "__module__", None) == __name__ and f.__doc__ is None:
-            f.__doc__ = "The Python route of expseg (docs/torch.md)."
-    return calls
-
-
-# torch.accelerator's memory calls (PyTorch 2.8+): the same figures when the current
-# accelerator is CUDA.
-_ACCELERATOR_CALLS = ("memory_stats", "memory_allocated", "max_memory_allocated",
-                      "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
-                      "reset_accumulated_memory_stats", "empty_cache")
-
-
-def _replace(obj, name, value):
-    _patched.append((obj, name, getattr(obj, name)))
-    setattr(obj, name, value)
-
-
-def _stream_value(torch, stream):
-    """The cudaStream_t (an int) of a torch.cuda.Stream or torch.Stream."""
-    value = getattr(stream, "cuda_stream", None)
-    if value is None and hasattr(stream, "stream_id"):
-        value = torch.cuda.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
-                                  device_type=stream.device_type).cuda_stream
-    if value is None:
-        raise ExpsegError("Tensor.record_stream(%r): expected a torch.cuda.Stream" % (stream,))
-    return int(value)
-
-
-def _patch_torch(torch):
-    """Replaces each memory call where callers look it up: torch.cuda.memory.X and its
-    re-export torch.cuda.X (and torch.accelerator.X); wraps Tensor.record_stream."""
-    calls = _torch_calls(torch)
-    memory = torch.cuda.memory
-    for name, f in calls.items():
-        for module in (memory, torch.cuda):
-            if hasattr(module, name):
-                _replace(module, name, f)
-    accel = getattr(torch, "accelerator", None)
-    if accel is not None:
-        for name in _ACCELERATOR_CALLS:
-            if hasattr(accel, name):
-                _replace(accel, name, calls[name])
-    tensor = getattr(torch, "Tensor", None)
-    if tensor is not None and hasattr(tensor, "record_stream"):
-        original = tensor.record_stream
-
-        def record_stream(self, stream):
-            original(self, stream)  # PyTorch's own checks (and its no-op for the plug)
-            ptr = self.untyped_storage().data_ptr()
-            if ptr:
-                _lib.expseg_torch_record_stream_status(ctypes.c_void_p(ptr),
-                                                       ctypes.c_void_p(_stream_value(torch,
-                                                                                     stream)))
-        record_stream.__doc__ = getattr(original, "__doc__", None)
-        _replace(tensor, "record_stream", record_stream)
-    _refuse_graphs(torch)
-
-
-GRAPH_REFUSED = (
-    "expseg's Python route cannot capture CUDA graphs: PyTorch gives an allocator made from "
-    "Python no private pool for a graph, so memory the graph uses on replay could be handed to "
-    "other tensors. Use the C++ backend (expseg.install(route=\"cxx\")), which gives each graph "
-    "its own pool")
-
-
-def _refuse_graphs(torch):
-    """CUDAGraph.capture_begin (torch.cuda.graph, make_graphed_callables) raises ExpsegError
-    on the Python route, before the capture starts."""
-    graphs = getattr(torch.cuda, "graphs", None)
-    cls = getattr(graphs, "CUDAGraph", None) if graphs is not None else None
-    if cls is None or not hasattr(cls, "capture_begin"):
-        return
-
-    def capture_begin(self, *args, **kwargs):
-        raise ExpsegError(GRAPH_REFUSED)
-    capture_begin.__doc__ = GRAPH_REFUSED
-    _replace(cls, "capture_begin", capture_begin)
+    return _pytorch._route
 
 
 def _unpatch():
-    """Puts back what the Python route replaced (for tests)."""
-    global _installed, _route
-    while _patched:
-        obj, name, original = _patched.pop()
-        setattr(obj, name, original)
-    _installed = _route = None
+    """Puts back what the Python route replaced and forgets the installation (for tests)."""
+    _pytorch._unpatch()
 
 
-# ---- CuPy and Numba: expseg_interop.py beside this file (it imports neither) ----
+# the constants of install(), under their names here too
+ROUTES, SAFE_ENV, SAFE_BATCH = _pytorch.ROUTES, _pytorch.SAFE_ENV, _pytorch.SAFE_BATCH
+CXX_MODULE, PYTHON_ROUTE_LIMITS = _pytorch.CXX_MODULE, _pytorch.PYTHON_ROUTE_LIMITS
+GRAPH_REFUSED = _pytorch.GRAPH_REFUSED
 
-INTEROP_MODULE = "expseg_interop"
-
-
-def _interop():
-    """expseg_interop.py beside this file, bound to this module (loaded by path, as the C++
-    backend's loader is, so that the copy beside this expseg.py is the one used)."""
-    mod = sys.modules.get(INTEROP_MODULE)
-    here = os.path.dirname(os.path.abspath(__file__))
-    if mod is None or os.path.dirname(os.path.abspath(getattr(mod, "__file__", ""))) != here:
-        path = os.path.join(here, INTEROP_MODULE + ".py")
-        if not os.path.isfile(path):
-            raise ImportError("expseg: %s is not installed next to %s (it holds "
-                              "cupy_allocator and the Numba plugin)"
-                              % (os.path.basename(path), __file__))
-        spec = importlib.util.spec_from_file_location(INTEROP_MODULE, path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        sys.modules[INTEROP_MODULE] = mod
-    mod._core = sys.modules.get(__name__)  # None: it imports expseg itself on first use
-    return mod
-
-
-_interop_module = _interop()
+_interop_module = _sibling(INTEROP_MODULE, "cupy_allocator and the Numba plugin")
 cupy_allocator = _interop_module.cupy_allocator
 numba_memory_manager = _interop_module.numba_memory_manager
 
 
 def __getattr__(name):
     # Numba reads `_numba_memory_manager` of the module NUMBA_CUDA_MEMORY_MANAGER names;
-    # resolved on first use so that importing expseg never imports Numba.
+    # resolved on first use so that importing expseg never imports Numba. `_installed`: the
+    # installed allocator object (expseg_pytorch's).
     if name == "_numba_memory_manager":
         return numba_memory_manager()
+    if name == "_installed":
+        return _pytorch._installed
     raise AttributeError("module 'expseg' has no attribute %r" % (name,))

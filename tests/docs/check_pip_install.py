@@ -29,7 +29,7 @@ p = subprocess.run([py, "-m", "pip", "install", "--no-build-isolation", "--no-de
 print(p.stdout[-3000:], p.stderr[-3000:])
 if p.returncode != 0:
     sys.exit("pip install ./python failed (exit %d)" % p.returncode)
-for m in ("expseg.py", "expseg_interop.py", "_expseg_cxx.py"):
+for m in ("expseg.py", "expseg_pytorch.py", "expseg_interop.py", "_expseg_cxx.py"):
     if not os.path.isfile(os.path.join(site, m)):
         sys.exit("pip install ./python did not install %s" % m)
 meta = [d for d in os.listdir(site) if d.startswith("expseg-") and d.endswith(".dist-info")]

@@ -307,7 +307,7 @@ class WithLibrary(unittest.TestCase):
         sys.modules["_expseg_cxx"] = None  # the Python route (test_pyroute.py: the C++ seam)
         try:
             os.environ["EXPSEG_TORCH_LIB"] = LIB
-            expseg._installed = None
+            expseg._unpatch()  # forget an earlier installation
             with warnings.catch_warnings(record=True):
                 path = expseg.install()
         finally:
@@ -368,7 +368,7 @@ class Messages(unittest.TestCase):
         os.environ.update(env or {})
         sys.modules["_expseg_cxx"] = None
         try:
-            expseg._installed = None
+            expseg._unpatch()  # forget an earlier installation
             with self.assertRaises(expseg.ExpsegError) as cm:
                 expseg.install()
             return str(cm.exception)

@@ -342,6 +342,34 @@ class PythonRoute(unittest.TestCase):
         self.assertEqual(r["alloc"], 0)
 
 
+@unittest.skipUnless(LIB and os.path.isfile(LIB),
+                     "set EXPSEG_TEST_TORCH_LIB to the built libexpseg_torch.so")
+class ModuleSplit(unittest.TestCase):
+    def test_expseg_pytorch_is_expsegs_install(self):
+        # expseg_pytorch.py holds install() and the routes; imported alone first, it binds
+        # expseg on first use, and expseg's install()/route() are its
+        rc, out, err = run("""
+            import importlib
+            del sys.modules["expseg"], sys.modules["expseg_pytorch"]
+            import expseg_pytorch
+            alone = expseg_pytorch.ROUTES
+            import expseg
+            expseg._modelled_driver_ok = True
+            path = expseg.install(route="python")
+            print(json.dumps(dict(alone=list(alone), core=expseg_pytorch._core is expseg,
+                route=[expseg.route(), expseg_pytorch._route],
+                installed=expseg._installed is expseg_pytorch._installed is not None,
+                same=path == expseg.library_path(),
+                consts=expseg.SAFE_BATCH == expseg_pytorch.SAFE_BATCH,
+                patched=torch.cuda.memory_allocated(0))))
+            """)
+        self.assertEqual(rc, 0, err)
+        r = json.loads(out.strip().split("\n")[-1])
+        self.assertEqual(r, dict(alone=["auto", "cxx", "python"], core=True,
+                                 route=["python", "python"], installed=True, same=True,
+                                 consts=True, patched=0))
+
+
 class CxxSeam(unittest.TestCase):
     FAKE = """
         import types
