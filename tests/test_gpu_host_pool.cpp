@@ -15,8 +15,6 @@
 
 namespace {
 
-constexpr size_t MiB = 1024 * 1024;
-
 TEST(GpuHostPool, BothPathsGiveLockedPlacedMemory) {
   if (!_expseg_cuda_usable(0)) GTEST_SKIP() << "no usable CUDA device";
   for (const char *cfg : {"pinned_use_cuda_host_register:False",

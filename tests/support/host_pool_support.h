@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* host_pool_support.h: C++ helpers for the pinned host pool tests (tests/test_host_pool.cpp,
- * tests/test_gpu_host_pool.cpp): an owning pool handle, creation that fails the test with
- * the message, and statistics by key. */
+ * tests/test_host_pool_faults.cpp, tests/test_gpu_host_pool.cpp): an owning pool handle,
+ * creation that fails the test with the message, statistics by key, and holding a stream of
+ * the pool's driver busy. */
 #ifndef EXPSEG_HOST_POOL_SUPPORT_H
 #define EXPSEG_HOST_POOL_SUPPORT_H
 
@@ -13,6 +14,9 @@
 
 #include "expseg.h"
 #include "host/host_pool.h"
+#include "vmm.h"
+
+constexpr size_t KiB = 1024, MiB = 1024 * 1024;
 
 struct PoolDeleter {
   void operator()(expseg_host_pool *h) const { expseg_host_destroy(h); }
@@ -30,6 +34,12 @@ inline int64_t hstat(const expseg_host_pool *h, const std::string &key) {
   int64_t v = INT64_MIN;
   EXPECT_EQ(expseg_host_stat(h, key.c_str(), &v), EXPSEG_OK) << key << ": " << expseg_last_error();
   return v;
+}
+
+/* Holds (on) or releases a stream of the pool's driver: events recorded on a held stream
+ * stay incomplete until it is released. */
+inline void hold(expseg_host_pool *h, expseg_stream s, bool on) {
+  ASSERT_EQ(_expseg_vmm_hold_stream(_expseg_host_pool_driver(h), s, on), EXPSEG_OK);
 }
 
 #endif
