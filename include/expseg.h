@@ -196,6 +196,19 @@ EXPSEG_EXPORT const char *expseg_history_skip_action_names(void);
  * EXPSEG_ERR_INVALID_ARGUMENT. */
 EXPSEG_EXPORT expseg_status expseg_history_annotate(expseg_allocator *a, const void *ptr,
                                                     const char *text);
+/* PyTorch's pushCompileContext / popCompileContext / setUserMetadata / getUserMetadata, per
+ * allocator: each event recorded later carries the top of the compile-context stack as its
+ * compile_context ("N/A" while the stack is empty) and the user metadata as its
+ * user_metadata ("" clears it; an annotate event's text replaces it). Both are kept while
+ * the history is off. Popping an empty stack does nothing (as PyTorch). Texts are copied
+ * and kept for the life of the process (once per distinct text). */
+EXPSEG_EXPORT expseg_status expseg_history_push_compile_context(expseg_allocator *a,
+                                                                const char *text);
+EXPSEG_EXPORT expseg_status expseg_history_pop_compile_context(expseg_allocator *a);
+EXPSEG_EXPORT expseg_status expseg_history_set_user_metadata(expseg_allocator *a,
+                                                             const char *text);
+/* The user metadata in buf (snprintf semantics); returns the length needed, NUL included. */
+EXPSEG_EXPORT size_t expseg_history_user_metadata(expseg_allocator *a, char *buf, size_t len);
 /* Where the live allocation at ptr was made (PyTorch's _allocation_traceback): the frames of
  * its alloc event, innermost first, one "filename:line:name" line each, in buf (snprintf
  * semantics; returns the length needed, NUL included). EXPSEG_ERR_INVALID_ARGUMENT when ptr
@@ -287,6 +300,8 @@ typedef struct expseg_walk_event {
   expseg_stream stream;
   uint64_t time_us;   /* microseconds since the Unix epoch */
   expseg_pool_id pool; /* the private pool of its block or segment (0 = the general cache) */
+  const char *compile_context; /* the snapshot's compile_context ("N/A": none) */
+  const char *user_metadata;   /* the snapshot's user_metadata ("" : none) */
 } expseg_walk_event;
 EXPSEG_EXPORT expseg_status expseg_walk(expseg_allocator *a,
                                         void (*segment)(void *ctx, const expseg_walk_segment *s),

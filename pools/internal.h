@@ -310,6 +310,12 @@ struct expseg_allocator {
 
   stats_t stats;
   struct history_s *hist;     /* history.c: the recorded events; NULL = not recording */
+  /* history.c: PyTorch's compile context (a stack of note ids; the top one is each later
+   * event's compile_context) and user metadata (a note id: each later event's
+   * user_metadata); kept while the history is off, as PyTorch keeps them */
+  uint32_t *compile_ctx;
+  size_t n_compile_ctx, cap_compile_ctx;
+  uint32_t user_meta;
 
   uint64_t peers;             /* devices given access to every mapping (peer.c), bit = ordinal */
   struct ipc_state_s *ipc;    /* exports and imports (ipc.c); NULL until the first */

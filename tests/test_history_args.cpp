@@ -179,6 +179,73 @@ TEST(HistoryArgs, SkipActionTableNamesEachFlag) {
   }
 }
 
+// PyTorch's pushCompileContext / popCompileContext / setUserMetadata: each later event
+// carries the top of the stack and the metadata, in the walk and in the pickle; both are
+// kept while the history is off; an annotate event's text replaces the metadata.
+TEST(HistoryArgs, CompileContextAndUserMetadataReachEachLaterEvent) {
+  Alloc al;
+  expseg_allocator *a = al.a;
+  ASSERT_EQ(expseg_history_push_compile_context(a, "before"), EXPSEG_OK); // history off
+  ASSERT_EQ(expseg_history_set_user_metadata(a, "run 7"), EXPSEG_OK);
+  ASSERT_EQ(expseg_record_history_ex(a, true, 100, 0), EXPSEG_OK);
+  void *p, *q, *r;
+  ASSERT_EQ(expseg_malloc(a, 1000, 0, &p), EXPSEG_OK);                // before / run 7
+  ASSERT_EQ(expseg_history_push_compile_context(a, "graph 2"), EXPSEG_OK);
+  ASSERT_EQ(expseg_history_set_user_metadata(a, ""), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 2000, 0, &q), EXPSEG_OK);                // graph 2 / ""
+  ASSERT_EQ(expseg_history_annotate(a, q, "note"), EXPSEG_OK);         // graph 2 / note
+  ASSERT_EQ(expseg_history_pop_compile_context(a), EXPSEG_OK);
+  ASSERT_EQ(expseg_history_pop_compile_context(a), EXPSEG_OK);
+  ASSERT_EQ(expseg_history_pop_compile_context(a), EXPSEG_OK);        // empty: nothing
+  ASSERT_EQ(expseg_malloc(a, 3000, 0, &r), EXPSEG_OK);                // N/A / ""
+  char buf[16];
+  ASSERT_EQ(expseg_history_set_user_metadata(a, "after"), EXPSEG_OK);
+  EXPECT_EQ(expseg_history_user_metadata(a, buf, sizeof buf), 6u);
+  EXPECT_STREQ(buf, "after");
+  EXPECT_EQ(expseg_history_user_metadata(a, buf, 3), 6u);
+  EXPECT_STREQ(buf, "af");
+  EXPECT_EQ(expseg_history_push_compile_context(a, nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_history_set_user_metadata(nullptr, "x"), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_history_pop_compile_context(nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  struct W {
+    std::string action, compile, meta;
+    uint64_t size;
+  };
+  std::vector<W> ev;
+  ASSERT_EQ(expseg_walk(
+                a, nullptr,
+                [](void *ctx, const expseg_walk_event *e) {
+                  static_cast<std::vector<W> *>(ctx)->push_back(
+                      {e->action, e->compile_context, e->user_metadata, e->size});
+                },
+                &ev),
+            EXPSEG_OK);
+  std::vector<std::string> got;
+  for (const W &e : ev)
+    if (e.action == "alloc" || e.action == "annotate")
+      got.push_back(e.action + " " + std::to_string(e.size) + " " + e.compile + " '" + e.meta + "'");
+  EXPECT_EQ(got, (std::vector<std::string>{"alloc 1000 before 'run 7'", "alloc 2000 graph 2 ''",
+                                           "annotate 2000 graph 2 'note'",
+                                           "alloc 3000 N/A ''"}));
+  EXPECT_EQ(ev.back().meta, "after"); // the walk's own snapshot event
+  if (!snapshot_have_python()) GTEST_SKIP() << "python3 is not on PATH: the pickle was not read";
+  std::string path = TmpPath("compile_context.pickle");
+  ASSERT_EQ(expseg_snapshot_dump(a, path.c_str()), EXPSEG_OK) << expseg_last_error();
+  std::string out;
+  int rc = snapshot_run(
+      "python3 -c \"import pickle,sys\n"
+      "s = pickle.load(open(sys.argv[1], 'rb'))\n"
+      "for e in s['device_traces'][0]:\n"
+      "  if e['action'] in ('alloc', 'annotate'): print(e['action'], e['size'], "
+      "e['compile_context'], repr(e['user_metadata']))\" '" + path + "'",
+      &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, "alloc 1000 before 'run 7'\nalloc 2000 graph 2 ''\nannotate 2000 graph 2 'note'\n"
+                 "alloc 3000 N/A ''\n");
+  unlink(path.c_str());
+  for (void *x : {p, q, r}) ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
+}
+
 TEST(HistoryArgs, ClearHistoryDropsWhatWasRecordedAndPlainReenablingKeepsIt) {
   Alloc al;
   expseg_allocator *a = al.a;

@@ -243,6 +243,7 @@ hist_event_t *_expseg_hist_push(history_t *h, int action, uint64_t addr, uint64_
   e->pool = 0;
   e->action = (uint8_t)action;
   e->note = 0;
+  e->compile = 0;
   e->n_c = 0;
   const hist_event_t *prev = h->count > 1 ? _expseg_hist_at(h, h->count - 2) : NULL;
   if ((h->flags & EXPSEG_HISTORY_C_STACKS) && action == HIST_FREE_COMPLETED && prev != NULL &&
@@ -267,7 +268,11 @@ hist_event_t *_expseg_hist_add(expseg_allocator *a, int action, uint64_t addr, u
                                expseg_stream stream) {
   /* a stream key (internal.h): its stream and its pool */
   hist_event_t *e = _expseg_hist_push(a->hist, action, addr, size, skey_stream(stream));
-  if (e != NULL) e->pool = _expseg_ppool_id(a, skey_tag(stream));
+  if (e != NULL) {
+    e->pool = _expseg_ppool_id(a, skey_tag(stream));
+    e->note = a->user_meta;
+    e->compile = a->n_compile_ctx ? a->compile_ctx[a->n_compile_ctx - 1] : 0;
+  }
   return e;
 }
 
@@ -407,6 +412,74 @@ expseg_status expseg_record_history(expseg_allocator *a, bool enabled, size_t ma
 void _expseg_hist_destroy(expseg_allocator *a) {
   _expseg_hist_free(a->hist);
   a->hist = NULL;
+  free(a->compile_ctx);
+  a->compile_ctx = NULL;
+  a->n_compile_ctx = a->cap_compile_ctx = 0;
+}
+
+/* ---- compile context and user metadata (PyTorch's pushCompileContext, setUserMetadata) ---- */
+
+expseg_status expseg_history_push_compile_context(expseg_allocator *a, const char *text) {
+  if (a == NULL || text == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_history_push_compile_context: %s is NULL",
+                             a == NULL ? "the allocator" : "text");
+  uint32_t note = _expseg_hist_note(text); /* before the lock: the table has its own */
+  if (note == 0)
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                             "expseg_history_push_compile_context: out of host memory");
+  api_lock(a);
+  expseg_status st = EXPSEG_OK;
+  if (a->n_compile_ctx == a->cap_compile_ctx) {
+    size_t cap = a->cap_compile_ctx ? a->cap_compile_ctx * 2 : 8;
+    uint32_t *p = realloc(a->compile_ctx, cap * sizeof *p);
+    if (p == NULL) {
+      st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                             "expseg_history_push_compile_context: out of host memory");
+    } else {
+      a->compile_ctx = p;
+      a->cap_compile_ctx = cap;
+    }
+  }
+  if (st == EXPSEG_OK) a->compile_ctx[a->n_compile_ctx++] = note;
+  api_unlock(a);
+  return st;
+}
+
+expseg_status expseg_history_pop_compile_context(expseg_allocator *a) {
+  if (a == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_history_pop_compile_context: the allocator is NULL");
+  api_lock(a);
+  if (a->n_compile_ctx > 0) a->n_compile_ctx--;
+  api_unlock(a);
+  return EXPSEG_OK;
+}
+
+expseg_status expseg_history_set_user_metadata(expseg_allocator *a, const char *text) {
+  if (a == NULL || text == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_history_set_user_metadata: %s is NULL",
+                             a == NULL ? "the allocator" : "text");
+  uint32_t note = 0;
+  if (*text != '\0' && (note = _expseg_hist_note(text)) == 0)
+    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                             "expseg_history_set_user_metadata: out of host memory");
+  api_lock(a);
+  a->user_meta = note;
+  api_unlock(a);
+  return EXPSEG_OK;
+}
+
+size_t expseg_history_user_metadata(expseg_allocator *a, char *buf, size_t len) {
+  if (buf != NULL && len > 0) buf[0] = '\0';
+  if (a == NULL) return 1;
+  api_lock(a);
+  uint32_t note = a->user_meta;
+  api_unlock(a);
+  const char *t = _expseg_hist_note_text(note);
+  if (buf != NULL && len > 0) snprintf(buf, len, "%s", t);
+  return strlen(t) + 1;
 }
 
 /* ---- annotations and the traceback of one allocation ---- */

@@ -29,8 +29,10 @@ typedef struct hist_event_s {
   expseg_stream stream;
   expseg_pool_id pool;   /* the private pool of the block or segment (0: general cache) */
   uint8_t action, n_c, n_host;
-  uint32_t note;         /* annotate: the text's id in the frame table; sleep, wake: the
-                          * region's tag (0: none) */
+  uint32_t note;         /* the user_metadata text's id in the frame table: annotate's
+                          * text; sleep's and wake's region tag; else the allocator's user
+                          * metadata when the event was recorded (0: none) */
+  uint32_t compile;      /* the compile context's text id (0: none, written "N/A") */
   void *c[HIST_C_MAX];           /* return addresses, innermost first */
   uint32_t host[HIST_HOST_MAX];  /* pushed frame ids, innermost first */
 } hist_event_t;

@@ -172,8 +172,9 @@ static void write_event(ctx_t *c, const history_t *h, double scale, const hist_e
   _expseg_pkw_kuint(w, "time_us", _expseg_hist_time_us(h, scale, e->ticks));
   _expseg_pkw_str(w, "frames");
   write_frames(c, e);
-  _expseg_pkw_kstr(w, "compile_context", "N/A"); /* PyTorch's value when not recorded */
-  /* annotate's text; sleep's and wake's tag */
+  /* PyTorch's value when none was pushed */
+  _expseg_pkw_kstr(w, "compile_context", e->compile ? _expseg_hist_note_text(e->compile) : "N/A");
+  /* annotate's text; sleep's and wake's tag; else the user metadata set then */
   _expseg_pkw_kstr(w, "user_metadata", _expseg_hist_note_text(e->note));
   _expseg_pkw_setitems(w);
 }

@@ -112,7 +112,9 @@ expseg_status expseg_walk(expseg_allocator *a,
     for (size_t i = 0; i < h->count; i++) {
       const hist_event_t *e = _expseg_hist_at(h, i);
       expseg_walk_event out = {_expseg_hist_action_name(e->action), e->addr, e->size, e->stream,
-                               _expseg_hist_time_us(h, scale, e->ticks), e->pool};
+                               _expseg_hist_time_us(h, scale, e->ticks), e->pool,
+                               e->compile ? _expseg_hist_note_text(e->compile) : "N/A",
+                               _expseg_hist_note_text(e->note)};
       event(ctx, &out);
     }
   }
