@@ -328,6 +328,27 @@ class ExpsegAllocator final : public CCA::CUDAAllocator {
     record_history(enabled, context_recorder, alloc_trace_max_entries, when, clearHistory,
                    skip_actions);
   }
+  // recordAnnotation, pushCompileContext, popCompileContext, setUserMetadata and
+  // getUserMetadata (2.11's signatures; without `override`: 2.10 may lack them): on the
+  // current device, as PyTorch; the logic is in backend_glue.h.
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>> &md) {
+    annotations_.add(c10::cuda::current_device(), md);
+  }
+  void pushCompileContext(std::string &md) {
+    check("pushCompileContext", c10::cuda::current_device(),
+          expseg_glue::push_compile_context(alloc_for(c10::cuda::current_device()), md));
+  }
+  void popCompileContext() {
+    check("popCompileContext", c10::cuda::current_device(),
+          expseg_glue::pop_compile_context(alloc_for(c10::cuda::current_device())));
+  }
+  void setUserMetadata(const std::string &metadata) {
+    check("setUserMetadata", c10::cuda::current_device(),
+          expseg_glue::set_user_metadata(alloc_for(c10::cuda::current_device()), metadata));
+  }
+  std::string getUserMetadata() {
+    return expseg_glue::user_metadata(existing(c10::cuda::current_device()));
+  }
 
   void attachOutOfMemoryObserver(CCA::OutOfMemoryObserver observer) override {
     {
@@ -520,6 +541,7 @@ class ExpsegAllocator final : public CCA::CUDAAllocator {
       ++history_.gen;
     }
     history_on_ = enabled;
+    annotations_.configure(enabled, max_entries, clear);
     recorder_.store(keep);
     if (!keep || clear) {
       std::lock_guard<std::mutex> g(contexts_mu_);
@@ -549,6 +571,7 @@ class ExpsegAllocator final : public CCA::CUDAAllocator {
   std::mutex contexts_mu_;
   std::unordered_map<void *, std::shared_ptr<c10::GatheredContext>> contexts_;
   std::atomic<size_t> n_contexts_{0};
+  expseg_glue::AnnotationLog annotations_; // recordAnnotation's, for external_annotations
   PoolMap pools_;
 };
 
@@ -656,6 +679,7 @@ CCA::SnapshotInfo ExpsegAllocator::snapshot_of(MempoolId mempool_id, bool includ
           reinterpret_cast<TraceStream>(static_cast<uintptr_t>(e->stream)),
           mempool_of(c->self->pools_.pair_of(c->device, e->pool)));
       te.time_.t_ = static_cast<time_t>(e->time_us);
+      expseg_glue::set_trace_context(te, e); // compile_context, user_metadata (2.12+)
       c->trace->push_back(std::move(te));
     };
     // context_of takes contexts_mu_ and pair_of the pool names' lock inside the walk (under
@@ -665,6 +689,7 @@ CCA::SnapshotInfo ExpsegAllocator::snapshot_of(MempoolId mempool_id, bool includ
     check("snapshot", d, expseg_walk(a, on_segment, on_event, &c));
     pools_.forget_unseen(d, mark, c.seen);
   }
+  expseg_glue::fill_annotations(info, annotations_); // recordAnnotation's entries
   if (expseg_allocator *a = existing(c10::cuda::current_device())) {
     CCA::AllocatorConfigInfo &m = info.config_metadata;
     std::string cfg = expseg_glue::config_string(a), v;

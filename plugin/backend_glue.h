@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* backend_glue.h: the parts of the C++ backend (backend.cpp) that need no PyTorch header:
  * the map from PyTorch's memory-pool ids to expseg pool ids, the statistics mapping into a
- * DeviceStats, and the one-line error text. Header-only C++17 over include/expseg.h, so
+ * DeviceStats, the one-line error text, the skip_actions flags, and the history's context
+ * (recordAnnotation's log for external_annotations, compile context and user metadata on
+ * the C library, their fields in PyTorch's TraceEntry). Header-only C++17 over include/expseg.h, so
  * tests/test_torch_backend_glue.cpp checks it on a machine without PyTorch or a GPU.
  *
  * Why a map: PyTorch names a private pool by a pair of integers (MempoolId_t, {0, 0} = the
@@ -16,8 +18,10 @@
 
 #include "expseg.h"
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -119,6 +123,120 @@ inline bool skip_flags(const std::vector<std::string> &names, unsigned *flags,
 
 /* The names skip_flags accepts, for a message: "alloc, free_requested, ...". */
 inline const char *skip_names() { return expseg_history_skip_action_names(); }
+
+/* ---- annotations, compile context and user metadata ---- */
+
+/* recordAnnotation's entries (record_function's annotations), for the snapshot's
+ * external_annotations: {device, time_us, the pairs}. Kept while the history is recorded, the
+ * newest `max` (the history's bound), as PyTorch keeps them in a ring beside its history;
+ * stopping the history or clear_history drops them. Thread-safe. */
+class AnnotationLog {
+ public:
+  using Pairs = std::vector<std::pair<std::string, std::string>>;
+  struct Entry {
+    int device;
+    uint64_t time_us; /* microseconds since the Unix epoch, as the history's events */
+    Pairs md;
+  };
+  /* recordHistory's setting: on with a bound, or off (which drops every entry). */
+  void configure(bool enabled, std::size_t max_entries, bool clear) {
+    std::lock_guard<std::mutex> g(mu_);
+    on_ = enabled;
+    max_ = enabled ? (max_entries ? max_entries : 1) : 0;
+    if (!enabled || clear) log_.clear();
+    while (log_.size() > max_) log_.erase(log_.begin());
+  }
+  /* recordAnnotation: one entry now (nothing while off). */
+  void add(int device, const Pairs &md) {
+    uint64_t now = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                             std::chrono::system_clock::now().time_since_epoch())
+                                             .count());
+    std::lock_guard<std::mutex> g(mu_);
+    if (!on_) return;
+    log_.push_back(Entry{device, now, md});
+    if (log_.size() > max_) log_.erase(log_.begin());
+  }
+  std::vector<Entry> entries() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return std::vector<Entry>(log_.begin(), log_.end());
+  }
+
+ private:
+  mutable std::mutex mu_;
+  bool on_ = false;
+  std::size_t max_ = 0;
+  std::deque<Entry> log_;
+};
+
+/* Whether a SnapshotInfo has external_annotations (PyTorch 2.6+). */
+template <class T, class = void>
+struct HasExternalAnnotations : std::false_type {};
+template <class T>
+struct HasExternalAnnotations<T, std::void_t<decltype(std::declval<T &>().external_annotations)>>
+    : std::true_type {};
+
+/* Appends the log's entries to info.external_annotations as PyTorch's AnnotationEntry
+ * (device_, time_, recordUserMetadata(name, value)), where this PyTorch's SnapshotInfo has
+ * them. */
+template <class Info>
+void fill_annotations(Info &info, const AnnotationLog &log) {
+  if constexpr (HasExternalAnnotations<Info>::value) {
+    using AE = typename decltype(info.external_annotations)::value_type;
+    for (const AnnotationLog::Entry &e : log.entries()) {
+      AE ae(static_cast<decltype(ae.device_)>(e.device), 0);
+      ae.time_.t_ = static_cast<decltype(ae.time_.t_)>(e.time_us);
+      for (const auto &kv : e.md) ae.recordUserMetadata(kv.first, kv.second);
+      info.external_annotations.push_back(std::move(ae));
+    }
+  } else {
+    (void)info;
+    (void)log;
+  }
+}
+
+/* pushCompileContext / popCompileContext / setUserMetadata: the allocator's compile-context
+ * stack and user metadata, which each later event carries. */
+inline expseg_status push_compile_context(expseg_allocator *a, const std::string &md) {
+  return expseg_history_push_compile_context(a, md.c_str());
+}
+inline expseg_status pop_compile_context(expseg_allocator *a) {
+  return expseg_history_pop_compile_context(a);
+}
+inline expseg_status set_user_metadata(expseg_allocator *a, const std::string &md) {
+  return expseg_history_set_user_metadata(a, md.c_str());
+}
+
+/* getUserMetadata: the allocator's user metadata ("" when none, or for no allocator). */
+inline std::string user_metadata(expseg_allocator *a) {
+  if (!a) return "";
+  std::string s(expseg_history_user_metadata(a, nullptr, 0), '\0');
+  expseg_history_user_metadata(a, &s[0], s.size());
+  s.resize(s.size() - 1); /* the NUL */
+  return s;
+}
+
+/* Whether a TraceEntry has compile_context_ / user_metadata_ (PyTorch 2.12+ has them). */
+template <class T, class = void>
+struct HasCompileContext : std::false_type {};
+template <class T>
+struct HasCompileContext<T, std::void_t<decltype(std::declval<T &>().compile_context_ =
+                                                     std::string())>> : std::true_type {};
+template <class T, class = void>
+struct HasUserMetadata : std::false_type {};
+template <class T>
+struct HasUserMetadata<T, std::void_t<decltype(std::declval<T &>().user_metadata_ =
+                                                   std::string())>> : std::true_type {};
+
+/* Copies a walked event's compile_context and user_metadata into the TraceEntry the backend
+ * builds from it, where this PyTorch's TraceEntry has the fields. */
+template <class TE>
+void set_trace_context(TE &te, const expseg_walk_event *e) {
+  if constexpr (HasCompileContext<TE>::value)
+    te.compile_context_ = e->compile_context ? e->compile_context : "N/A";
+  if constexpr (HasUserMetadata<TE>::value) te.user_metadata_ = e->user_metadata ? e->user_metadata : "";
+  (void)te;
+  (void)e;
+}
 
 /* ---- statistics ---- */
 

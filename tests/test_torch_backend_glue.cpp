@@ -2,7 +2,9 @@
 // test_torch_backend_glue.cpp: the PyTorch-free part of the C++ backend
 // (plugin/backend_glue.h): the statistics mapping into a DeviceStats-shaped struct (against
 // the host driver's real statistics), the MempoolId_t -> expseg pool map (against a fake of
-// expseg's pool API that counts uses), and the error text. No PyTorch, no GPU.
+// expseg's pool API that counts uses), the error text, skip_actions, and the history's
+// context (recordAnnotation's log into external_annotations, compile context and user
+// metadata into TraceEntry-shaped structs). No PyTorch, no GPU.
 #include "backend_glue.h"
 
 #include <gtest/gtest.h>
@@ -11,7 +13,9 @@
 #include <atomic>
 #include <map>
 #include <string>
+#include <chrono>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "test_seed.h"
@@ -396,6 +400,126 @@ TEST(BackendGluePools, ConcurrentIncrefsCreateOnce) {
   int total = 0;
   for (uint64_t k = 1; k <= 3; ++k) total += m.use_count(nullptr, 0, {k, 0});
   EXPECT_EQ(total, kThreads * kEach);
+}
+
+// ---- the history's context ----
+
+// The shapes of PyTorch's AnnotationEntry and SnapshotInfo (2.11: device_, time_ with t_,
+// recordUserMetadata, external_annotations) and TraceEntry's fields of 2.12+ and older.
+struct AnnotationEntry {
+  AnnotationEntry(int8_t device, int64_t time) : device_(device) { time_.t_ = time; }
+  void recordUserMetadata(const std::string &name, std::string value) { metadata_[name] = value; }
+  int8_t device_;
+  struct {
+    int64_t t_;
+  } time_;
+  std::unordered_map<std::string, std::string> metadata_;
+};
+struct SnapshotInfo {
+  std::vector<AnnotationEntry> external_annotations;
+};
+struct OldSnapshotInfo {
+  int segments = 0;
+};
+struct TraceEntryNew {
+  std::string compile_context_, user_metadata_;
+};
+struct TraceEntryMid {
+  std::string compile_context_;
+};
+struct TraceEntryOld {
+  int action_ = 0;
+};
+
+uint64_t NowUs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+// recordAnnotation: kept only while the history is on, the newest max_entries; off or
+// clear_history drops them; each becomes one AnnotationEntry with its device, time and pairs.
+TEST(BackendGlueHistory, AnnotationsBecomeExternalAnnotations) {
+  expseg_glue::AnnotationLog log;
+  log.add(0, {{"name", "ignored"}}); // history off
+  EXPECT_TRUE(log.entries().empty());
+  log.configure(true, 2, false);
+  uint64_t before = NowUs();
+  log.add(0, {{"name", "forward"}, {"stage", "START"}});
+  log.add(1, {{"name", "backward"}});
+  log.add(3, {{"name", "step"}});
+  uint64_t after = NowUs();
+  SnapshotInfo info;
+  expseg_glue::fill_annotations(info, log);
+  ASSERT_EQ(info.external_annotations.size(), 2u); // the newest 2
+  EXPECT_EQ(info.external_annotations[0].device_, 1);
+  EXPECT_EQ(info.external_annotations[0].metadata_.at("name"), "backward");
+  EXPECT_EQ(info.external_annotations[1].device_, 3);
+  EXPECT_EQ(info.external_annotations[1].metadata_.at("name"), "step");
+  for (const AnnotationEntry &e : info.external_annotations) {
+    EXPECT_GE((uint64_t)e.time_.t_, before);
+    EXPECT_LE((uint64_t)e.time_.t_, after);
+  }
+  log.configure(true, 5, false); // re-enabling keeps them
+  EXPECT_EQ(log.entries().size(), 2u);
+  log.configure(true, 5, true); // clear_history
+  EXPECT_TRUE(log.entries().empty());
+  log.add(0, {{"a", "b"}});
+  log.configure(false, 0, false); // off drops them
+  EXPECT_TRUE(log.entries().empty());
+  OldSnapshotInfo old; // a release without external_annotations: nothing to fill
+  expseg_glue::fill_annotations(old, log);
+  EXPECT_EQ(old.segments, 0);
+}
+
+// pushCompileContext / popCompileContext / setUserMetadata / getUserMetadata reach the C
+// library, and a walked event's two strings land in whichever TraceEntry fields exist.
+TEST(BackendGlueHistory, CompileContextAndUserMetadataReachTraceEntries) {
+  Alloc al;
+  expseg_allocator *a = al.a;
+  EXPECT_EQ(expseg_glue::user_metadata(a), "");
+  EXPECT_EQ(expseg_glue::user_metadata(nullptr), "");
+  ASSERT_EQ(expseg_record_history_ex(a, true, 100, 0), EXPSEG_OK);
+  ASSERT_EQ(expseg_glue::push_compile_context(a, "outer"), EXPSEG_OK);
+  ASSERT_EQ(expseg_glue::push_compile_context(a, "inner"), EXPSEG_OK);
+  ASSERT_EQ(expseg_glue::set_user_metadata(a, "batch 3"), EXPSEG_OK);
+  EXPECT_EQ(expseg_glue::user_metadata(a), "batch 3");
+  void *p, *q;
+  ASSERT_EQ(expseg_malloc(a, 4096, 0, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_glue::pop_compile_context(a), EXPSEG_OK);
+  ASSERT_EQ(expseg_glue::set_user_metadata(a, ""), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 8192, 0, &q), EXPSEG_OK);
+  struct Got {
+    std::vector<TraceEntryNew> fresh;
+    std::vector<TraceEntryMid> mid;
+  } got;
+  ASSERT_EQ(expseg_walk(
+                a, nullptr,
+                [](void *ctx, const expseg_walk_event *e) {
+                  if (std::string(e->action) != "alloc") return;
+                  auto *g = static_cast<Got *>(ctx);
+                  TraceEntryNew n;
+                  TraceEntryMid m;
+                  TraceEntryOld o;
+                  expseg_glue::set_trace_context(n, e);
+                  expseg_glue::set_trace_context(m, e);
+                  expseg_glue::set_trace_context(o, e); // no fields: compiles, does nothing
+                  EXPECT_EQ(o.action_, 0);
+                  g->fresh.push_back(n);
+                  g->mid.push_back(m);
+                },
+                &got),
+            EXPSEG_OK);
+  ASSERT_EQ(got.fresh.size(), 2u);
+  EXPECT_EQ(got.fresh[0].compile_context_, "inner");
+  EXPECT_EQ(got.fresh[0].user_metadata_, "batch 3");
+  EXPECT_EQ(got.fresh[1].compile_context_, "outer");
+  EXPECT_EQ(got.fresh[1].user_metadata_, "");
+  EXPECT_EQ(got.mid[0].compile_context_, "inner");
+  ASSERT_EQ(expseg_glue::pop_compile_context(a), EXPSEG_OK);
+  ASSERT_EQ(expseg_glue::pop_compile_context(a), EXPSEG_OK); // empty: nothing, as PyTorch
+  ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(a, q), EXPSEG_OK);
 }
 
 } // namespace
