@@ -72,6 +72,8 @@ typedef struct region_s {
   expseg_host_chunk_t *kept; /* host copies of the last offload, kept for the next one */
   size_t n_kept, cap_kept;
   uint64_t sleeps, wakes, last_sleep_us, last_wake_us, last_sleep_at_us, last_wake_at_us;
+  uint64_t copy_ns; /* of the sleep or wake in progress: time in copy_segs */
+  uint64_t last_sleep_copy_us, last_wake_copy_us;
 } region_t;
 
 enum { STALE_MAX = 16 };
@@ -494,12 +496,15 @@ static expseg_status copy_unlocked(expseg_allocator *a, region_t **rp, size_t fi
   bool no_bytes = r->no_bytes;
   r->busy = true;
   api_unlock(a);
+  const uint64_t t0 = _expseg_vmm_now_ns(a->drv);
   expseg_status st = copy_segs(a->drv, segs, n, in, &no_bytes);
+  const uint64_t dt = _expseg_vmm_now_ns(a->drv) - t0;
   char cause[512] = "";
   if (st != EXPSEG_OK) snprintf(cause, sizeof cause, "%s", expseg_last_error());
   api_lock(a);
   *rp = r = find(a, tag);
   r->busy = false;
+  if (!no_bytes) r->copy_ns += dt; /* sim: nothing was copied */
   r->no_bytes = no_bytes;
   return st == EXPSEG_OK ? st : _expseg_error_set(st, "%s", cause);
 }
@@ -660,15 +665,20 @@ static expseg_status run(expseg_allocator *a, const char *fn, const char *tag, i
   const uint64_t t0 = _expseg_vmm_now_ns(a->drv);
   const bool was = r->asleep;
   const uint64_t bytes = was ? chunk_bytes(r) : 0; /* what a wake maps again */
+  r->copy_ns = 0;
   st = mode == -1 ? wake_locked(a, &r) : sleep_locked(a, &r, mode == EXPSEG_SLEEP_OFFLOAD);
   const uint64_t us = (_expseg_vmm_now_ns(a->drv) - t0) / 1000, at = epoch_us();
   if (st == EXPSEG_OK && mode == -1 && was) {
     r->wakes++, r->last_wake_us = us, r->last_wake_at_us = at;
+    r->last_wake_copy_us = r->copy_ns / 1000;
     hist_region(a, r, HIST_WAKE, bytes);
   }
   if (r->asleep && mode != -1 && !was) { /* asleep now, its bytes safe (a failed give-back
                                           * is finished by the next sleep or wake) */
-    if (st == EXPSEG_OK) r->sleeps++, r->last_sleep_us = us, r->last_sleep_at_us = at;
+    if (st == EXPSEG_OK) {
+      r->sleeps++, r->last_sleep_us = us, r->last_sleep_at_us = at;
+      r->last_sleep_copy_us = r->copy_ns / 1000;
+    }
     hist_region(a, r, HIST_SLEEP, chunk_bytes(r));
   }
   if (st != EXPSEG_OK) {
@@ -709,6 +719,8 @@ expseg_status expseg_region_get_info(expseg_allocator *a, const char *tag,
     out->sleeps = r->sleeps, out->wakes = r->wakes;
     out->last_sleep_us = r->last_sleep_us, out->last_wake_us = r->last_wake_us;
     out->last_sleep_at_us = r->last_sleep_at_us, out->last_wake_at_us = r->last_wake_at_us;
+    out->last_sleep_copy_us = r->last_sleep_copy_us;
+    out->last_wake_copy_us = r->last_wake_copy_us;
     for (size_t i = 0; i < r->n_kept; i++) out->host_kept_bytes += r->kept[i].size;
     for (const segment_t *s = a->segments; s != NULL; s = s->next_all) {
       if (seg_tag(s) != r->tag) continue;

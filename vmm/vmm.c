@@ -525,7 +525,8 @@ expseg_status _expseg_vmm_set_access_dev(expseg_vmm_t *v, uintptr_t addr, size_t
   return st;
 }
 
-/* copy_in / copy_out: one checked path; the fault wrapper's inner driver does the copy. */
+/* copy_in / copy_out: one checked, counted path (a fault wrapper's copy may fail it, then
+ * passes it to its inner driver). */
 static expseg_status vmm_copy(expseg_vmm_t *v, uintptr_t dev, void *host, size_t size,
                               bool to_device) {
   const char *what = to_device ? "copy_in" : "copy_out";
@@ -534,13 +535,13 @@ static expseg_status vmm_copy(expseg_vmm_t *v, uintptr_t dev, void *host, size_t
                              "%s driver: %s(device 0x%llx, host %p, size %zu): accepted are a "
                              "size > 0, a host pointer and a range that does not wrap",
                              v->ops->name, what, (unsigned long long)dev, host, size);
-  expseg_vmm_t *inner = _expseg_fault_inner(v);
-  if (inner) return vmm_copy(inner, dev, host, size, to_device);
   if (!v->ops->copy)
     return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
                              "%s driver: %s: the driver has no bytes to copy (host and cuda do)",
                              v->ops->name, what);
-  return v->ops->copy(v->st, dev, host, size, to_device);
+  expseg_status st = v->ops->copy(v->st, dev, host, size, to_device);
+  _expseg_vmm_account(v, EXPSEG_VMM_CALL_copy, st, 0);
+  return st;
 }
 
 expseg_status _expseg_vmm_copy_in(expseg_vmm_t *v, uintptr_t dst, const void *src, size_t size) {
