@@ -16,9 +16,12 @@
  * and mapped, sleep drives every record to (dead, unmapped), wake to (alive, mapped). A
  * failed step leaves the records true to the driver, so the next call continues from
  * there and nothing leaks; a wake that fails part-way drives everything back to asleep, so
- * a region is never half restored. Copies are the driver's synchronous copy (cuda:
- * cuMemcpyDtoH/HtoD), made with the allocator's lock let go (the region marked busy: see
- * copy_unlocked); the driver calls are made with it held. A wake maps each segment with one
+ * a region is never half restored. Copies are made in pieces of at most 64 MiB with the
+ * allocator's lock let go (the region marked busy: see copy_unlocked); the driver calls are
+ * made with it held. Where the driver queues copies (cuda: cuMemcpyDtoHAsync/HtoDAsync into
+ * pinned host memory) they go on one stream of the allocator's, synchronized once per batch
+ * (a sleep's, a segment's in a wake) before anything is unmapped or handed out; elsewhere
+ * (host) they are synchronous. A wake maps each segment with one
  * set_access per contiguous range, then copies that segment's bytes back.
  *
  * Host copies are kept: a wake keeps the region's pinned host copies and its next offload
@@ -29,6 +32,7 @@
 #include "error.h"
 #include "internal.h"
 #include "release.h"
+#include "sleep.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -36,54 +40,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-typedef struct crec_s { /* one physical chunk of a sleeping segment */
-  uintptr_t addr;
-  size_t size, first_page; /* first_page: expandable segments */
-  expseg_vmm_handle h;
-  bool alive, mapped;
-} crec_t;
-
-typedef struct piece_s { /* a live block's bytes and where they sit in the host copy */
-  uintptr_t addr;
-  size_t size, off;
-} piece_t;
-
-typedef struct sseg_s {
-  segment_t *s;
-  crec_t *chunks;
-  size_t n_chunks;
-  piece_t *pieces;
-  size_t n_pieces;
-  expseg_host_chunk_t host;
-  bool has_host;
-} sseg_t;
-
-typedef struct region_s {
-  char name[64];
-  expseg_pool_id pool;
-  uint32_t tag, note; /* note: the tag in the history's text table (0: none) */
-  bool asleep, no_bytes; /* no_bytes: the driver has none to copy (sim) */
-  bool busy;             /* its bytes are being copied, the lock let go (copy_unlocked) */
-  sseg_t *segs;
-  size_t n_segs;
-  block_t **deferred; /* frees made while asleep */
-  size_t n_deferred, cap_deferred;
-  expseg_host_chunk_t *kept; /* host copies of the last offload, kept for the next one */
-  size_t n_kept, cap_kept;
-  uint64_t sleeps, wakes, last_sleep_us, last_wake_us, last_sleep_at_us, last_wake_at_us;
-  uint64_t copy_ns; /* of the sleep or wake in progress: time in copy_segs */
-  uint64_t last_sleep_copy_us, last_wake_copy_us;
-} region_t;
-
-enum { STALE_MAX = 16 };
-
-struct sleep_state_s {
-  region_t *r;
-  size_t n, cap;
-  expseg_host_chunk_t stale[STALE_MAX]; /* host copies the driver refused to take back */
-  size_t n_stale;
-};
 
 static expseg_status null_allocator(const char *fn) {
   return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: the allocator is NULL", fn);
@@ -460,29 +416,6 @@ static expseg_status sseg_build(expseg_allocator *a, region_t *r, segment_t *s, 
   return EXPSEG_OK;
 }
 
-/* Copies the live bytes of segs[0..n) out to their host copies (in: back in). No lock
- * needed: it reads the records of a busy region, which no other call changes, and the
- * driver copies with its own. *no_bytes: the driver has no bytes (sim; found at the first
- * copy). */
-static expseg_status copy_segs(expseg_vmm_t *drv, const sseg_t *segs, size_t n, bool in,
-                               bool *no_bytes) {
-  for (size_t i = 0; i < n && !*no_bytes; i++) {
-    const sseg_t *g = &segs[i];
-    for (size_t k = 0; k < g->n_pieces && g->has_host; k++) {
-      const piece_t *p = &g->pieces[k];
-      char *host = (char *)g->host.ptr + p->off;
-      expseg_status st = in ? _expseg_vmm_copy_in(drv, p->addr, host, p->size)
-                            : _expseg_vmm_copy_out(drv, host, p->addr, p->size);
-      if (st == EXPSEG_ERR_UNSUPPORTED && !in && i == 0 && k == 0) {
-        *no_bytes = true; /* sim */
-        break;
-      }
-      if (st != EXPSEG_OK) return st;
-    }
-  }
-  return EXPSEG_OK;
-}
-
 /* copy_segs of (*rp)->segs[first .. first + n) with the allocator's lock let go, so that
  * other threads' calls go on during the copy; the region is busy meanwhile (a sleep or wake
  * of it is refused, an allocation in it too, a free of its blocks is deferred as while it
@@ -494,10 +427,11 @@ static expseg_status copy_unlocked(expseg_allocator *a, region_t **rp, size_t fi
   memcpy(tag, r->name, sizeof tag);
   const sseg_t *segs = r->segs + first; /* r->segs is not freed nor moved while busy */
   bool no_bytes = r->no_bytes;
+  const expseg_stream *stream = _expseg_sleep_copy_stream(a); /* a->sleep outlives the copy */
   r->busy = true;
   api_unlock(a);
   const uint64_t t0 = _expseg_vmm_now_ns(a->drv);
-  expseg_status st = copy_segs(a->drv, segs, n, in, &no_bytes);
+  expseg_status st = _expseg_sleep_copy_segs(a->drv, segs, n, in, &no_bytes, stream);
   const uint64_t dt = _expseg_vmm_now_ns(a->drv) - t0;
   char cause[512] = "";
   if (st != EXPSEG_OK) snprintf(cause, sizeof cause, "%s", expseg_last_error());
@@ -745,6 +679,8 @@ void _expseg_sleep_trim(expseg_allocator *a) {
 
 void _expseg_sleep_destroy(expseg_allocator *a) {
   if (a->sleep == NULL) return;
+  if (a->sleep->copy_stream_state == 1) /* a copy left queued by a failed wait lands first */
+    (void)_expseg_vmm_stream_synchronize(a->drv, a->sleep->copy_stream);
   for (size_t i = 0; i < a->sleep->n; i++) {
     region_t *r = &a->sleep->r[i];
     if (r->asleep && drop_all(a, r) != EXPSEG_OK && drop_all(a, r) != EXPSEG_OK)
@@ -765,6 +701,9 @@ void _expseg_sleep_destroy(expseg_allocator *a) {
   }
   stale_retry(a, false);
   stale_retry(a, true);
+  if (a->sleep->copy_stream_state == 1 &&
+      _expseg_vmm_stream_destroy(a->drv, a->sleep->copy_stream) != EXPSEG_OK)
+    _expseg_warn("destroy: the stream of sleep and wake's copies: %s", expseg_last_error());
   free(a->sleep->r);
   free(a->sleep);
   a->sleep = NULL;

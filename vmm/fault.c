@@ -178,6 +178,17 @@ static expseg_status fault_copy(void *st, uintptr_t dev, void *host, size_t size
   return s;
 }
 
+static expseg_status fault_copy_async(void *st, uintptr_t dev, void *host, size_t size,
+                                      bool to_device, expseg_stream strm) {
+  fault_t *f = st;
+  if (!INNER(f)->copy_async) return fault_copy(st, dev, host, size, to_device);
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_copy);
+  if (s) return s;
+  s = INNER(f)->copy_async(IST(f), dev, host, size, to_device, strm);
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_copy, s, 0);
+  return s;
+}
+
 static int fault_host_numa(void *st) {
   fault_t *f = st;
   return _expseg_vmm_host_numa(f->inner); /* the inner spec's numa=N counts */
@@ -232,7 +243,7 @@ static void fault_destroy(void *st) {
     .mem_info = fault_mem_info, .now_ns = fault_now_ns, .hold_stream = hold,               \
     .host_alloc = fault_host_alloc, .host_free = fault_host_free,                          \
     .host_numa = fault_host_numa, .device_synchronize = fault_device_synchronize,          \
-    .copy = fault_copy,                                                                    \
+    .copy = fault_copy, .copy_async = fault_copy_async,                                    \
     .stream_create = fault_stream_create,                                                  \
     .stream_destroy = fault_stream_destroy,                                                \
     .destroy = fault_destroy,                                                              \
