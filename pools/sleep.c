@@ -19,9 +19,10 @@
  * a region is never half restored. Copies are made in pieces of at most 64 MiB with the
  * allocator's lock let go (the region marked busy: see copy_unlocked); the driver calls are
  * made with it held. Where the driver queues copies (cuda: cuMemcpyDtoHAsync/HtoDAsync into
- * pinned host memory) they go on one stream of the allocator's, synchronized once per batch
- * (a sleep's, a segment's in a wake) before anything is unmapped or handed out; elsewhere
- * (host) they are synchronous. A wake maps each segment with one
+ * pinned host memory) they go on one stream of the allocator's, synchronized once per sleep
+ * or wake before anything is unmapped or handed out; a wake queues each segment's copies
+ * as soon as it is mapped, so they run while the next segments are created and mapped.
+ * Elsewhere (host) they are synchronous, made segment by segment. A wake maps each segment with one
  * set_access per contiguous range, then copies that segment's bytes back.
  *
  * Host copies are kept: a wake keeps the region's pinned host copies and its next offload
@@ -416,12 +417,13 @@ static expseg_status sseg_build(expseg_allocator *a, region_t *r, segment_t *s, 
   return EXPSEG_OK;
 }
 
-/* copy_segs of (*rp)->segs[first .. first + n) with the allocator's lock let go, so that
- * other threads' calls go on during the copy; the region is busy meanwhile (a sleep or wake
- * of it is refused, an allocation in it too, a free of its blocks is deferred as while it
+/* copy_segs of (*rp)->segs[first .. first + n) (pending: only the synchronize of copies
+ * already queued on the copy stream) with the allocator's lock let go, so that other
+ * threads' calls go on during the copy; the region is busy meanwhile (a sleep or wake of it
+ * is refused, an allocation in it too, a free of its blocks is deferred as while it
  * sleeps). *rp is found again after: the region table may have moved. */
 static expseg_status copy_unlocked(expseg_allocator *a, region_t **rp, size_t first, size_t n,
-                                   bool in) {
+                                   bool in, bool pending) {
   region_t *r = *rp;
   char tag[sizeof r->name];
   memcpy(tag, r->name, sizeof tag);
@@ -431,7 +433,8 @@ static expseg_status copy_unlocked(expseg_allocator *a, region_t **rp, size_t fi
   r->busy = true;
   api_unlock(a);
   const uint64_t t0 = _expseg_vmm_now_ns(a->drv);
-  expseg_status st = _expseg_sleep_copy_segs(a->drv, segs, n, in, &no_bytes, stream);
+  expseg_status st = pending ? _expseg_vmm_stream_synchronize(a->drv, *stream)
+                             : _expseg_sleep_copy_segs(a->drv, segs, n, in, &no_bytes, stream, NULL);
   const uint64_t dt = _expseg_vmm_now_ns(a->drv) - t0;
   char cause[512] = "";
   if (st != EXPSEG_OK) snprintf(cause, sizeof cause, "%s", expseg_last_error());
@@ -467,14 +470,31 @@ static expseg_status wait_streams(expseg_allocator *a, uint32_t tag) {
   return EXPSEG_OK;
 }
 
-/* Every segment raised (lock held), its offloaded bytes copied back right after (lock let
- * go). */
+/* Every segment raised (lock held), its offloaded bytes copied back right after: queued
+ * (lock held) where the driver queues copies, one synchronize at the end (lock let go);
+ * else copied with the lock let go. */
 static expseg_status raise_all(expseg_allocator *a, region_t **rp) {
   expseg_status st = EXPSEG_OK;
-  for (size_t i = 0; i < (*rp)->n_segs && st == EXPSEG_OK; i++)
-    if ((st = raise_seg(a, &(*rp)->segs[i])) == EXPSEG_OK && !(*rp)->no_bytes &&
-        (*rp)->segs[i].has_host)
-      st = copy_unlocked(a, rp, i, 1, true);
+  const expseg_stream *stream = _expseg_sleep_copy_stream(a);
+  bool pending = false; /* copies queued on stream, not yet synchronized */
+  for (size_t i = 0; i < (*rp)->n_segs && st == EXPSEG_OK; i++) {
+    region_t *r = *rp;
+    if ((st = raise_seg(a, &r->segs[i])) != EXPSEG_OK || r->no_bytes || !r->segs[i].has_host)
+      continue;
+    if (stream == NULL) { /* synchronous copies: with the lock let go */
+      st = copy_unlocked(a, rp, i, 1, true, false);
+      continue;
+    }
+    /* queued (returns at once) right after the segment is mapped, so the copies run while
+     * the next segments are created and mapped; one synchronize at the end */
+    const uint64_t t0 = _expseg_vmm_now_ns(a->drv);
+    st = _expseg_sleep_copy_segs(a->drv, &r->segs[i], 1, true, &r->no_bytes, stream, &pending);
+    r->copy_ns += _expseg_vmm_now_ns(a->drv) - t0;
+  }
+  if (pending) { /* also after a failure: nothing may be in flight when it is unmapped */
+    const expseg_status s2 = copy_unlocked(a, rp, 0, 0, true, true);
+    if (st == EXPSEG_OK) st = s2;
+  }
   return st;
 }
 
@@ -501,7 +521,7 @@ static expseg_status sleep_locked(expseg_allocator *a, region_t **rp, bool offlo
   /* its segments sleep from here for the rest of the allocator (frees deferred, release
    * and allocation kept away), while the bytes are copied out */
   for (size_t i = 0; i < r->n_segs; i++) r->segs[i].s->asleep = true;
-  if (offload) st = copy_unlocked(a, rp, 0, r->n_segs, false);
+  if (offload) st = copy_unlocked(a, rp, 0, r->n_segs, false, false);
   r = *rp;
   if (st != EXPSEG_OK) { /* awake again as it was, with the frees made meanwhile */
     for (size_t i = 0; i < r->n_segs; i++) r->segs[i].s->asleep = false;

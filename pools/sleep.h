@@ -58,10 +58,12 @@ struct sleep_state_s {
 
 /* Copies the live bytes of segs[0..n) out to their host copies (in: back in), in pieces of
  * at most 64 MiB; queued on *stream where it is not NULL, then that stream synchronized
- * (also after a failure: nothing is left in flight). *no_bytes: the driver has no bytes
+ * (also after a failure: nothing is left in flight), unless pending is not NULL: then
+ * *pending is set when a copy was queued and the caller synchronizes. *no_bytes: the driver has no bytes
  * (sim; found at the first copy). */
 expseg_status _expseg_sleep_copy_segs(expseg_vmm_t *drv, const sseg_t *segs, size_t n, bool in,
-                                      bool *no_bytes, const expseg_stream *stream);
+                                      bool *no_bytes, const expseg_stream *stream,
+                                      bool *pending);
 /* The allocator's stream for queued copies, made at the first call (lock held); NULL where
  * the driver copies synchronously only, or could not make one (then copies are
  * synchronous). */

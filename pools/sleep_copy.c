@@ -14,11 +14,13 @@ enum { COPY_PIECE = 64u << 20 };
 
 /* Copies the live bytes of segs[0..n) out to their host copies (in: back in), in pieces of
  * at most COPY_PIECE; queued on *stream where it is not NULL, then that stream synchronized
- * (also after a failure: nothing is left in flight). No lock needed: it reads the records of
+ * (also after a failure: nothing is left in flight), unless pending is not NULL: then
+ * *pending is set when a copy was queued and the caller synchronizes. No lock needed: it reads the records of
  * a busy region, which no other call changes, and the driver copies with its own. *no_bytes:
  * the driver has no bytes (sim; found at the first copy). */
 expseg_status _expseg_sleep_copy_segs(expseg_vmm_t *drv, const sseg_t *segs, size_t n, bool in,
-                                      bool *no_bytes, const expseg_stream *stream) {
+                                      bool *no_bytes, const expseg_stream *stream,
+                                      bool *pending) {
   expseg_status st = EXPSEG_OK;
   bool queued = false;
   for (size_t i = 0; i < n && !*no_bytes && st == EXPSEG_OK; i++) {
@@ -42,7 +44,9 @@ expseg_status _expseg_sleep_copy_segs(expseg_vmm_t *drv, const sseg_t *segs, siz
       }
     }
   }
-  if (queued) {
+  if (pending != NULL) {
+    *pending |= queued; /* the caller synchronizes */
+  } else if (queued) {
     const expseg_status s2 = _expseg_vmm_stream_synchronize(drv, *stream);
     if (st == EXPSEG_OK) st = s2;
   }
