@@ -3,7 +3,7 @@
 """gpu_check_report.py: the report of bench/gpu-check, from what its parts left in a work folder.
 
 Reads WORK/parts.tsv (name, status, seconds, note per part) and the parts' outputs
-(driver.json, device.json (the "allocator" section), grow.jsonl, hit.jsonl, replay.jsonl, ctest.out, torch.json, each
+(driver.json, device.json (the "allocator" section), grow.jsonl, hit.jsonl, sleep.json, replay.jsonl, ctest.out, torch.json, each
 optional) and writes OUT/gpu-check.json (every figure and every part's status, the device and
 driver version, "double": true with timings labelled meaningless when the CUDA driver double
 ran) and OUT/summary.txt (a short text summary). Standard library only. Exit status 0, or 2
@@ -132,6 +132,21 @@ def summary_lines(rep):
         for h in dev.get("hit") or []:
             L.append("hit pair (malloc+free) with %d live: median %.1f ns, p99 %.1f ns" % (
                 h["live"], h["median_ns"], h["p99_ns"]))
+    sl = rep.get("sleep")
+    if isinstance(sl, dict) and "sleep_ms" in sl:
+        gib = sl["size_bytes"] / 2**30
+        L.append("")
+        L.append("sleep (offload) and wake of a %.2f GiB region, median of %d rounds:" % (gib, sl["rounds"]))
+        L.append("  sleep %.1f ms (copy %.1f), wake %.1f ms (copy %.1f); first round: sleep %.1f ms, wake %.1f ms" % (
+            sl["sleep_ms"], sl["sleep_copy_ms"], sl["wake_ms"], sl["wake_copy_ms"],
+            sl["first_sleep_ms"], sl["first_wake_ms"]))
+        if sl.get("floor_d2h_ms"):
+            L.append("  floor: device -> host %.1f ms (%.1f GB/s), host -> device %.1f ms (%.1f GB/s); "
+                     "sleep + wake / floor %.2f" % (
+                         sl["floor_d2h_ms"], sl["size_bytes"] / sl["floor_d2h_ms"] / 1e6,
+                         sl["floor_h2d_ms"], sl["size_bytes"] / sl["floor_h2d_ms"] / 1e6,
+                         (sl["sleep_ms"] + sl["wake_ms"]) / (sl["floor_d2h_ms"] + sl["floor_h2d_ms"])))
+        L.append("  bytes checked %d, mismatches %d" % (sl.get("checked_bytes", 0), sl.get("mismatches", 0)))
     rp = rep.get("replay")
     if isinstance(rp, list) and rp:
         L.append("")
@@ -186,6 +201,7 @@ def main():
         "allocator": None,
         "replay": read_jsonl(w("replay.jsonl")),
         "torch": read_json(w("torch.json")),
+        "sleep": read_json(w("sleep.json")),
         "cost_table": None,
     }
     dev = read_json(w("device.json"))
@@ -197,7 +213,7 @@ def main():
         rep["cost_table"] = {"file": "driver-costs.txt",
                              "lines": [l.rstrip("\n") for l in open(costs) if l.strip()]}
     if a.double:
-        for k in ("driver", "allocator", "torch"):
+        for k in ("driver", "allocator", "sleep", "torch"):
             if isinstance(rep[k], dict):
                 rep[k]["timings"] = MEANINGLESS
     with open(os.path.join(a.out, "gpu-check.json"), "w") as f:

@@ -493,6 +493,10 @@ typedef struct expseg_region_info {
                                                * (0: none yet) */
   uint64_t host_kept_bytes; /* pinned host memory kept from the last offload for the next
                              * (awake; given back by expseg_empty_cache) */
+  uint64_t last_sleep_copy_us, last_wake_copy_us; /* of last_sleep_us / last_wake_us, the
+                                                   * time spent copying the region's bytes
+                                                   * (the rest: driver calls and bookkeeping;
+                                                   * 0 for a discard) */
 } expseg_region_info;
 EXPSEG_EXPORT expseg_status expseg_region_get_info(expseg_allocator *a, const char *tag,
                                                    expseg_region_info *out);

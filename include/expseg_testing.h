@@ -30,10 +30,23 @@ EXPSEG_EXPORT expseg_status expseg_testing_hold_stream(expseg_allocator *a, exps
  * kind from now on (map@1 fails the next map). "" removes every rule. KIND is a driver call:
  * reserve, unreserve, create, release, map, unmap, set_access, event_create, event_destroy,
  * event_record, event_query, event_synchronize, stream_synchronize, export_fd, import_fd,
- * host_alloc, host_free (the pinned host pool's, docs/host_pool.md).
+ * host_alloc, host_free (the pinned host pool's, docs/host_pool.md), device_synchronize,
+ * copy (the byte copies of expseg_sleep / expseg_wake and expseg_testing_copy_*).
  * EXPSEG_ERR_INVALID_ARGUMENT when the allocator's driver is not a fault driver,
  * EXPSEG_ERR_CONFIG for text that does not parse (message with the position). */
 EXPSEG_EXPORT expseg_status expseg_testing_set_faults(expseg_allocator *a, const char *rules);
+
+/* Copies size bytes between host memory and device memory the allocator handed out
+ * (copy_in: host src -> device dst; copy_out: device src -> host dst), through the driver
+ * (cuda: cuMemcpyHtoD / cuMemcpyDtoH, returning once the bytes are in place; host: memcpy).
+ * For tests and benchmarks that fill and check device memory without a CUDA toolkit of
+ * their own; counted as expseg.driver.copy and failed by a `copy` fault rule.
+ * EXPSEG_ERR_UNSUPPORTED on sim (no bytes); EXPSEG_ERR_INVALID_ARGUMENT for size 0, a NULL
+ * pointer, or a device range not mapped. */
+EXPSEG_EXPORT expseg_status expseg_testing_copy_in(expseg_allocator *a, void *dst,
+                                                   const void *src, size_t size);
+EXPSEG_EXPORT expseg_status expseg_testing_copy_out(expseg_allocator *a, void *dst,
+                                                    const void *src, size_t size);
 
 /* Driver calls failed by a fault rule so far (0 without a fault driver). */
 EXPSEG_EXPORT uint64_t expseg_testing_faults_injected(const expseg_allocator *a);

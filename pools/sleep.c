@@ -16,9 +16,13 @@
  * and mapped, sleep drives every record to (dead, unmapped), wake to (alive, mapped). A
  * failed step leaves the records true to the driver, so the next call continues from
  * there and nothing leaks; a wake that fails part-way drives everything back to asleep, so
- * a region is never half restored. Copies are the driver's synchronous copy (cuda:
- * cuMemcpyDtoH/HtoD), made with the allocator's lock let go (the region marked busy: see
- * copy_unlocked); the driver calls are made with it held. A wake maps each segment with one
+ * a region is never half restored. Copies are made in pieces of at most 64 MiB with the
+ * allocator's lock let go (the region marked busy: see copy_unlocked); the driver calls are
+ * made with it held. Where the driver queues copies (cuda: cuMemcpyDtoHAsync/HtoDAsync into
+ * pinned host memory) they go on one stream of the allocator's, synchronized once per sleep
+ * or wake before anything is unmapped or handed out; a wake queues each segment's copies
+ * as soon as it is mapped, so they run while the next segments are created and mapped.
+ * Elsewhere (host) they are synchronous, made segment by segment. A wake maps each segment with one
  * set_access per contiguous range, then copies that segment's bytes back.
  *
  * Host copies are kept: a wake keeps the region's pinned host copies and its next offload
@@ -29,6 +33,7 @@
 #include "error.h"
 #include "internal.h"
 #include "release.h"
+#include "sleep.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -36,52 +41,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-typedef struct crec_s { /* one physical chunk of a sleeping segment */
-  uintptr_t addr;
-  size_t size, first_page; /* first_page: expandable segments */
-  expseg_vmm_handle h;
-  bool alive, mapped;
-} crec_t;
-
-typedef struct piece_s { /* a live block's bytes and where they sit in the host copy */
-  uintptr_t addr;
-  size_t size, off;
-} piece_t;
-
-typedef struct sseg_s {
-  segment_t *s;
-  crec_t *chunks;
-  size_t n_chunks;
-  piece_t *pieces;
-  size_t n_pieces;
-  expseg_host_chunk_t host;
-  bool has_host;
-} sseg_t;
-
-typedef struct region_s {
-  char name[64];
-  expseg_pool_id pool;
-  uint32_t tag, note; /* note: the tag in the history's text table (0: none) */
-  bool asleep, no_bytes; /* no_bytes: the driver has none to copy (sim) */
-  bool busy;             /* its bytes are being copied, the lock let go (copy_unlocked) */
-  sseg_t *segs;
-  size_t n_segs;
-  block_t **deferred; /* frees made while asleep */
-  size_t n_deferred, cap_deferred;
-  expseg_host_chunk_t *kept; /* host copies of the last offload, kept for the next one */
-  size_t n_kept, cap_kept;
-  uint64_t sleeps, wakes, last_sleep_us, last_wake_us, last_sleep_at_us, last_wake_at_us;
-} region_t;
-
-enum { STALE_MAX = 16 };
-
-struct sleep_state_s {
-  region_t *r;
-  size_t n, cap;
-  expseg_host_chunk_t stale[STALE_MAX]; /* host copies the driver refused to take back */
-  size_t n_stale;
-};
 
 static expseg_status null_allocator(const char *fn) {
   return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: the allocator is NULL", fn);
@@ -458,48 +417,31 @@ static expseg_status sseg_build(expseg_allocator *a, region_t *r, segment_t *s, 
   return EXPSEG_OK;
 }
 
-/* Copies the live bytes of segs[0..n) out to their host copies (in: back in). No lock
- * needed: it reads the records of a busy region, which no other call changes, and the
- * driver copies with its own. *no_bytes: the driver has no bytes (sim; found at the first
- * copy). */
-static expseg_status copy_segs(expseg_vmm_t *drv, const sseg_t *segs, size_t n, bool in,
-                               bool *no_bytes) {
-  for (size_t i = 0; i < n && !*no_bytes; i++) {
-    const sseg_t *g = &segs[i];
-    for (size_t k = 0; k < g->n_pieces && g->has_host; k++) {
-      const piece_t *p = &g->pieces[k];
-      char *host = (char *)g->host.ptr + p->off;
-      expseg_status st = in ? _expseg_vmm_copy_in(drv, p->addr, host, p->size)
-                            : _expseg_vmm_copy_out(drv, host, p->addr, p->size);
-      if (st == EXPSEG_ERR_UNSUPPORTED && !in && i == 0 && k == 0) {
-        *no_bytes = true; /* sim */
-        break;
-      }
-      if (st != EXPSEG_OK) return st;
-    }
-  }
-  return EXPSEG_OK;
-}
-
-/* copy_segs of (*rp)->segs[first .. first + n) with the allocator's lock let go, so that
- * other threads' calls go on during the copy; the region is busy meanwhile (a sleep or wake
- * of it is refused, an allocation in it too, a free of its blocks is deferred as while it
+/* copy_segs of (*rp)->segs[first .. first + n) (pending: only the synchronize of copies
+ * already queued on the copy stream) with the allocator's lock let go, so that other
+ * threads' calls go on during the copy; the region is busy meanwhile (a sleep or wake of it
+ * is refused, an allocation in it too, a free of its blocks is deferred as while it
  * sleeps). *rp is found again after: the region table may have moved. */
 static expseg_status copy_unlocked(expseg_allocator *a, region_t **rp, size_t first, size_t n,
-                                   bool in) {
+                                   bool in, bool pending) {
   region_t *r = *rp;
   char tag[sizeof r->name];
   memcpy(tag, r->name, sizeof tag);
   const sseg_t *segs = r->segs + first; /* r->segs is not freed nor moved while busy */
   bool no_bytes = r->no_bytes;
+  const expseg_stream *stream = _expseg_sleep_copy_stream(a); /* a->sleep outlives the copy */
   r->busy = true;
   api_unlock(a);
-  expseg_status st = copy_segs(a->drv, segs, n, in, &no_bytes);
+  const uint64_t t0 = _expseg_vmm_now_ns(a->drv);
+  expseg_status st = pending ? _expseg_vmm_stream_synchronize(a->drv, *stream)
+                             : _expseg_sleep_copy_segs(a->drv, segs, n, in, &no_bytes, stream, NULL);
+  const uint64_t dt = _expseg_vmm_now_ns(a->drv) - t0;
   char cause[512] = "";
   if (st != EXPSEG_OK) snprintf(cause, sizeof cause, "%s", expseg_last_error());
   api_lock(a);
   *rp = r = find(a, tag);
   r->busy = false;
+  if (!no_bytes) r->copy_ns += dt; /* sim: nothing was copied */
   r->no_bytes = no_bytes;
   return st == EXPSEG_OK ? st : _expseg_error_set(st, "%s", cause);
 }
@@ -528,14 +470,31 @@ static expseg_status wait_streams(expseg_allocator *a, uint32_t tag) {
   return EXPSEG_OK;
 }
 
-/* Every segment raised (lock held), its offloaded bytes copied back right after (lock let
- * go). */
+/* Every segment raised (lock held), its offloaded bytes copied back right after: queued
+ * (lock held) where the driver queues copies, one synchronize at the end (lock let go);
+ * else copied with the lock let go. */
 static expseg_status raise_all(expseg_allocator *a, region_t **rp) {
   expseg_status st = EXPSEG_OK;
-  for (size_t i = 0; i < (*rp)->n_segs && st == EXPSEG_OK; i++)
-    if ((st = raise_seg(a, &(*rp)->segs[i])) == EXPSEG_OK && !(*rp)->no_bytes &&
-        (*rp)->segs[i].has_host)
-      st = copy_unlocked(a, rp, i, 1, true);
+  const expseg_stream *stream = _expseg_sleep_copy_stream(a);
+  bool pending = false; /* copies queued on stream, not yet synchronized */
+  for (size_t i = 0; i < (*rp)->n_segs && st == EXPSEG_OK; i++) {
+    region_t *r = *rp;
+    if ((st = raise_seg(a, &r->segs[i])) != EXPSEG_OK || r->no_bytes || !r->segs[i].has_host)
+      continue;
+    if (stream == NULL) { /* synchronous copies: with the lock let go */
+      st = copy_unlocked(a, rp, i, 1, true, false);
+      continue;
+    }
+    /* queued (returns at once) right after the segment is mapped, so the copies run while
+     * the next segments are created and mapped; one synchronize at the end */
+    const uint64_t t0 = _expseg_vmm_now_ns(a->drv);
+    st = _expseg_sleep_copy_segs(a->drv, &r->segs[i], 1, true, &r->no_bytes, stream, &pending);
+    r->copy_ns += _expseg_vmm_now_ns(a->drv) - t0;
+  }
+  if (pending) { /* also after a failure: nothing may be in flight when it is unmapped */
+    const expseg_status s2 = copy_unlocked(a, rp, 0, 0, true, true);
+    if (st == EXPSEG_OK) st = s2;
+  }
   return st;
 }
 
@@ -562,7 +521,7 @@ static expseg_status sleep_locked(expseg_allocator *a, region_t **rp, bool offlo
   /* its segments sleep from here for the rest of the allocator (frees deferred, release
    * and allocation kept away), while the bytes are copied out */
   for (size_t i = 0; i < r->n_segs; i++) r->segs[i].s->asleep = true;
-  if (offload) st = copy_unlocked(a, rp, 0, r->n_segs, false);
+  if (offload) st = copy_unlocked(a, rp, 0, r->n_segs, false, false);
   r = *rp;
   if (st != EXPSEG_OK) { /* awake again as it was, with the frees made meanwhile */
     for (size_t i = 0; i < r->n_segs; i++) r->segs[i].s->asleep = false;
@@ -660,15 +619,20 @@ static expseg_status run(expseg_allocator *a, const char *fn, const char *tag, i
   const uint64_t t0 = _expseg_vmm_now_ns(a->drv);
   const bool was = r->asleep;
   const uint64_t bytes = was ? chunk_bytes(r) : 0; /* what a wake maps again */
+  r->copy_ns = 0;
   st = mode == -1 ? wake_locked(a, &r) : sleep_locked(a, &r, mode == EXPSEG_SLEEP_OFFLOAD);
   const uint64_t us = (_expseg_vmm_now_ns(a->drv) - t0) / 1000, at = epoch_us();
   if (st == EXPSEG_OK && mode == -1 && was) {
     r->wakes++, r->last_wake_us = us, r->last_wake_at_us = at;
+    r->last_wake_copy_us = r->copy_ns / 1000;
     hist_region(a, r, HIST_WAKE, bytes);
   }
   if (r->asleep && mode != -1 && !was) { /* asleep now, its bytes safe (a failed give-back
                                           * is finished by the next sleep or wake) */
-    if (st == EXPSEG_OK) r->sleeps++, r->last_sleep_us = us, r->last_sleep_at_us = at;
+    if (st == EXPSEG_OK) {
+      r->sleeps++, r->last_sleep_us = us, r->last_sleep_at_us = at;
+      r->last_sleep_copy_us = r->copy_ns / 1000;
+    }
     hist_region(a, r, HIST_SLEEP, chunk_bytes(r));
   }
   if (st != EXPSEG_OK) {
@@ -709,6 +673,8 @@ expseg_status expseg_region_get_info(expseg_allocator *a, const char *tag,
     out->sleeps = r->sleeps, out->wakes = r->wakes;
     out->last_sleep_us = r->last_sleep_us, out->last_wake_us = r->last_wake_us;
     out->last_sleep_at_us = r->last_sleep_at_us, out->last_wake_at_us = r->last_wake_at_us;
+    out->last_sleep_copy_us = r->last_sleep_copy_us;
+    out->last_wake_copy_us = r->last_wake_copy_us;
     for (size_t i = 0; i < r->n_kept; i++) out->host_kept_bytes += r->kept[i].size;
     for (const segment_t *s = a->segments; s != NULL; s = s->next_all) {
       if (seg_tag(s) != r->tag) continue;
@@ -733,6 +699,8 @@ void _expseg_sleep_trim(expseg_allocator *a) {
 
 void _expseg_sleep_destroy(expseg_allocator *a) {
   if (a->sleep == NULL) return;
+  if (a->sleep->copy_stream_state == 1) /* a copy left queued by a failed wait lands first */
+    (void)_expseg_vmm_stream_synchronize(a->drv, a->sleep->copy_stream);
   for (size_t i = 0; i < a->sleep->n; i++) {
     region_t *r = &a->sleep->r[i];
     if (r->asleep && drop_all(a, r) != EXPSEG_OK && drop_all(a, r) != EXPSEG_OK)
@@ -753,6 +721,9 @@ void _expseg_sleep_destroy(expseg_allocator *a) {
   }
   stale_retry(a, false);
   stale_retry(a, true);
+  if (a->sleep->copy_stream_state == 1 &&
+      _expseg_vmm_stream_destroy(a->drv, a->sleep->copy_stream) != EXPSEG_OK)
+    _expseg_warn("destroy: the stream of sleep and wake's copies: %s", expseg_last_error());
   free(a->sleep->r);
   free(a->sleep);
   a->sleep = NULL;

@@ -27,6 +27,26 @@ expseg_status expseg_testing_set_faults(expseg_allocator *a, const char *rules) 
   return _expseg_fault_set_rules_text(a->drv, rules, strlen(rules), true);
 }
 
+expseg_status expseg_testing_copy_in(expseg_allocator *a, void *dst, const void *src,
+                                     size_t size) {
+  if (a == NULL) return no_allocator("expseg_testing_copy_in");
+  if (dst == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_testing_copy_in: dst is NULL; accepted: device memory "
+                             "the allocator handed out");
+  return _expseg_vmm_copy_in(a->drv, (uintptr_t)dst, src, size);
+}
+
+expseg_status expseg_testing_copy_out(expseg_allocator *a, void *dst, const void *src,
+                                      size_t size) {
+  if (a == NULL) return no_allocator("expseg_testing_copy_out");
+  if (src == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_testing_copy_out: src is NULL; accepted: device memory "
+                             "the allocator handed out");
+  return _expseg_vmm_copy_out(a->drv, dst, (uintptr_t)src, size);
+}
+
 uint64_t expseg_testing_faults_injected(const expseg_allocator *a) {
   return a ? _expseg_fault_injected(a->drv) : 0;
 }

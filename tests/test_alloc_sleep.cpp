@@ -257,6 +257,50 @@ TEST_P(Sleep, DiscardGivesMemoryBackWithoutCopies) {
   check("awake");
 }
 
+// A copy that fails leaves nothing half done: a sleep whose copy out fails leaves the region
+// awake with every byte in place; a wake whose copy back fails after other bytes were
+// already restored leaves it asleep, its host copies kept and no device memory held, and
+// the next wake restores every byte.
+TEST_P(Sleep, FailedCopyLeavesNothingHalfRestored) {
+  if (a_ == nullptr) return;
+  fill_region();
+  const expseg_region_info awake = info("w");
+  ASSERT_EQ(expseg_testing_set_faults(a_, bytes() ? "copy@2" : "copy@1"), EXPSEG_OK);
+  EXPECT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_ERR_DRIVER);
+  EXPECT_NE(std::string(expseg_last_error()).find("the region is awake, nothing changed"),
+            std::string::npos)
+      << expseg_last_error();
+  ASSERT_EQ(expseg_testing_set_faults(a_, ""), EXPSEG_OK);
+  EXPECT_FALSE(info("w").asleep);
+  EXPECT_EQ(info("w").device_bytes, awake.device_bytes);
+  EXPECT_EQ(info("w").sleeps, 0u);
+  check("after a failed copy out");
+  expect_data("after a failed copy out");
+  if (!bytes()) return; // sim: a wake copies nothing
+  ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+  const expseg_region_info asleep = info("w");
+  ASSERT_GT(asleep.host_bytes, 0u);
+  ASSERT_EQ(expseg_testing_set_faults(a_, "copy@2"), EXPSEG_OK);
+  EXPECT_EQ(expseg_wake(a_, "w"), EXPSEG_ERR_DRIVER);
+  EXPECT_NE(std::string(expseg_last_error()).find("the region is asleep, its bytes kept"),
+            std::string::npos)
+      << expseg_last_error();
+  EXPECT_EQ(expseg_testing_faults_injected(a_), 2u);
+  ASSERT_EQ(expseg_testing_set_faults(a_, ""), EXPSEG_OK);
+  const expseg_region_info failed = info("w");
+  EXPECT_TRUE(failed.asleep);
+  EXPECT_EQ(failed.host_bytes, asleep.host_bytes);
+  EXPECT_EQ(failed.device_bytes, 0u);
+  EXPECT_EQ(failed.asleep_bytes, asleep.asleep_bytes);
+  EXPECT_EQ(failed.wakes, 0u);
+  check("after a failed copy back");
+  ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(info("w").wakes, 1u);
+  EXPECT_EQ(info("w").device_bytes, awake.device_bytes);
+  expect_data("after a failed copy back and a wake");
+  check("awake");
+}
+
 TEST_P(Sleep, FreeWhileAsleepIsDoneAtWake) {
   if (a_ == nullptr) return;
   fill_region();
@@ -432,6 +476,18 @@ TEST_P(Sleep, HistoryAndTimesOfSleepAndWake) {
   EXPECT_LE(w.last_sleep_at_us, t1);
   EXPECT_GE(w.last_wake_at_us, t1);
   EXPECT_LE(w.last_wake_at_us, t2);
+  // the copy time is part of each, and there is one where there are bytes to copy
+  EXPECT_LE(w.last_sleep_copy_us, w.last_sleep_us);
+  EXPECT_LE(w.last_wake_copy_us, w.last_wake_us);
+  EXPECT_LE(w.last_sleep_us, t1 - t0);
+  EXPECT_LE(w.last_wake_us, t2 - t1);
+  if (bytes()) {
+    EXPECT_GT(w.last_sleep_copy_us, 0u);
+    EXPECT_GT(w.last_wake_copy_us, 0u);
+  } else {
+    EXPECT_EQ(w.last_sleep_copy_us, 0u);
+    EXPECT_EQ(w.last_wake_copy_us, 0u);
+  }
   // a second sleep and wake of nothing new: no events for the no-op calls
   EXPECT_EQ(expseg_wake(a_, "w"), EXPSEG_OK);
   struct Ev {
@@ -526,8 +582,8 @@ TEST_P(Sleep, OtherThreadsGoOnDuringTheCopies) {
 
 // ---- every driver call of a sleep and a wake fails in turn ----
 
-const char *const kFaultKinds[] = {"create", "map", "set_access", "unmap", "release",
-                                   "host_alloc", "host_free", "stream_synchronize"};
+const char *const kFaultKinds[] = {"create",     "map",       "set_access",         "unmap", "release",
+                                   "host_alloc", "host_free", "stream_synchronize", "copy"};
 
 // Three ways in: an offload whose host copies are made afresh (empty_cache gave the kept
 // ones back), an offload on the copies kept from the last one, and a discarding sleep that
@@ -557,7 +613,7 @@ void FaultAtEveryCallPosition(Sleep *t, expseg_allocator *a, Variant v, size_t *
   const std::string kinds_text[] = {"reserve", "unreserve", "create", "release", "map", "unmap", "set_access",
                                     "event_create", "event_destroy", "event_record", "event_query",
                                     "event_synchronize", "stream_synchronize", "export_fd", "import_fd",
-                                    "host_alloc", "host_free", "device_synchronize"};
+                                    "host_alloc", "host_free", "device_synchronize", "copy"};
   EXPECT_EQ(calls[EXPSEG_VMM_CALL_host_alloc] > 0, v == kFresh) << "host_alloc";
   EXPECT_EQ(calls[EXPSEG_VMM_CALL_host_free] > 0, v == kDiscard) << "host_free";
   for (const char *kind : kFaultKinds) {

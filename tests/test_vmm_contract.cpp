@@ -469,7 +469,8 @@ TEST_P(VmmContract, CallsAreCountedByKind) {
       /*reserve*/ 1, /*unreserve*/ 1, /*create*/ 3, /*release*/ 3, /*map*/ 3, /*unmap*/ 3,
       /*set_access*/ 3, /*event_create*/ 1, /*event_destroy*/ 1, /*event_record*/ 1,
       /*event_query*/ 0, /*event_synchronize*/ 0, /*stream_synchronize*/ 1, /*export_fd*/ 0,
-      /*import_fd*/ 0, /*host_alloc*/ 0, /*host_free*/ 0, /*device_synchronize*/ 1};
+      /*import_fd*/ 0, /*host_alloc*/ 0, /*host_free*/ 0, /*device_synchronize*/ 1,
+      /*copy*/ 0};
   for (int c = 0; c < EXPSEG_VMM_CALL_COUNT; c++) {
     EXPECT_EQ(want[c], calls(expseg_vmm_call(c))) << _expseg_vmm_call_name(expseg_vmm_call(c));
     EXPECT_EQ(0u, failures(expseg_vmm_call(c))) << _expseg_vmm_call_name(expseg_vmm_call(c));

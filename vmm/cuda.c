@@ -15,8 +15,8 @@
  * Mapping: reserve = cuMemAddressReserve, create = cuMemCreate (pinned device memory, with a
  * POSIX fd handle type when the device supports it), map = cuMemMap (offset 0 only), set_access
  * = cuMemSetAccess (READWRITE for its own device or a peer; PROT_NONE revokes a peer), unmap =
- * cuMemUnmap, release = cuMemRelease, unreserve = cuMemAddressFree, copy (data checks) =
- * cuMemcpyHtoD/DtoH; events without timing. Every failure names the call and its error name.
+ * cuMemUnmap, release = cuMemRelease, unreserve = cuMemAddressFree, copy = cuMemcpyHtoD/DtoH,
+ * copy_async (sleep and wake) = cuMemcpyHtoDAsync/DtoHAsync; events without timing. Every failure names the call and its error name.
  * hold_stream (a test hook): cuStreamWaitValue32 on a word of a registered host page; its
  * slots and the set of destroyed streams are kept by vmm/stream_holds.c.
  *
@@ -53,7 +53,7 @@
   X(cuMemImportFromShareableHandle) X(cuGetErrorName) X(cuMemHostRegister)                \
   X(cuMemHostUnregister) X(cuDeviceGetPCIBusId) X(cuStreamCreate) X(cuStreamDestroy)      \
   X(cuMemHostGetDevicePointer) X(cuStreamWaitValue32) X(cuMemcpyHtoD) X(cuMemcpyDtoH)     \
-  X(cuCtxSynchronize)
+  X(cuCtxSynchronize) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)
 
 typedef struct {
 #define CU_FIELD_(f) __typeof__(&f) f;
@@ -635,6 +635,16 @@ static expseg_status cuda_copy(void *st, uintptr_t dev, void *host, size_t size,
   LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, what, NULL));
 }
 
+/* Sleep and wake's copies: queued on the allocator's copy stream, host memory pinned. */
+static expseg_status cuda_copy_async(void *st, uintptr_t dev, void *host, size_t size,
+                                     bool to_device, expseg_stream s) {
+  ENTER((cuda_t *)st);
+  CUresult r = to_device ? cu.cuMemcpyHtoDAsync((CUdeviceptr)dev, host, size, (CUstream)s)
+                         : cu.cuMemcpyDtoHAsync(host, (CUdeviceptr)dev, size, (CUstream)s);
+  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK
+                                 : cu_fail(r, to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync", NULL));
+}
+
 static size_t cuda_granularity(void *st) { return ((cuda_t *)st)->granularity; }
 
 static void cuda_mem_info(void *st, size_t *free_bytes, size_t *total_bytes) {
@@ -693,7 +703,7 @@ static const expseg_vmm_ops_t cuda_ops = {
     .host_free = cuda_host_free,
     .host_numa = cuda_host_numa,
     .destroy = cuda_destroy,
-    .copy = cuda_copy,
+    .copy = cuda_copy, .copy_async = cuda_copy_async,
 };
 
 expseg_status _expseg_cuda_new(int device, expseg_vmm_t **out) {

@@ -163,6 +163,32 @@ FORWARD(host_alloc, c->size, (void *st, expseg_host_chunk_t *c), (IST(f), c))
 
 FORWARD(host_free, c->size, (void *st, const expseg_host_chunk_t *c), (IST(f), c))
 
+/* A copy the inner driver has no bytes for (sim) is its UNSUPPORTED, as without the wrapper. */
+static expseg_status fault_copy(void *st, uintptr_t dev, void *host, size_t size,
+                                bool to_device) {
+  fault_t *f = st;
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_copy);
+  if (s) return s;
+  if (!INNER(f)->copy)
+    return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                             "%s driver: %s: the driver has no bytes to copy (host and cuda do)",
+                             INNER(f)->name, to_device ? "copy_in" : "copy_out");
+  s = INNER(f)->copy(IST(f), dev, host, size, to_device);
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_copy, s, 0);
+  return s;
+}
+
+static expseg_status fault_copy_async(void *st, uintptr_t dev, void *host, size_t size,
+                                      bool to_device, expseg_stream strm) {
+  fault_t *f = st;
+  if (!INNER(f)->copy_async) return fault_copy(st, dev, host, size, to_device);
+  expseg_status s = inject(f, EXPSEG_VMM_CALL_copy);
+  if (s) return s;
+  s = INNER(f)->copy_async(IST(f), dev, host, size, to_device, strm);
+  _expseg_vmm_account(f->inner, EXPSEG_VMM_CALL_copy, s, 0);
+  return s;
+}
+
 static int fault_host_numa(void *st) {
   fault_t *f = st;
   return _expseg_vmm_host_numa(f->inner); /* the inner spec's numa=N counts */
@@ -217,6 +243,7 @@ static void fault_destroy(void *st) {
     .mem_info = fault_mem_info, .now_ns = fault_now_ns, .hold_stream = hold,               \
     .host_alloc = fault_host_alloc, .host_free = fault_host_free,                          \
     .host_numa = fault_host_numa, .device_synchronize = fault_device_synchronize,          \
+    .copy = fault_copy, .copy_async = fault_copy_async,                                    \
     .stream_create = fault_stream_create,                                                  \
     .stream_destroy = fault_stream_destroy,                                                \
     .destroy = fault_destroy,                                                              \

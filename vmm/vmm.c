@@ -525,30 +525,43 @@ expseg_status _expseg_vmm_set_access_dev(expseg_vmm_t *v, uintptr_t addr, size_t
   return st;
 }
 
-/* copy_in / copy_out: one checked path; the fault wrapper's inner driver does the copy. */
+/* copy_in / copy_out: one checked, counted path (a fault wrapper's copy may fail it, then
+ * passes it to its inner driver). */
 static expseg_status vmm_copy(expseg_vmm_t *v, uintptr_t dev, void *host, size_t size,
-                              bool to_device) {
+                              bool to_device, const expseg_stream *stream) {
   const char *what = to_device ? "copy_in" : "copy_out";
   if (size == 0 || !host || dev + size < dev)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "%s driver: %s(device 0x%llx, host %p, size %zu): accepted are a "
                              "size > 0, a host pointer and a range that does not wrap",
                              v->ops->name, what, (unsigned long long)dev, host, size);
-  expseg_vmm_t *inner = _expseg_fault_inner(v);
-  if (inner) return vmm_copy(inner, dev, host, size, to_device);
   if (!v->ops->copy)
     return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
                              "%s driver: %s: the driver has no bytes to copy (host and cuda do)",
                              v->ops->name, what);
-  return v->ops->copy(v->st, dev, host, size, to_device);
+  expseg_status st = stream && v->ops->copy_async
+                         ? v->ops->copy_async(v->st, dev, host, size, to_device, *stream)
+                         : v->ops->copy(v->st, dev, host, size, to_device);
+  _expseg_vmm_account(v, EXPSEG_VMM_CALL_copy, st, 0);
+  return st;
+}
+
+bool _expseg_vmm_copies_async(expseg_vmm_t *v) {
+  expseg_vmm_t *inner = _expseg_fault_inner(v);
+  return (inner ? inner : v)->ops->copy_async != NULL;
+}
+
+expseg_status _expseg_vmm_copy_async(expseg_vmm_t *v, uintptr_t dev, void *host, size_t size,
+                                     bool to_device, expseg_stream stream) {
+  return vmm_copy(v, dev, host, size, to_device, &stream);
 }
 
 expseg_status _expseg_vmm_copy_in(expseg_vmm_t *v, uintptr_t dst, const void *src, size_t size) {
-  return vmm_copy(v, dst, (void *)(uintptr_t)src, size, true);
+  return vmm_copy(v, dst, (void *)(uintptr_t)src, size, true, NULL);
 }
 
 expseg_status _expseg_vmm_copy_out(expseg_vmm_t *v, void *dst, uintptr_t src, size_t size) {
-  return vmm_copy(v, src, dst, size, false);
+  return vmm_copy(v, src, dst, size, false, NULL);
 }
 
 expseg_status _expseg_vmm_has_access(expseg_vmm_t *v, uintptr_t addr, size_t size, int device,

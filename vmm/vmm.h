@@ -65,7 +65,7 @@ extern "C" {
   X(reserve) X(unreserve) X(create) X(release) X(map) X(unmap) X(set_access)              \
   X(event_create) X(event_destroy) X(event_record) X(event_query) X(event_synchronize)    \
   X(stream_synchronize) X(export_fd) X(import_fd) X(host_alloc) X(host_free)               \
-  X(device_synchronize)
+  X(device_synchronize) X(copy)
 
 typedef enum expseg_vmm_call {
 #define EXPSEG_VMM_CALL_ENUM_(n) EXPSEG_VMM_CALL_##n,
@@ -148,6 +148,12 @@ typedef struct expseg_vmm_ops_s {
    * has no bytes): copies size bytes between host memory and [dev, dev+size), which must be
    * mapped and accessible to the driver's device. to_device: host -> device. */
   expseg_status (*copy)(void *st, uintptr_t dev, void *host, size_t size, bool to_device);
+  /* The same queued on `stream` (a stream the driver created) and returned at once: the bytes
+   * are in place once stream_synchronize(stream) returns, and neither side may be unmapped or
+   * freed before. host must be pinned host memory (host_alloc's). NULL: the driver copies
+   * synchronously only (host, sim). cuda: cuMemcpyHtoDAsync / cuMemcpyDtoHAsync. */
+  expseg_status (*copy_async)(void *st, uintptr_t dev, void *host, size_t size, bool to_device,
+                              expseg_stream stream);
 } expseg_vmm_ops_t;
 
 /* A driver instance. Counts are atomics: the allocator calls create/release outside its
@@ -203,13 +209,21 @@ expseg_status _expseg_vmm_set_access_dev(expseg_vmm_t *v, uintptr_t addr, size_t
  * EXPSEG_ERR_UNSUPPORTED where the backend keeps none (cuda, fault). Not counted. */
 expseg_status _expseg_vmm_has_access(expseg_vmm_t *v, uintptr_t addr, size_t size, int device,
                                      int *state);
-/* Data-check hook (ops->copy): writes size bytes of src at device address dst (copy_in),
- * reads size bytes at device address src into dst (copy_out). A fault wrapper passes them to
- * its inner driver. EXPSEG_ERR_UNSUPPORTED on sim (no bytes behind its addresses);
- * EXPSEG_ERR_INVALID_ARGUMENT for size 0, a NULL host pointer, or (host, cuda) a range not
- * mapped or not accessible. Not counted. */
+/* Byte copies (ops->copy): writes size bytes of src at device address dst (copy_in),
+ * reads size bytes at device address src into dst (copy_out). Used by sleep and wake and by
+ * data checks. Counted as call kind `copy`, so a fault rule can fail it (a fault wrapper
+ * passes the others to its inner driver). EXPSEG_ERR_UNSUPPORTED on sim (no bytes behind
+ * its addresses); EXPSEG_ERR_INVALID_ARGUMENT for size 0, a NULL host pointer, or (host,
+ * cuda) a range not mapped or not accessible. */
 expseg_status _expseg_vmm_copy_in(expseg_vmm_t *v, uintptr_t dst, const void *src, size_t size);
 expseg_status _expseg_vmm_copy_out(expseg_vmm_t *v, void *dst, uintptr_t src, size_t size);
+/* Whether the driver (a fault wrapper's inner one) queues copies (ops->copy_async). */
+bool _expseg_vmm_copies_async(expseg_vmm_t *v);
+/* ops->copy_async, checked as copy_in/out and counted as a `copy` call; host is pinned
+ * memory, stream one the driver created; synchronize the stream before using either side.
+ * Where the driver has no copy_async, the synchronous copy. */
+expseg_status _expseg_vmm_copy_async(expseg_vmm_t *v, uintptr_t dev, void *host, size_t size,
+                                     bool to_device, expseg_stream stream);
 expseg_status _expseg_vmm_event_create(expseg_vmm_t *v, expseg_vmm_event *ev);
 expseg_status _expseg_vmm_event_destroy(expseg_vmm_t *v, expseg_vmm_event ev);
 expseg_status _expseg_vmm_event_record(expseg_vmm_t *v, expseg_vmm_event ev, expseg_stream s);

@@ -428,7 +428,7 @@ DBL_EXPORT CUresult CUDAAPI cuGetErrorString(CUresult e, const char **s) {
   X(cuMemcpyDtoH) X(cuMemcpyDtoD) X(cuMemsetD8) X(cuMemsetD32) X(cuEventCreate)              \
   X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuStreamCreate) \
   X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitValue32)          \
-  X(cuStreamWriteValue32) X(cuStreamWaitEvent)
+  X(cuStreamWriteValue32) X(cuStreamWaitEvent) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)
 
 static const struct {
   const char *name;

@@ -59,7 +59,7 @@ typedef struct {
   unsigned access; /* bit d: device d may read and write */
 } dbl_map;
 
-typedef enum { OP_EVENT, OP_WAIT, OP_WRITE, OP_HOLD, OP_WAIT_EVENT } dbl_op_kind;
+typedef enum { OP_EVENT, OP_WAIT, OP_WRITE, OP_HOLD, OP_WAIT_EVENT, OP_COPY } dbl_op_kind;
 
 typedef struct dbl_event {
   uint32_t magic;
@@ -75,6 +75,9 @@ typedef struct {
   uint32_t value;
   unsigned flags;
   bool released; /* OP_HOLD */
+  void *dst;     /* OP_COPY: cuMemcpy*Async's n bytes from src to dst, done at a sync */
+  const void *src;
+  size_t n;
 } dbl_op;
 
 struct dbl_stream {
@@ -110,6 +113,10 @@ typedef struct {
   /* destinations of cuMemcpyHtoD from pageable memory whose DMA may still run (dbl_range *):
    * until the legacy stream or the context is synchronized, or another copy starts */
   dbl_vec dma;
+  /* inside a synchronizing call: queued copies run (of sync_stream, or of every stream when
+   * it is NULL); elsewhere a queued copy stops its stream */
+  bool syncing;
+  const struct dbl_stream *sync_stream;
   /* the call log: a ring of log_max entries */
   cudadouble_call *log;
   size_t log_n, log_head;
@@ -162,6 +169,10 @@ dbl_stream *dbl_default_stream(int dev);
 void dbl_counts_streams(cudadouble_state *o);
 int dbl_hold(dbl_stream *s, bool hold);
 dbl_stream *dbl_stream_of(CUstream s, dbl_ctx *ctx);
+/* an asynchronous copy to or from [base, base+n) is queued and not yet done */
+bool dbl_copy_queued(uintptr_t base, size_t n);
+/* memory.c: [p, p+n) lies in host memory registered with cuMemHostRegister (pinned) */
+bool dbl_host_pinned(const void *p, size_t n);
 /* the pageable-memory copies in flight have landed (a synchronizing call) */
 void dbl_dma_done(void);
 

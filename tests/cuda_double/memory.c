@@ -331,6 +331,11 @@ DBL_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
                    "cuMemUnmap(0x%llx, %zu): not the entire range of one or more mappings "
                    "(cuMemUnmap cannot unmap a sub-range, nor unmapped memory)",
                    ptr, size));
+  if (dbl_copy_queued(ptr, size))
+    END(dbl_refuse(CUDA_ERROR_ILLEGAL_STATE,
+                   "cuMemUnmap(0x%llx, %zu): an asynchronous copy (cuMemcpyHtoDAsync / "
+                   "DtoHAsync) to or from it is queued and its stream not yet synchronized",
+                   ptr, size));
   for (size_t i = 0; i < g.dma.n; i++) {
     const dbl_range *r = g.dma.v[i];
     if (r->base < ptr + size && ptr < r->base + r->size)
@@ -556,7 +561,7 @@ static CUresult check_device_range(const char *call, int dev, uintptr_t p, size_
     if (rr_ != CUDA_SUCCESS) END(rr_);                                \
   }
 
-static bool host_registered(const void *p, size_t n) {
+bool dbl_host_pinned(const void *p, size_t n) {
   for (size_t i = 0; i < g.hostregs.n; i++) {
     const dbl_range *r = g.hostregs.v[i];
     if ((uintptr_t)p >= r->base && (uintptr_t)p - r->base + n <= r->size) return true;
@@ -574,7 +579,7 @@ DBL_EXPORT CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_
   CHECKED(call_.name, ctx->dev, dst, n);
   dbl_dma_done();
   if (n) memcpy((void *)dst, src, n);
-  if (n && !host_registered(src, n)) {
+  if (n && !dbl_host_pinned(src, n)) {
     dbl_range *r = malloc(sizeof *r);
     if (!r) abort(); /* a test library: out of host memory ends the test */
     *r = (dbl_range){(uintptr_t)dst, n};

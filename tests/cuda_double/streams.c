@@ -10,7 +10,10 @@
  * Synchronize calls poll until done, up to sync_timeout ms (a real GPU would wait forever:
  * the double answers CUDA_ERROR_LAUNCH_TIMEOUT and says so). The default stream (NULL,
  * CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) is one queue per device; its implicit
- * synchronisation with blocking streams is not modelled. */
+ * synchronisation with blocking streams is not modelled. Asynchronous copies
+ * (cuMemcpyHtoDAsync / DtoHAsync) are queued too, and land only inside a synchronizing call
+ * that covers their stream (its cuStreamSynchronize, cuCtxSynchronize, cuEventSynchronize):
+ * until then the destination keeps its old bytes and an unmap of either side is refused. */
 #include "double.h"
 
 #include <stdlib.h>
@@ -60,6 +63,10 @@ static void advance(dbl_stream *s) {
     if (o->kind == OP_HOLD && !o->released) break;
     if (o->kind == OP_WAIT && !wait_met(o)) break;
     if (o->kind == OP_WAIT_EVENT && o->ev && o->ev->done < o->seq) break;
+    if (o->kind == OP_COPY) { /* lands only in a synchronizing call that covers s */
+      if (!g.syncing || (g.sync_stream && g.sync_stream != s)) break;
+      memcpy(o->dst, o->src, o->n);
+    }
     if (o->kind == OP_WRITE) __atomic_store_n(o->addr, o->value, __ATOMIC_RELEASE);
     if (o->kind == OP_EVENT && o->ev && o->ev->done < o->seq) o->ev->done = o->seq;
   }
@@ -146,12 +153,15 @@ static dbl_event *event_of(CUevent e) {
     END(dbl_refuse(CUDA_ERROR_INVALID_HANDLE, "%s(event %p): not a live event", call_.name,   \
                    (void *)(h)));
 
-/* Polls until done() holds, the mutex released between polls; false after the timeout. */
-static bool wait_until(bool (*done)(const void *), const void *arg) {
+/* Polls until done() holds, the mutex released between polls; false after the timeout.
+ * Queued copies of `copies` (NULL: of every stream) run meanwhile. */
+static bool wait_until(bool (*done)(const void *), const void *arg, const dbl_stream *copies) {
   struct timespec t0, now;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   for (;;) {
+    g.syncing = true, g.sync_stream = copies;
     dbl_advance_all();
+    g.syncing = false, g.sync_stream = NULL;
     if (done(arg)) return true;
     clock_gettime(CLOCK_MONOTONIC, &now);
     double ms = (double)(now.tv_sec - t0.tv_sec) * 1e3 + (double)(now.tv_nsec - t0.tv_nsec) / 1e6;
@@ -203,7 +213,7 @@ DBL_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream h) {
   NEED_CTX(ctx);
   STREAM(s, h, ctx);
   if (h == NULL || h == CU_STREAM_LEGACY) dbl_dma_done(); /* the copies' stream */
-  END(wait_until(stream_idle, s) ? CUDA_SUCCESS : timed_out(call_.name));
+  END(wait_until(stream_idle, s, s) ? CUDA_SUCCESS : timed_out(call_.name));
 }
 
 DBL_EXPORT CUresult CUDAAPI cuStreamQuery(CUstream h) {
@@ -228,7 +238,7 @@ DBL_EXPORT CUresult CUDAAPI cuCtxSynchronize(void) {
   BEGIN("cuCtxSynchronize");
   NEED_CTX(ctx);
   dbl_dma_done();
-  END(wait_until(device_idle, ctx) ? CUDA_SUCCESS : timed_out(call_.name));
+  END(wait_until(device_idle, ctx, NULL) ? CUDA_SUCCESS : timed_out(call_.name));
 }
 
 #if CUDA_VERSION >= 13000
@@ -248,7 +258,7 @@ DBL_EXPORT CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
                    "takes the context as its argument)",
                    (void *)ctx));
   dbl_dma_done();
-  END(wait_until(device_idle, c) ? CUDA_SUCCESS : timed_out(call_.name));
+  END(wait_until(device_idle, c, NULL) ? CUDA_SUCCESS : timed_out(call_.name));
 }
 #endif
 
@@ -372,5 +382,59 @@ DBL_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent h) {
   EVENT(e, h);
   /* the event cannot be destroyed while we poll: cuEventDestroy of it by another thread
    * during its own synchronize is a use after free on the driver too */
-  END(wait_until(event_done, e) ? CUDA_SUCCESS : timed_out(call_.name));
+  END(wait_until(event_done, e, NULL) ? CUDA_SUCCESS : timed_out(call_.name));
+}
+
+/* ---- asynchronous copies ---- */
+
+bool dbl_copy_queued(uintptr_t base, size_t n) {
+  for (size_t i = 0; i < g.streams.n + DBL_MAX_DEVICES; i++) {
+    const dbl_stream *s = i < g.streams.n ? g.streams.v[i] : g.dev[i - g.streams.n].default_stream;
+    for (size_t k = 0; s && k < s->n; k++) {
+      const dbl_op *o = &s->ops[k];
+      if (o->kind != OP_COPY) continue;
+      const uintptr_t d = (uintptr_t)o->dst, sr = (uintptr_t)o->src;
+      if ((d < base + n && base < d + o->n) || (sr < base + n && base < sr + o->n)) return true;
+    }
+  }
+  return false;
+}
+
+/* As NVIDIA documents them: the stream must be live and of the current context, the device
+ * range mapped with access, and the host memory page-locked for the copy to be asynchronous;
+ * the double refuses pageable memory (a real driver stages it and returns only once the
+ * copy is done, which silently loses the overlap). The copy is queued: it lands when its
+ * stream (or the context, or an event) is synchronized, so a reader that did not
+ * synchronize sees the old bytes. */
+static CUresult copy_async(dbl_call *c, dbl_ctx *ctx, dbl_stream *s, void *dst, const void *src,
+                           size_t n, uintptr_t dev, const void *host) {
+  if (n && !dbl_accessible(dev, n, ctx->dev))
+    return dbl_refuse(CUDA_ERROR_INVALID_VALUE,
+                      "%s: [0x%lx, +%zu) is not memory device %d can access (unmapped, or no "
+                      "cuMemSetAccess)",
+                      c->name, (unsigned long)dev, n, ctx->dev);
+  if (n && !dbl_host_pinned(host, n))
+    return dbl_refuse(CUDA_ERROR_INVALID_VALUE,
+                      "%s: host memory %p (+%zu) is pageable; the double accepts page-locked "
+                      "memory only (cuMemHostRegister / cuMemHostAlloc): with pageable memory "
+                      "the copy is not asynchronous",
+                      c->name, host, n);
+  if (n) push(s, (dbl_op){.kind = OP_COPY, .dst = dst, .src = src, .n = n});
+  dbl_advance_all();
+  return CUDA_SUCCESS;
+}
+
+DBL_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n,
+                                              CUstream h) {
+  BEGIN_ARGS("cuMemcpyHtoDAsync", dst, n, (uintptr_t)h);
+  NEED_CTX(ctx);
+  STREAM(s, h, ctx);
+  END(copy_async(&call_, ctx, s, (void *)dst, src, n, (uintptr_t)dst, src));
+}
+
+DBL_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream h) {
+  BEGIN_ARGS("cuMemcpyDtoHAsync", src, n, (uintptr_t)h);
+  NEED_CTX(ctx);
+  STREAM(s, h, ctx);
+  END(copy_async(&call_, ctx, s, dst, (const void *)src, n, (uintptr_t)src, dst));
 }

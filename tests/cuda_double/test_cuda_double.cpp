@@ -228,6 +228,55 @@ TEST_F(Double, MapUnmapAndAccessRules) {
   OK(cuMemAddressFree(va, 16 * MiB));
 }
 
+// cuMemcpyHtoDAsync / DtoHAsync: page-locked host memory only, a live stream; the copy lands
+// only when its stream (or the context) is synchronized, so a reader that skipped the sync
+// sees the old bytes, and neither side may be unmapped before.
+TEST_F(Double, AsyncCopiesLandAtTheStreamSync) {
+  CUmemAllocationProp p = prop();
+  CUmemGenericAllocationHandle h = 0;
+  CUdeviceptr va = 0;
+  OK(cuMemAddressReserve(&va, 4 * MiB, 0, 0, 0));
+  OK(cuMemCreate(&h, 4 * MiB, &p, 0));
+  OK(cuMemMap(va, 4 * MiB, 0, h, 0));
+  CUmemAccessDesc d = rw();
+  OK(cuMemSetAccess(va, 4 * MiB, &d, 1));
+  std::vector<unsigned char> old(MiB, 1), back(MiB, 0);
+  OK(cuMemcpyHtoD(va, old.data(), old.size()));
+  OK(cuStreamSynchronize(nullptr));
+  CUstream s = nullptr, other = nullptr;
+  OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  OK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  REFUSED(CUDA_ERROR_INVALID_VALUE, cuMemcpyHtoDAsync(va, old.data(), MiB, s)); // pageable
+  REFUSED(CUDA_ERROR_INVALID_HANDLE, cuMemcpyHtoDAsync(va, old.data(), MiB, (CUstream)&back));
+  void *pinned = aligned_alloc(4096, MiB);
+  ASSERT_NE(pinned, nullptr);
+  OK(cuMemHostRegister(pinned, MiB, 0));
+  memset(pinned, 2, MiB);
+  OK(cuMemcpyHtoDAsync(va, pinned, MiB, s));
+  OK(cuMemcpyDtoH(back.data(), va, MiB)); // no sync of s: the old bytes
+  EXPECT_EQ(back, old);
+  OK(cuStreamSynchronize(other)); // another stream's sync does not land it
+  OK(cuMemcpyDtoH(back.data(), va, MiB));
+  EXPECT_EQ(back, old);
+  REFUSED(CUDA_ERROR_ILLEGAL_STATE, cuMemUnmap(va, 4 * MiB));
+  OK(cuStreamSynchronize(s));
+  OK(cuMemcpyDtoH(back.data(), va, MiB));
+  EXPECT_EQ(back, std::vector<unsigned char>(MiB, 2));
+  // device -> host: the pinned buffer changes at the context's sync
+  memset(pinned, 3, MiB);
+  OK(cuMemcpyDtoHAsync(pinned, va, MiB, s));
+  EXPECT_EQ(((unsigned char *)pinned)[0], 3);
+  OK(cuCtxSynchronize());
+  EXPECT_EQ(((unsigned char *)pinned)[MiB - 1], 2);
+  OK(cuMemUnmap(va, 4 * MiB));
+  OK(cuMemHostUnregister(pinned));
+  free(pinned);
+  OK(cuStreamDestroy(s));
+  OK(cuStreamDestroy(other));
+  OK(cuMemRelease(h));
+  OK(cuMemAddressFree(va, 4 * MiB));
+}
+
 TEST_F(Double, PeerAccessAndItsAbsence) {
   CUmemAllocationProp p = prop();
   CUmemGenericAllocationHandle h = 0;

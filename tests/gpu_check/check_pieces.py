@@ -6,7 +6,9 @@
 
 PIECE: driver (expseg-bench-driver: skipped sizes, the page sweep, unmap while a stream is
 held, the JSON, a cost table expseg-replay accepts), device (expseg-bench-device: bytes
-checked, out of memory, nothing leaked; sim refused), report (gpu_check_report.py over a
+checked, out of memory, nothing leaked; sim refused), sleep (expseg-bench-sleep: a region
+slept and woken, every byte checked, the copy time within each, the floor measured, the
+JSON; sim gives calls only), report (gpu_check_report.py over a
 made-up work folder: statuses, the double's label, the summary), args (bench/gpu-check
 refuses bad arguments with a message). SPEC: the driver (default host:capacity=256M). Exit 0
 when every assertion holds; otherwise the first failed one is printed and the status is 1.
@@ -82,6 +84,33 @@ def piece_device(bench, src, spec, tmp):
     check(p.returncode == 2 and "sim driver has no bytes" in p.stdout, "sim refused with a message")
 
 
+def piece_sleep(bench, src, spec, tmp):
+    j = os.path.join(tmp, "sleep.json")
+    p = run([os.path.join(bench, "expseg-bench-sleep"), "--driver", spec, "--size", "96",
+             "--block", "16", "--rounds", "2", "--json", j])
+    check(p.returncode == 0, "expseg-bench-sleep exits 0")
+    d = json.load(open(j))
+    check(d["bytes"] is True and d["size_bytes"] == 96 << 20 and d["rounds"] == 2, "size and rounds")
+    # every byte checked after the last wake, both ends of every block after the first
+    check(d["mismatches"] == 0 and d["checked_bytes"] == (96 << 20) + 6 * 2 * 4096,
+          "bytes checked: %s, mismatches %s" % (d["checked_bytes"], d["mismatches"]))
+    check(0 < d["sleep_copy_ms"] <= d["sleep_ms"] and 0 < d["wake_copy_ms"] <= d["wake_ms"],
+          "the copy time is measured and part of each sleep and wake")
+    check(d["floor_d2h_ms"] > 0 and d["floor_h2d_ms"] > 0, "the floor is measured")
+    c = d["calls_per_gib"]
+    # 6 blocks of 16 MiB per 96 MiB: 64 copies per GiB each way; one create and map per chunk
+    check(c["copy"] == [64.0, 64.0], "one copy per live block each way: %s" % c["copy"])
+    check(c["create"][0] == 0 and c["create"][1] > 0 and c["unmap"][0] > 0 and c["unmap"][1] == 0,
+          "the sleep unmaps, the wake creates")
+    check("sleep (offload)" in p.stdout and "floor: device -> host" in p.stdout, "the table is printed")
+    p = run([os.path.join(bench, "expseg-bench-sleep"), "--driver", "sim", "--size", "64",
+             "--rounds", "1"])
+    check(p.returncode == 0 and "driver calls per GiB" in p.stdout and "floor" not in p.stdout,
+          "sim: calls only")
+    p = run([os.path.join(bench, "expseg-bench-sleep"), "--size", "0"])
+    check(p.returncode == 2 and "--size" in p.stdout, "--size 0 refused with a message")
+
+
 def piece_report(bench, src, spec, tmp):
     work, out = os.path.join(tmp, "work"), os.path.join(tmp, "out")
     os.makedirs(work)
@@ -96,6 +125,12 @@ def piece_report(bench, src, spec, tmp):
                                               "release", "unreserve")}},
             {"mib": 2048, "measured": False}], "set_access_pages": [],
             "cudart": {"status": "not asked"}, "unmap_wait": {"status": "not asked"}}, f)
+    with open(os.path.join(work, "sleep.json"), "w") as f:
+        json.dump({"driver": "cuda", "bytes": True, "size_bytes": 1 << 30, "rounds": 3,
+                   "sleep_ms": 100.0, "sleep_copy_ms": 80.0, "wake_ms": 120.0, "wake_copy_ms": 90.0,
+                   "first_sleep_ms": 300.0, "first_wake_ms": 130.0, "floor_d2h_ms": 50.0,
+                   "floor_h2d_ms": 60.0, "fresh_pages_ms": 0, "checked_bytes": 1 << 30,
+                   "mismatches": 0, "calls_per_gib": {}}, f)
     with open(os.path.join(work, "ctest.out"), "w") as f:
         f.write("97% tests passed, 1 tests failed out of 32\n\nThe following tests FAILED:\n"
                 "\t 12 - GpuVmm.Thing (Failed)\n")
@@ -115,6 +150,9 @@ def piece_report(bench, src, spec, tmp):
     check(r["cost_table"]["lines"][1] == "create 1.0", "the cost table is carried")
     s = open(os.path.join(out, "summary.txt")).read()
     check("meaningless" in s and "ctest    failed" in s and "not measured" in s, "summary lines")
+    check(r["sleep"]["wake_copy_ms"] == 90.0 and "meaningless" in r["sleep"]["timings"],
+          "the sleep figures are carried, labelled meaningless on the double")
+    check("sleep + wake / floor 2.00" in s and "sleep 100.0 ms (copy 80.0)" in s, "the sleep summary")
     p = run([sys.executable, os.path.join(src, "bench", "gpu_check_report.py"), "--work", out,
              "--out", out])
     check(p.returncode == 2 and "parts.tsv" in p.stdout, "no parts.tsv: status 2 and a message")
@@ -135,7 +173,7 @@ def main():
     piece, bench, src = sys.argv[1:4]
     spec = sys.argv[4] if len(sys.argv) > 4 else "host:capacity=256M"
     with tempfile.TemporaryDirectory() as tmp:
-        {"driver": piece_driver, "device": piece_device, "report": piece_report,
+        {"driver": piece_driver, "device": piece_device, "sleep": piece_sleep, "report": piece_report,
          "args": piece_args}[piece](bench, src, spec, tmp)
     print("ok")
     return 0
