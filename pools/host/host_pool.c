@@ -623,6 +623,12 @@ static expseg_status not_live(expseg_host_pool *h, const char *fn, void *ptr) {
   if (o && o->ptr == (uintptr_t)ptr)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "%s(%p): this block of the host pool was already freed", fn, ptr);
+  if (o && o->state != HB_ALLOCATED) /* a freed carved block merges into its neighbours */
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "%s(%p): this memory of the host pool is free (already freed; a "
+                             "freed block may merge with its free neighbours, here into the "
+                             "free block at 0x%llx)",
+                             fn, ptr, (unsigned long long)o->ptr);
   if (o)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "%s(%p): points inside the host pool's block at 0x%llx; pass the "
