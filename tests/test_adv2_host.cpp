@@ -239,6 +239,29 @@ TEST(Adv2Host, CachedSizeZeroGivesEveryBlockBack) {
   expect_sane(h, "end");
 }
 
+// The reserve segment is sliced before the driver is asked, for exact (carved) sizes too: a
+// pool made with pinned_max_round_threshold_mb:0 must not hold its reserve idle and make
+// carve segments beside it.
+TEST(Adv2Host, ReserveSegmentServesExactSizes) {
+  for (const char *cfg : {"pinned_reserve_segment_size_mb:4",
+                          "pinned_reserve_segment_size_mb:4,pinned_max_round_threshold_mb:0",
+                          "pinned_reserve_segment_size_mb:4,pinned_max_cached_size_mb:0"}) {
+    SCOPED_TRACE(cfg);
+    Pool p("host", cfg);
+    expseg_host_pool *h = p.h;
+    void *q[4];
+    for (int round = 0; round < 2; round++) {
+      for (int i = 0; i < 4; i++) ASSERT_EQ(expseg_host_malloc(h, 100000 + (size_t)i, &q[i]), EXPSEG_OK);
+      EXPECT_EQ(hs(h, "segment.current"), 1) << "round " << round << ": only the reserve segment";
+      EXPECT_EQ(hs(h, "reserved_bytes.current"), 4 * (int64_t)MiB) << "round " << round;
+      EXPECT_EQ(hs(h, "expseg.reserve_allocs"), 4) << "round " << round << ": slices reused";
+      for (int i = 0; i < 4; i++) ASSERT_EQ(expseg_host_free(h, q[i]), EXPSEG_OK);
+    }
+    EXPECT_EQ(hs(h, "num_host_alloc"), 1);
+    expect_sane(h, "end");
+  }
+}
+
 TEST(Adv2Host, ResetPeakThenPeaksFollowCurrent) {
   Pool p("host", "pinned_max_round_threshold_mb:1");
   expseg_host_pool *h = p.h;

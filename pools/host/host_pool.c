@@ -578,8 +578,9 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
     process_events(h);
     b = carve ? _expseg_host_carve_take(h, cls) : pop_free(h, cls);
   }
+  if (!b && carve && h->reserve.ptr) b = pop_free(h, cls); /* a reserve slice of this size */
   if (b) h->st.hits++;
-  else if (!carve) b = from_reserve(h, cls);
+  else b = from_reserve(h, cls); /* the reserve segment is sliced before the driver is asked */
   if (b) return hand_out(h, b, size, out);
   h->st.misses++;
   if (carve) return carve_miss(h, size, cls, out);
