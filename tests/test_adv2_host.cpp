@@ -10,10 +10,12 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "expseg.h"
 #include "snapshot_check.h"
+#include "test_seed.h"
 
 namespace {
 
@@ -281,6 +283,62 @@ TEST(Adv2Host, ResetPeakThenPeaksFollowCurrent) {
   expseg_host_reset_peak_stats(nullptr); // no crash
   ASSERT_EQ(expseg_host_free(h, small), EXPSEG_OK);
   expect_sane(h, "end");
+}
+
+// Threads share one pool (with the background thread, carving, a reserve and a cached-size
+// cap): every block keeps its pattern until its free, and the pool balances at the end.
+TEST(Adv2Host, ThreadsShareAPoolWithoutLosingBytes) {
+  EXPSEG_SEEDED(seed, 77);
+  for (const char *cfg :
+       {"pinned_use_background_threads:True,pinned_max_round_threshold_mb:0,"
+        "pinned_reserve_segment_size_mb:2",
+        "pinned_use_background_threads:True,pinned_max_round_threshold_mb:1,"
+        "pinned_max_cached_size_mb:1,pinned_carve_strict:True"}) {
+    SCOPED_TRACE(cfg);
+    Pool p("host", cfg);
+    expseg_host_pool *h = p.h;
+    std::vector<std::thread> ts;
+    std::vector<int> bad(4, 0);
+    for (int t = 0; t < 4; t++)
+      ts.emplace_back([h, t, seed, &bad] {
+        TestRng r(seed * 8 + (uint64_t)t);
+        std::vector<std::pair<unsigned char *, size_t>> mine;
+        for (int i = 0; i < 1500; i++) {
+          if (mine.empty() || (mine.size() < 24 && r.chance(0.55))) {
+            size_t n = 1 + r.below(r.chance(0.9) ? 96 * KiB : 2 * MiB);
+            void *q = nullptr;
+            if (expseg_host_malloc(h, n, &q) != EXPSEG_OK) {
+              bad[t]++;
+              continue;
+            }
+            std::memset(q, t * 16 + (int)(n & 15), n);
+            mine.push_back({static_cast<unsigned char *>(q), n});
+            if (r.chance(0.3)) (void)expseg_host_record_stream(h, q, r.below(4));
+          } else {
+            size_t k = r.below(mine.size());
+            auto b = mine[k];
+            for (size_t j = 0; j < b.second; j++)
+              if (b.first[j] != (unsigned char)(t * 16 + (int)(b.second & 15))) {
+                bad[t]++;
+                break;
+              }
+            if (expseg_host_free(h, b.first) != EXPSEG_OK) bad[t]++;
+            mine[k] = mine.back();
+            mine.pop_back();
+          }
+          if (i % 500 == 499) (void)expseg_host_empty_cache(h);
+        }
+        for (auto &b : mine)
+          if (expseg_host_free(h, b.first) != EXPSEG_OK) bad[t]++;
+      });
+    for (auto &t : ts) t.join();
+    for (int t = 0; t < 4; t++) EXPECT_EQ(bad[t], 0) << "thread " << t;
+    ASSERT_EQ(expseg_host_empty_cache(h), EXPSEG_OK);
+    expect_sane(h, "end");
+    EXPECT_EQ(hs(h, "allocation.current"), 0);
+    EXPECT_EQ(hs(h, "expseg.pending_blocks.current"), 0);
+    EXPECT_EQ(hs(h, "reserved_bytes.current"), hs(h, "expseg.reserve_segment_bytes"));
+  }
 }
 
 // Python reads the snapshot: host_segments' allocated blocks are what the statistics say, and
