@@ -359,10 +359,49 @@ std::string host_summary(expseg_allocator *a, expseg_host_pool *h, unsigned flag
       "s=d['host_segments']; t=d['host_traces']; "
       "al=sum(b['size'] for g in s for b in g['blocks'] if b['state']=='active_allocated'); "
       "tot=sum(g['total_size'] for g in s); "
+      "bad=[g['address'] for g in s if sum(b['size'] for b in g['blocks'])!=g['total_size'] or "
+      "any(b['address']!=g['address']+sum(c['size'] for c in g['blocks'][:i]) "
+      "for i,b in enumerate(g['blocks']))]; "
+      "bad and sys.exit('host segments not tiled by their blocks: %s' % bad); "
       "print(len(s), tot, al, len(t), ','.join(e['action'] for e in t))\" '" + path + "'",
       &out);
   EXPECT_EQ(rc, 0) << out;
   return out;
+}
+
+// Every kind of host segment at once (reserve slices of exact and power-of-two sizes, carve
+// segments, chunks of their own above the cached size), with live, free and cached blocks:
+// the snapshot's host segments are tiled by their blocks and agree with the statistics.
+TEST(Adv2Host, SnapshotOfEveryKindOfSegment) {
+  if (!snapshot_have_python()) GTEST_SKIP() << "python3 with pickle is needed";
+  Pool p("host", "pinned_reserve_segment_size_mb:1,pinned_max_round_threshold_mb:0,"
+                 "pinned_max_cached_size_mb:2");
+  expseg_host_pool *h = p.h;
+  expseg_allocator *a = nullptr;
+  ASSERT_EQ(expseg_create("sim", 0, "", &a), EXPSEG_OK);
+  std::vector<void *> live;
+  const size_t sizes[] = {100000, 5000, 300000, 700000, 3 * MiB, 64 * KiB, 9000, 1500000};
+  for (size_t n : sizes) {
+    void *q = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h, n, &q), EXPSEG_OK) << expseg_last_error();
+    live.push_back(q);
+  }
+  ASSERT_EQ(expseg_host_free(h, live[1]), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_free(h, live[3]), EXPSEG_OK);
+  ASSERT_EQ(expseg_host_free(h, live[4]), EXPSEG_OK); // above the cached size: given back
+  std::string path = ::testing::TempDir() + "adv2_host_kinds.pickle";
+  std::string out = host_summary(a, h, 0, path);
+  int nseg = -1, ntr = -1;
+  long long tot = -1, al = -1;
+  ASSERT_GE(std::sscanf(out.c_str(), "%d %lld %lld %d", &nseg, &tot, &al, &ntr), 4) << out;
+  EXPECT_EQ(nseg, hs(h, "segment.current")) << out;
+  EXPECT_EQ(tot, hs(h, "reserved_bytes.current")) << out;
+  EXPECT_EQ(al, hs(h, "allocated_bytes.current")) << out;
+  std::string chk;
+  EXPECT_EQ(snapshot_check(path, "", false, &chk), 0) << chk;
+  for (size_t i : {0, 2, 5, 6, 7}) ASSERT_EQ(expseg_host_free(h, live[i]), EXPSEG_OK);
+  expect_sane(h, "end");
+  expseg_destroy(a);
 }
 
 TEST(Adv2Host, HistoryBoundsAndSnapshotAgreeWithStatistics) {
