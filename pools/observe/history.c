@@ -423,8 +423,9 @@ expseg_status expseg_allocation_traceback(expseg_allocator *a, const void *ptr, 
                            : h == NULL ? "the history is off: record it "
                                          "(expseg_record_history) before the allocation is made"
                            : (h->flags & EXPSEG_HISTORY_SKIP_ALLOC)
-                               ? "alloc events are not recorded (EXPSEG_HISTORY_SKIP_ALLOC is "
-                                 "set): record without it to get tracebacks"
+                               ? "the history no longer holds its alloc event: alloc events "
+                                 "are not recorded (EXPSEG_HISTORY_SKIP_ALLOC is set); record "
+                                 "without it to get tracebacks"
                                : "the history no longer holds its alloc event (a "
                                  "larger max_entries keeps more)");
   } else {
