@@ -206,12 +206,17 @@ TEST_P(Adv2PoolsRandom, InvariantsHoldThroughPoolsRegionsAndSleeps) {
   EXPECT_EQ(left.live_events, 0);
 }
 
+const char *const kCaseNames[] = {"host_expandable", "sim_classic", "host_gc_split"};
+
 INSTANTIATE_TEST_SUITE_P(Configs, Adv2PoolsRandom,
                          ::testing::Values(Case{"host:capacity=256M", "expandable_segments:True"},
                                            Case{"sim:capacity=512M", "expandable_segments:False"},
                                            Case{"host:capacity=128M",
                                                 "expandable_segments:True,"
                                                 "garbage_collection_threshold:0.6,"
-                                                "max_split_size_mb:20"}));
+                                                "max_split_size_mb:20"}),
+                         [](const ::testing::TestParamInfo<Case> &i) {
+                           return std::string(kCaseNames[i.index]);
+                         });
 
 }  // namespace

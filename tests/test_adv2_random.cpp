@@ -52,7 +52,9 @@ Stats host_stats(const expseg_host_pool *h) {
   return m;
 }
 
-unsigned char pattern_of(uint64_t id) { return (unsigned char)(id * 0x9E3779B97F4A7C15ull >> 56) | 1; }
+unsigned char pattern_of(uint64_t id) {
+  return (unsigned char)(id * 0x9E3779B97F4A7C15ull >> 56) | 1;
+}
 
 bool has_pattern(const void *p, size_t n, unsigned char c, size_t *bad) {
   const unsigned char *q = static_cast<const unsigned char *>(p);
@@ -71,11 +73,11 @@ struct Block {
   std::set<expseg_stream> recorded;
 };
 
-struct Busy { // freed with a held stream recorded: its memory may still be in use
+struct Busy {  // freed with a held stream recorded: its memory may still be in use
   uintptr_t addr;
   size_t size;
   uint64_t id;
-  std::set<expseg_stream> held; // the held streams it waits for
+  std::set<expseg_stream> held;  // the held streams it waits for
 };
 
 struct Model {
@@ -83,16 +85,16 @@ struct Model {
   std::vector<Busy> busy;
   std::map<uintptr_t, std::pair<size_t, uint64_t>> host_live;
   bool held[kHeldBase + 4] = {};
-  int64_t mallocs = 0, frees = 0, ooms = 0; // since the last reset_accumulated
+  int64_t mallocs = 0, frees = 0, ooms = 0;  // since the last reset_accumulated
   uint64_t next_id = 1;
 };
 
 size_t random_size(TestRng &r) {
   uint64_t k = r.below(100);
-  if (k < 45) return 1 + r.below(8 * KiB);                // small pool
-  if (k < 75) return 8 * KiB + r.below(MiB);              // small/large edge
-  if (k < 95) return MiB + r.below(12 * MiB);              // large
-  return 16 * MiB + r.below(48 * MiB);                     // big
+  if (k < 45) return 1 + r.below(8 * KiB);     // small pool
+  if (k < 75) return 8 * KiB + r.below(MiB);   // small/large edge
+  if (k < 95) return MiB + r.below(12 * MiB);  // large
+  return 16 * MiB + r.below(48 * MiB);         // big
 }
 
 bool overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) { return a < b + bn && b < a + an; }
@@ -105,7 +107,7 @@ Stats comparable(Stats s) {
 }
 
 class Runner {
-public:
+ public:
   // real: the driver's memory can be written (host); on sim the patterns are not used
   Runner(expseg_allocator *a, expseg_host_pool *h, uint64_t seed, bool real)
       : a_(a), h_(h), r_(seed), real_(real) {}
@@ -113,18 +115,30 @@ public:
   void step(int i) {
     step_ = i;
     uint64_t op = r_.below(1000);
-    if (op < 330) do_malloc();
-    else if (op < 560) do_free();
-    else if (op < 640) do_record();
-    else if (op < 690) do_hold();
-    else if (op < 710) do_empty_cache();
-    else if (op < 730) do_fraction();
-    else if (op < 750) do_resets();
-    else if (op < 790) do_bad_calls();
-    else if (op < 880) do_host_malloc();
-    else if (op < 960) do_host_free();
-    else if (op < 975) do_host_record();
-    else do_snapshot();
+    if (op < 330)
+      do_malloc();
+    else if (op < 560)
+      do_free();
+    else if (op < 640)
+      do_record();
+    else if (op < 690)
+      do_hold();
+    else if (op < 710)
+      do_empty_cache();
+    else if (op < 730)
+      do_fraction();
+    else if (op < 750)
+      do_resets();
+    else if (op < 790)
+      do_bad_calls();
+    else if (op < 880)
+      do_host_malloc();
+    else if (op < 960)
+      do_host_free();
+    else if (op < 975)
+      do_host_record();
+    else
+      do_snapshot();
     check_all();
   }
 
@@ -153,7 +167,7 @@ public:
     EXPECT_EQ(host_stats(h_)["allocation.current"], 0);
   }
 
-private:
+ private:
   std::string where() const { return "step " + std::to_string(step_); }
 
   void do_malloc() {
@@ -229,7 +243,8 @@ private:
     for (const Busy &b : m_.busy) {
       if (!b.held.count(s)) continue;
       size_t bad = 0;
-      EXPECT_TRUE(!real_ || has_pattern(reinterpret_cast<void *>(b.addr), b.size, pattern_of(b.id), &bad))
+      EXPECT_TRUE(!real_ ||
+                  has_pattern(reinterpret_cast<void *>(b.addr), b.size, pattern_of(b.id), &bad))
           << where() << ": memory of a freed block still used by held stream " << s
           << " changed at byte " << bad << " (block " << b.addr << ")";
     }
@@ -276,7 +291,7 @@ private:
     Stats before = dev_stats(a_);
     const std::pair<double, const char *> bad[] = {
         {-0.1, "-0.1"}, {1.5, "1.5"}, {1e-320, "e-321"}, {NAN, "nan"}};
-    for (auto &b : bad) { // the message names the value and what is accepted
+    for (auto &b : bad) {  // the message names the value and what is accepted
       EXPECT_EQ(expseg_set_memory_fraction(a_, b.first), EXPSEG_ERR_INVALID_ARGUMENT) << b.second;
       std::string msg = expseg_last_error();
       EXPECT_NE(msg.find(b.second), std::string::npos) << msg;
@@ -302,9 +317,10 @@ private:
       m_.mallocs = m_.frees = m_.ooms = 0;
       Stats s = dev_stats(a_);
       for (auto &kv : s) {
-        bool acc = kv.first.size() > 10 &&
-                   (kv.first.compare(kv.first.size() - 10, 10, ".allocated") == 0 ||
-                    (kv.first.size() > 6 && kv.first.compare(kv.first.size() - 6, 6, ".freed") == 0));
+        bool acc =
+            kv.first.size() > 10 &&
+            (kv.first.compare(kv.first.size() - 10, 10, ".allocated") == 0 ||
+             (kv.first.size() > 6 && kv.first.compare(kv.first.size() - 6, 6, ".freed") == 0));
         if (acc || kv.first.rfind("num_", 0) == 0) {
           EXPECT_EQ(kv.second, 0) << where() << ": " << kv.first << " after reset_accumulated";
         }
@@ -401,7 +417,7 @@ private:
   }
 
   struct WalkAcc {
-    std::map<uintptr_t, uint64_t> allocated; // address -> requested
+    std::map<uintptr_t, uint64_t> allocated;  // address -> requested
     size_t pending = 0;
     uint64_t seg_alloc_sum = 0, block_alloc_sum = 0;
   };
@@ -409,8 +425,8 @@ private:
   void check_all() {
     ASSERT_EQ(expseg_check(a_), EXPSEG_OK) << where() << ": " << expseg_last_error();
     Stats s = dev_stats(a_);
-    static const char *arrays[] = {"active",     "active_bytes", "allocated_bytes",
-                                   "allocation", "inactive_split", "inactive_split_bytes",
+    static const char *arrays[] = {"active",          "active_bytes",   "allocated_bytes",
+                                   "allocation",      "inactive_split", "inactive_split_bytes",
                                    "requested_bytes", "reserved_bytes", "segment"};
     for (const char *k : arrays) {
       std::string b = k;
@@ -466,8 +482,7 @@ private:
     }
     EXPECT_EQ((int64_t)w.block_alloc_sum, s["allocated_bytes.all.current"]) << where();
     EXPECT_EQ(w.seg_alloc_sum, w.block_alloc_sum) << where();
-    EXPECT_EQ((int64_t)w.pending, s["active.all.current"] - s["allocation.all.current"])
-        << where();
+    EXPECT_EQ((int64_t)w.pending, s["active.all.current"] - s["allocation.all.current"]) << where();
 
     Stats hs = host_stats(h_);
     EXPECT_EQ(hs["allocation.current"] - hs["expseg.pending_blocks.current"],
@@ -489,8 +504,10 @@ private:
   size_t busy_seen_ = 0;
 };
 
-struct Quiet { // held streams make empty_cache warn: keep the log readable
-  Quiet() { expseg_set_log_sink([](void *, const char *) {}, nullptr); }
+struct Quiet {  // held streams make empty_cache warn: keep the log readable
+  Quiet() {
+    expseg_set_log_sink([](void *, const char *) {}, nullptr);
+  }
   ~Quiet() { expseg_set_log_sink(nullptr, nullptr); }
 };
 
@@ -508,8 +525,7 @@ TEST_P(Adv2Random, DifferentialAgainstAModel) {
   expseg_allocator *a = nullptr;
   const Case c = GetParam();
   SCOPED_TRACE(std::string(c.driver) + " / " + c.config);
-  ASSERT_EQ(expseg_create(c.driver, 0, c.config, &a), EXPSEG_OK)
-      << expseg_last_error();
+  ASSERT_EQ(expseg_create(c.driver, 0, c.config, &a), EXPSEG_OK) << expseg_last_error();
   expseg_host_pool *h = nullptr;
   ASSERT_EQ(expseg_host_create("host", 0, "pinned_max_round_threshold_mb:1", &h), EXPSEG_OK)
       << expseg_last_error();
@@ -529,14 +545,19 @@ TEST_P(Adv2Random, DifferentialAgainstAModel) {
   EXPECT_EQ(left.live_events, 0);
 }
 
+const char *const kCaseNames[] = {"host_expandable", "host_classic", "host_gc_split",
+                                  "sim_expandable_4m", "sim_classic_div"};
+
 INSTANTIATE_TEST_SUITE_P(
     Configs, Adv2Random,
     ::testing::Values(Case{"host:capacity=256M", "expandable_segments:True"},
                       Case{"host:capacity=256M", "expandable_segments:False"},
-                      Case{"host:capacity=256M", "expandable_segments:True,max_split_size_mb:20,"
-                                                 "garbage_collection_threshold:0.5"},
+                      Case{"host:capacity=256M",
+                           "expandable_segments:True,max_split_size_mb:20,"
+                           "garbage_collection_threshold:0.5"},
                       Case{"sim:capacity=256M", "expandable_segments:True,page_size_mb:4"},
                       Case{"sim:capacity=256M,granularity=64K",
-                           "expandable_segments:False,roundup_power2_divisions:4"}));
+                           "expandable_segments:False,roundup_power2_divisions:4"}),
+    [](const ::testing::TestParamInfo<Case> &i) { return std::string(kCaseNames[i.index]); });
 
-} // namespace
+}  // namespace
