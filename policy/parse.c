@@ -501,6 +501,21 @@ static expseg_status divisions_list(parser_t *p, const option_t *o, expseg_confi
   return EXPSEG_OK;
 }
 
+/* Removes class `name` from the list kept so far in b ("a:0.5,b:8G"); true if it was there. */
+static bool drop_class(out_t *b, const char *name) {
+  char *s = b->buf;
+  const size_t len = b->pos, n = strlen(name);
+  for (size_t i = 0, end; i < len; i = end + 1) {
+    for (end = i; end < len && s[end] != ',';) end++;
+    if (end - i <= n || s[i + n] != ':' || memcmp(s + i, name, n) != 0) continue;
+    size_t from = i > 0 && end == len ? i - 1 : i, to = end < len ? end + 1 : end; /* a ',' */
+    memmove(s + from, s + to, len - to);
+    s[b->pos = len - (to - from)] = '\0';
+    return true;
+  }
+  return false;
+}
+
 /* expandable_segments_reserve_by_class (PyTorch's CUDA parser): the token after ':' is taken
  * as '[' whatever it is; entries name:R follow until a ']' stands where a name would. Bad
  * values are ignored with a warning, as PyTorch does. */
@@ -532,6 +547,8 @@ static expseg_status reserve_classes(parser_t *p, const option_t *o, const tok_t
       note(p, v.at, "%s: value %s of class %s ignored, as PyTorch ignores it; accepted: %s",
            p->key, shown(&v, q), name.w, acc);
     } else {
+      if (drop_class(&b, name.w)) /* as a key given twice: the last one wins */
+        note(p, name.at, "%s: class %s given twice: the last value wins", p->key, name.w);
       size_t keep = b.pos;
       if (b.pos) _expseg_out_str(&b, ",");
       _expseg_out_str(&b, name.w);

@@ -3,7 +3,8 @@
  *
  * Lets the allocator replay traces of an 80 GiB GPU on a laptop, fast. reserve hands out
  * addresses from a fake space starting at 2^48 (above the 47-bit user space of x86-64 and
- * aarch64 with 4-level tables, so a stray dereference faults instead of corrupting memory);
+ * aarch64 with 4-level tables, so a stray dereference faults instead of corrupting memory),
+ * one space per live driver (slot_take) so that allocators never share an address;
  * free extents are a range set (ranges.c: first fit, coalescing; reservations are few).
  * Chunks, mappings and every precondition are the ledger's (ledger.c: O(log n) per call);
  * capacity is enforced as in host; streams and events are the shared model (stream_model.c).
@@ -16,6 +17,43 @@
 #include <string.h>
 
 #define SIM_BASE (1ull << 48)
+#define SIM_TOP (1ull << 62) /* addresses stay positive 63-bit integers in snapshots */
+#define SIM_SLOTS 1024
+
+/* Each live sim driver reserves from a space of its own, as devices (and two allocators of
+ * one device) get distinct addresses from CUDA: a pointer of one allocator is then foreign
+ * to every other one. The lowest free slot is taken, so a process that makes one driver at
+ * a time gets the same addresses each time. Slots beyond what fits under SIM_TOP share the
+ * first space. */
+static pthread_mutex_t slots_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t slots_used[SIM_SLOTS / 64];
+
+static uint64_t span_of(uint64_t va_size) {
+  uint64_t span = 1ull << 40;
+  while (span < va_size) span <<= 1;
+  return span;
+}
+
+static unsigned slot_take(uint64_t va_size) {
+  const uint64_t n = (SIM_TOP - SIM_BASE) / span_of(va_size);
+  pthread_mutex_lock(&slots_mu);
+  unsigned slot = 0;
+  for (unsigned i = 0; i < SIM_SLOTS && i < n; i++)
+    if (!(slots_used[i / 64] >> (i % 64) & 1)) {
+      slots_used[i / 64] |= 1ull << (i % 64);
+      slot = i + 1;
+      break;
+    }
+  pthread_mutex_unlock(&slots_mu);
+  return slot; /* 0: none free (the first space, shared) */
+}
+
+static void slot_put(unsigned slot) {
+  if (slot == 0) return;
+  pthread_mutex_lock(&slots_mu);
+  slots_used[(slot - 1) / 64] &= ~(1ull << ((slot - 1) % 64));
+  pthread_mutex_unlock(&slots_mu);
+}
 
 typedef struct {
   expseg_smodel_t *streams; /* first: the shared event entry points find it here */
@@ -26,6 +64,7 @@ typedef struct {
   expseg_ranges_t free_va;
   expseg_access_t *access; /* which devices may access what (access.c) */
   int device;
+  unsigned slot; /* slot_take's: 1 + the index of its address space; 0 = the first, shared */
 } sim_t;
 _Static_assert(offsetof(sim_t, streams) == 0, "the stream model comes first");
 
@@ -165,6 +204,7 @@ static void sim_destroy(void *st) {
   _expseg_access_free(s->access);
   _expseg_smodel_free(s->streams);
   _expseg_ranges_free(&s->free_va);
+  slot_put(s->slot);
   pthread_mutex_destroy(&s->mu);
   free(s);
 }
@@ -223,8 +263,10 @@ expseg_status _expseg_sim_new(const expseg_sim_opts_t *o, int device, expseg_vmm
   s->streams = _expseg_smodel_new("sim");
   s->access = _expseg_access_new();
   s->device = device;
+  s->slot = slot_take(s->o.va_size);
+  const uint64_t base = SIM_BASE + (s->slot ? s->slot - 1 : 0) * span_of(s->o.va_size);
   if (!s->ledger || !s->streams || !s->access ||
-      !_expseg_ranges_put(&s->free_va, SIM_BASE, s->o.va_size)) {
+      !_expseg_ranges_put(&s->free_va, base, s->o.va_size)) {
     sim_destroy(s);
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "sim driver: out of host memory");
   }

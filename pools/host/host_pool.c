@@ -578,8 +578,9 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
     process_events(h);
     b = carve ? _expseg_host_carve_take(h, cls) : pop_free(h, cls);
   }
+  if (!b && carve && h->reserve.ptr) b = pop_free(h, cls); /* a reserve slice of this size */
   if (b) h->st.hits++;
-  else if (!carve) b = from_reserve(h, cls);
+  else b = from_reserve(h, cls); /* the reserve segment is sliced before the driver is asked */
   if (b) return hand_out(h, b, size, out);
   h->st.misses++;
   if (carve) return carve_miss(h, size, cls, out);
@@ -623,6 +624,12 @@ static expseg_status not_live(expseg_host_pool *h, const char *fn, void *ptr) {
   if (o && o->ptr == (uintptr_t)ptr)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "%s(%p): this block of the host pool was already freed", fn, ptr);
+  if (o && o->state != HB_ALLOCATED) /* a freed carved block merges into its neighbours */
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "%s(%p): this memory of the host pool is free (already freed; a "
+                             "freed block may merge with its free neighbours, here into the "
+                             "free block at 0x%llx)",
+                             fn, ptr, (unsigned long long)o->ptr);
   if (o)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "%s(%p): points inside the host pool's block at 0x%llx; pass the "

@@ -523,10 +523,17 @@ expseg_status expseg_allocation_traceback(expseg_allocator *a, const void *ptr, 
   const block_t *b = _expseg_ptrmap_get(&a->live, (uintptr_t)ptr);
   const history_t *h = a->hist;
   const hist_event_t *e = NULL;
-  for (size_t i = h && b ? h->count : 0; i-- > 0 && e == NULL;) {
+  /* the newest alloc event at its address, unless a free of that address (either of the
+   * two, as either may be skipped) or an alloc of another size comes first: those belong
+   * to an older allocation, whose frames are not this one's */
+  for (size_t i = h && b ? h->count : 0; i-- > 0;) {
     const hist_event_t *c = _expseg_hist_at(h, i);
-    if (c->addr == b->ptr && c->action == HIST_ALLOC) e = c;
-    if (c->addr == b->ptr && c->action == HIST_FREE_COMPLETED) break; /* an older allocation */
+    if (c->addr != b->ptr) continue;
+    if (c->action == HIST_ALLOC) {
+      if (c->size == b->requested) e = c;
+      break;
+    }
+    if (c->action == HIST_FREE_COMPLETED || c->action == HIST_FREE_REQUESTED) break;
   }
   if (b == NULL || e == NULL) {
     st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
@@ -534,8 +541,12 @@ expseg_status expseg_allocation_traceback(expseg_allocator *a, const void *ptr, 
                            b == NULL ? "not a live allocation of this allocator"
                            : h == NULL ? "the history is off: record it "
                                          "(expseg_record_history) before the allocation is made"
-                                       : "the history no longer holds its alloc event (a "
-                                         "larger max_entries keeps more)");
+                           : (h->flags & EXPSEG_HISTORY_SKIP_ALLOC)
+                               ? "the history no longer holds its alloc event: alloc events "
+                                 "are not recorded (EXPSEG_HISTORY_SKIP_ALLOC is set); record "
+                                 "without it to get tracebacks"
+                               : "the history no longer holds its alloc event (a "
+                                 "larger max_entries keeps more)");
   } else {
     size_t n = 0;
     for (size_t k = 0; k < (size_t)e->n_c + e->n_host; k++) {
