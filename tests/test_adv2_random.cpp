@@ -29,6 +29,7 @@
 #include "expseg.h"
 #include "expseg_testing.h"
 #include "test_seed.h"
+#include "sanitized.h"
 
 namespace {
 
@@ -520,7 +521,11 @@ class Adv2Random : public ::testing::TestWithParam<Case> {};
 TEST_P(Adv2Random, DifferentialAgainstAModel) {
   EXPSEG_SEEDED(seed, 20261126);
   const char *e = std::getenv("EXPSEG_TEST_OPS");
+#ifdef EXPSEG_TEST_SANITIZED
+  int ops = e && *e ? std::atoi(e) : 600; /* a sanitizer's run: the same calls, fewer steps */
+#else
   int ops = e && *e ? std::atoi(e) : 3000;
+#endif
   Quiet quiet;
   expseg_allocator *a = nullptr;
   const Case c = GetParam();

@@ -23,14 +23,7 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define ADV_NO_INTERPOSE 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define ADV_NO_INTERPOSE 1
-#endif
-#endif
+#include "sanitized.h"
 
 namespace {
 bool g_fail_host = false; // while true every malloc/calloc/realloc returns NULL
@@ -41,7 +34,7 @@ bool host_fails() {
 }
 } // namespace
 
-#ifndef ADV_NO_INTERPOSE
+#ifndef EXPSEG_TEST_SANITIZED
 extern "C" {
 void *__libc_malloc(size_t);
 void *__libc_calloc(size_t, size_t);
@@ -82,7 +75,7 @@ std::vector<void *> two_holes(expseg_allocator *a, std::vector<void *> *holes) {
 // memory is short. (At EXPSEG_DEBUG=3 the periodic check in malloc/free aborts the
 // process on it: see DebugCheckSurvivesHostShortage.)
 TEST(AdvFidx, CheckIsNotCorruptWhenHostMemoryIsShort) {
-#ifdef ADV_NO_INTERPOSE
+#ifdef EXPSEG_TEST_SANITIZED
   GTEST_SKIP() << "malloc cannot be replaced under a sanitizer";
 #else
   for (const char *conf : {"", "expandable_segments:False"}) {
@@ -109,7 +102,7 @@ TEST(AdvFidx, CheckIsNotCorruptWhenHostMemoryIsShort) {
 // at that moment, although nothing is corrupt. expseg_free needs no host memory (docs/
 // design.md, "No allocation on free"), so frees with host memory gone must all succeed.
 TEST(AdvFidx, DebugCheckSurvivesHostShortage) {
-#ifdef ADV_NO_INTERPOSE
+#ifdef EXPSEG_TEST_SANITIZED
   GTEST_SKIP() << "malloc cannot be replaced under a sanitizer";
 #else
   GTEST_FLAG_SET(death_test_style, "threadsafe");
@@ -369,7 +362,7 @@ TEST(AdvFidx, DestroyNeverRunsTheCheckOnATornDownAllocator) {
 // Y" from then on. Fix: make room on the retry list before releasing (so keeping a refused
 // item needs no memory), or count a lost item nowhere (and say so in the warning).
 TEST(AdvFidx, ReleaseRefusedWithoutHostMemoryKeepsTheStatisticsTrue) {
-#ifdef ADV_NO_INTERPOSE
+#ifdef EXPSEG_TEST_SANITIZED
   GTEST_SKIP() << "malloc cannot be replaced under a sanitizer";
 #else
   constexpr size_t MiB = 1024 * KiB;
@@ -411,7 +404,7 @@ TEST(AdvFidx, ReleaseRefusedWithoutHostMemoryKeepsTheStatisticsTrue) {
 // block again. (Counts follow base/map.h's doubling and EXPSEG_SLAB_BLOCKS; the last two
 // expectations say when the scenario is no longer met.)
 TEST(AdvFidx, HitSplitShortOfHostMemoryChangesNothingElse) {
-#ifdef ADV_NO_INTERPOSE
+#ifdef EXPSEG_TEST_SANITIZED
   GTEST_SKIP() << "malloc cannot be replaced under a sanitizer";
 #else
   constexpr size_t MiB = 1024 * KiB, seg = 4096 * MiB;

@@ -24,6 +24,7 @@
 
 #include "alloc_support.h"
 #include "host_pool_support.h"
+#include "sanitized.h"
 
 namespace {
 
@@ -345,16 +346,9 @@ int locking_refused_child() {
   return 0;
 }
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define EXPSEG_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define EXPSEG_SANITIZED 1
-#endif
-#endif
 
 TEST(HostPool, PageLockingIsModelledUnderRlimitMemlock) {
-#ifdef EXPSEG_SANITIZED
+#ifdef EXPSEG_TEST_SANITIZED
   GTEST_SKIP() << "sanitizers replace mlock with a no-op: refused locking cannot be observed";
 #endif
   GTEST_FLAG_SET(death_test_style, "threadsafe");
