@@ -594,16 +594,10 @@ _pytorch = _sibling(PYTORCH_MODULE, "install() and the PyTorch routes")
 
 
 def install(route="auto", safe_record_stream=None):
-    """Makes expseg PyTorch's CUDA allocator. Call it before the first CUDA allocation
-    (best: right after `import torch`). Returns the library's path; a second call does
-    nothing.
-
-    route: "cxx" the C++ backend (every torch.cuda memory call, record_stream from C++,
-    CUDA graph pools); "python" the plug plus torch.cuda's memory calls routed from Python;
-    "auto" (default) the C++ backend when it can be loaded, else the Python route, saying
-    once why. safe_record_stream (Python route): True defers every free until a
-    device-wide synchronization (None: $EXPSEG_SAFE_RECORD_STREAM)."""
     return _pytorch.install(route, safe_record_stream)
+
+
+install.__doc__ = _pytorch.install.__doc__  # written once, in expseg_pytorch.py
 
 
 def route():
