@@ -197,6 +197,30 @@ EXPSEG_EXPORT const char *expseg_history_skip_action_names(void);
  * EXPSEG_ERR_INVALID_ARGUMENT. */
 EXPSEG_EXPORT expseg_status expseg_history_annotate(expseg_allocator *a, const void *ptr,
                                                     const char *text);
+/* PyTorch's recordAnnotation (what its record_function scopes report while the history is
+ * recorded): one entry of the snapshot's external_annotations, the n key/value pairs
+ * (copied) with the allocator's device and the time. Kept with the history: the newest
+ * max_entries (the history's bound), kept when the history is enabled again, dropped by
+ * EXPSEG_HISTORY_CLEAR and when the history stops; nothing is recorded while it is off.
+ * n 0 is an entry with only device and time; a NULL key or value is
+ * EXPSEG_ERR_INVALID_ARGUMENT naming its index. */
+EXPSEG_EXPORT expseg_status expseg_history_record_annotation(expseg_allocator *a,
+                                                             const char *const *keys,
+                                                             const char *const *values,
+                                                             size_t n);
+typedef struct expseg_annotation {
+  int device;
+  uint64_t time_us; /* microseconds since the Unix epoch, as the history's events */
+  size_t n;
+  const char *const *keys, *const *values; /* n each */
+} expseg_annotation;
+/* Calls fn for each entry expseg_history_record_annotation kept, oldest first, under the
+ * allocator's lock (fn must not call expseg on this allocator; the strings are valid during
+ * the call only). */
+EXPSEG_EXPORT expseg_status expseg_history_annotations(expseg_allocator *a,
+                                                       void (*fn)(void *ctx,
+                                                                  const expseg_annotation *e),
+                                                       void *ctx);
 /* PyTorch's pushCompileContext / popCompileContext / setUserMetadata / getUserMetadata, per
  * allocator: each event recorded later carries the top of the compile-context stack as its
  * compile_context ("N/A" while the stack is empty) and the user metadata as its

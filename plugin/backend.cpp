@@ -332,7 +332,9 @@ class ExpsegAllocator final : public CCA::CUDAAllocator {
   // getUserMetadata (2.11's signatures; without `override`: 2.10 may lack them): on the
   // current device, as PyTorch; the logic is in backend_glue.h.
   void recordAnnotation(const std::vector<std::pair<std::string, std::string>> &md) {
-    annotations_.add(c10::cuda::current_device(), md);
+    if (!history_on_) return; // nothing is kept while off: no allocator made for it
+    const int d = c10::cuda::current_device();
+    check("recordAnnotation", d, expseg_glue::record_annotation(alloc_for(d), md));
   }
   void pushCompileContext(std::string &md) {
     check("pushCompileContext", c10::cuda::current_device(),
@@ -541,7 +543,6 @@ class ExpsegAllocator final : public CCA::CUDAAllocator {
       ++history_.gen;
     }
     history_on_ = enabled;
-    annotations_.configure(enabled, max_entries, clear);
     recorder_.store(keep);
     if (!keep || clear) {
       std::lock_guard<std::mutex> g(contexts_mu_);
@@ -571,7 +572,6 @@ class ExpsegAllocator final : public CCA::CUDAAllocator {
   std::mutex contexts_mu_;
   std::unordered_map<void *, std::shared_ptr<c10::GatheredContext>> contexts_;
   std::atomic<size_t> n_contexts_{0};
-  expseg_glue::AnnotationLog annotations_; // recordAnnotation's, for external_annotations
   PoolMap pools_;
 };
 
@@ -689,7 +689,9 @@ CCA::SnapshotInfo ExpsegAllocator::snapshot_of(MempoolId mempool_id, bool includ
     check("snapshot", d, expseg_walk(a, on_segment, on_event, &c));
     pools_.forget_unseen(d, mark, c.seen);
   }
-  expseg_glue::fill_annotations(info, annotations_); // recordAnnotation's entries
+  for (int d = 0; d < kMaxDevices; ++d) // recordAnnotation's entries, device by device
+    if (expseg_allocator *a = existing(d))
+      check("snapshot", d, expseg_glue::fill_annotations(info, a));
   if (expseg_allocator *a = existing(c10::cuda::current_device())) {
     CCA::AllocatorConfigInfo &m = info.config_metadata;
     std::string cfg = expseg_glue::config_string(a), v;

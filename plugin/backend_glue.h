@@ -2,7 +2,7 @@
 /* backend_glue.h: the parts of the C++ backend (backend.cpp) that need no PyTorch header:
  * the map from PyTorch's memory-pool ids to expseg pool ids, the statistics mapping into a
  * DeviceStats, the one-line error text, the skip_actions flags, and the history's context
- * (recordAnnotation's log for external_annotations, compile context and user metadata on
+ * (recordAnnotation's entries and compile context and user metadata on
  * the C library, their fields in PyTorch's TraceEntry). Header-only C++17 over include/expseg.h, so
  * tests/test_torch_backend_glue.cpp checks it on a machine without PyTorch or a GPU.
  *
@@ -18,10 +18,8 @@
 
 #include "expseg.h"
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -126,47 +124,19 @@ inline const char *skip_names() { return expseg_history_skip_action_names(); }
 
 /* ---- annotations, compile context and user metadata ---- */
 
-/* recordAnnotation's entries (record_function's annotations), for the snapshot's
- * external_annotations: {device, time_us, the pairs}. Kept while the history is recorded, the
- * newest `max` (the history's bound), as PyTorch keeps them in a ring beside its history;
- * stopping the history or clear_history drops them. Thread-safe. */
-class AnnotationLog {
- public:
-  using Pairs = std::vector<std::pair<std::string, std::string>>;
-  struct Entry {
-    int device;
-    uint64_t time_us; /* microseconds since the Unix epoch, as the history's events */
-    Pairs md;
-  };
-  /* recordHistory's setting: on with a bound, or off (which drops every entry). */
-  void configure(bool enabled, std::size_t max_entries, bool clear) {
-    std::lock_guard<std::mutex> g(mu_);
-    on_ = enabled;
-    max_ = enabled ? (max_entries ? max_entries : 1) : 0;
-    if (!enabled || clear) log_.clear();
-    while (log_.size() > max_) log_.erase(log_.begin());
+/* recordAnnotation (record_function's annotations, for the snapshot's
+ * external_annotations): one entry in the allocator's history (expseg_history_record_annotation,
+ * the C library's one log, shared with the Python route: kept while the history is recorded,
+ * the newest max_entries, dropped by clear_history or stopping). */
+using AnnotationPairs = std::vector<std::pair<std::string, std::string>>;
+inline expseg_status record_annotation(expseg_allocator *a, const AnnotationPairs &md) {
+  std::vector<const char *> k, v;
+  for (const auto &kv : md) {
+    k.push_back(kv.first.c_str());
+    v.push_back(kv.second.c_str());
   }
-  /* recordAnnotation: one entry now (nothing while off). */
-  void add(int device, const Pairs &md) {
-    uint64_t now = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                             std::chrono::system_clock::now().time_since_epoch())
-                                             .count());
-    std::lock_guard<std::mutex> g(mu_);
-    if (!on_) return;
-    log_.push_back(Entry{device, now, md});
-    if (log_.size() > max_) log_.erase(log_.begin());
-  }
-  std::vector<Entry> entries() const {
-    std::lock_guard<std::mutex> g(mu_);
-    return std::vector<Entry>(log_.begin(), log_.end());
-  }
-
- private:
-  mutable std::mutex mu_;
-  bool on_ = false;
-  std::size_t max_ = 0;
-  std::deque<Entry> log_;
-};
+  return expseg_history_record_annotation(a, k.data(), v.data(), md.size());
+}
 
 /* Whether a SnapshotInfo has external_annotations (PyTorch 2.6+). */
 template <class T, class = void>
@@ -175,22 +145,29 @@ template <class T>
 struct HasExternalAnnotations<T, std::void_t<decltype(std::declval<T &>().external_annotations)>>
     : std::true_type {};
 
-/* Appends the log's entries to info.external_annotations as PyTorch's AnnotationEntry
- * (device_, time_, recordUserMetadata(name, value)), where this PyTorch's SnapshotInfo has
- * them. */
+/* Appends the allocator's annotations (expseg_history_annotations) to
+ * info.external_annotations as PyTorch's AnnotationEntry (device_, time_,
+ * recordUserMetadata(name, value)), where this PyTorch's SnapshotInfo has them. */
 template <class Info>
-void fill_annotations(Info &info, const AnnotationLog &log) {
+expseg_status fill_annotations(Info &info, expseg_allocator *a) {
   if constexpr (HasExternalAnnotations<Info>::value) {
     using AE = typename decltype(info.external_annotations)::value_type;
-    for (const AnnotationLog::Entry &e : log.entries()) {
-      AE ae(static_cast<decltype(ae.device_)>(e.device), 0);
-      ae.time_.t_ = static_cast<decltype(ae.time_.t_)>(e.time_us);
-      for (const auto &kv : e.md) ae.recordUserMetadata(kv.first, kv.second);
-      info.external_annotations.push_back(std::move(ae));
-    }
+    std::vector<AE> got;
+    expseg_status st = expseg_history_annotations(
+        a,
+        [](void *ctx, const expseg_annotation *e) {
+          AE ae(static_cast<decltype(ae.device_)>(e->device), 0);
+          ae.time_.t_ = static_cast<decltype(ae.time_.t_)>(e->time_us);
+          for (size_t i = 0; i < e->n; ++i) ae.recordUserMetadata(e->keys[i], e->values[i]);
+          static_cast<std::vector<AE> *>(ctx)->push_back(std::move(ae));
+        },
+        &got);
+    for (AE &ae : got) info.external_annotations.push_back(std::move(ae));
+    return st;
   } else {
     (void)info;
-    (void)log;
+    (void)a;
+    return EXPSEG_OK;
   }
 }
 

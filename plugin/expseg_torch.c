@@ -548,6 +548,21 @@ int expseg_torch_annotate(int device, void *ptr, const char *text) {
   return check(device, "expseg_torch_annotate", expseg_history_annotate(a, ptr, text));
 }
 
+int expseg_torch_record_annotation(int device, const char *const *keys,
+                                   const char *const *values, size_t n) {
+  pthread_mutex_lock(&history_mu);
+  bool all = history_on;
+  pthread_mutex_unlock(&history_mu);
+  expseg_allocator *a = all ? get(device, "expseg_torch_record_annotation") : existing(device);
+  if (!a) {
+    if (all) return get_status;
+    return valid_device(device, "expseg_torch_record_annotation") ? EXPSEG_OK
+                                                                   : EXPSEG_ERR_INVALID_ARGUMENT;
+  }
+  return check(device, "expseg_torch_record_annotation",
+               expseg_history_record_annotation(a, keys, values, n));
+}
+
 int expseg_torch_allocation_traceback(int device, void *ptr, char *buf, size_t len,
                                       size_t *needed) {
   expseg_allocator *a = get(device, "expseg_torch_allocation_traceback");

@@ -92,6 +92,12 @@ EXPSEG_EXPORT int expseg_torch_snapshot_dump_ex(int device, const char *path, un
 EXPSEG_EXPORT int expseg_torch_annotate(int device, void *ptr, const char *text);
 EXPSEG_EXPORT int expseg_torch_allocation_traceback(int device, void *ptr, char *buf,
                                                     size_t len, size_t *needed);
+/* PyTorch's recordAnnotation on the device (expseg_history_record_annotation): one entry of
+ * the snapshot's external_annotations. While every device records (expseg_torch_record_history
+ * with device -1) the device's allocator is created if it has none yet; otherwise a device
+ * without one records nothing. */
+EXPSEG_EXPORT int expseg_torch_record_annotation(int device, const char *const *keys,
+                                                 const char *const *values, size_t n);
 /* The configuration in force (expseg_config_string): writes at most len bytes (NUL
  * included), returns the length it needs; 0 when the allocator cannot be created. */
 EXPSEG_EXPORT size_t expseg_torch_config_string(int device, char *buf, size_t len);

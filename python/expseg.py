@@ -34,8 +34,8 @@ import tempfile
 __all__ = [
     "ExpsegError", "ExpsegWarning", "install", "route", "library_path", "memory_stats",
     "memory_summary", "empty_cache", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
-    "record_history", "snapshot", "snapshot_dict", "host_alloc", "host_free", "host_stat",
-    "mem_get_info", "set_memory_fraction",
+    "record_history", "record_annotation", "snapshot", "snapshot_dict", "host_alloc",
+    "host_free", "host_stat", "mem_get_info", "set_memory_fraction",
     "get_memory_fraction", "config",
     "synchronize", "deferred_frees", "driver", "last_error", "cupy_allocator",
     "numba_memory_manager",
@@ -121,6 +121,8 @@ def _load():
         "expseg_torch_snapshot_dump": (c_int, [c_int, ctypes.c_char_p]),
         "expseg_torch_snapshot_dump_ex": (c_int, [c_int, ctypes.c_char_p, ctypes.c_uint]),
         "expseg_torch_annotate": (c_int, [c_int, c_p, ctypes.c_char_p]),
+        "expseg_torch_record_annotation": (c_int, [c_int, ctypes.POINTER(ctypes.c_char_p),
+                                                   ctypes.POINTER(ctypes.c_char_p), c_size]),
         "expseg_torch_allocation_traceback": (c_int, [c_int, c_p, ctypes.c_char_p, c_size,
                                                       ctypes.POINTER(c_size)]),
         "expseg_torch_device_count": (c_int, []),
@@ -306,6 +308,29 @@ def annotate_memory(ptr, text, device=None):
     d = _device(device)
     _check(_load().expseg_torch_annotate(d, p, text.encode("utf-8", "replace")),
            "expseg.annotate_memory", d)
+
+
+def record_annotation(metadata, device=None):
+    """One entry of the snapshot's external_annotations (PyTorch's recordAnnotation, which
+    its record_function scopes call with {"name": ..., "stage": "START"/"END"}): metadata
+    is a dict (or pairs) of str to str, kept with the device and the time while the history
+    is recorded (the newest max_entries; clear_history or stopping drops them)."""
+    items = list(metadata.items()) if isinstance(metadata, dict) else metadata
+    try:
+        pairs = [(k, v) for k, v in items]
+    except (TypeError, ValueError):
+        raise ExpsegError("expseg.record_annotation: metadata=%r: expected a dict of str to "
+                          "str (or (key, value) pairs)" % (metadata,)) from None
+    for k, v in pairs:
+        if not isinstance(k, str) or not isinstance(v, str) or "\0" in k or "\0" in v:
+            raise ExpsegError("expseg.record_annotation: %r: %r: keys and values must be str "
+                              "without NUL" % (k, v))
+    n = len(pairs)
+    keys = (ctypes.c_char_p * max(n, 1))(*[k.encode("utf-8", "replace") for k, _ in pairs])
+    values = (ctypes.c_char_p * max(n, 1))(*[v.encode("utf-8", "replace") for _, v in pairs])
+    d = _device(device)
+    _check(_load().expseg_torch_record_annotation(d, keys, values, n),
+           "expseg.record_annotation", d)
 
 
 def allocation_traceback(ptr, device=None):

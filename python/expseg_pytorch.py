@@ -277,7 +277,11 @@ def _torch_calls(torch):
 
     def history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
                 device=None, **kwargs):
-        _core.record_history(**_history_args(enabled, stacks, max_entries, kwargs))
+        args = _history_args(enabled, stacks, max_entries, kwargs)
+        _core.record_history(**args)
+        if args["record_cuda"]:
+            _annotate_scopes(args["enabled"], bool(kwargs.get("global_record_annotations",
+                                                              False)))
 
     def snap(device=None, *args, **kwargs):
         return _core.snapshot_dict(None)
@@ -324,6 +328,51 @@ def _torch_calls(torch):
         if getattr(f, "__module__", None) == __name__ and f.__doc__ is None:
             f.__doc__ = "The Python route of expseg (docs/torch.md)."
     return calls
+
+
+# record_function scopes as the history's external annotations: PyTorch's
+# _record_memory_history registers a RecordFunction callback (user scopes) that reports each
+# scope's start and end to its allocator's recordAnnotation, on the calling thread only
+# unless global_record_annotations=True. An allocator made from Python never hears of them,
+# so the Python route wraps record_function's __enter__ and __exit__ to the same effect.
+_scopes = {"on": False, "thread": None}  # thread: the one that enabled it; None: every thread
+
+
+def _annotate_scopes(on, every_thread):
+    import threading
+    _scopes["on"] = on
+    _scopes["thread"] = None if every_thread else threading.get_ident()
+
+
+def _scope_annotation(torch, scope, stage):
+    import threading
+    if not _scopes["on"] or _scopes["thread"] not in (None, threading.get_ident()):
+        return
+    _core.record_annotation([("name", str(getattr(scope, "name", ""))), ("stage", stage)],
+                            int(torch.cuda.current_device()))
+
+
+def _patch_record_function(torch):
+    """torch.autograd.profiler.record_function (the class torch.profiler re-exports): each
+    scope's start and end recorded while the history is on (_annotate_scopes)."""
+    profiler = getattr(getattr(torch, "autograd", None), "profiler", None)
+    cls = getattr(profiler, "record_function", None)
+    if cls is None or not hasattr(cls, "__enter__") or not hasattr(cls, "__exit__"):
+        return
+    enter, leave = cls.__enter__, cls.__exit__
+
+    def __enter__(self):
+        result = enter(self)
+        _scope_annotation(torch, self, "START")
+        return result
+
+    def __exit__(self, *exc):
+        result = leave(self, *exc)
+        _scope_annotation(torch, self, "END")
+        return result
+    __enter__.__doc__, __exit__.__doc__ = enter.__doc__, leave.__doc__
+    _replace(cls, "__enter__", __enter__)
+    _replace(cls, "__exit__", __exit__)
 
 
 # torch.accelerator's memory calls (PyTorch 2.8+): the same figures when the current
@@ -376,6 +425,7 @@ def _patch_torch(torch):
                                                                                      stream)))
         record_stream.__doc__ = getattr(original, "__doc__", None)
         _replace(tensor, "record_stream", record_stream)
+    _patch_record_function(torch)
     _refuse_graphs(torch)
 
 
@@ -406,4 +456,5 @@ def _unpatch():
     while _patched:
         obj, name, original = _patched.pop()
         setattr(obj, name, original)
+    _annotate_scopes(False, False)
     _installed = _route = None

@@ -437,38 +437,39 @@ uint64_t NowUs() {
                                    .count());
 }
 
-// recordAnnotation: kept only while the history is on, the newest max_entries; off or
-// clear_history drops them; each becomes one AnnotationEntry with its device, time and pairs.
+// recordAnnotation: into the allocator's history (the C library's log: its rules are tested
+// in test_history_annotations.cpp); each kept entry becomes one AnnotationEntry with the
+// allocator's device, the time and the pairs.
 TEST(BackendGlueHistory, AnnotationsBecomeExternalAnnotations) {
-  expseg_glue::AnnotationLog log;
-  log.add(0, {{"name", "ignored"}}); // history off
-  EXPECT_TRUE(log.entries().empty());
-  log.configure(true, 2, false);
+  Alloc al;
+  expseg_allocator *a = al.a;
+  ASSERT_EQ(expseg_glue::record_annotation(a, {{"name", "ignored"}}), EXPSEG_OK); // off
+  ASSERT_EQ(expseg_record_history_ex(a, true, 2, 0), EXPSEG_OK);
   uint64_t before = NowUs();
-  log.add(0, {{"name", "forward"}, {"stage", "START"}});
-  log.add(1, {{"name", "backward"}});
-  log.add(3, {{"name", "step"}});
+  ASSERT_EQ(expseg_glue::record_annotation(a, {{"name", "forward"}, {"stage", "START"}}),
+            EXPSEG_OK);
+  ASSERT_EQ(expseg_glue::record_annotation(a, {{"name", "backward"}, {"stage", "START"}}),
+            EXPSEG_OK);
+  ASSERT_EQ(expseg_glue::record_annotation(a, {{"name", "step"}}), EXPSEG_OK);
   uint64_t after = NowUs();
   SnapshotInfo info;
-  expseg_glue::fill_annotations(info, log);
+  ASSERT_EQ(expseg_glue::fill_annotations(info, a), EXPSEG_OK);
   ASSERT_EQ(info.external_annotations.size(), 2u); // the newest 2
-  EXPECT_EQ(info.external_annotations[0].device_, 1);
   EXPECT_EQ(info.external_annotations[0].metadata_.at("name"), "backward");
-  EXPECT_EQ(info.external_annotations[1].device_, 3);
+  EXPECT_EQ(info.external_annotations[0].metadata_.at("stage"), "START");
   EXPECT_EQ(info.external_annotations[1].metadata_.at("name"), "step");
+  EXPECT_EQ(info.external_annotations[1].metadata_.size(), 1u);
   for (const AnnotationEntry &e : info.external_annotations) {
-    EXPECT_GE((uint64_t)e.time_.t_, before);
-    EXPECT_LE((uint64_t)e.time_.t_, after);
+    EXPECT_EQ(e.device_, 0);
+    EXPECT_GE((uint64_t)e.time_.t_ + 1000, before); // the history's clock: within 1 ms
+    EXPECT_LE((uint64_t)e.time_.t_, after + 1000);
   }
-  log.configure(true, 5, false); // re-enabling keeps them
-  EXPECT_EQ(log.entries().size(), 2u);
-  log.configure(true, 5, true); // clear_history
-  EXPECT_TRUE(log.entries().empty());
-  log.add(0, {{"a", "b"}});
-  log.configure(false, 0, false); // off drops them
-  EXPECT_TRUE(log.entries().empty());
+  ASSERT_EQ(expseg_record_history_ex(a, true, 5, EXPSEG_HISTORY_CLEAR), EXPSEG_OK);
+  SnapshotInfo cleared;
+  ASSERT_EQ(expseg_glue::fill_annotations(cleared, a), EXPSEG_OK);
+  EXPECT_TRUE(cleared.external_annotations.empty());
   OldSnapshotInfo old; // a release without external_annotations: nothing to fill
-  expseg_glue::fill_annotations(old, log);
+  EXPECT_EQ(expseg_glue::fill_annotations(old, a), EXPSEG_OK);
   EXPECT_EQ(old.segments, 0);
 }
 

@@ -5,7 +5,7 @@
 // torch/cuda/_memory_viz.py (plain python3; tests/check_memory_viz.py). The PyTorch files
 // are test fixtures read from ../shared/reference/pytorch-viewer/ (the test skips, saying
 // so, where they or node are absent). Snapshots of each kind: the C API with private pools,
-// a configuration string, annotations and pushed frames; a replay of a recorded history (whose frames
+// a configuration string, annotations (events and external_annotations) and pushed frames; a replay of a recorded history (whose frames
 // must come through the replay); a snapshot with the pinned host pool (host_segments and
 // host_traces, checked block by block against the pool's statistics, and run through every
 // _memory_viz.py subcommand in the place of the device's segments and trace).
@@ -129,6 +129,12 @@ TEST(Viewers, CApiSnapshotsOpenInBothViewersAndMemoryViz) {
   ASSERT_EQ(expseg_wake(a, "weights"), EXPSEG_OK) << expseg_last_error();
   ASSERT_EQ(expseg_history_annotate(a, live[1], "kv cache of request 7"), EXPSEG_OK);
   ASSERT_EQ(expseg_history_annotate(a, nullptr, "step 1"), EXPSEG_OK);
+  { // record_function scopes (external_annotations), one with text the viewers must escape
+    const char *k[] = {"name", "stage"};
+    const char *v1[] = {"## forward ##", "START"}, *v2[] = {"say \"hi\" \u00e9", "END"};
+    ASSERT_EQ(expseg_history_record_annotation(a, k, v1, 2), EXPSEG_OK);
+    ASSERT_EQ(expseg_history_record_annotation(a, k, v2, 2), EXPSEG_OK);
+  }
   for (size_t i = 0; i < live.size(); i += 3) ASSERT_EQ(expseg_free(a, live[i]), EXPSEG_OK);
   std::string dir = TmpDir(), one = dir + "/one.pickle", two = dir + "/two.pickle";
   ASSERT_EQ(expseg_snapshot_dump(a, one.c_str()), EXPSEG_OK) << expseg_last_error();

@@ -200,6 +200,8 @@ static inline uint64_t ticks_now(void) { return __rdtsc(); }
 static inline uint64_t ticks_now(void) { return now_ns(); }
 #endif
 
+uint64_t _expseg_hist_ticks(void) { return ticks_now(); }
+
 double _expseg_hist_scale(const history_t *h) {
 #if defined(__x86_64__) || defined(__i386__)
   uint64_t t1 = ticks_now(), n1 = now_ns();
@@ -383,6 +385,7 @@ void _expseg_hist_keep(history_t *h, const history_t *old, unsigned flags) {
 }
 
 void _expseg_hist_free(history_t *h) {
+  _expseg_hist_ann_free(h);
   if (h != NULL) free(h->ring);
   free(h);
 }
@@ -399,6 +402,7 @@ expseg_status expseg_record_history_ex(expseg_allocator *a, bool enabled, size_t
   api_lock(a);
   history_t *old = a->hist;
   _expseg_hist_keep(h, old, flags);
+  _expseg_hist_ann_move(h, old, flags);
   a->hist = h; /* disabling clears the history (as PyTorch) */
   api_unlock(a);
   _expseg_hist_free(old);

@@ -37,8 +37,18 @@ typedef struct hist_event_s {
   uint32_t host[HIST_HOST_MAX];  /* pushed frame ids, innermost first */
 } hist_event_t;
 
+/* One external annotation (PyTorch's recordAnnotation; annotations.c): n key/value pairs in
+ * one allocation: kv[0..n) the keys, kv[n..2n) the values, the strings after them. */
+typedef struct hist_ann_s {
+  uint64_t ticks;
+  size_t n;
+  const char **kv;
+} hist_ann_t;
+
 typedef struct history_s {
   hist_event_t *ring;
+  hist_ann_t *ann;   /* the external annotations: a ring of the newest max (annotations.c) */
+  size_t ann_cap, ann_head, ann_count;
   size_t cap, max;   /* allocated entries; the bound asked for */
   size_t head, count; /* oldest entry; entries held */
   uint64_t total;    /* events recorded since recording started */
@@ -71,6 +81,13 @@ history_t *_expseg_hist_new(size_t max_entries, unsigned flags);
 void _expseg_hist_keep(history_t *h, const history_t *old, unsigned flags);
 void _expseg_hist_free(history_t *h);
 const char *_expseg_hist_action_name(int action);
+/* annotations.c: moves old's external annotations into h (the newest that fit), unless flags
+ * hold EXPSEG_HISTORY_CLEAR; frees a history's annotations; annotation i (0 = oldest). */
+void _expseg_hist_ann_move(history_t *h, history_t *old, unsigned flags);
+void _expseg_hist_ann_free(history_t *h);
+const hist_ann_t *_expseg_hist_ann_at(const history_t *h, size_t i);
+/* The current tick count (history.c), as events take it. */
+uint64_t _expseg_hist_ticks(void);
 /* µs since the Unix epoch of a tick count: ticks are the CPU's time-stamp counter where
  * there is one (read in ~17 ns against ~35 ns for clock_gettime on the VM measured), scaled
  * by two (ticks, CLOCK_REALTIME) samples: one when recording started, one now. */

@@ -4,7 +4,7 @@
  * pytorch.org/memory_viz and torch.cuda._memory_viz open it unchanged.
  *
  * {"segments": [...], "device_traces": [[] x device, [events]], "allocator_settings": {...},
- *  "external_annotations": []}. Segments are sorted by address. A classic segment is one
+ *  "external_annotations": [...]} (the history's recordAnnotation entries: annotations.c). Segments are sorted by address. A classic segment is one
  * segment; an expandable segment is reported as PyTorch reports one: one segment per
  * contiguous mapped run (unmapped address space is not reported), is_expandable True.
  * Blocks tile each reported segment in address order (active_allocated,
@@ -309,6 +309,23 @@ static void write_settings(ctx_t *c) {
   _expseg_pkw_setitems(w);
 }
 
+/* The history's external annotations (annotations.c), as PyTorch writes its
+ * AnnotationEntry: the pairs, then device and time_us. */
+static void write_annotations(ctx_t *c) {
+  pkw_t *w = &c->w;
+  _expseg_pkw_list(w);
+  double scale = c->h ? _expseg_hist_scale(c->h) : 0.0;
+  for (size_t i = 0; c->h && i < c->h->ann_count; i++) {
+    const hist_ann_t *e = _expseg_hist_ann_at(c->h, i);
+    _expseg_pkw_dict(w);
+    for (size_t k = 0; k < e->n; k++) _expseg_pkw_kstr(w, e->kv[k], e->kv[e->n + k]);
+    _expseg_pkw_kint(w, "device", c->a->device);
+    _expseg_pkw_kuint(w, "time_us", _expseg_hist_time_us(c->h, scale, e->ticks));
+    _expseg_pkw_setitems(w);
+  }
+  _expseg_pkw_appends(w);
+}
+
 /* Lock held. */
 static expseg_status build(expseg_allocator *a, expseg_host_pool *host, unsigned flags,
                            unsigned char **buf, size_t *len) {
@@ -337,8 +354,7 @@ static expseg_status build(expseg_allocator *a, expseg_host_pool *host, unsigned
   _expseg_pkw_str(w, "allocator_settings");
   write_settings(&c);
   _expseg_pkw_str(w, "external_annotations");
-  _expseg_pkw_list(w);
-  _expseg_pkw_appends(w);
+  write_annotations(&c);
   if (host && !_expseg_host_observe(host, write_host, &c)) c.oom = true;
   _expseg_pkw_setitems(w);
   _expseg_pkw_end(w);

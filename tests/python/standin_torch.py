@@ -13,7 +13,10 @@ It mimics what PyTorch (2.5-2.11) offers to a CUDAPluggableAllocator made from P
 - the memory calls raise as PyTorch's do for a pluggable allocator ("CUDAPluggableAllocator
   does not yet support ..."), empty_cache() and set_per_process_memory_fraction() do nothing,
   and Tensor.record_stream() is dropped: so a test sees whether expseg replaced them;
-- torch.cuda.X is torch.cuda.memory.X re-exported (as `from .memory import *`).
+- torch.cuda.X is torch.cuda.memory.X re-exported (as `from .memory import *`);
+- torch.autograd.profiler.record_function (= torch.profiler.record_function) is a context
+  manager and decorator that reports nothing to the allocator (as PyTorch's, whose
+  annotations reach only its native allocator).
 
 What a stand-in cannot show: that PyTorch's real functions look themselves up where expseg
 patches them in every version, that kernels run on the memory, and real stream ordering
@@ -21,6 +24,7 @@ patches them in every version, that kernels run on the memory, and real stream o
 
 install() puts the module (and torch.cuda, torch.cuda.memory) in sys.modules."""
 
+import contextlib
 import ctypes
 import sys
 import types
@@ -194,6 +198,30 @@ def build():
                  "reset_accumulated_memory_stats"):
         setattr(accelerator, name, _unsupported("getDeviceStats"))
     accelerator.empty_cache = lambda: None
+
+    # torch.autograd.profiler.record_function (also torch.profiler.record_function): a user
+    # scope. PyTorch's own _record_memory_history registers a RecordFunction callback that
+    # reports each scope's start and end to the allocator's recordAnnotation; an allocator
+    # made from Python gets nothing from it (the callback calls the native allocator).
+    autograd = types.ModuleType("torch.autograd")
+    profiler = types.ModuleType("torch.autograd.profiler")
+    tprofiler = types.ModuleType("torch.profiler")
+
+    class record_function(contextlib.ContextDecorator):
+        def __init__(self, name, args=None):
+            self.name, self.args = name, args
+
+        def __enter__(self):
+            state.scopes.append(self.name)
+            return self
+
+        def __exit__(self, *exc):
+            state.scopes.pop()
+            return None
+
+    state.scopes = []
+    profiler.record_function = tprofiler.record_function = record_function
+    torch.autograd, autograd.profiler, torch.profiler = autograd, profiler, tprofiler
     return torch
 
 
@@ -204,4 +232,7 @@ def install():
     sys.modules["torch.cuda.memory"] = torch.cuda.memory
     sys.modules["torch.cuda.graphs"] = torch.cuda.graphs
     sys.modules["torch.accelerator"] = torch.accelerator
+    sys.modules["torch.autograd"] = torch.autograd
+    sys.modules["torch.autograd.profiler"] = torch.autograd.profiler
+    sys.modules["torch.profiler"] = torch.profiler
     return torch

@@ -192,6 +192,64 @@ class PythonRoute(unittest.TestCase):
         self.assertNotIn("free_requested", r["cleared"])  # cleared: x's free is gone
         self.assertNotIn("alloc", r["cleared"])  # z's alloc skipped
 
+    def test_record_function_scopes_become_external_annotations(self):
+        r, _ = self.result("""
+            import threading
+            expseg.install(route="python")
+            rf = torch.autograd.profiler.record_function
+            with rf("before"):                          # history off: nothing
+                pass
+            torch.cuda.memory._record_memory_history(max_entries=5)
+            with torch.profiler.record_function("## forward ##"):
+                x = torch.empty(1 << 20, 0)
+                with rf("inner"):
+                    pass
+            @rf("decorated")
+            def step():
+                return 7
+            torch.cuda.set_device(1)
+            step()
+            t = threading.Thread(target=lambda: rf("other thread").__enter__().__exit__())
+            t.start(); t.join()
+            s = torch.cuda.memory._snapshot()
+            path = os.path.join(tempfile.mkdtemp(), "s.pickle")
+            torch.cuda.memory._dump_snapshot(path)
+            with open(path, "rb") as f:
+                dumped = pickle.load(f)
+            ann = lambda snap: [(e["name"], e["stage"], e["device"]) for e in
+                                sorted(snap["external_annotations"], key=lambda e: e["time_us"])]
+            keys = sorted(s["external_annotations"][0])
+            times = [e["time_us"] for e in s["external_annotations"]]
+            torch.cuda.memory._record_memory_history(max_entries=5, global_record_annotations=True)
+            kept = ann(torch.cuda.memory._snapshot())
+            t = threading.Thread(target=lambda: rf("other thread").__enter__().__exit__())
+            t.start(); t.join()
+            every = ann(torch.cuda.memory._snapshot())
+            torch.cuda.memory._record_memory_history(max_entries=5, clear_history=True)
+            cleared = ann(torch.cuda.memory._snapshot())
+            with rf("late"):
+                pass
+            torch.cuda.memory._record_memory_history(enabled=None)
+            with rf("after stop"):
+                pass
+            off = torch.cuda.memory._snapshot()["external_annotations"]
+            print(json.dumps(dict(s=ann(s), dumped=ann(dumped), keys=keys, kept=kept,
+                                  every=every, cleared=cleared, off=off,
+                                  times=min(times) > 1700000000 * 10**6)))
+            """)
+        want = [["## forward ##", "START", 0], ["inner", "START", 0], ["inner", "END", 0],
+                ["## forward ##", "END", 0], ["decorated", "START", 1], ["decorated", "END", 1]]
+        # the newest 5 of each device's history: device 0 keeps its 4, device 1 its 2
+        self.assertEqual(r["s"], want)
+        self.assertEqual(r["dumped"], want)
+        self.assertEqual(r["keys"], ["device", "name", "stage", "time_us"])
+        self.assertTrue(r["times"])
+        self.assertEqual(r["kept"], want)  # enabled again: kept
+        self.assertEqual(r["every"][-2:], [["other thread", "START", 1],
+                                           ["other thread", "END", 1]])
+        self.assertEqual(r["cleared"], [])
+        self.assertEqual(r["off"], [])
+
     def test_snapshot_creates_no_allocator_for_unused_devices(self):
         r, _ = self.result("""
             expseg.install(route="python")
