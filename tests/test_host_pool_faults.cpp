@@ -158,6 +158,37 @@ TEST(HostPoolFault, FailedGiveBackKeepsTheBlockCached) {
   EXPECT_EQ(hstat(f.h.get(), "num_host_free"), 1);
 }
 
+// A failed give-back leaves the cache's books as they were: the block never left the cache,
+// so expseg.cached_bytes counts it once in .allocated and not in .freed (for a power-of-two
+// block and for a carve segment, whose release is a second path), and a later give-back
+// that succeeds counts it freed once.
+TEST(HostPoolFault, FailedGiveBackCountsTheCachedBytesOnce) {
+  for (const char *config : {"", "pinned_max_round_threshold_mb:0"}) {
+    SCOPED_TRACE(config);
+    QuietLog quiet;
+    FaultPool f(config);
+    ASSERT_TRUE(f.h);
+    void *p = nullptr;
+    ASSERT_EQ(expseg_host_malloc(f.h.get(), 3 * MiB, &p), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_free(f.h.get(), p), EXPSEG_OK);
+    const int64_t cached = hstat(f.h.get(), "expseg.cached_bytes.current");
+    ASSERT_GE(cached, int64_t(3 * MiB));
+    EXPECT_EQ(hstat(f.h.get(), "expseg.cached_bytes.allocated"), cached);
+    EXPECT_EQ(hstat(f.h.get(), "expseg.cached_bytes.freed"), 0);
+    f.fail(EXPSEG_VMM_CALL_host_free, 1, 1, EXPSEG_ERR_DRIVER);
+    EXPECT_EQ(expseg_host_empty_cache(f.h.get()), EXPSEG_OK);
+    EXPECT_EQ(quiet.lines, 1);  // the give-back failed and said so
+    EXPECT_EQ(hstat(f.h.get(), "expseg.cached_bytes.current"), cached);
+    EXPECT_EQ(hstat(f.h.get(), "expseg.cached_bytes.allocated"), cached);
+    EXPECT_EQ(hstat(f.h.get(), "expseg.cached_bytes.freed"), 0);
+    EXPECT_EQ(hstat(f.h.get(), "expseg.cached_bytes.peak"), cached);
+    EXPECT_EQ(expseg_host_empty_cache(f.h.get()), EXPSEG_OK);  // now it goes
+    EXPECT_EQ(hstat(f.h.get(), "expseg.cached_bytes.current"), 0);
+    EXPECT_EQ(hstat(f.h.get(), "expseg.cached_bytes.allocated"), cached);
+    EXPECT_EQ(hstat(f.h.get(), "expseg.cached_bytes.freed"), cached);
+  }
+}
+
 // ---- random operations ----
 
 // Seeded random malloc / record_stream / free / hold / release / empty_cache on two pools

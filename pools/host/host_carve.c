@@ -132,7 +132,7 @@ size_t _expseg_host_carve_release(expseg_host_pool *h) {
     }
     *pp = b->next_free;
     _expseg_host_unlink_block(h, b);
-    _expseg_stat_add(&h->st.cached_bytes, -(int64_t)b->size);
+    /* still counted in cached_bytes until the give-back succeeds (a failed one keeps it) */
     hcarve_t *seg = b->carve;
     drop(b);
     for (hcarve_t **sp = &h->carve_segs; *sp; sp = &(*sp)->next)
@@ -153,6 +153,7 @@ size_t _expseg_host_carve_release(expseg_host_pool *h) {
     expseg_status s = _expseg_host_chunk_free(h, &seg->chunk, &us);
     pthread_mutex_lock(&h->lock);
     if (s == EXPSEG_OK) {
+      _expseg_stat_add(&h->st.cached_bytes, -(int64_t)seg->chunk.size); /* the whole segment */
       _expseg_host_note_chunk_free(h, &seg->chunk, us);
       freed += seg->chunk.size;
       free(seg);
@@ -163,9 +164,11 @@ size_t _expseg_host_carve_release(expseg_host_pool *h) {
     /* kept (expseg_host_destroy frees every segment listed), its memory back on the list,
      * whole and free */
     hblock_t *b = adopt(h, seg);
-    if (!b) continue;
+    if (!b) { /* listed, but no block to hand out: no longer cached */
+      _expseg_stat_add(&h->st.cached_bytes, -(int64_t)seg->chunk.size);
+      continue;
+    }
     list_push(h, b);
-    _expseg_stat_add(&h->st.cached_bytes, (int64_t)b->size);
   }
   return freed;
 }

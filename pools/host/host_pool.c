@@ -284,7 +284,8 @@ static size_t release_cached(expseg_host_pool *h, size_t above) {
       }
       *pp = b->next_free;
       _expseg_host_unlink_block(h, b);
-      _expseg_stat_add(&h->st.cached_bytes, -(int64_t)b->size);
+      /* still counted in cached_bytes until the give-back succeeds (a failed one keeps it:
+       * counting it out and in again would count it twice in .allocated and .freed) */
       b->next_free = gone;
       gone = b;
     }
@@ -298,6 +299,7 @@ static size_t release_cached(expseg_host_pool *h, size_t above) {
     expseg_status s = _expseg_host_chunk_free(h, &b->chunk, &us);
     pthread_mutex_lock(&h->lock);
     if (s == EXPSEG_OK) {
+      _expseg_stat_add(&h->st.cached_bytes, -(int64_t)b->size);
       _expseg_host_note_chunk_free(h, &b->chunk, us);
       freed += b->size;
       pthread_mutex_unlock(&h->lock);
@@ -317,7 +319,6 @@ static size_t release_cached(expseg_host_pool *h, size_t above) {
     unsigned i = _expseg_log2_floor(b->size);
     b->next_free = h->free_list[i];
     h->free_list[i] = b;
-    _expseg_stat_add(&h->st.cached_bytes, (int64_t)b->size);
   }
   return freed;
 }
