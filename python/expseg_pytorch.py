@@ -293,13 +293,26 @@ def _torch_calls(torch):
             _core._check(_core._lib.expseg_torch_snapshot_dump(devices[0], raw),
                    "torch.cuda.memory._dump_snapshot", devices[0])
             return
-        data = _core.snapshot_dict(None)
+        # as expseg_snapshot_dump: a temporary file opened before the snapshot is taken (a
+        # path that cannot be written records nothing), then renamed over the name
+        tmp = raw + b".tmp.%d" % os.getpid()
         try:
-            with open(raw, "wb") as f:
-                pickle.dump(data, f, protocol=4)
+            f = open(tmp, "wb")
         except OSError as e:
+            raise _core.ExpsegError("torch.cuda.memory._dump_snapshot(%r): cannot write the "
+                                    "temporary file: %s (nothing was written, nothing recorded)"
+                                    % (filename, e)) from None
+        try:
+            with f:
+                pickle.dump(_core.snapshot_dict(None), f, protocol=4)
+            os.replace(tmp, raw)
+        except OSError as e:
+            os.unlink(tmp)
             raise _core.ExpsegError("torch.cuda.memory._dump_snapshot(%r): %s" % (filename, e)) \
                 from None
+        except BaseException:
+            os.unlink(tmp)
+            raise
 
     calls = {
         "memory_stats": _core.memory_stats,

@@ -351,4 +351,46 @@ TEST(HistoryArgs, AllocationTracebackOfOnePointer) {
   ASSERT_EQ(expseg_free(a, early), EXPSEG_OK);
 }
 
+// A snapshot written to a path that cannot be opened records nothing (no `snapshot` event,
+// on the device's history or the host pool's) and returns the error naming the path.
+TEST(HistoryArgs, SnapshotToAPathThatCannotBeOpenedRecordsNothing) {
+  Alloc x;
+  expseg_allocator *a = x.a;
+  ASSERT_EQ(expseg_record_history_ex(a, true, 1000, 0), EXPSEG_OK);
+  void *p;
+  ASSERT_EQ(expseg_malloc(a, 1 << 20, 0, &p), EXPSEG_OK);
+  const size_t before = Count(Events(a), "snapshot");  // the walk's own included
+  const std::string bad = TmpPath("no_such_dir") + "/s.pickle";
+  for (unsigned flags : {0u, EXPSEG_SNAPSHOT_NO_TRACES}) {
+    EXPECT_EQ(expseg_snapshot_dump_ex(a, bad.c_str(), flags), EXPSEG_ERR_INVALID_ARGUMENT);
+    const std::string msg = expseg_last_error();
+    EXPECT_NE(msg.find(bad), std::string::npos) << msg;
+    EXPECT_NE(msg.find("No such file or directory"), std::string::npos) << msg;
+  }
+  // one more: the second walk's own; none from the failed dumps
+  EXPECT_EQ(Count(Events(a), "snapshot"), before + 1);
+  // the host pool's history too
+  expseg_host_pool *h = nullptr;
+  ASSERT_EQ(expseg_host_create("sim", 0, "", &h), EXPSEG_OK) << expseg_last_error();
+  ASSERT_EQ(expseg_host_record_history(h, true, 100, 0), EXPSEG_OK);
+  EXPECT_EQ(expseg_snapshot_dump_with_host(a, h, bad.c_str(), 0), EXPSEG_ERR_INVALID_ARGUMENT);
+  const std::string good = TmpPath("host.pickle");
+  ASSERT_EQ(expseg_snapshot_dump_with_host(a, h, good.c_str(), 0), EXPSEG_OK)
+      << expseg_last_error();
+  EXPECT_EQ(Count(Events(a), "snapshot"), before + 3);  // the good dump's and this walk's
+  if (snapshot_have_python()) {
+    std::string out;
+    ASSERT_EQ(snapshot_run("python3 -c \"import pickle,sys\n"
+                           "s = pickle.load(open(sys.argv[1], 'rb'))\n"
+                           "print([e['action'] for e in s['host_traces']])\" '" + good + "'",
+                           &out),
+              0)
+        << out;
+    EXPECT_EQ(out, "['snapshot']\n");  // the good dump's only
+  }
+  unlink(good.c_str());
+  expseg_host_destroy(h);
+  ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
+}
+
 }  // namespace

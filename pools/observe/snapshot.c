@@ -467,42 +467,51 @@ static expseg_status dump(expseg_allocator *a, expseg_host_pool *host, const cha
       return bad;
     }
   }
-  unsigned char *buf;
-  size_t len;
-  expseg_status st = host ? expseg_snapshot_with_host(a, host, flags, &buf, &len)
-                          : expseg_snapshot_ex(a, flags, &buf, &len);
-  if (st != EXPSEG_OK) {
-    free(resolved);
-    return st;
-  }
+  /* the temporary file is opened before the snapshot is built: a path that cannot be
+   * written records nothing (no `snapshot` event) */
   size_t n = strlen(path) + 32;
   char *tmp = malloc(n);
   if (tmp == NULL) {
-    free(buf);
     free(resolved);
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_snapshot_dump: out of host memory");
   }
   snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
   FILE *f = fopen(tmp, "wb");
-  int err = 0;
-  bool opened = f != NULL;
   if (f == NULL) {
-    err = errno;
-  } else {
-    if (fwrite(buf, 1, len, f) != len) err = errno ? errno : EIO;
-    if (fflush(f) != 0 && !err) err = errno;
-    if (!err && fsync(fileno(f)) != 0) err = errno;
-    if (fclose(f) != 0 && !err) err = errno;
-    if (!err && rename(tmp, path) != 0) err = errno;
-    if (err) unlink(tmp);
+    int err = errno;
+    expseg_status bad = _expseg_error_set(
+        EXPSEG_ERR_INVALID_ARGUMENT,
+        "expseg_snapshot_dump(%s): cannot write the temporary file %s: %s (nothing was written "
+        "at %s, nothing recorded)",
+        path, tmp, strerror(err), path);
+    free(tmp);
+    free(resolved);
+    return bad;
   }
+  unsigned char *buf;
+  size_t len;
+  expseg_status st = host ? expseg_snapshot_with_host(a, host, flags, &buf, &len)
+                          : expseg_snapshot_ex(a, flags, &buf, &len);
+  if (st != EXPSEG_OK) {
+    fclose(f);
+    unlink(tmp);
+    free(tmp);
+    free(resolved);
+    return st;
+  }
+  int err = 0;
+  if (fwrite(buf, 1, len, f) != len) err = errno ? errno : EIO;
+  if (fflush(f) != 0 && !err) err = errno;
+  if (!err && fsync(fileno(f)) != 0) err = errno;
+  if (fclose(f) != 0 && !err) err = errno;
+  if (!err && rename(tmp, path) != 0) err = errno;
+  if (err) unlink(tmp);
   free(buf);
   if (err)
     st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                           "expseg_snapshot_dump(%s): cannot write %s: %s (nothing was "
+                           "expseg_snapshot_dump(%s): cannot write the snapshot: %s (nothing was "
                            "written at %s)",
-                           path, !opened ? "the temporary file" : "the snapshot",
-                           strerror(err), path);
+                           path, strerror(err), path);
   free(tmp);
   free(resolved);
   return st;

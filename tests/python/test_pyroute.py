@@ -250,6 +250,30 @@ class PythonRoute(unittest.TestCase):
         self.assertEqual(r["cleared"], [])
         self.assertEqual(r["off"], [])
 
+    def test_dump_to_a_path_that_cannot_be_opened_records_nothing(self):
+        r, _ = self.result("""
+            expseg.install(route="python")
+            torch.cuda.memory._record_memory_history(max_entries=100)
+            keep = [torch.empty(1 << 20, 0)]
+            n = lambda s: [sum(e["action"] == "snapshot" for e in t) for t in s["device_traces"]]
+            bad = os.path.join(tempfile.mkdtemp(), "no_such_dir", "s.pickle")
+            one = n(torch.cuda.memory._snapshot())
+            e1 = err(torch.cuda.memory._dump_snapshot, bad)       # one device used
+            keep.append(torch.empty(1 << 20, 1))
+            two = n(torch.cuda.memory._snapshot())
+            e2 = err(torch.cuda.memory._dump_snapshot, bad)       # two devices used
+            after = n(torch.cuda.memory._snapshot())
+            print(json.dumps(dict(one=one, two=two, after=after, e1=e1, e2=e2, bad=bad,
+                                  left=os.listdir(os.path.dirname(os.path.dirname(bad))))))
+            """)
+        # each _snapshot() records one snapshot event per device; the failed dumps none
+        self.assertEqual(r["two"][0], r["one"][0] + 1)
+        self.assertEqual(r["after"], [r["two"][0] + 1, r["two"][1] + 1])
+        for e in (r["e1"], r["e2"]):
+            self.assertIn(r["bad"], e)
+            self.assertIn("No such file or directory", e)
+        self.assertEqual(r["left"], [])
+
     def test_snapshot_creates_no_allocator_for_unused_devices(self):
         r, _ = self.result("""
             expseg.install(route="python")
