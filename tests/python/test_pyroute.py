@@ -12,6 +12,7 @@ interpreter (the library keeps one allocator per device for the process)."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -234,7 +235,7 @@ class PythonRoute(unittest.TestCase):
                 pass
             off = torch.cuda.memory._snapshot()["external_annotations"]
             print(json.dumps(dict(s=ann(s), dumped=ann(dumped), keys=keys, kept=kept,
-                                  every=every, cleared=cleared, off=off,
+                                  every=every, cleared=cleared, off=off, path=path,
                                   times=min(times) > 1700000000 * 10**6)))
             """)
         want = [["## forward ##", "START", 0], ["inner", "START", 0], ["inner", "END", 0],
@@ -249,6 +250,16 @@ class PythonRoute(unittest.TestCase):
                                            ["other thread", "END", 1]])
         self.assertEqual(r["cleared"], [])
         self.assertEqual(r["off"], [])
+        # the dumped pickle (two devices: Python's pickle) opens in PyTorch's viewers
+        viewers = os.path.join(REPO, "..", "shared", "reference", "pytorch-viewer")
+        if shutil.which("node") is None or not os.path.isdir(viewers):
+            self.skipTest("node or %s is missing: the viewers did not open the pickle" % viewers)
+        for v in ("MemoryViz_v1.js", "MemoryViz_v2.js"):
+            p = subprocess.run(["node", os.path.join(REPO, "tests", "check_viewers.js"),
+                                os.path.join(viewers, v), r["path"]],
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(p.returncode, 0, v + ": " + p.stdout + p.stderr)
+            self.assertIn("opens in", p.stdout)
 
     def test_dump_to_a_path_that_cannot_be_opened_records_nothing(self):
         r, _ = self.result("""
