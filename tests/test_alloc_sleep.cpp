@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -160,6 +161,8 @@ TEST_P(Sleep, OffloadKeepsAddressesAndBytes) {
   for (size_t i = 1; i <= region_blocks; i++) {
     const uintptr_t lo = (uintptr_t)live_[i].p / (2 * MiB), hi = ((uintptr_t)live_[i].p + live_[i].size - 1) / (2 * MiB);
     EXPECT_TRUE((uintptr_t)kv / (2 * MiB) < lo || (uintptr_t)kv / (2 * MiB) > hi) << "kv shares a page";
+    const uintptr_t g_lo = (uintptr_t)general / (2 * MiB), g_hi = ((uintptr_t)general + 2 * MiB - 1) / (2 * MiB);
+    EXPECT_TRUE(g_hi < lo || g_lo > hi) << "the general cache shares a page with the region";
   }
   const int64_t mapped_before = driver_mapped();
   const int64_t reserved_before = stat_of(a_, "reserved_bytes.all.current");
@@ -742,6 +745,63 @@ TEST_P(Sleep, CapturedGraphStyleAddressesAndBytesSurviveCycles) {
     check("after the replay");
   }
 }
+
+#ifdef EXPSEG_SLEEP_GPU
+// On cuda the copies are queued on the allocator's stream (cuMemcpyDtoHAsync / HtoDAsync, one
+// per piece of at most 64 MiB) and the stream synchronized once per sleep and once per wake:
+// a sleep before its first unmap (nothing in flight is unmapped), a wake after its last map,
+// each segment's copies queued as soon as it is mapped, so they are in flight while the next
+// segments are created and mapped. Read from the CUDA driver double's call log.
+TEST_P(Sleep, CudaCopiesAreQueuedAndOverlapTheWakesMaps) {
+  if (a_ == nullptr) return;
+  cudadouble_api api;
+  ASSERT_TRUE(cudadouble_load(&api));
+  fill_region();
+  uint64_t pieces = 0;
+  for (const Live &l : live_) pieces += (l.size + 64 * MiB - 1) / (64 * MiB);
+  auto calls = [&] {
+    std::vector<cudadouble_call> v(api.log_count());
+    for (size_t i = 0; i < v.size(); i++) EXPECT_EQ(0, api.log_get(i, &v[i]));
+    return v;
+  };
+  auto named = [](const cudadouble_call &c, const char *n) { return c.result == 0 && std::string(c.name) == n; };
+  for (int dir = 0; dir < 2; dir++) {
+    SCOPED_TRACE(dir == 0 ? "sleep" : "wake");
+    api.log_clear();
+    if (dir == 0) {
+      ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+    } else {
+      ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+    }
+    const std::vector<cudadouble_call> log = calls();
+    const char *async = dir == 0 ? "cuMemcpyDtoHAsync" : "cuMemcpyHtoDAsync";
+    size_t n_async = 0, n_sync_copies = 0, first_async = SIZE_MAX, last_async = 0, last_sync = 0,
+           first_unmap = SIZE_MAX, last_map = 0, maps_in_flight = 0;
+    for (size_t i = 0; i < log.size(); i++) {
+      const cudadouble_call &c = log[i];
+      if (named(c, async)) n_async++, first_async = std::min(first_async, i), last_async = i;
+      if (named(c, "cuMemcpyDtoH") || named(c, "cuMemcpyHtoD")) n_sync_copies++;
+      if (named(c, "cuStreamSynchronize")) last_sync = i;
+      if (named(c, "cuMemUnmap")) first_unmap = std::min(first_unmap, i);
+      if (named(c, "cuMemMap")) last_map = i, maps_in_flight += c.busy_streams > 0;
+    }
+    EXPECT_EQ(n_async, pieces);
+    EXPECT_EQ(n_sync_copies, 0u);
+    ASSERT_NE(first_async, SIZE_MAX);
+    EXPECT_GT(last_sync, last_async) << "the copy stream is synchronized after the last copy";
+    if (dir == 0) {
+      EXPECT_LT(last_sync, first_unmap) << "synchronized before anything is unmapped";
+      EXPECT_EQ(log[first_unmap].busy_streams, 0) << "unmapped with copies in flight";
+    } else {
+      EXPECT_LT(first_async, last_map) << "the first segment's copies wait for the last map";
+      EXPECT_GT(maps_in_flight, 0u) << "no map ran while copies were in flight";
+      EXPECT_GT(last_sync, last_map);
+    }
+  }
+  expect_data("after wake");
+  check("end");
+}
+#endif
 
 // ---- every driver call of a sleep and a wake fails in turn ----
 
