@@ -11,9 +11,14 @@
  * pinned staging buffer of one block reused block by block (expseg_host_malloc, the
  * allocator's pinned host pool; pinned memory is what the copies of a sleep use), in the same
  * process on the same memory, so the floor needs one block of host memory, not the region's
- * size. On host it also times a memcpy into freshly mapped pages (what
+ * size. That floor is harsher than the sleep's own work (its one buffer stays hot in the TLB
+ * and caches), so where memory allows (--same-work: auto, the default, when the region is at
+ * most a quarter of the free host memory) it also times the same work as the sleep's copy:
+ * every block copied device -> host through that same copy into a pinned buffer of the
+ * region's size, faulted in before the first round, as the host copies a sleep reuses are
+ * after its first round. On host it also times a memcpy into freshly mapped pages (what
  * a wake's copy-back meets there: memory given back by the sleep comes back without its
- * pages, each faulted in on first touch). A sleep and a wake are each split into the time
+ * pages, each faulted in on first touch): the wake's same-work floor. A sleep and a wake are each split into the time
  * spent copying bytes (expseg_region_info.last_sleep_copy_us / last_wake_copy_us) and the
  * rest (driver calls and bookkeeping). After every wake the first and last 4 KiB of every
  * block are checked, after the last one every byte. --json FILE writes every figure.
@@ -28,6 +33,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 static uint64_t now_ns(void) {
   struct timespec t;
@@ -56,11 +62,14 @@ static void calls(expseg_allocator *a, int64_t out[N_CALLS]) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: expseg-bench-sleep [--driver SPEC (host)] [--size MIB (1024)] [--block MIB "
-          "(64)] [--rounds N (3)] [--json FILE]\n"
+          "(64)] [--rounds N (3)] [--same-work auto|on|off (auto)] [--json FILE]\n"
           "  SPEC: host, sim or cuda, or a full driver spec (host:capacity=4G); host and sim\n"
           "  alone get a capacity that fits the region.\n"
           "  host, cuda: sleep (offload) + wake of the region against copies of the same bytes\n"
           "  through the driver (the floor), each split into copy time and driver time;\n"
+          "  --same-work: also the sleep's copy done as plain copies into a region-sized\n"
+          "  pinned buffer already faulted in (auto: when the region is at most a quarter\n"
+          "  of the free host memory);\n"
           "  sim: the driver calls of one sleep and one wake per GiB\n");
 }
 
@@ -94,17 +103,20 @@ static int64_t check_range(expseg_allocator *a, char *dev, size_t blk, size_t of
 }
 
 typedef struct {
-  uint64_t sleep, sleep_copy, wake, wake_copy, d2h, h2d, fresh;
+  uint64_t sleep, sleep_copy, wake, wake_copy, d2h, h2d, fresh, same;
 } round_t;
 
 int main(int argc, char **argv) {
   const char *driver = "host", *json = NULL;
   uint64_t size_mb = 1024, block_mb = 64, rounds = 3;
+  static const char *const same_modes[] = {"auto", "on", "off", NULL};
+  int same_mode = 0;
   const _expseg_arg_t table[] = {
       ARG_STR_("--driver", &driver),
       ARG_U64_("--size", &size_mb, 1, 1 << 20),
       ARG_U64_("--block", &block_mb, 1, 1 << 16),
       ARG_U64_("--rounds", &rounds, 1, 100),
+      ARG_CHOICE_("--same-work", &same_mode, same_modes),
       ARG_STR_("--json", &json),
   };
   if (_expseg_args_parse("expseg-bench-sleep", argc, argv, table, sizeof table / sizeof table[0],
@@ -140,6 +152,29 @@ int main(int argc, char **argv) {
   for (size_t i = 0; bytes && i < n; i++) {
     pattern(stage, i, 0, block);
     if (expseg_testing_copy_in(a, p[i], stage, block) != EXPSEG_OK) return fail("fill");
+  }
+  /* the sleep's same-work floor: a pinned destination of the region's size, faulted in
+   * before the first round (as a sleep's kept host copies are from its second round on) */
+  unsigned char *same = NULL;
+  const char *same_state = "off"; /* "measured", "off" (--same-work off), "skipped" */
+  char same_why[600] = "off (--same-work off)";
+  if (bytes && same_mode != 2) {
+    const uint64_t avail = (uint64_t)sysconf(_SC_AVPHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    same_state = "skipped";
+    if (same_mode == 0 && total > avail / 4)
+      snprintf(same_why, sizeof same_why,
+               "skipped: the region (%.2f GiB) is more than a quarter of the free host memory "
+               "(%.2f GiB); --same-work on measures it anyway",
+               (double)total / (1u << 30), (double)avail / (1u << 30));
+    else if (expseg_host_malloc(hp, total, (void **)&same) != EXPSEG_OK) {
+      if (same_mode == 1) return fail("--same-work on: a pinned buffer of the region's size");
+      snprintf(same_why, sizeof same_why, "skipped: a pinned buffer of the region's size: %s",
+               expseg_last_error());
+      same = NULL;
+    } else {
+      memset(same, 0, total);
+      same_state = "measured";
+    }
   }
   int64_t c0[N_CALLS], c1[N_CALLS], c2[N_CALLS];
   uint64_t checked = 0, mismatches = 0;
@@ -182,6 +217,12 @@ int main(int argc, char **argv) {
       if (expseg_testing_copy_in(a, p[i], stage, block) != EXPSEG_OK) return fail("floor copy in");
       t[r].d2h += m1 - m0, t[r].h2d += now_ns() - m1;
     }
+    for (size_t i = 0; same != NULL && i < n; i++) { /* the sleep's copy, as plain copies */
+      const uint64_t s0 = now_ns();
+      if (expseg_testing_copy_out(a, same + i * block, p[i], block) != EXPSEG_OK)
+        return fail("same-work copy out");
+      t[r].same += now_ns() - s0;
+    }
     if (strcmp(info.driver, "host") == 0) { /* memcpy into fresh pages, block by block */
       for (size_t i = 0; i < n; i++) {
         unsigned char *fresh = mmap(NULL, block, PROT_READ | PROT_WRITE,
@@ -195,15 +236,16 @@ int main(int argc, char **argv) {
     }
   }
   const round_t first = t[0];
-  uint64_t v[7][100];
+  uint64_t v[8][100];
   for (uint64_t r = 0; r < rounds; r++) {
     v[0][r] = t[r].sleep, v[1][r] = t[r].sleep_copy, v[2][r] = t[r].wake;
     v[3][r] = t[r].wake_copy, v[4][r] = t[r].d2h, v[5][r] = t[r].h2d, v[6][r] = t[r].fresh;
+    v[7][r] = t[r].same;
   }
   const double sl = median(v[0], rounds) / 1e6, slc = median(v[1], rounds) / 1e6,
                wk = median(v[2], rounds) / 1e6, wkc = median(v[3], rounds) / 1e6,
                d2h = median(v[4], rounds) / 1e6, h2d = median(v[5], rounds) / 1e6,
-               fresh = median(v[6], rounds) / 1e6;
+               fresh = median(v[6], rounds) / 1e6, same_ms = median(v[7], rounds) / 1e6;
   const double gib = (double)total / (1u << 30);
   printf("driver %s (%s), region %.2f GiB in %zu blocks of %" PRIu64 " MiB, median of %" PRIu64
          " rounds\n",
@@ -220,9 +262,16 @@ int main(int argc, char **argv) {
     printf("sleep copy / d2h %.2f, wake copy / h2d %.2f, copies / floor %.2f, sleep + wake / "
            "floor %.2f\n",
            slc / d2h, wkc / h2d, (slc + wkc) / (d2h + h2d), (sl + wk) / (d2h + h2d));
+    if (same != NULL)
+      printf("same-work floor (sleep): device -> host into a region-sized pinned buffer already "
+             "faulted in %.1f ms (%.1f GB/s): sleep copy / that %.2f\n",
+             same_ms, total / same_ms / 1e6, slc / same_ms);
+    else
+      printf("same-work floor (sleep): %s\n", same_why);
     if (fresh > 0)
-      printf("memcpy into fresh pages (one way) %.1f ms: wake copy / that %.2f\n", fresh,
-             wkc / fresh);
+      printf("same-work floor (wake): memcpy into fresh pages (one way) %.1f ms: wake copy / "
+             "that %.2f\n",
+             fresh, wkc / fresh);
     printf("bytes checked %" PRIu64 ", mismatches %" PRIu64 "\n", checked, mismatches);
   }
   printf("driver calls per GiB (last round):");
@@ -242,9 +291,11 @@ int main(int argc, char **argv) {
             "%.3f,\n"
             " \"first_sleep_ms\": %.3f, \"first_wake_ms\": %.3f,\n"
             " \"floor_d2h_ms\": %.3f, \"floor_h2d_ms\": %.3f, \"fresh_pages_ms\": %.3f,\n"
+            " \"same_work\": \"%s\", \"same_work_d2h_ms\": %.3f, \"same_work_bytes\": %zu,\n"
             " \"checked_bytes\": %" PRIu64 ", \"mismatches\": %" PRIu64 ", \"calls_per_gib\": {",
             info.driver, bytes ? "true" : "false", total, block, rounds, bytes ? block : 0, sl, slc,
-            wk, wkc, first.sleep / 1e6, first.wake / 1e6, d2h, h2d, fresh, checked, mismatches);
+            wk, wkc, first.sleep / 1e6, first.wake / 1e6, d2h, h2d, fresh, same_state,
+            same ? same_ms : 0.0, same ? total : (size_t)0, checked, mismatches);
     for (int i = 0; i < N_CALLS; i++)
       fprintf(f, "%s\"%s\": [%.2f, %.2f]", i ? ", " : "", kCalls[i], (c1[i] - c0[i]) / gib,
               (c2[i] - c1[i]) / gib);
@@ -254,6 +305,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < n; i++) (void)expseg_free(a, p[i]);
   expseg_destroy(a);
   if (hp) {
+    if (same) (void)expseg_host_free(hp, same);
     (void)expseg_host_free(hp, stage);
     expseg_host_destroy(hp);
   }

@@ -146,6 +146,13 @@ def summary_lines(rep):
                          sl["floor_d2h_ms"], sl["size_bytes"] / sl["floor_d2h_ms"] / 1e6,
                          sl["floor_h2d_ms"], sl["size_bytes"] / sl["floor_h2d_ms"] / 1e6,
                          (sl["sleep_ms"] + sl["wake_ms"]) / (sl["floor_d2h_ms"] + sl["floor_h2d_ms"])))
+        if sl.get("same_work_d2h_ms"):
+            L.append("  same-work floor (sleep): device -> host into a region-sized pinned buffer "
+                     "%.1f ms (%.1f GB/s); sleep copy / that %.2f" % (
+                         sl["same_work_d2h_ms"], sl["size_bytes"] / sl["same_work_d2h_ms"] / 1e6,
+                         sl["sleep_copy_ms"] / sl["same_work_d2h_ms"]))
+        elif sl.get("same_work"):
+            L.append("  same-work floor (sleep): %s" % sl["same_work"])
         L.append("  bytes checked %d, mismatches %d" % (sl.get("checked_bytes", 0), sl.get("mismatches", 0)))
     rp = rep.get("replay")
     if isinstance(rp, list) and rp:

@@ -29,7 +29,10 @@
  * reuses those of the right size (at most twice the bytes), so a sleep-wake cycle after the
  * first makes no host allocation and copies into memory already faulted in. Kept copies
  * are counted (expseg.sleep_host_kept_bytes) and given back by expseg_empty_cache, a
- * discarding sleep, or a sleep that does not need them. */
+ * discarding sleep, or a sleep that does not need them. On a driver without bytes (sim) an
+ * offload allocates and copies nothing, but its host copies are counted as everywhere else
+ * (records of the same sizes with no memory behind them), so the statistics of a sim run
+ * show the host memory a real one would hold. */
 #include "error.h"
 #include "internal.h"
 #include "release.h"
@@ -297,6 +300,7 @@ static expseg_status raise_seg(expseg_allocator *a, sseg_t *g) {
  * and destroy (reported only when the list is full or at destroy). */
 static void host_give_back(expseg_allocator *a, const expseg_host_chunk_t *c, bool last) {
   struct sleep_state_s *ss = a->sleep;
+  if (c->ptr == NULL) return; /* counted only, never allocated (a driver without bytes) */
   if (_expseg_vmm_host_free(a->drv, c) == EXPSEG_OK) return;
   if (!last && ss->n_stale < STALE_MAX) {
     ss->stale[ss->n_stale++] = *c;
@@ -405,7 +409,9 @@ static expseg_status sseg_build(expseg_allocator *a, region_t *r, segment_t *s, 
   if (!take_kept(a, r, need, &g->host)) {
     g->host = (expseg_host_chunk_t){.size = need, .numa_node = _expseg_vmm_host_numa(a->drv),
                                     .fault_threads = 1};
-    if ((st = _expseg_vmm_host_alloc(a->drv, &g->host)) != EXPSEG_OK) return st;
+    /* a driver without bytes (sim): the host copy is counted as on any driver, so the
+     * statistics show what an offload holds, but never allocated (ptr NULL) */
+    if (!r->no_bytes && (st = _expseg_vmm_host_alloc(a->drv, &g->host)) != EXPSEG_OK) return st;
   }
   g->has_host = true;
   size_t off = 0;
@@ -509,7 +515,7 @@ static expseg_status sleep_locked(expseg_allocator *a, region_t **rp, bool offlo
     n += seg_tag(s) == r->tag && s->mapped_bytes > 0;
   r->segs = calloc(n ? n : 1, sizeof *r->segs);
   if (r->segs == NULL) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
-  r->no_bytes = false;
+  r->no_bytes = !_expseg_vmm_has_bytes(a->drv); /* sim: nothing to allocate or copy */
   for (segment_t *s = a->segments; s != NULL && st == EXPSEG_OK; s = s->next_all)
     if (seg_tag(s) == r->tag && s->mapped_bytes > 0)
       st = sseg_build(a, r, s, offload, &r->segs[r->n_segs++]);
@@ -521,7 +527,7 @@ static expseg_status sleep_locked(expseg_allocator *a, region_t **rp, bool offlo
   /* its segments sleep from here for the rest of the allocator (frees deferred, release
    * and allocation kept away), while the bytes are copied out */
   for (size_t i = 0; i < r->n_segs; i++) r->segs[i].s->asleep = true;
-  if (offload) st = copy_unlocked(a, rp, 0, r->n_segs, false, false);
+  if (offload && !r->no_bytes) st = copy_unlocked(a, rp, 0, r->n_segs, false, false);
   r = *rp;
   if (st != EXPSEG_OK) { /* awake again as it was, with the frees made meanwhile */
     for (size_t i = 0; i < r->n_segs; i++) r->segs[i].s->asleep = false;

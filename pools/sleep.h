@@ -32,7 +32,8 @@ typedef struct region_s {
   char name[64];
   expseg_pool_id pool;
   uint32_t tag, note; /* note: the tag in the history's text table (0: none) */
-  bool asleep, no_bytes; /* no_bytes: the driver has none to copy (sim) */
+  bool asleep, no_bytes; /* no_bytes: the driver has none to copy (sim): host copies are
+                          * counted, never allocated (their ptr NULL) */
   bool busy;             /* its bytes are being copied, the lock let go (copy_unlocked) */
   sseg_t *segs;
   size_t n_segs;
@@ -60,7 +61,7 @@ struct sleep_state_s {
  * at most 64 MiB; queued on *stream where it is not NULL, then that stream synchronized
  * (also after a failure: nothing is left in flight), unless pending is not NULL: then
  * *pending is set when a copy was queued and the caller synchronizes. *no_bytes: the driver has no bytes
- * (sim; found at the first copy). */
+ * (sim; known before the sleep): nothing is copied. */
 expseg_status _expseg_sleep_copy_segs(expseg_vmm_t *drv, const sseg_t *segs, size_t n, bool in,
                                       bool *no_bytes, const expseg_stream *stream,
                                       bool *pending);

@@ -7,7 +7,7 @@
  * batch ends with one synchronize of that stream, also after a failure, so nothing is in
  * flight when the caller unmaps memory or hands it out; a wake thus returns with its bytes
  * in place for work queued afterwards on any stream. Elsewhere (host) the copies are
- * synchronous and sim has no bytes. */
+ * synchronous; sim has no bytes, and a sleep there never gets here. */
 #include "sleep.h"
 
 enum { COPY_PIECE = 64u << 20 };
@@ -17,7 +17,7 @@ enum { COPY_PIECE = 64u << 20 };
  * (also after a failure: nothing is left in flight), unless pending is not NULL: then
  * *pending is set when a copy was queued and the caller synchronizes. No lock needed: it reads the records of
  * a busy region, which no other call changes, and the driver copies with its own. *no_bytes:
- * the driver has no bytes (sim; found at the first copy). */
+ * the driver has no bytes (sim; known before the sleep): nothing is copied. */
 expseg_status _expseg_sleep_copy_segs(expseg_vmm_t *drv, const sseg_t *segs, size_t n, bool in,
                                       bool *no_bytes, const expseg_stream *stream,
                                       bool *pending) {
@@ -36,11 +36,6 @@ expseg_status _expseg_sleep_copy_segs(expseg_vmm_t *drv, const sseg_t *segs, siz
         else
           st = in ? _expseg_vmm_copy_in(drv, p->addr + off, host, len)
                   : _expseg_vmm_copy_out(drv, host, p->addr + off, len);
-        if (st == EXPSEG_ERR_UNSUPPORTED && !in && i == 0 && k == 0 && off == 0) {
-          *no_bytes = true; /* sim */
-          st = EXPSEG_OK;
-          break;
-        }
       }
     }
   }

@@ -6,137 +6,11 @@
 // call of a sleep and a wake fail in turn, at every position, and checks that the region is
 // then either awake or asleep (never between), that its bytes come back bit for bit once
 // the faults stop, that expseg_check passes after every step and that nothing is left in
-// the driver at the end.
-#include "alloc_support.h"
-
-#ifdef EXPSEG_SLEEP_GPU
-#include "cudadouble.h"
-#endif
-
-#include <gtest/gtest.h>
-
-#include <atomic>
-#include <chrono>
-#include <cstring>
-#include <thread>
-#include <ctime>
-#include <string>
-#include <vector>
+// the driver at the end. The fixture: test_alloc_sleep_common.h; more cycles, the host
+// copies' sizes, streams and the copies' order: test_alloc_sleep_cycles.cpp.
+#include "test_alloc_sleep_common.h"
 
 namespace {
-
-constexpr size_t KiB = 1024, MiB = 1024 * KiB;
-
-#ifdef EXPSEG_SLEEP_GPU
-const char *const kDrivers[] = {"cuda"};
-#else
-const char *const kDrivers[] = {"host", "sim"};
-#endif
-
-struct Live {
-  void *p;
-  size_t size;
-  std::vector<unsigned char> data;
-};
-
-class Sleep : public ::testing::TestWithParam<std::tuple<const char *, const char *>> {
-public: // the fault test's helper uses them
-  void rewrite() { // every live block's bytes written again (after a discarding sleep)
-    for (Live &l : live_) put(l.p, l.data);
-  }
-
-protected:
-  expseg_allocator *a_ = nullptr;
-  TestRng rng_{0};
-  std::vector<Live> live_;
-  expseg_stream other_ = 7; // a second stream (cuda: one the driver made)
-  std::string driver() const { return std::get<0>(GetParam()); }
-  bool bytes() const { return driver() != "sim"; }
-
-  void SetUp() override {
-    rng_ = TestRng(test_seed(27));
-    std::string spec = "fault;" + driver();
-#ifdef EXPSEG_SLEEP_GPU
-    cudadouble_api api;
-    if (!cudadouble_load(&api) || !_expseg_cuda_usable(0))
-      GTEST_SKIP() << "libcuda.so.1 is not the CUDA driver double";
-    ASSERT_EQ(0, api.configure("capacity=1G,granularity=2M,recommended=2M")) << api.last_message();
-#else
-    spec += ":capacity=1G";
-#endif
-    ASSERT_EQ(expseg_create(spec.c_str(), 0, std::get<1>(GetParam()), &a_), EXPSEG_OK)
-        << expseg_last_error();
-  }
-  void TearDown() override {
-    if (a_ == nullptr) return;
-    expseg_testing_driver_counts left;
-    (void)expseg_testing_set_faults(a_, "");
-    if (driver() == "cuda" && other_ != 7) {
-      EXPECT_EQ(expseg_stream_destroy(a_, other_), EXPSEG_OK);
-    }
-    expseg_testing_destroy(a_, &left);
-    EXPECT_EQ(left.live_chunks, 0);
-    EXPECT_EQ(left.live_reservations, 0);
-    EXPECT_EQ(left.mapped_bytes, 0);
-  }
-
-  void put(void *p, const std::vector<unsigned char> &d) {
-    if (!bytes()) return;
-    ASSERT_EQ(_expseg_vmm_copy_in(alloc_test_driver(a_), (uintptr_t)p, d.data(), d.size()),
-              EXPSEG_OK)
-        << expseg_last_error();
-  }
-  std::vector<unsigned char> get(void *p, size_t n) {
-    std::vector<unsigned char> d(n);
-    if (!bytes()) return d;
-    EXPECT_EQ(_expseg_vmm_copy_out(alloc_test_driver(a_), d.data(), (uintptr_t)p, n), EXPSEG_OK)
-        << expseg_last_error();
-    return d;
-  }
-  void *alloc(size_t n, expseg_stream s = 0) {
-    void *p = nullptr;
-    EXPECT_EQ(expseg_malloc(a_, n, s, &p), EXPSEG_OK) << expseg_last_error();
-    if (p == nullptr) return p;
-    std::vector<unsigned char> d(n);
-    for (auto &c : d) c = (unsigned char)rng_.next();
-    put(p, d);
-    live_.push_back({p, n, d});
-    return p;
-  }
-public:
-  // every live block holds its bytes, at the address it was given
-  void expect_data(const std::string &where) {
-    if (!bytes()) return;
-    for (const Live &l : live_)
-      EXPECT_TRUE(get(l.p, l.size) == l.data) << where << ": bytes at " << l.p << " (" << l.size
-                                              << ") changed";
-  }
-  void check(const std::string &where) {
-    EXPECT_EQ(expseg_check(a_), EXPSEG_OK) << where << ": " << expseg_last_error();
-  }
-  expseg_region_info info(const char *tag) {
-    expseg_region_info i;
-    EXPECT_EQ(expseg_region_get_info(a_, tag, &i), EXPSEG_OK) << expseg_last_error();
-    return i;
-  }
-  // a region "w" of several sizes (small pool, a chunk, several chunks), and a general block
-  void fill_region(bool big = true) {
-    ASSERT_EQ(expseg_region_begin(a_, "w"), EXPSEG_OK) << expseg_last_error();
-    for (size_t n : {size_t{1000}, 300 * KiB, 3 * MiB, 17 * MiB, 70 * MiB})
-      if (big || n < 10 * MiB) alloc(n);
-    if (driver() == "cuda" && other_ == 7) {
-      ASSERT_EQ(expseg_stream_create(a_, &other_), EXPSEG_OK) << expseg_last_error();
-    }
-    alloc(5 * MiB, other_); // another stream
-    ASSERT_EQ(expseg_region_end(a_, "w"), EXPSEG_OK);
-  }
-protected:
-  int64_t driver_mapped() {
-    expseg_testing_driver_counts c;
-    EXPECT_EQ(expseg_testing_driver_counts_get(a_, &c), EXPSEG_OK);
-    return c.mapped_bytes;
-  }
-};
 
 TEST_P(Sleep, OffloadKeepsAddressesAndBytes) {
   if (a_ == nullptr) return;
@@ -155,6 +29,8 @@ TEST_P(Sleep, OffloadKeepsAddressesAndBytes) {
   for (size_t i = 1; i <= region_blocks; i++) {
     const uintptr_t lo = (uintptr_t)live_[i].p / (2 * MiB), hi = ((uintptr_t)live_[i].p + live_[i].size - 1) / (2 * MiB);
     EXPECT_TRUE((uintptr_t)kv / (2 * MiB) < lo || (uintptr_t)kv / (2 * MiB) > hi) << "kv shares a page";
+    const uintptr_t g_lo = (uintptr_t)general / (2 * MiB), g_hi = ((uintptr_t)general + 2 * MiB - 1) / (2 * MiB);
+    EXPECT_TRUE(g_hi < lo || g_lo > hi) << "the general cache shares a page with the region";
   }
   const int64_t mapped_before = driver_mapped();
   const int64_t reserved_before = stat_of(a_, "reserved_bytes.all.current");
@@ -194,9 +70,12 @@ TEST_P(Sleep, OffloadKeepsAddressesAndBytes) {
   expseg_snapshot_free(snap);
   // the rest of the allocator works on: the general block keeps its bytes, empty_cache
   // leaves the sleeping region alone, a new general allocation is served
+  const expseg_region_info before_empty = info("w");
   EXPECT_EQ(expseg_empty_cache(a_), EXPSEG_OK);
   check("empty_cache asleep");
   EXPECT_EQ(info("w").asleep_bytes, s.asleep_bytes);
+  EXPECT_EQ(info("w").host_bytes, before_empty.host_bytes); // its host copies stay too
+  EXPECT_EQ(info("w").device_bytes, 0u);
   void *other = nullptr;
   ASSERT_EQ(expseg_malloc(a_, 4 * MiB, 0, &other), EXPSEG_OK);
   EXPECT_EQ(expseg_free(a_, other), EXPSEG_OK);
@@ -208,6 +87,11 @@ TEST_P(Sleep, OffloadKeepsAddressesAndBytes) {
       << expseg_last_error();
   EXPECT_EQ(p, nullptr);
   ASSERT_EQ(expseg_region_end(a_, "w"), EXPSEG_OK);
+  // so is an allocation naming its pool
+  EXPECT_EQ(expseg_malloc_pool(a_, 1000, 0, pool, &p), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(expseg_last_error()).find("\"w\" is asleep"), std::string::npos)
+      << expseg_last_error();
+  EXPECT_EQ(p, nullptr);
   // sleeping twice is OK and changes nothing
   EXPECT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK);
   EXPECT_EQ(info("w").sleeps, 1u);
@@ -246,11 +130,16 @@ TEST_P(Sleep, DiscardGivesMemoryBackWithoutCopies) {
   if (a_ == nullptr) return;
   fill_region();
   const expseg_region_info awake = info("w");
+  const uint64_t copies = seen(a_, EXPSEG_VMM_CALL_copy), hosts = seen(a_, EXPSEG_VMM_CALL_host_alloc);
   ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_DISCARD), EXPSEG_OK) << expseg_last_error();
   EXPECT_EQ(info("w").host_bytes, 0u);
   EXPECT_EQ(info("w").device_bytes, 0u);
+  EXPECT_EQ(info("w").asleep_bytes, awake.device_bytes);
   check("asleep");
   ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(seen(a_, EXPSEG_VMM_CALL_copy), copies) << "a discarding sleep and its wake copy nothing";
+  EXPECT_EQ(seen(a_, EXPSEG_VMM_CALL_host_alloc), hosts);
+  EXPECT_EQ(info("w").last_sleep_copy_us, 0u);
   EXPECT_EQ(info("w").device_bytes, awake.device_bytes);
   for (Live &l : live_) put(l.p, l.data); // usable at the same addresses
   expect_data("rewritten after wake");
@@ -263,9 +152,10 @@ TEST_P(Sleep, DiscardGivesMemoryBackWithoutCopies) {
 // the next wake restores every byte.
 TEST_P(Sleep, FailedCopyLeavesNothingHalfRestored) {
   if (a_ == nullptr) return;
+  if (!bytes()) GTEST_SKIP() << "sim copies nothing (SimOffloadCountsHostCopiesItNeverMakes)";
   fill_region();
   const expseg_region_info awake = info("w");
-  ASSERT_EQ(expseg_testing_set_faults(a_, bytes() ? "copy@2" : "copy@1"), EXPSEG_OK);
+  ASSERT_EQ(expseg_testing_set_faults(a_, "copy@2"), EXPSEG_OK);
   EXPECT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_ERR_DRIVER);
   EXPECT_NE(std::string(expseg_last_error()).find("the region is awake, nothing changed"),
             std::string::npos)
@@ -276,7 +166,6 @@ TEST_P(Sleep, FailedCopyLeavesNothingHalfRestored) {
   EXPECT_EQ(info("w").sleeps, 0u);
   check("after a failed copy out");
   expect_data("after a failed copy out");
-  if (!bytes()) return; // sim: a wake copies nothing
   ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
   const expseg_region_info asleep = info("w");
   ASSERT_GT(asleep.host_bytes, 0u);
@@ -352,10 +241,6 @@ TEST_P(Sleep, BadArgumentsNameTheValue) {
   check("after refusals");
 }
 
-uint64_t seen(expseg_allocator *a, expseg_vmm_call k) {
-  return _expseg_fault_seen(alloc_test_driver(a), k);
-}
-
 TEST_P(Sleep, HostCopiesAreKeptForTheNextOffload) {
   if (a_ == nullptr) return;
   fill_region();
@@ -382,9 +267,9 @@ TEST_P(Sleep, HostCopiesAreKeptForTheNextOffload) {
   ASSERT_EQ(expseg_empty_cache(a_), EXPSEG_OK);
   EXPECT_EQ(info("w").host_kept_bytes, 0u);
   EXPECT_EQ(stat_of(a_, "expseg.sleep_host_kept_bytes.current"), 0);
-  EXPECT_GT(seen(a_, EXPSEG_VMM_CALL_host_free), free0);
+  EXPECT_EQ(seen(a_, EXPSEG_VMM_CALL_host_free) > free0, bytes()); // sim: none was made
   ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
-  EXPECT_GT(seen(a_, EXPSEG_VMM_CALL_host_alloc), alloc0);
+  EXPECT_EQ(seen(a_, EXPSEG_VMM_CALL_host_alloc) > alloc0, bytes());
   ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
   expect_data("after a wake from fresh copies");
   // a discarding sleep gives them back too
@@ -614,8 +499,10 @@ void FaultAtEveryCallPosition(Sleep *t, expseg_allocator *a, Variant v, size_t *
                                     "event_create", "event_destroy", "event_record", "event_query",
                                     "event_synchronize", "stream_synchronize", "export_fd", "import_fd",
                                     "host_alloc", "host_free", "device_synchronize", "copy"};
-  EXPECT_EQ(calls[EXPSEG_VMM_CALL_host_alloc] > 0, v == kFresh) << "host_alloc";
-  EXPECT_EQ(calls[EXPSEG_VMM_CALL_host_free] > 0, v == kDiscard) << "host_free";
+  const bool bytes = _expseg_vmm_has_bytes(drv); // sim: no host copies, no copies
+  EXPECT_EQ(calls[EXPSEG_VMM_CALL_host_alloc] > 0, v == kFresh && bytes) << "host_alloc";
+  EXPECT_EQ(calls[EXPSEG_VMM_CALL_host_free] > 0, v == kDiscard && bytes) << "host_free";
+  EXPECT_EQ(calls[EXPSEG_VMM_CALL_copy] > 0, v != kDiscard && bytes) << "copy";
   for (const char *kind : kFaultKinds) {
     int k = 0;
     while (kinds_text[k] != kind) k++;
@@ -665,14 +552,6 @@ TEST_P(Sleep, FaultAtEveryCallPosition) {
   EXPECT_GT(expseg_testing_faults_injected(a_), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Drivers, Sleep,
-    ::testing::Combine(::testing::ValuesIn(kDrivers),
-                       ::testing::Values("expandable_segments:True", "expandable_segments:False")),
-    [](const auto &i) {
-      return std::string(std::get<0>(i.param)) +
-             (std::string(std::get<1>(i.param)).find("True") != std::string::npos ? "_expandable"
-                                                                                   : "_classic");
-    });
+EXPSEG_SLEEP_INSTANTIATE();
 
 } // namespace

@@ -551,6 +551,11 @@ bool _expseg_vmm_copies_async(expseg_vmm_t *v) {
   return (inner ? inner : v)->ops->copy_async != NULL;
 }
 
+bool _expseg_vmm_has_bytes(expseg_vmm_t *v) {
+  expseg_vmm_t *inner = _expseg_fault_inner(v);
+  return (inner ? inner : v)->ops->copy != NULL;
+}
+
 expseg_status _expseg_vmm_copy_async(expseg_vmm_t *v, uintptr_t dev, void *host, size_t size,
                                      bool to_device, expseg_stream stream) {
   return vmm_copy(v, dev, host, size, to_device, &stream);

@@ -219,6 +219,9 @@ expseg_status _expseg_vmm_copy_in(expseg_vmm_t *v, uintptr_t dst, const void *sr
 expseg_status _expseg_vmm_copy_out(expseg_vmm_t *v, void *dst, uintptr_t src, size_t size);
 /* Whether the driver (a fault wrapper's inner one) queues copies (ops->copy_async). */
 bool _expseg_vmm_copies_async(expseg_vmm_t *v);
+/* Whether the driver (a fault wrapper's inner one) has bytes behind its addresses to copy
+ * (ops->copy: host and cuda; not sim). Not a call: never counted, never faulted. */
+bool _expseg_vmm_has_bytes(expseg_vmm_t *v);
 /* ops->copy_async, checked as copy_in/out and counted as a `copy` call; host is pinned
  * memory, stream one the driver created; synchronize the stream before using either side.
  * Where the driver has no copy_async, the synchronous copy. */

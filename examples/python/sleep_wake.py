@@ -43,3 +43,5 @@ same = ctypes.string_at(ptr, size) == pattern
 print("awake:  pointer %#x, %d MiB reserved, bytes %s" % (ptr, reserved(),
                                                           "intact" if same else "CHANGED"))
 lib.expseg_torch_free(ptr, size, 0, None)
+if not same:
+    raise SystemExit("the bytes changed across sleep and wake")

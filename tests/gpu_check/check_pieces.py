@@ -97,12 +97,25 @@ def piece_sleep(bench, src, spec, tmp):
     check(0 < d["sleep_copy_ms"] <= d["sleep_ms"] and 0 < d["wake_copy_ms"] <= d["wake_ms"],
           "the copy time is measured and part of each sleep and wake")
     check(d["floor_d2h_ms"] > 0 and d["floor_h2d_ms"] > 0, "the floor is measured")
+    # a 96 MiB region is far below a quarter of free host memory: the same-work floor is on
+    check(d["same_work"] == "measured" and d["same_work_d2h_ms"] > 0 and
+          d["same_work_bytes"] == 96 << 20, "the same-work floor is measured: %s" % d["same_work"])
+    check("same-work floor (sleep): device -> host into a region-sized" in p.stdout,
+          "the same-work floor is printed")
     c = d["calls_per_gib"]
     # 6 blocks of 16 MiB per 96 MiB: 64 copies per GiB each way; one create and map per chunk
     check(c["copy"] == [64.0, 64.0], "one copy per live block each way: %s" % c["copy"])
     check(c["create"][0] == 0 and c["create"][1] > 0 and c["unmap"][0] > 0 and c["unmap"][1] == 0,
           "the sleep unmaps, the wake creates")
     check("sleep (offload)" in p.stdout and "floor: device -> host" in p.stdout, "the table is printed")
+    p = run([os.path.join(bench, "expseg-bench-sleep"), "--driver", spec, "--size", "32",
+             "--block", "16", "--rounds", "1", "--same-work", "off", "--json", j])
+    d = json.load(open(j))
+    check(p.returncode == 0 and d["same_work"] == "off" and d["same_work_d2h_ms"] == 0 and
+          d["same_work_bytes"] == 0 and "same-work floor (sleep): off" in p.stdout,
+          "--same-work off: not measured, said so")
+    p = run([os.path.join(bench, "expseg-bench-sleep"), "--same-work", "maybe"])
+    check(p.returncode == 2 and "--same-work" in p.stdout, "--same-work maybe refused")
     p = run([os.path.join(bench, "expseg-bench-sleep"), "--driver", "sim", "--size", "64",
              "--rounds", "1"])
     check(p.returncode == 0 and "driver calls per GiB" in p.stdout and "floor" not in p.stdout,
@@ -129,7 +142,8 @@ def piece_report(bench, src, spec, tmp):
         json.dump({"driver": "cuda", "bytes": True, "size_bytes": 1 << 30, "rounds": 3,
                    "sleep_ms": 100.0, "sleep_copy_ms": 80.0, "wake_ms": 120.0, "wake_copy_ms": 90.0,
                    "first_sleep_ms": 300.0, "first_wake_ms": 130.0, "floor_d2h_ms": 50.0,
-                   "floor_h2d_ms": 60.0, "fresh_pages_ms": 0, "checked_bytes": 1 << 30,
+                   "floor_h2d_ms": 60.0, "fresh_pages_ms": 0, "same_work": "measured",
+                   "same_work_d2h_ms": 40.0, "same_work_bytes": 1 << 30, "checked_bytes": 1 << 30,
                    "mismatches": 0, "calls_per_gib": {}}, f)
     with open(os.path.join(work, "ctest.out"), "w") as f:
         f.write("97% tests passed, 1 tests failed out of 32\n\nThe following tests FAILED:\n"
@@ -153,6 +167,7 @@ def piece_report(bench, src, spec, tmp):
     check(r["sleep"]["wake_copy_ms"] == 90.0 and "meaningless" in r["sleep"]["timings"],
           "the sleep figures are carried, labelled meaningless on the double")
     check("sleep + wake / floor 2.00" in s and "sleep 100.0 ms (copy 80.0)" in s, "the sleep summary")
+    check("sleep copy / that 2.00" in s, "the same-work floor in the summary")
     p = run([sys.executable, os.path.join(src, "bench", "gpu_check_report.py"), "--work", out,
              "--out", out])
     check(p.returncode == 2 and "parts.tsv" in p.stdout, "no parts.tsv: status 2 and a message")

@@ -170,6 +170,45 @@ class WithLibrary(unittest.TestCase):
         self.assertGreater(int(before), int(asleep))
         self.assertEqual(same, "True")
 
+    def test_region_ends_when_its_block_raises(self):
+        # the with block ends the region even when it raises: a later allocation is not
+        # routed to it (while it sleeps such an allocation would be refused)
+        rc, out, err = run_child("""
+            import expseg
+            lib = expseg._load()
+            try:
+                with expseg.region("kv"):
+                    p = lib.expseg_torch_alloc(1 << 20, 0, None)
+                    raise KeyError("inside")
+            except KeyError:
+                pass
+            expseg.sleep("kv", "discard")
+            q = lib.expseg_torch_alloc(1 << 20, 0, None)
+            print("served" if q else "refused: " + expseg.last_error())
+            with expseg.region("kv"):
+                r = lib.expseg_torch_alloc(1 << 20, 0, None)
+            print("served" if r else "refused")
+            """, EXPSEG_DRIVER="host:capacity=64M")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out.split(), ["served", "refused"])
+
+    def test_sleep_wake_example_runs(self):
+        # examples/python/sleep_wake.py, as its docstring says to run it
+        e = dict(os.environ)
+        e.pop("EXPSEG_DRIVER", None)
+        e["PYTHONPATH"] = os.path.join(REPO, "python")
+        if LIB:
+            e["EXPSEG_TORCH_LIB"] = LIB
+        p = subprocess.run([sys.executable, os.path.join(REPO, "examples", "python", "sleep_wake.py")],
+                           env=e, capture_output=True, text=True, timeout=120, cwd=REPO)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        lines = p.stdout.strip().split("\n")
+        self.assertEqual(len(lines), 3, p.stdout)
+        self.assertIn("bytes intact", lines[2])
+        awake, asleep = (int(x.split(" MiB")[0].split()[-1]) for x in lines[:2])
+        self.assertGreaterEqual(awake, 32)
+        self.assertLess(asleep, awake)
+
     def test_device_strings_and_bad_paths(self):
         rc, out, err = run_child("""
             import expseg

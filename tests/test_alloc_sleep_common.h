@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: Apache-2.0
+// test_alloc_sleep_common.h: the fixture of the sleep and wake suites (test_alloc_sleep.cpp,
+// test_alloc_sleep_cycles.cpp; on `cuda` against the CUDA driver double through
+// test_gpu_sleep.cpp and test_gpu_sleep_cycles.cpp, which define EXPSEG_SLEEP_GPU): the
+// drivers, an allocator per test over a fault wrapper ("fault;DRIVER") that must give
+// everything back, live blocks whose bytes are written and read back through the driver's
+// data-check hook, and EXPSEG_SLEEP_INSTANTIATE() that runs a suite on every driver and
+// segment kind.
+#pragma once
+#include "alloc_support.h"
+
+#ifdef EXPSEG_SLEEP_GPU
+#include "cudadouble.h"
+#endif
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <unistd.h>
+#include <ctime>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr size_t KiB = 1024, MiB = 1024 * KiB;
+
+#ifdef EXPSEG_SLEEP_GPU
+const char *const kDrivers[] = {"cuda"};
+#else
+const char *const kDrivers[] = {"host", "sim"};
+#endif
+
+struct Live {
+  void *p;
+  size_t size;
+  std::vector<unsigned char> data;
+};
+
+class Sleep : public ::testing::TestWithParam<std::tuple<const char *, const char *>> {
+public: // the fault test's helper uses them
+  void rewrite() { // every live block's bytes written again (after a discarding sleep)
+    for (Live &l : live_) put(l.p, l.data);
+  }
+
+protected:
+  expseg_allocator *a_ = nullptr;
+  TestRng rng_{0};
+  std::vector<Live> live_;
+  expseg_stream other_ = 7; // a second stream (cuda: one the driver made)
+  std::string driver() const { return std::get<0>(GetParam()); }
+  bool bytes() const { return driver() != "sim"; }
+
+  void SetUp() override {
+    rng_ = TestRng(test_seed(27));
+    std::string spec = "fault;" + driver();
+#ifdef EXPSEG_SLEEP_GPU
+    cudadouble_api api;
+    if (!cudadouble_load(&api) || !_expseg_cuda_usable(0))
+      GTEST_SKIP() << "libcuda.so.1 is not the CUDA driver double";
+    ASSERT_EQ(0, api.configure("capacity=1G,granularity=2M,recommended=2M")) << api.last_message();
+#else
+    spec += ":capacity=1G";
+#endif
+    ASSERT_EQ(expseg_create(spec.c_str(), 0, std::get<1>(GetParam()), &a_), EXPSEG_OK)
+        << expseg_last_error();
+  }
+  void TearDown() override {
+    if (a_ == nullptr) return;
+    expseg_testing_driver_counts left;
+    (void)expseg_testing_set_faults(a_, "");
+    if (driver() == "cuda" && other_ != 7) {
+      EXPECT_EQ(expseg_stream_destroy(a_, other_), EXPSEG_OK);
+    }
+    expseg_testing_destroy(a_, &left);
+    EXPECT_EQ(left.live_chunks, 0);
+    EXPECT_EQ(left.live_reservations, 0);
+    EXPECT_EQ(left.mapped_bytes, 0);
+  }
+
+  void put(void *p, const std::vector<unsigned char> &d) {
+    if (!bytes()) return;
+    ASSERT_EQ(_expseg_vmm_copy_in(alloc_test_driver(a_), (uintptr_t)p, d.data(), d.size()),
+              EXPSEG_OK)
+        << expseg_last_error();
+  }
+  std::vector<unsigned char> get(void *p, size_t n) {
+    std::vector<unsigned char> d(n);
+    if (!bytes()) return d;
+    EXPECT_EQ(_expseg_vmm_copy_out(alloc_test_driver(a_), d.data(), (uintptr_t)p, n), EXPSEG_OK)
+        << expseg_last_error();
+    return d;
+  }
+  void *alloc(size_t n, expseg_stream s = 0) {
+    void *p = nullptr;
+    EXPECT_EQ(expseg_malloc(a_, n, s, &p), EXPSEG_OK) << expseg_last_error();
+    if (p == nullptr) return p;
+    std::vector<unsigned char> d(n);
+    for (auto &c : d) c = (unsigned char)rng_.next();
+    put(p, d);
+    live_.push_back({p, n, d});
+    return p;
+  }
+public:
+  // every live block holds its bytes, at the address it was given
+  void expect_data(const std::string &where) {
+    if (!bytes()) return;
+    for (const Live &l : live_)
+      EXPECT_TRUE(get(l.p, l.size) == l.data) << where << ": bytes at " << l.p << " (" << l.size
+                                              << ") changed";
+  }
+  void check(const std::string &where) {
+    EXPECT_EQ(expseg_check(a_), EXPSEG_OK) << where << ": " << expseg_last_error();
+  }
+  expseg_region_info info(const char *tag) {
+    expseg_region_info i;
+    EXPECT_EQ(expseg_region_get_info(a_, tag, &i), EXPSEG_OK) << expseg_last_error();
+    return i;
+  }
+  // a region "w" of several sizes (small pool, a chunk, several chunks), and a general block
+  void fill_region(bool big = true) {
+    ASSERT_EQ(expseg_region_begin(a_, "w"), EXPSEG_OK) << expseg_last_error();
+    for (size_t n : {size_t{1000}, 300 * KiB, 3 * MiB, 17 * MiB, 70 * MiB})
+      if (big || n < 10 * MiB) alloc(n);
+    if (driver() == "cuda" && other_ == 7) {
+      ASSERT_EQ(expseg_stream_create(a_, &other_), EXPSEG_OK) << expseg_last_error();
+    }
+    alloc(5 * MiB, other_); // another stream
+    ASSERT_EQ(expseg_region_end(a_, "w"), EXPSEG_OK);
+  }
+protected:
+  int64_t driver_mapped() {
+    expseg_testing_driver_counts c;
+    EXPECT_EQ(expseg_testing_driver_counts_get(a_, &c), EXPSEG_OK);
+    return c.mapped_bytes;
+  }
+};
+
+uint64_t seen(expseg_allocator *a, expseg_vmm_call k) {
+  return _expseg_fault_seen(alloc_test_driver(a), k);
+}
+
+} // namespace
+
+// Runs the suite Sleep of the including file on every driver, with expandable segments and
+// without.
+#define EXPSEG_SLEEP_INSTANTIATE()                                                              \
+  INSTANTIATE_TEST_SUITE_P(                                                                     \
+      Drivers, Sleep,                                                                           \
+      ::testing::Combine(::testing::ValuesIn(kDrivers),                                         \
+                         ::testing::Values("expandable_segments:True",                          \
+                                           "expandable_segments:False")),                       \
+      [](const auto &i) {                                                                       \
+        return std::string(std::get<0>(i.param)) +                                              \
+               (std::string(std::get<1>(i.param)).find("True") != std::string::npos             \
+                    ? "_expandable"                                                             \
+                    : "_classic");                                                              \
+      })
