@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "alloc_support.h"
 #include "expseg.h"
 
 namespace {
@@ -32,20 +33,6 @@ struct Log {
     return s;
   }
 };
-
-int64_t stat(const expseg_allocator *a, const char *k) {
-  int64_t v = INT64_MIN;
-  EXPECT_EQ(expseg_stat(a, k, &v), EXPSEG_OK) << k;
-  return v;
-}
-
-std::map<std::string, int64_t> all_stats(const expseg_allocator *a) {
-  std::map<std::string, int64_t> m;
-  expseg_stats_foreach(
-      a, [](void *c, const char *k, int64_t v) { (*static_cast<std::map<std::string, int64_t> *>(c))[k] = v; },
-      &m);
-  return m;
-}
 
 std::string config_of(const expseg_allocator *a) {
   size_t n = expseg_config_string(a, nullptr, 0);
@@ -76,10 +63,10 @@ int64_t class_va(const std::string &list, std::string *printed, Log *log) {
   EXPECT_EQ(log->lines.size(), mid) << list << ": the printed form warns: " << log->all();
   (void)before;
   EXPECT_EQ(expseg_stream_set_reserve_class(a, 5, "a"), EXPSEG_OK);
-  int64_t v0 = stat(a, "expseg.reserved_va_bytes.current");
+  int64_t v0 = stat_of(a, "expseg.reserved_va_bytes.current");
   void *p = nullptr;
   EXPECT_EQ(expseg_malloc(a, 4 * MiB, 5, &p), EXPSEG_OK) << expseg_last_error();
-  int64_t va = stat(a, "expseg.reserved_va_bytes.current") - v0;
+  int64_t va = stat_of(a, "expseg.reserved_va_bytes.current") - v0;
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
   expseg_destroy(a);
   return va;
@@ -134,8 +121,8 @@ TEST(Adv2Config, RefusedTagsChangeNothingAndTagsApplyToLaterSegments) {
       << expseg_last_error();
   void *p0 = nullptr, *p1 = nullptr;
   ASSERT_EQ(expseg_malloc(a, 4 * MiB, 7, &p0), EXPSEG_OK); // stream 7 holds a segment
-  const int64_t usual = stat(a, "expseg.reserved_va_bytes.current");
-  auto before = all_stats(a);
+  const int64_t usual = stat_of(a, "expseg.reserved_va_bytes.current");
+  auto before = stat_map(a);
   const std::string long63(63, 'x'), long64(64, 'y');
   struct Bad {
     std::string cls, names;
@@ -150,7 +137,7 @@ TEST(Adv2Config, RefusedTagsChangeNothingAndTagsApplyToLaterSegments) {
   }
   EXPECT_EQ(expseg_stream_set_reserve_class(a, (expseg_stream)1 << 48, "big"),
             EXPSEG_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(all_stats(a), before) << "a refused tag changed the statistics";
+  EXPECT_EQ(stat_map(a), before) << "a refused tag changed the statistics";
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
   // accepted: 63 bytes, non-ASCII bytes, an unknown class, untagging what is not tagged
   EXPECT_EQ(expseg_stream_set_reserve_class(a, 9, long63.c_str()), EXPSEG_OK) << expseg_last_error();
@@ -160,11 +147,11 @@ TEST(Adv2Config, RefusedTagsChangeNothingAndTagsApplyToLaterSegments) {
   // the live segment of stream 7 is untouched by tagging it; the next segment follows
   ASSERT_EQ(expseg_stream_set_reserve_class(a, 7, "big"), EXPSEG_OK);
   ASSERT_EQ(expseg_malloc(a, 4 * MiB, 7, &p1), EXPSEG_OK);
-  EXPECT_EQ(stat(a, "expseg.reserved_va_bytes.current"), usual) << "room in the old segment";
+  EXPECT_EQ(stat_of(a, "expseg.reserved_va_bytes.current"), usual) << "room in the old segment";
   void *p2 = nullptr;
-  int64_t v0 = stat(a, "expseg.reserved_va_bytes.current");
+  int64_t v0 = stat_of(a, "expseg.reserved_va_bytes.current");
   ASSERT_EQ(expseg_malloc(a, (size_t)usual + MiB, 7, &p2), EXPSEG_OK) << expseg_last_error();
-  EXPECT_EQ(stat(a, "expseg.reserved_va_bytes.current") - v0, 16 * GiB)
+  EXPECT_EQ(stat_of(a, "expseg.reserved_va_bytes.current") - v0, 16 * GiB)
       << "a new segment of the tagged stream reserves its class's 16G";
   for (void *p : {p0, p1, p2}) EXPECT_EQ(expseg_free(a, p), EXPSEG_OK);
   EXPECT_EQ(expseg_empty_cache(a), EXPSEG_OK);

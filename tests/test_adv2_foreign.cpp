@@ -9,31 +9,23 @@
 #include <map>
 #include <string>
 
+#include "alloc_support.h"
 #include "expseg.h"
 
 namespace {
 
-using Stats = std::map<std::string, int64_t>;
-
-Stats stats_of(const expseg_allocator *a) {
-  Stats m;
-  expseg_stats_foreach(
-      a, [](void *c, const char *k, int64_t v) { (*static_cast<Stats *>(c))[k] = v; }, &m);
-  return m;
-}
-
 class Adv2Foreign : public ::testing::TestWithParam<const char *> {};
 
 TEST_P(Adv2Foreign, PointersOfAnotherAllocatorAreRefused) {
-  expseg_allocator *a = nullptr, *b = nullptr;
-  ASSERT_EQ(expseg_create(GetParam(), 0, "", &a), EXPSEG_OK) << expseg_last_error();
-  ASSERT_EQ(expseg_create(GetParam(), 0, "", &b), EXPSEG_OK) << expseg_last_error();
+  AllocPtr owner_a = make_alloc(GetParam(), ""), owner_b = make_alloc(GetParam(), "");
+  ASSERT_TRUE(owner_a && owner_b);
+  expseg_allocator *a = owner_a.get(), *b = owner_b.get();
   ASSERT_EQ(expseg_record_history(b, true, 100), EXPSEG_OK);
   void *pa = nullptr, *pb = nullptr;
   ASSERT_EQ(expseg_malloc(a, 1 << 20, 0, &pa), EXPSEG_OK);
   ASSERT_EQ(expseg_malloc(b, 1 << 20, 0, &pb), EXPSEG_OK);
   EXPECT_NE(pa, pb) << "two live allocators handed out the same address";
-  Stats before = stats_of(b);
+  StatMap before = stat_map(b);
   EXPECT_EQ(expseg_free(b, pa), EXPSEG_ERR_INVALID_ARGUMENT) << "b freed a's pointer";
   EXPECT_EQ(expseg_record_stream(b, pa, 3), EXPSEG_ERR_INVALID_ARGUMENT);
   expseg_pool_id id = 99;
@@ -43,14 +35,12 @@ TEST_P(Adv2Foreign, PointersOfAnotherAllocatorAreRefused) {
   size_t need = 0;
   EXPECT_EQ(expseg_allocation_traceback(b, pa, buf, sizeof buf, &need),
             EXPSEG_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(stats_of(b), before) << "a refused foreign pointer changed b";
-  EXPECT_EQ(stats_of(b)["allocation.all.current"], 1);
+  EXPECT_EQ(stat_map(b), before) << "a refused foreign pointer changed b";
+  EXPECT_EQ(stat_map(b)["allocation.all.current"], 1);
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
   EXPECT_EQ(expseg_check(b), EXPSEG_OK) << expseg_last_error();
   EXPECT_EQ(expseg_free(b, pb), EXPSEG_OK) << "b's own block is still live";
   EXPECT_EQ(expseg_free(a, pa), EXPSEG_OK) << "a's own block is still live";
-  expseg_destroy(b);
-  expseg_destroy(a);
 }
 
 INSTANTIATE_TEST_SUITE_P(Drivers, Adv2Foreign,

@@ -10,16 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "alloc_support.h"
 #include "expseg.h"
 #include "snapshot_check.h"
 
 namespace {
-
-struct Alloc {
-  expseg_allocator *a = nullptr;
-  Alloc() { EXPECT_EQ(expseg_create("sim", 0, "", &a), EXPSEG_OK) << expseg_last_error(); }
-  ~Alloc() { expseg_destroy(a); }
-};
 
 std::vector<std::string> walk_actions(expseg_allocator *a) {
   std::vector<std::string> v;
@@ -34,8 +29,9 @@ std::vector<std::string> walk_actions(expseg_allocator *a) {
 }
 
 TEST(Adv2History, SkipEverythingOrNothing) {
-  Alloc al;
-  expseg_allocator *a = al.a;
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
   const unsigned all = EXPSEG_HISTORY_SKIP_ALLOC | EXPSEG_HISTORY_SKIP_FREE_REQUESTED |
                        EXPSEG_HISTORY_SKIP_FREE_COMPLETED | EXPSEG_HISTORY_SKIP_SEGMENT_ALLOC |
                        EXPSEG_HISTORY_SKIP_SEGMENT_FREE | EXPSEG_HISTORY_SKIP_OOM |
@@ -74,8 +70,9 @@ TEST(Adv2History, SkipEverythingOrNothing) {
 // The flags change between two allocations at the same address; the frees of the first were
 // not recorded. The traceback of the second must not be the first one's.
 TEST(Adv2History, TracebackNeverLendsAnOlderAllocationsFrames) {
-  Alloc al;
-  expseg_allocator *a = al.a;
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
   ASSERT_EQ(expseg_record_history_ex(a, true, 100, EXPSEG_HISTORY_SKIP_FREE_COMPLETED),
             EXPSEG_OK);
   expseg_frame old_frames[1] = {{"old.py", "first_owner", 1}};
@@ -116,8 +113,9 @@ TEST(Adv2History, TracebackNeverLendsAnOlderAllocationsFrames) {
 
 TEST(Adv2History, OddTextStillMakesALoadableSnapshot) {
   if (!snapshot_have_python()) GTEST_SKIP() << "python3 with pickle is needed";
-  Alloc al;
-  expseg_allocator *a = al.a;
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
   ASSERT_EQ(expseg_record_history_ex(a, true, 1000, 0), EXPSEG_OK);
   // more pops than pushes: the stack is empty, not wrapped
   expseg_history_pop_frames(5);

@@ -13,52 +13,22 @@
 #include <thread>
 #include <vector>
 
+#include "alloc_support.h"
 #include "expseg.h"
+#include "host_pool_support.h"
 #include "snapshot_check.h"
 #include "test_seed.h"
 
 namespace {
 
-constexpr size_t KiB = 1024, MiB = 1024 * KiB;
-
-struct Pool {
-  expseg_host_pool *h = nullptr;
-  Pool(const char *driver, const char *config) {
-    EXPECT_EQ(expseg_host_create(driver, 0, config, &h), EXPSEG_OK) << expseg_last_error();
-  }
-  ~Pool() { expseg_host_destroy(h); }
-};
-
-using Stats = std::map<std::string, int64_t>;
-
-Stats host_stats(const expseg_host_pool *h) {
-  Stats m;
-  expseg_host_stats_foreach(
-      h, [](void *ctx, const char *k, int64_t v) { (*static_cast<Stats *>(ctx))[k] = v; }, &m);
-  return m;
-}
-
-// Statistics that move with time rather than with calls are left out of comparisons.
-Stats without_clocks(Stats m) {
-  for (auto it = m.begin(); it != m.end();)
-    it = it->first.find("_time") != std::string::npos ? m.erase(it) : std::next(it);
-  return m;
-}
-
-int64_t hs(const expseg_host_pool *h, const char *key) {
-  int64_t v = INT64_MIN;
-  EXPECT_EQ(expseg_host_stat(h, key, &v), EXPSEG_OK) << key << ": " << expseg_last_error();
-  return v;
-}
-
 // A failed call: the status, a message holding every piece of `names`, statistics unchanged.
 void expect_refused(expseg_host_pool *h, expseg_status got, expseg_status want,
-                    const Stats &before, std::vector<std::string> names, const char *what) {
+                    const StatMap &before, std::vector<std::string> names, const char *what) {
   std::string msg = expseg_last_error();
   EXPECT_EQ(got, want) << what << ": " << msg;
   for (const std::string &n : names)
     EXPECT_NE(msg.find(n), std::string::npos) << what << ": message lacks '" << n << "': " << msg;
-  EXPECT_EQ(without_clocks(host_stats(h)), without_clocks(before)) << what << " changed stats";
+  EXPECT_EQ(without_times(host_stat_map(h)), without_times(before)) << what << " changed stats";
 }
 
 std::string hex(const void *p) {
@@ -69,7 +39,7 @@ std::string hex(const void *p) {
 
 // The pool's invariants that hold after any sequence of calls.
 void expect_sane(const expseg_host_pool *h, const std::string &where) {
-  Stats s = host_stats(h);
+  StatMap s = host_stat_map(h);
   for (const char *k : {"allocation", "allocated_bytes", "segment", "reserved_bytes",
                         "expseg.cached_bytes", "expseg.pending_blocks"}) {
     std::string cur = std::string(k) + ".current", peak = std::string(k) + ".peak";
@@ -85,13 +55,13 @@ void expect_sane(const expseg_host_pool *h, const std::string &where) {
 }
 
 TEST(Adv2Host, BadPointersAreRefusedAndChangeNothing) {
-  Pool p("host", "");
-  expseg_host_pool *h = p.h;
+  PoolPtr p = make_pool("host", "");
+  expseg_host_pool *h = p.get();
   void *a = nullptr, *b = nullptr;
   ASSERT_EQ(expseg_host_malloc(h, 100 * KiB, &a), EXPSEG_OK);
   ASSERT_EQ(expseg_host_malloc(h, 3 * KiB, &b), EXPSEG_OK);
   std::memset(a, 0xa5, 100 * KiB);
-  Stats before = host_stats(h);
+  StatMap before = host_stat_map(h);
 
   EXPECT_EQ(expseg_host_free(h, nullptr), EXPSEG_OK);
   EXPECT_EQ(expseg_host_record_stream(h, nullptr, 7), EXPSEG_OK);
@@ -121,7 +91,7 @@ TEST(Adv2Host, BadPointersAreRefusedAndChangeNothing) {
   for (size_t i = 0; i < 100 * KiB; i++)
     ASSERT_EQ(static_cast<unsigned char *>(a)[i], 0xa5) << "byte " << i;
   ASSERT_EQ(expseg_host_free(h, a), EXPSEG_OK);
-  Stats after_free = host_stats(h);
+  StatMap after_free = host_stat_map(h);
   expect_refused(h, expseg_host_free(h, a), EXPSEG_ERR_INVALID_ARGUMENT, after_free,
                  {hex(a), "already freed"}, "double free");
   expect_refused(h, expseg_host_record_stream(h, a, 5), EXPSEG_ERR_INVALID_ARGUMENT, after_free,
@@ -142,22 +112,22 @@ TEST(Adv2Host, BadPointersAreRefusedAndChangeNothing) {
   expseg_destroy(dev);
   EXPECT_EQ(expseg_host_free(h, b), EXPSEG_OK);
   expect_sane(h, "end");
-  EXPECT_EQ(hs(h, "allocation.current"), 0);
+  EXPECT_EQ(hstat(h, "allocation.current"), 0);
 }
 
 // Carved blocks merge with their free neighbours at once: a second free of a block whose
 // memory merged into the block before it must still be reported as a double free, not as a
 // pointer "inside" a block the caller never saw.
 TEST(Adv2Host, DoubleFreeOfAMergedCarvedBlockSaysAlreadyFreed) {
-  Pool p("host", "pinned_max_round_threshold_mb:0");
-  expseg_host_pool *h = p.h;
+  PoolPtr p = make_pool("host", "pinned_max_round_threshold_mb:0");
+  expseg_host_pool *h = p.get();
   void *x = nullptr, *y = nullptr, *z = nullptr;
   ASSERT_EQ(expseg_host_malloc(h, 12 * KiB, &x), EXPSEG_OK);
   ASSERT_EQ(expseg_host_malloc(h, 20 * KiB, &y), EXPSEG_OK);
   ASSERT_EQ(expseg_host_malloc(h, 28 * KiB, &z), EXPSEG_OK);
   ASSERT_EQ(expseg_host_free(h, x), EXPSEG_OK);
   ASSERT_EQ(expseg_host_free(h, y), EXPSEG_OK); // merges into x's free block if adjacent
-  Stats before = host_stats(h);
+  StatMap before = host_stat_map(h);
   expect_refused(h, expseg_host_free(h, y), EXPSEG_ERR_INVALID_ARGUMENT, before,
                  {hex(y), "already freed"}, "double free of a merged carved block");
   expect_refused(h, expseg_host_record_stream(h, y, 2), EXPSEG_ERR_INVALID_ARGUMENT, before,
@@ -175,8 +145,8 @@ TEST(Adv2Host, EmptyCacheWithLiveBlocksKeepsThemIntact) {
                           "pinned_reserve_segment_size_mb:4", "pinned_max_cached_size_mb:0",
                           "pinned_max_round_threshold_mb:0,pinned_carve_strict:True"}) {
     SCOPED_TRACE(cfg);
-    Pool p("host", cfg);
-    expseg_host_pool *h = p.h;
+    PoolPtr p = make_pool("host", cfg);
+    expseg_host_pool *h = p.get();
     std::vector<std::pair<unsigned char *, size_t>> live;
     for (size_t i = 0; i < 24; i++) {
       size_t n = (i * 7919 % 200 + 1) * KiB + i;
@@ -189,11 +159,11 @@ TEST(Adv2Host, EmptyCacheWithLiveBlocksKeepsThemIntact) {
       ASSERT_EQ(expseg_host_free(h, live[i].first), EXPSEG_OK);
       live[i].first = nullptr;
     }
-    int64_t alloc_before = hs(h, "allocated_bytes.current");
+    int64_t alloc_before = hstat(h, "allocated_bytes.current");
     ASSERT_EQ(expseg_host_empty_cache(h), EXPSEG_OK);
     expect_sane(h, "after empty_cache");
-    EXPECT_EQ(hs(h, "allocated_bytes.current"), alloc_before);
-    EXPECT_EQ(hs(h, "allocation.current"), 12);
+    EXPECT_EQ(hstat(h, "allocated_bytes.current"), alloc_before);
+    EXPECT_EQ(hstat(h, "allocation.current"), 12);
     for (size_t i = 1; i < live.size(); i += 2)
       for (size_t k = 0; k < live[i].second; k++)
         ASSERT_EQ(live[i].first[k], (unsigned char)(i + 1)) << "block " << i << " byte " << k;
@@ -215,29 +185,29 @@ TEST(Adv2Host, EmptyCacheWithLiveBlocksKeepsThemIntact) {
     for (size_t i = 1; i < live.size(); i += 2) ASSERT_EQ(expseg_host_free(h, live[i].first), EXPSEG_OK);
     ASSERT_EQ(expseg_host_empty_cache(h), EXPSEG_OK);
     expect_sane(h, "all freed");
-    EXPECT_EQ(hs(h, "allocation.current"), 0);
-    EXPECT_EQ(hs(h, "allocated_bytes.current"), 0);
-    EXPECT_EQ(hs(h, "expseg.cached_bytes.current"),
-              hs(h, "expseg.reserve_segment_bytes") ? hs(h, "expseg.reserve_segment_used_bytes")
+    EXPECT_EQ(hstat(h, "allocation.current"), 0);
+    EXPECT_EQ(hstat(h, "allocated_bytes.current"), 0);
+    EXPECT_EQ(hstat(h, "expseg.cached_bytes.current"),
+              hstat(h, "expseg.reserve_segment_bytes") ? hstat(h, "expseg.reserve_segment_used_bytes")
                                                     : 0);
-    int64_t res = hs(h, "expseg.reserve_segment_bytes");
-    EXPECT_EQ(hs(h, "reserved_bytes.current"), res) << "only the reserve segment stays";
+    int64_t res = hstat(h, "expseg.reserve_segment_bytes");
+    EXPECT_EQ(hstat(h, "reserved_bytes.current"), res) << "only the reserve segment stays";
   }
 }
 
 TEST(Adv2Host, CachedSizeZeroGivesEveryBlockBack) {
-  Pool p("host", "pinned_max_cached_size_mb:0");
-  expseg_host_pool *h = p.h;
+  PoolPtr p = make_pool("host", "pinned_max_cached_size_mb:0");
+  expseg_host_pool *h = p.get();
   for (int i = 0; i < 5; i++) {
     void *q = nullptr;
     ASSERT_EQ(expseg_host_malloc(h, 5000 + 1000 * (size_t)i, &q), EXPSEG_OK);
     ASSERT_EQ(expseg_host_free(h, q), EXPSEG_OK);
-    EXPECT_EQ(hs(h, "segment.current"), 0) << "round " << i;
-    EXPECT_EQ(hs(h, "reserved_bytes.current"), 0) << "round " << i;
-    EXPECT_EQ(hs(h, "expseg.cached_bytes.current"), 0) << "round " << i;
+    EXPECT_EQ(hstat(h, "segment.current"), 0) << "round " << i;
+    EXPECT_EQ(hstat(h, "reserved_bytes.current"), 0) << "round " << i;
+    EXPECT_EQ(hstat(h, "expseg.cached_bytes.current"), 0) << "round " << i;
   }
-  EXPECT_EQ(hs(h, "num_host_alloc"), 5);
-  EXPECT_EQ(hs(h, "num_host_free"), 5);
+  EXPECT_EQ(hstat(h, "num_host_alloc"), 5);
+  EXPECT_EQ(hstat(h, "num_host_free"), 5);
   expect_sane(h, "end");
 }
 
@@ -249,31 +219,31 @@ TEST(Adv2Host, ReserveSegmentServesExactSizes) {
                           "pinned_reserve_segment_size_mb:4,pinned_max_round_threshold_mb:0",
                           "pinned_reserve_segment_size_mb:4,pinned_max_cached_size_mb:0"}) {
     SCOPED_TRACE(cfg);
-    Pool p("host", cfg);
-    expseg_host_pool *h = p.h;
+    PoolPtr p = make_pool("host", cfg);
+    expseg_host_pool *h = p.get();
     void *q[4];
     for (int round = 0; round < 2; round++) {
       for (int i = 0; i < 4; i++) ASSERT_EQ(expseg_host_malloc(h, 100000 + (size_t)i, &q[i]), EXPSEG_OK);
-      EXPECT_EQ(hs(h, "segment.current"), 1) << "round " << round << ": only the reserve segment";
-      EXPECT_EQ(hs(h, "reserved_bytes.current"), 4 * (int64_t)MiB) << "round " << round;
-      EXPECT_EQ(hs(h, "expseg.reserve_allocs"), 4) << "round " << round << ": slices reused";
+      EXPECT_EQ(hstat(h, "segment.current"), 1) << "round " << round << ": only the reserve segment";
+      EXPECT_EQ(hstat(h, "reserved_bytes.current"), 4 * (int64_t)MiB) << "round " << round;
+      EXPECT_EQ(hstat(h, "expseg.reserve_allocs"), 4) << "round " << round << ": slices reused";
       for (int i = 0; i < 4; i++) ASSERT_EQ(expseg_host_free(h, q[i]), EXPSEG_OK);
     }
-    EXPECT_EQ(hs(h, "num_host_alloc"), 1);
+    EXPECT_EQ(hstat(h, "num_host_alloc"), 1);
     expect_sane(h, "end");
   }
 }
 
 TEST(Adv2Host, ResetPeakThenPeaksFollowCurrent) {
-  Pool p("host", "pinned_max_round_threshold_mb:1");
-  expseg_host_pool *h = p.h;
+  PoolPtr p = make_pool("host", "pinned_max_round_threshold_mb:1");
+  expseg_host_pool *h = p.get();
   void *big = nullptr, *small = nullptr;
   ASSERT_EQ(expseg_host_malloc(h, 3 * MiB, &big), EXPSEG_OK);
   ASSERT_EQ(expseg_host_malloc(h, 4 * KiB, &small), EXPSEG_OK);
   ASSERT_EQ(expseg_host_free(h, big), EXPSEG_OK);
-  EXPECT_GT(hs(h, "allocated_bytes.peak"), hs(h, "allocated_bytes.current"));
+  EXPECT_GT(hstat(h, "allocated_bytes.peak"), hstat(h, "allocated_bytes.current"));
   expseg_host_reset_peak_stats(h);
-  Stats s = host_stats(h);
+  StatMap s = host_stat_map(h);
   for (auto &kv : s)
     if (kv.first.size() > 5 && kv.first.compare(kv.first.size() - 5, 5, ".peak") == 0 &&
         kv.first.find("_time") == std::string::npos) {
@@ -295,8 +265,8 @@ TEST(Adv2Host, ThreadsShareAPoolWithoutLosingBytes) {
         "pinned_use_background_threads:True,pinned_max_round_threshold_mb:1,"
         "pinned_max_cached_size_mb:1,pinned_carve_strict:True"}) {
     SCOPED_TRACE(cfg);
-    Pool p("host", cfg);
-    expseg_host_pool *h = p.h;
+    PoolPtr p = make_pool("host", cfg);
+    expseg_host_pool *h = p.get();
     std::vector<std::thread> ts;
     std::vector<int> bad(4, 0);
     for (int t = 0; t < 4; t++)
@@ -335,9 +305,9 @@ TEST(Adv2Host, ThreadsShareAPoolWithoutLosingBytes) {
     for (int t = 0; t < 4; t++) EXPECT_EQ(bad[t], 0) << "thread " << t;
     ASSERT_EQ(expseg_host_empty_cache(h), EXPSEG_OK);
     expect_sane(h, "end");
-    EXPECT_EQ(hs(h, "allocation.current"), 0);
-    EXPECT_EQ(hs(h, "expseg.pending_blocks.current"), 0);
-    EXPECT_EQ(hs(h, "reserved_bytes.current"), hs(h, "expseg.reserve_segment_bytes"));
+    EXPECT_EQ(hstat(h, "allocation.current"), 0);
+    EXPECT_EQ(hstat(h, "expseg.pending_blocks.current"), 0);
+    EXPECT_EQ(hstat(h, "reserved_bytes.current"), hstat(h, "expseg.reserve_segment_bytes"));
   }
 }
 
@@ -374,9 +344,9 @@ std::string host_summary(expseg_allocator *a, expseg_host_pool *h, unsigned flag
 // the snapshot's host segments are tiled by their blocks and agree with the statistics.
 TEST(Adv2Host, SnapshotOfEveryKindOfSegment) {
   if (!snapshot_have_python()) GTEST_SKIP() << "python3 with pickle is needed";
-  Pool p("host", "pinned_reserve_segment_size_mb:1,pinned_max_round_threshold_mb:0,"
+  PoolPtr p = make_pool("host", "pinned_reserve_segment_size_mb:1,pinned_max_round_threshold_mb:0,"
                  "pinned_max_cached_size_mb:2");
-  expseg_host_pool *h = p.h;
+  expseg_host_pool *h = p.get();
   expseg_allocator *a = nullptr;
   ASSERT_EQ(expseg_create("sim", 0, "", &a), EXPSEG_OK);
   std::vector<void *> live;
@@ -394,9 +364,9 @@ TEST(Adv2Host, SnapshotOfEveryKindOfSegment) {
   int nseg = -1, ntr = -1;
   long long tot = -1, al = -1;
   ASSERT_GE(std::sscanf(out.c_str(), "%d %lld %lld %d", &nseg, &tot, &al, &ntr), 4) << out;
-  EXPECT_EQ(nseg, hs(h, "segment.current")) << out;
-  EXPECT_EQ(tot, hs(h, "reserved_bytes.current")) << out;
-  EXPECT_EQ(al, hs(h, "allocated_bytes.current")) << out;
+  EXPECT_EQ(nseg, hstat(h, "segment.current")) << out;
+  EXPECT_EQ(tot, hstat(h, "reserved_bytes.current")) << out;
+  EXPECT_EQ(al, hstat(h, "allocated_bytes.current")) << out;
   std::string chk;
   EXPECT_EQ(snapshot_check(path, "", false, &chk), 0) << chk;
   for (size_t i : {0, 2, 5, 6, 7}) ASSERT_EQ(expseg_host_free(h, live[i]), EXPSEG_OK);
@@ -406,13 +376,13 @@ TEST(Adv2Host, SnapshotOfEveryKindOfSegment) {
 
 TEST(Adv2Host, HistoryBoundsAndSnapshotAgreeWithStatistics) {
   if (!snapshot_have_python()) GTEST_SKIP() << "python3 with pickle is needed";
-  Pool p("host", "pinned_max_round_threshold_mb:0");
-  expseg_host_pool *h = p.h;
+  PoolPtr p = make_pool("host", "pinned_max_round_threshold_mb:0");
+  expseg_host_pool *h = p.get();
   expseg_allocator *a = nullptr;
   ASSERT_EQ(expseg_create("host", 0, "", &a), EXPSEG_OK) << expseg_last_error();
   std::string path = ::testing::TempDir() + "adv2_host.pickle";
 
-  Stats before = host_stats(h);
+  StatMap before = host_stat_map(h);
   expect_refused(h, expseg_host_record_history(h, true, 0, 0), EXPSEG_ERR_INVALID_ARGUMENT,
                  before, {"max_entries", "0"}, "history of 0 entries");
   expect_refused(h, expseg_host_record_history(h, true, 4, 1u << 30),
@@ -431,9 +401,9 @@ TEST(Adv2Host, HistoryBoundsAndSnapshotAgreeWithStatistics) {
   char actions[512] = "";
   ASSERT_GE(std::sscanf(out.c_str(), "%d %lld %lld %d %511s", &nseg, &tot, &al, &ntr, actions), 4)
       << out;
-  EXPECT_EQ(nseg, hs(h, "segment.current")) << out;
-  EXPECT_EQ(tot, hs(h, "reserved_bytes.current")) << out;
-  EXPECT_EQ(al, hs(h, "allocated_bytes.current")) << out;
+  EXPECT_EQ(nseg, hstat(h, "segment.current")) << out;
+  EXPECT_EQ(tot, hstat(h, "reserved_bytes.current")) << out;
+  EXPECT_EQ(al, hstat(h, "allocated_bytes.current")) << out;
   EXPECT_EQ(ntr, 1) << "max_entries 1 keeps one event: " << out;
   EXPECT_STREQ(actions, "snapshot") << "the snapshot is the newest event: " << out;
 
@@ -450,14 +420,14 @@ TEST(Adv2Host, HistoryBoundsAndSnapshotAgreeWithStatistics) {
       << out;
   EXPECT_EQ(std::string(actions).find("alloc,"), std::string::npos) << out;
   EXPECT_NE(std::string(actions).find("free_requested"), std::string::npos) << out;
-  EXPECT_EQ(al, hs(h, "allocated_bytes.current")) << out;
-  EXPECT_EQ(nseg, hs(h, "segment.current")) << out;
+  EXPECT_EQ(al, hstat(h, "allocated_bytes.current")) << out;
+  EXPECT_EQ(nseg, hstat(h, "segment.current")) << out;
 
   // NO_TRACES: state only
   out = host_summary(a, h, EXPSEG_SNAPSHOT_NO_TRACES, path);
   ASSERT_GE(std::sscanf(out.c_str(), "%d %lld %lld %d", &nseg, &tot, &al, &ntr), 4) << out;
   EXPECT_EQ(ntr, 0) << out;
-  EXPECT_EQ(al, hs(h, "allocated_bytes.current")) << out;
+  EXPECT_EQ(al, hstat(h, "allocated_bytes.current")) << out;
 
   // off clears; the full snapshot still validates
   ASSERT_EQ(expseg_host_record_history(h, false, 0, 0), EXPSEG_OK);

@@ -11,17 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "alloc_support.h"
 #include "expseg.h"
 
 namespace {
 
 constexpr size_t MiB = 1 << 20;
-
-int64_t stat(const expseg_allocator *a, const char *k) {
-  int64_t v = INT64_MIN;
-  EXPECT_EQ(expseg_stat(a, k, &v), EXPSEG_OK) << k;
-  return v;
-}
 
 // Sizes as the report writes them: bytes below 1 KiB, else two decimals of the largest unit
 // that keeps the figure below 1024.
@@ -84,12 +79,12 @@ TEST(Adv2Oom, FractionCapNamesTheCapAndWhatIsHeld) {
   expect_has(msg, "stream 0x3");
   expect_has(msg, "device has " + fmt(1 << 30) + " in total");
   expect_has(msg, fmt(256 * MiB) + " allowed (memory fraction 0.25)");
-  expect_has(msg, "holds " + fmt((uint64_t)stat(a, "reserved_bytes.all.current")) + ": " +
-                      fmt((uint64_t)stat(a, "allocated_bytes.all.current")) + " allocated");
+  expect_has(msg, "holds " + fmt((uint64_t)stat_of(a, "reserved_bytes.all.current")) + ": " +
+                      fmt((uint64_t)stat_of(a, "allocated_bytes.all.current")) + " allocated");
   expect_has(msg, "Hint: the memory fraction 0.25 caps this allocator at " + fmt(256 * MiB));
-  EXPECT_EQ(stat(a, "num_ooms"), 1);
-  EXPECT_EQ(stat(a, "num_oom_rejections"), 1) << "refused by the fraction before the driver";
-  EXPECT_EQ(stat(a, "allocation.all.current"), 4);
+  EXPECT_EQ(stat_of(a, "num_ooms"), 1);
+  EXPECT_EQ(stat_of(a, "num_oom_rejections"), 1) << "refused by the fraction before the driver";
+  EXPECT_EQ(stat_of(a, "allocation.all.current"), 4);
   EXPECT_EQ(f.seen.calls, 1);
   EXPECT_EQ(f.seen.device, 0);
   EXPECT_EQ(f.seen.size, 60 * MiB);
@@ -100,8 +95,8 @@ TEST(Adv2Oom, FractionCapNamesTheCapAndWhatIsHeld) {
   EXPECT_EQ(expseg_malloc(a, 1 * MiB, 3, &p), EXPSEG_ERR_OUT_OF_MEMORY);
   msg = expseg_last_error();
   expect_has(msg, "0 bytes allowed (memory fraction 0)");
-  EXPECT_EQ(stat(a, "num_ooms"), 2);
-  EXPECT_EQ(stat(a, "num_oom_rejections"), 2);
+  EXPECT_EQ(stat_of(a, "num_ooms"), 2);
+  EXPECT_EQ(stat_of(a, "num_oom_rejections"), 2);
   for (void *q : live) EXPECT_EQ(expseg_free(a, q), EXPSEG_OK);
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
 }
@@ -115,25 +110,25 @@ TEST(Adv2Oom, DeviceFullAndTooLarge) {
   std::string msg = expseg_last_error();
   ASSERT_EQ(live.size(), 10u) << msg;
   expect_has(msg, "tried to allocate " + fmt(100 * MiB));
-  expect_has(msg, fmt((uint64_t)stat(a, "allocated_bytes.all.current")) + " allocated");
+  expect_has(msg, fmt((uint64_t)stat_of(a, "allocated_bytes.all.current")) + " allocated");
   expect_has(msg, "nothing cached can serve it");
-  EXPECT_EQ(stat(a, "num_ooms"), 1);
-  EXPECT_EQ(stat(a, "num_oom_rejections"), 0) << "the driver refused, not the fraction";
+  EXPECT_EQ(stat_of(a, "num_ooms"), 1);
+  EXPECT_EQ(stat_of(a, "num_oom_rejections"), 0) << "the driver refused, not the fraction";
   EXPECT_EQ(f.seen.calls, 1);
   EXPECT_EQ(f.seen.cap, (size_t)1 << 30) << "no cap: the observer is told the device total";
-  int64_t largest = stat(a, "expseg.oom_largest_free_block");
+  int64_t largest = stat_of(a, "expseg.oom_largest_free_block");
   expect_has(msg, "largest free block " + fmt((uint64_t)largest));
   // larger than the whole device
   EXPECT_EQ(expseg_malloc(a, (size_t)3 << 30, 1, &p), EXPSEG_ERR_OUT_OF_MEMORY);
   msg = expseg_last_error();
   expect_has(msg, "larger than the whole device (" + fmt(1 << 30) + ")");
-  EXPECT_EQ(stat(a, "num_ooms"), 2);
+  EXPECT_EQ(stat_of(a, "num_ooms"), 2);
   // 2^60 and more: refused at once, not counted, observers not called
   EXPECT_EQ(expseg_malloc(a, (size_t)1 << 60, 1, &p), EXPSEG_ERR_OUT_OF_MEMORY);
   expect_has(expseg_last_error(), std::to_string((size_t)1 << 60));
-  EXPECT_EQ(stat(a, "num_ooms"), 2);
+  EXPECT_EQ(stat_of(a, "num_ooms"), 2);
   EXPECT_EQ(f.seen.calls, 2);
-  EXPECT_EQ(stat(a, "allocation.all.current"), 10);
+  EXPECT_EQ(stat_of(a, "allocation.all.current"), 10);
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
   // after freeing, the same request works again
   ASSERT_EQ(expseg_free(a, live.back()), EXPSEG_OK);
@@ -142,8 +137,8 @@ TEST(Adv2Oom, DeviceFullAndTooLarge) {
   live.push_back(p);
   for (void *q : live) EXPECT_EQ(expseg_free(a, q), EXPSEG_OK);
   expseg_reset_accumulated_stats(a);
-  EXPECT_EQ(stat(a, "num_ooms"), 0);
-  EXPECT_EQ(stat(a, "expseg.oom_largest_free_block"), 0);
+  EXPECT_EQ(stat_of(a, "num_ooms"), 0);
+  EXPECT_EQ(stat_of(a, "expseg.oom_largest_free_block"), 0);
 }
 
 // Classic segments: memory held but split so that no segment can serve the request.
@@ -155,14 +150,14 @@ TEST(Adv2Oom, StrandedClassicMemoryIsNamed) {
   // 20 MiB classic segments (large_segment_size_mb) cut into 4 MiB blocks; every other freed
   for (int i = 0; expseg_malloc(a, 4 * MiB, 0, &p) == EXPSEG_OK; i++) (i % 2 ? drop : keep).push_back(p);
   for (void *q : drop) ASSERT_EQ(expseg_free(a, q), EXPSEG_OK);
-  int64_t held = stat(a, "reserved_bytes.all.current"), allocated = stat(a, "allocated_bytes.all.current");
+  int64_t held = stat_of(a, "reserved_bytes.all.current"), allocated = stat_of(a, "allocated_bytes.all.current");
   ASSERT_GT(held - allocated, 100 * (int64_t)MiB) << "enough memory stranded";
   EXPECT_EQ(expseg_malloc(a, 12 * MiB, 0, &p), EXPSEG_ERR_OUT_OF_MEMORY);
   std::string msg = expseg_last_error();
   expect_has(msg, fmt((uint64_t)allocated) + " allocated");
   expect_has(msg, "held but unallocated, split across segments");
   expect_has(msg, "expandable_segments:True");
-  EXPECT_EQ(stat(a, "allocation.all.current"), (int64_t)keep.size());
+  EXPECT_EQ(stat_of(a, "allocation.all.current"), (int64_t)keep.size());
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
   for (void *q : keep) EXPECT_EQ(expseg_free(a, q), EXPSEG_OK);
 }

@@ -15,19 +15,11 @@
 #include <vector>
 
 #include "expseg.h"
+#include "alloc_support.h"
 #include "expseg_testing.h"
 #include "test_seed.h"
 
 namespace {
-
-typedef std::map<std::string, int64_t> M;
-
-M stats(expseg_allocator *a) {
-  M m;
-  expseg_stats_foreach(
-      a, [](void *c, const char *k, int64_t v) { (*(M *)c)[k] = v; }, &m);
-  return m;
-}
 
 std::string fmt(const char *f, ...) {
   char b[512];
@@ -39,7 +31,7 @@ std::string fmt(const char *f, ...) {
 }
 
 void check(expseg_allocator *a, int step, const char *what, int &fails) {
-  M s = stats(a);
+  StatMap s = stat_map(a);
   const char *arr[] = {"active",          "active_bytes",   "allocated_bytes",
                        "allocation",      "inactive_split", "inactive_split_bytes",
                        "requested_bytes", "reserved_bytes", "segment"};
@@ -90,10 +82,10 @@ TEST_P(Adv2PoolsRandom, InvariantsHoldThroughPoolsRegionsAndSleeps) {
   EXPSEG_SEEDED(seed, 4242);
   TestRng rng(seed);
   auto R = [&rng]() { return (int)(rng.next() >> 33); };
-  expseg_allocator *a = nullptr;
-  ASSERT_EQ(expseg_create(GetParam().driver, 0, GetParam().config, &a), EXPSEG_OK)
-      << expseg_last_error();
-  expseg_set_log_sink([](void *, const char *) {}, nullptr);
+  QuietLog quiet;
+  AllocPtr owner = make_alloc(GetParam().driver, GetParam().config);
+  ASSERT_TRUE(owner);
+  expseg_allocator *a = owner.get();
   int fails = 0;
   std::vector<void *> live;
   std::vector<expseg_pool_id> pools;
@@ -195,15 +187,9 @@ TEST_P(Adv2PoolsRandom, InvariantsHoldThroughPoolsRegionsAndSleeps) {
     check(a, i, what, fails);
     if (fails > 10) break;
   }
-  expseg_set_log_sink(nullptr, nullptr);
   EXPECT_EQ(fails, 0);
   EXPECT_EQ(expseg_testing_hold_stream(a, 7, false), EXPSEG_OK);
-  expseg_testing_driver_counts left;
-  expseg_testing_destroy(a, &left);
-  EXPECT_EQ(left.live_chunks, 0);
-  EXPECT_EQ(left.live_reservations, 0);
-  EXPECT_EQ(left.mapped_bytes, 0);
-  EXPECT_EQ(left.live_events, 0);
+  expect_nothing_left(owner.release(), "after the run");
 }
 
 const char *const kCaseNames[] = {"host_expandable", "sim_classic", "host_gc_split"};

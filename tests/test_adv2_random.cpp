@@ -13,8 +13,8 @@
 // (allocations, frees, OOMs, requested bytes, the blocks expseg_walk reports) equal the
 // statistics. On `host` (real memory behind every block, patterns checked) and `sim`.
 //
-// EXPSEG_TEST_SEED: the seed (printed). EXPSEG_TEST_OPS: operations per configuration
-// (default 3000).
+// EXPSEG_TEST_SEED: the seed (printed). Steps per configuration: 3000, 600 under a sanitizer;
+// EXPSEG_TEST_OPS=N makes them 3000 * N / 200000 (tests/support/test_seed.h, test_ops).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -27,31 +27,16 @@
 #include <vector>
 
 #include "expseg.h"
+#include "alloc_support.h"
 #include "expseg_testing.h"
+#include "host_pool_support.h"
 #include "test_seed.h"
 #include "sanitized.h"
 
 namespace {
 
-constexpr size_t KiB = 1024, MiB = 1024 * KiB;
 constexpr int kStreams = 4;               // allocation streams 0..3
 constexpr expseg_stream kHeldBase = 100;  // record streams 100..103, held at random
-
-using Stats = std::map<std::string, int64_t>;
-
-Stats dev_stats(const expseg_allocator *a) {
-  Stats m;
-  expseg_stats_foreach(
-      a, [](void *ctx, const char *k, int64_t v) { (*static_cast<Stats *>(ctx))[k] = v; }, &m);
-  return m;
-}
-
-Stats host_stats(const expseg_host_pool *h) {
-  Stats m;
-  expseg_host_stats_foreach(
-      h, [](void *ctx, const char *k, int64_t v) { (*static_cast<Stats *>(ctx))[k] = v; }, &m);
-  return m;
-}
 
 unsigned char pattern_of(uint64_t id) {
   return (unsigned char)(id * 0x9E3779B97F4A7C15ull >> 56) | 1;
@@ -99,13 +84,6 @@ size_t random_size(TestRng &r) {
 }
 
 bool overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) { return a < b + bn && b < a + an; }
-
-// a statistic that must be left alone by a failed call: everything but timings
-Stats comparable(Stats s) {
-  for (auto it = s.begin(); it != s.end();)
-    it = it->first.find("time") != std::string::npos ? s.erase(it) : std::next(it);
-  return s;
-}
 
 class Runner {
  public:
@@ -157,7 +135,7 @@ class Runner {
     ASSERT_EQ(expseg_empty_cache(a_), EXPSEG_OK) << expseg_last_error();
     ASSERT_EQ(expseg_host_empty_cache(h_), EXPSEG_OK);
     check_all();
-    Stats s = dev_stats(a_);
+    StatMap s = stat_map(a_);
     for (const char *p : {"all", "small_pool", "large_pool"}) {
       std::string x = std::string(".") + p + ".current";
       EXPECT_EQ(s["allocation" + x], 0) << x;
@@ -165,7 +143,7 @@ class Runner {
       EXPECT_EQ(s["requested_bytes" + x], 0) << x;
       EXPECT_EQ(s["allocated_bytes" + x], 0) << x;
     }
-    EXPECT_EQ(host_stats(h_)["allocation.current"], 0);
+    EXPECT_EQ(host_stat_map(h_)["allocation.current"], 0);
   }
 
  private:
@@ -175,13 +153,13 @@ class Runner {
     size_t n = r_.below(50) == 0 ? ((size_t)1 << 60) + r_.below(1000) : random_size(r_);
     expseg_stream s = r_.below(kStreams);
     void *p = reinterpret_cast<void *>(1);
-    Stats before = dev_stats(a_);
+    StatMap before = stat_map(a_);
     expseg_status st = expseg_malloc(a_, n, s, &p);
     if (st == EXPSEG_ERR_OUT_OF_MEMORY) {
       EXPECT_EQ(p, nullptr) << where();
       std::string msg = expseg_last_error();
       if (n < ((size_t)1 << 60)) m_.ooms++, total_ooms_++;
-      Stats after = dev_stats(a_);
+      StatMap after = stat_map(a_);
       // nothing the caller holds changed; only the cache may have been given back
       // (pending frees may complete on the way: requested and active bytes may drop)
       for (const char *k : {"allocation.all.current", "allocated_bytes.all.current"})
@@ -276,7 +254,7 @@ class Runner {
     if (!any_held) {
       EXPECT_EQ(st, EXPSEG_OK) << where() << ": " << expseg_last_error();
       // nothing pending any more: active == allocation, requested is exactly the live ones
-      Stats s = dev_stats(a_);
+      StatMap s = stat_map(a_);
       EXPECT_EQ(s["active.all.current"], s["allocation.all.current"]) << where();
       int64_t req = 0;
       for (auto &kv : m_.live) req += (int64_t)kv.second.size;
@@ -289,7 +267,7 @@ class Runner {
     static const double fr[] = {1.0, 1.0, 0.5, 0.25, 0.1, 0.02, 0.0};
     double f = fr[r_.below(sizeof fr / sizeof fr[0])];
     ASSERT_EQ(expseg_set_memory_fraction(a_, f), EXPSEG_OK) << expseg_last_error();
-    Stats before = dev_stats(a_);
+    StatMap before = stat_map(a_);
     const std::pair<double, const char *> bad[] = {
         {-0.1, "-0.1"}, {1.5, "1.5"}, {1e-320, "e-321"}, {NAN, "nan"}};
     for (auto &b : bad) {  // the message names the value and what is accepted
@@ -300,13 +278,13 @@ class Runner {
                   msg.find("accepted are 0 and") != std::string::npos)
           << msg;
     }
-    EXPECT_EQ(comparable(dev_stats(a_)), comparable(before)) << where();
+    EXPECT_EQ(without_times(stat_map(a_)), without_times(before)) << where();
   }
 
   void do_resets() {
     if (r_.chance(0.5)) {
       expseg_reset_peak_stats(a_);
-      Stats s = dev_stats(a_);
+      StatMap s = stat_map(a_);
       for (auto &kv : s) {
         if (kv.first.size() > 5 && kv.first.compare(kv.first.size() - 5, 5, ".peak") == 0) {
           EXPECT_EQ(kv.second, s[kv.first.substr(0, kv.first.size() - 5) + ".current"])
@@ -316,7 +294,7 @@ class Runner {
     } else {
       expseg_reset_accumulated_stats(a_);
       m_.mallocs = m_.frees = m_.ooms = 0;
-      Stats s = dev_stats(a_);
+      StatMap s = stat_map(a_);
       for (auto &kv : s) {
         bool acc =
             kv.first.size() > 10 &&
@@ -330,7 +308,7 @@ class Runner {
   }
 
   void do_bad_calls() {
-    Stats before = comparable(dev_stats(a_));
+    StatMap before = without_times(stat_map(a_));
     int local = 0;
     auto refused = [&](expseg_status st, const std::string &what, const std::string &names) {
       EXPECT_EQ(st, EXPSEG_ERR_INVALID_ARGUMENT) << where() << ": " << what;
@@ -363,7 +341,7 @@ class Runner {
     void *p = reinterpret_cast<void *>(1);
     refused(expseg_malloc(a_, 64, (expseg_stream)1 << 48, &p), "malloc on stream 2^48", "2^48");
     EXPECT_EQ(p, nullptr);
-    EXPECT_EQ(comparable(dev_stats(a_)), before) << where() << ": a refused call changed stats";
+    EXPECT_EQ(without_times(stat_map(a_)), before) << where() << ": a refused call changed stats";
     EXPECT_EQ(expseg_check(a_), EXPSEG_OK) << where() << ": " << expseg_last_error();
   }
 
@@ -425,7 +403,7 @@ class Runner {
 
   void check_all() {
     ASSERT_EQ(expseg_check(a_), EXPSEG_OK) << where() << ": " << expseg_last_error();
-    Stats s = dev_stats(a_);
+    StatMap s = stat_map(a_);
     static const char *arrays[] = {"active",          "active_bytes",   "allocated_bytes",
                                    "allocation",      "inactive_split", "inactive_split_bytes",
                                    "requested_bytes", "reserved_bytes", "segment"};
@@ -485,7 +463,7 @@ class Runner {
     EXPECT_EQ(w.seg_alloc_sum, w.block_alloc_sum) << where();
     EXPECT_EQ((int64_t)w.pending, s["active.all.current"] - s["allocation.all.current"]) << where();
 
-    Stats hs = host_stats(h_);
+    StatMap hs = host_stat_map(h_);
     EXPECT_EQ(hs["allocation.current"] - hs["expseg.pending_blocks.current"],
               (int64_t)m_.host_live.size())
         << where();
@@ -505,13 +483,6 @@ class Runner {
   size_t busy_seen_ = 0;
 };
 
-struct Quiet {  // held streams make empty_cache warn: keep the log readable
-  Quiet() {
-    expseg_set_log_sink([](void *, const char *) {}, nullptr);
-  }
-  ~Quiet() { expseg_set_log_sink(nullptr, nullptr); }
-};
-
 struct Case {
   const char *driver, *config;
 };
@@ -520,20 +491,21 @@ class Adv2Random : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Adv2Random, DifferentialAgainstAModel) {
   EXPSEG_SEEDED(seed, 20261126);
-  const char *e = std::getenv("EXPSEG_TEST_OPS");
 #ifdef EXPSEG_TEST_SANITIZED
-  int ops = e && *e ? std::atoi(e) : 600; /* a sanitizer's run: the same calls, fewer steps */
+  const int ops = (int)test_ops(3000, 600); /* a sanitizer's run: the same calls, fewer steps */
 #else
-  int ops = e && *e ? std::atoi(e) : 3000;
+  const int ops = (int)test_ops(3000);
 #endif
-  Quiet quiet;
-  expseg_allocator *a = nullptr;
+  std::printf("%d steps (EXPSEG_TEST_OPS scales them)\n", ops);
+  QuietLog quiet;  // held streams make empty_cache warn: keep the log readable
   const Case c = GetParam();
   SCOPED_TRACE(std::string(c.driver) + " / " + c.config);
-  ASSERT_EQ(expseg_create(c.driver, 0, c.config, &a), EXPSEG_OK) << expseg_last_error();
-  expseg_host_pool *h = nullptr;
-  ASSERT_EQ(expseg_host_create("host", 0, "pinned_max_round_threshold_mb:1", &h), EXPSEG_OK)
-      << expseg_last_error();
+  AllocPtr owner = make_alloc(c.driver, c.config);
+  ASSERT_TRUE(owner);
+  expseg_allocator *a = owner.get();
+  PoolPtr pool = make_pool("host", "pinned_max_round_threshold_mb:1");
+  ASSERT_TRUE(pool);
+  expseg_host_pool *h = pool.get();
   ASSERT_EQ(expseg_record_history_ex(a, true, 512, 0), EXPSEG_OK);
   ASSERT_EQ(expseg_host_record_history(h, true, 64, 0), EXPSEG_OK);
   {
@@ -541,13 +513,8 @@ TEST_P(Adv2Random, DifferentialAgainstAModel) {
     for (int i = 0; i < ops && !HasFatalFailure(); i++) run.step(i);
     if (!HasFatalFailure()) run.drain();
   }
-  expseg_host_destroy(h);
-  expseg_testing_driver_counts left;
-  expseg_testing_destroy(a, &left);
-  EXPECT_EQ(left.live_chunks, 0);
-  EXPECT_EQ(left.live_reservations, 0);
-  EXPECT_EQ(left.mapped_bytes, 0);
-  EXPECT_EQ(left.live_events, 0);
+  pool.reset();
+  expect_nothing_left(owner.release(), "after the run");
 }
 
 const char *const kCaseNames[] = {"host_expandable", "host_classic", "host_gc_split",

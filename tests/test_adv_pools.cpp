@@ -100,7 +100,7 @@ TEST_P(AdvPools, PoolOfForeignInteriorFreedPointers) {
   EXPECT_EQ(pool_of(x), p);
   expseg_pool_id out = 77;
   for (const void *bad : {(const void *)(x + 1), (const void *)(x + 4096), (const void *)nullptr}) {
-    Stats before = all_stats(a);
+    StatMap before = all_stats(a);
     EXPECT_EQ(expseg_pool_of(a, bad, &out), EXPSEG_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(expseg_last_error()).find("accepted"), std::string::npos)
         << expseg_last_error();
@@ -139,10 +139,10 @@ TEST_P(AdvPools, FreeAfterReleaseGivesMemoryBack) {
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
   ASSERT_EQ(expseg_free(a, y), EXPSEG_OK);
   EXPECT_FALSE(has_stat(a, pool_key(p))) << "the last free gives the pool's memory back";
-  EXPECT_EQ(stat(a, "reserved_bytes.all.current"), stat(a, "reserved_bytes.all.current"));
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), stat_of(a, "reserved_bytes.all.current"));
   ASSERT_EQ(expseg_free(a, g), EXPSEG_OK);
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
-  EXPECT_EQ(stat(a, "reserved_bytes.all.current"), 0);
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0);
 }
 
 TEST_P(AdvPools, RecordedOnHeldStreamThenReleased) {
@@ -181,17 +181,17 @@ TEST_P(AdvPools, EmptyCacheWhileBegun) {
   ASSERT_EQ(expseg_free(a, g), EXPSEG_OK);
   void *x = alloc(3 * MiB, 0, p);
   ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
-  int64_t pool = stat(a, pool_key(p));
+  int64_t pool = stat_of(a, pool_key(p));
   ASSERT_GT(pool, 0);
-  int64_t total = stat(a, "reserved_bytes.all.current"); // growth may take general pages
+  int64_t total = stat_of(a, "reserved_bytes.all.current"); // growth may take general pages
   ASSERT_EQ(expseg_pool_begin(a, p, nullptr, nullptr), EXPSEG_OK);
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
-  EXPECT_EQ(stat(a, "reserved_bytes.all.current"), total) << "nothing given back while begun";
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), total) << "nothing given back while begun";
   ASSERT_EQ(expseg_pool_end(a, p), EXPSEG_OK);
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
-  EXPECT_EQ(stat(a, "reserved_bytes.all.current"), pool) << "the live pool's memory stays";
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), pool) << "the live pool's memory stays";
   ASSERT_EQ(expseg_pool_release(a, p), EXPSEG_OK);
-  EXPECT_EQ(stat(a, "reserved_bytes.all.current"), 0);
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0);
 }
 
 TEST_P(AdvPools, FractionBelowPoolsAndOomWithPoolFreeMemory) {
@@ -206,10 +206,10 @@ TEST_P(AdvPools, FractionBelowPoolsAndOomWithPoolFreeMemory) {
   ASSERT_EQ(expseg_set_memory_fraction(a, 0.25), EXPSEG_OK);
   // the general cache cannot have what the live pool holds free
   void *g = (void *)1;
-  Stats before = all_stats(a);
+  StatMap before = all_stats(a);
   EXPECT_EQ(expseg_malloc(a, big, 0, &g), EXPSEG_ERR_OUT_OF_MEMORY);
   EXPECT_EQ(g, nullptr);
-  EXPECT_EQ(stat(a, pool_key(p)), before[pool_key(p)]) << "a live pool's memory was taken";
+  EXPECT_EQ(stat_of(a, pool_key(p)), before[pool_key(p)]) << "a live pool's memory was taken";
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
   // the pool itself reuses its cached block even above the fraction
   void *y = alloc(big, 0, p);
@@ -250,7 +250,7 @@ TEST_P(AdvPools, ConfigureExpandableWhilePoolsHoldSegments) {
   EXPECT_FALSE(has_stat(a, pool_key(p)));
   ASSERT_EQ(expseg_free(a, g), EXPSEG_OK);
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
-  EXPECT_EQ(stat(a, "reserved_bytes.all.current"), 0);
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0);
 }
 
 TEST_P(AdvPools, IpcExportOfAPoolBlock) {
@@ -337,23 +337,23 @@ TEST_P(AdvPools, StatsAcrossResetsWithPoolsComingAndGoing) {
   expseg_reset_peak_stats(a);
   expseg_pool_id q = create();
   void *y = alloc(5 * MiB, 1, q);
-  EXPECT_EQ(stat(a, pool_key(q, "all.peak")), stat(a, pool_key(q)));
+  EXPECT_EQ(stat_of(a, pool_key(q, "all.peak")), stat_of(a, pool_key(q)));
   ASSERT_EQ(expseg_free(a, y), EXPSEG_OK);
   ASSERT_EQ(expseg_pool_release(a, q), EXPSEG_OK);
   EXPECT_FALSE(has_stat(a, pool_key(q)));
   expseg_reset_accumulated_stats(a);
-  EXPECT_EQ(stat(a, pool_key(p, "all.allocated")), 0);
-  EXPECT_EQ(stat(a, pool_key(p, "all.freed")), 0);
-  EXPECT_EQ(stat(a, pool_key(p, "all.peak")), stat(a, pool_key(p)));
+  EXPECT_EQ(stat_of(a, pool_key(p, "all.allocated")), 0);
+  EXPECT_EQ(stat_of(a, pool_key(p, "all.freed")), 0);
+  EXPECT_EQ(stat_of(a, pool_key(p, "all.peak")), stat_of(a, pool_key(p)));
   expseg_reset_peak_stats(a);
-  EXPECT_GE(stat(a, "reserved_bytes.all.peak"), stat(a, "reserved_bytes.all.current"));
-  EXPECT_GE(stat(a, "allocated_bytes.all.peak"), stat(a, "allocated_bytes.all.current"));
-  EXPECT_EQ(stat(a, pool_key(p, "all.peak")), stat(a, pool_key(p)));
+  EXPECT_GE(stat_of(a, "reserved_bytes.all.peak"), stat_of(a, "reserved_bytes.all.current"));
+  EXPECT_GE(stat_of(a, "allocated_bytes.all.peak"), stat_of(a, "allocated_bytes.all.current"));
+  EXPECT_EQ(stat_of(a, pool_key(p, "all.peak")), stat_of(a, pool_key(p)));
   ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
   ASSERT_EQ(expseg_pool_release(a, p), EXPSEG_OK);
   expseg_reset_peak_stats(a);
   expseg_reset_accumulated_stats(a);
-  EXPECT_EQ(stat(a, "reserved_bytes.all.current"), stat(a, "reserved_bytes.all.peak"));
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), stat_of(a, "reserved_bytes.all.peak"));
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
 }
 
@@ -446,7 +446,7 @@ TEST_P(AdvPools, PoolStatisticKeysAreExact) {
   expseg_pool_id p = create();
   void *x = alloc(3 * MiB, 1, p);
   const std::string id = std::to_string(p);
-  EXPECT_GT(stat(a, pool_key(p)), 0);
+  EXPECT_GT(stat_of(a, pool_key(p)), 0);
   // only the key as foreach lists it: no sign, space, leading zero, or other spelling
   for (const std::string &bad :
        {"reserved_bytes_by_private_pools.0_+" + id + ".all.current",
@@ -513,9 +513,9 @@ TEST_P(AdvPools, SingleChunkPendingAndPoolEmptyCacheUnderHeldStream) {
   ASSERT_EQ(expseg_testing_hold_stream(a, 6, true), EXPSEG_OK);
   ASSERT_EQ(expseg_record_stream(a, s1, 6), EXPSEG_OK);
   ASSERT_EQ(expseg_free(a, s1), EXPSEG_OK);
-  int64_t before = stat(a, pool_key(p));
+  int64_t before = stat_of(a, pool_key(p));
   ASSERT_EQ(expseg_pool_empty_cache(a, p), EXPSEG_OK); // cannot wait for stream 6
-  EXPECT_EQ(stat(a, pool_key(p)), before) << "memory still used by stream 6 was given back";
+  EXPECT_EQ(stat_of(a, pool_key(p)), before) << "memory still used by stream 6 was given back";
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
   void *t = nullptr;
   ASSERT_EQ(expseg_malloc_ex(a, 3 * MiB, 4, EXPSEG_MALLOC_SINGLE_CHUNK, &t), EXPSEG_OK);
@@ -523,7 +523,7 @@ TEST_P(AdvPools, SingleChunkPendingAndPoolEmptyCacheUnderHeldStream) {
   EXPECT_EQ(pool_of(t), 0u);
   ASSERT_EQ(expseg_testing_hold_stream(a, 6, false), EXPSEG_OK);
   ASSERT_EQ(expseg_pool_empty_cache(a, p), EXPSEG_OK);
-  EXPECT_EQ(stat(a, pool_key(p)), 0);
+  EXPECT_EQ(stat_of(a, pool_key(p)), 0);
   for (void *b : {g, t}) ASSERT_EQ(expseg_free(a, b), EXPSEG_OK);
   ASSERT_EQ(expseg_pool_release(a, p), EXPSEG_OK);
 }

@@ -158,7 +158,7 @@ TEST_P(AdvPools, RandomDifferential) {
         ASSERT_EQ(expseg_pool_use_count(a, r, &n), EXPSEG_ERR_INVALID_ARGUMENT);
       }
       ASSERT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
-      ASSERT_EQ(stat(a, "allocation.all.current"), (int64_t)live.size());
+      ASSERT_EQ(stat_of(a, "allocation.all.current"), (int64_t)live.size());
     }
   }
   for (expseg_stream s : held) ASSERT_EQ(expseg_testing_hold_stream(a, s, false), EXPSEG_OK);
@@ -171,7 +171,7 @@ TEST_P(AdvPools, RandomDifferential) {
     for (int i = 0; i < c.second; i++) ASSERT_EQ(expseg_pool_release(a, c.first), EXPSEG_OK);
   }
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
-  EXPECT_EQ(stat(a, "reserved_bytes.all.current"), 0);
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0);
 }
 
 EXPSEG_ADV_POOLS_INSTANTIATE();

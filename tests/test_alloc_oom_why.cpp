@@ -15,21 +15,25 @@ namespace {
 
 constexpr size_t MiB = 1u << 20;
 
-struct QuietLog {  // the OOM path warns nothing, but keep the log off the test's output
-  QuietLog() { expseg_set_log_sink(&QuietLog::sink, nullptr); }
-  ~QuietLog() { expseg_set_log_sink(nullptr, nullptr); }
-  static void sink(void *, const char *) {}
-};
-
 bool has(const std::string &m, const char *s) { return m.find(s) != std::string::npos; }
+
+// Every case: 64 MiB of sim memory, expandable segments in a 128 MiB reservation, and the
+// log kept off the test's output (the OOM path warns nothing).
+class OomWhy : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    a_ = make_alloc("sim:capacity=64M", "expandable_segments:True,va_reserve_mb:128");
+    ASSERT_TRUE(a_);
+    A = a_.get();
+  }
+  QuietLog q_;
+  AllocPtr a_;
+  expseg_allocator *A = nullptr;
+};
 
 // Free memory cached by a private pool in use cannot serve the general cache: the report
 // counts it in other pools and names releasing pools.
-TEST(OomWhy, FreeMemoryInOtherPools) {
-  QuietLog q;
-  AllocPtr a = make_alloc("sim:capacity=64M", "expandable_segments:True,va_reserve_mb:128");
-  ASSERT_TRUE(a);
-  expseg_allocator *A = a.get();
+TEST_F(OomWhy, FreeMemoryInOtherPools) {
   expseg_pool_id pool = 0;
   ASSERT_EQ(expseg_pool_create(A, &pool), EXPSEG_OK);
   void *p = nullptr, *r = nullptr;
@@ -49,11 +53,7 @@ TEST(OomWhy, FreeMemoryInOtherPools) {
 
 // Free memory on a stream whose work is still running is not lent: the report counts it on
 // other streams and says to wait for them.
-TEST(OomWhy, FreeMemoryOnBusyStreams) {
-  QuietLog q;
-  AllocPtr a = make_alloc("sim:capacity=64M", "expandable_segments:True,va_reserve_mb:128");
-  ASSERT_TRUE(a);
-  expseg_allocator *A = a.get();
+TEST_F(OomWhy, FreeMemoryOnBusyStreams) {
   void *p = nullptr, *r = nullptr;
   ASSERT_EQ(expseg_malloc(A, 40 * MiB, 1, &p), EXPSEG_OK);
   ASSERT_EQ(alloc_test_hold(A, 1, true), EXPSEG_OK);
@@ -72,11 +72,7 @@ TEST(OomWhy, FreeMemoryOnBusyStreams) {
 // Free blocks that share pages with live ones: the retry before the report unmaps the whole
 // free pages into the page cache (reported as unmapped pages), and what stays is free memory
 // in partly used pages, which the report counts apart and for which it names page_size_mb.
-TEST(OomWhy, FreeMemoryInPartlyUsedPages) {
-  QuietLog q;
-  AllocPtr a = make_alloc("sim:capacity=64M", "expandable_segments:True,va_reserve_mb:128");
-  ASSERT_TRUE(a);
-  expseg_allocator *A = a.get();
+TEST_F(OomWhy, FreeMemoryInPartlyUsedPages) {
   std::vector<void *> blocks;
   for (int i = 0; i < 25; i++) {  // 2.5 MiB each: 62.5 MiB over the 2 MiB pages
     void *p = nullptr;
@@ -100,11 +96,7 @@ TEST(OomWhy, FreeMemoryInPartlyUsedPages) {
 
 // Memory simply full: the split is all zero but the address space left in the segment, and
 // no second remedy is named; reset_accumulated clears the figures.
-TEST(OomWhy, MemoryFullNamesNothingElse) {
-  QuietLog q;
-  AllocPtr a = make_alloc("sim:capacity=64M", "expandable_segments:True,va_reserve_mb:128");
-  ASSERT_TRUE(a);
-  expseg_allocator *A = a.get();
+TEST_F(OomWhy, MemoryFullNamesNothingElse) {
   void *p = nullptr, *r = nullptr;
   ASSERT_EQ(expseg_malloc(A, 60 * MiB, 0, &p), EXPSEG_OK);
   ASSERT_EQ(expseg_malloc(A, 8 * MiB, 0, &r), EXPSEG_ERR_OUT_OF_MEMORY);

@@ -6,6 +6,7 @@
 // and its streams' work is done), statistics (reserved_bytes_by_private_pools) and
 // snapshots (segment_pool_id). The random run is in test_alloc_busy.cpp.
 #include "alloc_support.h"
+#include "pool_support.h"
 #include "snapshot_check.h"
 
 #include <gtest/gtest.h>
@@ -22,47 +23,15 @@ namespace {
 
 constexpr size_t KiB = 1024, MiB = 1024 * KiB;
 
-struct Param {
-  const char *driver;
-  const char *config;
-};
-
-std::string name_of(const testing::TestParamInfo<Param> &p) {
-  return std::string(p.param.driver).substr(0, std::string(p.param.driver).find(":")) +
-         (std::strstr(p.param.config, "True") ? "_expandable" : "_classic");
-}
-
-class Pools : public testing::TestWithParam<Param> {
+class Pools : public PoolCalls {
 protected:
   void SetUp() override {
     a_ = make_alloc(GetParam().driver, GetParam().config);
     ASSERT_NE(a_, nullptr);
     a = a_.get();
   }
-  expseg_pool_id create() {
-    expseg_pool_id id = 0;
-    EXPECT_EQ(expseg_pool_create(a, &id), EXPSEG_OK) << expseg_last_error();
-    return id;
-  }
-  void *alloc(size_t size, expseg_stream s, expseg_pool_id pool) {
-    void *p = nullptr;
-    EXPECT_EQ(expseg_malloc_pool(a, size, s, pool, &p), EXPSEG_OK) << expseg_last_error();
-    return p;
-  }
-  expseg_pool_id pool_of(void *p) {
-    expseg_pool_id id = 999;
-    EXPECT_EQ(expseg_pool_of(a, p, &id), EXPSEG_OK) << expseg_last_error();
-    return id;
-  }
-  bool has_key(const std::string &key) {
-    int64_t v;
-    return expseg_stat(a, key.c_str(), &v) == EXPSEG_OK;
-  }
-  int64_t pool_reserved(expseg_pool_id id) {
-    return stat_of(a, "reserved_bytes_by_private_pools.0_" + std::to_string(id) + ".all.current");
-  }
+  int64_t pool_reserved(expseg_pool_id id) { return stat_of(a, pool_key(id)); }
   AllocPtr a_;
-  expseg_allocator *a = nullptr;
 };
 
 bool only_stream_1(void *, expseg_stream s) { return s == 1; }
@@ -251,7 +220,7 @@ TEST_P(Pools, ReleaseGivesMemoryBackOnlyWhenEmptyAndIdle) {
   EXPECT_GT(pool_reserved(p), 0) << "stream 3 is held: its memory may still be in use";
   ASSERT_EQ(expseg_testing_hold_stream(a, 3, false), EXPSEG_OK);
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
-  EXPECT_FALSE(has_key("reserved_bytes_by_private_pools.0_" + std::to_string(p) + ".all.current"))
+  EXPECT_FALSE(has_stat(a, pool_key(p)))
       << "drained: the pool's statistics are gone";
   EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0);
   // a pending free (record_stream on a held stream) completes, then the pool drains at once
@@ -264,14 +233,14 @@ TEST_P(Pools, ReleaseGivesMemoryBackOnlyWhenEmptyAndIdle) {
   EXPECT_GT(pool_reserved(q), 0) << "pending free on held stream 4";
   ASSERT_EQ(expseg_testing_hold_stream(a, 4, false), EXPSEG_OK);
   void *g = alloc(4 * KiB, 0, 0); // a malloc completes the events and reaps the pool
-  EXPECT_FALSE(has_key("reserved_bytes_by_private_pools.0_" + std::to_string(q) + ".all.current"));
+  EXPECT_FALSE(has_stat(a, pool_key(q)));
   ASSERT_EQ(expseg_free(a, g), EXPSEG_OK);
   // released with nothing live: given back at once
   expseg_pool_id r = create();
   ASSERT_EQ(expseg_free(a, alloc(8 * MiB, 0, r)), EXPSEG_OK);
   EXPECT_GT(pool_reserved(r), 0);
   ASSERT_EQ(expseg_pool_release(a, r), EXPSEG_OK);
-  EXPECT_FALSE(has_key("reserved_bytes_by_private_pools.0_" + std::to_string(r) + ".all.current"));
+  EXPECT_FALSE(has_stat(a, pool_key(r)));
   expect_consistent(a, "release");
 }
 
@@ -372,8 +341,8 @@ TEST_P(Pools, SnapshotCarriesSegmentPoolId) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Drivers, Pools,
-                         testing::Values(Param{"host:capacity=512M", "expandable_segments:True"},
-                                         Param{"host:capacity=512M", "expandable_segments:False"},
-                                         Param{"sim:capacity=8G", "expandable_segments:True"},
-                                         Param{"sim:capacity=8G", "expandable_segments:False"}),
-                         name_of);
+                         testing::Values(PoolsParam{"host:capacity=512M", "expandable_segments:True"},
+                                         PoolsParam{"host:capacity=512M", "expandable_segments:False"},
+                                         PoolsParam{"sim:capacity=8G", "expandable_segments:True"},
+                                         PoolsParam{"sim:capacity=8G", "expandable_segments:False"}),
+                         pools_param_name);

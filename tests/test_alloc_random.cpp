@@ -28,11 +28,6 @@ constexpr size_t KiB = 1024, MiB = 1024 * KiB, GiB = 1024 * MiB;
 
 using Rng = TestRng;
 
-size_t env_size(const char *name, size_t dflt) {
-  const char *e = std::getenv(name);
-  return e && *e ? (size_t)std::strtoull(e, nullptr, 0) : dflt;
-}
-
 // Sizes as a training job asks for them: many small tensors, a body of 1-10 MiB ones, a
 // tail of big ones, with some exact powers of two and odd byte counts.
 size_t random_size(Rng &r) {
@@ -349,13 +344,13 @@ void run_random(const char *driver, size_t ops, uint64_t seed, bool pattern) {
 
 TEST(AllocRandom, SimManyOperations) {
   EXPSEG_SEEDED(seed, 20240611);
-  size_t ops = env_size("EXPSEG_TEST_OPS", 200000);
+  size_t ops = test_ops(200000);
   run_random("sim:capacity=4G", ops, seed, false);
 }
 
 TEST(AllocRandom, HostPatternsSurviveGrowthShrinkAndPageMoves) {
   EXPSEG_SEEDED(seed, 777);
-  size_t ops = env_size("EXPSEG_TEST_OPS", 200000) / 10;
+  size_t ops = test_ops(20000);
   run_random("host:capacity=1G,granularity=2M", ops, seed, true);
   (void)GiB;
 }

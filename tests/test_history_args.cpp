@@ -7,6 +7,7 @@
 // Python's pickle (skipped without python3).
 #include <gtest/gtest.h>
 
+#include "alloc_support.h"
 #include "expseg.h"
 #include "snapshot_check.h"
 
@@ -42,12 +43,6 @@ size_t Count(const std::vector<Ev> &v, const char *action) {
   return n;
 }
 
-struct Alloc {
-  expseg_allocator *a = nullptr;
-  Alloc() { EXPECT_EQ(expseg_create("sim", 0, "", &a), EXPSEG_OK) << expseg_last_error(); }
-  ~Alloc() { expseg_destroy(a); }
-};
-
 std::string TmpPath(const char *name) {
   return std::string("/tmp/expseg_history_args_") + std::to_string(getpid()) + "_" + name;
 }
@@ -69,8 +64,9 @@ std::string PyRead(const std::string &path) {
 }
 
 TEST(HistoryArgs, AnnotateRecordsTheTextOnTheAllocationOrAsAMark) {
-  Alloc al;
-  expseg_allocator *a = al.a;
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
   void *p;
   ASSERT_EQ(expseg_malloc(a, 1000, 7, &p), EXPSEG_OK);
   ASSERT_EQ(expseg_history_annotate(a, p, "off"), EXPSEG_OK);  // not recording: nothing
@@ -108,8 +104,9 @@ TEST(HistoryArgs, AnnotateRecordsTheTextOnTheAllocationOrAsAMark) {
 }
 
 TEST(HistoryArgs, SkipActionsAreNotRecordedAndOthersAreRefused) {
-  Alloc al;
-  expseg_allocator *a = al.a;
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
   ASSERT_EQ(expseg_record_history_ex(a, true, 1000,
                                      EXPSEG_HISTORY_SKIP_ALLOC | EXPSEG_HISTORY_SKIP_SNAPSHOT),
             EXPSEG_OK);
@@ -130,25 +127,42 @@ TEST(HistoryArgs, SkipActionsAreNotRecordedAndOthersAreRefused) {
 }
 
 // The one table of PyTorch's skip_actions names (the Python helper and the C++ backend read
-// it): each name gives its own EXPSEG_HISTORY_SKIP_* flag, the names string lists exactly
-// these, any other name is refused and named; each flag leaves out the event of its name.
-TEST(HistoryArgs, SkipActionTableNamesEachFlag) {
-  const std::pair<const char *, unsigned> want[] = {
-      {"alloc", EXPSEG_HISTORY_SKIP_ALLOC},
-      {"free_requested", EXPSEG_HISTORY_SKIP_FREE_REQUESTED},
-      {"free_completed", EXPSEG_HISTORY_SKIP_FREE_COMPLETED},
-      {"segment_alloc", EXPSEG_HISTORY_SKIP_SEGMENT_ALLOC},
-      {"segment_free", EXPSEG_HISTORY_SKIP_SEGMENT_FREE},
-      {"oom", EXPSEG_HISTORY_SKIP_OOM},
-      {"snapshot", EXPSEG_HISTORY_SKIP_SNAPSHOT}};
-  std::string names;
-  for (const auto &w : want) {
-    unsigned f = 0;
-    EXPECT_EQ(expseg_history_skip_action(w.first, &f), EXPSEG_OK) << w.first;
-    EXPECT_EQ(f, w.second) << w.first;
-    names += (names.empty() ? "" : ", ") + std::string(w.first);
+// it), walked through expseg_history_skip_action_names: each name gives its own public
+// EXPSEG_HISTORY_SKIP_* flag (one bit each, no two alike, all seven covered), any other
+// name is refused and named; each flag leaves out the event of its name.
+std::vector<std::string> split_names(const std::string &list) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at <= list.size();) {
+    size_t end = list.find(", ", at);
+    if (end == std::string::npos) end = list.size();
+    out.push_back(list.substr(at, end - at));
+    at = end + 2;
   }
-  EXPECT_EQ(std::string(expseg_history_skip_action_names()), names);
+  return out;
+}
+
+TEST(HistoryArgs, SkipActionTableNamesEachFlag) {
+  const unsigned all = EXPSEG_HISTORY_SKIP_ALLOC | EXPSEG_HISTORY_SKIP_FREE_REQUESTED |
+                       EXPSEG_HISTORY_SKIP_FREE_COMPLETED | EXPSEG_HISTORY_SKIP_SEGMENT_ALLOC |
+                       EXPSEG_HISTORY_SKIP_SEGMENT_FREE | EXPSEG_HISTORY_SKIP_OOM |
+                       EXPSEG_HISTORY_SKIP_SNAPSHOT;
+  const std::string names = expseg_history_skip_action_names();
+  const std::vector<std::string> want = split_names(names);
+  ASSERT_EQ(want.size(), 7u) << names;
+  unsigned seen = 0;
+  for (const std::string &w : want) {
+    unsigned f = 0;
+    EXPECT_EQ(expseg_history_skip_action(w.c_str(), &f), EXPSEG_OK) << w;
+    EXPECT_TRUE(f != 0 && (f & (f - 1)) == 0) << w << ": one flag, got " << f;
+    EXPECT_EQ(f & ~all, 0u) << w << ": not a public EXPSEG_HISTORY_SKIP_* flag";
+    EXPECT_EQ(f & seen, 0u) << w << ": a flag another name gave";
+    seen |= f;
+  }
+  EXPECT_EQ(seen, all) << names;
+  // "oom" is the one whose event the loop at the end cannot bring about
+  unsigned oom = 0;
+  EXPECT_EQ(expseg_history_skip_action("oom", &oom), EXPSEG_OK);
+  EXPECT_EQ(oom, EXPSEG_HISTORY_SKIP_OOM);
   for (const char *bad : {"segment_map", "Alloc", "", "alloc "}) {
     unsigned f = 7;
     EXPECT_EQ(expseg_history_skip_action(bad, &f), EXPSEG_ERR_INVALID_ARGUMENT) << bad;
@@ -161,20 +175,19 @@ TEST(HistoryArgs, SkipActionTableNamesEachFlag) {
   EXPECT_EQ(expseg_history_skip_action(nullptr, &f), EXPSEG_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(expseg_history_skip_action("alloc", nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
   // each flag, recorded with the others off, leaves out its own action only
-  for (const auto &w : want) {
-    if (std::string(w.first) == "oom") continue; // no out-of-memory here
+  for (const std::string &w : want) {
+    if (w == "oom") continue; // no out-of-memory here
     expseg_allocator *a = nullptr; // classic segments: segment_alloc and segment_free
     ASSERT_EQ(expseg_create("sim", 0, "expandable_segments:False", &a), EXPSEG_OK);
-    ASSERT_EQ(expseg_history_skip_action(w.first, &f), EXPSEG_OK);
+    ASSERT_EQ(expseg_history_skip_action(w.c_str(), &f), EXPSEG_OK);
     ASSERT_EQ(expseg_record_history_ex(a, true, 1000, f), EXPSEG_OK);
     void *p;
     ASSERT_EQ(expseg_malloc(a, 4096, 0, &p), EXPSEG_OK);
     ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
     ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
     std::vector<Ev> ev = Events(a); // takes a snapshot
-    for (const char *act : {"alloc", "free_requested", "free_completed", "segment_alloc",
-                            "segment_free", "snapshot"})
-      EXPECT_EQ(Count(ev, act) == 0, std::string(act) == w.first) << w.first << " " << act;
+    for (const std::string &act : want) // the events are named as the actions
+      if (act != "oom") EXPECT_EQ(Count(ev, act.c_str()) == 0, act == w) << w << " " << act;
     expseg_destroy(a);
   }
 }
@@ -183,8 +196,9 @@ TEST(HistoryArgs, SkipActionTableNamesEachFlag) {
 // carries the top of the stack and the metadata, in the walk and in the pickle; both are
 // kept while the history is off; an annotate event's text replaces the metadata.
 TEST(HistoryArgs, CompileContextAndUserMetadataReachEachLaterEvent) {
-  Alloc al;
-  expseg_allocator *a = al.a;
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
   ASSERT_EQ(expseg_history_push_compile_context(a, "before"), EXPSEG_OK); // history off
   ASSERT_EQ(expseg_history_set_user_metadata(a, "run 7"), EXPSEG_OK);
   ASSERT_EQ(expseg_record_history_ex(a, true, 100, 0), EXPSEG_OK);
@@ -247,8 +261,9 @@ TEST(HistoryArgs, CompileContextAndUserMetadataReachEachLaterEvent) {
 }
 
 TEST(HistoryArgs, ClearHistoryDropsWhatWasRecordedAndPlainReenablingKeepsIt) {
-  Alloc al;
-  expseg_allocator *a = al.a;
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
   ASSERT_EQ(expseg_record_history_ex(a, true, 1000, 0), EXPSEG_OK);
   void *p;
   ASSERT_EQ(expseg_malloc(a, 4096, 0, &p), EXPSEG_OK);
@@ -263,8 +278,9 @@ TEST(HistoryArgs, ClearHistoryDropsWhatWasRecordedAndPlainReenablingKeepsIt) {
 }
 
 TEST(HistoryArgs, SnapshotWithoutTracesKeepsTheStateAndItsFrames) {
-  Alloc al;
-  expseg_allocator *a = al.a;
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
   ASSERT_EQ(expseg_record_history_ex(a, true, 1000, 0), EXPSEG_OK);
   expseg_frame f = {"model.py", "forward", 42};
   ASSERT_EQ(expseg_history_push_frames(&f, 1), EXPSEG_OK);
@@ -295,8 +311,9 @@ TEST(HistoryArgs, SnapshotWithoutTracesKeepsTheStateAndItsFrames) {
 }
 
 TEST(HistoryArgs, AllocationTracebackOfOnePointer) {
-  Alloc al;
-  expseg_allocator *a = al.a;
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
   void *early;
   ASSERT_EQ(expseg_malloc(a, 512, 0, &early), EXPSEG_OK);
   char buf[256];

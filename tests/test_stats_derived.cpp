@@ -21,22 +21,13 @@ namespace {
 
 constexpr size_t KiB = 1024, MiB = 1024 * KiB;
 
-using Stats = std::map<std::string, int64_t>;
-
-Stats read_all(const expseg_allocator *a) {
-  Stats s;
-  expseg_stats_foreach(
-      a, [](void *ctx, const char *k, int64_t v) { (*static_cast<Stats *>(ctx))[k] = v; }, &s);
-  return s;
-}
-
 const char *const kArrays[] = {"active",         "active_bytes",         "allocated_bytes",
                                "allocation",     "inactive_split",       "inactive_split_bytes",
                                "requested_bytes", "reserved_bytes",      "segment"};
 const char *const kPools[] = {"all", "small_pool", "large_pool"};
 
 // Every key with the four PyTorch metrics: its base (up to ".current").
-std::vector<std::string> four_metric_bases(const Stats &s) {
+std::vector<std::string> four_metric_bases(const StatMap &s) {
   std::vector<std::string> out;
   const std::string suffix = ".current";
   for (const auto &kv : s) {
@@ -50,21 +41,21 @@ std::vector<std::string> four_metric_bases(const Stats &s) {
 }
 
 struct Checker {
-  Stats prev, base;           // the last reading; current at the last reset_accumulated
+  StatMap prev, base;           // the last reading; current at the last reset_accumulated
   std::map<std::string, int64_t> all_seen;  // max `all` current since the last reset_peak
   int64_t moved_seen = 0;     // reserved_bytes counted in two pools (pages moved)
   std::vector<std::string> bases;
 
-  void start(const Stats &s) {
+  void start(const StatMap &s) {
     bases = four_metric_bases(s);
-    ASSERT_GE(bases.size(), 9u * 3 + 2) << "the nine arrays and the two oversize Stats";
+    ASSERT_GE(bases.size(), 9u * 3 + 2) << "the nine arrays and the two oversize StatMap";
     prev = s;
     base.clear();
     all_seen.clear();
     for (const auto &b : bases) base[b] = s.at(b + ".current");
   }
 
-  void step(const Stats &s, bool reset_peak, bool reset_accum, const std::string &where) {
+  void step(const StatMap &s, bool reset_peak, bool reset_accum, const std::string &where) {
     for (const auto &b : bases) {
       const int64_t cur = s.at(b + ".current"), peak = s.at(b + ".peak"),
                     al = s.at(b + ".allocated"), fr = s.at(b + ".freed");
@@ -124,7 +115,7 @@ void run(const char *driver, const char *config, uint64_t seed, int steps) {
   QuietLog quiet;  // out-of-memory warnings under pressure are expected
   TestRng r(seed);
   Checker c;
-  c.start(read_all(a));
+  c.start(stat_map(a));
   std::vector<void *> live;
   for (int i = 0; i < steps && !::testing::Test::HasFatalFailure(); i++) {
     const std::string where = std::string(config) + " step " + std::to_string(i);
@@ -152,11 +143,11 @@ void run(const char *driver, const char *config, uint64_t seed, int steps) {
       expseg_reset_accumulated_stats(a);
       ra = true;
     }
-    c.step(read_all(a), rp, ra, where);
+    c.step(stat_map(a), rp, ra, where);
   }
   for (void *p : live) ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
-  c.step(read_all(a), false, false, std::string(config) + " at the end");
+  c.step(stat_map(a), false, false, std::string(config) + " at the end");
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
   std::printf("%s: reserved bytes moved between pools, at most %" PRId64 " at a time\n",
               config, c.moved_seen);

@@ -113,8 +113,7 @@ void worker(Shared *sh, int id, uint64_t seed, size_t ops) {
 // the driver below must be idle after expseg_destroy.
 void run_threads(const char *driver, const char *config, bool borrow = false) {
   EXPSEG_SEEDED(seed, 4242);
-  const char *e = std::getenv("EXPSEG_TEST_OPS");
-  size_t ops = (e && *e ? (size_t)std::strtoull(e, nullptr, 0) : 200000) / 10;
+  size_t ops = test_ops(20000);
   expseg_vmm_t *inner = nullptr;
   AllocPtr a;
   if (borrow) {

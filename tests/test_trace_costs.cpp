@@ -8,6 +8,8 @@
 // still give the last value of a repeated key.
 #include <gtest/gtest.h>
 
+#include "trace_support.h"
+
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -19,11 +21,6 @@ extern "C" {
 }
 
 namespace {
-
-struct Set {
-  expseg_trace_set_t s{nullptr, 0};
-  ~Set() { expseg_trace_set_free(&s); }
-};
 
 struct Crafted {
   unsigned char *p = nullptr;
@@ -44,7 +41,7 @@ TEST(TraceCosts, WideEventDictSharedThroughTheMemo) {
   Crafted c("wide", 25000);
   ASSERT_NE(c.p, nullptr);
   EXPECT_GT(c.n, 300000u);
-  Set s;
+  TraceSet s;
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(expseg_trace_read_pickle("wide.pickle", c.p, c.n, &s.s), EXPSEG_OK)
       << expseg_trace_last_error();
@@ -59,7 +56,7 @@ TEST(TraceCosts, WideEventDictSharedThroughTheMemo) {
 TEST(TraceCosts, HistoryAndSegmentSharedByManyDevicesIsRefused) {
   Crafted c("shared", 16000);
   ASSERT_NE(c.p, nullptr);
-  Set s;
+  TraceSet s;
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(expseg_trace_read_pickle("shared.pickle", c.p, c.n, &s.s),
             EXPSEG_ERR_INVALID_ARGUMENT);
@@ -76,7 +73,7 @@ TEST(TraceCosts, HistoryAndSegmentSharedByManyDevicesIsRefused) {
 TEST(TraceCosts, ManyDevicesBesideManySegmentsWalkEachSegmentOnce) {
   Crafted c("devices", 500000);
   ASSERT_NE(c.p, nullptr);
-  Set s;
+  TraceSet s;
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(expseg_trace_read_pickle("devices.pickle", c.p, c.n, &s.s), EXPSEG_OK)
       << expseg_trace_last_error();
@@ -92,7 +89,7 @@ TEST(TraceCosts, ManyDevicesBesideManySegmentsWalkEachSegmentOnce) {
 TEST(TraceCosts, SparseMemoIndicesReadBack) {
   Crafted c("memo", 20000);
   ASSERT_NE(c.p, nullptr);
-  Set s;
+  TraceSet s;
   ASSERT_EQ(expseg_trace_read_pickle("memo.pickle", c.p, c.n, &s.s), EXPSEG_OK)
       << expseg_trace_last_error();
   ASSERT_EQ(s.s.n, 1u);
@@ -138,7 +135,7 @@ std::string snap(const std::string &segs, const std::string &traces) {
 
 void expect_refused(const std::string &p, const char *want) {
   SCOPED_TRACE(want);
-  Set s;
+  TraceSet s;
   EXPECT_EQ(expseg_trace_read_pickle("r.pickle", reinterpret_cast<const unsigned char *>(p.data()),
                                      p.size(), &s.s),
             EXPSEG_ERR_INVALID_ARGUMENT);
@@ -163,7 +160,7 @@ TEST(TraceCosts, StructuresWalkedTwiceAreRefused) {
   for (int i = 0; i < EXPSEG_PICKLE_MAX_DEVICES; i++) many += "]";
   expect_refused(snap("", many + hist), "device index 1024 is too large (accepted are 0 to 1023)");
   // an empty history and an empty block list may be shared: they cost nothing
-  Set s;
+  TraceSet s;
   std::string ok = snap(seg(0, 4096, "]" + put(30)) + seg(0, 8192, get(30)),
                         "]" + put(31) + get(31) + hist);
   ASSERT_EQ(expseg_trace_read_pickle("ok.pickle",

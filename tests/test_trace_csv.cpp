@@ -2,6 +2,8 @@
 // test_trace_csv.cpp: the RMM logging_resource_adaptor CSV reader (bench/replay/trace_csv.c).
 #include <gtest/gtest.h>
 
+#include "trace_support.h"
+
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -13,19 +15,14 @@ extern "C" {
 
 namespace {
 
-struct Set {
-  expseg_trace_set_t s{nullptr, 0};
-  ~Set() { expseg_trace_set_free(&s); }
-};
-
-expseg_status read(const std::string &text, Set &out) {
+expseg_status read(const std::string &text, TraceSet &out) {
   return expseg_trace_read_rmm_csv("logs/run.csv", text.data(), text.size(), &out.s);
 }
 
 #define HDR "Thread,Time,Action,Pointer,Size,Stream\n"
 
 TEST(TraceCsv, PairsFreesWithLiveAllocationsByPointer) {
-  Set s;
+  TraceSet s;
   std::string text = HDR
       "140573312345856,13:45:12:123456,allocate,0x7f8a40000000,1024,0x7f8a38001020\n"
       "140573312345856,13:45:12:123457,allocate,7f8a40000400,2048,0x0\n"
@@ -39,18 +36,10 @@ TEST(TraceCsv, PairsFreesWithLiveAllocationsByPointer) {
   const expseg_trace_t &t = s.s.traces[0];
   EXPECT_STREQ(t.name, "run");
   // stream 0 is index 0 although 0x7f8a38001020 came first; the others in order of first use
-  struct E { char k; uint32_t st; uint64_t id, size; } want[] = {
-      {'a', 1, 0, 1024}, {'a', 0, 1, 2048}, {'f', 1, 0, 1024}, {'a', 1, 2, 512},
-      {'O', 0, 0, 1099511627776ull}, {'f', 0, 1, 2048}, {'a', 2, 3, 8}};
-  ASSERT_EQ(t.n_events, sizeof want / sizeof want[0]);
-  for (size_t i = 0; i < t.n_events; i++) {
-    SCOPED_TRACE(i);
-    EXPECT_EQ(t.events[i].kind, (uint8_t)want[i].k);
-    EXPECT_EQ(t.events[i].stream, want[i].st);
-    EXPECT_EQ(t.events[i].id, want[i].id);
-    EXPECT_EQ(t.events[i].size, want[i].size);
-    EXPECT_EQ(t.events[i].extra, 0u);
-  }
+  const WantEvent want[] = {
+      {'a', 1, 0, 1024, 0}, {'a', 0, 1, 2048, 0}, {'f', 1, 0, 1024, 0}, {'a', 1, 2, 512, 0},
+      {'O', 0, 0, 1099511627776ull, 0}, {'f', 0, 1, 2048, 0}, {'a', 2, 3, 8, 0}};
+  ASSERT_NO_FATAL_FAILURE(expect_events(t, want));
   EXPECT_EQ(t.n_ids, 4u);
   EXPECT_EQ(t.n_streams, 3u);
   EXPECT_EQ(t.peak_live_requested, 3072u);  // 1024 + 2048; then 2048 + 512 + 8 at most
@@ -59,7 +48,7 @@ TEST(TraceCsv, PairsFreesWithLiveAllocationsByPointer) {
 }
 
 TEST(TraceCsv, StreamOrderIsFirstUseWhenZeroIsAbsentAndCrlfIsAccepted) {
-  Set s;
+  TraceSet s;
   std::string text = "Thread,Time,Action,Pointer,Size,Stream\r\n"
                      "1,t,allocate,0x100,10,0x55\r\n"
                      "1,t,allocate,0x200,20,0x66\r\n"
@@ -87,7 +76,7 @@ TEST(TraceCsv, ManyPointersReusedStayPaired) {
       text += "1,t,free,0x" + std::to_string(1000 + j) + "00," + std::to_string(j + 1) + ",0x0\n";
     }
   }
-  Set s;
+  TraceSet s;
   ASSERT_EQ(read(text, s), EXPSEG_OK) << expseg_trace_last_error();
   const expseg_trace_t &t = s.s.traces[0];
   EXPECT_EQ(t.n_ids, 6000u);
@@ -131,13 +120,13 @@ const Bad kBad[] = {
 TEST(TraceCsv, RejectsMalformedInputNamingLineAndReason) {
   for (const Bad &b : kBad) {
     SCOPED_TRACE(b.text);
-    Set s;
+    TraceSet s;
     EXPECT_EQ(read(b.text, s), EXPSEG_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(s.s.n, 0u);
     std::string msg = expseg_trace_last_error();
     EXPECT_NE(msg.find(b.want), std::string::npos) << "message: " << msg;
   }
-  Set s;
+  TraceSet s;
   static const char nul[] = HDR "1,t,allocate,0x10,8,0x0\0\n";
   EXPECT_EQ(expseg_trace_read_rmm_csv("x.csv", nul, sizeof nul - 1, &s.s),
             EXPSEG_ERR_INVALID_ARGUMENT);
@@ -148,32 +137,22 @@ TEST(TraceCsv, RejectsMalformedInputNamingLineAndReason) {
 }
 
 TEST(TraceCsv, RoundTripThroughMemtrace) {
-  Set a;
+  TraceSet a;
   std::string text = HDR
       "1,t,allocate,0x100,10,0x77\n"
       "1,t,allocate,0x200,20,0x0\n"
       "1,t,allocate failure,0x0,30,0x77\n"
       "1,t,free,0x100,10,0x77\n";
   ASSERT_EQ(read(text, a), EXPSEG_OK) << expseg_trace_last_error();
-  std::string path = std::string(::testing::TempDir()) + "/csv_rt_" +
-                     std::to_string(getpid()) + ".memtrace";
+  std::string path = trace_tmp_path("csv_rt.memtrace");
   ASSERT_EQ(expseg_trace_write_memtrace(&a.s.traces[0], path.c_str()), EXPSEG_OK)
       << expseg_trace_last_error();
-  Set b;
+  TraceSet b;
   ASSERT_EQ(expseg_trace_read_file(path.c_str(), &b.s), EXPSEG_OK) << expseg_trace_last_error();
   std::remove(path.c_str());
-  const expseg_trace_t &x = a.s.traces[0], &y = b.s.traces[0];
-  ASSERT_EQ(x.n_events, y.n_events);
-  for (size_t i = 0; i < x.n_events; i++) {
-    SCOPED_TRACE(i);
-    EXPECT_EQ(x.events[i].kind, y.events[i].kind);
-    EXPECT_EQ(x.events[i].stream, y.events[i].stream);
-    EXPECT_EQ(x.events[i].id, y.events[i].id);
-    EXPECT_EQ(x.events[i].size, y.events[i].size);
-  }
-  EXPECT_EQ(x.n_streams, y.n_streams);
-  EXPECT_EQ(x.n_ids, y.n_ids);
-  EXPECT_EQ(x.peak_live_requested, y.peak_live_requested);
+  ASSERT_EQ(b.s.n, 1u);
+  expect_same_trace(a.s.traces[0], b.s.traces[0]);
+  const expseg_trace_t &y = b.s.traces[0];
   EXPECT_EQ(y.peak_live_requested, 30u);
 }
 

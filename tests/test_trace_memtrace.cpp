@@ -3,6 +3,8 @@
 // format detection of expseg_trace_read_file, and the shared map and checker (bench/replay/trace.c).
 #include <gtest/gtest.h>
 
+#include "trace_support.h"
+
 #include "test_seed.h"
 
 #include <cstdio>
@@ -23,17 +25,8 @@ extern "C" {
 
 namespace {
 
-struct Set {
-  expseg_trace_set_t s{nullptr, 0};
-  ~Set() { expseg_trace_set_free(&s); }
-};
-
-expseg_status read(const std::string &text, Set &out, const char *name = "t.memtrace") {
+expseg_status read(const std::string &text, TraceSet &out, const char *name = "t.memtrace") {
   return expseg_trace_read_memtrace(name, text.data(), text.size(), &out.s);
-}
-
-std::string tmp_path(const char *stem) {
-  return std::string(::testing::TempDir()) + "/" + stem + "_" + std::to_string(getpid());
 }
 
 const char *kGood =
@@ -58,27 +51,19 @@ const char *kGood =
     "# stats: prelive=2 peak_live_requested=5130\n";
 
 TEST(TraceMemtrace, ReadsEveryLineKind) {
-  Set s;
+  TraceSet s;
   ASSERT_EQ(read(kGood, s, "dir/good.memtrace"), EXPSEG_OK) << expseg_trace_last_error();
   ASSERT_EQ(s.s.n, 1u);
   const expseg_trace_t &t = s.s.traces[0];
   EXPECT_STREQ(t.name, "good");
   EXPECT_EQ(t.device, 3);
-  struct E { char k; uint32_t st; uint64_t id, size, extra; } want[] = {
+  const WantEvent want[] = {
       {'p', 0, 0, 1000, 0}, {'p', 0, 1, 24, 0}, {'a', 1, 2, 4096, 0}, {'r', 1, 2, 4096, 0},
       {'a', 0, 3, 10, 0}, {'f', 0, 0, 1000, 0}, {'f', 1, 2, 4096, 0}, {'E', 0, 0, 0, 0},
       {'M', 0, 0x7f0000000000ull, 2097152, 0}, {'m', 2, 140000, 4096, 0},
       // an unmap not after an OOM is the program's empty_cache(): the reader adds an E
       {'E', 0, 0, 0, 0}, {'u', 2, 0x22, 4096, 0}, {'O', 0, 0, 8192, 77}};
-  ASSERT_EQ(t.n_events, sizeof want / sizeof want[0]);
-  for (size_t i = 0; i < t.n_events; i++) {
-    SCOPED_TRACE(i);
-    EXPECT_EQ(t.events[i].kind, (uint8_t)want[i].k);
-    EXPECT_EQ(t.events[i].stream, want[i].st);
-    EXPECT_EQ(t.events[i].id, want[i].id);
-    EXPECT_EQ(t.events[i].size, want[i].size);
-    EXPECT_EQ(t.events[i].extra, want[i].extra);
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_events(t, want));
   EXPECT_EQ(t.n_ids, 4u);
   EXPECT_EQ(t.n_streams, 3u);
   // 1000 + 24 + 4096 + 10: the 'r' does not end the allocation, its 'f' does
@@ -94,7 +79,7 @@ TEST(TraceMemtrace, ReadsEveryLineKind) {
 }
 
 TEST(TraceMemtrace, PeakCountsFreeNotFreeRequest) {
-  Set s;
+  TraceSet s;
   ASSERT_EQ(read("# memtrace v1\na 0 0 100\nr 0 0 100\na 0 1 50\nf 0 0 100\na 0 2 70\n", s),
             EXPSEG_OK)
       << expseg_trace_last_error();
@@ -103,7 +88,7 @@ TEST(TraceMemtrace, PeakCountsFreeNotFreeRequest) {
 }
 
 TEST(TraceMemtrace, AcceptsCrlfAndStreamZeroLate) {
-  Set s;
+  TraceSet s;
   // stream 0 may first appear after stream 1 (the default stream is always index 0)
   ASSERT_EQ(read("# memtrace v1\r\na 1 0 5\r\na 0 1 6\r\na 2 2 7\r\n", s), EXPSEG_OK)
       << expseg_trace_last_error();
@@ -166,7 +151,7 @@ const Bad kBad[] = {
 TEST(TraceMemtrace, RejectsMalformedInputNamingLineAndReason) {
   for (const Bad &b : kBad) {
     SCOPED_TRACE(b.text);
-    Set s;
+    TraceSet s;
     EXPECT_EQ(read(b.text, s), EXPSEG_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(s.s.n, 0u);
     EXPECT_EQ(s.s.traces, nullptr);
@@ -177,45 +162,28 @@ TEST(TraceMemtrace, RejectsMalformedInputNamingLineAndReason) {
 }
 
 TEST(TraceMemtrace, RejectsNulBytes) {
-  Set s;
+  TraceSet s;
   static const char text[] = "# memtrace v1\na 0 0 1\n\0\n";
   EXPECT_EQ(read(std::string(text, sizeof text - 1), s), EXPSEG_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(expseg_trace_last_error()).find("t.memtrace:3: NUL byte"), std::string::npos)
       << expseg_trace_last_error();
 }
 
-void expect_same(const expseg_trace_t &a, const expseg_trace_t &b) {
-  ASSERT_EQ(a.n_events, b.n_events);
-  for (size_t i = 0; i < a.n_events; i++) {
-    SCOPED_TRACE(i);
-    EXPECT_EQ(a.events[i].kind, b.events[i].kind);
-    EXPECT_EQ(a.events[i].stream, b.events[i].stream);
-    EXPECT_EQ(a.events[i].id, b.events[i].id);
-    EXPECT_EQ(a.events[i].size, b.events[i].size);
-    EXPECT_EQ(a.events[i].extra, b.events[i].extra);
-  }
-  EXPECT_EQ(a.n_ids, b.n_ids);
-  EXPECT_EQ(a.n_streams, b.n_streams);
-  EXPECT_EQ(a.peak_live_requested, b.peak_live_requested);
-  EXPECT_EQ(a.device, b.device);
-  EXPECT_EQ(0, memcmp(&a.baseline, &b.baseline, sizeof a.baseline));
-}
-
 TEST(TraceMemtrace, WriteThenReadGivesTheSameTrace) {
-  Set a;
+  TraceSet a;
   ASSERT_EQ(read(kGood, a), EXPSEG_OK) << expseg_trace_last_error();
-  std::string path = tmp_path("roundtrip.memtrace");
+  std::string path = trace_tmp_path("roundtrip.memtrace");
   ASSERT_EQ(expseg_trace_write_memtrace(&a.s.traces[0], path.c_str()), EXPSEG_OK)
       << expseg_trace_last_error();
-  Set b;
+  TraceSet b;
   ASSERT_EQ(expseg_trace_read_file(path.c_str(), &b.s), EXPSEG_OK) << expseg_trace_last_error();
   ASSERT_EQ(b.s.n, 1u);
-  expect_same(a.s.traces[0], b.s.traces[0]);
+  expect_same_trace(a.s.traces[0], b.s.traces[0]);
   std::remove(path.c_str());
 }
 
 TEST(TraceMemtrace, WriteFailsOnUnwritablePath) {
-  Set a;
+  TraceSet a;
   ASSERT_EQ(read(kGood, a), EXPSEG_OK);
   EXPECT_EQ(expseg_trace_write_memtrace(&a.s.traces[0], "/nonexistent-dir/x.memtrace"),
             EXPSEG_ERR_INVALID_ARGUMENT);
@@ -224,7 +192,7 @@ TEST(TraceMemtrace, WriteFailsOnUnwritablePath) {
 }
 
 TEST(TraceReadFile, NamesThePathWhenUnreadable) {
-  Set s;
+  TraceSet s;
   EXPECT_EQ(expseg_trace_read_file("/nonexistent-dir/none.memtrace", &s.s),
             EXPSEG_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(expseg_trace_last_error()).find("/nonexistent-dir/none.memtrace: cannot open"),
@@ -237,7 +205,7 @@ TEST(TraceReadFile, NamesThePathWhenUnreadable) {
 }
 
 TEST(TraceReadFile, PicksTheFormatByContent) {
-  std::string path = tmp_path("fmt.bin");
+  std::string path = trace_tmp_path("fmt.bin");
   struct { std::string text; expseg_status want; const char *msg; } cases[] = {
       {"# memtrace v1\na 0 0 10\n", EXPSEG_OK, ""},
       {"Thread,Time,Action,Pointer,Size,Stream\n1,2,allocate,0x10,5,0x0\n", EXPSEG_OK, ""},
@@ -252,7 +220,7 @@ TEST(TraceReadFile, PicksTheFormatByContent) {
     ASSERT_NE(f, nullptr);
     std::fwrite(c.text.data(), 1, c.text.size(), f);
     std::fclose(f);
-    Set s;
+    TraceSet s;
     EXPECT_EQ(expseg_trace_read_file(path.c_str(), &s.s), c.want);
     if (c.want == EXPSEG_OK) {
       ASSERT_EQ(s.s.n, 1u);
@@ -269,12 +237,12 @@ TEST(TraceReadFile, PicksTheFormatByContent) {
 // A FIFO is refused at once (opening one for reading used to block until a writer came),
 // with a message naming the path and what is accepted.
 TEST(TraceReadFile, RefusesAFifoWithoutBlocking) {
-  std::string path = tmp_path("trace.fifo");
+  std::string path = trace_tmp_path("trace.fifo");
   std::remove(path.c_str());
   ASSERT_EQ(mkfifo(path.c_str(), 0600), 0) << std::strerror(errno);
   std::string msg;
   auto done = std::async(std::launch::async, [&] {
-    Set s;
+    TraceSet s;
     expseg_status st = expseg_trace_read_file(path.c_str(), &s.s);
     msg = expseg_trace_last_error(); // the message is per thread
     return st;
@@ -295,7 +263,7 @@ TEST(TraceReadFile, RefusesAFifoWithoutBlocking) {
 // A 2 GiB file that is no trace is refused from its first bytes, without reading it whole
 // (it used to be read into memory first: seconds and 2 GiB of memory).
 TEST(TraceReadFile, RefusesAHugeNonTraceFromItsFirstBytes) {
-  std::string path = tmp_path("huge.bin");
+  std::string path = trace_tmp_path("huge.bin");
   int fd = open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
   ASSERT_GE(fd, 0) << std::strerror(errno);
   const char garbage[] = "\x01\x02 not a trace at all";
@@ -305,7 +273,7 @@ TEST(TraceReadFile, RefusesAHugeNonTraceFromItsFirstBytes) {
   struct rusage before {}, after {};
   getrusage(RUSAGE_SELF, &before);
   auto t0 = std::chrono::steady_clock::now();
-  Set s;
+  TraceSet s;
   EXPECT_EQ(expseg_trace_read_file(path.c_str(), &s.s), EXPSEG_ERR_INVALID_ARGUMENT);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string msg = expseg_trace_last_error();

@@ -6,6 +6,8 @@
 // bad memo references) must fail cleanly with the byte offset (the suite also runs under ASan).
 #include <gtest/gtest.h>
 
+#include "trace_support.h"
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -22,11 +24,6 @@ extern "C" {
 
 namespace {
 
-struct Set {
-  expseg_trace_set_t s{nullptr, 0};
-  ~Set() { expseg_trace_set_free(&s); }
-};
-
 std::string slurp(const std::string &path) {
   std::ifstream f(path, std::ios::binary);
   std::stringstream ss;
@@ -34,38 +31,9 @@ std::string slurp(const std::string &path) {
   return ss.str();
 }
 
-expseg_status read_pickle(const std::string &bytes, Set &out, const char *name = "snap.pickle") {
+expseg_status read_pickle(const std::string &bytes, TraceSet &out, const char *name = "snap.pickle") {
   return expseg_trace_read_pickle(name, reinterpret_cast<const unsigned char *>(bytes.data()),
                                   bytes.size(), &out.s);
-}
-
-void expect_same_trace(const expseg_trace_t &a, const expseg_trace_t &b) {
-  EXPECT_STREQ(a.name, b.name);
-  EXPECT_EQ(a.device, b.device);
-  ASSERT_EQ(a.n_events, b.n_events);
-  size_t bad = 0;
-  for (size_t i = 0; i < a.n_events && bad < 5; i++) {
-    const expseg_trace_event_t &x = a.events[i], &y = b.events[i];
-    if (x.kind != y.kind || x.stream != y.stream || x.id != y.id || x.size != y.size ||
-        x.extra != y.extra) {
-      ADD_FAILURE() << "event " << i << ": got " << (char)x.kind << " " << x.stream << " " << x.id
-                    << " " << x.size << " " << x.extra << ", want " << (char)y.kind << " "
-                    << y.stream << " " << y.id << " " << y.size << " " << y.extra;
-      bad++;
-    }
-  }
-  EXPECT_EQ(a.n_ids, b.n_ids);
-  EXPECT_EQ(a.n_streams, b.n_streams);
-  EXPECT_EQ(a.peak_live_requested, b.peak_live_requested);
-  EXPECT_EQ(a.baseline.present, b.baseline.present);
-  EXPECT_EQ(a.baseline.start_reserved, b.baseline.start_reserved);
-  EXPECT_EQ(a.baseline.peak_reserved, b.baseline.peak_reserved);
-  EXPECT_EQ(a.baseline.end_reserved, b.baseline.end_reserved);
-  EXPECT_EQ(a.baseline.segment_alloc, b.baseline.segment_alloc);
-  EXPECT_EQ(a.baseline.segment_free, b.baseline.segment_free);
-  EXPECT_EQ(a.baseline.map, b.baseline.map);
-  EXPECT_EQ(a.baseline.unmap, b.baseline.unmap);
-  EXPECT_EQ(a.baseline.oom, b.baseline.oom);
 }
 
 // ------------------------------------------------------------------ recorded traces
@@ -86,7 +54,7 @@ TEST(TracePickle, RecordedSnapshotsGiveTheReferenceMemtraces) {
     SCOPED_TRACE(stem);
     std::string raw = dir + "/raw/" + stem + ".pickle";
     std::string ref = dir + "/memtrace/" + stem + ".dev0.memtrace";
-    Set got, want;
+    TraceSet got, want;
     auto t0 = std::chrono::steady_clock::now();
     ASSERT_EQ(expseg_trace_read_file(raw.c_str(), &got.s), EXPSEG_OK) << expseg_trace_last_error();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
@@ -95,6 +63,7 @@ TEST(TracePickle, RecordedSnapshotsGiveTheReferenceMemtraces) {
     ASSERT_EQ(expseg_trace_read_file(ref.c_str(), &want.s), EXPSEG_OK) << expseg_trace_last_error();
     ASSERT_EQ(got.s.n, 1u);
     ASSERT_EQ(want.s.n, 1u);
+    EXPECT_STREQ(got.s.traces[0].name, want.s.traces[0].name);
     expect_same_trace(got.s.traces[0], want.s.traces[0]);
     EXPECT_EQ(got.s.traces[0].baseline.present, 1);
   }
@@ -134,7 +103,7 @@ TEST(TracePickle, SmallSnapshotFollowsTheRules) {
     SCOPED_TRACE(file);
     std::string bytes = seed(file);
     ASSERT_GT(bytes.size(), 100u) << "seed file missing";
-    Set got, want;
+    TraceSet got, want;
     ASSERT_EQ(read_pickle(bytes, got, "some/dir/small.pickle"), EXPSEG_OK)
         << expseg_trace_last_error();
     ASSERT_EQ(expseg_trace_read_memtrace("small.dev0.memtrace", kSmallWant, strlen(kSmallWant),
@@ -142,6 +111,7 @@ TEST(TracePickle, SmallSnapshotFollowsTheRules) {
               EXPSEG_OK)
         << expseg_trace_last_error();
     ASSERT_EQ(got.s.n, 1u);  // device 1 and 2 have no events
+    EXPECT_STREQ(got.s.traces[0].name, want.s.traces[0].name);
     expect_same_trace(got.s.traces[0], want.s.traces[0]);
   }
 }
@@ -150,7 +120,7 @@ TEST(TracePickle, TruncatedAtEveryOffsetFailsWithTheOffset) {
   std::string bytes = seed("small_p4.pickle");
   ASSERT_GT(bytes.size(), 100u);
   for (size_t n = 0; n < bytes.size(); n++) {
-    Set s;
+    TraceSet s;
     ASSERT_EQ(read_pickle(bytes.substr(0, n), s), EXPSEG_ERR_INVALID_ARGUMENT) << n;
     EXPECT_EQ(s.s.n, 0u);
     std::string msg = expseg_trace_last_error();
@@ -167,7 +137,7 @@ TEST(TracePickle, MutatedBytesNeverCrash) {
     for (unsigned char v : values) {
       std::string m = bytes;
       m[i] = (char)v;
-      Set s;
+      TraceSet s;
       expseg_status st = read_pickle(m, s);
       if (st == EXPSEG_OK) {
         ok++;
@@ -241,7 +211,7 @@ TEST(TracePickle, RejectsMalformedPicklesNamingOffsetAndReason) {
   bad.push_back({deep, "byte 66 (opcode 0x28): MARKs nested deeper than 64"});
   for (const Bad &b : bad) {
     SCOPED_TRACE(b.want);
-    Set s;
+    TraceSet s;
     EXPECT_EQ(read_pickle(b.bytes, s), EXPSEG_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(s.s.n, 0u);
     std::string msg = expseg_trace_last_error();
@@ -366,7 +336,7 @@ TEST(TracePickle, SeveralDevicesAndImpliedBlockAddresses) {
               {Py::list({ev("free_requested", 0x2200, 200), ev("snapshot", 0, 0)}), Py::list({}),
                Py::list({ev("alloc", 0x9000, 4000, 7), ev("alloc", 0xa000, 1, 7),
                          ev("free_requested", 0xa000, 1, 7), ev("free_completed", 0xa000, 1, 7)})});
-  Set got;
+  TraceSet got;
   ASSERT_EQ(read_pickle(s.pickle(), got, "/x/multi.pickle"), EXPSEG_OK) << expseg_trace_last_error();
   ASSERT_EQ(got.s.n, 2u);
   const expseg_trace_t &d0 = got.s.traces[0], &d2 = got.s.traces[1];
@@ -431,7 +401,7 @@ TEST(TracePickle, RejectsInconsistentOrMalformedSnapshots) {
   };
   for (auto &c : cases) {
     SCOPED_TRACE(c.want);
-    Set s;
+    TraceSet s;
     EXPECT_EQ(read_pickle(c.s.pickle(), s), EXPSEG_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(s.s.n, 0u);
     std::string msg = expseg_trace_last_error();

@@ -8,6 +8,8 @@
 // and frees, in order, with the same sizes, streams and ids.
 #include <gtest/gtest.h>
 
+#include "trace_support.h"
+
 #include "expseg.h"
 #include "snapshot_check.h"
 #include "test_replay_common.h"
@@ -26,11 +28,6 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err);
 }
 
 namespace {
-
-struct Set {
-  expseg_trace_set_t s{};
-  ~Set() { expseg_trace_set_free(&s); }
-};
 
 // expseg-replay in-process: its output and its messages, together (test_replay_common.h)
 int Replay(std::vector<std::string> args, std::string *out_text) {
@@ -129,7 +126,7 @@ TEST_P(TraceSnapshot, ReplayedWorkloadSnapshotReadsBackIntoTheSameHistory) {
       EXPECT_EQ(snapshot_check(snap, "", true, &out), 0) << out;
     }
     if (std::string(when) != "end") continue;
-    Set orig, back;
+    TraceSet orig, back;
     ASSERT_EQ(expseg_trace_read_file(raw.c_str(), &orig.s), EXPSEG_OK) << expseg_trace_last_error();
     ASSERT_EQ(expseg_trace_read_file(snap.c_str(), &back.s), EXPSEG_OK) << expseg_trace_last_error();
     ASSERT_EQ(back.s.n, 1u);

@@ -11,6 +11,8 @@
 // _memory_viz.py subcommand in the place of the device's segments and trace).
 #include <gtest/gtest.h>
 
+#include "trace_support.h"
+
 #include "expseg.h"
 #include "host_pool_support.h"
 #include "snapshot_check.h"
@@ -252,11 +254,6 @@ TEST(Viewers, HostPoolSnapshotsOpenInBothViewersAndMemoryViz) {
   SKIP_WITHOUT_NODE_OR_PYTHON();
 }
 
-struct Set {
-  expseg_trace_set_t s{};
-  ~Set() { expseg_trace_set_free(&s); }
-};
-
 // expseg-replay in-process: its output and its messages, together (test_replay_common.h)
 int Replay(std::vector<std::string> args, std::string *out_text) {
   replay_test::Outcome o = replay_test::Replay(std::move(args));
@@ -285,7 +282,7 @@ TEST(Viewers, ReplaySnapshotsOpenInBothViewersAndMemoryViz) {
         << text;
     // every allocation carries the frames the recorded one had (its innermost 16, what a
     // history event keeps), read back through expseg's own reader: ids match one to one
-    Set orig, back;
+    TraceSet orig, back;
     ASSERT_EQ(expseg_trace_read_file(raw.c_str(), &orig.s), EXPSEG_OK) << expseg_trace_last_error();
     ASSERT_EQ(expseg_trace_read_file(end.c_str(), &back.s), EXPSEG_OK) << expseg_trace_last_error();
     ASSERT_EQ(back.s.n, 1u);

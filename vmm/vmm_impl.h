@@ -55,6 +55,20 @@ expseg_status _expseg_modelled_stream_synchronize(void *st, expseg_stream s);
 expseg_status _expseg_modelled_device_synchronize(void *st);
 void _expseg_modelled_hold_stream(void *st, expseg_stream s, bool hold);
 uint64_t _expseg_modelled_now_ns(void *st);
+/* Those entries, the clock and the pinned host memory (vmm/host_pinned.c) as one part of an
+ * expseg_vmm_ops_t initializer: what the host and sim tables share, written once. */
+#define EXPSEG_MODELLED_OPS                                     \
+  .event_create = _expseg_modelled_event_create,                \
+  .event_destroy = _expseg_modelled_event_destroy,              \
+  .event_record = _expseg_modelled_event_record,                \
+  .event_query = _expseg_modelled_event_query,                  \
+  .event_synchronize = _expseg_modelled_event_synchronize,      \
+  .stream_synchronize = _expseg_modelled_stream_synchronize,    \
+  .now_ns = _expseg_modelled_now_ns,                            \
+  .hold_stream = _expseg_modelled_hold_stream,                  \
+  .device_synchronize = _expseg_modelled_device_synchronize,    \
+  .host_alloc = _expseg_pinned_alloc,                           \
+  .host_free = _expseg_pinned_free
 
 /* ---- ledger.c: bookkeeping of reservations, chunks and mappings (not thread-safe) ---- */
 

@@ -83,6 +83,19 @@ protected:
     d.flags = on ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE;
     return d;
   }
+  // `bytes` of address space with `bytes` of device 0's memory mapped there (no access set
+  // yet); give_back undoes it. Call them under ASSERT_NO_FATAL_FAILURE.
+  void map_fresh(size_t bytes, CUdeviceptr *va, CUmemGenericAllocationHandle *h) {
+    CUmemAllocationProp p = prop();
+    OK(cuMemAddressReserve(va, bytes, 0, 0, 0));
+    OK(cuMemCreate(h, bytes, &p, 0));
+    OK(cuMemMap(*va, bytes, 0, *h, 0));
+  }
+  void give_back(size_t bytes, CUdeviceptr va, CUmemGenericAllocationHandle h) {
+    OK(cuMemUnmap(va, bytes));
+    OK(cuMemRelease(h));
+    OK(cuMemAddressFree(va, bytes));
+  }
 };
 
 TEST(DoubleInit, CallsBeforeCuInitAreNotInitialized) {
@@ -232,12 +245,9 @@ TEST_F(Double, MapUnmapAndAccessRules) {
 // only when its stream (or the context) is synchronized, so a reader that skipped the sync
 // sees the old bytes, and neither side may be unmapped before.
 TEST_F(Double, AsyncCopiesLandAtTheStreamSync) {
-  CUmemAllocationProp p = prop();
   CUmemGenericAllocationHandle h = 0;
   CUdeviceptr va = 0;
-  OK(cuMemAddressReserve(&va, 4 * MiB, 0, 0, 0));
-  OK(cuMemCreate(&h, 4 * MiB, &p, 0));
-  OK(cuMemMap(va, 4 * MiB, 0, h, 0));
+  ASSERT_NO_FATAL_FAILURE(map_fresh(4 * MiB, &va, &h));
   CUmemAccessDesc d = rw();
   OK(cuMemSetAccess(va, 4 * MiB, &d, 1));
   std::vector<unsigned char> old(MiB, 1), back(MiB, 0);
@@ -268,22 +278,17 @@ TEST_F(Double, AsyncCopiesLandAtTheStreamSync) {
   EXPECT_EQ(((unsigned char *)pinned)[0], 3);
   OK(cuCtxSynchronize());
   EXPECT_EQ(((unsigned char *)pinned)[MiB - 1], 2);
-  OK(cuMemUnmap(va, 4 * MiB));
+  ASSERT_NO_FATAL_FAILURE(give_back(4 * MiB, va, h));
   OK(cuMemHostUnregister(pinned));
   free(pinned);
   OK(cuStreamDestroy(s));
   OK(cuStreamDestroy(other));
-  OK(cuMemRelease(h));
-  OK(cuMemAddressFree(va, 4 * MiB));
 }
 
 TEST_F(Double, PeerAccessAndItsAbsence) {
-  CUmemAllocationProp p = prop();
   CUmemGenericAllocationHandle h = 0;
   CUdeviceptr va = 0;
-  OK(cuMemAddressReserve(&va, 4 * MiB, 0, 0, 0));
-  OK(cuMemCreate(&h, 4 * MiB, &p, 0));
-  OK(cuMemMap(va, 4 * MiB, 0, h, 0));
+  ASSERT_NO_FATAL_FAILURE(map_fresh(4 * MiB, &va, &h));
   CUmemAccessDesc d[2] = {rw(0), rw(1)};
   OK(cuMemSetAccess(va, 4 * MiB, d, 2));
   unsigned long long flags = 0;
@@ -293,20 +298,14 @@ TEST_F(Double, PeerAccessAndItsAbsence) {
   OK(cuMemSetAccess(va, 4 * MiB, &d[1], 1));
   OK(cuMemGetAccess(&flags, &d[1].location, va));
   EXPECT_EQ(0u, flags);
-  OK(cuMemUnmap(va, 4 * MiB));
-  OK(cuMemRelease(h));
-  OK(cuMemAddressFree(va, 4 * MiB));
+  ASSERT_NO_FATAL_FAILURE(give_back(4 * MiB, va, h));
   stop();
   ASSERT_EQ(0, cudadouble_configure("devices=2,peer=0"));
   start("devices=2,peer=0");
-  OK(cuMemAddressReserve(&va, 4 * MiB, 0, 0, 0));
-  OK(cuMemCreate(&h, 4 * MiB, &p, 0));
-  OK(cuMemMap(va, 4 * MiB, 0, h, 0));
+  ASSERT_NO_FATAL_FAILURE(map_fresh(4 * MiB, &va, &h));
   d[1] = rw(1);
   REFUSED(CUDA_ERROR_INVALID_DEVICE, cuMemSetAccess(va, 4 * MiB, &d[1], 1));
-  OK(cuMemUnmap(va, 4 * MiB));
-  OK(cuMemRelease(h));
-  OK(cuMemAddressFree(va, 4 * MiB));
+  ASSERT_NO_FATAL_FAILURE(give_back(4 * MiB, va, h));
 }
 
 TEST_F(Double, EventsCompleteInStreamOrder) {
@@ -404,9 +403,7 @@ TEST_F(Double, ExportedFdWorksInAnotherProcess) {
           cuMemImportFromShareableHandle(&other, (void *)(uintptr_t)0,
                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)); // stdin
   close(fd);
-  OK(cuMemUnmap(va, 4 * MiB));
-  OK(cuMemRelease(h));
-  OK(cuMemAddressFree(va, 4 * MiB));
+  ASSERT_NO_FATAL_FAILURE(give_back(4 * MiB, va, h));
   CUmemAllocationProp none = prop();
   none.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
   OK(cuMemCreate(&h, 2 * MiB, &none, 0));

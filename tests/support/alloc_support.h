@@ -3,7 +3,10 @@
  * test_stats_*.cpp, test_threads.cpp). They reach the allocator's internals (its driver,
  * held streams) so that the C++ tests need only expseg.h and this header, and they build a
  * non-owning "borrow" driver so that a test can keep the drivers below the allocator alive
- * after expseg_destroy and check that everything was given back. */
+ * after expseg_destroy and check that everything was given back. The C++ part holds what
+ * the allocator suites would otherwise each write again: statistics by key or as a map,
+ * creation that fails the test with the message, and the check that a destroyed allocator
+ * left nothing with its driver. */
 #ifndef EXPSEG_ALLOC_SUPPORT_H
 #define EXPSEG_ALLOC_SUPPORT_H
 
@@ -45,6 +48,7 @@ bool alloc_test_lock_is_free(expseg_allocator *a);
 #include "test_seed.h"
 
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -54,6 +58,29 @@ inline int64_t stat_of(const expseg_allocator *a, const std::string &key) {
   expseg_status st = expseg_stat(a, key.c_str(), &v);
   EXPECT_EQ(st, EXPSEG_OK) << key << ": " << expseg_last_error();
   return v;
+}
+
+/* Every statistic by key (expseg_stats_foreach / expseg_host_stats_foreach). */
+using StatMap = std::map<std::string, int64_t>;
+inline void stat_map_put(void *ctx, const char *key, int64_t v) {
+  (*static_cast<StatMap *>(ctx))[key] = v;
+}
+inline StatMap stat_map(const expseg_allocator *a) {
+  StatMap m;
+  expseg_stats_foreach(a, stat_map_put, &m);
+  return m;
+}
+inline StatMap host_stat_map(const expseg_host_pool *h) {
+  StatMap m;
+  expseg_host_stats_foreach(h, stat_map_put, &m);
+  return m;
+}
+/* m without the timings (every key holding "time"): they move with the clock, not with the
+ * calls, so they are left out where a test compares statistics before and after a call. */
+inline StatMap without_times(StatMap m) {
+  for (auto it = m.begin(); it != m.end();)
+    it = it->first.find("time") != std::string::npos ? m.erase(it) : std::next(it);
+  return m;
 }
 
 struct AllocDeleter {

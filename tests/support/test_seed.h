@@ -2,7 +2,8 @@
 /* test_seed.h: the one seeding helper of the randomized tests. A fixed default per test
  * (so CI runs are repeatable), $EXPSEG_TEST_SEED overrides it, the seed is printed, and
  * EXPSEG_SEEDED(var, default) also adds it to every failure message of the enclosing scope
- * (a GoogleTest scoped trace), so any failure can be replayed. */
+ * (a GoogleTest scoped trace), so any failure can be replayed. Also their one reading of
+ * $EXPSEG_TEST_OPS (test_ops), the length of each run. */
 #ifndef EXPSEG_TEST_SEED_H
 #define EXPSEG_TEST_SEED_H
 
@@ -39,6 +40,22 @@ struct TestRng {
   double unit() { return (double)(next() >> 11) / (double)(1ull << 53); }
   bool chance(double p) { return unit() < p; }
 };
+
+/* EXPSEG_TEST_OPS: how long the randomized suites run, given as the operations of the
+ * longest run (200000 by default). A run that takes `full` operations at that default takes
+ * full * EXPSEG_TEST_OPS / 200000 (at least 1) when the variable is set, so that one value
+ * shortens (or lengthens) every suite in proportion; unset, it takes `unset` operations
+ * (`full`, or fewer where a suite runs shorter under a sanitizer). */
+constexpr uint64_t kTestOpsDefault = 200000;
+
+inline uint64_t test_ops(uint64_t full, uint64_t unset) {
+  const char *e = std::getenv("EXPSEG_TEST_OPS");
+  if (!e || !*e) return unset;
+  uint64_t n = std::strtoull(e, nullptr, 0) * full / kTestOpsDefault;
+  return n ? n : 1;
+}
+
+inline uint64_t test_ops(uint64_t full) { return test_ops(full, full); }
 
 #define EXPSEG_SEEDED(var, dflt)         \
   const uint64_t var = test_seed(dflt); \
