@@ -186,8 +186,11 @@ TEST(HistoryArgs, SkipActionTableNamesEachFlag) {
     ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
     ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
     std::vector<Ev> ev = Events(a); // takes a snapshot
-    for (const std::string &act : want) // the events are named as the actions
-      if (act != "oom") EXPECT_EQ(Count(ev, act.c_str()) == 0, act == w) << w << " " << act;
+    for (const std::string &act : want) {  // the events are named as the actions
+      if (act != "oom") {
+        EXPECT_EQ(Count(ev, act.c_str()) == 0, act == w) << w << " " << act;
+      }
+    }
     expseg_destroy(a);
   }
 }
@@ -371,8 +374,9 @@ TEST(HistoryArgs, AllocationTracebackOfOnePointer) {
 // A snapshot written to a path that cannot be opened records nothing (no `snapshot` event,
 // on the device's history or the host pool's) and returns the error naming the path.
 TEST(HistoryArgs, SnapshotToAPathThatCannotBeOpenedRecordsNothing) {
-  Alloc x;
-  expseg_allocator *a = x.a;
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
   ASSERT_EQ(expseg_record_history_ex(a, true, 1000, 0), EXPSEG_OK);
   void *p;
   ASSERT_EQ(expseg_malloc(a, 1 << 20, 0, &p), EXPSEG_OK);
