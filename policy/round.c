@@ -41,7 +41,7 @@ bool _expseg_place_better(bool have_own, size_t own_pages, size_t other_pages) {
 }
 
 bool _expseg_lend_look(size_t rounded, size_t own) {
-  return own == 0 || (own >= rounded && own - rounded >= EXPSEG_LEND_WASTE);
+  return _expseg_lend_look_inline(rounded, own);
 }
 
 bool _expseg_lend_tighter(size_t own, size_t other) { return own == 0 || other < own; }

@@ -150,7 +150,7 @@ EXPSEG_HOT block_t *find_free(expseg_allocator *a, int pool, expseg_stream strea
   if (b == NULL) return NULL;
   if (!b->seg->expandable && !_expseg_oversize_ok(&a->cfg, rounded, b->size))
     return NULL;
-  if (_expseg_lend_look(rounded, b->size) && b->seg->expandable) {
+  if (_expseg_lend_look_inline(rounded, b->size) && b->seg->expandable) {
     if (declined != NULL) {
       *declined = true;
       return NULL;
