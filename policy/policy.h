@@ -221,6 +221,20 @@ bool _expseg_place_better(bool have_own, size_t own_pages, size_t other_pages);
  * blocks of the pool (a place is the unmapped range after one): a request's cost stays
  * bounded however many streams there are; the oldest are the likeliest to be idle. */
 #define EXPSEG_LEND_SCAN 64
+/* Lending a tighter fit. A request whose own stream's best free block would leave
+ * EXPSEG_LEND_WASTE bytes or more of that block unused (own: its size; 0 when none fits)
+ * takes instead the smallest free block of at least the request that another idle stream
+ * of the same pool holds, when that one is smaller (_expseg_lend_tighter): a piece left
+ * between another stream's blocks serves it, and its own larger free block (the end of its
+ * segment, often) stays whole for a larger request, which would otherwise grow. Several
+ * streams then hold fewer such pieces at a peak (docs/benchmarks.md, "Free pieces of other
+ * streams"). 2 MiB: chosen on half of the recorded histories and synthetic seeds,
+ * confirmed on the other half. */
+#define EXPSEG_LEND_WASTE ((size_t)2 << 20)
+bool _expseg_lend_look(size_t rounded, size_t own);
+/* May another stream's free block of `other` bytes serve a request (at most `other`)
+ * whose own stream's best fit has `own` bytes (0: none)? When it is the smaller. */
+bool _expseg_lend_tighter(size_t own, size_t other);
 /* May a pool take idle pages from the other pool, which last took this pool's pages at
  * tick `robbed` (0 = never; ticks count frees)? Not within EXPSEG_NO_TAKE_BACK ticks: two
  * pools taking turns would otherwise trade the same pages back and forth, a map and an

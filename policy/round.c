@@ -40,6 +40,12 @@ bool _expseg_place_better(bool have_own, size_t own_pages, size_t other_pages) {
   return !have_own || other_pages < own_pages;
 }
 
+bool _expseg_lend_look(size_t rounded, size_t own) {
+  return _expseg_lend_look_inline(rounded, own);
+}
+
+bool _expseg_lend_tighter(size_t own, size_t other) { return own == 0 || other < own; }
+
 size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small) {
   size_t grow = _expseg_grow_bytes(need, segment_mapped);
   return small && grow < EXPSEG_SMALL_GROW_MIN ? EXPSEG_SMALL_GROW_MIN : grow;

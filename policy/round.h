@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* round.h: request rounding as an inline pure function, so that the allocator's hit path
  * rounds without a call: log2 by count-leading-zeros (_expseg_log2_floor, policy.h), steps
- * that are powers of two by a mask. _expseg_round_size (round.c) is this function; the rules are documented there. */
+ * that are powers of two by a mask. _expseg_round_size (round.c) is this function; the rules are documented there.
+ * Also the hit path's test of lending a tighter fit (_expseg_lend_look, policy.h). */
 #ifndef EXPSEG_POLICY_ROUND_H
 #define EXPSEG_POLICY_ROUND_H
 
@@ -25,6 +26,11 @@ static inline size_t _expseg_round_size_inline(const expseg_config_t *c, size_t 
     if (step == 0) return 2 * floor2;
   }
   return (size + step - 1) & ~(step - 1); /* step is a power of two; size < 2^60 */
+}
+
+/* _expseg_lend_look (policy.h: lending a tighter fit), inline for the hit path */
+static inline bool _expseg_lend_look_inline(size_t rounded, size_t own) {
+  return own == 0 || (own >= rounded && own - rounded >= EXPSEG_LEND_WASTE);
 }
 
 #endif

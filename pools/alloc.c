@@ -138,12 +138,26 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
 
 /* ---- malloc ---- */
 
-EXPSEG_HOT block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded) {
+/* The free block a request takes: its stream's best fit, or (lending a tighter fit,
+ * policy.h) another idle stream's smaller block when that best fit would leave
+ * EXPSEG_LEND_WASTE or more unused; the caller lends a block of another stream. With
+ * `declined` (the hit path, which does not lend) such a request is left to the slow path:
+ * *declined is set and NULL returned. */
+EXPSEG_HOT block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
+                              bool *declined) {
   if (a->model_pytorch) return _expseg_model_find_free(a, pool, stream, rounded);
   block_t *b = _expseg_fidx_best(&a->free_idx, pool, stream, rounded);
   if (b == NULL) return NULL;
   if (!b->seg->expandable && !_expseg_oversize_ok(&a->cfg, rounded, b->size))
     return NULL;
+  if (_expseg_lend_look_inline(rounded, b->size) && b->seg->expandable) {
+    if (declined != NULL) {
+      *declined = true;
+      return NULL;
+    }
+    block_t *o = _expseg_lend_tighter_find(a, pool, stream, rounded, b->size);
+    if (o != NULL) return o;
+  }
   if (b == a->free_idx.last[pool] &&
       _expseg_should_split(&a->cfg, pool == POOL_SMALL, b->seg->expandable, b->size, rounded)) {
     block_t *m = _expseg_block_split_front(a, b, rounded); /* the rest stays indexed */
@@ -200,7 +214,7 @@ static block_t *find_or_grow(expseg_allocator *a, int pool, expseg_stream stream
   }
   b = _expseg_grow(a, pool, stream, rounded, blocking, st);
   /* another thread may have freed a fit while the lock was dropped */
-  return b ? b : find_free(a, pool, stream, rounded);
+  return b ? b : find_free(a, pool, stream, rounded, NULL);
 }
 
 /* The end of an allocation into key's private pool, if any (_expseg_ppool_inflight). */
@@ -259,9 +273,10 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
                      (stream >> EXPSEG_KEY_SHIFT) | (uint64_t)(pool != ROUTED)) != 0;
   /* rounded != 0, not over the device */
   const bool hit_tried = !slow && !single && rounded - 1 < a->total_mem;
+  bool declined = false; /* the hit path left a tighter fit of another stream to lending */
   if (hit_tried) {
     int kind = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
-    block_t *b = find_free(a, kind, stream, rounded);
+    block_t *b = find_free(a, kind, stream, rounded, &declined);
     if (b != NULL) { /* the hit path: nothing on it warns */
       expseg_status st = take_block(a, b, rounded, size, out);
 #if EXPSEG_DEBUG >= 3
@@ -317,13 +332,14 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
   }
   int kind = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
   if (single) rounded = (rounded + a->granularity - 1) / a->granularity * a->granularity;
-  /* the index as the hit path saw it (nothing changed since) is not searched again */
-  block_t *b = hit_tried ? NULL
-               : single  ? find_single(a, kind, key, rounded)
-                         : find_free(a, kind, key, rounded);
+  /* the index as the hit path saw it (nothing changed since) is not searched again, unless
+   * it left the request to lending */
+  block_t *b = hit_tried && !declined ? NULL
+               : single               ? find_single(a, kind, key, rounded)
+                                      : find_free(a, kind, key, rounded, NULL);
   if (b == NULL && a->ipc != NULL) { /* importers that closed or died free their blocks */
     _expseg_ipc_poll_locked(a);
-    b = single ? find_single(a, kind, key, rounded) : find_free(a, kind, key, rounded);
+    b = single ? find_single(a, kind, key, rounded) : find_free(a, kind, key, rounded, NULL);
   }
   expseg_status st = EXPSEG_OK;
   /* reuse before growth: a free block another stream holds (lending: streams.c) */
@@ -336,7 +352,7 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
   if (b == NULL && st == EXPSEG_ERR_OUT_OF_MEMORY) {
     a->stats.num_alloc_retries++;
     _expseg_sync_all_events(a);
-    b = single ? find_single(a, kind, key, rounded) : find_free(a, kind, key, rounded);
+    b = single ? find_single(a, kind, key, rounded) : find_free(a, kind, key, rounded, NULL);
     if (b == NULL) {
       _expseg_release_cached(a, !single && a->cfg.expandable_segments); /* single: pages too */
       b = find_or_grow(a, kind, key, rounded, single, true, &st);

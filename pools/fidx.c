@@ -217,6 +217,19 @@ block_t *_expseg_fidx_fit(fidx_t *f, int pool, expseg_stream s, size_t size) {
   }
 }
 
+block_t *_expseg_fidx_fit_from(fidx_t *f, int pool, expseg_stream from, size_t size) {
+  for (expseg_stream s = from;;) {
+    szn_t *n = sztree_lower_bound(f->root[pool], (szkey_t){s, size});
+    if (n == NULL) return NULL;
+    if (n->stream != s) { /* a later stream: its sizes of at least `size`, if any */
+      s = n->stream;
+      if (n->size < size) continue;
+    }
+    if (n->heap != NULL) return n->heap;
+    reclaim(f, n); /* an empty size on the way: taken back, then look again */
+  }
+}
+
 static size_t tree_largest(const szn_t *n) {
   size_t m = 0;
   for (; n != NULL; n = n->t.l) { /* every node: the right subtrees by recursion */

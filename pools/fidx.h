@@ -64,6 +64,9 @@ void _expseg_fidx_emptied(fidx_t *f, szn_t *n);
 /* The root of the heap of the smallest size >= size on the stream (empty sizes met on the
  * way are taken back), or NULL: the treap walk of best fit. */
 block_t *_expseg_fidx_fit(fidx_t *f, int pool, expseg_stream s, size_t size);
+/* The same on the first stream at or after `from` (in stream order) that has a free block
+ * of at least `size` bytes in the heaps (the last insert is not looked at), or NULL. */
+block_t *_expseg_fidx_fit_from(fidx_t *f, int pool, expseg_stream from, size_t size);
 size_t _expseg_fidx_largest(const fidx_t *f);
 /* expseg_check: nodes, heaps, the table, the treaps and the lists agree; blocks[p] gets the
  * free blocks the heaps of pool p hold. */

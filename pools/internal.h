@@ -452,6 +452,12 @@ expseg_status _expseg_block_add_use(block_t *b, expseg_stream s);
  * stream): it stays its owner's, and its free waits for the borrower's work like any
  * block used on another stream, then returns it to its owner's free blocks. */
 block_t *_expseg_lend_find(expseg_allocator *a, int pool, expseg_stream key, size_t rounded);
+/* The same for a request whose own stream's best fit has `own` bytes (0: none): the
+ * smallest such block, smaller than `own`, among the best fits of the pool's streams
+ * (policy.h: lending a tighter fit, at most EXPSEG_LEND_SCAN streams), free blocks too small
+ * to hold a whole page included; NULL when none. */
+block_t *_expseg_lend_tighter_find(expseg_allocator *a, int pool, expseg_stream key,
+                                   size_t rounded, size_t own);
 /* Records events for a freed block's other streams. false: no event could be recorded
  * (the caller then synchronizes). */
 bool _expseg_insert_events(expseg_allocator *a, block_t *b);

@@ -14,6 +14,7 @@
  * stream stays safe, and no driver call moves memory between streams. */
 #include "block.h"
 #include "error.h"
+#include "fidx.h"
 #include "internal.h"
 #include "release.h"
 
@@ -258,10 +259,58 @@ void _expseg_streams_destroy(expseg_allocator *a) {
   a->n_event_pool = a->cap_event_pool = 0;
 }
 
-block_t *_expseg_lend_find(expseg_allocator *a, int pool, expseg_stream key, size_t rounded) {
+/* Whether b may be lent to key for a request of `rounded` bytes, fitting it tighter than
+ * key's own best fit of `own` bytes (0: none). */
+static bool lend_fits(const block_t *b, expseg_stream key, size_t rounded, size_t own) {
+  return b != NULL && b->stream != key && b->size >= rounded && b->seg->expandable &&
+         _expseg_lend_tighter(own, b->size) && seg_tag(b->seg) == skey_tag(key);
+}
+
+/* Is x a tighter fit than y: the smaller, and of equal sizes the higher address (measured,
+ * docs/benchmarks.md, "Free pieces of other streams")? */
+static bool lend_before(const block_t *x, const block_t *y) {
+  return x->size != y->size ? x->size < y->size : x->ptr > y->ptr;
+}
+
+block_t *_expseg_lend_tighter_find(expseg_allocator *a, int pool, expseg_stream key,
+                                   size_t rounded, size_t own) {
+  fidx_t *f = &a->free_idx;
+  block_t *cand[EXPSEG_LEND_SCAN + 1];
+  size_t n = 0;
+  if (lend_fits(f->last[pool], key, rounded, own)) cand[n++] = f->last[pool];
+  /* the best fit of each stream in turn, from the size treap (the last insert is outside
+   * it), at most EXPSEG_LEND_SCAN streams (policy.h) */
+  expseg_stream s = 0;
+  for (size_t scan = EXPSEG_LEND_SCAN; scan > 0; scan--) {
+    block_t *b = _expseg_fidx_fit_from(f, pool, s, rounded);
+    if (b == NULL) break;
+    if (lend_fits(b, key, rounded, own)) cand[n++] = b;
+    if (b->stream == UINT64_MAX) break;
+    s = b->stream + 1;
+  }
+  /* the tightest whose stream's queued work is done: one event per stream asked, and only
+   * until one is */
   stream_seen_t seen[SEEN_MAX];
   size_t n_seen = 0;
-  block_t *best = NULL;
+  while (n > 0) {
+    size_t i = 0;
+    for (size_t j = 1; j < n; j++)
+      if (lend_before(cand[j], cand[i])) i = j;
+    block_t *b = cand[i];
+    if (_expseg_stream_idle(a, b->stream, false, seen, &n_seen, SEEN_MAX)) {
+      _expseg_free_remove(a, b);
+      return b;
+    }
+    cand[i] = cand[--n];
+  }
+  return NULL;
+}
+
+block_t *_expseg_lend_find(expseg_allocator *a, int pool, expseg_stream key, size_t rounded) {
+  block_t *best = _expseg_lend_tighter_find(a, pool, key, rounded, 0);
+  if (best != NULL) return best;
+  stream_seen_t seen[SEEN_MAX];
+  size_t n_seen = 0;
   const uint32_t tag = skey_tag(key);
   /* the idle list holds every free mapped expandable block with a whole page, any stream,
    * oldest first: the first EXPSEG_LEND_SCAN of them (policy.h) */

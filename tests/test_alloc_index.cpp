@@ -37,7 +37,11 @@ TEST(AllocIndex, FreedBlockIsTheNextHitOfItsSize) {
     void *q = must_alloc(a.get(), 300 * KiB - 100); // rounds to the same size
     EXPECT_EQ(q, p) << conf << ": the free block of that size is handed out again";
     ASSERT_EQ(expseg_free(a.get(), q), EXPSEG_OK); // free again: only the stream differs now
+    // stream 0 busy: it lends nothing to stream 7 (lending: docs/design.md, "Reuse before
+    // growth"), so the index alone answers
+    ASSERT_EQ(alloc_test_hold(a.get(), 0, true), EXPSEG_OK);
     void *r = must_alloc(a.get(), 300 * KiB, /*stream*/ 7);
+    ASSERT_EQ(alloc_test_hold(a.get(), 0, false), EXPSEG_OK);
     EXPECT_NE(r, p) << conf << ": free blocks are per stream";
     void *t = must_alloc(a.get(), 300 * KiB);
     EXPECT_EQ(t, p) << conf << ": still there for its own stream";

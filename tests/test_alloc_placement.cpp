@@ -2,7 +2,8 @@
 // test_alloc_placement.cpp: reuse before growth. A request that free memory already mapped
 // can serve must not map or create more: its own stream's free blocks first, then a free
 // block another stream holds once that stream's work is done (lending, pools/streams.c),
-// which waits for the borrower's work when it is freed and then goes back to its owner.
+// which waits for the borrower's work when it is freed and then goes back to its owner;
+// and such a block when it fits much tighter than the stream's own (lending a tighter fit).
 // Also a seeded workload of variable large requests near the device's capacity: no
 // out-of-memory error, and peak reserved within 2 % (+ 8 MiB) of the peak requested.
 #include "alloc_support.h"
@@ -66,6 +67,48 @@ TEST(Placement, AnotherStreamsIdleFreeBlockIsLentInsteadOfGrowing) {
   EXPECT_EQ(grow_calls(A), before);
   EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
   for (void *x : {keep, r, t}) ASSERT_EQ(EXPSEG_OK, expseg_free(A, x));
+}
+
+// Lending a tighter fit (policy.h): a request whose own best fit is a much larger block
+// (here its segment's 64 MiB of free memory) takes an idle stream's free piece that fits it
+// closely, even one too small to hold a whole page, and its own block stays whole for a
+// request of its size; not from a stream whose work is still queued.
+TEST(Placement, AnIdleStreamsTighterFreePieceIsLentBeforeItsOwnLargeBlock) {
+  Alloc a = make("sim", "expandable_segments:True");
+  expseg_allocator *A = a.get();
+  const expseg_stream s1 = 0x1000, s2 = 0x2000; // sim: any value is a stream
+  const size_t piece = 3 * MiB / 2;
+  void *p = nullptr, *keep = nullptr, *x = nullptr, *y = nullptr, *q = nullptr, *r = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 64 * MiB, s1, &p));
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 8 * MiB, s1, &keep));
+  // stream 2 gets segments of its own (stream 1 busy: nothing of it is lent meanwhile)
+  ASSERT_EQ(EXPSEG_OK, expseg_testing_hold_stream(A, s1, true));
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, piece, s2, &x));
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 8 * MiB, s2, &y)); // after x: x's free stays a piece
+  ASSERT_EQ(EXPSEG_OK, expseg_testing_hold_stream(A, s1, false));
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, x));
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, p));
+  ASSERT_EQ(stat_of(A, "expseg.num_lent"), 0);
+  const uint64_t calls = grow_calls(A);
+  const int64_t reserved = stat_of(A, "reserved_bytes.all.current");
+  // stream 2 busy: its piece is not lent; stream 1's own block serves
+  ASSERT_EQ(EXPSEG_OK, expseg_testing_hold_stream(A, s2, true));
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, piece, s1, &q));
+  EXPECT_TRUE((uintptr_t)q >= (uintptr_t)p && (uintptr_t)q < (uintptr_t)p + 64 * MiB);
+  EXPECT_EQ(stat_of(A, "expseg.num_lent"), 0);
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, q));
+  ASSERT_EQ(EXPSEG_OK, expseg_testing_hold_stream(A, s2, false));
+  // stream 2 idle: its piece serves stream 1, whose 64 MiB stay whole
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, piece, s1, &q));
+  EXPECT_EQ(q, x) << "stream 2's free piece fits tighter than stream 1's 64 MiB";
+  EXPECT_EQ(stat_of(A, "expseg.num_lent"), 1);
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 64 * MiB, s1, &r));
+  EXPECT_EQ(r, p) << "stream 1's free block stayed whole";
+  EXPECT_EQ(grow_calls(A), calls) << "nothing mapped or created";
+  EXPECT_EQ(stat_of(A, "reserved_bytes.all.current"), reserved);
+  EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
+  for (void *z : {q, r, keep, y}) ASSERT_EQ(EXPSEG_OK, expseg_free(A, z));
+  EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
 }
 
 TEST(Placement, ABusyStreamsFreeBlockIsNotLent) {

@@ -254,6 +254,20 @@ TEST(PolicyRound, AnotherStreamsPlaceOnlyWhenItNeedsFewerPages) {
   EXPECT_FALSE(_expseg_place_better(true, 10, 11));
 }
 
+TEST(PolicyRound, LendsATighterFitOnlyWhenItsOwnFitWastesAPage) {
+  const size_t MiB = size_t(1) << 20, r = 3 * MiB;
+  EXPECT_TRUE(_expseg_lend_look(r, 0)) << "no fit of its own: look at other streams";
+  EXPECT_FALSE(_expseg_lend_look(r, r)) << "an exact fit of its own";
+  EXPECT_FALSE(_expseg_lend_look(r, r + EXPSEG_LEND_WASTE - 1));
+  EXPECT_TRUE(_expseg_lend_look(r, r + EXPSEG_LEND_WASTE));
+  EXPECT_TRUE(_expseg_lend_look(r, 64 * MiB)) << "its segment's large free end";
+  EXPECT_EQ(EXPSEG_LEND_WASTE, 2 * MiB);
+  EXPECT_TRUE(_expseg_lend_tighter(0, 64 * MiB)) << "no fit of its own: any";
+  EXPECT_TRUE(_expseg_lend_tighter(64 * MiB, r));
+  EXPECT_FALSE(_expseg_lend_tighter(r + 1, r + 1)) << "a tie stays on its own stream";
+  EXPECT_FALSE(_expseg_lend_tighter(r, 64 * MiB));
+}
+
 TEST(PolicyRound, NoImmediateTakeBackBetweenPools) {
   EXPECT_TRUE(_expseg_may_take_back(0, 5)) << "never robbed";
   EXPECT_FALSE(_expseg_may_take_back(100, 100 + EXPSEG_NO_TAKE_BACK - 1));
