@@ -16,12 +16,16 @@
  * most a quarter of the free host memory) it also times the same work as the sleep's copy:
  * every block copied device -> host through that same copy into a pinned buffer of the
  * region's size, faulted in before the first round, as the host copies a sleep reuses are
- * after its first round. On host it also times a memcpy into freshly mapped pages (what
+ * after its first round; it runs twice just before each sleep, so that all three meet the
+ * same moment of a shared machine: the first pass finds the pages' translations cold, as the
+ * sleep finds its host copies, the second finds them warm. Ratios are also given round by
+ * round. On host it also times a memcpy into freshly mapped pages (what
  * a wake's copy-back meets there: memory given back by the sleep comes back without its
  * pages, each faulted in on first touch): the wake's same-work floor. A sleep and a wake are each split into the time
  * spent copying bytes (expseg_region_info.last_sleep_copy_us / last_wake_copy_us) and the
- * rest (driver calls and bookkeeping). After every wake the first and last 4 KiB of every
- * block are checked, after the last one every byte. --json FILE writes every figure.
+ * rest (driver calls and bookkeeping), with the process's minor page faults during each.
+ * After every wake the first and last 4 KiB of every block are checked, after the last one
+ * every byte. --json FILE writes every figure.
  * Public API only (expseg.h, expseg_testing.h). */
 #include "tool_args.h"
 
@@ -32,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -103,8 +108,14 @@ static int64_t check_range(expseg_allocator *a, char *dev, size_t blk, size_t of
 }
 
 typedef struct {
-  uint64_t sleep, sleep_copy, wake, wake_copy, d2h, h2d, fresh, same;
+  uint64_t sleep, sleep_copy, wake, wake_copy, d2h, h2d, fresh, same, same_warm;
+  long sleep_minflt, wake_minflt; /* minor page faults of the process during each */
 } round_t;
+
+static long minflt(void) {
+  struct rusage u;
+  return getrusage(RUSAGE_SELF, &u) == 0 ? u.ru_minflt : 0;
+}
 
 int main(int argc, char **argv) {
   const char *driver = "host", *json = NULL;
@@ -180,13 +191,40 @@ int main(int argc, char **argv) {
   uint64_t checked = 0, mismatches = 0;
   const size_t edge = block < 8192 ? block : 4096;
   for (uint64_t r = 0; r < rounds; r++) {
+    /* the sleep's copy as plain copies, twice, just before the sleep (so that all three meet
+     * the same moment of a shared machine): the first pass meets source and destination
+     * last touched long before, the second the same pages just touched */
+    for (int pass = 0; same != NULL && pass < 2; pass++)
+      for (size_t i = 0; i < n; i++) {
+        const uint64_t s0 = now_ns();
+        if (expseg_testing_copy_out(a, same + i * block, p[i], block) != EXPSEG_OK)
+          return fail("same-work copy out");
+        *(pass ? &t[r].same_warm : &t[r].same) += now_ns() - s0;
+      }
     calls(a, c0);
+    const long fl0 = minflt();
     uint64_t t0 = now_ns();
     if (expseg_sleep(a, "r", EXPSEG_SLEEP_OFFLOAD) != EXPSEG_OK) return fail("sleep");
     uint64_t t1 = now_ns();
+    const long fl1 = minflt();
     calls(a, c1);
     if (expseg_wake(a, "r") != EXPSEG_OK) return fail("wake");
     uint64_t t2 = now_ns();
+    t[r].sleep_minflt = fl1 - fl0, t[r].wake_minflt = minflt() - fl1;
+    /* memcpy into fresh pages, block by block: right after the wake, so that the memory it
+     * gives back (which a virtual machine's free-page reporting may hand to its host
+     * meanwhile) is given back as long before the next sleep as the wake's is */
+    if (bytes && strcmp(info.driver, "host") == 0) {
+      for (size_t i = 0; i < n; i++) {
+        unsigned char *fresh = mmap(NULL, block, PROT_READ | PROT_WRITE,
+                                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (fresh == MAP_FAILED) return fail("mmap of the fresh-pages floor");
+        const uint64_t f0 = now_ns();
+        memcpy(fresh, stage, block);
+        t[r].fresh += now_ns() - f0;
+        munmap(fresh, block);
+      }
+    }
     calls(a, c2);
     expseg_region_info ri;
     if (expseg_region_get_info(a, "r", &ri) != EXPSEG_OK) return fail("region_get_info");
@@ -217,35 +255,19 @@ int main(int argc, char **argv) {
       if (expseg_testing_copy_in(a, p[i], stage, block) != EXPSEG_OK) return fail("floor copy in");
       t[r].d2h += m1 - m0, t[r].h2d += now_ns() - m1;
     }
-    for (size_t i = 0; same != NULL && i < n; i++) { /* the sleep's copy, as plain copies */
-      const uint64_t s0 = now_ns();
-      if (expseg_testing_copy_out(a, same + i * block, p[i], block) != EXPSEG_OK)
-        return fail("same-work copy out");
-      t[r].same += now_ns() - s0;
-    }
-    if (strcmp(info.driver, "host") == 0) { /* memcpy into fresh pages, block by block */
-      for (size_t i = 0; i < n; i++) {
-        unsigned char *fresh = mmap(NULL, block, PROT_READ | PROT_WRITE,
-                                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (fresh == MAP_FAILED) return fail("mmap of the fresh-pages floor");
-        const uint64_t f0 = now_ns();
-        memcpy(fresh, stage, block);
-        t[r].fresh += now_ns() - f0;
-        munmap(fresh, block);
-      }
-    }
   }
   const round_t first = t[0];
-  uint64_t v[8][100];
+  uint64_t v[9][100];
   for (uint64_t r = 0; r < rounds; r++) {
     v[0][r] = t[r].sleep, v[1][r] = t[r].sleep_copy, v[2][r] = t[r].wake;
     v[3][r] = t[r].wake_copy, v[4][r] = t[r].d2h, v[5][r] = t[r].h2d, v[6][r] = t[r].fresh;
-    v[7][r] = t[r].same;
+    v[7][r] = t[r].same, v[8][r] = t[r].same_warm;
   }
   const double sl = median(v[0], rounds) / 1e6, slc = median(v[1], rounds) / 1e6,
                wk = median(v[2], rounds) / 1e6, wkc = median(v[3], rounds) / 1e6,
                d2h = median(v[4], rounds) / 1e6, h2d = median(v[5], rounds) / 1e6,
-               fresh = median(v[6], rounds) / 1e6, same_ms = median(v[7], rounds) / 1e6;
+               fresh = median(v[6], rounds) / 1e6, same_ms = median(v[7], rounds) / 1e6,
+               warm_ms = median(v[8], rounds) / 1e6;
   const double gib = (double)total / (1u << 30);
   printf("driver %s (%s), region %.2f GiB in %zu blocks of %" PRIu64 " MiB, median of %" PRIu64
          " rounds\n",
@@ -262,16 +284,33 @@ int main(int argc, char **argv) {
     printf("sleep copy / d2h %.2f, wake copy / h2d %.2f, copies / floor %.2f, sleep + wake / "
            "floor %.2f\n",
            slc / d2h, wkc / h2d, (slc + wkc) / (d2h + h2d), (sl + wk) / (d2h + h2d));
-    if (same != NULL)
+    if (same != NULL) {
       printf("same-work floor (sleep): device -> host into a region-sized pinned buffer already "
-             "faulted in %.1f ms (%.1f GB/s): sleep copy / that %.2f\n",
-             same_ms, total / same_ms / 1e6, slc / same_ms);
+             "faulted in, twice just before each sleep: first pass %.1f ms (%.1f GB/s), second "
+             "pass %.1f ms (%.1f GB/s)\n",
+             same_ms, total / same_ms / 1e6, warm_ms, total / warm_ms / 1e6);
+      /* round by round, from round 2 where there is one (round 1 makes the host copies) */
+      double lo[2] = {0, 0}, hi[2] = {0, 0};
+      const uint64_t r0 = rounds > 1 ? 1 : 0;
+      for (uint64_t r = r0; r < rounds; r++)
+        for (int k = 0; k < 2; k++) {
+          const uint64_t d = k ? t[r].same_warm : t[r].same;
+          const double x = d ? (double)t[r].sleep_copy / (double)d : 0;
+          if (r == r0 || x < lo[k]) lo[k] = x;
+          if (r == r0 || x > hi[k]) hi[k] = x;
+        }
+      printf("sleep copy / first pass %.2f (round by round%s: %.2f to %.2f), / second pass %.2f "
+             "(%.2f to %.2f)\n",
+             slc / same_ms, r0 ? " from round 2" : "", lo[0], hi[0], slc / warm_ms, lo[1], hi[1]);
+    }
     else
       printf("same-work floor (sleep): %s\n", same_why);
     if (fresh > 0)
       printf("same-work floor (wake): memcpy into fresh pages (one way) %.1f ms: wake copy / "
              "that %.2f\n",
              fresh, wkc / fresh);
+    printf("minor page faults (last round): sleep %ld, wake %ld\n", t[rounds - 1].sleep_minflt,
+           t[rounds - 1].wake_minflt);
     printf("bytes checked %" PRIu64 ", mismatches %" PRIu64 "\n", checked, mismatches);
   }
   printf("driver calls per GiB (last round):");
@@ -292,10 +331,14 @@ int main(int argc, char **argv) {
             " \"first_sleep_ms\": %.3f, \"first_wake_ms\": %.3f,\n"
             " \"floor_d2h_ms\": %.3f, \"floor_h2d_ms\": %.3f, \"fresh_pages_ms\": %.3f,\n"
             " \"same_work\": \"%s\", \"same_work_d2h_ms\": %.3f, \"same_work_bytes\": %zu,\n"
+            " \"same_work_second_d2h_ms\": %.3f,\n"
+            " \"sleep_minflt\": %ld, \"wake_minflt\": %ld,\n"
             " \"checked_bytes\": %" PRIu64 ", \"mismatches\": %" PRIu64 ", \"calls_per_gib\": {",
             info.driver, bytes ? "true" : "false", total, block, rounds, bytes ? block : 0, sl, slc,
             wk, wkc, first.sleep / 1e6, first.wake / 1e6, d2h, h2d, fresh, same_state,
-            same ? same_ms : 0.0, same ? total : (size_t)0, checked, mismatches);
+            same ? same_ms : 0.0, same ? total : (size_t)0, same ? warm_ms : 0.0,
+            t[rounds - 1].sleep_minflt,
+            t[rounds - 1].wake_minflt, checked, mismatches);
     for (int i = 0; i < N_CALLS; i++)
       fprintf(f, "%s\"%s\": [%.2f, %.2f]", i ? ", " : "", kCalls[i], (c1[i] - c0[i]) / gib,
               (c2[i] - c1[i]) / gib);

@@ -492,6 +492,28 @@ size_t expseg_torch_stats_json(int device, char *buf, size_t len) {
   return j.used;
 }
 
+int expseg_torch_region_info_json(int device, const char *tag, char *buf, size_t len,
+                                   size_t *needed) {
+  if (buf && len) buf[0] = '\0';
+  if (needed) *needed = 0;
+  expseg_allocator *a = get(device, "expseg_torch_region_info_json");
+  if (!a) return get_status;
+  expseg_region_info r;
+  int st = check(device, "expseg_torch_region_info_json", expseg_region_get_info(a, tag, &r));
+  if (st != EXPSEG_OK) return st;
+  json_t j = {buf, buf ? len : 0, 0};
+  json_put(&j, "{\"pool\": %" PRIu64 ", \"asleep\": %s", r.pool, r.asleep ? "true" : "false");
+#define FIELD(f) json_put(&j, ", \"" #f "\": %" PRIu64, r.f)
+  FIELD(live_bytes); FIELD(device_bytes); FIELD(asleep_bytes); FIELD(host_bytes);
+  FIELD(host_kept_bytes); FIELD(deferred_frees); FIELD(sleeps); FIELD(wakes);
+  FIELD(last_sleep_us); FIELD(last_wake_us); FIELD(last_sleep_at_us); FIELD(last_wake_at_us);
+  FIELD(last_sleep_copy_us); FIELD(last_wake_copy_us);
+#undef FIELD
+  json_put(&j, "}");
+  if (needed) *needed = j.used + 1;
+  return EXPSEG_OK;
+}
+
 int expseg_torch_reset_peak_stats(int device) {
   expseg_allocator *a = get(device, "expseg_torch_reset_peak_stats");
   if (!a) return get_status;

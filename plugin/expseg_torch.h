@@ -127,6 +127,12 @@ EXPSEG_EXPORT int expseg_torch_synchronize(int device);
 EXPSEG_EXPORT int expseg_torch_region(int device, const char *tag, int begin);
 EXPSEG_EXPORT int expseg_torch_sleep(int device, const char *tag, int mode);
 EXPSEG_EXPORT int expseg_torch_wake(int device, const char *tag);
+/* expseg_region_get_info of region `tag` as one JSON object whose keys are the fields of
+ * expseg_region_info (asleep true/false, the rest integers): writes at most len bytes (NUL
+ * included; truncated text when len is short) and sets *needed to the length the whole
+ * text needs, NUL included. An unknown tag: EXPSEG_ERR_INVALID_ARGUMENT naming it. */
+EXPSEG_EXPORT int expseg_torch_region_info_json(int device, const char *tag, char *buf,
+                                                size_t len, size_t *needed);
 
 /* ---- the pinned host pool (docs/torch.md "Pinned host memory") ----
  * One expseg_host_pool per process, created by the first expseg_torch_host_alloc (driver and

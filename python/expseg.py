@@ -139,6 +139,8 @@ def _load():
         "expseg_torch_region": (c_int, [c_int, ctypes.c_char_p, c_int]),
         "expseg_torch_sleep": (c_int, [c_int, ctypes.c_char_p, c_int]),
         "expseg_torch_wake": (c_int, [c_int, ctypes.c_char_p]),
+        "expseg_torch_region_info_json": (c_int, [c_int, ctypes.c_char_p, ctypes.c_char_p,
+                                                  c_size, ctypes.POINTER(c_size)]),
         "expseg_torch_host_alloc": (c_int, [c_int, c_size, ctypes.POINTER(c_p)]),
         "expseg_torch_host_free": (c_int, [c_p]),
         "expseg_torch_host_record_history": (c_int, [c_int, c_size, ctypes.c_uint]),
@@ -575,6 +577,28 @@ def wake(tag, device=None):
     """Maps region `tag`'s memory again at the same addresses and restores its bytes."""
     d = _device(device)
     _check(_load().expseg_torch_wake(d, _tag(tag)), "expseg.wake(%r)" % (tag,), d)
+
+
+def region_info(tag, device=None):
+    """Region `tag`'s statistics as a dict (the fields of the C API's expseg_region_info):
+    "asleep" (bool); "live_bytes", "device_bytes" (held now), "asleep_bytes" (given back by
+    the current sleep), "host_bytes" (pinned host copies of the current sleep),
+    "host_kept_bytes" (copies kept for the next sleep), "deferred_frees", "sleeps", "wakes",
+    "last_sleep_us" / "last_wake_us" (durations), "last_sleep_copy_us" / "last_wake_copy_us"
+    (their copies), "last_sleep_at_us" / "last_wake_at_us" (when they ended, microseconds
+    since the Unix epoch, 0 none yet) and "pool" (ints). An ExpsegError for a tag no region
+    has."""
+    import json
+    d = _device(device)
+    t = _tag(tag)
+    call = "expseg.region_info(%r)" % (tag,)
+    lib, need, size = _load(), ctypes.c_size_t(0), 1024
+    while True:  # the text grows while another thread sleeps or wakes the region
+        buf = ctypes.create_string_buffer(size)
+        _check(lib.expseg_torch_region_info_json(d, t, buf, size, ctypes.byref(need)), call, d)
+        if need.value <= size:
+            return json.loads(buf.value.decode())
+        size = need.value + 64
 
 
 def _stat(device, key, call):

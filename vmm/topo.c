@@ -4,8 +4,10 @@
  * binding a thread to a node's cores (the threads that pre-fault pinned host memory).
  *
  * The topology is loaded once per process (pthread_once) with PCI devices kept, and never
- * freed (it is small and read-only after loading). Built with EXPSEG_WITH_HWLOC=0, the
- * fallbacks say: one node, nearest node unknown (-1), binding unsupported. */
+ * freed (it is small and read-only after loading), except by the test seam
+ * _expseg_topo_load_for_testing, which swaps in a machine described in hwloc's XML so that
+ * the choice of node can be tested on a machine of one node. Built with EXPSEG_WITH_HWLOC=0,
+ * the fallbacks say: one node, nearest node unknown (-1), binding unsupported. */
 #include "vmm_impl.h"
 
 #include <errno.h>
@@ -22,16 +24,20 @@
 static pthread_once_t topo_once = PTHREAD_ONCE_INIT;
 static hwloc_topology_t topo; /* NULL when loading failed */
 
-static void topo_load(void) {
+/* This machine's topology (xml NULL) or the one an XML text describes; NULL on failure. */
+static hwloc_topology_t topo_open(const char *xml) {
   hwloc_topology_t t;
-  if (hwloc_topology_init(&t) != 0) return;
+  if (hwloc_topology_init(&t) != 0) return NULL;
   hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
-  if (hwloc_topology_load(t) != 0) {
+  if ((xml && hwloc_topology_set_xmlbuffer(t, xml, (int)strlen(xml) + 1) != 0) ||
+      hwloc_topology_load(t) != 0) {
     hwloc_topology_destroy(t);
-    return;
+    return NULL;
   }
-  topo = t;
+  return t;
 }
+
+static void topo_load(void) { topo = topo_open(NULL); }
 
 static hwloc_topology_t get_topo(void) {
   pthread_once(&topo_once, topo_load);
@@ -90,6 +96,20 @@ expseg_status _expseg_topo_bind_thread(int node) {
   return EXPSEG_OK;
 }
 
+expseg_status _expseg_topo_load_for_testing(const char *xml) {
+  pthread_once(&topo_once, topo_load);
+  if (xml && strlen(xml) > INT32_MAX - 1)
+    return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED, "topology: an XML text of %zu bytes: "
+                             "accepted up to 2 GiB", strlen(xml));
+  hwloc_topology_t t = topo_open(xml);
+  if (!t)
+    return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED, "topology: hwloc could not load %s",
+                             xml ? "the XML text given" : "this machine's topology");
+  if (topo) hwloc_topology_destroy(topo);
+  topo = t;
+  return EXPSEG_OK;
+}
+
 #else /* !EXPSEG_WITH_HWLOC */
 
 int _expseg_topo_numa_count(void) { return 1; }
@@ -113,6 +133,12 @@ expseg_status _expseg_topo_bind_thread(int node) {
   return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
                            "topology: cannot bind a thread to NUMA node %d: built without hwloc",
                            node);
+}
+
+expseg_status _expseg_topo_load_for_testing(const char *xml) {
+  (void)xml;
+  return _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                           "topology: no topology to load: built without hwloc");
 }
 
 #endif

@@ -326,6 +326,12 @@ expseg_status _expseg_topo_bind(void *addr, size_t size, int node);
 /* Binds the calling thread to the cores of NUMA node `node`. EXPSEG_ERR_UNSUPPORTED when
  * hwloc cannot (the thread then runs anywhere). */
 expseg_status _expseg_topo_bind_thread(int node);
+/* Tests only (tests/test_gpu_numa.cpp): replaces the process's topology by the one the hwloc
+ * XML text `xml` describes (a machine of several NUMA nodes, GPUs on chosen nodes), or with
+ * NULL by this machine's again. Not thread-safe: call it while no allocator, host pool or
+ * other topology call is in use; a driver opened before keeps the node it found then.
+ * EXPSEG_ERR_UNSUPPORTED when the text does not load or hwloc is not built in. */
+expseg_status _expseg_topo_load_for_testing(const char *xml);
 
 /* ---- host_pinned.c: pinned host memory in ordinary host memory (host and sim) ---- */
 

@@ -170,6 +170,60 @@ class WithLibrary(unittest.TestCase):
         self.assertGreater(int(before), int(asleep))
         self.assertEqual(same, "True")
 
+    def test_region_info_follows_sleep_and_wake(self):
+        # host driver: the dict's figures against what the test allocated, at each step
+        rc, out, err = run_child("""
+            import json, expseg
+            lib = expseg._load()
+            with expseg.region("weights"):
+                p = lib.expseg_torch_alloc(3 << 20, 0, None)
+            assert p, expseg.last_error()
+            steps = {"awake": expseg.region_info("weights")}
+            expseg.sleep("weights")
+            lib.expseg_torch_free(p, 3 << 20, 0, None)
+            steps["asleep"] = expseg.region_info("weights", device=0)
+            expseg.wake("weights")
+            steps["woken"] = expseg.region_info("weights")
+            for call in (lambda: expseg.region_info("nope"), lambda: expseg.region_info(7)):
+                try:
+                    call()
+                    steps.setdefault("errors", []).append("no error")
+                except expseg.ExpsegError as e:
+                    steps.setdefault("errors", []).append(str(e))
+            print(json.dumps(steps))
+            """, EXPSEG_DRIVER="host:capacity=64M")
+        self.assertEqual(rc, 0, err)
+        r = json.loads(out)
+        awake, asleep, woken = r["awake"], r["asleep"], r["woken"]
+        self.assertEqual(sorted(awake), sorted([
+            "pool", "asleep", "live_bytes", "device_bytes", "asleep_bytes", "host_bytes",
+            "host_kept_bytes", "deferred_frees", "sleeps", "wakes", "last_sleep_us",
+            "last_wake_us", "last_sleep_at_us", "last_wake_at_us", "last_sleep_copy_us",
+            "last_wake_copy_us"]))
+        self.assertIs(awake["asleep"], False)
+        self.assertEqual(awake["live_bytes"], 3 << 20)
+        self.assertGreaterEqual(awake["device_bytes"], 3 << 20)
+        self.assertGreater(awake["pool"], 0)
+        self.assertEqual((awake["sleeps"], awake["wakes"], awake["last_sleep_at_us"]), (0, 0, 0))
+        self.assertIs(asleep["asleep"], True)
+        self.assertEqual(asleep["device_bytes"], 0)
+        self.assertEqual(asleep["asleep_bytes"], awake["device_bytes"])
+        self.assertGreaterEqual(asleep["host_bytes"], 3 << 20)  # whole pages
+        self.assertEqual((asleep["sleeps"], asleep["wakes"], asleep["deferred_frees"]), (1, 0, 1))
+        self.assertGreater(asleep["last_sleep_at_us"], 1.5e15)  # after 2017, in microseconds
+        self.assertIs(woken["asleep"], False)
+        self.assertEqual((woken["sleeps"], woken["wakes"], woken["deferred_frees"]), (1, 1, 0))
+        self.assertEqual((woken["asleep_bytes"], woken["host_bytes"]), (0, 0))
+        self.assertEqual(woken["live_bytes"], 0)  # the free made asleep took effect
+        self.assertGreaterEqual(woken["last_wake_at_us"], asleep["last_sleep_at_us"])
+        self.assertEqual(woken["pool"], awake["pool"])
+        nope, seven = r["errors"]
+        self.assertIn('expseg.region_info(\'nope\')', nope)
+        self.assertIn('no region is tagged "nope"', nope)
+        self.assertIn("region tag 7", seven)
+        for e in r["errors"]:
+            one_line(self, e)
+
     def test_region_ends_when_its_block_raises(self):
         # the with block ends the region even when it raises: a later allocation is not
         # routed to it (while it sleeps such an allocation would be refused)
