@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <ostream>
 #include <set>
 #include <string>
 #include <vector>
@@ -486,6 +487,8 @@ class Runner {
 struct Case {
   const char *driver, *config;
 };
+// Names a run in test listings (ctest -N) by its text, not by the bytes of two pointers.
+void PrintTo(const Case &c, std::ostream *os) { *os << c.driver << " " << c.config; }
 
 class Adv2Random : public ::testing::TestWithParam<Case> {};
 
