@@ -22,13 +22,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <ostream>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "expseg.h"
 #include "alloc_support.h"
+#include "driver_param.h"
 #include "expseg_testing.h"
 #include "host_pool_support.h"
 #include "test_seed.h"
@@ -484,11 +484,7 @@ class Runner {
   size_t busy_seen_ = 0;
 };
 
-struct Case {
-  const char *driver, *config;
-};
-// Names a run in test listings (ctest -N) by its text, not by the bytes of two pointers.
-void PrintTo(const Case &c, std::ostream *os) { *os << c.driver << " " << c.config; }
+using Case = DriverParam;
 
 class Adv2Random : public ::testing::TestWithParam<Case> {};
 

@@ -8,6 +8,7 @@
 // segment kind.
 #pragma once
 #include "alloc_support.h"
+#include "driver_param.h"
 
 #ifdef EXPSEG_SLEEP_GPU
 #include "cudadouble.h"
@@ -42,12 +43,8 @@ struct Live {
   std::vector<unsigned char> data;
 };
 
-// One run of a suite: the driver and the configuration. PrintTo names it in test listings
-// (ctest -N) by its text, not by pointer values that change from one build to the next.
-struct SleepCase {
-  const char *driver, *config;
-};
-inline void PrintTo(const SleepCase &c, std::ostream *os) { *os << c.driver << " " << c.config; }
+// One run of a suite: the driver and the configuration (printed as its text).
+using SleepCase = DriverParam;
 
 // Every driver with expandable segments and without.
 inline std::vector<SleepCase> sleep_cases() {
