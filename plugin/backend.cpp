@@ -208,6 +208,9 @@ class ExpsegAllocator final : public CCA::CUDAAllocator {
          ("invalid device pointer " + ptr_text(ptr) + ": no device's allocator handed it out")
              .c_str());
   }
+  // Not CUDAAllocator::init (2.10 asks overrides to call it): it would set the memory
+  // fraction on every device, making an allocator (and a CUDA context) on each; expseg reads
+  // per_process_memory_fraction from the same configuration when a device is first used.
   void init(int device_count) override {
     expseg_torch_init(device_count);
     device_count_ = device_count;
@@ -290,13 +293,17 @@ class ExpsegAllocator final : public CCA::CUDAAllocator {
   }
 
   // MemPool(use_on_oom=...): every MemPool's destructor calls it with false, which is what
-  // expseg does anyway (a pool's memory serves only that pool); true is refused.
+  // expseg does anyway (a pool's memory serves only that pool); true is refused. 2.10 has
+  // only the two-argument form (called for use_on_oom=True); later releases take the flag.
   void setUseOnOOM(DeviceIndex device, MempoolId mempool_id, bool use_on_oom) {
     (void)mempool_id;
     if (use_on_oom)
       fail("setUseOnOOM", device, EXPSEG_ERR_UNSUPPORTED,
            "MemPool(use_on_oom=True) is not supported by expseg: a pool's memory serves only "
            "that pool");
+  }
+  void setUseOnOOM(DeviceIndex device, MempoolId mempool_id) {
+    setUseOnOOM(device, mempool_id, true);
   }
 
   CCA::ShareableHandle shareIpcHandle(void *ptr) override {

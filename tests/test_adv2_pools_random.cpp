@@ -16,6 +16,7 @@
 
 #include "expseg.h"
 #include "alloc_support.h"
+#include "driver_param.h"
 #include "expseg_testing.h"
 #include "test_seed.h"
 
@@ -72,9 +73,7 @@ void check(expseg_allocator *a, int step, const char *what, int &fails) {
   if (expseg_check(a) != EXPSEG_OK && fails++ < 10)
     ADD_FAILURE() << fmt("step %d (%s): check: %s\n", step, what, expseg_last_error());
 }
-struct Case {
-  const char *driver, *config;
-};
+using Case = DriverParam;
 
 class Adv2PoolsRandom : public ::testing::TestWithParam<Case> {};
 

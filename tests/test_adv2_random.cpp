@@ -28,6 +28,7 @@
 
 #include "expseg.h"
 #include "alloc_support.h"
+#include "driver_param.h"
 #include "expseg_testing.h"
 #include "host_pool_support.h"
 #include "test_seed.h"
@@ -483,9 +484,7 @@ class Runner {
   size_t busy_seen_ = 0;
 };
 
-struct Case {
-  const char *driver, *config;
-};
+using Case = DriverParam;
 
 class Adv2Random : public ::testing::TestWithParam<Case> {};
 

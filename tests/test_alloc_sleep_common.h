@@ -8,6 +8,7 @@
 // segment kind.
 #pragma once
 #include "alloc_support.h"
+#include "driver_param.h"
 
 #ifdef EXPSEG_SLEEP_GPU
 #include "cudadouble.h"
@@ -22,6 +23,7 @@
 #include <thread>
 #include <unistd.h>
 #include <ctime>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -41,7 +43,19 @@ struct Live {
   std::vector<unsigned char> data;
 };
 
-class Sleep : public ::testing::TestWithParam<std::tuple<const char *, const char *>> {
+// One run of a suite: the driver and the configuration (printed as its text).
+using SleepCase = DriverParam;
+
+// Every driver with expandable segments and without.
+inline std::vector<SleepCase> sleep_cases() {
+  std::vector<SleepCase> out;
+  for (const char *d : kDrivers)
+    for (const char *cfg : {"expandable_segments:True", "expandable_segments:False"})
+      out.push_back({d, cfg});
+  return out;
+}
+
+class Sleep : public ::testing::TestWithParam<SleepCase> {
 public: // the fault test's helper uses them
   void rewrite() { // every live block's bytes written again (after a discarding sleep)
     for (Live &l : live_) put(l.p, l.data);
@@ -52,7 +66,10 @@ protected:
   TestRng rng_{0};
   std::vector<Live> live_;
   expseg_stream other_ = 7; // a second stream (cuda: one the driver made)
-  std::string driver() const { return std::get<0>(GetParam()); }
+  std::string driver() const { return GetParam().driver; }
+  bool expandable() const {
+    return std::string(GetParam().config).find("True") != std::string::npos;
+  }
   bool bytes() const { return driver() != "sim"; }
 
   void SetUp() override {
@@ -66,7 +83,7 @@ protected:
 #else
     spec += ":capacity=1G";
 #endif
-    ASSERT_EQ(expseg_create(spec.c_str(), 0, std::get<1>(GetParam()), &a_), EXPSEG_OK)
+    ASSERT_EQ(expseg_create(spec.c_str(), 0, GetParam().config, &a_), EXPSEG_OK)
         << expseg_last_error();
   }
   void TearDown() override {
@@ -150,13 +167,9 @@ uint64_t seen(expseg_allocator *a, expseg_vmm_call k) {
 // without.
 #define EXPSEG_SLEEP_INSTANTIATE()                                                              \
   INSTANTIATE_TEST_SUITE_P(                                                                     \
-      Drivers, Sleep,                                                                           \
-      ::testing::Combine(::testing::ValuesIn(kDrivers),                                         \
-                         ::testing::Values("expandable_segments:True",                          \
-                                           "expandable_segments:False")),                       \
-      [](const auto &i) {                                                                       \
-        return std::string(std::get<0>(i.param)) +                                              \
-               (std::string(std::get<1>(i.param)).find("True") != std::string::npos             \
-                    ? "_expandable"                                                             \
-                    : "_classic");                                                              \
+      Drivers, Sleep, ::testing::ValuesIn(sleep_cases()),                                       \
+      [](const ::testing::TestParamInfo<SleepCase> &i) {                                        \
+        return std::string(i.param.driver) +                                                    \
+               (std::string(i.param.config).find("True") != std::string::npos ? "_expandable"  \
+                                                                               : "_classic");  \
       })

@@ -13,6 +13,7 @@
 // still busy.
 #include "expseg.h"
 #include "expseg_testing.h"
+#include "driver_param.h"
 
 #include <gtest/gtest.h>
 
@@ -28,9 +29,7 @@ namespace {
 
 constexpr size_t MiB = 1 << 20;
 
-struct RaceParam {
-  const char *driver, *config;
-};
+using RaceParam = DriverParam;
 
 class PoolRace : public ::testing::TestWithParam<RaceParam> {};
 

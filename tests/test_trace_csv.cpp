@@ -154,6 +154,9 @@ TEST(TraceCsv, RoundTripThroughMemtrace) {
   expect_same_trace(a.s.traces[0], b.s.traces[0]);
   const expseg_trace_t &y = b.s.traces[0];
   EXPECT_EQ(y.peak_live_requested, 30u);
+  EXPECT_EQ(a.s.traces[0].baseline.oom, 1u); // the "allocate failure" line
+  EXPECT_EQ(y.baseline.present, 0);
+  EXPECT_EQ(y.baseline.oom, 1u) << "the OOM count was lost in the csv -> memtrace round trip";
 }
 
 }  // namespace

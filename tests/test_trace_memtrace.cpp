@@ -87,6 +87,26 @@ TEST(TraceMemtrace, PeakCountsFreeNotFreeRequest) {
   EXPECT_EQ(s.s.traces[0].baseline.present, 0);
 }
 
+// Without a "# pytorch:" line the OOM count comes from the 'O' lines (as for an RMM log);
+// with one, the line's figure stands.
+TEST(TraceMemtrace, OomCountWithoutRecordedFigures) {
+  TraceSet s;
+  ASSERT_EQ(read("# memtrace v1\na 0 0 100\nO 0 - 4096 device_free=0\nO 0 - 8192 "
+                 "device_free=0\nf 0 0 100\n", s),
+            EXPSEG_OK)
+      << expseg_trace_last_error();
+  EXPECT_EQ(s.s.traces[0].baseline.present, 0);
+  EXPECT_EQ(s.s.traces[0].baseline.oom, 2u);
+  TraceSet p;
+  ASSERT_EQ(read("# memtrace v1\n# pytorch: start_reserved=0 peak_reserved=0 end_reserved=0 "
+                 "segment_alloc=0 segment_free=0 map=0 unmap=0 oom=5\na 0 0 100\n"
+                 "O 0 - 4096 device_free=0\n", p),
+            EXPSEG_OK)
+      << expseg_trace_last_error();
+  EXPECT_EQ(p.s.traces[0].baseline.present, 1);
+  EXPECT_EQ(p.s.traces[0].baseline.oom, 5u);
+}
+
 TEST(TraceMemtrace, AcceptsCrlfAndStreamZeroLate) {
   TraceSet s;
   // stream 0 may first appear after stream 1 (the default stream is always index 0)

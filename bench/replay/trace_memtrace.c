@@ -5,7 +5,9 @@
  * "m", "u", "O S - SIZE device_free=N"), '#' comments, first line "# memtrace v1". Two
  * comments carry data: "# pytorch: key=value ..." (the recorded allocator's figures: the
  * baseline) and "# stats: prelive=N peak_live_requested=N" (checked against the events);
- * "# source: NAME device=N" gives the device. Every event goes through the shared checker,
+ * "# source: NAME device=N" gives the device. Without a "# pytorch:" line, baseline.oom
+ * counts the 'O' lines (as the RMM CSV reader does), so a CSV trace written as memtrace
+ * reads back the same. Every event goes through the shared checker,
  * so a file is rejected at the first line that breaks a rule, with the line number. */
 #include "trace_internal.h"
 
@@ -261,6 +263,8 @@ expseg_status expseg_trace_read_memtrace(const char *name, const char *buf, size
     if (t->baseline.present)
       snprintf(t->recorded_conf, sizeof t->recorded_conf, "expandable_segments:%s",
                chk.counts[2] + chk.counts[3] ? "True" : "False");
+    else  /* no recorded figures: the OOMs are the 'O' lines, as for an RMM log */
+      t->baseline.oom = chk.counts[4];
     t->n_ids = chk.n_ids;
     t->n_streams = chk.n_streams;
     t->peak_live_requested = chk.peak;

@@ -13,15 +13,10 @@
 #include <ostream>
 #include <string>
 
+#include "driver_param.h"
 #include "expseg.h"
 
-struct PoolsParam {
-  const char *driver;
-  const char *config;
-};
-
-/* what gtest prints for GetParam() (else the struct's bytes) */
-inline void PrintTo(const PoolsParam &p, std::ostream *os) { *os << p.driver << " " << p.config; }
+using PoolsParam = DriverParam; /* printed as its text */
 
 /* "host_expandable", "sim_classic", ...: the driver's name and whether segments expand. */
 inline std::string pools_param_name(const testing::TestParamInfo<PoolsParam> &p) {
