@@ -33,6 +33,7 @@ void _expseg_fidx_destroy(fidx_t *f) {
   for (size_t i = 0; i < f->n_slabs; i++) free(f->slabs[i]);
   free(f->slabs);
   free(f->slots);
+  free(f->owners);
   _expseg_fidx_init(f);
 }
 
@@ -67,20 +68,46 @@ static void slot_del(fidx_t *f, const szn_t *n) {
   f->used--;
 }
 
+/* The owners entry o, its count down to 0, taken out (backward-shift deletion). */
+void _expseg_fidx_own_gone(fidx_t *f, fown_t *o) {
+  f->streams[o->pool]--;
+  size_t i = (size_t)(o - f->owners);
+  for (size_t j = i;;) {
+    j = (j + 1) & (f->cap - 1);
+    if (f->owners[j].blocks == 0) break;
+    size_t home = fidx_slot(f, (size_t)f->owners[j].pool + 1, f->owners[j].stream);
+    bool between = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
+    if (!between) {
+      f->owners[i] = f->owners[j];
+      i = j;
+    }
+  }
+  f->owners[i] = (fown_t){0};
+}
+
 bool _expseg_fidx_reserve(fidx_t *f, size_t blocks) {
   if (f->n_nodes >= blocks) return true;
   size_t cap = f->cap ? f->cap : 64;
   while (cap < 2 * (blocks + NODE_SLAB)) cap *= 2;
   if (cap != f->cap) {
     fslot_t *t = calloc(cap, sizeof *t), *old = f->slots;
-    if (t == NULL) return false;
+    fown_t *o = calloc(cap, sizeof *o), *old_o = f->owners;
+    if (t == NULL || o == NULL) {
+      free(t);
+      free(o);
+      return false;
+    }
     size_t old_cap = f->cap;
     f->slots = t;
+    f->owners = o;
     f->cap = cap;
     f->used = 0;
     for (size_t i = 0; i < old_cap; i++)
       if (old[i].key != 0) slot_put(f, old[i].node);
+    for (size_t i = 0; i < old_cap; i++)
+      if (old_o[i].blocks != 0) *fidx_owner(f, old_o[i].pool, old_o[i].stream) = old_o[i];
     free(old);
+    free(old_o);
   }
   while (f->n_nodes < blocks) {
     if (f->n_slabs == f->cap_slabs) {
@@ -351,6 +378,45 @@ static expseg_status slots_check(const fidx_t *f, const walk_t *w, size_t *used,
   return EXPSEG_OK;
 }
 
+/* The owners table against the nodes and the last inserts: each entry counts its (pool,
+ * stream)'s free blocks, each such stream has one, and the streams per pool add up. */
+static expseg_status owners_check(const fidx_t *f) {
+  if (f->cap == 0) return EXPSEG_OK;
+  size_t *seen = calloc(f->cap, sizeof *seen);
+  if (seen == NULL) return EXPSEG_OK; /* no host memory to check with */
+  expseg_status st = EXPSEG_OK;
+  const char *why = NULL;
+  for (size_t i = 0; i < f->cap && why == NULL; i++) {
+    const szn_t *n = f->slots[i].key != 0 ? f->slots[i].node : NULL;
+    if (n == NULL || n->count == 0) continue;
+    const fown_t *o = fidx_owner(f, n->pool, n->stream);
+    if (o->blocks == 0) why = "a stream with free blocks has no owners entry";
+    else seen[o - f->owners] += n->count;
+  }
+  for (int p = 0; p < POOL_COUNT && why == NULL; p++) {
+    const block_t *l = f->last[p];
+    if (l == NULL) continue;
+    const fown_t *o = fidx_owner(f, p, l->stream);
+    if (o->blocks == 0) why = "the last insert's stream has no owners entry";
+    else seen[o - f->owners]++;
+  }
+  size_t streams[POOL_COUNT] = {0};
+  for (size_t i = 0; i < f->cap && why == NULL; i++) {
+    const fown_t *o = &f->owners[i];
+    if (o->blocks == 0) continue;
+    if (o->pool < 0 || o->pool >= POOL_COUNT || fidx_owner(f, o->pool, o->stream) != o)
+      why = "an owners entry cannot be found by its key";
+    else if (seen[i] != o->blocks) why = "an owners entry's count is not its free blocks";
+    else streams[o->pool]++;
+  }
+  for (int p = 0; p < POOL_COUNT && why == NULL; p++)
+    if (streams[p] != f->streams[p]) why = "the count of streams with free blocks is wrong";
+  free(seen);
+  if (why != NULL)
+    st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_check: free index: %s", why);
+  return st;
+}
+
 expseg_status _expseg_fidx_check(const fidx_t *f, int64_t blocks[POOL_COUNT]) {
   size_t used = 0, empty = 0, most = 0;
   int64_t total[POOL_COUNT] = {0, 0};
@@ -393,5 +459,5 @@ expseg_status _expseg_fidx_check(const fidx_t *f, int64_t blocks[POOL_COUNT]) {
     blocks[p] = total[p] + (l != NULL);
   }
   if (in_trees != used) FAIL("size treaps hold %zu nodes, the table %zu", in_trees, used);
-  return EXPSEG_OK;
+  return owners_check(f);
 }

@@ -198,9 +198,19 @@ typedef struct fslot_s {
   expseg_stream stream;
   szn_t *node;
 } fslot_t;
+/* The streams that own free blocks in the free index: one entry per (pool, stream) with at
+ * least one, counting them (open addressing in a table as large as the slots': entries are
+ * never more than the blocks, so it is at most half full and an insert never allocates). */
+typedef struct fown_s {
+  expseg_stream stream;
+  size_t blocks;         /* free blocks of (pool, stream) in the index; 0 = empty entry */
+  int pool;
+} fown_t;
 typedef struct fidx_s {
   fslot_t *slots;        /* every indexed node (nonempty or empty), at most half full */
   size_t cap, used;
+  fown_t *owners;        /* cap entries (fown_t) */
+  size_t streams[POOL_COUNT]; /* streams with a free block in the pool's index (last too) */
   szn_t *root[POOL_COUNT];
   block_t *last[POOL_COUNT];  /* the block inserted last, held outside the heaps (fidx.c) */
   size_t blocks[POOL_COUNT];  /* free blocks in the heaps */
@@ -282,6 +292,7 @@ struct expseg_allocator {
   size_t inflight;            /* bytes being created with the lock dropped */
   size_t unlocked_ops;        /* driver calls under way with the lock dropped */
   uint64_t tick;              /* logical clock: advanced by every free */
+  uint64_t slow_mallocs;      /* mallocs the hit path did not serve (expseg_testing.h) */
   uint64_t now_ns;            /* the driver's clock (now_ns) as read on the last miss: free
                                * memory is stamped with it, garbage collection ages by it */
   uint64_t robbed[POOL_COUNT]; /* tick when the other pool last took this pool's pages */
