@@ -355,13 +355,15 @@ int main(int argc, char **argv) {
     const int64_t misses = dev1 - dev0; /* device allocations while timing: 0 = all hits */
     if (arg.json)
       printf("{\"bench\":\"hit\",\"driver\":\"%s\",\"history\":\"%s\",\"live\":%" PRIu64
-             ",\"holes\":%" PRIu64 ",\"cut\":%" PRIu64 ",\"timer\":\"" TIMER_NAME "\",\"timer_ns\":%.1f"
+             ",\"holes\":%" PRIu64 ",\"cut\":%" PRIu64
+             ",\"timer\":\"" TIMER_NAME "\",\"timer_ns\":%.1f"
              ",\"median_ns\":%.1f,\"p99_ns\":%.1f,\"mean_ns\":%.1f,\"floor_median_ns\":%.1f"
              ",\"floor_p99_ns\":%.1f,\"ratio\":%.2f,\"p99_over_median\":%.2f"
              ",\"device_allocs_timed\":%" PRId64 ",\"batches\":%" PRIu64 ",\"batch\":%" PRIu64
              "}\n",
              drv, arg.history == 0 ? "off" : arg.history == 1 ? "on" : "stacks", live, arg.holes,
-             arg.cut, over, med, p99, mean, fmed, fp99, ratio, tail, misses, arg.batches, arg.batch);
+             arg.cut, over, med, p99, mean, fmed, fp99, ratio, tail, misses, arg.batches,
+             arg.batch);
     else
       printf("%10" PRIu64 " %10.1f %10.1f %10.1f %10.1f %10.1f %7.2f %7.2f %8.1f %10" PRId64 "\n",
              live, med, p99, mean, fmed, fp99, ratio, tail, over, misses);

@@ -68,9 +68,28 @@ static void slot_del(fidx_t *f, const szn_t *n) {
   f->used--;
 }
 
-/* The owners entry o, its count down to 0, taken out (backward-shift deletion). */
-void _expseg_fidx_own_gone(fidx_t *f, fown_t *o) {
-  f->streams[o->pool]--;
+void _expseg_fidx_own_add_other(fidx_t *f, int pool, expseg_stream s) {
+  fown_t *o = fidx_owner(f, pool, s);
+  if (o->blocks > 0) {
+    o->blocks++;
+    return;
+  }
+  f->streams[pool]++;
+  if (f->home_blocks[pool] == 0) { /* s becomes the home stream: it has no entry */
+    f->home[pool] = s;
+    f->home_blocks[pool] = 1;
+    return;
+  }
+  *o = (fown_t){.stream = s, .blocks = 1, .pool = pool};
+}
+
+/* The owners entry of (pool, s), its count down by one, taken out at 0 (backward-shift
+ * deletion). */
+void _expseg_fidx_own_sub_other(fidx_t *f, int pool, expseg_stream s) {
+  fown_t *o = fidx_owner(f, pool, s);
+  expseg_assert(o->blocks > 0);
+  if (--o->blocks > 0) return;
+  f->streams[pool]--;
   size_t i = (size_t)(o - f->owners);
   for (size_t j = i;;) {
     j = (j + 1) & (f->cap - 1);
@@ -378,29 +397,32 @@ static expseg_status slots_check(const fidx_t *f, const walk_t *w, size_t *used,
   return EXPSEG_OK;
 }
 
-/* The owners table against the nodes and the last inserts: each entry counts its (pool,
- * stream)'s free blocks, each such stream has one, and the streams per pool add up. */
+/* The streams' counts against the nodes and the last inserts: the home stream's count and
+ * each entry count their (pool, stream)'s free blocks, each other stream with free blocks
+ * has an entry, the home stream none, and the streams per pool add up. */
 static expseg_status owners_check(const fidx_t *f) {
   if (f->cap == 0) return EXPSEG_OK;
   size_t *seen = calloc(f->cap, sizeof *seen);
   if (seen == NULL) return EXPSEG_OK; /* no host memory to check with */
-  expseg_status st = EXPSEG_OK;
+  size_t streams[POOL_COUNT] = {0}, home[POOL_COUNT] = {0};
   const char *why = NULL;
-  for (size_t i = 0; i < f->cap && why == NULL; i++) {
-    const szn_t *n = f->slots[i].key != 0 ? f->slots[i].node : NULL;
-    if (n == NULL || n->count == 0) continue;
-    const fown_t *o = fidx_owner(f, n->pool, n->stream);
-    if (o->blocks == 0) why = "a stream with free blocks has no owners entry";
-    else seen[o - f->owners] += n->count;
+  for (size_t i = 0; i < f->cap + POOL_COUNT && why == NULL; i++) { /* nodes, last inserts */
+    const szn_t *n = i < f->cap && f->slots[i].key != 0 ? f->slots[i].node : NULL;
+    const block_t *l = i >= f->cap ? f->last[i - f->cap] : NULL;
+    if ((n == NULL || n->count == 0) && l == NULL) continue;
+    const int pool = n != NULL ? n->pool : (int)(i - f->cap);
+    const expseg_stream st = n != NULL ? n->stream : l->stream;
+    const size_t count = n != NULL ? n->count : 1;
+    const fown_t *o = fidx_owner(f, pool, st);
+    if (st == f->home[pool]) home[pool] += count;
+    else if (o->blocks == 0) why = "a stream with free blocks has no owners entry";
+    else seen[o - f->owners] += count;
   }
   for (int p = 0; p < POOL_COUNT && why == NULL; p++) {
-    const block_t *l = f->last[p];
-    if (l == NULL) continue;
-    const fown_t *o = fidx_owner(f, p, l->stream);
-    if (o->blocks == 0) why = "the last insert's stream has no owners entry";
-    else seen[o - f->owners]++;
+    if (home[p] != f->home_blocks[p]) why = "the home stream's count is not its free blocks";
+    else if (fidx_owner(f, p, f->home[p])->blocks != 0) why = "the home stream has an entry";
+    streams[p] += home[p] > 0;
   }
-  size_t streams[POOL_COUNT] = {0};
   for (size_t i = 0; i < f->cap && why == NULL; i++) {
     const fown_t *o = &f->owners[i];
     if (o->blocks == 0) continue;
@@ -412,9 +434,8 @@ static expseg_status owners_check(const fidx_t *f) {
   for (int p = 0; p < POOL_COUNT && why == NULL; p++)
     if (streams[p] != f->streams[p]) why = "the count of streams with free blocks is wrong";
   free(seen);
-  if (why != NULL)
-    st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_check: free index: %s", why);
-  return st;
+  if (why == NULL) return EXPSEG_OK;
+  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_check: free index: %s", why);
 }
 
 expseg_status _expseg_fidx_check(const fidx_t *f, int64_t blocks[POOL_COUNT]) {

@@ -55,20 +55,17 @@ static inline fown_t *fidx_owner(const fidx_t *f, int pool, expseg_stream s) {
   }
 }
 
-/* A free block of (pool, s) entered the index / left it: the streams count follows. */
+/* A free block of (pool, s) entered the index / left it: the streams count follows. The
+ * home stream's blocks are a count (the hit path's case); the others' go to the table. */
+void _expseg_fidx_own_add_other(fidx_t *f, int pool, expseg_stream s);
+void _expseg_fidx_own_sub_other(fidx_t *f, int pool, expseg_stream s);
 static inline void fidx_own_add(fidx_t *f, int pool, expseg_stream s) {
-  fown_t *o = fidx_owner(f, pool, s);
-  if (o->blocks++ == 0) {
-    o->stream = s;
-    o->pool = pool;
-    f->streams[pool]++;
-  }
+  if (s != f->home[pool]) _expseg_fidx_own_add_other(f, pool, s);
+  else if (f->home_blocks[pool]++ == 0) f->streams[pool]++;
 }
-void _expseg_fidx_own_gone(fidx_t *f, fown_t *o);
 static inline void fidx_own_sub(fidx_t *f, int pool, expseg_stream s) {
-  fown_t *o = fidx_owner(f, pool, s);
-  expseg_assert(o->blocks > 0);
-  if (--o->blocks == 0) _expseg_fidx_own_gone(f, o);
+  if (s != f->home[pool]) _expseg_fidx_own_sub_other(f, pool, s);
+  else if (--f->home_blocks[pool] == 0) f->streams[pool]--;
 }
 
 /* ---- fidx.c ---- */
