@@ -15,7 +15,13 @@
  * insert moves it in: best fit compares it with what the heaps give, in the same (size,
  * address) order, so the choice is unchanged. It is what a cache hit most often wants: the
  * block just freed (a repeat of its size takes it back with no heap or table work), or the
- * remainder just split off (the free of the piece merges it back likewise). */
+ * remainder just split off (the free of the piece merges it back likewise).
+ *
+ * The index also counts, per pool, the streams that own free blocks in it (lending a
+ * tighter fit is asked only when two or more do: policy.h): the pool's home stream by a
+ * count beside the pool (one compare on an insert or a remove: all a single-stream program
+ * pays), any other in a table of (pool, stream) entries as large as the slots' table and
+ * grown with it, so an insert never allocates. */
 #include "fidx.h"
 
 #include <stdlib.h>
