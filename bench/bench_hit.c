@@ -16,6 +16,9 @@
  * where there is no such counter); --batch N times batches of N pairs instead. The median
  * and 99th percentile per pair are reported, and the timer's own cost (two reads back to
  * back, median) beside them.
+ * --cut BYTES allocates one block of BYTES and frees it before the live set, so that the live
+ * set and the timed requests are cut from one free block far larger than each of them (a
+ * large free block at the end of a segment: its rest stays free after every split).
  * The floor, measured in the same run with the same size sequence and the same timing: a
  * mutex plus a LIFO stack per exact size (sizes rounded to 512 B and found by an
  * open-addressing table; free pushes onto the stack the node came from), the least a
@@ -116,7 +119,7 @@ static int64_t stat0(const expseg_allocator *a, const char *key) {
 
 typedef struct args_s {
   const char *trace, *synth, *driver, *conf;
-  uint64_t seed, batches, batch, max_live_size, holes;
+  uint64_t seed, batches, batch, max_live_size, holes, cut;
   uint64_t live[16];
   size_t n_live;
   int json;
@@ -141,6 +144,8 @@ static void usage(FILE *f) {
           "  --batch N        malloc+free pairs per sample (default 1: each pair timed alone)\n"
           "  --live LIST      live block counts, comma-separated (default 0,1000,10000,100000,1000000)\n"
           "  --max-live-size BYTES  cap on the size of each held block (default: none)\n"
+          "  --cut BYTES      allocate and free one block of BYTES first: every request is\n"
+          "                   cut from that free block (default 0: none)\n"
           "  --holes 0|1      1: allocate 2L blocks and free every other one, leaving L free\n"
           "                   blocks between the L live ones (default); 0: just L live blocks\n"
           "  --driver SPEC    (default sim with a capacity that fits the live set)\n"
@@ -175,6 +180,7 @@ static int parse_args(int argc, char **argv, args_t *a) {
       ARG_U64_("--batch", &a->batch, 1, UINT64_MAX),
       ARG_U64_("--max-live-size", &a->max_live_size, 0, UINT64_MAX),
       ARG_U64_("--holes", &a->holes, 0, 1),
+      ARG_U64_("--cut", &a->cut, 0, UINT64_MAX),
       ARG_CHOICE_("--history", &a->history, history),
       ARG_U64_("--history-entries", &a->history_entries, 1, UINT64_MAX),
       ARG_LIST_("--live", a->live, 0, UINT64_MAX, &a->n_live, 16),
@@ -256,7 +262,7 @@ int main(int argc, char **argv) {
     char drv[128];
     if (arg.driver) snprintf(drv, sizeof drv, "%s", arg.driver);
     else {
-      uint64_t gib = (sum * 2 >> 30) + 64;
+      uint64_t gib = ((sum + arg.cut) * 2 >> 30) + 64;
       snprintf(drv, sizeof drv, "sim:capacity=%" PRIu64 "G", gib);
     }
     expseg_allocator *a = NULL;
@@ -267,6 +273,12 @@ int main(int argc, char **argv) {
       rc = 2;
       break;
     }
+    void *cut = NULL; /* --cut: one large free block that every request is cut from */
+    if (arg.cut > 0 && expseg_malloc(a, (size_t)arg.cut, 0, &cut) != EXPSEG_OK) {
+      fprintf(stderr, "expseg-bench-hit: --cut %" PRIu64 ": %s\n", arg.cut, expseg_last_error());
+      rc = 1;
+    }
+    if (cut != NULL) (void)expseg_free(a, cut);
     for (uint64_t i = 0; i < nheld && rc == 0; i++)
       if (expseg_malloc(a, lsz[i], 0, &lp[i]) != EXPSEG_OK) {
         fprintf(stderr, "expseg-bench-hit: building the live set (%" PRIu64 " of %" PRIu64
@@ -343,13 +355,15 @@ int main(int argc, char **argv) {
     const int64_t misses = dev1 - dev0; /* device allocations while timing: 0 = all hits */
     if (arg.json)
       printf("{\"bench\":\"hit\",\"driver\":\"%s\",\"history\":\"%s\",\"live\":%" PRIu64
-             ",\"holes\":%" PRIu64 ",\"timer\":\"" TIMER_NAME "\",\"timer_ns\":%.1f"
+             ",\"holes\":%" PRIu64 ",\"cut\":%" PRIu64
+             ",\"timer\":\"" TIMER_NAME "\",\"timer_ns\":%.1f"
              ",\"median_ns\":%.1f,\"p99_ns\":%.1f,\"mean_ns\":%.1f,\"floor_median_ns\":%.1f"
              ",\"floor_p99_ns\":%.1f,\"ratio\":%.2f,\"p99_over_median\":%.2f"
              ",\"device_allocs_timed\":%" PRId64 ",\"batches\":%" PRIu64 ",\"batch\":%" PRIu64
              "}\n",
              drv, arg.history == 0 ? "off" : arg.history == 1 ? "on" : "stacks", live, arg.holes,
-             over, med, p99, mean, fmed, fp99, ratio, tail, misses, arg.batches, arg.batch);
+             arg.cut, over, med, p99, mean, fmed, fp99, ratio, tail, misses, arg.batches,
+             arg.batch);
     else
       printf("%10" PRIu64 " %10.1f %10.1f %10.1f %10.1f %10.1f %7.2f %7.2f %8.1f %10" PRId64 "\n",
              live, med, p99, mean, fmed, fp99, ratio, tail, over, misses);

@@ -7,6 +7,8 @@
 # set-up and warm-up cancel. BENCH_HIT is a build's expseg-bench-hit (Release, the default
 # check level); run from the repository root so its default trace is found. The floor's own
 # pair (bench_hit.c: a mutex and a LIFO stack per size) is printed beside it the same way.
+# HIT_ARGS: more options for the bench (e.g. HIT_ARGS="--cut 1073741824": every request cut
+# from one large free block).
 # Results: docs/benchmarks.md, "Cache-hit path".
 set -eu
 bin=$1; shift
@@ -18,7 +20,7 @@ count() { # N LIVE FUNCTIONS...: instructions collected inside those functions
   local toggles=()
   for f in "$@"; do toggles+=("--toggle-collect=$f"); done
   valgrind --tool=callgrind "${toggles[@]}" --callgrind-out-file="$out" "$bin" --live "$live" \
-    --holes 1 --batches "$n" --batch 1 >/dev/null 2>&1
+    --holes 1 --batches "$n" --batch 1 ${HIT_ARGS:-} >/dev/null 2>&1
   callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}'
   rm -f "$out"
 }

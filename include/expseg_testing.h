@@ -51,6 +51,12 @@ EXPSEG_EXPORT expseg_status expseg_testing_copy_out(expseg_allocator *a, void *d
 /* Driver calls failed by a fault rule so far (0 without a fault driver). */
 EXPSEG_EXPORT uint64_t expseg_testing_faults_injected(const expseg_allocator *a);
 
+/* Allocation calls (expseg_malloc, _ex, _pool) so far that the cache-hit path did not
+ * serve: they went on to the slower path (pending frees, growth, lending, history, a
+ * private pool, an error...). A request served from the stream's own cached free block
+ * with nothing else to do does not count. 0 for a NULL allocator. */
+EXPSEG_EXPORT uint64_t expseg_testing_slow_mallocs(expseg_allocator *a);
+
 /* What the allocator's driver holds right now, by its own count. */
 typedef struct expseg_testing_driver_counts {
   int64_t live_chunks;       /* physical chunks created and not released */

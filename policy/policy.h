@@ -231,7 +231,11 @@ bool _expseg_place_better(bool have_own, size_t own_pages, size_t other_pages);
  * streams"). 2 MiB: chosen on half of the recorded histories and synthetic seeds,
  * confirmed on the other half. */
 #define EXPSEG_LEND_WASTE ((size_t)2 << 20)
-bool _expseg_lend_look(size_t rounded, size_t own);
+/* Asked only where something can be lent: `streams` counts the streams that own free
+ * blocks in the request's pool (its own stream among them); with fewer than two (a
+ * single-stream program, or no other stream with a free block) no other stream has a block
+ * to lend, and the request takes its own best fit on the hit path. */
+bool _expseg_lend_look(size_t streams, size_t rounded, size_t own);
 /* May another stream's free block of `other` bytes serve a request (at most `other`)
  * whose own stream's best fit has `own` bytes (0: none)? When it is the smaller. */
 bool _expseg_lend_tighter(size_t own, size_t other);

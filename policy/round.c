@@ -40,8 +40,8 @@ bool _expseg_place_better(bool have_own, size_t own_pages, size_t other_pages) {
   return !have_own || other_pages < own_pages;
 }
 
-bool _expseg_lend_look(size_t rounded, size_t own) {
-  return _expseg_lend_look_inline(rounded, own);
+bool _expseg_lend_look(size_t streams, size_t rounded, size_t own) {
+  return _expseg_lend_look_inline(streams, rounded, own);
 }
 
 bool _expseg_lend_tighter(size_t own, size_t other) { return own == 0 || other < own; }

@@ -29,8 +29,8 @@ static inline size_t _expseg_round_size_inline(const expseg_config_t *c, size_t 
 }
 
 /* _expseg_lend_look (policy.h: lending a tighter fit), inline for the hit path */
-static inline bool _expseg_lend_look_inline(size_t rounded, size_t own) {
-  return own == 0 || (own >= rounded && own - rounded >= EXPSEG_LEND_WASTE);
+static inline bool _expseg_lend_look_inline(size_t streams, size_t rounded, size_t own) {
+  return streams > 1 && (own == 0 || (own >= rounded && own - rounded >= EXPSEG_LEND_WASTE));
 }
 
 #endif

@@ -140,7 +140,8 @@ void _expseg_destroy_with(expseg_allocator *a, void (*before_close)(void *, exps
 
 /* The free block a request takes: its stream's best fit, or (lending a tighter fit,
  * policy.h) another idle stream's smaller block when that best fit would leave
- * EXPSEG_LEND_WASTE or more unused; the caller lends a block of another stream. With
+ * EXPSEG_LEND_WASTE or more unused and another stream owns free blocks in the pool (the
+ * index counts them); the caller lends a block of another stream. With
  * `declined` (the hit path, which does not lend) such a request is left to the slow path:
  * *declined is set and NULL returned. */
 EXPSEG_HOT block_t *find_free(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
@@ -150,7 +151,8 @@ EXPSEG_HOT block_t *find_free(expseg_allocator *a, int pool, expseg_stream strea
   if (b == NULL) return NULL;
   if (!b->seg->expandable && !_expseg_oversize_ok(&a->cfg, rounded, b->size))
     return NULL;
-  if (_expseg_lend_look_inline(rounded, b->size) && b->seg->expandable) {
+  if (_expseg_lend_look_inline(_expseg_fidx_streams(&a->free_idx, pool), rounded, b->size) &&
+      b->seg->expandable) {
     if (declined != NULL) {
       *declined = true;
       return NULL;
@@ -287,6 +289,7 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
     }
   }
   _expseg_log_defer(true); /* from here on as api_lock */
+  a->slow_mallocs++;
   if (stream >> EXPSEG_KEY_SHIFT) {
     api_unlock(a);
     return bad_stream("expseg_malloc", stream);

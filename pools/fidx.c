@@ -15,7 +15,13 @@
  * insert moves it in: best fit compares it with what the heaps give, in the same (size,
  * address) order, so the choice is unchanged. It is what a cache hit most often wants: the
  * block just freed (a repeat of its size takes it back with no heap or table work), or the
- * remainder just split off (the free of the piece merges it back likewise). */
+ * remainder just split off (the free of the piece merges it back likewise).
+ *
+ * The index also counts, per pool, the streams that own free blocks in it (lending a
+ * tighter fit is asked only when two or more do: policy.h): the pool's home stream by a
+ * count beside the pool (one compare on an insert or a remove: all a single-stream program
+ * pays), any other in a table of (pool, stream) entries as large as the slots' table and
+ * grown with it, so an insert never allocates. */
 #include "fidx.h"
 
 #include <stdlib.h>
@@ -33,6 +39,7 @@ void _expseg_fidx_destroy(fidx_t *f) {
   for (size_t i = 0; i < f->n_slabs; i++) free(f->slabs[i]);
   free(f->slabs);
   free(f->slots);
+  free(f->owners);
   _expseg_fidx_init(f);
 }
 
@@ -67,20 +74,65 @@ static void slot_del(fidx_t *f, const szn_t *n) {
   f->used--;
 }
 
+void _expseg_fidx_own_add_other(fidx_t *f, int pool, expseg_stream s) {
+  fown_t *o = fidx_owner(f, pool, s);
+  if (o->blocks > 0) {
+    o->blocks++;
+    return;
+  }
+  f->streams[pool]++;
+  if (f->home_blocks[pool] == 0) { /* s becomes the home stream: it has no entry */
+    f->home[pool] = s;
+    f->home_blocks[pool] = 1;
+    return;
+  }
+  *o = (fown_t){.stream = s, .blocks = 1, .pool = pool};
+}
+
+/* The owners entry of (pool, s), its count down by one, taken out at 0 (backward-shift
+ * deletion). */
+void _expseg_fidx_own_sub_other(fidx_t *f, int pool, expseg_stream s) {
+  fown_t *o = fidx_owner(f, pool, s);
+  expseg_assert(o->blocks > 0);
+  if (--o->blocks > 0) return;
+  f->streams[pool]--;
+  size_t i = (size_t)(o - f->owners);
+  for (size_t j = i;;) {
+    j = (j + 1) & (f->cap - 1);
+    if (f->owners[j].blocks == 0) break;
+    size_t home = fidx_slot(f, (size_t)f->owners[j].pool + 1, f->owners[j].stream);
+    bool between = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
+    if (!between) {
+      f->owners[i] = f->owners[j];
+      i = j;
+    }
+  }
+  f->owners[i] = (fown_t){0};
+}
+
 bool _expseg_fidx_reserve(fidx_t *f, size_t blocks) {
   if (f->n_nodes >= blocks) return true;
   size_t cap = f->cap ? f->cap : 64;
   while (cap < 2 * (blocks + NODE_SLAB)) cap *= 2;
   if (cap != f->cap) {
     fslot_t *t = calloc(cap, sizeof *t), *old = f->slots;
-    if (t == NULL) return false;
+    fown_t *o = calloc(cap, sizeof *o), *old_o = f->owners;
+    if (t == NULL || o == NULL) {
+      free(t);
+      free(o);
+      return false;
+    }
     size_t old_cap = f->cap;
     f->slots = t;
+    f->owners = o;
     f->cap = cap;
     f->used = 0;
     for (size_t i = 0; i < old_cap; i++)
       if (old[i].key != 0) slot_put(f, old[i].node);
+    for (size_t i = 0; i < old_cap; i++)
+      if (old_o[i].blocks != 0) *fidx_owner(f, old_o[i].pool, old_o[i].stream) = old_o[i];
     free(old);
+    free(old_o);
   }
   while (f->n_nodes < blocks) {
     if (f->n_slabs == f->cap_slabs) {
@@ -351,6 +403,47 @@ static expseg_status slots_check(const fidx_t *f, const walk_t *w, size_t *used,
   return EXPSEG_OK;
 }
 
+/* The streams' counts against the nodes and the last inserts: the home stream's count and
+ * each entry count their (pool, stream)'s free blocks, each other stream with free blocks
+ * has an entry, the home stream none, and the streams per pool add up. */
+static expseg_status owners_check(const fidx_t *f) {
+  if (f->cap == 0) return EXPSEG_OK;
+  size_t *seen = calloc(f->cap, sizeof *seen);
+  if (seen == NULL) return EXPSEG_OK; /* no host memory to check with */
+  size_t streams[POOL_COUNT] = {0}, home[POOL_COUNT] = {0};
+  const char *why = NULL;
+  for (size_t i = 0; i < f->cap + POOL_COUNT && why == NULL; i++) { /* nodes, last inserts */
+    const szn_t *n = i < f->cap && f->slots[i].key != 0 ? f->slots[i].node : NULL;
+    const block_t *l = i >= f->cap ? f->last[i - f->cap] : NULL;
+    if ((n == NULL || n->count == 0) && l == NULL) continue;
+    const int pool = n != NULL ? n->pool : (int)(i - f->cap);
+    const expseg_stream st = n != NULL ? n->stream : l->stream;
+    const size_t count = n != NULL ? n->count : 1;
+    const fown_t *o = fidx_owner(f, pool, st);
+    if (st == f->home[pool]) home[pool] += count;
+    else if (o->blocks == 0) why = "a stream with free blocks has no owners entry";
+    else seen[o - f->owners] += count;
+  }
+  for (int p = 0; p < POOL_COUNT && why == NULL; p++) {
+    if (home[p] != f->home_blocks[p]) why = "the home stream's count is not its free blocks";
+    else if (fidx_owner(f, p, f->home[p])->blocks != 0) why = "the home stream has an entry";
+    streams[p] += home[p] > 0;
+  }
+  for (size_t i = 0; i < f->cap && why == NULL; i++) {
+    const fown_t *o = &f->owners[i];
+    if (o->blocks == 0) continue;
+    if (o->pool < 0 || o->pool >= POOL_COUNT || fidx_owner(f, o->pool, o->stream) != o)
+      why = "an owners entry cannot be found by its key";
+    else if (seen[i] != o->blocks) why = "an owners entry's count is not its free blocks";
+    else streams[o->pool]++;
+  }
+  for (int p = 0; p < POOL_COUNT && why == NULL; p++)
+    if (streams[p] != f->streams[p]) why = "the count of streams with free blocks is wrong";
+  free(seen);
+  if (why == NULL) return EXPSEG_OK;
+  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_check: free index: %s", why);
+}
+
 expseg_status _expseg_fidx_check(const fidx_t *f, int64_t blocks[POOL_COUNT]) {
   size_t used = 0, empty = 0, most = 0;
   int64_t total[POOL_COUNT] = {0, 0};
@@ -393,5 +486,5 @@ expseg_status _expseg_fidx_check(const fidx_t *f, int64_t blocks[POOL_COUNT]) {
     blocks[p] = total[p] + (l != NULL);
   }
   if (in_trees != used) FAIL("size treaps hold %zu nodes, the table %zu", in_trees, used);
-  return EXPSEG_OK;
+  return owners_check(f);
 }

@@ -47,6 +47,27 @@ static inline block_t *fidx_link(block_t *x, block_t *y) {
   return x;
 }
 
+/* The owners entry of (pool, s): where it is, or the empty entry where it would go. */
+static inline fown_t *fidx_owner(const fidx_t *f, int pool, expseg_stream s) {
+  for (size_t i = fidx_slot(f, (size_t)pool + 1, s);; i = (i + 1) & (f->cap - 1)) {
+    fown_t *o = &f->owners[i];
+    if (o->blocks == 0 || (o->stream == s && o->pool == pool)) return o;
+  }
+}
+
+/* A free block of (pool, s) entered the index / left it: the streams count follows. The
+ * home stream's blocks are a count (the hit path's case); the others' go to the table. */
+void _expseg_fidx_own_add_other(fidx_t *f, int pool, expseg_stream s);
+void _expseg_fidx_own_sub_other(fidx_t *f, int pool, expseg_stream s);
+static inline void fidx_own_add(fidx_t *f, int pool, expseg_stream s) {
+  if (s != f->home[pool]) _expseg_fidx_own_add_other(f, pool, s);
+  else if (f->home_blocks[pool]++ == 0) f->streams[pool]++;
+}
+static inline void fidx_own_sub(fidx_t *f, int pool, expseg_stream s) {
+  if (s != f->home[pool]) _expseg_fidx_own_sub_other(f, pool, s);
+  else if (--f->home_blocks[pool] == 0) f->streams[pool]--;
+}
+
 /* ---- fidx.c ---- */
 void _expseg_fidx_init(fidx_t *f);
 void _expseg_fidx_destroy(fidx_t *f);
@@ -128,12 +149,18 @@ static inline void _expseg_fidx_insert(fidx_t *f, block_t *b) {
   b->t.l = b->t.r = b->hprev = NULL;
   *last = b;
   if (old != NULL) _expseg_fidx_heap_insert(f, old);
+  fidx_own_add(f, b->seg->pool, b->stream);
 }
 
 static inline void _expseg_fidx_remove(fidx_t *f, block_t *b) {
   block_t **last = &f->last[b->seg->pool];
   if (*last == b) *last = NULL;
   else _expseg_fidx_heap_remove(f, b);
+  fidx_own_sub(f, b->seg->pool, b->stream);
 }
+
+/* How many streams own free blocks in the pool's index (lending a tighter fit asks only
+ * when another stream than the requester's can have one: policy.h). */
+static inline size_t _expseg_fidx_streams(const fidx_t *f, int pool) { return f->streams[pool]; }
 
 #endif

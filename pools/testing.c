@@ -47,6 +47,14 @@ expseg_status expseg_testing_copy_out(expseg_allocator *a, void *dst, const void
   return _expseg_vmm_copy_out(a->drv, dst, (uintptr_t)src, size);
 }
 
+uint64_t expseg_testing_slow_mallocs(expseg_allocator *a) {
+  if (a == NULL) return 0;
+  pthread_mutex_lock(&a->lock);
+  const uint64_t n = a->slow_mallocs;
+  pthread_mutex_unlock(&a->lock);
+  return n;
+}
+
 uint64_t expseg_testing_faults_injected(const expseg_allocator *a) {
   return a ? _expseg_fault_injected(a->drv) : 0;
 }

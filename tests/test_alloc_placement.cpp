@@ -111,6 +111,62 @@ TEST(Placement, AnIdleStreamsTighterFreePieceIsLentBeforeItsOwnLargeBlock) {
   EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
 }
 
+// Lending a tighter fit is asked only when another stream owns a free block in the pool
+// (the free index counts those streams): a single-stream program's request cut from a much
+// larger free block of its own stays on the hit path (nothing to lend, no search); once a
+// second stream holds a free block the request leaves it to look there, and when that
+// stream's free blocks are gone again it stays on it.
+TEST(Placement, ASingleStreamsRequestFromALargeFreeBlockStaysOnTheHitPath) {
+  Alloc a = make("sim", "expandable_segments:True");
+  expseg_allocator *A = a.get();
+  const expseg_stream s1 = 0x1000, s2 = 0x2000;
+  void *big = nullptr, *keep = nullptr, *p = nullptr, *x = nullptr, *y = nullptr;
+  EXPECT_EQ(alloc_test_free_streams(A, false), 0u);
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 100 * MiB, s1, &big));
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 8 * MiB, s1, &keep));
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, big)); // 100 MiB free, before keep
+  EXPECT_EQ(alloc_test_free_streams(A, false), 1u);
+  const uint64_t calls = grow_calls(A), slow = expseg_testing_slow_mallocs(A);
+  for (int i = 0; i < 3; i++) {
+    ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 4 * MiB, s1, &p));
+    EXPECT_EQ(p, big) << "cut from the front of its stream's 100 MiB";
+    ASSERT_EQ(EXPSEG_OK, expseg_free(A, p));
+  }
+  EXPECT_EQ(expseg_testing_slow_mallocs(A), slow)
+      << "one stream: every 4 MiB request out of 100 MiB free is a hit";
+  EXPECT_EQ(grow_calls(A), calls);
+  EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
+  // stream 2 gets a free piece of its own (stream 1 held meanwhile: nothing of it is lent)
+  ASSERT_EQ(EXPSEG_OK, expseg_testing_hold_stream(A, s1, true));
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 6 * MiB, s2, &x));
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 8 * MiB, s2, &y));
+  ASSERT_EQ(EXPSEG_OK, expseg_testing_hold_stream(A, s1, false));
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, x));
+  EXPECT_EQ(alloc_test_free_streams(A, false), 2u);
+  EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
+  const uint64_t slow2 = expseg_testing_slow_mallocs(A);
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 4 * MiB, s1, &p));
+  EXPECT_EQ(expseg_testing_slow_mallocs(A), slow2 + 1)
+      << "two streams own free blocks: the request leaves the hit path to look at the other";
+  EXPECT_EQ(p, x) << "stream 2's 6 MiB fits tighter than stream 1's 100 MiB";
+  EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
+  // stream 2 frees and empties its cache: its segment and free blocks go, and so does the
+  // second owner; stream 1's requests are hits again
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, p));
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, y));
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 100 * MiB, s1, &big)); // stream 1's block kept whole
+  ASSERT_EQ(EXPSEG_OK, expseg_empty_cache(A));
+  EXPECT_EQ(alloc_test_free_streams(A, false), 0u);
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, big));
+  EXPECT_EQ(alloc_test_free_streams(A, false), 1u);
+  const uint64_t slow3 = expseg_testing_slow_mallocs(A);
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 4 * MiB, s1, &p));
+  EXPECT_EQ(expseg_testing_slow_mallocs(A), slow3) << "back on the hit path";
+  EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
+  for (void *z : {p, keep}) ASSERT_EQ(EXPSEG_OK, expseg_free(A, z));
+  EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
+}
+
 TEST(Placement, ABusyStreamsFreeBlockIsNotLent) {
   Alloc a = make("sim", "expandable_segments:True");
   expseg_allocator *A = a.get();

@@ -256,16 +256,28 @@ TEST(PolicyRound, AnotherStreamsPlaceOnlyWhenItNeedsFewerPages) {
 
 TEST(PolicyRound, LendsATighterFitOnlyWhenItsOwnFitWastesAPage) {
   const size_t MiB = size_t(1) << 20, r = 3 * MiB;
-  EXPECT_TRUE(_expseg_lend_look(r, 0)) << "no fit of its own: look at other streams";
-  EXPECT_FALSE(_expseg_lend_look(r, r)) << "an exact fit of its own";
-  EXPECT_FALSE(_expseg_lend_look(r, r + EXPSEG_LEND_WASTE - 1));
-  EXPECT_TRUE(_expseg_lend_look(r, r + EXPSEG_LEND_WASTE));
-  EXPECT_TRUE(_expseg_lend_look(r, 64 * MiB)) << "its segment's large free end";
+  EXPECT_TRUE(_expseg_lend_look(2, r, 0)) << "no fit of its own: look at other streams";
+  EXPECT_FALSE(_expseg_lend_look(2, r, r)) << "an exact fit of its own";
+  EXPECT_FALSE(_expseg_lend_look(2, r, r + EXPSEG_LEND_WASTE - 1));
+  EXPECT_TRUE(_expseg_lend_look(2, r, r + EXPSEG_LEND_WASTE));
+  EXPECT_TRUE(_expseg_lend_look(2, r, 64 * MiB)) << "its segment's large free end";
+  EXPECT_TRUE(_expseg_lend_look(9, r, 64 * MiB));
   EXPECT_EQ(EXPSEG_LEND_WASTE, 2 * MiB);
   EXPECT_TRUE(_expseg_lend_tighter(0, 64 * MiB)) << "no fit of its own: any";
   EXPECT_TRUE(_expseg_lend_tighter(64 * MiB, r));
   EXPECT_FALSE(_expseg_lend_tighter(r + 1, r + 1)) << "a tie stays on its own stream";
   EXPECT_FALSE(_expseg_lend_tighter(r, 64 * MiB));
+}
+
+// The gate: with fewer than two streams owning free blocks in the pool there is nothing
+// to lend, however much the own fit wastes.
+TEST(PolicyRound, LendsOnlyWhereAnotherStreamOwnsAFreeBlock) {
+  const size_t MiB = size_t(1) << 20, r = 4 * MiB;
+  EXPECT_FALSE(_expseg_lend_look(1, r, 100 * MiB)) << "one stream: nothing to lend";
+  EXPECT_FALSE(_expseg_lend_look(0, r, 100 * MiB));
+  EXPECT_FALSE(_expseg_lend_look(1, r, 0)) << "no fit and no other stream's block";
+  EXPECT_TRUE(_expseg_lend_look(2, r, 100 * MiB)) << "a second stream owns a free block";
+  EXPECT_FALSE(_expseg_lend_look(2, r, r + 1)) << "the gate open, the own fit tight";
 }
 
 TEST(PolicyRound, NoImmediateTakeBackBetweenPools) {

@@ -23,6 +23,13 @@ expseg_status alloc_test_create(expseg_vmm_t *drv, const char *config, expseg_al
 
 size_t alloc_test_page(const expseg_allocator *a) { return a->page; }
 
+size_t alloc_test_free_streams(expseg_allocator *a, bool small) {
+  pthread_mutex_lock(&a->lock);
+  const size_t n = a->free_idx.streams[small ? POOL_SMALL : POOL_LARGE];
+  pthread_mutex_unlock(&a->lock);
+  return n;
+}
+
 uint64_t alloc_test_calls(expseg_allocator *a, expseg_vmm_call c) {
   return atomic_load(&a->drv->calls[c]);
 }

@@ -30,6 +30,9 @@ expseg_status alloc_test_borrow(expseg_vmm_t *inner, expseg_vmm_t **out);
 expseg_status alloc_test_create(expseg_vmm_t *drv, const char *config, expseg_allocator **out);
 /* The allocator's expandable page size and driver granularity. */
 size_t alloc_test_page(const expseg_allocator *a);
+/* How many streams own free blocks in the free index of the small or the large pool (the
+ * count that gates lending a tighter fit, policy.h). */
+size_t alloc_test_free_streams(expseg_allocator *a, bool small);
 /* Driver calls of kind c made by the allocator's driver so far (all, not reset). */
 uint64_t alloc_test_calls(expseg_allocator *a, expseg_vmm_call c);
 
