@@ -539,10 +539,12 @@ def deferred_frees(device=None):
 
 
 def _tag(tag):
-    if not isinstance(tag, str):
+    # refused here, not replaced: "w\u00e9" read as "w?" or "w\0x" cut to "w" would name
+    # another region; the library checks the rest (length, control characters)
+    if not isinstance(tag, str) or "\0" in tag or not tag.isascii():
         raise ExpsegError("region tag %r: expected a str of 1 to 63 printable ASCII "
-                          "characters" % (tag,))
-    return tag.encode("ascii", errors="replace")
+                          "characters" % (tag[:80] if isinstance(tag, str) else tag,))
+    return tag.encode("ascii")
 
 
 @contextlib.contextmanager

@@ -224,6 +224,40 @@ class WithLibrary(unittest.TestCase):
         for e in r["errors"]:
             one_line(self, e)
 
+    def test_region_info_rejects_tags_that_are_not_printable_ascii(self):
+        # a tag with a non-ASCII character or a NUL is refused by name: it must not alias
+        # another region ("w\u00e9" read as "w?", "w\0x" cut to "w")
+        rc, out, err = run_child("""
+            import json, expseg
+            lib = expseg._load()
+            res = {}
+            for tag in ("w?", "w"):
+                with expseg.region(tag):
+                    assert lib.expseg_torch_alloc(1 << 20, 0, None), expseg.last_error()
+            for tag in ("w\\u00e9", "w\\0x", "", "x" * 64, "x" * 100000):
+                try:
+                    res[repr(tag)[:20]] = expseg.region_info(tag)["live_bytes"]
+                except expseg.ExpsegError as e:
+                    res[repr(tag)[:20]] = "error: " + str(e)
+                try:
+                    with expseg.region(tag):
+                        pass
+                    res["region " + repr(tag)[:20]] = "entered"
+                except expseg.ExpsegError as e:
+                    res["region " + repr(tag)[:20]] = "error: " + str(e)
+            res["w"] = expseg.region_info("w")["live_bytes"]
+            print(json.dumps(res))
+            """, EXPSEG_DRIVER="host:capacity=64M")
+        self.assertEqual(rc, 0, err)
+        r = json.loads(out)
+        self.assertEqual(r["w"], 1 << 20)
+        for k, v in r.items():
+            if k == "w":
+                continue
+            self.assertIsInstance(v, str, "%s was accepted: %r" % (k, v))
+            self.assertIn("printable ASCII", v)
+            one_line(self, v)
+
     def test_region_ends_when_its_block_raises(self):
         # the with block ends the region even when it raises: a later allocation is not
         # routed to it (while it sleeps such an allocation would be refused)
