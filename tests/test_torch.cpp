@@ -440,4 +440,83 @@ TEST(Torch, SafeModeDefersFreesFromManyThreads) {
   EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, L.deferred(64, &n, &bytes));
 }
 
+// expseg_torch_region_info_json as a hostile caller uses it: NULL buffer, len 0, 1 and one
+// short of the text (truncated and NUL-terminated, nothing written past len), NULL needed,
+// NULL, empty, overlong and non-ASCII tags, unknown devices (an error, "" and needed 0),
+// a region asleep and a region freed of all its blocks.
+TEST(Torch, RegionInfoJsonBuffersTagsAndDevices) {
+  NEED_DRIVER();
+  Lib &L = lib();
+  int (*region)(int, const char *, int);
+  int (*sleep)(int, const char *, int);
+  int (*wake)(int, const char *);
+  int (*info)(int, const char *, char *, size_t, size_t *);
+  L.resolve(region, "expseg_torch_region");
+  L.resolve(sleep, "expseg_torch_sleep");
+  L.resolve(wake, "expseg_torch_wake");
+  L.resolve(info, "expseg_torch_region_info_json");
+  ASSERT_EQ(EXPSEG_OK, region(0, "adv5info", 1)) << L.last_error(0);
+  void *p = L.alloc(1u << 20, 0, nullptr);
+  ASSERT_EQ(EXPSEG_OK, region(0, "adv5info", 0)) << L.last_error(0);
+  ASSERT_NE(nullptr, p) << L.last_error(0);
+  size_t need = 7;
+  ASSERT_EQ(EXPSEG_OK, info(0, "adv5info", nullptr, 0, &need)) << L.last_error(0);
+  ASSERT_GT(need, 2u);
+  std::string whole(need + 16, '#');
+  ASSERT_EQ(EXPSEG_OK, info(0, "adv5info", &whole[0], need, nullptr));
+  EXPECT_EQ(need - 1, strlen(whole.c_str()));
+  EXPECT_EQ('#', whole[need]) << "nothing written past len";
+  EXPECT_NE(std::string::npos, whole.find("\"live_bytes\": 1048576")) << whole;
+  EXPECT_NE(std::string::npos, whole.find("\"asleep\": false")) << whole;
+  EXPECT_EQ('}', whole[need - 2]);
+  for (size_t len : {size_t(0), size_t(1), size_t(2), need - 1}) {
+    std::string b(need + 16, '#');
+    size_t n = 0;
+    ASSERT_EQ(EXPSEG_OK, info(0, "adv5info", &b[0], len, &n)) << len;
+    EXPECT_EQ(need, n) << len;
+    if (len == 0) {
+      EXPECT_EQ('#', b[0]) << "len 0: nothing written";
+    } else {
+      EXPECT_EQ(len - 1, strlen(b.c_str())) << len;
+      EXPECT_EQ(0, memcmp(b.c_str(), whole.c_str(), len - 1)) << len;
+      EXPECT_EQ('#', b[len]) << "len " << len << ": nothing written past len";
+    }
+  }
+  ASSERT_EQ(EXPSEG_OK, info(0, "adv5info", nullptr, 100, nullptr)) << "NULL buffer, len 100";
+  std::string big64(64, 'x'), big(100000, 'x');
+  for (const char *tag : {(const char *)nullptr, "", "w\xc3\xa9", "tab\there", big64.c_str(),
+                          big.c_str(), "adv5-never-made"}) {
+    char b[32];
+    memset(b, '#', sizeof b);
+    size_t n = 7;
+    EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, info(0, tag, b, sizeof b, &n))
+        << (tag ? std::string(tag).substr(0, 40) : "NULL");
+    EXPECT_EQ('\0', b[0]);
+    EXPECT_EQ(0u, n);
+    std::string e = L.last_error(0);
+    EXPECT_NE(std::string::npos, e.find("expseg_torch_region_info_json")) << e;
+    EXPECT_LT(e.size(), 400u) << "the message names at most a part of a huge tag";
+  }
+  for (int dev : {-1, 64, 1 << 20}) {
+    char b[32];
+    memset(b, '#', sizeof b);
+    size_t n = 7;
+    EXPECT_NE(EXPSEG_OK, info(dev, "adv5info", b, sizeof b, &n)) << dev;
+    EXPECT_EQ('\0', b[0]) << dev;
+    EXPECT_EQ(0u, n) << dev;
+  }
+  // asleep, then freed of its one block while asleep, then woken
+  ASSERT_EQ(EXPSEG_OK, sleep(0, "adv5info", 0)) << L.last_error(0);
+  std::string b(4096, '\0');
+  ASSERT_EQ(EXPSEG_OK, info(0, "adv5info", &b[0], b.size(), &need));
+  EXPECT_NE(std::string::npos, b.find("\"asleep\": true")) << b;
+  L.free(p, 1u << 20, 0, nullptr);
+  ASSERT_EQ(EXPSEG_OK, info(0, "adv5info", &b[0], b.size(), &need));
+  EXPECT_NE(std::string::npos, b.find("\"deferred_frees\": 1")) << b;
+  ASSERT_EQ(EXPSEG_OK, wake(0, "adv5info")) << L.last_error(0);
+  ASSERT_EQ(EXPSEG_OK, info(0, "adv5info", &b[0], b.size(), &need));
+  EXPECT_NE(std::string::npos, b.find("\"live_bytes\": 0,")) << b;
+  EXPECT_NE(std::string::npos, b.find("\"asleep\": false")) << b;
+}
+
 } // namespace
