@@ -107,6 +107,54 @@ TEST(TraceMemtrace, OomCountWithoutRecordedFigures) {
   EXPECT_EQ(p.s.traces[0].baseline.oom, 5u);
 }
 
+// The OOM count without a "# pytorch:" line, attacked: malformed 'O' lines are rejected at
+// their line (nothing counted, nothing returned), the largest accepted size (2^50) and
+// device_free values
+// count once each, a thousand 'O' lines on several streams count a thousand, and a
+// "# pytorch:" line after the 'O' lines still stands (its figure, not the lines').
+TEST(TraceMemtrace, OomCountAttacked) {
+  const std::string head = "# memtrace v1\na 0 0 100\n";
+  for (const char *bad : {"O 0 - 4096\n", "O 0 x 4096 device_free=0\n",
+                          "O 0 - 4096 device_free=\n", "O 0 - 4096 device_free=-1\n",
+                          "O 0 - 4096 device_free=18446744073709551616\n",
+                          "O 0 - 18446744073709551616 device_free=0\n",
+                          "O 0 - 4096 free=0\n", "O 0 - 4096 device_free=0 x\n",
+                          "O 99999999 - 4096 device_free=0\n", "O 0 - 0x10 device_free=0\n",
+                          "O - - 4096 device_free=0\n", "OO 0 - 4096 device_free=0\n",
+                          "o 0 - 4096 device_free=0\n", "O 0 - 4096 device_free=1e3\n"}) {
+    TraceSet s;
+    EXPECT_NE(read(head + bad + "f 0 0 100\n", s), EXPSEG_OK) << bad;
+    EXPECT_EQ(s.s.n, 0u) << bad;
+    std::string e = expseg_trace_last_error();
+    EXPECT_NE(e.find("t.memtrace:3:"), std::string::npos) << bad << ": " << e;
+  }
+  TraceSet huge;
+  ASSERT_EQ(read(head + "O 0 - 1125899906842624 device_free=18446744073709551615\n"
+                        "O 0 - 0 device_free=0\nf 0 0 100\n",
+                 huge),
+            EXPSEG_OK)
+      << expseg_trace_last_error();
+  EXPECT_EQ(huge.s.traces[0].baseline.oom, 2u);
+  std::string many = head + "a 1 1 10\n";
+  for (int i = 0; i < 1000; i++)
+    many += "O " + std::to_string(i % 2) + " - " + std::to_string(4096 + i) + " device_free=" +
+            std::to_string(i) + (i % 3 ? "\n" : "\r\n");
+  many += "f 0 0 100\nf 1 1 10\n";
+  TraceSet m;
+  ASSERT_EQ(read(many, m), EXPSEG_OK) << expseg_trace_last_error();
+  EXPECT_EQ(m.s.traces[0].baseline.present, 0);
+  EXPECT_EQ(m.s.traces[0].baseline.oom, 1000u);
+  TraceSet late;
+  ASSERT_EQ(read(head + "O 0 - 4096 device_free=0\nO 0 - 4096 device_free=0\n"
+                        "# pytorch: start_reserved=0 peak_reserved=0 end_reserved=0 "
+                        "segment_alloc=0 segment_free=0 map=0 unmap=0 oom=0\nf 0 0 100\n",
+                 late),
+            EXPSEG_OK)
+      << expseg_trace_last_error();
+  EXPECT_EQ(late.s.traces[0].baseline.present, 1);
+  EXPECT_EQ(late.s.traces[0].baseline.oom, 0u) << "the recorded figure stands, even 0";
+}
+
 TEST(TraceMemtrace, AcceptsCrlfAndStreamZeroLate) {
   TraceSet s;
   // stream 0 may first appear after stream 1 (the default stream is always index 0)
