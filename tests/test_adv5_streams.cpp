@@ -53,7 +53,7 @@ void check(expseg_allocator *a, const std::string &where) {
 // Randomized: malloc, free, record_stream, hold and release of streams, empty_cache,
 // private pools (create, allocate, release), a region slept and woken, on ~300 stream
 // values; expseg_check after every step.
-void random_streams(const char *config, uint64_t dflt_seed) {
+void random_streams(const char *config, uint64_t dflt_seed, bool lends) {
   EXPSEG_SEEDED(seed, dflt_seed);
   TestRng rng(seed);
   AllocPtr ap = make_alloc("sim", config);
@@ -64,6 +64,7 @@ void random_streams(const char *config, uint64_t dflt_seed) {
   std::vector<expseg_pool_id> pools;
   std::set<expseg_stream> held;
   bool region_open = false, asleep = false;
+  int sleeps = 0;
   const int ops = test_ops(4000);
   for (int step = 0; step < ops; step++) {
     const std::string where = "step " + std::to_string(step);
@@ -125,7 +126,10 @@ void random_streams(const char *config, uint64_t dflt_seed) {
       if (!asleep && !region_open) {
         expseg_status st = expseg_sleep(a, "adv5", rng.below(2) ? EXPSEG_SLEEP_OFFLOAD
                                                                 : EXPSEG_SLEEP_DISCARD);
-        if (st == EXPSEG_OK) asleep = true;
+        if (st == EXPSEG_OK) {
+          asleep = true;
+          sleeps++;
+        }
         else ASSERT_EQ(st, EXPSEG_ERR_INVALID_ARGUMENT) << where << ": " << expseg_last_error();
       } else if (asleep) {
         ASSERT_EQ(expseg_wake(a, "adv5"), EXPSEG_OK) << where << ": " << expseg_last_error();
@@ -134,6 +138,14 @@ void random_streams(const char *config, uint64_t dflt_seed) {
     }
     check(a, where);
     if (::testing::Test::HasFatalFailure()) return;
+  }
+  const int64_t lent = stat_of(a, "expseg.num_lent");
+  std::printf("lent %lld, sleeps %d\n", (long long)lent, sleeps);
+  if (ops >= 4000) { // the default run covers lending between streams and sleep/wake
+    EXPECT_GT(sleeps, 0);
+    if (lends) {
+      EXPECT_GT(lent, 0);
+    }
   }
   for (expseg_stream h : held) ASSERT_EQ(expseg_testing_hold_stream(a, h, false), EXPSEG_OK);
   if (asleep) {
@@ -147,10 +159,10 @@ void random_streams(const char *config, uint64_t dflt_seed) {
 }
 
 TEST(Adv5Streams, RandomManyStreamsExpandable) {
-  random_streams("expandable_segments:True", 501);
+  random_streams("expandable_segments:True", 501, true);
 }
 TEST(Adv5Streams, RandomManyStreamsFixedSegments) {
-  random_streams("expandable_segments:False", 502);
+  random_streams("expandable_segments:False", 502, false);
 }
 
 // Thousands of free blocks on hundreds of streams: the index (and the owners' table with
