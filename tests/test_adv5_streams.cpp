@@ -203,4 +203,52 @@ TEST(Adv5Streams, GrowthAndDrainOfHundredsOfStreams) {
   check(a, "reused");
 }
 
+// (pool, stream) keys that hash to the owners' table's last, second-to-last, first and
+// second entries at every table size up to 2^20 (found with a copy of fidx_slot's mix, pools/fidx.h, and of the private
+// pools' stream key, the pool's slot from bit 48 up, pools/internal.h: if either changes
+// this test only loses its edge): one private pool per key, so that emptying a pool's
+// cache removes that key's entry alone; the entries' run wraps from the table's end to its
+// start, and removing them in several orders exercises the backward shift across the wrap.
+uint64_t owner_mix(int pool, uint64_t key) {
+  uint64_t h = (((uint64_t)pool + 1) ^ (key * 0xC2B2AE3D27D4EB4Full)) * 0x9E3779B97F4A7C15ull;
+  return h >> 32 ^ h;
+}
+
+TEST(Adv5Streams, OwnersRunWrappingTheTableEnd) {
+  const uint64_t mask = (1u << 20) - 1;
+  const int n = 6;
+  // homes: two at the table's second-to-last entry (the second spills into the last),
+  // one at the first (it must stay there when the first is removed and the second shifts
+  // back), two at the last (their run wraps), one at the second
+  const uint64_t homes[n] = {mask - 1, mask - 1, 0, mask, mask, 1};
+  std::vector<expseg_stream> wrap; // wrap[k]: the stream of pool slot k + 1
+  for (int k = 1; k <= n; k++)
+    for (expseg_stream s = 1;; s++)
+      if ((owner_mix(0, s | (uint64_t)k << 48) & mask) == homes[k - 1]) {
+        wrap.push_back(s);
+        break;
+      }
+  for (int order = 0; order < n; order++) {
+    AllocPtr ap = make_alloc("sim", "expandable_segments:False");
+    expseg_allocator *a = ap.get();
+    void *home = nullptr; // stream 0 in the general cache: the home stream, no entry
+    ASSERT_EQ(expseg_malloc(a, 512, 0, &home), EXPSEG_OK);
+    ASSERT_EQ(expseg_free(a, home), EXPSEG_OK);
+    std::vector<expseg_pool_id> ids(n);
+    for (int k = 0; k < n; k++) {
+      ASSERT_EQ(expseg_pool_create(a, &ids[k]), EXPSEG_OK);
+      void *p = nullptr;
+      ASSERT_EQ(expseg_malloc_pool(a, 512, wrap[k], ids[k], &p), EXPSEG_OK);
+      ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
+      check(a, "order " + std::to_string(order) + ", pool " + std::to_string(k));
+    }
+    EXPECT_EQ(alloc_test_free_streams(a, true), (size_t)n + 1);
+    for (int i = 0; i < n; i++) {
+      ASSERT_EQ(expseg_pool_empty_cache(a, ids[(i * 5 + order) % n]), EXPSEG_OK);
+      check(a, "order " + std::to_string(order) + ", emptied " + std::to_string(i));
+    }
+    EXPECT_EQ(alloc_test_free_streams(a, true), 1u);
+  }
+}
+
 } // namespace
