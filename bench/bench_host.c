@@ -6,10 +6,12 @@
  *  - fill: the time to make and fill a fresh chunk of --size MiB on the register path with
  *    1, 2, 4 and 8 pre-faulting threads (pinned_num_register_threads), on the create path,
  *    and, for reference, mmap + one thread touching every page. Median of --rounds, each on
- *    a new pool.
+ *    a new pool. --huge both (the default) fills each way twice, with the pages advised to
+ *    be transparent huge pages (what the library does) and without (on / off: one way).
  * Host-to-device copy bandwidth needs a GPU (docs/benchmarks.md). */
 #include "tool_args.h"
 #include "trace_internal.h"
+#include "expseg_testing.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -29,7 +31,10 @@ typedef struct {
   uint64_t size_mb, rounds, batches, batch, block;
   uint64_t threads[8];
   size_t n_threads;
+  int huge; /* index in kHuge */
 } args_t;
+
+static const char *const kHuge[] = {"both", "on", "off", NULL};
 
 static void usage(FILE *f) {
   fprintf(f, "usage: expseg-bench-host [options]\n"
@@ -37,13 +42,15 @@ static void usage(FILE *f) {
              "  --size MiB      chunk filled per round (default 256)\n"
              "  --rounds N      fills per configuration (default 7)\n"
              "  --threads LIST  pre-faulting threads, comma-separated (default 1,2,4,8)\n"
+             "  --huge WHICH    fills with transparent huge pages advised: on, off or both\n"
+             "                  (default both)\n"
              "  --block BYTES   block size of the hit loop (default 65536)\n"
              "  --batches N     timed hit batches (default 200)\n"
              "  --batch N       malloc+free pairs per batch (default 10000)\n");
 }
 
 static int parse_args(int argc, char **argv, args_t *a) {
-  *a = (args_t){"host:numa=0", 256, 7, 200, 10000, 65536, {1, 2, 4, 8}, 4};
+  *a = (args_t){"host:numa=0", 256, 7, 200, 10000, 65536, {1, 2, 4, 8}, 4, 0};
   const _expseg_arg_t opts[] = {
       ARG_STR_("--driver", &a->driver),
       ARG_U64_("--size", &a->size_mb, 1, 65536),
@@ -52,6 +59,7 @@ static int parse_args(int argc, char **argv, args_t *a) {
       ARG_U64_("--batches", &a->batches, 1, 100000),
       ARG_U64_("--batch", &a->batch, 1, UINT64_MAX),
       ARG_LIST_("--threads", a->threads, 1, 128, &a->n_threads, 8),
+      ARG_CHOICE_("--huge", &a->huge, kHuge),
   };
   if (_expseg_args_parse("expseg-bench-host", argc, argv, opts, sizeof opts / sizeof opts[0],
                          usage))
@@ -146,13 +154,22 @@ int main(int argc, char **argv) {
   int rc = bench_hit(&a, "pinned_use_background_threads:False");
   rc |= bench_hit(&a, "pinned_use_background_threads:True");
   char conf[160], label[160];
-  for (size_t i = 0; i < a.n_threads && !rc; i++) {
-    snprintf(conf, sizeof conf, "pinned_use_cuda_host_register:True,pinned_num_register_threads:%llu",
-             (unsigned long long)a.threads[i]);
-    snprintf(label, sizeof label, "register, %llu thread(s)", (unsigned long long)a.threads[i]);
-    rc |= bench_fill(&a, conf, label);
+  for (int h = 1; h <= 2; h++) { /* on, off */
+    if (a.huge != 0 && a.huge != h) continue;
+    const char *hp = h == 1 ? "huge pages" : "small pages";
+    expseg_testing_host_huge_pages(h == 1);
+    for (size_t i = 0; i < a.n_threads && !rc; i++) {
+      snprintf(conf, sizeof conf,
+               "pinned_use_cuda_host_register:True,pinned_num_register_threads:%llu",
+               (unsigned long long)a.threads[i]);
+      snprintf(label, sizeof label, "register, %llu thread(s), %s", (unsigned long long)a.threads[i],
+               hp);
+      rc |= bench_fill(&a, conf, label);
+    }
+    snprintf(label, sizeof label, "create path, %s", hp);
+    if (!rc) rc |= bench_fill(&a, "pinned_use_cuda_host_register:False", label);
   }
-  if (!rc) rc |= bench_fill(&a, "pinned_use_cuda_host_register:False", "create path");
+  expseg_testing_host_huge_pages(1);
   if (!rc) bench_plain(&a);
   return rc;
 }

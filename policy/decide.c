@@ -2,9 +2,19 @@
 /* decide.c: decisions the allocator core used to make inline, as pure functions of the
  * configuration and the figures the core passes in: when the physical page cache is over
  * its bound, which hint an out-of-memory message gives (pools/oom.c writes the words), and
- * whose free memory may be taken across private pools.
+ * whose free memory may be taken across private pools, how many threads fault in a sleeping
+ * region's host copy.
  * The oversize test, which the hit path asks, is inline in policy.h. docs/design.md. */
 #include "policy.h"
+
+uint32_t _expseg_sleep_fault_threads(size_t bytes, long cpus) {
+  size_t want = bytes / EXPSEG_SLEEP_FAULT_SPAN;
+  if (cpus > 0 && want > (size_t)cpus) want = (size_t)cpus;
+  if (want > EXPSEG_SLEEP_FAULT_MAX) want = EXPSEG_SLEEP_FAULT_MAX;
+  uint32_t n = 1;
+  while ((size_t)n * 2 <= want) n *= 2;
+  return n;
+}
 
 size_t _expseg_page_cache_excess(const expseg_config_t *c, size_t cached_bytes) {
   return cached_bytes > c->page_cache_max ? cached_bytes - c->page_cache_max : 0;

@@ -245,6 +245,14 @@ bool _expseg_lend_tighter(size_t own, size_t other);
  * unmap each time; the pool creates its own pages instead, once. */
 #define EXPSEG_NO_TAKE_BACK 64
 bool _expseg_may_take_back(uint64_t robbed, uint64_t now);
+/* Threads that pre-fault the pinned host copy of an offloaded region (sleep): one per
+ * EXPSEG_SLEEP_FAULT_SPAN bytes, at most the `cpus` online and EXPSEG_SLEEP_FAULT_MAX,
+ * rounded down to a power of two (the driver's rule), at least one. Faulting in the pages
+ * (zeroing them, on a virtual machine an exit each) is most of a first sleep's time; one
+ * thread did 16 GiB in 9 s on an H100 machine (docs/benchmarks.md, "On a GPU"). */
+#define EXPSEG_SLEEP_FAULT_SPAN ((size_t)256 << 20)
+#define EXPSEG_SLEEP_FAULT_MAX 16u
+uint32_t _expseg_sleep_fault_threads(size_t bytes, long cpus);
 /* Private pools (docs/api.md, "Private pools"): may growth or trimming on behalf of pool
  * `taker` (0: the general cache, and every trimming: garbage collection, empty_cache, the
  * out-of-memory path) move or give back free memory of pool `owner`? Its own, the general

@@ -407,8 +407,9 @@ static expseg_status sseg_build(expseg_allocator *a, region_t *r, segment_t *s, 
   const size_t need = (bytes + os_page - 1) / os_page * os_page;
   expseg_status st = EXPSEG_OK;
   if (!take_kept(a, r, need, &g->host)) {
-    g->host = (expseg_host_chunk_t){.size = need, .numa_node = _expseg_vmm_host_numa(a->drv),
-                                    .fault_threads = 1};
+    g->host = (expseg_host_chunk_t){
+        .size = need, .numa_node = _expseg_vmm_host_numa(a->drv),
+        .fault_threads = _expseg_sleep_fault_threads(need, sysconf(_SC_NPROCESSORS_ONLN))};
     /* a driver without bytes (sim): the host copy is counted as on any driver, so the
      * statistics show what an offload holds, but never allocated (ptr NULL) */
     if (!r->no_bytes && (st = _expseg_vmm_host_alloc(a->drv, &g->host)) != EXPSEG_OK) return st;

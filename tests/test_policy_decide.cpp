@@ -38,6 +38,28 @@ TEST(PolicyDecide, PageCacheExcessIsWhatPassesTheBound) {
   EXPECT_EQ(_expseg_page_cache_excess(&c, 2 * MiB), 2 * MiB);
 }
 
+// One thread per 256 MiB of a sleeping region's host copy, at most the CPUs and 16, a power
+// of two (the driver refuses any other count), never none.
+TEST(PolicyDecide, SleepFaultThreadsGrowWithTheCopyUpToTheCpus) {
+  EXPECT_EQ(_expseg_sleep_fault_threads(0, 8), 1u);
+  EXPECT_EQ(_expseg_sleep_fault_threads(4096, 8), 1u);
+  EXPECT_EQ(_expseg_sleep_fault_threads(256 * MiB - 1, 8), 1u);
+  EXPECT_EQ(_expseg_sleep_fault_threads(512 * MiB, 8), 2u);
+  EXPECT_EQ(_expseg_sleep_fault_threads(768 * MiB, 8), 2u) << "3 rounds down to a power of two";
+  EXPECT_EQ(_expseg_sleep_fault_threads(1024 * MiB, 8), 4u);
+  EXPECT_EQ(_expseg_sleep_fault_threads(16384 * MiB, 8), 8u) << "no more than the CPUs";
+  EXPECT_EQ(_expseg_sleep_fault_threads(16384 * MiB, 6), 4u);
+  EXPECT_EQ(_expseg_sleep_fault_threads(16384 * MiB, 64), EXPSEG_SLEEP_FAULT_MAX);
+  EXPECT_EQ(_expseg_sleep_fault_threads(SIZE_MAX, 1000), EXPSEG_SLEEP_FAULT_MAX);
+  EXPECT_EQ(_expseg_sleep_fault_threads(16384 * MiB, 0), EXPSEG_SLEEP_FAULT_MAX)
+      << "CPUs unknown (sysconf failed): the cap alone";
+  EXPECT_EQ(_expseg_sleep_fault_threads(16384 * MiB, -1), EXPSEG_SLEEP_FAULT_MAX);
+  for (size_t b = 0; b < (size_t(64) << 30); b += 97 * MiB) {
+    uint32_t n = _expseg_sleep_fault_threads(b, 12);
+    ASSERT_TRUE(n >= 1 && n <= 12 && (n & (n - 1)) == 0) << b << " bytes: " << n;
+  }
+}
+
 // What else would have served the request: other pools first, then busy streams, then
 // (expandable only) a lower page size; nothing when the hint names the only remedy.
 TEST(PolicyDecide, OomHelpByWhereMemoryWasFree) {

@@ -343,6 +343,9 @@ expseg_status _expseg_pinned_free(void *st, const expseg_host_chunk_t *c);
 /* Faults [p, p+size) in with n threads (bound to `node`'s cores when node >= 0); n = 1
  * runs on the caller when node < 0 or size < 2 MiB. Returns the threads started. */
 uint32_t _expseg_pinned_prefault(void *p, size_t size, uint32_t n, int node);
+/* Whether _expseg_pinned_prefault advises transparent huge pages (on by default); returns
+ * the previous setting. Process-wide, for benchmarks (expseg_testing_host_huge_pages). */
+bool _expseg_pinned_set_huge(bool on);
 
 #ifdef __cplusplus
 }
