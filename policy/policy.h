@@ -247,11 +247,13 @@ bool _expseg_lend_tighter(size_t own, size_t other);
 bool _expseg_may_take_back(uint64_t robbed, uint64_t now);
 /* Threads that pre-fault the pinned host copy of an offloaded region (sleep): one per
  * EXPSEG_SLEEP_FAULT_SPAN bytes, at most the `cpus` online and EXPSEG_SLEEP_FAULT_MAX,
- * rounded down to a power of two (the driver's rule), at least one. Faulting in the pages
- * (zeroing them, on a virtual machine an exit each) is most of a first sleep's time; one
- * thread did 16 GiB in 9 s on an H100 machine (docs/benchmarks.md, "On a GPU"). */
+ * rounded down to a power of two (the driver's rule), at least one. Faulting the pages in
+ * is most of a first sleep's time. On an H100 machine (16 CPUs, a virtual machine) a first
+ * sleep of 16 GiB took 9.3 s with one thread, 6.4 s with 16 and 4.2 s with 4 (huge pages
+ * advised in both); filling 4 GiB, 4 threads beat 2, 8 and 16 (docs/benchmarks.md, "On a
+ * GPU"): more threads contend for the process's page tables. */
 #define EXPSEG_SLEEP_FAULT_SPAN ((size_t)256 << 20)
-#define EXPSEG_SLEEP_FAULT_MAX 16u
+#define EXPSEG_SLEEP_FAULT_MAX 4u
 uint32_t _expseg_sleep_fault_threads(size_t bytes, long cpus);
 /* Private pools (docs/api.md, "Private pools"): may growth or trimming on behalf of pool
  * `taker` (0: the general cache, and every trimming: garbage collection, empty_cache, the
