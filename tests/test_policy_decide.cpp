@@ -38,17 +38,19 @@ TEST(PolicyDecide, PageCacheExcessIsWhatPassesTheBound) {
   EXPECT_EQ(_expseg_page_cache_excess(&c, 2 * MiB), 2 * MiB);
 }
 
-// One thread per 256 MiB of a sleeping region's host copy, at most the CPUs and 16, a power
-// of two (the driver refuses any other count), never none.
+// One thread per 256 MiB of a sleeping region's host copy, at most the CPUs and the cap, a
+// power of two (the driver refuses any other count), never none.
 TEST(PolicyDecide, SleepFaultThreadsGrowWithTheCopyUpToTheCpus) {
+  static_assert(EXPSEG_SLEEP_FAULT_MAX >= 4, "the cases below assume a cap of at least 4");
   EXPECT_EQ(_expseg_sleep_fault_threads(0, 8), 1u);
   EXPECT_EQ(_expseg_sleep_fault_threads(4096, 8), 1u);
   EXPECT_EQ(_expseg_sleep_fault_threads(256 * MiB - 1, 8), 1u);
   EXPECT_EQ(_expseg_sleep_fault_threads(512 * MiB, 8), 2u);
   EXPECT_EQ(_expseg_sleep_fault_threads(768 * MiB, 8), 2u) << "3 rounds down to a power of two";
   EXPECT_EQ(_expseg_sleep_fault_threads(1024 * MiB, 8), 4u);
-  EXPECT_EQ(_expseg_sleep_fault_threads(16384 * MiB, 8), 8u) << "no more than the CPUs";
-  EXPECT_EQ(_expseg_sleep_fault_threads(16384 * MiB, 6), 4u);
+  EXPECT_EQ(_expseg_sleep_fault_threads(16384 * MiB, 2), 2u) << "no more than the CPUs";
+  EXPECT_EQ(_expseg_sleep_fault_threads(16384 * MiB, 3), 2u);
+  EXPECT_EQ(_expseg_sleep_fault_threads(16384 * MiB, 1), 1u);
   EXPECT_EQ(_expseg_sleep_fault_threads(16384 * MiB, 64), EXPSEG_SLEEP_FAULT_MAX);
   EXPECT_EQ(_expseg_sleep_fault_threads(SIZE_MAX, 1000), EXPSEG_SLEEP_FAULT_MAX);
   EXPECT_EQ(_expseg_sleep_fault_threads(16384 * MiB, 0), EXPSEG_SLEEP_FAULT_MAX)
@@ -56,7 +58,8 @@ TEST(PolicyDecide, SleepFaultThreadsGrowWithTheCopyUpToTheCpus) {
   EXPECT_EQ(_expseg_sleep_fault_threads(16384 * MiB, -1), EXPSEG_SLEEP_FAULT_MAX);
   for (size_t b = 0; b < (size_t(64) << 30); b += 97 * MiB) {
     uint32_t n = _expseg_sleep_fault_threads(b, 12);
-    ASSERT_TRUE(n >= 1 && n <= 12 && (n & (n - 1)) == 0) << b << " bytes: " << n;
+    ASSERT_TRUE(n >= 1 && n <= 12 && n <= EXPSEG_SLEEP_FAULT_MAX && (n & (n - 1)) == 0)
+        << b << " bytes: " << n;
   }
 }
 
