@@ -6,7 +6,8 @@
 
 PIECE: driver (expseg-bench-driver: skipped sizes, the page sweep, unmap while a stream is
 held, the JSON, a cost table expseg-replay accepts), device (expseg-bench-device: bytes
-checked, out of memory, nothing leaked; sim refused), sleep (expseg-bench-sleep: a region
+checked, out of memory, nothing leaked; sim refused; expseg-bench-hit: a row per live count,
+none for a live set that does not fit), sleep (expseg-bench-sleep: a region
 slept and woken, every byte checked, the copy time within each, the floor measured, the
 JSON; sim gives calls only), report (gpu_check_report.py over a
 made-up work folder: statuses, the double's label, the summary), args (bench/gpu-check
@@ -82,6 +83,22 @@ def piece_device(bench, src, spec, tmp):
     check(d["leaked"] is False, "nothing left with the driver")
     p = run([os.path.join(bench, "expseg-bench-device"), "--driver", "sim"])
     check(p.returncode == 2 and "sim driver has no bytes" in p.stdout, "sim refused with a message")
+    if not spec.startswith("host"):
+        return
+    # the hit pair: a row per live count; a run that cannot build its live set has no row
+    # (its own capacity: the synthetic sizes it times reach 264 MiB)
+    hit, spec = os.path.join(bench, "expseg-bench-hit"), "host:capacity=2G"
+    p = run([hit, "--driver", spec, "--batches", "200", "--live", "0,100", "--max-live-size",
+             "65536", "--json"])
+    rows = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+    check(p.returncode == 0 and [r["live"] for r in rows] == [0, 100] and
+          all(r["median_ns"] > 0 and r["device_allocs_timed"] == 0 for r in rows),
+          "expseg-bench-hit: one row per live count, every timed pair a hit")
+    p = run([hit, "--driver", spec, "--batches", "200", "--live", "0,100000", "--json"])
+    rows = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+    check(p.returncode == 1 and [r["live"] for r in rows] == [0] and
+          "building the live set" in p.stdout and "a timed malloc failed" not in p.stdout,
+          "expseg-bench-hit: a live set that does not fit is an error with no row for it")
 
 
 def piece_sleep(bench, src, spec, tmp):
