@@ -6,12 +6,11 @@
  *  - fill: the time to make and fill a fresh chunk of --size MiB on the register path with
  *    1, 2, 4 and 8 pre-faulting threads (pinned_num_register_threads), on the create path,
  *    and, for reference, mmap + one thread touching every page. Median of --rounds, each on
- *    a new pool. --huge both (the default) fills each way twice, with the pages advised to
- *    be transparent huge pages (what the library does) and without (on / off: one way).
+ *    a new pool. --huge both (the default) fills each way twice, with pinned_huge_pages:True
+ *    (transparent huge pages advised, the default) and :False (on / off: one way).
  * Host-to-device copy bandwidth needs a GPU (docs/benchmarks.md). */
 #include "tool_args.h"
 #include "trace_internal.h"
-#include "expseg_testing.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -157,19 +156,20 @@ int main(int argc, char **argv) {
   for (int h = 1; h <= 2; h++) { /* on, off */
     if (a.huge != 0 && a.huge != h) continue;
     const char *hp = h == 1 ? "huge pages" : "small pages";
-    expseg_testing_host_huge_pages(h == 1);
+    const char *hk = h == 1 ? "True" : "False";
     for (size_t i = 0; i < a.n_threads && !rc; i++) {
       snprintf(conf, sizeof conf,
-               "pinned_use_cuda_host_register:True,pinned_num_register_threads:%llu",
-               (unsigned long long)a.threads[i]);
+               "pinned_use_cuda_host_register:True,pinned_num_register_threads:%llu,"
+               "pinned_huge_pages:%s",
+               (unsigned long long)a.threads[i], hk);
       snprintf(label, sizeof label, "register, %llu thread(s), %s", (unsigned long long)a.threads[i],
                hp);
       rc |= bench_fill(&a, conf, label);
     }
     snprintf(label, sizeof label, "create path, %s", hp);
-    if (!rc) rc |= bench_fill(&a, "pinned_use_cuda_host_register:False", label);
+    snprintf(conf, sizeof conf, "pinned_use_cuda_host_register:False,pinned_huge_pages:%s", hk);
+    if (!rc) rc |= bench_fill(&a, conf, label);
   }
-  expseg_testing_host_huge_pages(1);
   if (!rc) bench_plain(&a);
   return rc;
 }

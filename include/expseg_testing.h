@@ -48,12 +48,6 @@ EXPSEG_EXPORT expseg_status expseg_testing_copy_in(expseg_allocator *a, void *ds
 EXPSEG_EXPORT expseg_status expseg_testing_copy_out(expseg_allocator *a, void *dst,
                                                     const void *src, size_t size);
 
-/* Whether pinned host memory made from here on (the host pool, a sleeping region's host
- * copy) is advised to use transparent huge pages before its pages are faulted in (1, the
- * default) or not (0). Process-wide; returns the previous setting. For benchmarks that
- * compare the two (expseg-bench-host --huge). */
-EXPSEG_EXPORT int expseg_testing_host_huge_pages(int on);
-
 /* Driver calls failed by a fault rule so far (0 without a fault driver). */
 EXPSEG_EXPORT uint64_t expseg_testing_faults_injected(const expseg_allocator *a);
 

@@ -51,6 +51,7 @@ typedef struct expseg_config_s {
   size_t pinned_max_round_threshold;   /* bytes; SIZE_MAX = off */
   size_t pinned_max_cached_size;       /* bytes; SIZE_MAX = off */
   bool pinned_carve_strict;
+  bool pinned_huge_pages;
   bool graph_capture_record_stream_reuse;
   double per_process_memory_fraction;
   bool throw_on_cudamalloc_oom;

@@ -409,7 +409,8 @@ static expseg_status sseg_build(expseg_allocator *a, region_t *r, segment_t *s, 
   if (!take_kept(a, r, need, &g->host)) {
     g->host = (expseg_host_chunk_t){
         .size = need, .numa_node = _expseg_vmm_host_numa(a->drv),
-        .fault_threads = _expseg_sleep_fault_threads(need, sysconf(_SC_NPROCESSORS_ONLN))};
+        .fault_threads = _expseg_sleep_fault_threads(need, sysconf(_SC_NPROCESSORS_ONLN)),
+        .no_huge = !a->cfg.pinned_huge_pages};
     /* a driver without bytes (sim): the host copy is counted as on any driver, so the
      * statistics show what an offload holds, but never allocated (ptr NULL) */
     if (!r->no_bytes && (st = _expseg_vmm_host_alloc(a->drv, &g->host)) != EXPSEG_OK) return st;

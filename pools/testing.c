@@ -55,8 +55,6 @@ uint64_t expseg_testing_slow_mallocs(expseg_allocator *a) {
   return n;
 }
 
-int expseg_testing_host_huge_pages(int on) { return _expseg_pinned_set_huge(on != 0); }
-
 uint64_t expseg_testing_faults_injected(const expseg_allocator *a) {
   return a ? _expseg_fault_injected(a->drv) : 0;
 }

@@ -527,6 +527,56 @@ TEST(HostPool, ReserveSegmentIsServedFirstAndKept) {
   EXPECT_EQ(expseg_host_free(h.get(), again), EXPSEG_OK);
 }
 
+// ---- pinned_huge_pages ----
+
+// The VmFlags line of the mapping that holds p in /proc/self/smaps ("" when not found).
+std::string vm_flags_of(const void *p) {
+  FILE *f = fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return "";
+  char line[512];
+  bool in = false;
+  std::string flags;
+  const uintptr_t a = (uintptr_t)p;
+  while (fgets(line, sizeof line, f) != nullptr) {
+    unsigned long lo = 0, hi = 0;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+      in = a >= lo && a < hi;
+    } else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+      flags = line + 8;
+      break;
+    }
+  }
+  fclose(f);
+  return flags;
+}
+
+// A chunk of 4 MiB or more is advised to use transparent huge pages (VM_HUGEPAGE: "hg" in
+// VmFlags) unless pinned_huge_pages:False; a smaller one never is.
+TEST(HostPool, HugePagesAdvisedForLargeChunksUnlessTurnedOff) {
+  if (access("/sys/kernel/mm/transparent_hugepage/enabled", R_OK) != 0)
+    GTEST_SKIP() << "this kernel has no transparent huge pages";
+  for (const char *cfg : {"", "pinned_huge_pages:True", "pinned_huge_pages:False"}) {
+    SCOPED_TRACE(cfg);
+    const bool want = strstr(cfg, "False") == nullptr;
+    PoolPtr h = make_pool("host", cfg);
+    ASSERT_TRUE(h);
+    void *big = nullptr, *small = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h.get(), 8 * MiB, &big), EXPSEG_OK) << expseg_last_error();
+    ASSERT_EQ(expseg_host_malloc(h.get(), 64 * KiB, &small), EXPSEG_OK) << expseg_last_error();
+    const std::string fb = vm_flags_of(big), fs = vm_flags_of(small);
+    ASSERT_FALSE(fb.empty()) << "no mapping found for " << big;
+    ASSERT_FALSE(fs.empty()) << "no mapping found for " << small;
+    EXPECT_EQ(fb.find(" hg") != std::string::npos, want) << "8 MiB chunk, VmFlags:" << fb;
+    EXPECT_EQ(fs.find(" hg"), std::string::npos) << "64 KiB chunk, VmFlags:" << fs;
+    std::vector<char> pattern(8 * MiB);
+    for (size_t i = 0; i < pattern.size(); i++) pattern[i] = (char)(i * 7 + 3);
+    memcpy(big, pattern.data(), pattern.size());
+    EXPECT_EQ(memcmp(big, pattern.data(), pattern.size()), 0) << "the memory is usable";
+    ASSERT_EQ(expseg_host_free(h.get(), big), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_free(h.get(), small), EXPSEG_OK);
+  }
+}
+
 // ---- sizes and statistics ----
 
 TEST(HostPool, SizesArePowersOfTwoOfAtLeastAPage) {

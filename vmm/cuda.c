@@ -525,7 +525,8 @@ static expseg_status host_register(cuda_t *c, expseg_host_chunk_t *hc) {
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "cuda driver: host_alloc: mmap: %s",
                              strerror(errno));
   if (hc->numa_node >= 0) hc->placed = _expseg_topo_bind(p, hc->size, hc->numa_node) == 0;
-  hc->threads_used = _expseg_pinned_prefault(p, hc->size, hc->fault_threads, hc->numa_node);
+  hc->threads_used =
+      _expseg_pinned_prefault(p, hc->size, hc->fault_threads, hc->numa_node, !hc->no_huge);
   ctx_guard_t g;
   expseg_status s = enter(c, &g);
   if (s == EXPSEG_OK) {

@@ -14,7 +14,7 @@
  * unprivileged user by default), and then the chunk says locked = false (the pages are
  * present all the same), and one warning per process says why.
  * Before the pages are faulted in, a chunk of 4 MiB or more is advised to use transparent
- * huge pages (madvise MADV_HUGEPAGE; off for benchmarks: _expseg_pinned_set_huge). */
+ * huge pages (madvise MADV_HUGEPAGE) unless the caller says no_huge (pinned_huge_pages). */
 #include "vmm_impl.h"
 
 #include <errno.h>
@@ -53,16 +53,14 @@ static void *fault_thread(void *arg) {
   return NULL;
 }
 
-static atomic_bool no_huge; /* expseg_testing_host_huge_pages(0): for benchmarks */
-
-bool _expseg_pinned_set_huge(bool on) { return !atomic_exchange(&no_huge, !on); }
-
-uint32_t _expseg_pinned_prefault(void *p, size_t size, uint32_t n, int node) {
+uint32_t _expseg_pinned_prefault(void *p, size_t size, uint32_t n, int node, bool huge) {
   size_t page = os_page(), pages = size / page;
 #ifdef MADV_HUGEPAGE
   /* Transparent huge pages where the system allows them (a hint: refused or ignored where
    * they are off): a fault per 2 MiB instead of per 4 KiB, and fewer pages to lock. */
-  if (size >= HUGE_MIN && !atomic_load(&no_huge)) (void)madvise(p, size, MADV_HUGEPAGE);
+  if (huge && size >= HUGE_MIN) (void)madvise(p, size, MADV_HUGEPAGE);
+#else
+  (void)huge;
 #endif
   if (n == 0) n = 1;
   if (n > pages) n = pages ? (uint32_t)pages : 1;
@@ -117,9 +115,10 @@ expseg_status _expseg_pinned_alloc(void *st, expseg_host_chunk_t *c) {
                    c->numa_node, _expseg_error_message());
   }
   if (c->use_register)
-    c->threads_used = _expseg_pinned_prefault(p, c->size, c->fault_threads, c->numa_node);
-  else
-    _expseg_pinned_prefault(p, c->size, 1, -1); /* mlock may not fault (sanitizers stub it) */
+    c->threads_used =
+        _expseg_pinned_prefault(p, c->size, c->fault_threads, c->numa_node, !c->no_huge);
+  else /* mlock may not fault (sanitizers stub it) */
+    _expseg_pinned_prefault(p, c->size, 1, -1, !c->no_huge);
   c->locked = mlock(p, c->size) == 0;
   if (!c->locked) {
     int err = errno;

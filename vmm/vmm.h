@@ -90,6 +90,7 @@ typedef struct expseg_host_chunk_s {
   int numa_node;          /* in: node the pages must sit on; -1 = the OS's choice */
   bool use_register;      /* in: ordinary memory, pre-faulted, then registered (locked) */
   uint32_t fault_threads; /* in: threads that pre-fault the pages (register path) */
+  bool no_huge;           /* in: do not advise transparent huge pages (pinned_huge_pages) */
   void *ptr;              /* out: host address (also the device's, unified addressing) */
   bool locked;            /* out: page-locked (host: mlock worked; cuda: always) */
   bool placed;            /* out: bound to numa_node */
@@ -341,11 +342,9 @@ expseg_status _expseg_topo_load_for_testing(const char *xml);
 expseg_status _expseg_pinned_alloc(void *st, expseg_host_chunk_t *c);
 expseg_status _expseg_pinned_free(void *st, const expseg_host_chunk_t *c);
 /* Faults [p, p+size) in with n threads (bound to `node`'s cores when node >= 0); n = 1
- * runs on the caller when node < 0 or size < 2 MiB. Returns the threads started. */
-uint32_t _expseg_pinned_prefault(void *p, size_t size, uint32_t n, int node);
-/* Whether _expseg_pinned_prefault advises transparent huge pages (on by default); returns
- * the previous setting. Process-wide, for benchmarks (expseg_testing_host_huge_pages). */
-bool _expseg_pinned_set_huge(bool on);
+ * runs on the caller when node < 0 or size < 2 MiB. With `huge`, a range of 4 MiB or more
+ * is first advised to use transparent huge pages. Returns the threads started. */
+uint32_t _expseg_pinned_prefault(void *p, size_t size, uint32_t n, int node, bool huge);
 
 #ifdef __cplusplus
 }

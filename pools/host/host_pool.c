@@ -242,6 +242,7 @@ static expseg_status chunk_new(expseg_host_pool *h, size_t size, expseg_host_chu
   c->numa_node = h->node;
   c->use_register = h->cfg.pinned_use_cuda_host_register;
   c->fault_threads = h->cfg.pinned_num_register_threads;
+  c->no_huge = !h->cfg.pinned_huge_pages;
   uint64_t t0 = _expseg_vmm_now_ns(h->drv);
   expseg_status s = _expseg_vmm_host_alloc(h->drv, c);
   *us = (_expseg_vmm_now_ns(h->drv) - t0) / 1000;
