@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // test_alloc_sleep_common.h: the fixture of the sleep and wake suites (test_alloc_sleep.cpp,
-// test_alloc_sleep_cycles.cpp; on `cuda` against the CUDA driver double through
-// test_gpu_sleep.cpp and test_gpu_sleep_cycles.cpp, which define EXPSEG_SLEEP_GPU): the
-// drivers, an allocator per test over a fault wrapper ("fault;DRIVER") that must give
-// everything back, live blocks whose bytes are written and read back through the driver's
-// data-check hook, and EXPSEG_SLEEP_INSTANTIATE() that runs a suite on every driver and
-// segment kind.
+// test_alloc_sleep_cycles.cpp; on `cuda` through test_gpu_sleep.cpp and
+// test_gpu_sleep_cycles.cpp, which define EXPSEG_SLEEP_GPU): the drivers, an allocator per
+// test over a fault wrapper ("fault;DRIVER") that must give everything back, live blocks
+// whose bytes are written and read back through the driver's data-check hook, and
+// EXPSEG_SLEEP_INSTANTIATE() that runs a suite on every driver and segment kind. On `cuda`
+// the suites run against the CUDA driver double (configured to 1 GiB, 2 MiB pages) when
+// libcuda.so.1 is the double, else against the real driver when it finds a usable GPU (a
+// test whose assertion needs the double skips alone, via EXPSEG_SLEEP_NEEDS_DOUBLE), else
+// they skip.
 #pragma once
 #include "alloc_support.h"
 #include "driver_param.h"
@@ -66,6 +69,8 @@ protected:
   TestRng rng_{0};
   std::vector<Live> live_;
   expseg_stream other_ = 7; // a second stream (cuda: one the driver made)
+  bool on_double_ = false;  // cuda: libcuda.so.1 is the CUDA driver double, not a real GPU
+  bool real_gpu() const { return driver() == "cuda" && !on_double_; }
   std::string driver() const { return GetParam().driver; }
   bool expandable() const {
     return std::string(GetParam().config).find("True") != std::string::npos;
@@ -76,10 +81,14 @@ protected:
     rng_ = TestRng(test_seed(27));
     std::string spec = "fault;" + driver();
 #ifdef EXPSEG_SLEEP_GPU
-    cudadouble_api api;
-    if (!cudadouble_load(&api) || !_expseg_cuda_usable(0))
-      GTEST_SKIP() << "libcuda.so.1 is not the CUDA driver double";
-    ASSERT_EQ(0, api.configure("capacity=1G,granularity=2M,recommended=2M")) << api.last_message();
+    cudadouble_api api{};
+    on_double_ = cudadouble_load(&api) != 0;
+    if (!_expseg_cuda_usable(0))
+      GTEST_SKIP() << "no CUDA driver: libcuda.so.1 is neither the CUDA driver double "
+                      "(tests/cuda_double) nor a driver that finds a usable GPU";
+    if (on_double_) {
+      ASSERT_EQ(0, api.configure("capacity=1G,granularity=2M,recommended=2M")) << api.last_message();
+    }
 #else
     spec += ":capacity=1G";
 #endif
@@ -156,6 +165,13 @@ protected:
     return c.mapped_bytes;
   }
 };
+
+// A test whose assertion holds only against the CUDA driver double skips on a real GPU,
+// saying what it needs (`why`).
+#define EXPSEG_SLEEP_NEEDS_DOUBLE(why)                                                          \
+  do {                                                                                          \
+    if (real_gpu()) GTEST_SKIP() << "needs the CUDA driver double (tests/cuda_double): " << why; \
+  } while (0)
 
 uint64_t seen(expseg_allocator *a, expseg_vmm_call k) {
   return _expseg_fault_seen(alloc_test_driver(a), k);

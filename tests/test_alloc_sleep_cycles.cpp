@@ -3,8 +3,8 @@
 // the driver: the exact size of the host copies and what sim makes of them (none), the wait
 // for the region's streams, a captured-graph-style run (the addresses and layout recorded
 // before a sleep are those after each wake, with the bytes last written), and on `cuda`
-// (test_gpu_sleep_cycles.cpp, against the CUDA driver double) the queued copies and their
-// overlap with the wake's maps. The fixture: test_alloc_sleep_common.h.
+// (test_gpu_sleep_cycles.cpp, read from the CUDA driver double's call log) the queued copies
+// and their overlap with the wake's maps. The fixture: test_alloc_sleep_common.h.
 #include "test_alloc_sleep_common.h"
 
 namespace {
@@ -166,6 +166,7 @@ TEST_P(Sleep, CapturedGraphStyleAddressesAndBytesSurviveCycles) {
 // segments are created and mapped. Read from the CUDA driver double's call log.
 TEST_P(Sleep, CudaCopiesAreQueuedAndOverlapTheWakesMaps) {
   if (a_ == nullptr) return;
+  EXPSEG_SLEEP_NEEDS_DOUBLE("reads the double's call log");
   cudadouble_api api;
   ASSERT_TRUE(cudadouble_load(&api));
   fill_region();

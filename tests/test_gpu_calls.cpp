@@ -38,7 +38,8 @@ struct Double {
 
 #define NEED_DOUBLE(d)                                                                  \
   Double d;                                                                             \
-  if (!d.ok) GTEST_SKIP() << "libcuda.so.1 is not the CUDA driver double (tests/cuda_double)"
+  if (!d.ok)                                                                            \
+    GTEST_SKIP() << "needs the CUDA driver double (tests/cuda_double): the test reads its call log"
 
 bool is(const cudadouble_call &c, const char *name) { return c.result == 0 && c.name == std::string(name); }
 bool overlaps(const cudadouble_call &c, uint64_t a, uint64_t n) {

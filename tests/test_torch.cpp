@@ -85,7 +85,9 @@ void *stream_of(int dev, int k) {
 // the tests assume the devices configured above: a real GPU is not them
 #define NEED_DRIVER()                                                    \
   cudadouble_api api_;                                                   \
-  if (!cudadouble_load(&api_)) GTEST_SKIP() << "needs the CUDA driver double (tests/cuda_double)"
+  if (!cudadouble_load(&api_))                                           \
+    GTEST_SKIP() << "needs the CUDA driver double (tests/cuda_double): the tests use its two " \
+                    "devices of 256 MiB"
 #endif
 
 struct Lib {
