@@ -251,8 +251,9 @@ bool _expseg_may_take_back(uint64_t robbed, uint64_t now);
  * rounded down to a power of two (the driver's rule), at least one. Faulting the pages in
  * is most of a first sleep's time. On an H100 machine (16 CPUs, a virtual machine) a first
  * sleep of 16 GiB took 9.3 s with one thread, 6.4 s with 16 and 4.2 s with 4 (huge pages
- * advised in both); filling 4 GiB, 4 threads beat 2, 8 and 16 (docs/benchmarks.md, "On a
- * GPU"): more threads contend for the process's page tables. */
+ * advised in both); filling 4 GiB, 4 threads beat 1, 2, 8 and 16 (docs/benchmarks.md,
+ * "Figures on an H100"; one machine: not confirmed elsewhere). Where the driver makes the
+ * host copy itself (cuMemCreate on the device's host NUMA node) the threads are unused. */
 #define EXPSEG_SLEEP_FAULT_SPAN ((size_t)256 << 20)
 #define EXPSEG_SLEEP_FAULT_MAX 4u
 uint32_t _expseg_sleep_fault_threads(size_t bytes, long cpus);
