@@ -441,7 +441,7 @@ static expseg_status copy_unlocked(expseg_allocator *a, region_t **rp, size_t fi
   r->busy = true;
   api_unlock(a);
   const uint64_t t0 = _expseg_vmm_now_ns(a->drv);
-  expseg_status st = pending ? _expseg_vmm_stream_synchronize(a->drv, *stream)
+  expseg_status st = pending ? _expseg_sleep_sync_copies(a->drv, *stream)
                              : _expseg_sleep_copy_segs(a->drv, segs, n, in, &no_bytes, stream, NULL);
   const uint64_t dt = _expseg_vmm_now_ns(a->drv) - t0;
   char cause[512] = "";

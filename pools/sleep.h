@@ -65,6 +65,12 @@ struct sleep_state_s {
 expseg_status _expseg_sleep_copy_segs(expseg_vmm_t *drv, const sseg_t *segs, size_t n, bool in,
                                       bool *no_bytes, const expseg_stream *stream,
                                       bool *pending);
+/* Waits for the copies queued on `stream`. When that synchronize fails, the device is
+ * synchronized as well before returning the first failure (its message kept): the caller
+ * then undoes (unmaps device memory, frees host copies), and a copy still in flight would
+ * land in memory given back (cuMemUnmap does not wait for queued work). Where the device
+ * cannot be synchronized either, the context has failed and runs no more copies. */
+expseg_status _expseg_sleep_sync_copies(expseg_vmm_t *drv, expseg_stream stream);
 /* The allocator's stream for queued copies, made at the first call (lock held); NULL where
  * the driver copies synchronously only, or could not make one (then copies are
  * synchronous). */

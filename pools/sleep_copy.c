@@ -5,7 +5,8 @@
  * queues copies (cuda: cuMemcpyDtoHAsync / HtoDAsync, which need pinned host memory, as the
  * host copies are) they go on one stream the allocator makes at the first copy, and each
  * batch ends with one synchronize of that stream, also after a failure, so nothing is in
- * flight when the caller unmaps memory or hands it out; a wake thus returns with its bytes
+ * flight when the caller unmaps memory or hands it out (a failed synchronize is followed
+ * by one of the device); a wake thus returns with its bytes
  * in place for work queued afterwards on any stream. Elsewhere (host) the copies are
  * synchronous; sim has no bytes, and a sleep there never gets here. */
 #include "sleep.h"
@@ -42,10 +43,19 @@ expseg_status _expseg_sleep_copy_segs(expseg_vmm_t *drv, const sseg_t *segs, siz
   if (pending != NULL) {
     *pending |= queued; /* the caller synchronizes */
   } else if (queued) {
-    const expseg_status s2 = _expseg_vmm_stream_synchronize(drv, *stream);
+    const expseg_status s2 = _expseg_sleep_sync_copies(drv, *stream);
     if (st == EXPSEG_OK) st = s2;
   }
   return st;
+}
+
+expseg_status _expseg_sleep_sync_copies(expseg_vmm_t *drv, expseg_stream stream) {
+  const expseg_status st = _expseg_vmm_stream_synchronize(drv, stream);
+  if (st == EXPSEG_OK) return st;
+  char cause[512];
+  snprintf(cause, sizeof cause, "%s", _expseg_error_message());
+  (void)_expseg_vmm_device_synchronize(drv); /* nothing in flight when the caller undoes */
+  return _expseg_error_set(st, "%s", cause);
 }
 
 /* The allocator's stream for queued copies, made at the first copy; NULL where the driver

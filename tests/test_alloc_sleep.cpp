@@ -479,8 +479,10 @@ const char *const kFaultKinds[] = {"create",     "map",       "set_access",     
 // gives the kept copies back.
 enum Variant { kFresh, kKept, kDiscard };
 
-// no_sync: stream_synchronize is not failed (on a real GPU: an injected failure leaves the
-// copies queued, and a real cuMemUnmap does not wait for them; the double refuses that unmap).
+// no_sync: stream_synchronize is not failed (on a real GPU). An injected failure leaves the
+// copies queued; the library then synchronizes the device before it undoes (tested on the
+// double: FailedCopySynchronizeIsFollowedByADeviceSynchronize), but that has not yet run on
+// a GPU, where a copy left in flight would land in memory given back.
 void FaultAtEveryCallPosition(Sleep *t, expseg_allocator *a, Variant v, bool no_sync, size_t *runs) {
   const expseg_sleep_mode mode = v == kDiscard ? EXPSEG_SLEEP_DISCARD : EXPSEG_SLEEP_OFFLOAD;
   auto prepare = [&] { // the state the variant starts from: kept copies or none

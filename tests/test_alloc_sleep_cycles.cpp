@@ -164,6 +164,68 @@ TEST_P(Sleep, CapturedGraphStyleAddressesAndBytesSurviveCycles) {
 // a sleep before its first unmap (nothing in flight is unmapped), a wake after its last map,
 // each segment's copies queued as soon as it is mapped, so they are in flight while the next
 // segments are created and mapped. Read from the CUDA driver double's call log.
+// When the synchronize of the copy stream fails, the device is synchronized before the sleep
+// or wake undoes anything: no queued copy is left to land in memory given back (a real
+// cuMemUnmap does not wait for it). The error is the first failure's; the region is left
+// awake (a failed sleep) or asleep (a failed wake), its bytes whole. Read from the double's
+// call log.
+TEST_P(Sleep, FailedCopySynchronizeIsFollowedByADeviceSynchronize) {
+  if (a_ == nullptr) return;
+  EXPSEG_SLEEP_NEEDS_DOUBLE("reads the double's call log");
+  cudadouble_api api;
+  ASSERT_TRUE(cudadouble_load(&api));
+  fill_region();
+  // the position of the copy stream's synchronize: the last one of a clean sleep or wake
+  const uint64_t s0 = seen(a_, EXPSEG_VMM_CALL_stream_synchronize);
+  ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+  const uint64_t s1 = seen(a_, EXPSEG_VMM_CALL_stream_synchronize);
+  ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+  const uint64_t per[2] = {s1 - s0, seen(a_, EXPSEG_VMM_CALL_stream_synchronize) - s1};
+  ASSERT_GE(per[0], 1u);
+  ASSERT_GE(per[1], 1u);
+  for (int dir = 0; dir < 2; dir++) {
+    for (const char *how : {"", ".."}) { // that synchronize alone, or every one from it on
+      SCOPED_TRACE(std::string(dir == 0 ? "sleep" : "wake") + how);
+      if (dir == 1) {
+        ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+      }
+      const std::string rule = "stream_synchronize@" + std::to_string(per[dir]) + how;
+      const uint64_t d0 = seen(a_, EXPSEG_VMM_CALL_device_synchronize);
+      api.log_clear();
+      ASSERT_EQ(expseg_testing_set_faults(a_, rule.c_str()), EXPSEG_OK) << expseg_last_error();
+      const expseg_status s =
+          dir == 0 ? expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD) : expseg_wake(a_, "w");
+      const std::string msg = expseg_last_error();
+      ASSERT_EQ(expseg_testing_set_faults(a_, ""), EXPSEG_OK);
+      EXPECT_NE(s, EXPSEG_OK) << "the copies' synchronize failed";
+      EXPECT_NE(msg.find("stream_synchronize"), std::string::npos) << "the first failure: " << msg;
+      EXPECT_EQ(seen(a_, EXPSEG_VMM_CALL_device_synchronize), d0 + 1);
+      EXPECT_EQ(info("w").asleep, dir == 1) << "a failed sleep leaves it awake, a failed wake asleep";
+      std::vector<cudadouble_call> log(api.log_count());
+      for (size_t i = 0; i < log.size(); i++) ASSERT_EQ(0, api.log_get(i, &log[i]));
+      size_t ctx_sync = SIZE_MAX, last_async = 0;
+      for (size_t i = 0; i < log.size(); i++) {
+        const std::string n = log[i].name;
+        if (n == "cuMemcpyDtoHAsync" || n == "cuMemcpyHtoDAsync") last_async = i;
+        if (n.rfind("cuCtxSynchronize", 0) == 0 && log[i].result == 0 && ctx_sync == SIZE_MAX)
+          ctx_sync = i;
+        if (i > last_async && (n == "cuMemUnmap" || n == "cuMemRelease" || n == "cuMemHostUnregister")) {
+          EXPECT_LT(ctx_sync, i) << n << " after the copies, before the device was synchronized";
+        }
+        if (n == "cuMemUnmap" || n == "cuMemHostUnregister") {
+          EXPECT_EQ(log[i].result, 0) << n << " refused: copies in flight";
+        }
+      }
+      EXPECT_NE(ctx_sync, SIZE_MAX) << "the device was synchronized";
+      check("after the failure");
+      for (int i = 0; i < 2 && info("w").asleep; i++) ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK);
+      EXPECT_FALSE(info("w").asleep);
+      expect_data("after the failure");
+    }
+  }
+  check("end");
+}
+
 TEST_P(Sleep, CudaCopiesAreQueuedAndOverlapTheWakesMaps) {
   if (a_ == nullptr) return;
   EXPSEG_SLEEP_NEEDS_DOUBLE("reads the double's call log");
