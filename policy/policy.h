@@ -254,7 +254,7 @@ bool _expseg_may_take_back(uint64_t robbed, uint64_t now);
  * advised in both); filling 4 GiB, 4 threads beat 1, 2, 8 and 16 (docs/benchmarks.md,
  * "Figures on an H100"; one machine: not confirmed elsewhere). Where the driver makes the
  * host copy itself (cuMemCreate on the device's host NUMA node) the threads are unused. */
-#define EXPSEG_SLEEP_FAULT_SPAN ((size_t)256 << 20)
+#define EXPSEG_SLEEP_FAULT_SPAN ((size_t)256 << 20) /* not tuned: small copies, one thread */
 #define EXPSEG_SLEEP_FAULT_MAX 4u
 uint32_t _expseg_sleep_fault_threads(size_t bytes, long cpus);
 /* Private pools (docs/api.md, "Private pools"): may growth or trimming on behalf of pool

@@ -159,11 +159,13 @@ TEST_P(Sleep, CapturedGraphStyleAddressesAndBytesSurviveCycles) {
 }
 
 #ifdef EXPSEG_SLEEP_GPU
-// On cuda the copies are queued on the allocator's stream (cuMemcpyDtoHAsync / HtoDAsync, one
-// per piece of at most 64 MiB) and the stream synchronized once per sleep and once per wake:
-// a sleep before its first unmap (nothing in flight is unmapped), a wake after its last map,
-// each segment's copies queued as soon as it is mapped, so they are in flight while the next
-// segments are created and mapped. Read from the CUDA driver double's call log.
+// The double's log of driver calls, as it stands.
+std::vector<cudadouble_call> double_log(cudadouble_api &api) {
+  std::vector<cudadouble_call> v(api.log_count());
+  for (size_t i = 0; i < v.size(); i++) EXPECT_EQ(0, api.log_get(i, &v[i]));
+  return v;
+}
+
 // When the synchronize of the copy stream fails, the device is synchronized before the sleep
 // or wake undoes anything: no queued copy is left to land in memory given back (a real
 // cuMemUnmap does not wait for it). The error is the first failure's; the region is left
@@ -201,8 +203,7 @@ TEST_P(Sleep, FailedCopySynchronizeIsFollowedByADeviceSynchronize) {
       EXPECT_NE(msg.find("stream_synchronize"), std::string::npos) << "the first failure: " << msg;
       EXPECT_EQ(seen(a_, EXPSEG_VMM_CALL_device_synchronize), d0 + 1);
       EXPECT_EQ(info("w").asleep, dir == 1) << "a failed sleep leaves it awake, a failed wake asleep";
-      std::vector<cudadouble_call> log(api.log_count());
-      for (size_t i = 0; i < log.size(); i++) ASSERT_EQ(0, api.log_get(i, &log[i]));
+      const std::vector<cudadouble_call> log = double_log(api);
       size_t ctx_sync = SIZE_MAX, last_async = 0;
       for (size_t i = 0; i < log.size(); i++) {
         const std::string n = log[i].name;
@@ -226,6 +227,11 @@ TEST_P(Sleep, FailedCopySynchronizeIsFollowedByADeviceSynchronize) {
   check("end");
 }
 
+// On cuda the copies are queued on the allocator's stream (cuMemcpyDtoHAsync / HtoDAsync, one
+// per piece of at most 64 MiB) and the stream synchronized once per sleep and once per wake:
+// a sleep before its first unmap (nothing in flight is unmapped), a wake after its last map,
+// each segment's copies queued as soon as it is mapped, so they are in flight while the next
+// segments are created and mapped. Read from the CUDA driver double's call log.
 TEST_P(Sleep, CudaCopiesAreQueuedAndOverlapTheWakesMaps) {
   if (a_ == nullptr) return;
   EXPSEG_SLEEP_NEEDS_DOUBLE("reads the double's call log");
@@ -234,11 +240,6 @@ TEST_P(Sleep, CudaCopiesAreQueuedAndOverlapTheWakesMaps) {
   fill_region();
   uint64_t pieces = 0;
   for (const Live &l : live_) pieces += (l.size + 64 * MiB - 1) / (64 * MiB);
-  auto calls = [&] {
-    std::vector<cudadouble_call> v(api.log_count());
-    for (size_t i = 0; i < v.size(); i++) EXPECT_EQ(0, api.log_get(i, &v[i]));
-    return v;
-  };
   auto named = [](const cudadouble_call &c, const char *n) { return c.result == 0 && std::string(c.name) == n; };
   for (int dir = 0; dir < 2; dir++) {
     SCOPED_TRACE(dir == 0 ? "sleep" : "wake");
@@ -248,7 +249,7 @@ TEST_P(Sleep, CudaCopiesAreQueuedAndOverlapTheWakesMaps) {
     } else {
       ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
     }
-    const std::vector<cudadouble_call> log = calls();
+    const std::vector<cudadouble_call> log = double_log(api);
     const char *async = dir == 0 ? "cuMemcpyDtoHAsync" : "cuMemcpyHtoDAsync";
     size_t n_async = 0, n_sync_copies = 0, first_async = SIZE_MAX, last_async = 0, last_sync = 0,
            first_unmap = SIZE_MAX, last_map = 0, maps_in_flight = 0;
