@@ -32,7 +32,7 @@ import sys
 import tempfile
 
 __all__ = [
-    "ExpsegError", "ExpsegWarning", "install", "route", "library_path", "memory_stats",
+    "ExpsegError", "ExpsegValueError", "ExpsegTypeError", "ExpsegWarning", "install", "route", "library_path", "memory_stats",
     "memory_summary", "empty_cache", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
     "record_history", "record_annotation", "snapshot", "snapshot_dict", "host_alloc",
     "host_free", "host_stat", "mem_get_info", "set_memory_fraction",
@@ -56,6 +56,16 @@ class ExpsegError(RuntimeError):
 
     def __init__(self, message):
         super().__init__(" ".join(str(message).split()))
+
+
+class ExpsegValueError(ExpsegError, ValueError):
+    """An argument of a bad value: an ExpsegError that is also the ValueError PyTorch raises
+    for it (a fraction outside [0, 1], a device that is not a CUDA device)."""
+
+
+class ExpsegTypeError(ExpsegError, TypeError):
+    """An argument of a bad type or a call PyTorch's signature refuses: an ExpsegError that is
+    also the TypeError PyTorch raises for it."""
 
 
 class ExpsegWarning(UserWarning):
@@ -126,6 +136,7 @@ def _load():
         "expseg_torch_allocation_traceback": (c_int, [c_int, c_p, ctypes.c_char_p, c_size,
                                                       ctypes.POINTER(c_size)]),
         "expseg_torch_device_count": (c_int, []),
+        "expseg_torch_init": (None, [c_int]),
         "expseg_torch_device_used": (c_int, [c_int]),
         "expseg_torch_config_string": (c_size, [c_int, ctypes.c_char_p, c_size]),
         "expseg_torch_memory_summary": (c_size, [c_int, ctypes.c_char_p, c_size, c_int]),
@@ -172,7 +183,7 @@ def _device(device):
         if torch is not None and torch.cuda.is_initialized():
             return int(torch.cuda.current_device())
         return 0
-    bad = ExpsegError("device %r: expected an int in [0, %d), 'cuda', 'cuda:N' or a "
+    bad = ExpsegValueError("device %r: expected an int in [0, %d), 'cuda', 'cuda:N' or a "
                       "torch.device" % (device, _MAX_DEVICES))
     if isinstance(device, bool):
         raise bad
@@ -499,10 +510,12 @@ def _add_host(snap, include_traces=True):
 def set_memory_fraction(fraction, device=None):
     """Caps what the device's allocator holds at fraction x its memory (0 <= fraction <= 1),
     as torch.cuda.set_per_process_memory_fraction."""
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or \
-            not 0 <= fraction <= 1:
-        raise ExpsegError("expseg.set_memory_fraction: fraction=%r: expected a number from 0 "
-                          "to 1" % (fraction,))
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        raise ExpsegTypeError("expseg.set_memory_fraction: fraction=%r: expected a number from "
+                              "0 to 1" % (fraction,))
+    if not 0 <= fraction <= 1:
+        raise ExpsegValueError("expseg.set_memory_fraction: fraction=%r: expected a number from "
+                               "0 to 1" % (fraction,))
     d = _device(device)
     _check(_load().expseg_torch_set_memory_fraction(d, float(fraction)),
            "expseg.set_memory_fraction", d)

@@ -162,6 +162,7 @@ def install(route="auto", safe_record_stream=None):
             raise _core.ExpsegError(too_late) from None
         raise _core.ExpsegError("expseg.install(): PyTorch refused the allocator: %s" % e) from None
     _installed, _route = alloc, "python"
+    _bound_devices(torch)
     _patch_torch(torch)
     if PYTHON_ROUTE_LIMITS not in _core._said:
         _core._said.add(PYTHON_ROUTE_LIMITS)
@@ -171,6 +172,18 @@ def install(route="auto", safe_record_stream=None):
 
 
 
+def _bound_devices(torch):
+    """PyTorch's device count bounds every device argument, as it bounds its own allocator's:
+    a device PyTorch does not have is an error naming it, not a fresh allocator of its own.
+    A torch without a usable device_count() leaves the library's bound (64)."""
+    try:
+        count = int(torch.cuda.device_count())
+    except Exception:  # a stand-in or a broken build: nothing to bound by
+        return
+    if count > 0:
+        _core._lib.expseg_torch_init(count)
+
+
 def route():
     """"cxx", "python", or None before install()."""
     return _route
@@ -178,27 +191,62 @@ def route():
 
 # ---- the Python route: torch.cuda's memory calls answered by expseg ----
 
-_HISTORY_ON = {"all": True, "state": True, "alloc": True, True: True,
-               None: False, False: False}
+# torch.cuda.memory._record_memory_history's two signatures, as PyTorch dispatches them: a
+# bool `enabled` takes the legacy one (trace_alloc_max_entries, default 1), anything else the
+# current one; record_pinned_host_memory and record_cuda (PyTorch 2.14) by keyword.
+def _history_current(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
+                     device=None, clear_history=False, compile_context=False,
+                     global_record_annotations=False, skip_actions=None, *,
+                     record_pinned_host_memory=False, record_cuda=True):
+    return dict(locals())
 
 
-def _history_args(enabled, stacks, max_entries, kwargs):
-    """record_history's arguments for torch.cuda.memory._record_memory_history's."""
+def _history_legacy(enabled, record_context=True, trace_alloc_max_entries=1,
+                    trace_alloc_record_context=False, device=None, record_context_cpp=False,
+                    clear_history=False, compile_context=False, global_record_annotations=False,
+                    skip_actions=None, *, record_pinned_host_memory=False, record_cuda=True):
+    return dict(locals())
+
+
+_HISTORY_CALL = "torch.cuda.memory._record_memory_history"
+
+
+def _history_args(enabled, args, kwargs):
+    """record_history's arguments for _record_memory_history(enabled, *args, **kwargs), read
+    as PyTorch reads them: the same verdicts on enabled, context and stacks, and the same
+    history length ("state" keeps 1 entry, as does the legacy form unless it says
+    trace_alloc_max_entries)."""
+    legacy = isinstance(enabled, bool)
     try:
-        on = _HISTORY_ON[enabled]
-    except (KeyError, TypeError):
-        raise _core.ExpsegError("torch.cuda.memory._record_memory_history(enabled=%r): expected "
-                          "\"all\", \"state\", True, or None/False to stop" % (enabled,)) \
-            from None
-    max_entries = kwargs.get("trace_alloc_max_entries", max_entries)  # the old signature
-    if stacks not in ("all", "python"):
-        raise _core.ExpsegError("torch.cuda.memory._record_memory_history(stacks=%r): expected "
-                          "\"all\" or \"python\"" % (stacks,))
-    return dict(enabled=on, max_entries=max_entries if on else 1, c_stacks=(stacks == "all"),
-                clear_history=bool(kwargs.get("clear_history", False)),
-                skip_actions=kwargs.get("skip_actions") if on else None,
-                record_pinned_host_memory=bool(kwargs.get("record_pinned_host_memory", False)),
-                record_cuda=bool(kwargs.get("record_cuda", True)))
+        a = (_history_legacy if legacy else _history_current)(enabled, *args, **kwargs)
+    except TypeError as e:
+        raise _core.ExpsegTypeError("%s(%s): %s" % (
+            _HISTORY_CALL, ", ".join([repr(enabled)] + [repr(x) for x in args] +
+                                     ["%s=%r" % kv for kv in kwargs.items()]),
+            str(e).replace("_history_current()", "").replace("_history_legacy()", "").strip()
+        )) from None
+    if legacy:
+        on, entries, c_stacks = enabled, a["trace_alloc_max_entries"], \
+            bool(a["record_context_cpp"])
+    else:
+        for name, value, accepted in (("enabled", enabled, ("state", "all")),
+                                      ("context", a["context"], ("state", "alloc", "all")),
+                                      ("stacks", a["stacks"], ("python", "all"))):
+            if not (value in accepted and isinstance(value, str)) and \
+                    (value is not None or name == "stacks"):
+                raise _core.ExpsegError("%s(%s=%r): expected %s%s" % (
+                    _HISTORY_CALL, name, value, ", ".join('"%s"' % v for v in accepted),
+                    "" if name == "stacks" else " or None"))
+        on = enabled is not None
+        entries = a["max_entries"] if enabled == "all" else 1
+        c_stacks = on and a["context"] is not None and a["stacks"] == "all"
+    if isinstance(entries, int) and not isinstance(entries, bool) and entries == 0:
+        entries = 1  # PyTorch keeps at least one entry
+    return dict(enabled=on, max_entries=entries if on else 1, c_stacks=c_stacks,
+                clear_history=bool(a["clear_history"]),
+                skip_actions=a["skip_actions"] if on else None,
+                record_pinned_host_memory=bool(a["record_pinned_host_memory"]),
+                record_cuda=bool(a["record_cuda"])), bool(a["global_record_annotations"])
 
 
 def _patch_cxx(torch):
@@ -218,16 +266,15 @@ def _patch_cxx(torch):
             params = {}
         any_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
 
-        def history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
-                    device=None, **kwargs):
+        def history(enabled="all", *args, **kwargs):
             if kwargs.get("record_pinned_host_memory", False):
-                args = _history_args(enabled, stacks, max_entries, kwargs)
-                args.update(record_cuda=False, device=None)
-                _core.record_history(**args)
+                host, _ = _history_args(enabled, args, kwargs)
+                host.update(record_cuda=False, device=None)
+                _core.record_history(**host)
             if not kwargs.get("record_cuda", True) and not ("record_cuda" in params or any_kw):
                 return None
             passed = {k: v for k, v in kwargs.items() if k in params or any_kw}
-            return hist(enabled, context, stacks, max_entries, device, **passed)
+            return hist(enabled, *args, **passed)
         history.__doc__ = getattr(hist, "__doc__", None)
         _replace(memory, "_record_memory_history", history)
     if snap is not None:
@@ -270,18 +317,19 @@ def _torch_calls(torch):
         _core.empty_cache(None)
 
     def fraction(fraction, device=None):
+        if not isinstance(fraction, float):  # as PyTorch: 1 is refused, 1.0 taken
+            raise _core.ExpsegTypeError("torch.cuda.set_per_process_memory_fraction: fraction=%r: "
+                                        "expected a float from 0 to 1" % (fraction,))
         _core.set_memory_fraction(fraction, device)
 
     def summary(device=None, abbreviated=False):
         return _core.memory_summary(device, abbreviated)
 
-    def history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
-                device=None, **kwargs):
-        args = _history_args(enabled, stacks, max_entries, kwargs)
-        _core.record_history(**args)
-        if args["record_cuda"]:
-            _annotate_scopes(args["enabled"], bool(kwargs.get("global_record_annotations",
-                                                              False)))
+    def history(enabled="all", *args, **kwargs):
+        hist, every_thread = _history_args(enabled, args, kwargs)
+        _core.record_history(**hist)
+        if hist["record_cuda"]:
+            _annotate_scopes(hist["enabled"], every_thread)
 
     def snap(device=None, *args, **kwargs):
         return _core.snapshot_dict(None)

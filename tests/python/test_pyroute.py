@@ -316,6 +316,60 @@ class PythonRoute(unittest.TestCase):
         self.assertEqual(r["e"][2], r["e"][1] + 1)
         self.assertIn("Stream", r["typ"])
 
+    def test_arguments_get_pytorchs_verdicts_and_exception_types(self):
+        # PyTorch's _record_memory_history: a bool `enabled` takes the legacy signature
+        # (record_context, trace_alloc_max_entries=1, ...); "state" keeps 1 entry; enabled,
+        # context and stacks are checked. set_per_process_memory_fraction: TypeError for a
+        # non-float, ValueError outside [0, 1]; a device PyTorch does not have (the stand-in
+        # has 2) is an error, not an allocator of its own.
+        r, _ = self.result("""
+            expseg.install(route="python")
+            H = torch.cuda.memory._record_memory_history
+            def kind(f, *a, **k):
+                try:
+                    f(*a, **k)
+                except expseg.ExpsegError as e:  # the first of the three it also is
+                    t = [t for t in (ValueError, TypeError, RuntimeError) if isinstance(e, t)]
+                    return t[0].__name__ + ": " + str(e)
+                return "no error"
+            def entries(*a, **k):
+                H(*a, **k)
+                for _ in range(3):
+                    t = torch.empty(1 << 20, 0); del t
+                n = sum(len(t) for t in torch.cuda.memory._snapshot()["device_traces"])
+                H(None)
+                return n
+            n = dict(state=entries("state"), legacy=entries(True),
+                     legacy_pos=entries(True, True, 4), legacy_kw=entries(True,
+                     trace_alloc_max_entries=5), all=entries("all", max_entries=6),
+                     zero=entries("all", "all", "all", 0))
+            bad = [kind(H, "alloc"), kind(H, context="bogus"), kind(H, stacks=None),
+                   kind(H, "all", trace_alloc_max_entries=3), kind(H, True, no_such=1),
+                   kind(torch.cuda.set_per_process_memory_fraction, 1),
+                   kind(torch.cuda.set_per_process_memory_fraction, 1.5),
+                   kind(torch.cuda.set_per_process_memory_fraction, -0.5, 0),
+                   kind(torch.cuda.memory_allocated, 2), kind(torch.cuda.memory_stats, "cuda:5"),
+                   kind(torch.cuda.set_per_process_memory_fraction, 0.5, 3),
+                   kind(torch.cuda.memory_allocated, "cpu")]
+            ok = [kind(H, None, context=None), kind(H, "state", None, "python"),
+                  kind(H, False), kind(torch.cuda.set_per_process_memory_fraction, 1.0, 1),
+                  kind(torch.cuda.memory_allocated, 1)]
+            print(json.dumps(dict(n=n, bad=bad, ok=ok)))
+            """)
+        self.assertEqual(r["n"], dict(state=1, legacy=1, legacy_pos=4, legacy_kw=5, all=6,
+                                      zero=1))
+        want = [("RuntimeError", "enabled='alloc'"), ("RuntimeError", "context='bogus'"),
+                ("RuntimeError", "stacks=None"), ("TypeError", "trace_alloc_max_entries"),
+                ("TypeError", "no_such"), ("TypeError", "fraction=1:"),
+                ("ValueError", "fraction=1.5"), ("ValueError", "fraction=-0.5"),
+                ("RuntimeError", "device 2"), ("RuntimeError", "device 5"),
+                ("RuntimeError", "device 3"), ("ValueError", "'cpu'")]
+        self.assertEqual(len(r["bad"]), len(want))
+        for text, (typ, needle) in zip(r["bad"], want):
+            self.assertTrue(text.startswith(typ + ": "), (text, typ))
+            self.assertIn(needle, text)
+        self.assertEqual(r["ok"], ["no error"] * 5)
+
     def test_failures_are_one_line_messages(self):
         r, _ = self.result("""
             out = [err(expseg.install, route="fast"),
