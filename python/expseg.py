@@ -193,6 +193,8 @@ def _device(device):
             raise bad
         if not index:
             return _device(None)
+        if not (index.isascii() and index.isdigit()):
+            raise bad  # as torch.device: digits only, no sign or space
     elif isinstance(device, int):
         index = device
     elif hasattr(device, "type"):  # torch.device("cuda:1") -> 1; "cuda" -> the current one
@@ -315,8 +317,9 @@ def annotate_memory(ptr, text, device=None):
     """Records an `annotate` event whose user_metadata is text (as PyTorch's
     _annotate_memory): on the live allocation at ptr, or with ptr None a mark in time.
     Nothing is recorded while the history is off."""
-    if not isinstance(text, str):
-        raise ExpsegError("expseg.annotate_memory: text=%r: expected a str" % (text,))
+    if not isinstance(text, str) or "\0" in text:  # a NUL would cut the text short in C
+        raise ExpsegError("expseg.annotate_memory: text=%r: expected a str without NUL"
+                          % (text,))
     p = None if ptr is None else _pointer(ptr, "expseg.annotate_memory")
     d = _device(device)
     _check(_load().expseg_torch_annotate(d, p, text.encode("utf-8", "replace")),
@@ -432,8 +435,12 @@ def record_history(enabled=True, max_entries=100000, c_stacks=True, device=None,
     it is (PyTorch 2.14's arguments)."""
     if isinstance(max_entries, bool) or not isinstance(max_entries, int) or \
             (enabled and not 1 <= max_entries < 1 << 64):
-        raise ExpsegError("expseg.record_history: max_entries=%r: expected an int from 1 to "
-                          "2**64-1" % (max_entries,))
+        raise ExpsegTypeError("expseg.record_history: max_entries=%r: expected an int from 1 "
+                              "to 2**64-1" % (max_entries,))
+    if skip_actions is not None and (isinstance(skip_actions, (str, bytes)) or
+                                     not hasattr(skip_actions, "__iter__")):
+        raise ExpsegTypeError("expseg.record_history: skip_actions=%r: expected a list of "
+                              "action names (such as [\"alloc\"]) or None" % (skip_actions,))
     flags = (1 if c_stacks else 0) | (2 if clear_history else 0)
     for name in skip_actions or ():
         flags |= _skip_action(name)
@@ -473,6 +480,9 @@ def host_free(ptr):
 def host_stat(key):
     """One statistic of the pinned host pool (torch.cuda.host_memory_stats()'s keys, e.g.
     "allocated_bytes.current"); an ExpsegError before the first host_alloc."""
+    if not isinstance(key, str) or "\0" in key:
+        raise ExpsegTypeError("expseg.host_stat: key=%r: expected a str, a key of "
+                              "torch.cuda.host_memory_stats()" % (key,))
     v = ctypes.c_int64()
     _check(_load().expseg_torch_host_stat(key.encode(), ctypes.byref(v)), "expseg.host_stat", -1)
     return v.value

@@ -350,7 +350,10 @@ class PythonRoute(unittest.TestCase):
                    kind(torch.cuda.set_per_process_memory_fraction, -0.5, 0),
                    kind(torch.cuda.memory_allocated, 2), kind(torch.cuda.memory_stats, "cuda:5"),
                    kind(torch.cuda.set_per_process_memory_fraction, 0.5, 3),
-                   kind(torch.cuda.memory_allocated, "cpu")]
+                   kind(torch.cuda.memory_allocated, "cpu"),
+                   kind(expseg.annotate_memory, None, "cut\\0here"), kind(expseg.host_stat, 7),
+                   kind(expseg.record_history, True, 10, skip_actions="alloc"),
+                   kind(expseg.record_history, True, 10.0), kind(expseg.memory_stats, "cuda: 1")]
             ok = [kind(H, None, context=None), kind(H, "state", None, "python"),
                   kind(H, False), kind(torch.cuda.set_per_process_memory_fraction, 1.0, 1),
                   kind(torch.cuda.memory_allocated, 1)]
@@ -363,7 +366,10 @@ class PythonRoute(unittest.TestCase):
                 ("TypeError", "no_such"), ("TypeError", "fraction=1:"),
                 ("ValueError", "fraction=1.5"), ("ValueError", "fraction=-0.5"),
                 ("RuntimeError", "device 2"), ("RuntimeError", "device 5"),
-                ("RuntimeError", "device 3"), ("ValueError", "'cpu'")]
+                ("RuntimeError", "device 3"), ("ValueError", "'cpu'"),
+                ("RuntimeError", "without NUL"), ("TypeError", "key=7"),
+                ("TypeError", "skip_actions='alloc'"), ("TypeError", "max_entries=10.0"),
+                ("ValueError", "'cuda: 1'")]
         self.assertEqual(len(r["bad"]), len(want))
         for text, (typ, needle) in zip(r["bad"], want):
             self.assertTrue(text.startswith(typ + ": "), (text, typ))
