@@ -375,16 +375,18 @@ def _used_devices():
     return used or [_device(None)]
 
 
-def snapshot_dict(device=None):
+def snapshot_dict(device=None, include_traces=True):
     """The snapshot as the dict torch.cuda.memory._snapshot() returns: {"segments",
     "device_traces", "allocator_settings", "external_annotations"}. device None: every
-    device that has an allocator, merged as PyTorch merges its devices."""
+    device that has an allocator, merged as PyTorch merges its devices. include_traces
+    False: device_traces holds empty lists (PyTorch's include_traces=False)."""
     devices = _used_devices() if device is None else [_device(device)]
     merged = None
     with tempfile.TemporaryDirectory(prefix="expseg-snapshot-") as tmp:
         for d in devices:
             path = os.path.join(tmp, "%d.pickle" % d)
-            _check(_load().expseg_torch_snapshot_dump(d, os.fsencode(path)),
+            _check(_load().expseg_torch_snapshot_dump_ex(d, os.fsencode(path),
+                                                         0 if include_traces else 1),
                    "expseg.snapshot_dict", d)
             with open(path, "rb") as f:
                 one = pickle.load(f)

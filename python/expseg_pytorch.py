@@ -332,13 +332,15 @@ def _torch_calls(torch):
             _annotate_scopes(hist["enabled"], every_thread)
 
     def snap(device=None, *args, **kwargs):
-        return _core.snapshot_dict(None)
+        return _core.snapshot_dict(None, bool(kwargs.get("include_traces", True)))
 
     def dump(filename="dump_snapshot.pickle", *args, **kwargs):
         raw = _core._path_bytes(filename, "torch.cuda.memory._dump_snapshot")
         devices = _core._used_devices()
+        traces = bool(kwargs.get("include_traces", True))
         if len(devices) == 1:
-            _core._check(_core._lib.expseg_torch_snapshot_dump(devices[0], raw),
+            _core._check(_core._lib.expseg_torch_snapshot_dump_ex(devices[0], raw,
+                                                                  0 if traces else 1),
                    "torch.cuda.memory._dump_snapshot", devices[0])
             return
         # as expseg_snapshot_dump: a temporary file opened before the snapshot is taken (a
@@ -352,7 +354,7 @@ def _torch_calls(torch):
                                     % (filename, e)) from None
         try:
             with f:
-                pickle.dump(_core.snapshot_dict(None), f, protocol=4)
+                pickle.dump(_core.snapshot_dict(None, traces), f, protocol=4)
             os.replace(tmp, raw)
         except OSError as e:
             os.unlink(tmp)
@@ -379,7 +381,7 @@ def _torch_calls(torch):
         "empty_cache": empty,
         "set_per_process_memory_fraction": fraction,
         "get_per_process_memory_fraction": _core.get_memory_fraction,
-        "memory_snapshot": lambda *args, **kwargs: _core.snapshot_dict(None)["segments"],
+        "memory_snapshot": lambda *args, **kwargs: _core.snapshot_dict(None, False)["segments"],
         "mem_get_info": _core.mem_get_info,
         "_record_memory_history": history,
         "_snapshot": snap,

@@ -167,6 +167,12 @@ class PythonRoute(unittest.TestCase):
             torch.cuda.memory._dump_snapshot(path, augment_with_fx_traces=False)
             with open(path, "rb") as f:
                 d = pickle.load(f)
+            notr = torch.cuda.memory._snapshot(include_traces=False)  # PyTorch 2.14's argument
+            torch.cuda.memory._dump_snapshot(path, include_traces=False)
+            with open(path, "rb") as f:
+                dnotr = pickle.load(f)
+            notr = [[len(t) for t in x["device_traces"]] + [len(x["segments"])]
+                    for x in (notr, dnotr)]
             torch.cuda.memory._record_memory_history(max_entries=100, clear_history=True,
                                                      skip_actions=["alloc"])
             z = torch.empty(3 << 20, 0)
@@ -177,7 +183,7 @@ class PythonRoute(unittest.TestCase):
                 cleared=sorted({e["action"] for t in cleared["device_traces"] for e in t}), segs=segs == s["segments"], devs=sorted({seg["device"] for seg in s["segments"]}),
                 acts1=[e["action"] for e in s["device_traces"][1]],
                 acts0=[e["action"] for e in s["device_traces"][0]],
-                dumped=[len(d["segments"]), len(d["device_traces"])],
+                dumped=[len(d["segments"]), len(d["device_traces"])], notr=notr,
                 off=[len(t) for t in off["device_traces"]])))
             """)
         self.assertEqual(r["keys"], ["allocator_settings", "device_traces", "external_annotations",
@@ -188,6 +194,7 @@ class PythonRoute(unittest.TestCase):
         self.assertIn("free_requested", r["acts1"])
         self.assertIn("alloc", r["acts0"])
         self.assertEqual(r["dumped"], [2, 2])
+        self.assertEqual(r["notr"], [[0, 0, 2], [0, 0, 2]])  # include_traces=False
         self.assertEqual(r["off"], [0, 0])
         self.assertIn("snapshot", r["cleared"])
         self.assertNotIn("free_requested", r["cleared"])  # cleared: x's free is gone
