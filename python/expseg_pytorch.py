@@ -37,6 +37,7 @@ _patched = []      # (object, attribute, original) replaced by the Python route
 
 ROUTES = ("auto", "cxx", "python")
 SAFE_ENV = "EXPSEG_SAFE_RECORD_STREAM"
+MODELLED_ENV = "EXPSEG_ALLOW_MODELLED_DRIVER"  # 1: install() over host/sim (stand-in torch)
 SAFE_BATCH = 256  # frees completed together in safe mode (docs/torch.md)
 CXX_MODULE = "_expseg_cxx"
 
@@ -125,9 +126,12 @@ def install(route="auto", safe_record_stream=None):
         raise _core.ExpsegError("expseg.install() needs PyTorch, which is not installed here "
                           "(pip install torch); the statistics calls work without it") from None
     spec = os.environ.get("EXPSEG_DRIVER", "")
-    if spec and not spec.startswith("cuda") and not _core._modelled_driver_ok:
+    modelled_ok = _core._modelled_driver_ok or os.environ.get(MODELLED_ENV, "") == "1"
+    if spec and not spec.startswith("cuda") and not modelled_ok:
         raise _core.ExpsegError("expseg.install(): EXPSEG_DRIVER=%s, but PyTorch's kernels need "
-                          "device memory: unset EXPSEG_DRIVER (or set it to cuda)" % spec)
+                                "device memory: unset EXPSEG_DRIVER (or set it to cuda); to "
+                                "test install() with a stand-in torch on that driver, set "
+                                "%s=1" % (spec, MODELLED_ENV))
     if not torch.cuda.is_available():
         raise _core.ExpsegError("expseg.install(): PyTorch sees no CUDA device "
                           "(torch.cuda.is_available() is False); expseg replaces PyTorch's CUDA "
