@@ -215,12 +215,16 @@ def _history_legacy(enabled, record_context=True, trace_alloc_max_entries=1,
 _HISTORY_CALL = "torch.cuda.memory._record_memory_history"
 
 
-def _history_args(enabled, args, kwargs):
+def _history_args(enabled, args, kwargs, strict=True):
     """record_history's arguments for _record_memory_history(enabled, *args, **kwargs), read
     as PyTorch reads them: the same verdicts on enabled, context and stacks, and the same
     history length ("state" keeps 1 entry, as does the legacy form unless it says
     trace_alloc_max_entries)."""
     legacy = isinstance(enabled, bool)
+    if not strict:  # PyTorch checks the call itself: keep what these signatures know
+        known = (_history_legacy if legacy else _history_current).__code__
+        names = known.co_varnames[:known.co_argcount + known.co_kwonlyargcount]
+        kwargs = {k: v for k, v in kwargs.items() if k in names}
     try:
         a = (_history_legacy if legacy else _history_current)(enabled, *args, **kwargs)
     except TypeError as e:
@@ -272,7 +276,7 @@ def _patch_cxx(torch):
 
         def history(enabled="all", *args, **kwargs):
             if kwargs.get("record_pinned_host_memory", False):
-                host, _ = _history_args(enabled, args, kwargs)
+                host, _ = _history_args(enabled, args, kwargs, strict=False)
                 host.update(record_cuda=False, device=None)
                 _core.record_history(**host)
             if not kwargs.get("record_cuda", True) and not ("record_cuda" in params or any_kw):
