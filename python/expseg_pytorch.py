@@ -240,7 +240,7 @@ def _history_args(enabled, args, kwargs, strict=True):
         for name, value, accepted in (("enabled", enabled, ("state", "all")),
                                       ("context", a["context"], ("state", "alloc", "all")),
                                       ("stacks", a["stacks"], ("python", "all"))):
-            if not (value in accepted and isinstance(value, str)) and \
+            if not (isinstance(value, str) and value in accepted) and \
                     (value is not None or name == "stacks"):
                 raise _core.ExpsegError("%s(%s=%r): expected %s%s" % (
                     _HISTORY_CALL, name, value, ", ".join('"%s"' % v for v in accepted),
