@@ -106,7 +106,8 @@ def _try_cxx(path):
 def install(route="auto", safe_record_stream=None):
     """Makes expseg PyTorch's CUDA allocator. Call it before the first CUDA allocation
     (best: right after `import torch`). Returns the library's path; a second call does
-    nothing.
+    nothing but what it says explicitly: a route other than the one installed raises, and
+    safe_record_stream True or False turns the Python route's safe mode on or off.
 
     route: "cxx" the C++ backend (every torch.cuda memory call, record_stream from C++,
     CUDA graph pools); "python" the plug plus torch.cuda's memory calls routed from Python;
@@ -119,6 +120,13 @@ def install(route="auto", safe_record_stream=None):
                           % (route, ", ".join(repr(r) for r in ROUTES)))
     safe = _safe_setting(safe_record_stream)
     if _installed is not None:
+        if route != "auto" and route != _route:
+            raise _core.ExpsegError("expseg.install(route=%r): expseg is already installed on "
+                                    "the %r route; the first install() decides the route "
+                                    "for the process" % (route, _route))
+        if safe_record_stream is not None and _route == "python":
+            _core._check(_core._lib.expseg_torch_set_safe_free(safe),
+                         "expseg.install(safe_record_stream)", -1)
         return _core._lib_path
     try:
         import torch

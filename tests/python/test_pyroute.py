@@ -426,6 +426,24 @@ class PythonRoute(unittest.TestCase):
             self.assertIn(needle, text)
             self.assertNotIn("\n", text)
 
+    def test_a_second_install_does_what_it_asks_explicitly(self):
+        r, _ = self.result("""
+            expseg.install(route="python")
+            again = [expseg.install() == expseg.library_path(),
+                     expseg.install(route="python") == expseg.library_path()]
+            other = err(expseg.install, route="cxx")
+            expseg.install(safe_record_stream=True)
+            x = torch.empty(1 << 20, 0); del x
+            deferred = expseg.deferred_frees(0)[0]
+            expseg.install(safe_record_stream=False)   # off: the deferred frees complete
+            print(json.dumps(dict(again=again, other=other, deferred=deferred,
+                                  after=expseg.deferred_frees(0)[0], route=expseg.route())))
+            """)
+        self.assertEqual(r["again"], [True, True])
+        self.assertIn("route='cxx'", r["other"])
+        self.assertIn("already installed on the 'python' route", r["other"])
+        self.assertEqual([r["deferred"], r["after"], r["route"]], [1, 0, "python"])
+
     def test_says_what_it_cannot_see_once(self):
         rc, out, err = run("""
             warnings.simplefilter("always")
