@@ -47,6 +47,7 @@ static char errs[MAXDEV + 1][MSG_LEN]; /* [MAXDEV]: failures that name no valid 
 static unsigned printed[MAXDEV + 1];
 
 static _Thread_local int get_status; /* why the last get() of this thread returned NULL */
+static _Thread_local int alloc_status; /* the last expseg_torch_alloc of this thread */
 
 /* Safe mode: the batch size (0 = off) and each device's deferred frees, in free order. */
 typedef struct {
@@ -287,6 +288,7 @@ int expseg_torch_wake(int device, const char *tag) {
 
 void *expseg_torch_alloc(size_t size, int device, void *stream) {
   expseg_allocator *a = get(device, "expseg_torch_alloc");
+  alloc_status = a ? EXPSEG_OK : get_status;
   if (!a) return NULL;
   void *p = NULL;
   bool pending = deferred_count(device) > 0;
@@ -295,6 +297,7 @@ void *expseg_torch_alloc(size_t size, int device, void *stream) {
   if (st == EXPSEG_ERR_OUT_OF_MEMORY && deferred_count(device) > 0 &&
       flush(a, device, "expseg_torch_alloc") == EXPSEG_OK)
     st = expseg_malloc(a, size, stream_of(stream), &p);
+  alloc_status = st;
   if (st != EXPSEG_OK) {
     fail(device, "expseg_torch_alloc(%zu bytes, device %d): %s", size, device,
          expseg_last_error());
@@ -302,6 +305,8 @@ void *expseg_torch_alloc(size_t size, int device, void *stream) {
   }
   return p;
 }
+
+int expseg_torch_alloc_status(void) { return alloc_status; }
 
 void expseg_torch_free(void *ptr, size_t size, int device, void *stream) {
   (void)stream;

@@ -6,6 +6,8 @@
 // instead (a C++ exception, which PyTorch turns into a Python RuntimeError carrying expseg's
 // message), so the failing allocation itself raises. It is the only C++ in libexpseg_torch.so;
 // the C entry points keep their NULL-and-message contract for C callers (CuPy, Numba, tests).
+// Only an allocation that ran out of memory says "CUDA out of memory"; any other failure (a
+// bad configuration, a device PyTorch does not have, the driver) names its status instead.
 #include <stdexcept>
 #include <string>
 
@@ -15,8 +17,12 @@ extern "C" EXPSEG_EXPORT void *expseg_torch_alloc_raising(size_t size, int devic
   void *p = expseg_torch_alloc(size, device, stream);
   if (p == nullptr && size > 0) {
     const char *why = expseg_torch_last_error(device);
-    throw std::runtime_error(std::string("CUDA out of memory (expseg): ") +
-                             (why && *why ? why : "the allocation failed"));
+    const int st = expseg_torch_alloc_status();
+    const std::string head = st == EXPSEG_ERR_OUT_OF_MEMORY
+                                 ? "CUDA out of memory (expseg): "
+                                 : std::string("expseg could not allocate (") +
+                                       expseg_status_name((expseg_status)st) + "): ";
+    throw std::runtime_error(head + (why && *why ? why : "the allocation failed"));
   }
   return p;
 }

@@ -32,7 +32,7 @@ import sys
 import tempfile
 
 __all__ = [
-    "ExpsegError", "ExpsegWarning", "install", "route", "library_path", "memory_stats",
+    "ExpsegError", "ExpsegValueError", "ExpsegTypeError", "ExpsegWarning", "install", "route", "library_path", "memory_stats",
     "memory_summary", "empty_cache", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
     "record_history", "record_annotation", "snapshot", "snapshot_dict", "host_alloc",
     "host_free", "host_stat", "mem_get_info", "set_memory_fraction",
@@ -56,6 +56,16 @@ class ExpsegError(RuntimeError):
 
     def __init__(self, message):
         super().__init__(" ".join(str(message).split()))
+
+
+class ExpsegValueError(ExpsegError, ValueError):
+    """An argument of a bad value: an ExpsegError that is also the ValueError PyTorch raises
+    for it (a fraction outside [0, 1], a device that is not a CUDA device)."""
+
+
+class ExpsegTypeError(ExpsegError, TypeError):
+    """An argument of a bad type or a call PyTorch's signature refuses: an ExpsegError that is
+    also the TypeError PyTorch raises for it."""
 
 
 class ExpsegWarning(UserWarning):
@@ -126,6 +136,7 @@ def _load():
         "expseg_torch_allocation_traceback": (c_int, [c_int, c_p, ctypes.c_char_p, c_size,
                                                       ctypes.POINTER(c_size)]),
         "expseg_torch_device_count": (c_int, []),
+        "expseg_torch_init": (None, [c_int]),
         "expseg_torch_device_used": (c_int, [c_int]),
         "expseg_torch_config_string": (c_size, [c_int, ctypes.c_char_p, c_size]),
         "expseg_torch_memory_summary": (c_size, [c_int, ctypes.c_char_p, c_size, c_int]),
@@ -172,7 +183,7 @@ def _device(device):
         if torch is not None and torch.cuda.is_initialized():
             return int(torch.cuda.current_device())
         return 0
-    bad = ExpsegError("device %r: expected an int in [0, %d), 'cuda', 'cuda:N' or a "
+    bad = ExpsegValueError("device %r: expected an int in [0, %d), 'cuda', 'cuda:N' or a "
                       "torch.device" % (device, _MAX_DEVICES))
     if isinstance(device, bool):
         raise bad
@@ -182,6 +193,8 @@ def _device(device):
             raise bad
         if not index:
             return _device(None)
+        if not (index.isascii() and index.isdigit()):
+            raise bad  # as torch.device: digits only, no sign or space
     elif isinstance(device, int):
         index = device
     elif hasattr(device, "type"):  # torch.device("cuda:1") -> 1; "cuda" -> the current one
@@ -304,8 +317,9 @@ def annotate_memory(ptr, text, device=None):
     """Records an `annotate` event whose user_metadata is text (as PyTorch's
     _annotate_memory): on the live allocation at ptr, or with ptr None a mark in time.
     Nothing is recorded while the history is off."""
-    if not isinstance(text, str):
-        raise ExpsegError("expseg.annotate_memory: text=%r: expected a str" % (text,))
+    if not isinstance(text, str) or "\0" in text:  # a NUL would cut the text short in C
+        raise ExpsegError("expseg.annotate_memory: text=%r: expected a str without NUL"
+                          % (text,))
     p = None if ptr is None else _pointer(ptr, "expseg.annotate_memory")
     d = _device(device)
     _check(_load().expseg_torch_annotate(d, p, text.encode("utf-8", "replace")),
@@ -361,16 +375,18 @@ def _used_devices():
     return used or [_device(None)]
 
 
-def snapshot_dict(device=None):
+def snapshot_dict(device=None, include_traces=True):
     """The snapshot as the dict torch.cuda.memory._snapshot() returns: {"segments",
     "device_traces", "allocator_settings", "external_annotations"}. device None: every
-    device that has an allocator, merged as PyTorch merges its devices."""
+    device that has an allocator, merged as PyTorch merges its devices. include_traces
+    False: device_traces holds empty lists (PyTorch's include_traces=False)."""
     devices = _used_devices() if device is None else [_device(device)]
     merged = None
     with tempfile.TemporaryDirectory(prefix="expseg-snapshot-") as tmp:
         for d in devices:
             path = os.path.join(tmp, "%d.pickle" % d)
-            _check(_load().expseg_torch_snapshot_dump(d, os.fsencode(path)),
+            _check(_load().expseg_torch_snapshot_dump_ex(d, os.fsencode(path),
+                                                         0 if include_traces else 1),
                    "expseg.snapshot_dict", d)
             with open(path, "rb") as f:
                 one = pickle.load(f)
@@ -421,8 +437,12 @@ def record_history(enabled=True, max_entries=100000, c_stacks=True, device=None,
     it is (PyTorch 2.14's arguments)."""
     if isinstance(max_entries, bool) or not isinstance(max_entries, int) or \
             (enabled and not 1 <= max_entries < 1 << 64):
-        raise ExpsegError("expseg.record_history: max_entries=%r: expected an int from 1 to "
-                          "2**64-1" % (max_entries,))
+        raise ExpsegTypeError("expseg.record_history: max_entries=%r: expected an int from 1 "
+                              "to 2**64-1" % (max_entries,))
+    if skip_actions is not None and (isinstance(skip_actions, (str, bytes)) or
+                                     not hasattr(skip_actions, "__iter__")):
+        raise ExpsegTypeError("expseg.record_history: skip_actions=%r: expected a list of "
+                              "action names (such as [\"alloc\"]) or None" % (skip_actions,))
     flags = (1 if c_stacks else 0) | (2 if clear_history else 0)
     for name in skip_actions or ():
         flags |= _skip_action(name)
@@ -462,6 +482,9 @@ def host_free(ptr):
 def host_stat(key):
     """One statistic of the pinned host pool (torch.cuda.host_memory_stats()'s keys, e.g.
     "allocated_bytes.current"); an ExpsegError before the first host_alloc."""
+    if not isinstance(key, str) or "\0" in key:
+        raise ExpsegTypeError("expseg.host_stat: key=%r: expected a str, a key of "
+                              "torch.cuda.host_memory_stats()" % (key,))
     v = ctypes.c_int64()
     _check(_load().expseg_torch_host_stat(key.encode(), ctypes.byref(v)), "expseg.host_stat", -1)
     return v.value
@@ -499,10 +522,12 @@ def _add_host(snap, include_traces=True):
 def set_memory_fraction(fraction, device=None):
     """Caps what the device's allocator holds at fraction x its memory (0 <= fraction <= 1),
     as torch.cuda.set_per_process_memory_fraction."""
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or \
-            not 0 <= fraction <= 1:
-        raise ExpsegError("expseg.set_memory_fraction: fraction=%r: expected a number from 0 "
-                          "to 1" % (fraction,))
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        raise ExpsegTypeError("expseg.set_memory_fraction: fraction=%r: expected a number from "
+                              "0 to 1" % (fraction,))
+    if not 0 <= fraction <= 1:
+        raise ExpsegValueError("expseg.set_memory_fraction: fraction=%r: expected a number from "
+                               "0 to 1" % (fraction,))
     d = _device(device)
     _check(_load().expseg_torch_set_memory_fraction(d, float(fraction)),
            "expseg.set_memory_fraction", d)

@@ -37,6 +37,7 @@ _patched = []      # (object, attribute, original) replaced by the Python route
 
 ROUTES = ("auto", "cxx", "python")
 SAFE_ENV = "EXPSEG_SAFE_RECORD_STREAM"
+MODELLED_ENV = "EXPSEG_ALLOW_MODELLED_DRIVER"  # 1: install() over host/sim (stand-in torch)
 SAFE_BATCH = 256  # frees completed together in safe mode (docs/torch.md)
 CXX_MODULE = "_expseg_cxx"
 
@@ -105,7 +106,8 @@ def _try_cxx(path):
 def install(route="auto", safe_record_stream=None):
     """Makes expseg PyTorch's CUDA allocator. Call it before the first CUDA allocation
     (best: right after `import torch`). Returns the library's path; a second call does
-    nothing.
+    nothing but what it says explicitly: a route other than the one installed raises, and
+    safe_record_stream True or False turns the Python route's safe mode on or off.
 
     route: "cxx" the C++ backend (every torch.cuda memory call, record_stream from C++,
     CUDA graph pools); "python" the plug plus torch.cuda's memory calls routed from Python;
@@ -118,6 +120,13 @@ def install(route="auto", safe_record_stream=None):
                           % (route, ", ".join(repr(r) for r in ROUTES)))
     safe = _safe_setting(safe_record_stream)
     if _installed is not None:
+        if route != "auto" and route != _route:
+            raise _core.ExpsegError("expseg.install(route=%r): expseg is already installed on "
+                                    "the %r route; the first install() decides the route "
+                                    "for the process" % (route, _route))
+        if safe_record_stream is not None and _route == "python":
+            _core._check(_core._lib.expseg_torch_set_safe_free(safe),
+                         "expseg.install(safe_record_stream)", -1)
         return _core._lib_path
     try:
         import torch
@@ -125,9 +134,12 @@ def install(route="auto", safe_record_stream=None):
         raise _core.ExpsegError("expseg.install() needs PyTorch, which is not installed here "
                           "(pip install torch); the statistics calls work without it") from None
     spec = os.environ.get("EXPSEG_DRIVER", "")
-    if spec and not spec.startswith("cuda") and not _core._modelled_driver_ok:
+    modelled_ok = _core._modelled_driver_ok or os.environ.get(MODELLED_ENV, "") == "1"
+    if spec and not spec.startswith("cuda") and not modelled_ok:
         raise _core.ExpsegError("expseg.install(): EXPSEG_DRIVER=%s, but PyTorch's kernels need "
-                          "device memory: unset EXPSEG_DRIVER (or set it to cuda)" % spec)
+                                "device memory: unset EXPSEG_DRIVER (or set it to cuda); to "
+                                "test install() with a stand-in torch on that driver, set "
+                                "%s=1" % (spec, MODELLED_ENV))
     if not torch.cuda.is_available():
         raise _core.ExpsegError("expseg.install(): PyTorch sees no CUDA device "
                           "(torch.cuda.is_available() is False); expseg replaces PyTorch's CUDA "
@@ -162,6 +174,7 @@ def install(route="auto", safe_record_stream=None):
             raise _core.ExpsegError(too_late) from None
         raise _core.ExpsegError("expseg.install(): PyTorch refused the allocator: %s" % e) from None
     _installed, _route = alloc, "python"
+    _bound_devices(torch)
     _patch_torch(torch)
     if PYTHON_ROUTE_LIMITS not in _core._said:
         _core._said.add(PYTHON_ROUTE_LIMITS)
@@ -171,6 +184,18 @@ def install(route="auto", safe_record_stream=None):
 
 
 
+def _bound_devices(torch):
+    """PyTorch's device count bounds every device argument, as it bounds its own allocator's:
+    a device PyTorch does not have is an error naming it, not a fresh allocator of its own.
+    A torch without a usable device_count() leaves the library's bound (64)."""
+    try:
+        count = int(torch.cuda.device_count())
+    except Exception:  # a stand-in or a broken build: nothing to bound by
+        return
+    if count > 0:
+        _core._lib.expseg_torch_init(count)
+
+
 def route():
     """"cxx", "python", or None before install()."""
     return _route
@@ -178,27 +203,66 @@ def route():
 
 # ---- the Python route: torch.cuda's memory calls answered by expseg ----
 
-_HISTORY_ON = {"all": True, "state": True, "alloc": True, True: True,
-               None: False, False: False}
+# torch.cuda.memory._record_memory_history's two signatures, as PyTorch dispatches them: a
+# bool `enabled` takes the legacy one (trace_alloc_max_entries, default 1), anything else the
+# current one; record_pinned_host_memory and record_cuda (PyTorch 2.14) by keyword.
+def _history_current(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
+                     device=None, clear_history=False, compile_context=False,
+                     global_record_annotations=False, skip_actions=None, *,
+                     record_pinned_host_memory=False, record_cuda=True):
+    return dict(locals())
 
 
-def _history_args(enabled, stacks, max_entries, kwargs):
-    """record_history's arguments for torch.cuda.memory._record_memory_history's."""
+def _history_legacy(enabled, record_context=True, trace_alloc_max_entries=1,
+                    trace_alloc_record_context=False, device=None, record_context_cpp=False,
+                    clear_history=False, compile_context=False, global_record_annotations=False,
+                    skip_actions=None, *, record_pinned_host_memory=False, record_cuda=True):
+    return dict(locals())
+
+
+_HISTORY_CALL = "torch.cuda.memory._record_memory_history"
+
+
+def _history_args(enabled, args, kwargs, strict=True):
+    """record_history's arguments for _record_memory_history(enabled, *args, **kwargs), read
+    as PyTorch reads them: the same verdicts on enabled, context and stacks, and the same
+    history length ("state" keeps 1 entry, as does the legacy form unless it says
+    trace_alloc_max_entries)."""
+    legacy = isinstance(enabled, bool)
+    if not strict:  # PyTorch checks the call itself: keep what these signatures know
+        known = (_history_legacy if legacy else _history_current).__code__
+        names = known.co_varnames[:known.co_argcount + known.co_kwonlyargcount]
+        kwargs = {k: v for k, v in kwargs.items() if k in names}
     try:
-        on = _HISTORY_ON[enabled]
-    except (KeyError, TypeError):
-        raise _core.ExpsegError("torch.cuda.memory._record_memory_history(enabled=%r): expected "
-                          "\"all\", \"state\", True, or None/False to stop" % (enabled,)) \
-            from None
-    max_entries = kwargs.get("trace_alloc_max_entries", max_entries)  # the old signature
-    if stacks not in ("all", "python"):
-        raise _core.ExpsegError("torch.cuda.memory._record_memory_history(stacks=%r): expected "
-                          "\"all\" or \"python\"" % (stacks,))
-    return dict(enabled=on, max_entries=max_entries if on else 1, c_stacks=(stacks == "all"),
-                clear_history=bool(kwargs.get("clear_history", False)),
-                skip_actions=kwargs.get("skip_actions") if on else None,
-                record_pinned_host_memory=bool(kwargs.get("record_pinned_host_memory", False)),
-                record_cuda=bool(kwargs.get("record_cuda", True)))
+        a = (_history_legacy if legacy else _history_current)(enabled, *args, **kwargs)
+    except TypeError as e:
+        raise _core.ExpsegTypeError("%s(%s): %s" % (
+            _HISTORY_CALL, ", ".join([repr(enabled)] + [repr(x) for x in args] +
+                                     ["%s=%r" % kv for kv in kwargs.items()]),
+            str(e).replace("_history_current()", "").replace("_history_legacy()", "").strip()
+        )) from None
+    if legacy:
+        on, entries, c_stacks = enabled, a["trace_alloc_max_entries"], \
+            bool(a["record_context_cpp"])
+    else:
+        for name, value, accepted in (("enabled", enabled, ("state", "all")),
+                                      ("context", a["context"], ("state", "alloc", "all")),
+                                      ("stacks", a["stacks"], ("python", "all"))):
+            if not (isinstance(value, str) and value in accepted) and \
+                    (value is not None or name == "stacks"):
+                raise _core.ExpsegError("%s(%s=%r): expected %s%s" % (
+                    _HISTORY_CALL, name, value, ", ".join('"%s"' % v for v in accepted),
+                    "" if name == "stacks" else " or None"))
+        on = enabled is not None
+        entries = a["max_entries"] if enabled == "all" else 1
+        c_stacks = on and a["context"] is not None and a["stacks"] == "all"
+    if isinstance(entries, int) and not isinstance(entries, bool) and entries == 0:
+        entries = 1  # PyTorch keeps at least one entry
+    return dict(enabled=on, max_entries=entries if on else 1, c_stacks=c_stacks,
+                clear_history=bool(a["clear_history"]),
+                skip_actions=a["skip_actions"] if on else None,
+                record_pinned_host_memory=bool(a["record_pinned_host_memory"]),
+                record_cuda=bool(a["record_cuda"])), bool(a["global_record_annotations"])
 
 
 def _patch_cxx(torch):
@@ -218,16 +282,15 @@ def _patch_cxx(torch):
             params = {}
         any_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
 
-        def history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
-                    device=None, **kwargs):
+        def history(enabled="all", *args, **kwargs):
             if kwargs.get("record_pinned_host_memory", False):
-                args = _history_args(enabled, stacks, max_entries, kwargs)
-                args.update(record_cuda=False, device=None)
-                _core.record_history(**args)
+                host, _ = _history_args(enabled, args, kwargs, strict=False)
+                host.update(record_cuda=False, device=None)
+                _core.record_history(**host)
             if not kwargs.get("record_cuda", True) and not ("record_cuda" in params or any_kw):
                 return None
             passed = {k: v for k, v in kwargs.items() if k in params or any_kw}
-            return hist(enabled, context, stacks, max_entries, device, **passed)
+            return hist(enabled, *args, **passed)
         history.__doc__ = getattr(hist, "__doc__", None)
         _replace(memory, "_record_memory_history", history)
     if snap is not None:
@@ -270,27 +333,30 @@ def _torch_calls(torch):
         _core.empty_cache(None)
 
     def fraction(fraction, device=None):
+        if not isinstance(fraction, float):  # as PyTorch: 1 is refused, 1.0 taken
+            raise _core.ExpsegTypeError("torch.cuda.set_per_process_memory_fraction: fraction=%r: "
+                                        "expected a float from 0 to 1" % (fraction,))
         _core.set_memory_fraction(fraction, device)
 
     def summary(device=None, abbreviated=False):
         return _core.memory_summary(device, abbreviated)
 
-    def history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
-                device=None, **kwargs):
-        args = _history_args(enabled, stacks, max_entries, kwargs)
-        _core.record_history(**args)
-        if args["record_cuda"]:
-            _annotate_scopes(args["enabled"], bool(kwargs.get("global_record_annotations",
-                                                              False)))
+    def history(enabled="all", *args, **kwargs):
+        hist, every_thread = _history_args(enabled, args, kwargs)
+        _core.record_history(**hist)
+        if hist["record_cuda"]:
+            _annotate_scopes(hist["enabled"], every_thread)
 
     def snap(device=None, *args, **kwargs):
-        return _core.snapshot_dict(None)
+        return _core.snapshot_dict(None, bool(kwargs.get("include_traces", True)))
 
     def dump(filename="dump_snapshot.pickle", *args, **kwargs):
         raw = _core._path_bytes(filename, "torch.cuda.memory._dump_snapshot")
         devices = _core._used_devices()
+        traces = bool(kwargs.get("include_traces", True))
         if len(devices) == 1:
-            _core._check(_core._lib.expseg_torch_snapshot_dump(devices[0], raw),
+            _core._check(_core._lib.expseg_torch_snapshot_dump_ex(devices[0], raw,
+                                                                  0 if traces else 1),
                    "torch.cuda.memory._dump_snapshot", devices[0])
             return
         # as expseg_snapshot_dump: a temporary file opened before the snapshot is taken (a
@@ -304,7 +370,7 @@ def _torch_calls(torch):
                                     % (filename, e)) from None
         try:
             with f:
-                pickle.dump(_core.snapshot_dict(None), f, protocol=4)
+                pickle.dump(_core.snapshot_dict(None, traces), f, protocol=4)
             os.replace(tmp, raw)
         except OSError as e:
             os.unlink(tmp)
@@ -331,7 +397,7 @@ def _torch_calls(torch):
         "empty_cache": empty,
         "set_per_process_memory_fraction": fraction,
         "get_per_process_memory_fraction": _core.get_memory_fraction,
-        "memory_snapshot": lambda *args, **kwargs: _core.snapshot_dict(None)["segments"],
+        "memory_snapshot": lambda *args, **kwargs: _core.snapshot_dict(None, False)["segments"],
         "mem_get_info": _core.mem_get_info,
         "_record_memory_history": history,
         "_snapshot": snap,

@@ -114,6 +114,7 @@ struct Lib {
   int (*synchronize)(int);
   expseg_allocator *(*allocator)(int, int);
   void *(*alloc_raising)(size_t, int, void *);
+  int (*alloc_status)(void);
 
   template <class F> void resolve(F &f, const char *name) {
     void *p = dlsym(h, name);
@@ -128,7 +129,7 @@ struct Lib {
     R(last_error); R(driver_name); R(get_info); R(mem_get_info); R(stat); R(stats_foreach);
     R(stats_json); R(reset_peak_stats); R(reset_accumulated_stats); R(empty_cache);
     R(snapshot_dump); R(set_safe_free); R(deferred); R(synchronize); R(allocator);
-    R(alloc_raising);
+    R(alloc_raising); R(alloc_status);
 #undef R
   }
   int64_t get(int device, const char *key) {
@@ -163,6 +164,7 @@ TEST(TORCH_SUITE, RaisingAllocThrowsWhereTheCOneReturnsNull) {
   void *p = L.alloc_raising(1u << 20, 0, stream_of(0, 0));
   EXPECT_EQ(live0 + 1, L.get(0, "allocation.all.current"));
   ASSERT_NE(nullptr, p) << L.last_error(0);
+  EXPECT_EQ(EXPSEG_OK, L.alloc_status());
   L.free(p, 1u << 20, 0, stream_of(0, 0));
   try {
     L.alloc_raising(size_t(1) << 40, 0, stream_of(0, 0)); // a TiB: more than the device has
@@ -171,12 +173,19 @@ TEST(TORCH_SUITE, RaisingAllocThrowsWhereTheCOneReturnsNull) {
     const std::string m = e.what();
     EXPECT_NE(std::string::npos, m.find("CUDA out of memory (expseg): expseg_torch_alloc(")) << m;
     EXPECT_NE(std::string::npos, m.find("1099511627776 bytes, device 0")) << m;
+    EXPECT_EQ(EXPSEG_ERR_OUT_OF_MEMORY, L.alloc_status());
   }
   try {
     L.alloc_raising(16, 64, nullptr);
     ADD_FAILURE() << "no exception for device 64";
   } catch (const std::runtime_error &e) {
-    EXPECT_NE(std::string::npos, std::string(e.what()).find("device 64")) << e.what();
+    const std::string m = e.what();
+    EXPECT_NE(std::string::npos, m.find("device 64")) << m;
+    // not memory running out: the status is named, "out of memory" is not said
+    EXPECT_NE(std::string::npos,
+              m.find("expseg could not allocate (EXPSEG_ERR_INVALID_ARGUMENT): ")) << m;
+    EXPECT_EQ(std::string::npos, m.find("out of memory")) << m;
+    EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, L.alloc_status());
   }
   EXPECT_EQ(live0, L.get(0, "allocation.all.current")) << "a failure leaves nothing allocated";
 }

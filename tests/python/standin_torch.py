@@ -137,6 +137,9 @@ def build():
             self._a.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
             self._err = lib.expseg_torch_last_error
             self._err.restype, self._err.argtypes = ctypes.c_char_p, [ctypes.c_int]
+            self._status = lib.expseg_torch_alloc_status  # the raising function's heading
+            self._name = lib.expseg_status_name
+            self._name.restype, self._name.argtypes = ctypes.c_char_p, [ctypes.c_int]
             self._f = getattr(lib, free_name)
             self._f.restype = None
             self._f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
@@ -144,8 +147,10 @@ def build():
         def _alloc(self, size, dev, stream):
             p = self._a(size, dev, ctypes.c_void_p(stream))
             if self._raises and not p and size > 0:
-                raise RuntimeError("CUDA out of memory (expseg): " +
-                                   (self._err(dev) or b"").decode())
+                st = self._status()
+                head = ("CUDA out of memory (expseg): " if st == 1 else
+                        "expseg could not allocate (%s): " % self._name(st).decode())
+                raise RuntimeError(head + (self._err(dev) or b"").decode())
             return p
 
         def _free(self, ptr, size, dev, stream):

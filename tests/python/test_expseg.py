@@ -532,6 +532,11 @@ class Messages(unittest.TestCase):
         m = self.install_message(fake_torch()[0], {"EXPSEG_DRIVER": "host"})
         one_line(self, m)
         self.assertIn("EXPSEG_DRIVER=host", m)
+        self.assertIn("EXPSEG_ALLOW_MODELLED_DRIVER=1", m)  # the way for a stand-in torch
+        # with it (and a torch that sees no GPU) install() goes past the driver check
+        m = self.install_message(fake_torch(available=False)[0],
+                                 {"EXPSEG_DRIVER": "host", "EXPSEG_ALLOW_MODELLED_DRIVER": "1"})
+        self.assertIn("no CUDA device", m)
 
     def test_install_from_the_repository_root_without_pytorch(self):
         # python -c puts the current folder first on sys.path: a folder named torch/ in the

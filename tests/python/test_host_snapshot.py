@@ -198,6 +198,11 @@ class HostPoolInSnapshots(unittest.TestCase):
             expseg.install()
             torch.cuda.memory._record_memory_history(max_entries=50, clear_history=True,
                                                      record_pinned_host_memory=True)
+            # every positional argument reaches PyTorch; an argument expseg does not know
+            # (a later PyTorch's) does not stop the pool's part
+            torch.cuda.memory._record_memory_history("all", "all", "all", 33, None, True)
+            torch.cuda.memory._record_memory_history(max_entries=60, future_argument=1,
+                                                     record_pinned_host_memory=True)
             torch.cuda.memory._record_memory_history(record_pinned_host_memory=True,
                                                      record_cuda=False)
             p = expseg.host_alloc(65536)
@@ -207,7 +212,8 @@ class HostPoolInSnapshots(unittest.TestCase):
             """, cxx=self.CXX)
         self.assertEqual(r["route"], "cxx")
         # PyTorch got what it takes, not record_pinned_host_memory; record_cuda=False: no call
-        self.assertEqual(r["calls"], [["all", 50, True, None]])
+        self.assertEqual(r["calls"], [["all", 50, True, None], ["all", 33, True, None],
+                                      ["all", 60, False, None]])
         self.assertEqual(r["first"], 1)            # PyTorch's own host segments kept first
         self.assertIn(r["p"], r["s"]["live"])
         self.assertIn(7, r["s"]["allocs"])         # PyTorch's trace entry kept

@@ -167,6 +167,12 @@ class PythonRoute(unittest.TestCase):
             torch.cuda.memory._dump_snapshot(path, augment_with_fx_traces=False)
             with open(path, "rb") as f:
                 d = pickle.load(f)
+            notr = torch.cuda.memory._snapshot(include_traces=False)  # PyTorch 2.14's argument
+            torch.cuda.memory._dump_snapshot(path, include_traces=False)
+            with open(path, "rb") as f:
+                dnotr = pickle.load(f)
+            notr = [[len(t) for t in x["device_traces"]] + [len(x["segments"])]
+                    for x in (notr, dnotr)]
             torch.cuda.memory._record_memory_history(max_entries=100, clear_history=True,
                                                      skip_actions=["alloc"])
             z = torch.empty(3 << 20, 0)
@@ -177,7 +183,7 @@ class PythonRoute(unittest.TestCase):
                 cleared=sorted({e["action"] for t in cleared["device_traces"] for e in t}), segs=segs == s["segments"], devs=sorted({seg["device"] for seg in s["segments"]}),
                 acts1=[e["action"] for e in s["device_traces"][1]],
                 acts0=[e["action"] for e in s["device_traces"][0]],
-                dumped=[len(d["segments"]), len(d["device_traces"])],
+                dumped=[len(d["segments"]), len(d["device_traces"])], notr=notr,
                 off=[len(t) for t in off["device_traces"]])))
             """)
         self.assertEqual(r["keys"], ["allocator_settings", "device_traces", "external_annotations",
@@ -188,6 +194,7 @@ class PythonRoute(unittest.TestCase):
         self.assertIn("free_requested", r["acts1"])
         self.assertIn("alloc", r["acts0"])
         self.assertEqual(r["dumped"], [2, 2])
+        self.assertEqual(r["notr"], [[0, 0, 2], [0, 0, 2]])  # include_traces=False
         self.assertEqual(r["off"], [0, 0])
         self.assertIn("snapshot", r["cleared"])
         self.assertNotIn("free_requested", r["cleared"])  # cleared: x's free is gone
@@ -316,6 +323,81 @@ class PythonRoute(unittest.TestCase):
         self.assertEqual(r["e"][2], r["e"][1] + 1)
         self.assertIn("Stream", r["typ"])
 
+    def test_arguments_get_pytorchs_verdicts_and_exception_types(self):
+        # PyTorch's _record_memory_history: a bool `enabled` takes the legacy signature
+        # (record_context, trace_alloc_max_entries=1, ...); "state" keeps 1 entry; enabled,
+        # context and stacks are checked. set_per_process_memory_fraction: TypeError for a
+        # non-float, ValueError outside [0, 1]; a device PyTorch does not have (the stand-in
+        # has 2) is an error, not an allocator of its own.
+        r, _ = self.result("""
+            expseg.install(route="python")
+            H = torch.cuda.memory._record_memory_history
+            def kind(f, *a, **k):
+                try:
+                    f(*a, **k)
+                except expseg.ExpsegError as e:  # the first of the three it also is
+                    t = [t for t in (ValueError, TypeError, RuntimeError) if isinstance(e, t)]
+                    return t[0].__name__ + ": " + str(e)
+                return "no error"
+            def entries(*a, **k):
+                H(*a, **k)
+                for _ in range(3):
+                    t = torch.empty(1 << 20, 0); del t
+                n = sum(len(t) for t in torch.cuda.memory._snapshot()["device_traces"])
+                H(None)
+                return n
+            n = dict(state=entries("state"), legacy=entries(True),
+                     legacy_pos=entries(True, True, 4), legacy_kw=entries(True,
+                     trace_alloc_max_entries=5), all=entries("all", max_entries=6),
+                     zero=entries("all", "all", "all", 0))
+            bad = [kind(H, "alloc"), kind(H, context="bogus"), kind(H, stacks=None),
+                   kind(H, "all", trace_alloc_max_entries=3), kind(H, True, no_such=1),
+                   kind(torch.cuda.set_per_process_memory_fraction, 1),
+                   kind(torch.cuda.set_per_process_memory_fraction, 1.5),
+                   kind(torch.cuda.set_per_process_memory_fraction, -0.5, 0),
+                   kind(torch.cuda.memory_allocated, 2), kind(torch.cuda.memory_stats, "cuda:5"),
+                   kind(torch.cuda.set_per_process_memory_fraction, 0.5, 3),
+                   kind(torch.cuda.memory_allocated, "cpu"),
+                   kind(expseg.annotate_memory, None, "cut\\0here"), kind(expseg.host_stat, 7),
+                   kind(expseg.record_history, True, 10, skip_actions="alloc"),
+                   kind(expseg.record_history, True, 10.0), kind(expseg.memory_stats, "cuda: 1")]
+            ok = [kind(H, None, context=None), kind(H, "state", None, "python"),
+                  kind(H, False), kind(torch.cuda.set_per_process_memory_fraction, 1.0, 1),
+                  kind(torch.cuda.memory_allocated, 1)]
+            print(json.dumps(dict(n=n, bad=bad, ok=ok)))
+            """)
+        self.assertEqual(r["n"], dict(state=1, legacy=1, legacy_pos=4, legacy_kw=5, all=6,
+                                      zero=1))
+        want = [("RuntimeError", "enabled='alloc'"), ("RuntimeError", "context='bogus'"),
+                ("RuntimeError", "stacks=None"), ("TypeError", "trace_alloc_max_entries"),
+                ("TypeError", "no_such"), ("TypeError", "fraction=1:"),
+                ("ValueError", "fraction=1.5"), ("ValueError", "fraction=-0.5"),
+                ("RuntimeError", "device 2"), ("RuntimeError", "device 5"),
+                ("RuntimeError", "device 3"), ("ValueError", "'cpu'"),
+                ("RuntimeError", "without NUL"), ("TypeError", "key=7"),
+                ("TypeError", "skip_actions='alloc'"), ("TypeError", "max_entries=10.0"),
+                ("ValueError", "'cuda: 1'")]
+        self.assertEqual(len(r["bad"]), len(want))
+        for text, (typ, needle) in zip(r["bad"], want):
+            self.assertTrue(text.startswith(typ + ": "), (text, typ))
+            self.assertIn(needle, text)
+        self.assertEqual(r["ok"], ["no error"] * 5)
+
+    def test_a_bad_configuration_is_not_called_out_of_memory(self):
+        # the first allocation creates the allocator and meets the bad text: the error names
+        # the text and the status; "out of memory" is kept for memory that ran out
+        r, _ = self.result("""
+            expseg.install(route="python")
+            try:
+                torch.empty(10, 0); msg = "no error"
+            except RuntimeError as e:
+                msg = str(e)
+            print(json.dumps(msg))
+            """, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:true")
+        self.assertIn("expseg could not allocate (EXPSEG_ERR_CONFIG): ", r)
+        self.assertIn("expandable_segments value 'true'", r)
+        self.assertNotIn("out of memory", r)
+
     def test_failures_are_one_line_messages(self):
         r, _ = self.result("""
             out = [err(expseg.install, route="fast"),
@@ -343,6 +425,24 @@ class PythonRoute(unittest.TestCase):
             self.assertNotEqual(text, "no error", needle)
             self.assertIn(needle, text)
             self.assertNotIn("\n", text)
+
+    def test_a_second_install_does_what_it_asks_explicitly(self):
+        r, _ = self.result("""
+            expseg.install(route="python")
+            again = [expseg.install() == expseg.library_path(),
+                     expseg.install(route="python") == expseg.library_path()]
+            other = err(expseg.install, route="cxx")
+            expseg.install(safe_record_stream=True)
+            x = torch.empty(1 << 20, 0); del x
+            deferred = expseg.deferred_frees(0)[0]
+            expseg.install(safe_record_stream=False)   # off: the deferred frees complete
+            print(json.dumps(dict(again=again, other=other, deferred=deferred,
+                                  after=expseg.deferred_frees(0)[0], route=expseg.route())))
+            """)
+        self.assertEqual(r["again"], [True, True])
+        self.assertIn("route='cxx'", r["other"])
+        self.assertIn("already installed on the 'python' route", r["other"])
+        self.assertEqual([r["deferred"], r["after"], r["route"]], [1, 0, "python"])
 
     def test_says_what_it_cannot_see_once(self):
         rc, out, err = run("""
