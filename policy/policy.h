@@ -194,6 +194,24 @@ size_t _expseg_grow_bytes(size_t need, size_t segment_mapped);
  * fill at once, and a larger chunk costs no more calls than a smaller one. */
 #define EXPSEG_SMALL_GROW_MIN ((size_t)4 << 20)
 size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small);
+/* Growth near the bound. The bound: EXPSEG_TIGHT_PERMILLE / 1000 of the bytes allocated
+ * once the request is served (`allocated`), plus EXPSEG_TIGHT_SLACK. A growth that would
+ * map `grow` bytes (its floor above) maps only the `exact` bytes the request lacks when the
+ * bytes held after it (`held` now: every pool and the page cache) would pass the bound
+ * with the floor and stay within it without: near a peak, the floor's surplus is what is
+ * held beyond the live bytes, since the pool's free pieces are too small for the requests
+ * that grow. Anywhere else (far below the bound, or past it whatever the growth maps) the
+ * floor stays, and with it few, large growths: each growth is a set_access call, the
+ * dearest per call of the driver's. (docs/benchmarks.md, "Growth near the bound": the
+ * rule that also dropped the floor past the bound cost up to 1.15 x PyTorch's driver time.)
+ * Overridable at build time, for measuring. */
+#ifndef EXPSEG_TIGHT_PERMILLE
+#define EXPSEG_TIGHT_PERMILLE 1020u
+#endif
+#ifndef EXPSEG_TIGHT_SLACK
+#define EXPSEG_TIGHT_SLACK ((size_t)8 << 20)
+#endif
+bool _expseg_grow_tight(size_t held, size_t allocated, size_t exact, size_t grow);
 /* Pages of the next physical chunk a growth creates when `left` pages are still to create:
  * one under PyTorch's model (its ExpandableSegment creates a chunk per page); else what
  * the growth needs, up to EXPSEG_CHUNK_MAX bytes: one create and one map per chunk, where

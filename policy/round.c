@@ -51,6 +51,18 @@ size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small) {
   return small && grow < EXPSEG_SMALL_GROW_MIN ? EXPSEG_SMALL_GROW_MIN : grow;
 }
 
+/* held + add within PERMILLE / 1000 x allocated + SLACK (no wrap for sizes below 2^60) */
+static bool within_bound(size_t held, size_t add, size_t allocated) {
+  const size_t bound = allocated / 1000 * EXPSEG_TIGHT_PERMILLE +
+                       allocated % 1000 * EXPSEG_TIGHT_PERMILLE / 1000 + EXPSEG_TIGHT_SLACK;
+  return held <= bound && add <= bound - held;
+}
+
+bool _expseg_grow_tight(size_t held, size_t allocated, size_t exact, size_t grow) {
+  return exact < grow && !within_bound(held, grow, allocated) &&
+         within_bound(held, exact, allocated);
+}
+
 bool _expseg_may_take_back(uint64_t robbed, uint64_t now) {
   return robbed == 0 || now - robbed >= EXPSEG_NO_TAKE_BACK;
 }

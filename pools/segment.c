@@ -167,9 +167,15 @@ static bool place_at(expseg_allocator *a, block_t *u, int pool, size_t rounded, 
   uintptr_t need = start + rounded;
   if (need <= u->ptr) return false; /* the prefix alone fits: best fit would have found it */
   const size_t pg = u->seg->page;
-  /* exact (memory is short: the out-of-memory retry): no growth floor */
+  /* exact (memory is short: the out-of-memory retry): no growth floor; nor where the
+   * floor alone would take the memory held past its bound (policy: _expseg_grow_tight) */
   size_t grow = exact ? need - u->ptr
                       : _expseg_grow_for(need - u->ptr, u->seg->mapped_bytes, pool == POOL_SMALL);
+  if (!exact && !a->model_pytorch && grow > need - u->ptr &&
+      _expseg_grow_tight(held_bytes(a),
+                         (size_t)stat_all_current(a->stats.allocated_bytes) + rounded,
+                         _expseg_round_up(need - u->ptr, pg), _expseg_round_up(grow, pg)))
+    grow = need - u->ptr;
   uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + _expseg_round_up(grow, pg);
   if (a->model_pytorch) hi = _expseg_model_map_end(a, u, pool, need);
   /* a mapping the driver refused to remove (on the retry list) blocks this range: grow

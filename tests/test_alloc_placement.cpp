@@ -5,7 +5,9 @@
 // which waits for the borrower's work when it is freed and then goes back to its owner;
 // and such a block when it fits much tighter than the stream's own (lending a tighter fit).
 // Also a seeded workload of variable large requests near the device's capacity: no
-// out-of-memory error, and peak reserved within 2 % (+ 8 MiB) of the peak requested.
+// out-of-memory error, and peak reserved within 2 % (+ 8 MiB) of the peak requested; and
+// growth near that bound (policy: _expseg_grow_tight), which maps only what a request lacks
+// where the growth floor alone would pass the bound.
 #include "alloc_support.h"
 
 #include <algorithm>
@@ -232,6 +234,50 @@ TEST(Placement, GrowthAtAnotherStreamsPlaceOnlyWithoutPendingFrees) {
   ASSERT_EQ(EXPSEG_OK, expseg_testing_hold_stream(A, s2, false));
   for (void *x : {p1, r}) ASSERT_EQ(EXPSEG_OK, expseg_free(A, x));
   EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
+}
+
+// Growth near the bound (policy.h: _expseg_grow_tight). 48 blocks of 1.5 MiB, then one of
+// 1000 MiB, all in one segment; `freed` of the small blocks (every other one) are freed,
+// leaving pieces too small for a 2 MiB request, which then grows the segment's end. The
+// floor (1/128 of what the segment maps, 1,072 MiB: 10 MiB in 2 MiB pages) is taken far from the bound
+// and past it; where it alone would pass 1.02 x allocated + 8 MiB, the growth maps 2 MiB.
+int64_t reserved_growth_for_2MiB(int freed) {
+  Alloc a = make("sim", "expandable_segments:True");
+  expseg_allocator *A = a.get();
+  std::vector<void *> small(48), all;
+  for (void *&p : small) {
+    EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 3 * MiB / 2, 0, &p)) << expseg_last_error();
+  }
+  void *big = nullptr, *r = nullptr;
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 1000 * MiB, 0, &big)) << expseg_last_error();
+  for (int i = 0; i < 48; i++) {
+    if (i % 2 == 0 && i / 2 < freed) EXPECT_EQ(EXPSEG_OK, expseg_free(A, small[i]));
+    else all.push_back(small[i]);
+  }
+  const int64_t before = stat_of(A, "reserved_bytes.all.current");
+  const uint64_t maps = alloc_test_calls(A, EXPSEG_VMM_CALL_map);
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 2 * MiB, 0, &r)) << expseg_last_error();
+  EXPECT_GT(alloc_test_calls(A, EXPSEG_VMM_CALL_map), maps) << "no piece fits: a growth";
+  const int64_t grown = stat_of(A, "reserved_bytes.all.current") - before;
+  EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
+  for (void *x : all) EXPECT_EQ(EXPSEG_OK, expseg_free(A, x));
+  for (void *x : {big, r}) EXPECT_EQ(EXPSEG_OK, expseg_free(A, x));
+  return grown;
+}
+
+TEST(Placement, AGrowthNearTheBoundMapsOnlyWhatIsMissing) {
+  // 0 freed: 1,072 MiB held, far below the bound: the floor
+  EXPECT_EQ(reserved_growth_for_2MiB(0), int64_t(10 * MiB)) << "far from the bound";
+  // 16 freed (24 MiB in pieces): 1,072 + 10 > 1.02 x 1,050 + 8 = 1,079 >= 1,072 + 2
+  EXPECT_EQ(reserved_growth_for_2MiB(16), int64_t(2 * MiB)) << "the floor would pass the bound";
+  // 12 freed would not reach it: 1,072 + 10 <= 1.02 x 1,056 + 8 = 1,085.1
+  EXPECT_EQ(reserved_growth_for_2MiB(12), int64_t(10 * MiB)) << "within the bound with the floor";
+}
+
+// Past the bound whatever the growth maps (36 MiB in pieces: 1,072 + 2 > 1.02 x 1,038 + 8),
+// mapping less would not bring the peak within it: the floor stays, and with it fewer growths.
+TEST(Placement, AGrowthPastTheBoundKeepsTheFloor) {
+  EXPECT_EQ(reserved_growth_for_2MiB(16 + 8), int64_t(10 * MiB));
 }
 
 // Variable large requests near capacity (an image model whose input size changes): each

@@ -236,6 +236,26 @@ TEST(PolicyRound, SmallPoolGrowsAtLeastFourMiB) {
   EXPECT_EQ(_expseg_grow_for(6 * MiB, 0, true), 6 * MiB) << "a minimum, not a cap";
 }
 
+TEST(PolicyRound, GrowthNearTheBoundDropsTheFloorOnlyWhereThatKeepsWithinIt) {
+  const size_t MiB = (size_t)1 << 20, GiB = 1024 * MiB;
+  EXPECT_EQ(EXPSEG_TIGHT_PERMILLE, 1020u);
+  EXPECT_EQ(EXPSEG_TIGHT_SLACK, 8 * MiB);
+  // bound for 1 GiB allocated: 1.02 x 1024 + 8 = 1052.48 MiB
+  EXPECT_FALSE(_expseg_grow_tight(1000 * MiB, GiB, 2 * MiB, 10 * MiB)) << "far below: the floor";
+  EXPECT_TRUE(_expseg_grow_tight(1044 * MiB, GiB, 2 * MiB, 10 * MiB)) << "the floor passes it";
+  EXPECT_TRUE(_expseg_grow_tight(1050 * MiB, GiB, 2 * MiB, 10 * MiB));
+  EXPECT_FALSE(_expseg_grow_tight(1051 * MiB, GiB, 2 * MiB, 10 * MiB)) << "past it either way";
+  EXPECT_FALSE(_expseg_grow_tight(1042 * MiB, GiB, 2 * MiB, 10 * MiB)) << "1052 MiB: within";
+  EXPECT_FALSE(_expseg_grow_tight(1044 * MiB, GiB, 10 * MiB, 10 * MiB)) << "no floor to drop";
+  EXPECT_TRUE(_expseg_grow_tight(7 * MiB, 0, 1, 2 * MiB)) << "the slack alone: 8 MiB";
+  EXPECT_FALSE(_expseg_grow_tight(8 * MiB, 0, 1, 2 * MiB)) << "8 MiB + 1 byte: past it";
+  // no wrap at the ends of size_t
+  EXPECT_FALSE(_expseg_grow_tight(SIZE_MAX - MiB, GiB, 2 * MiB, 10 * MiB));
+  EXPECT_TRUE(_expseg_grow_tight(0, (size_t)1 << 59, 2 * MiB, SIZE_MAX)) << "2^59 x 1.02";
+  EXPECT_FALSE(_expseg_grow_tight((size_t)1 << 59, (size_t)1 << 59, 2 * MiB, 4 * MiB));
+  EXPECT_TRUE(_expseg_grow_tight(0, 0, 2 * MiB, SIZE_MAX));
+}
+
 TEST(PolicyRound, ChunksAreSizedFromTheGrowth) {
   const size_t MiB = (size_t)1 << 20, pg = 2 * MiB, most = EXPSEG_CHUNK_MAX / pg;
   ASSERT_GE(most, 2u);
