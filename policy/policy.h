@@ -212,13 +212,6 @@ size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small);
 #define EXPSEG_TIGHT_SLACK ((size_t)8 << 20)
 #endif
 bool _expseg_grow_tight(size_t held, size_t allocated, size_t exact, size_t grow);
-/* Measuring only (-DXPAGE_CHUNKS=MARGIN_PERMILLE; docs/benchmarks.md, "Page-sized chunks
- * near the bound: measured, not adopted"): true where creating `add` more bytes would take
- * the bytes held past the bound above (MARGIN / 1000 of `allocated` earlier); such a growth
- * creates a chunk per page. */
-#ifdef XPAGE_CHUNKS
-bool _expseg_page_chunks(size_t held, size_t allocated, size_t add);
-#endif
 /* Pages of the next physical chunk a growth creates when `left` pages are still to create:
  * one under PyTorch's model (its ExpandableSegment creates a chunk per page); else what
  * the growth needs, up to EXPSEG_CHUNK_MAX bytes: one create and one map per chunk, where

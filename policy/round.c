@@ -63,13 +63,6 @@ bool _expseg_grow_tight(size_t held, size_t allocated, size_t exact, size_t grow
          within_bound(held, exact, allocated);
 }
 
-#ifdef XPAGE_CHUNKS /* measuring only: "near" starts XPAGE_CHUNKS / 1000 of allocated early */
-bool _expseg_page_chunks(size_t held, size_t allocated, size_t add) {
-  const size_t margin = allocated / 1000 * (size_t)(XPAGE_CHUNKS);
-  return !within_bound(held, add > SIZE_MAX - margin ? SIZE_MAX - 1 : add + margin, allocated);
-}
-#endif
-
 bool _expseg_may_take_back(uint64_t robbed, uint64_t now) {
   return robbed == 0 || now - robbed >= EXPSEG_NO_TAKE_BACK;
 }

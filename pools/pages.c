@@ -299,13 +299,6 @@ size_t _expseg_steal_pages(expseg_allocator *a, int pool, size_t page, size_t wa
     while (b != NULL && got < want) {
       block_t *next = b->idle_next;
       uintptr_t lo, hi;
-#ifdef XSTEAL_INTERIOR /* measuring only: a growth takes no chunk from a free block that
-                        * borders an unmapped range (a segment's growth surplus) */
-      if (want != SIZE_MAX && ((b->next && !b->next->mapped) || (b->prev && !b->prev->mapped))) {
-        b = next;
-        continue;
-      }
-#endif
       if (b != ex1 && b != ex2 && (page == 0 || b->seg->page == page) &&
           (seg_tag(b->seg) == tag || (general && _expseg_seg_general(a, b->seg))) &&
           _expseg_block_chunks(a, b, &lo, &hi) > 0 &&

@@ -239,20 +239,11 @@ static expseg_status cap_error(expseg_allocator *a, size_t more) {
 /* Creates chunks for `pages` pages of pg bytes with the lock dropped (sized by policy:
  * _expseg_chunk_pages) and puts them in the cache. */
 static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages,
-                                   size_t pg, size_t rounded) {
+                                   size_t pg) {
   size_t bytes = pages * pg, n = 0;
   if (!cap_allows(a, bytes)) return cap_error(a, bytes);
-#ifdef XPAGE_CHUNKS /* measuring only (policy.h) */
-  const bool per_page =
-      a->model_pytorch ||
-      _expseg_page_chunks(held_bytes(a),
-                          (size_t)stat_all_current(a->stats.allocated_bytes) + rounded, bytes);
-#else
-  (void)rounded;
-  const bool per_page = a->model_pytorch;
-#endif
   for (size_t left = pages; left > 0; n++)
-    left -= _expseg_chunk_pages(per_page, left, pg);
+    left -= _expseg_chunk_pages(a->model_pytorch, left, pg);
   expseg_vmm_handle local_h[64];
   size_t local_s[64];
   expseg_vmm_handle *hs = n <= 64 ? local_h : malloc(n * sizeof *hs);
@@ -263,7 +254,7 @@ static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages,
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
   }
   for (size_t i = 0, left = pages; i < n; i++) {
-    size_t k = _expseg_chunk_pages(per_page, left, pg);
+    size_t k = _expseg_chunk_pages(a->model_pytorch, left, pg);
     sz[i] = k * pg;
     left -= k;
   }
@@ -308,14 +299,7 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     }
     const size_t pg = pl.u->seg->page, room = pl.u->size / pg;
     size_t have = _expseg_cache_cover(a, pg, pl.pages, room);
-#ifdef XSTEAL_NEAR /* measuring only: idle chunks move only near the bound (policy.h) */
-    const bool move = _expseg_page_chunks(
-        held_bytes(a), (size_t)stat_all_current(a->stats.allocated_bytes) + rounded,
-        (pl.pages - have) * pg);
-#else
-    const bool move = true;
-#endif
-    if (have < pl.pages && !a->model_pytorch && move) { /* PyTorch moves no page */
+    if (have < pl.pages && !a->model_pytorch) { /* PyTorch moves no page */
       const size_t need = pl.pages - have;
       _expseg_steal_pages(a, pool, pg, need, room, pl.prefix, pl.suffix, blocking,
                           skey_tag(stream), true);
@@ -335,7 +319,7 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
       return b;
     }
     size_t want = pl.pages - have;
-    *st = create_chunks(a, pool, want, pg, rounded);
+    *st = create_chunks(a, pool, want, pg);
     if (*st != EXPSEG_OK) return NULL;
     created += want;
     /* the lock was dropped: place again */
