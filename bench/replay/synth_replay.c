@@ -82,10 +82,6 @@ static void window_calls(const expseg_trace_t *t, const opts_t *o, result_t *r, 
     w->pages[EXPSEG_COST_CREATE] = w->pages[EXPSEG_COST_MAP] = (d[0] + d[2]) / two;
     w->pages[EXPSEG_COST_UNMAP] = w->pages[EXPSEG_COST_RELEASE] = (d[1] + d[3]) / two;
     w->pages[EXPSEG_COST_SET_ACCESS] = w->pages[EXPSEG_COST_MAP];
-#ifdef XPRICE_SET_ACCESS_PER_HANDLE /* measuring only: PyTorch's set_access priced per handle
-                                     * it covers (one per map call), as expseg's is below */
-    w->pages[EXPSEG_COST_SET_ACCESS] = w->calls[EXPSEG_COST_MAP];
-#endif
   } else {
     const char *ps = strstr(r->config, "page_size_mb:");
     uint64_t mb = ps ? strtoull(ps + strlen("page_size_mb:"), NULL, 10) : 2;
