@@ -135,18 +135,19 @@ void _expseg_recorded_calls(const expseg_trace_t *t, size_t n, expseg_calls_t *o
       out->calls[EXPSEG_COST_CUDA_FREE]++;
       out->pages[EXPSEG_COST_CUDA_FREE] += p2;
       break;
-    case EXPSEG_TR_MAP: /* per page: create and map; one set_access over the range */
+    case EXPSEG_TR_MAP: /* per page (a handle): create and map; one set_access over the
+                         * range, priced per handle; creates per 2 MiB of bytes */
       out->calls[EXPSEG_COST_CREATE] += pages;
       out->calls[EXPSEG_COST_MAP] += pages;
       out->calls[EXPSEG_COST_SET_ACCESS]++;
       out->pages[EXPSEG_COST_CREATE] += p2;
-      out->pages[EXPSEG_COST_MAP] += p2;
-      out->pages[EXPSEG_COST_SET_ACCESS] += p2;
+      out->pages[EXPSEG_COST_MAP] += pages;
+      out->pages[EXPSEG_COST_SET_ACCESS] += pages;
       break;
-    case EXPSEG_TR_UNMAP: /* per page: unmap and release */
+    case EXPSEG_TR_UNMAP: /* per page: unmap (per handle) and release (per 2 MiB) */
       out->calls[EXPSEG_COST_UNMAP] += pages;
       out->calls[EXPSEG_COST_RELEASE] += pages;
-      out->pages[EXPSEG_COST_UNMAP] += p2;
+      out->pages[EXPSEG_COST_UNMAP] += pages;
       out->pages[EXPSEG_COST_RELEASE] += p2;
       break;
     default: break;

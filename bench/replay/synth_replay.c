@@ -50,6 +50,7 @@ static void window_snap(const expseg_allocator *a, result_t *r) {
   r->warm_alloc = stat_or(a, "num_device_alloc", 0, NULL);
   r->warm_free = stat_or(a, "num_device_free", 0, NULL);
   r->warm_created = stat_or(a, "expseg.created_bytes", 0, NULL);
+  r->warm_released = stat_or(a, "expseg.released_bytes", 0, NULL);
   for (size_t k = 0; k < N_MEM_CALLS; k++) {
     char key[64];
     snprintf(key, sizeof key, "expseg.driver.%s", _expseg_mem_calls[k]);
@@ -59,8 +60,11 @@ static void window_snap(const expseg_allocator *a, result_t *r) {
 
 /* The window's driver calls by kind: PyTorch's classic segments are cudaMalloc/cudaFree
  * (one per device allocation/free); otherwise the VMM calls the allocator made (under the
- * pytorch model, PyTorch's own: pools/model.c), with the 2 MiB pages each covers from the
- * bytes created, mapped and unmapped. */
+ * pytorch model, PyTorch's own: pools/model.c). The units each is priced per are the same
+ * for every model (docs/replay.md, "Priced driver work"): physical memory created and
+ * released in 2 MiB pages of its bytes; map, unmap and set_access per handle, since their
+ * measured cost follows handles, not bytes (a map or an unmap is of one handle, and a
+ * set_access covers the handles of the range it opens, one per map). */
 static void window_calls(const expseg_trace_t *t, const opts_t *o, result_t *r, size_t n) {
   static const int kind_of[N_MEM_CALLS] = {EXPSEG_COST_RESERVE, -1, EXPSEG_COST_CREATE,
                                            EXPSEG_COST_RELEASE, EXPSEG_COST_MAP,
@@ -68,32 +72,29 @@ static void window_calls(const expseg_trace_t *t, const opts_t *o, result_t *r, 
   expseg_calls_t *w = &r->win;
   memset(w, 0, sizeof *w);
   const uint64_t two = UINT64_C(2) << 20;
-  const uint64_t created = (uint64_t)(r->created_bytes - r->warm_created) / two;
   if (r->model == EXPSEG_MODEL_PYTORCH && _expseg_conf_expandable(r->config) != 1) {
     w->calls[EXPSEG_COST_CUDA_MALLOC] = (uint64_t)(r->num_device_alloc - r->warm_alloc);
     w->calls[EXPSEG_COST_CUDA_FREE] = (uint64_t)(r->num_device_free - r->warm_free);
-    w->pages[EXPSEG_COST_CUDA_MALLOC] = created;
-  } else if (r->model == EXPSEG_MODEL_PYTORCH) {
-    /* every chunk is mapped once and unmapped once: pages from the pools' bytes */
-    uint64_t d[4];
-    for (int k = 0; k < 4; k++) d[k] = (uint64_t)(r->pool_bytes[k] - r->warm_pool_bytes[k]);
+    w->pages[EXPSEG_COST_CUDA_MALLOC] = (uint64_t)(r->created_bytes - r->warm_created) / two;
+  } else {
     for (size_t k = 0; k < N_MEM_CALLS; k++)
       if (kind_of[k] >= 0) w->calls[kind_of[k]] = (uint64_t)(r->calls[k] - r->warm_calls[k]);
-    w->pages[EXPSEG_COST_CREATE] = w->pages[EXPSEG_COST_MAP] = (d[0] + d[2]) / two;
-    w->pages[EXPSEG_COST_UNMAP] = w->pages[EXPSEG_COST_RELEASE] = (d[1] + d[3]) / two;
-    w->pages[EXPSEG_COST_SET_ACCESS] = w->pages[EXPSEG_COST_MAP];
-  } else {
-    const char *ps = strstr(r->config, "page_size_mb:");
-    uint64_t mb = ps ? strtoull(ps + strlen("page_size_mb:"), NULL, 10) : 2;
-    uint64_t per = mb > 2 ? mb / 2 : 1;
-    for (size_t k = 0; k < N_MEM_CALLS; k++) {
-      if (kind_of[k] < 0) continue;
-      uint64_t c = (uint64_t)(r->calls[k] - r->warm_calls[k]);
-      w->calls[kind_of[k]] = c;
-      w->pages[kind_of[k]] = kind_of[k] == EXPSEG_COST_CREATE ? created : c * per;
+    if (r->model == EXPSEG_MODEL_PYTORCH) {
+      /* every chunk is created with its map and released with its unmap: the pools' bytes */
+      uint64_t d[4];
+      for (int k = 0; k < 4; k++) d[k] = (uint64_t)(r->pool_bytes[k] - r->warm_pool_bytes[k]);
+      w->pages[EXPSEG_COST_CREATE] = (d[0] + d[2]) / two;
+      w->pages[EXPSEG_COST_RELEASE] = (d[1] + d[3]) / two;
+    } else {
+      const char *ps = strstr(r->config, "page_size_mb:");
+      uint64_t mb = ps ? strtoull(ps + strlen("page_size_mb:"), NULL, 10) : 2;
+      w->pages[EXPSEG_COST_RESERVE] = w->calls[EXPSEG_COST_RESERVE] * (mb > 2 ? mb / 2 : 1);
+      w->pages[EXPSEG_COST_CREATE] = (uint64_t)(r->created_bytes - r->warm_created) / two;
+      w->pages[EXPSEG_COST_RELEASE] = (uint64_t)(r->released_bytes - r->warm_released) / two;
     }
-    /* one set_access covers a whole newly mapped range: it touches every mapped page */
-    w->pages[EXPSEG_COST_SET_ACCESS] = w->pages[EXPSEG_COST_MAP];
+    w->pages[EXPSEG_COST_MAP] = w->calls[EXPSEG_COST_MAP];
+    w->pages[EXPSEG_COST_UNMAP] = w->calls[EXPSEG_COST_UNMAP];
+    w->pages[EXPSEG_COST_SET_ACCESS] = w->calls[EXPSEG_COST_MAP];
   }
   r->driver_ms = _expseg_costs_ms(&o->costs, w);
   _expseg_recorded_calls(t, n, &r->rec);
@@ -407,6 +408,7 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
   r->num_device_alloc = stat_or(a, "num_device_alloc", -1, NULL);
   r->num_device_free = stat_or(a, "num_device_free", -1, NULL);
   r->created_bytes = stat_or(a, "expseg.created_bytes", 0, &r->has_created);
+  r->released_bytes = stat_or(a, "expseg.released_bytes", 0, NULL);
   for (int k = 0; k < 4; k++) r->pool_bytes[k] = stat_or(a, pool_keys[k], 0, NULL);
   for (size_t k = 0; k < N_MEM_CALLS; k++) {
     char key[64];

@@ -44,7 +44,7 @@ typedef struct result_s {
   uint64_t peak_requested;
   int64_t peak_allocated, peak_reserved, num_device_alloc, num_device_free;
   int64_t warm_alloc, warm_free; /* num_device_alloc/free once the pre-live set is in */
-  int64_t warm_calls[N_MEM_CALLS], warm_created; /* the same for the calls by kind */
+  int64_t warm_calls[N_MEM_CALLS], warm_created, warm_released; /* the same for the calls by kind */
   /* reserved_bytes.{small,large}_pool.{allocated,freed}, at the end and at the window start */
   int64_t pool_bytes[4], warm_pool_bytes[4];
   expseg_calls_t win;     /* the driver calls of the recorded window, priced as driver_ms */
@@ -55,6 +55,7 @@ typedef struct result_s {
   int64_t first_oom;      /* event index of the first failed malloc; -1 none, -2 warm start */
   uint64_t errors;        /* other failures (first one printed) */
   int64_t created_bytes;  int has_created;
+  int64_t released_bytes; /* expseg.released_bytes (0 where absent) */
   int64_t calls[N_MEM_CALLS]; int has_calls;
   uint64_t driver_calls;  /* sum of calls[] */
   double ns_per_op;
