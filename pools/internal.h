@@ -579,6 +579,9 @@ void _expseg_ppool_stats_reset(expseg_allocator *a, bool peak);
 /* ---- sleep.c: tagged regions, sleep and wake (lock held) ---- */
 /* Is private pool `tag` a sleeping region's? (malloc refuses it; message set when true) */
 bool _expseg_sleep_refuses(expseg_allocator *a, uint32_t tag);
+/* The tag of the region whose pool is private pool `tag`, or NULL: a region's pool lives as
+ * long as the allocator (expseg_pool_release never takes it to use count 0). */
+const char *_expseg_sleep_region_name(const expseg_allocator *a, uint32_t tag);
 /* expseg_free of b, whose segment sleeps: deferred to the wake (*st its result). */
 expseg_status _expseg_sleep_defer_free(expseg_allocator *a, block_t *b);
 /* What segment s holds from the driver: physical bytes (the return), mapped bytes and

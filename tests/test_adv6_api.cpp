@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: Apache-2.0
+// test_adv6_api.cpp: the public C API driven the way a hostile caller would, where the
+// other suites are thin: a region's private pool reached through the pool calls (release
+// to use count 0, then a new pool taking its slot), a sleep mode that is neither offload
+// nor discard, and the out-parameters and sizes at their extremes.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "alloc_support.h"
+#include "expseg.h"
+
+namespace {
+
+constexpr size_t MiB = size_t(1) << 20;
+
+std::string err() { return expseg_last_error(); }
+
+struct Adv6Api : ::testing::TestWithParam<const char *> {};
+
+// A region's pool lives as long as the allocator: releasing it to use count 0 through the
+// pool calls is refused naming the region, and the region keeps working; retain + release
+// in pairs stays accepted.
+TEST_P(Adv6Api, RegionPoolCannotBeReleasedToZero) {
+  AllocPtr p = make_alloc(GetParam(), "");
+  expseg_allocator *a = p.get();
+  ASSERT_EQ(expseg_region_begin(a, "w"), EXPSEG_OK) << err();
+  void *x = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 3 * MiB, 0, &x), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_region_end(a, "w"), EXPSEG_OK) << err();
+  expseg_region_info info{};
+  ASSERT_EQ(expseg_region_get_info(a, "w", &info), EXPSEG_OK) << err();
+  const expseg_pool_id pool = info.pool;
+
+  ASSERT_EQ(expseg_pool_retain(a, pool), EXPSEG_OK) << err();
+  EXPECT_EQ(expseg_pool_release(a, pool), EXPSEG_OK) << err();
+  StatMap before = without_times(stat_map(a));
+  EXPECT_EQ(expseg_pool_release(a, pool), EXPSEG_ERR_INVALID_ARGUMENT);
+  std::string msg = err();
+  EXPECT_NE(msg.find("\"w\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::to_string(pool)), std::string::npos) << msg;
+  EXPECT_EQ(without_times(stat_map(a)), before);
+  int uc = 0;
+  ASSERT_EQ(expseg_pool_use_count(a, pool, &uc), EXPSEG_OK) << err();
+  EXPECT_EQ(uc, 1);
+
+  // Its last block freed: a new pool must not take the region's slot.
+  ASSERT_EQ(expseg_free(a, x), EXPSEG_OK) << err();
+  EXPECT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+  expseg_pool_id other = 0;
+  ASSERT_EQ(expseg_pool_create(a, &other), EXPSEG_OK) << err();
+  void *y = nullptr;
+  ASSERT_EQ(expseg_malloc_pool(a, 2 * MiB, 0, other, &y), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_sleep(a, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << err();
+  // The other pool is untouched by the region's sleep.
+  void *z = nullptr;
+  EXPECT_EQ(expseg_malloc_pool(a, 1000, 0, other, &z), EXPSEG_OK) << err();
+  EXPECT_EQ(expseg_free(a, z), EXPSEG_OK) << err();
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_wake(a, "w"), EXPSEG_OK) << err();
+  // The region still allocates from its own pool.
+  ASSERT_EQ(expseg_region_begin(a, "w"), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_malloc(a, 1000, 0, &z), EXPSEG_OK) << err();
+  expseg_pool_id of = 0;
+  ASSERT_EQ(expseg_pool_of(a, z, &of), EXPSEG_OK) << err();
+  EXPECT_EQ(of, pool);
+  ASSERT_EQ(expseg_region_end(a, "w"), EXPSEG_OK) << err();
+  EXPECT_EQ(expseg_free(a, z), EXPSEG_OK) << err();
+  EXPECT_EQ(expseg_free(a, y), EXPSEG_OK) << err();
+  EXPECT_EQ(expseg_pool_release(a, other), EXPSEG_OK) << err();
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << err();
+}
+
+// Only EXPSEG_SLEEP_OFFLOAD (0) and EXPSEG_SLEEP_DISCARD (1) are modes: any other value,
+// -1 included, is refused naming it, and an asleep region stays asleep.
+TEST_P(Adv6Api, SleepModeOtherThanTheTwoIsRefused) {
+  AllocPtr p = make_alloc(GetParam(), "");
+  expseg_allocator *a = p.get();
+  ASSERT_EQ(expseg_region_begin(a, "r"), EXPSEG_OK) << err();
+  void *x = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 5 * MiB, 0, &x), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_region_end(a, "r"), EXPSEG_OK) << err();
+  for (int mode : {-1, 2, 7, INT32_MIN, INT32_MAX}) {
+    EXPECT_EQ(expseg_sleep(a, "r", (expseg_sleep_mode)mode), EXPSEG_ERR_INVALID_ARGUMENT)
+        << mode;
+    EXPECT_NE(err().find("mode " + std::to_string(mode)), std::string::npos) << err();
+  }
+  expseg_region_info info{};
+  ASSERT_EQ(expseg_region_get_info(a, "r", &info), EXPSEG_OK) << err();
+  EXPECT_FALSE(info.asleep);
+  ASSERT_EQ(expseg_sleep(a, "r", EXPSEG_SLEEP_DISCARD), EXPSEG_OK) << err();
+  for (int mode : {-1, 2}) {
+    EXPECT_EQ(expseg_sleep(a, "r", (expseg_sleep_mode)mode), EXPSEG_ERR_INVALID_ARGUMENT)
+        << mode;
+    ASSERT_EQ(expseg_region_get_info(a, "r", &info), EXPSEG_OK) << err();
+    EXPECT_TRUE(info.asleep) << "expseg_sleep with mode " << mode << " woke the region";
+    EXPECT_EQ(info.wakes, 0u);
+  }
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_wake(a, "r"), EXPSEG_OK) << err();
+  EXPECT_EQ(expseg_free(a, x), EXPSEG_OK) << err();
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << err();
+}
+
+INSTANTIATE_TEST_SUITE_P(Drivers, Adv6Api, ::testing::Values("host", "sim"));
+
+}  // namespace
