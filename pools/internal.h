@@ -532,6 +532,9 @@ expseg_status _expseg_peers_grant(expseg_allocator *a, uintptr_t addr, size_t si
 void _expseg_ipc_poll_locked(expseg_allocator *a);
 /* expseg_free of an exported pointer: true when the free is deferred (*st its result). */
 bool _expseg_ipc_hold_free(expseg_allocator *a, uintptr_t ptr, expseg_status *st);
+/* After a poll: the first exported allocation still held by an importer whose segment
+ * belongs to private pool `tag` (a region: it may not sleep), or 0. */
+uintptr_t _expseg_ipc_held_in_pool(expseg_allocator *a, uint32_t tag);
 /* Was ptr freed while an import keeps its memory (a deferred free)? */
 bool _expseg_ipc_freed(const expseg_allocator *a, uintptr_t ptr);
 /* Calls fn on every imported range (peer access). */

@@ -514,6 +514,14 @@ static expseg_status raise_all(expseg_allocator *a, region_t **rp) {
 static expseg_status sleep_locked(expseg_allocator *a, region_t **rp, bool offload) {
   region_t *r = *rp;
   if (r->asleep) return drop_all(a, r); /* a sleep that failed part-way: go on */
+  const uintptr_t held = _expseg_ipc_held_in_pool(a, r->tag); /* its memory must stay */
+  if (held != 0)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "its allocation %p is exported (expseg_ipc_export) and an importer "
+                             "still holds it; accepted: a region none of whose allocations is "
+                             "held (expseg_ipc_close in every importer, or its exit, and "
+                             "expseg_ipc_handle_free of the exporter's handle)",
+                             (void *)held);
   expseg_status st = wait_streams(a, r->tag);
   if (st != EXPSEG_OK) return st;
   (void)_expseg_release_pool_memory(a, r->tag, true); /* nothing free is kept asleep */

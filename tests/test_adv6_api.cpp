@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -102,6 +103,60 @@ TEST_P(Adv6Api, SleepModeOtherThanTheTwoIsRefused) {
   ASSERT_EQ(expseg_wake(a, "r"), EXPSEG_OK) << err();
   EXPECT_EQ(expseg_free(a, x), EXPSEG_OK) << err();
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << err();
+}
+
+// An exported allocation's memory is never released under an importer (docs/ipc.md): a
+// region holding one refuses to sleep, naming the pointer, and stays awake with importer and
+// exporter still sharing the bytes; a sleeping region's blocks cannot be exported (no memory
+// behind them). Once the importer closes and the handle is freed, the sleep goes through.
+TEST(Adv6Ipc, ExportedBlockKeepsItsRegionAwake) {
+  AllocPtr pa = make_alloc("host", ""), pb = make_alloc("host", "");
+  expseg_allocator *a = pa.get(), *b = pb.get();
+  ASSERT_EQ(expseg_region_begin(a, "kv"), EXPSEG_OK) << err();
+  void *x = nullptr, *y = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 4 * MiB, 0, &x), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_malloc(a, 1 * MiB, 0, &y), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_region_end(a, "kv"), EXPSEG_OK) << err();
+  expseg_ipc_handle h{};
+  ASSERT_EQ(expseg_ipc_export(a, x, &h), EXPSEG_OK) << err();
+  void *q = nullptr;
+  ASSERT_EQ(expseg_ipc_import(b, &h, &q), EXPSEG_OK) << err();
+  std::memset(x, 0x5a, 4 * MiB);
+
+  StatMap before = without_times(stat_map(a));
+  EXPECT_EQ(expseg_sleep(a, "kv", EXPSEG_SLEEP_OFFLOAD), EXPSEG_ERR_INVALID_ARGUMENT);
+  char want[64];
+  std::snprintf(want, sizeof want, "%p", x);
+  EXPECT_NE(err().find(want), std::string::npos) << err();
+  EXPECT_NE(err().find("kv"), std::string::npos) << err();
+  expseg_region_info info{};
+  ASSERT_EQ(expseg_region_get_info(a, "kv", &info), EXPSEG_OK) << err();
+  EXPECT_FALSE(info.asleep);
+  EXPECT_EQ(without_times(stat_map(a)), before);
+  // Still one memory: a write through the importer is seen by the exporter.
+  static_cast<unsigned char *>(q)[12345] = 0x11;
+  EXPECT_EQ(static_cast<unsigned char *>(x)[12345], 0x11);
+  EXPECT_EQ(static_cast<unsigned char *>(x)[12346], 0x5a);
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << err();
+
+  ASSERT_EQ(expseg_ipc_close(b, q), EXPSEG_OK) << err();
+  expseg_ipc_handle_free(&h);
+  ASSERT_EQ(expseg_sleep(a, "kv", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << err();
+  expseg_ipc_handle h2{};
+  EXPECT_EQ(expseg_ipc_export(a, y, &h2), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err().find("\"kv\""), std::string::npos) << err();
+  EXPECT_NE(err().find("asleep"), std::string::npos) << err();
+  EXPECT_EQ(h2.data, nullptr);
+  EXPECT_EQ(h2.n_fds, 0u);
+  size_t held = 9;
+  ASSERT_EQ(expseg_ipc_poll(a, &held), EXPSEG_OK) << err();
+  EXPECT_EQ(held, 0u);
+  ASSERT_EQ(expseg_wake(a, "kv"), EXPSEG_OK) << err();
+  EXPECT_EQ(static_cast<unsigned char *>(x)[12345], 0x11);
+  EXPECT_EQ(expseg_free(a, x), EXPSEG_OK) << err();
+  EXPECT_EQ(expseg_free(a, y), EXPSEG_OK) << err();
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << err();
+  EXPECT_EQ(expseg_check(b), EXPSEG_OK) << err();
 }
 
 INSTANTIATE_TEST_SUITE_P(Drivers, Adv6Api, ::testing::Values("host", "sim"));
