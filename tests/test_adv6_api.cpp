@@ -226,6 +226,32 @@ TEST_P(Adv6Api, SummaryWhileARegionSleepsShowsWhatIsMapped) {
   EXPECT_EQ(expseg_free(a, g), EXPSEG_OK) << err();
 }
 
+// expseg_last_error() is one line (expseg.h) whatever the caller passed: a tag, class name
+// or option text holding a newline or other control byte is shown with '?' in its place.
+TEST_P(Adv6Api, MessagesStayOneLineWhateverTheInput) {
+  AllocPtr p = make_alloc(GetParam(), "");
+  expseg_allocator *a = p.get();
+  auto one_line = [](const std::string &m) {
+    for (unsigned char c : m)
+      if (c < 0x20 || c == 0x7f) return false;
+    return true;
+  };
+  EXPECT_EQ(expseg_region_begin(a, "kv\ncache"), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(one_line(err())) << err();
+  EXPECT_NE(err().find("kv?cache"), std::string::npos) << err();
+  EXPECT_EQ(expseg_region_begin(a, "\x7f\x1b[2J"), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(one_line(err())) << err();
+  EXPECT_EQ(expseg_sleep(a, "a\rb", EXPSEG_SLEEP_OFFLOAD), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(one_line(err())) << err();
+  EXPECT_EQ(expseg_stream_set_reserve_class(a, 0, "x\ny"), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(one_line(err())) << err();
+  EXPECT_NE(expseg_configure(a, "bad\nkey:1"), EXPSEG_OK);
+  EXPECT_TRUE(one_line(err())) << err();
+  EXPECT_NE(expseg_configure(a, "bogus\t_key:1"), EXPSEG_OK);
+  EXPECT_TRUE(one_line(err())) << err();
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << err();
+}
+
 INSTANTIATE_TEST_SUITE_P(Drivers, Adv6Api, ::testing::Values("host", "sim"));
 
 }  // namespace
