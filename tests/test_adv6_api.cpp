@@ -2,13 +2,18 @@
 // test_adv6_api.cpp: the public C API driven the way a hostile caller would, where the
 // other suites are thin: a region's private pool reached through the pool calls (release
 // to use count 0, then a new pool taking its slot), a sleep mode that is neither offload
-// nor discard, and the out-parameters and sizes at their extremes.
+// nor discard, an exported allocation in a region that is put to sleep, the out-of-memory
+// message and the memory summary while a region sleeps, messages fed control bytes, and
+// threads around a region that sleeps and wakes.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "alloc_support.h"
@@ -250,6 +255,100 @@ TEST_P(Adv6Api, MessagesStayOneLineWhateverTheInput) {
   EXPECT_NE(expseg_configure(a, "bogus\t_key:1"), EXPSEG_OK);
   EXPECT_TRUE(one_line(err())) << err();
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << err();
+}
+
+// Threads on one allocator: one cycles a region through allocate, sleep (either mode), a
+// free while asleep and wake; two allocate and free in the general cache; one reads the
+// state (snapshot, walk, summary, check, region info) and resets peaks and empties the
+// cache; one retains and releases the region's pool in pairs and tries to release it to 0
+// (always refused). Every call's result is as documented, and nothing is left at the end.
+TEST_P(Adv6Api, ThreadsAroundASleepingRegion) {
+  const uint64_t seed = test_seed(6);
+  SCOPED_TRACE(test_seed_note(seed));
+  AllocPtr p = make_alloc(GetParam(), "");
+  expseg_allocator *a = p.get();
+  ASSERT_EQ(expseg_region_begin(a, "r"), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_region_end(a, "r"), EXPSEG_OK) << err();
+  expseg_region_info ri{};
+  ASSERT_EQ(expseg_region_get_info(a, "r", &ri), EXPSEG_OK) << err();
+  const expseg_pool_id pool = ri.pool;
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0};
+  std::mutex mu;
+  std::string first;
+  auto fail = [&](const char *what) {
+    std::lock_guard<std::mutex> g(mu);
+    if (bad++ == 0) first = std::string(what) + ": " + err();
+  };
+  std::vector<std::thread> ts;
+  ts.emplace_back([&] {
+    TestRng rng(seed);
+    for (int i = 0; i < 40; i++) {
+      void *r[3] = {};
+      if (expseg_region_begin(a, "r") != EXPSEG_OK) fail("region_begin");
+      for (void *&v : r)
+        if (expseg_malloc(a, rng.below(6 * MiB) + 1, rng.below(3), &v) != EXPSEG_OK)
+          fail("region malloc");
+      if (expseg_region_end(a, "r") != EXPSEG_OK) fail("region_end");
+      if (expseg_free(a, r[0]) != EXPSEG_OK) fail("free awake");
+      if (expseg_sleep(a, "r", (expseg_sleep_mode)rng.below(2)) != EXPSEG_OK) fail("sleep");
+      if (expseg_free(a, r[1]) != EXPSEG_OK) fail("free asleep");
+      if (expseg_wake(a, "r") != EXPSEG_OK) fail("wake");
+      if (expseg_free(a, r[2]) != EXPSEG_OK) fail("free woken");
+    }
+  });
+  for (int k = 0; k < 2; k++)
+    ts.emplace_back([&, k] {
+      TestRng rng(seed + 1 + k);
+      void *q[8] = {};
+      for (int i = 0; i < 800; i++) {
+        void *&v = q[rng.below(8)];
+        if (v != nullptr) {
+          if (expseg_free(a, v) != EXPSEG_OK) fail("free");
+          v = nullptr;
+        } else if (expseg_malloc(a, rng.below(4 * MiB) + 1, 10 + k, &v) != EXPSEG_OK) {
+          fail("malloc");
+        }
+      }
+      for (void *v : q)
+        if (v != nullptr && expseg_free(a, v) != EXPSEG_OK) fail("free at end");
+    });
+  ts.emplace_back([&] {
+    std::vector<char> sum(1 << 15);
+    while (!stop) {
+      unsigned char *b = nullptr;
+      size_t l = 0;
+      if (expseg_snapshot_ex(a, EXPSEG_SNAPSHOT_NO_TRACES, &b, &l) != EXPSEG_OK) fail("snapshot");
+      expseg_snapshot_free(b);
+      if (expseg_walk(a, [](void *, const expseg_walk_segment *) {}, nullptr, nullptr) !=
+          EXPSEG_OK)
+        fail("walk");
+      expseg_memory_summary(a, sum.data(), sum.size(), true);
+      if (std::strstr(sum.data(), "EiB") != nullptr) fail("summary shows EiB");
+      if (expseg_empty_cache(a) != EXPSEG_OK) fail("empty_cache");
+      expseg_reset_peak_stats(a);
+      if (expseg_check(a) != EXPSEG_OK) fail("check");
+      expseg_region_info info{};
+      if (expseg_region_get_info(a, "r", &info) != EXPSEG_OK) fail("region_get_info");
+    }
+  });
+  ts.emplace_back([&] {
+    while (!stop) {
+      if (expseg_pool_retain(a, pool) != EXPSEG_OK) fail("retain");
+      if (expseg_pool_release(a, pool) != EXPSEG_OK) fail("release after retain");
+      if (expseg_pool_release(a, pool) != EXPSEG_ERR_INVALID_ARGUMENT) fail("release to 0");
+    }
+  });
+  for (size_t i = 0; i < 3; i++) ts[i].join();
+  stop = true;
+  for (size_t i = 3; i < ts.size(); i++) ts[i].join();
+  EXPECT_EQ(bad.load(), 0) << "first: " << first;
+  EXPECT_EQ(expseg_check(a), EXPSEG_OK) << err();
+  EXPECT_EQ(stat_of(a, "allocated_bytes.all.current"), 0);
+  int uc = 0;
+  EXPECT_EQ(expseg_pool_use_count(a, pool, &uc), EXPSEG_OK) << err();
+  EXPECT_EQ(uc, 1);
+  expect_nothing_left(p.release(), "threads");
 }
 
 INSTANTIATE_TEST_SUITE_P(Drivers, Adv6Api, ::testing::Values("host", "sim"));
