@@ -651,8 +651,8 @@ static expseg_status run(expseg_allocator *a, const char *fn, const char *tag, b
     r->last_wake_copy_us = r->copy_ns / 1000;
     hist_region(a, r, HIST_WAKE, bytes);
   }
-  if (r->asleep && !wake && !was) {       /* asleep now, its bytes safe (a failed give-back
-                                          * is finished by the next sleep or wake) */
+  if (r->asleep && !wake && !was) { /* asleep now, its bytes safe (a failed give-back is
+                                     * finished by the next sleep or wake) */
     if (st == EXPSEG_OK) {
       r->sleeps++, r->last_sleep_us = us, r->last_sleep_at_us = at;
       r->last_sleep_copy_us = r->copy_ns / 1000;
