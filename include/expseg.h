@@ -462,7 +462,7 @@ EXPSEG_EXPORT expseg_status expseg_pool_end(expseg_allocator *a, expseg_pool_id 
 /* Use count - 1. At 0 the pool's cached memory is given back once every block of it is
  * free and its streams' work is done (at once when that is already true; else when its last
  * block is freed / its events complete, or at the next empty_cache), and the id becomes
- * unknown. */
+ * unknown. A region's pool (expseg_region_begin) never reaches 0: that release is refused. */
 EXPSEG_EXPORT expseg_status expseg_pool_release(expseg_allocator *a, expseg_pool_id pool);
 /* Gives back the pool's free cached memory now (PyTorch's emptyCache(mempool_id)). */
 EXPSEG_EXPORT expseg_status expseg_pool_empty_cache(expseg_allocator *a, expseg_pool_id pool);

@@ -532,6 +532,9 @@ expseg_status _expseg_peers_grant(expseg_allocator *a, uintptr_t addr, size_t si
 void _expseg_ipc_poll_locked(expseg_allocator *a);
 /* expseg_free of an exported pointer: true when the free is deferred (*st its result). */
 bool _expseg_ipc_hold_free(expseg_allocator *a, uintptr_t ptr, expseg_status *st);
+/* After a poll: the first exported allocation still held by an importer whose segment
+ * belongs to private pool `tag` (a region: it may not sleep), or 0. */
+uintptr_t _expseg_ipc_held_in_pool(expseg_allocator *a, uint32_t tag);
 /* Was ptr freed while an import keeps its memory (a deferred free)? */
 bool _expseg_ipc_freed(const expseg_allocator *a, uintptr_t ptr);
 /* Calls fn on every imported range (peer access). */
@@ -579,6 +582,9 @@ void _expseg_ppool_stats_reset(expseg_allocator *a, bool peak);
 /* ---- sleep.c: tagged regions, sleep and wake (lock held) ---- */
 /* Is private pool `tag` a sleeping region's? (malloc refuses it; message set when true) */
 bool _expseg_sleep_refuses(expseg_allocator *a, uint32_t tag);
+/* The tag of the region whose pool is private pool `tag`, or NULL: a region's pool lives as
+ * long as the allocator (expseg_pool_release never takes it to use count 0). */
+const char *_expseg_sleep_region_name(const expseg_allocator *a, uint32_t tag);
 /* expseg_free of b, whose segment sleeps: deferred to the wake (*st its result). */
 expseg_status _expseg_sleep_defer_free(expseg_allocator *a, block_t *b);
 /* What segment s holds from the driver: physical bytes (the return), mapped bytes and

@@ -152,6 +152,11 @@ static expseg_status export_locked(expseg_allocator *a, uintptr_t ptr, expseg_ip
                              "allocator",
                              (void *)ptr);
   segment_t *s = b->seg;
+  if (s->asleep) /* its region sleeps (or is going to sleep): no memory behind it */
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_ipc_export(%p): its region \"%s\" is asleep; accepted: an "
+                             "allocation of an awake region (expseg_wake it first)",
+                             (void *)ptr, _expseg_sleep_region_name(a, seg_tag(s)));
   /* the chunks under the block: pages [first, last) of whole chunks (pools/pages.c) */
   size_t first = 0, last = 0, n = 1, extent = s->va_size;
   uintptr_t start = s->base;
@@ -269,6 +274,16 @@ void _expseg_ipc_poll_locked(expseg_allocator *a) {
     free(to_free);
   }
   if (p != local) free(p);
+}
+
+uintptr_t _expseg_ipc_held_in_pool(expseg_allocator *a, uint32_t tag) {
+  _expseg_ipc_poll_locked(a);
+  const struct ipc_state_s *S = a->ipc;
+  for (size_t i = 0; S && i < S->n_ex; i++) {
+    const block_t *b = _expseg_ptrmap_get(&a->live, S->ex[i].ptr);
+    if (b != NULL && seg_tag(b->seg) == tag) return S->ex[i].ptr;
+  }
+  return 0;
 }
 
 bool _expseg_ipc_freed(const expseg_allocator *a, uintptr_t ptr) {

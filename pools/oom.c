@@ -66,10 +66,22 @@ static oomfree_t free_by_use(const expseg_allocator *a, size_t rounded) {
   return f;
 }
 
+/* Allocated bytes of sleeping regions (expseg_sleep): counted in allocated_bytes, but no
+ * memory is held behind them, so they are no part of what is held. */
+static size_t asleep_allocated(const expseg_allocator *a) {
+  size_t n = 0;
+  for (const segment_t *g = a->segments; g != NULL; g = g->next_all)
+    for (const block_t *b = g->asleep ? g->first : NULL; b != NULL; b = b->next)
+      if (b->state == BLOCK_ALLOCATED) n += b->size;
+  return n;
+}
+
 static void hint(const expseg_allocator *a, size_t rounded, const oomfree_t *u, char *buf,
                  size_t len) {
   size_t held = held_bytes(a);
   size_t allocated = (size_t)stat_all_current(a->stats.allocated_bytes);
+  const size_t asleep = asleep_allocated(a);
+  allocated -= asleep < allocated ? asleep : allocated;
   char b1[32], b2[32];
   expseg_oom_facts_t f = {.too_large = a->oom_kind == OOM_TOO_LARGE,
                           .address_space = a->oom_kind == OOM_ADDRESS_SPACE,
@@ -166,6 +178,12 @@ expseg_status _expseg_fail_oom(expseg_allocator *a, size_t size, size_t rounded,
   EXPSEG_HIST(a, HIST_OOM, dev_free, rounded, stream);
   memfig_t fig = _expseg_memfig(a); /* the figures of expseg_memory_summary (summary.c) */
   size_t held = fig.reserved, allocated = fig.allocated, cached = fig.cached, largest = fig.largest_free;
+  const size_t asleep = asleep_allocated(a);
+  allocated -= asleep < allocated ? asleep : allocated;
+  char slept[80] = "";
+  if (asleep > 0)
+    snprintf(slept, sizeof slept, " (and %s in sleeping regions, not held)",
+             _expseg_format_size((char[32]){0}, asleep));
   char s1[32], s2[32], s3[32], s4[32], s5[32], s6[32], s7[32], s8[32], s9[32], s10[32];
   oomfree_t u = free_by_use(a, rounded);
   a->stats.oom_largest_free_block = (int64_t)largest;
@@ -184,15 +202,16 @@ expseg_status _expseg_fail_oom(expseg_allocator *a, size_t size, size_t rounded,
   int n = snprintf(msg, sizeof msg,
                    "out of memory: tried to allocate %s (%zu bytes, rounded to %s, %s pool, "
                    "stream %#llx) on device %d. The device has %s in total, %s free.%s This "
-                   "allocator holds %s: %s allocated, %s cached (%s as unmapped pages), "
+                   "allocator holds %s: %s allocated%s, %s cached (%s as unmapped pages), "
                    "largest free block %s. Free: %s in whole pages, %s in partly used pages "
                    "or classic segments, %s on other streams, %s in other pools; %s of "
                    "reserved address space unmapped. Hint: %s. [%s]",
                    _expseg_format_size(s1, size), size, _expseg_format_size(s2, rounded),
                    _expseg_is_small(rounded) ? "small" : "large", (unsigned long long)stream,
                    a->device, _expseg_format_size(s3, dev_total), _expseg_format_size(s4, dev_free),
-                   cap, _expseg_format_size(s5, held), _expseg_format_size(s6, allocated),
-                   _expseg_format_size(s7, held - allocated), _expseg_format_size(s8, cached),
+                   cap, _expseg_format_size(s5, held), _expseg_format_size(s6, allocated), slept,
+                   _expseg_format_size(s7, held > allocated ? held - allocated : 0),
+                   _expseg_format_size(s8, cached),
                    _expseg_format_size(s9, largest), _expseg_format_size(s11, u.whole),
                    _expseg_format_size(s12, u.partial), _expseg_format_size(s13, u.other_streams),
                    _expseg_format_size(s14, u.other_pools), _expseg_format_size(s15, u.unmapped_va),

@@ -176,6 +176,12 @@ expseg_status expseg_pool_release(expseg_allocator *a, expseg_pool_id pool) {
   for (size_t i = 0; i < a->n_routes; i++) begun = begun || a->routes[i].tag == t;
   if (t == 0) {
     st = unknown_pool("expseg_pool_release", pool);
+  } else if (a->ppools[t].use_count == 1 && _expseg_sleep_region_name(a, t) != NULL) {
+    st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                           "expseg_pool_release: pool %" PRIu64 " is the pool of region \"%s\", "
+                           "which lives as long as its allocator; accepted: a release for each "
+                           "expseg_pool_retain of it",
+                           pool, _expseg_sleep_region_name(a, t));
   } else if (a->ppools[t].use_count == 1 && begun) {
     st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                            "expseg_pool_release: pool %" PRIu64 " would reach use count 0 while "

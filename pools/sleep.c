@@ -146,6 +146,11 @@ expseg_status expseg_region_end(expseg_allocator *a, const char *tag) {
   return st == EXPSEG_OK ? expseg_pool_end(a, pool) : st;
 }
 
+const char *_expseg_sleep_region_name(const expseg_allocator *a, uint32_t tag) {
+  const region_t *r = tag == 0 ? NULL : find_tag(a, tag);
+  return r ? r->name : NULL;
+}
+
 bool _expseg_sleep_refuses(expseg_allocator *a, uint32_t tag) {
   const region_t *r = find_tag(a, tag);
   if (r == NULL || !(r->asleep || r->busy)) return false;
@@ -509,6 +514,14 @@ static expseg_status raise_all(expseg_allocator *a, region_t **rp) {
 static expseg_status sleep_locked(expseg_allocator *a, region_t **rp, bool offload) {
   region_t *r = *rp;
   if (r->asleep) return drop_all(a, r); /* a sleep that failed part-way: go on */
+  const uintptr_t held = _expseg_ipc_held_in_pool(a, r->tag); /* its memory must stay */
+  if (held != 0)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "its allocation %p is exported (expseg_ipc_export) and an importer "
+                             "still holds it; accepted: a region none of whose allocations is "
+                             "held (expseg_ipc_close in every importer, or its exit, and "
+                             "expseg_ipc_handle_free of the exporter's handle)",
+                             (void *)held);
   expseg_status st = wait_streams(a, r->tag);
   if (st != EXPSEG_OK) return st;
   (void)_expseg_release_pool_memory(a, r->tag, true); /* nothing free is kept asleep */
@@ -598,11 +611,14 @@ static void hist_region(expseg_allocator *a, const region_t *r, int action, uint
   if (e != NULL) e->note = r->note;
 }
 
-static expseg_status run(expseg_allocator *a, const char *fn, const char *tag, int mode) {
+/* A wake (wake true, mode unused) or a sleep in `mode`, the value the caller passed: kept
+ * apart so that no mode value can stand for a wake. */
+static expseg_status run(expseg_allocator *a, const char *fn, const char *tag, bool wake,
+                         int mode) {
   if (a == NULL) return null_allocator(fn);
   expseg_status st = bad_tag(fn, tag);
   if (st != EXPSEG_OK) return st;
-  if (mode != -1 && mode != EXPSEG_SLEEP_OFFLOAD && mode != EXPSEG_SLEEP_DISCARD)
+  if (!wake && mode != EXPSEG_SLEEP_OFFLOAD && mode != EXPSEG_SLEEP_DISCARD)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "%s(\"%s\"): mode %d is not accepted; accepted: "
                              "EXPSEG_SLEEP_OFFLOAD (0) or EXPSEG_SLEEP_DISCARD (1)",
@@ -628,15 +644,15 @@ static expseg_status run(expseg_allocator *a, const char *fn, const char *tag, i
   const bool was = r->asleep;
   const uint64_t bytes = was ? chunk_bytes(r) : 0; /* what a wake maps again */
   r->copy_ns = 0;
-  st = mode == -1 ? wake_locked(a, &r) : sleep_locked(a, &r, mode == EXPSEG_SLEEP_OFFLOAD);
+  st = wake ? wake_locked(a, &r) : sleep_locked(a, &r, mode == EXPSEG_SLEEP_OFFLOAD);
   const uint64_t us = (_expseg_vmm_now_ns(a->drv) - t0) / 1000, at = epoch_us();
-  if (st == EXPSEG_OK && mode == -1 && was) {
+  if (st == EXPSEG_OK && wake && was) {
     r->wakes++, r->last_wake_us = us, r->last_wake_at_us = at;
     r->last_wake_copy_us = r->copy_ns / 1000;
     hist_region(a, r, HIST_WAKE, bytes);
   }
-  if (r->asleep && mode != -1 && !was) { /* asleep now, its bytes safe (a failed give-back
-                                          * is finished by the next sleep or wake) */
+  if (r->asleep && !wake && !was) { /* asleep now, its bytes safe (a failed give-back is
+                                     * finished by the next sleep or wake) */
     if (st == EXPSEG_OK) {
       r->sleeps++, r->last_sleep_us = us, r->last_sleep_at_us = at;
       r->last_sleep_copy_us = r->copy_ns / 1000;
@@ -655,11 +671,11 @@ static expseg_status run(expseg_allocator *a, const char *fn, const char *tag, i
 }
 
 expseg_status expseg_sleep(expseg_allocator *a, const char *tag, expseg_sleep_mode mode) {
-  return run(a, "expseg_sleep", tag, (int)mode);
+  return run(a, "expseg_sleep", tag, false, (int)mode);
 }
 
 expseg_status expseg_wake(expseg_allocator *a, const char *tag) {
-  return run(a, "expseg_wake", tag, -1);
+  return run(a, "expseg_wake", tag, true, 0);
 }
 
 expseg_status expseg_region_get_info(expseg_allocator *a, const char *tag,

@@ -34,6 +34,13 @@ static _Thread_local bool tl_in_sink;     /* this thread is running the sink */
 static _Thread_local char tl_lines[DEFER_MAX][MSG_CAP];
 static _Thread_local unsigned tl_nlines, tl_dropped;
 
+/* A message is one line whatever the caller passed (a tag, option text): control bytes
+ * (a newline, an escape sequence) are shown as '?'. */
+static void one_line(char *buf) {
+  for (unsigned char *c = (unsigned char *)buf; *c; c++)
+    if (*c < 0x20 || *c == 0x7f) *c = '?';
+}
+
 /* Marks a cut message with "..." so a reader knows text is missing. */
 static void mark_cut(char *buf, size_t cap, int wanted) {
   if (wanted >= (int)cap && cap > 4) memcpy(buf + cap - 4, "...", 4);
@@ -46,6 +53,7 @@ expseg_status _expseg_error_set(expseg_status s, const char *fmt, ...) {
   va_end(ap);
   if (n < 0) tl_msg[0] = '\0';
   mark_cut(tl_msg, MSG_CAP, n);
+  one_line(tl_msg);
   return s;
 }
 
@@ -61,6 +69,7 @@ void _expseg_error_prefix(const char *fmt, ...) {
   int m = old[0] ? snprintf(tl_msg, MSG_CAP, "%s: %s", pre, old)
                  : snprintf(tl_msg, MSG_CAP, "%s", pre);
   mark_cut(tl_msg, MSG_CAP, m);
+  one_line(tl_msg);
 }
 
 void _expseg_error_clear(void) { tl_msg[0] = '\0'; }

@@ -32,10 +32,19 @@ memfig_t _expseg_memfig(const expseg_allocator *a) {
   f.active = (uint64_t)stat_all_current(s->active_bytes);
   f.cached = (uint64_t)s->cached_physical_bytes.current;
   f.va = (uint64_t)s->reserved_va_bytes.current;
-  for (const segment_t *g = a->segments; g; g = g->next_all) f.mapped += g->mapped_bytes;
+  uint64_t active = f.active; /* of mapped memory: a sleeping region's blocks have none */
+  for (const segment_t *g = a->segments; g; g = g->next_all) {
+    size_t mapped = g->mapped_bytes, chunks = 0;
+    if (g->asleep) { /* its pages are the layout to restore: what the driver holds now */
+      (void)_expseg_seg_held(a, g, &mapped, &chunks);
+      for (const block_t *b = g->first; b != NULL; b = b->next)
+        if (b->state != BLOCK_FREE && active >= b->size) active -= b->size;
+    }
+    f.mapped += mapped;
+  }
   f.largest_free = _expseg_largest_free(a);
-  if (f.mapped > 0 && f.mapped >= f.active)
-    f.fragmentation = (double)(f.mapped - f.active) / (double)f.mapped;
+  if (f.mapped > 0 && f.mapped >= active)
+    f.fragmentation = (double)(f.mapped - active) / (double)f.mapped;
   return f;
 }
 
