@@ -198,8 +198,8 @@ size_t _expseg_page_size(const expseg_config_t *c, size_t granularity);
 #endif
 size_t _expseg_grow_bytes(size_t need, size_t segment_mapped);
 /* The same for a segment of the small pool (small) or the large one (at least
- * EXPSEG_LARGE_GROW_MIN): a small-pool segment maps at least EXPSEG_SMALL_GROW_MIN, since its pages hold requests of at most 1 MiB and
- * fill at once, and a larger chunk costs no more calls than a smaller one. */
+ * EXPSEG_LARGE_GROW_MIN): a small-pool segment maps at least EXPSEG_SMALL_GROW_MIN, since
+ * its pages hold requests of at most 1 MiB and fill at once, and a larger chunk costs no more calls than a smaller one. */
 #ifndef EXPSEG_SMALL_GROW_MIN
 #define EXPSEG_SMALL_GROW_MIN ((size_t)4 << 20)
 #endif
