@@ -148,7 +148,6 @@ bool _expseg_stream_idle(expseg_allocator *a, expseg_stream stream, bool blockin
 typedef struct place_s {
   block_t *u, *prefix, *suffix;
   size_t pages; /* to map at u->ptr */
-  bool near;    /* measuring only (XNEAR): the growth is near the memory bound */
 } place_t;
 
 static bool free_mapped(const block_t *b) {
@@ -172,26 +171,17 @@ static bool place_at(expseg_allocator *a, block_t *u, int pool, size_t rounded, 
    * floor alone would take the memory held past its bound (policy: _expseg_grow_tight) */
   size_t grow = exact ? need - u->ptr
                       : _expseg_grow_for(need - u->ptr, u->seg->mapped_bytes, pool == POOL_SMALL);
-  bool near = false;
   if (!exact && !a->model_pytorch && grow > need - u->ptr &&
       _expseg_grow_tight(held_bytes(a),
                          (size_t)stat_all_current(a->stats.allocated_bytes) + rounded,
-                         _expseg_round_up(need - u->ptr, pg), _expseg_round_up(grow, pg))) {
+                         _expseg_round_up(need - u->ptr, pg), _expseg_round_up(grow, pg)))
     grow = need - u->ptr;
-    near = true;
-  }
-#if XNEAR == 2 /* measuring only: also where the floor's growth passes the bound */
-  const size_t xal = (size_t)stat_all_current(a->stats.allocated_bytes) + rounded;
-  if (!near && !a->model_pytorch)
-    near = _expseg_grow_tight(held_bytes(a), xal, 0, _expseg_round_up(grow, pg)) ||
-           !_expseg_grow_tight(held_bytes(a), xal, 0, (size_t)1 << 62);
-#endif
   uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + _expseg_round_up(grow, pg);
   if (a->model_pytorch) hi = _expseg_model_map_end(a, u, pool, need);
   /* a mapping the driver refused to remove (on the retry list) blocks this range: grow
    * elsewhere, a new reservation if need be */
   if (_expseg_zombie_mapped_in(a, u->ptr, hi - u->ptr)) return false;
-  *pl = (place_t){u, prefix, suffix, (hi - u->ptr) / pg, near};
+  *pl = (place_t){u, prefix, suffix, (hi - u->ptr) / pg};
   return true;
 }
 
@@ -248,24 +238,12 @@ static expseg_status cap_error(expseg_allocator *a, size_t more) {
 
 /* Creates chunks for `pages` pages of pg bytes with the lock dropped (sized by policy:
  * _expseg_chunk_pages) and puts them in the cache. */
-/* measuring only (XNEAR, XNEAR_MAX bytes): smaller chunks for a growth near the bound */
-static size_t xchunk(expseg_allocator *a, size_t left, size_t pg, bool near) {
-  size_t k = _expseg_chunk_pages(a->model_pytorch, left, pg);
-#ifdef XNEAR
-  size_t m = ((size_t)XNEAR_MAX) / pg;
-  if (m == 0) m = 1;
-  if (near && k > m) k = m;
-#else
-  (void)near;
-#endif
-  return k;
-}
 static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages,
-                                   size_t pg, bool near) {
+                                   size_t pg) {
   size_t bytes = pages * pg, n = 0;
   if (!cap_allows(a, bytes)) return cap_error(a, bytes);
   for (size_t left = pages; left > 0; n++)
-    left -= xchunk(a, left, pg, near);
+    left -= _expseg_chunk_pages(a->model_pytorch, left, pg);
   expseg_vmm_handle local_h[64];
   size_t local_s[64];
   expseg_vmm_handle *hs = n <= 64 ? local_h : malloc(n * sizeof *hs);
@@ -276,7 +254,7 @@ static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages,
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
   }
   for (size_t i = 0, left = pages; i < n; i++) {
-    size_t k = xchunk(a, left, pg, near);
+    size_t k = _expseg_chunk_pages(a->model_pytorch, left, pg);
     sz[i] = k * pg;
     left -= k;
   }
@@ -323,14 +301,7 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     size_t have = _expseg_cache_cover(a, pg, pl.pages, room);
     if (have < pl.pages && !a->model_pytorch) { /* PyTorch moves no page */
       const size_t need = pl.pages - have;
-#ifdef XSTEAL /* measuring only: chunks moved at most XSTEAL bytes (or what is needed) */
-      size_t xm = ((size_t)XSTEAL) / pg;
-      if (xm < need) xm = need;
-      if (xm > room) xm = room;
-#else
-      size_t xm = room;
-#endif
-      _expseg_steal_pages(a, pool, pg, need, xm, pl.prefix, pl.suffix, blocking,
+      _expseg_steal_pages(a, pool, pg, need, room, pl.prefix, pl.suffix, blocking,
                           skey_tag(stream), true);
       have = _expseg_cache_cover(a, pg, pl.pages, room);
     }
@@ -348,7 +319,7 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
       return b;
     }
     size_t want = pl.pages - have;
-    *st = create_chunks(a, pool, want, pg, pl.near);
+    *st = create_chunks(a, pool, want, pg);
     if (*st != EXPSEG_OK) return NULL;
     created += want;
     /* the lock was dropped: place again */
