@@ -187,12 +187,22 @@ size_t _expseg_page_size(const expseg_config_t *c, size_t granularity);
 /* Bytes an expandable segment maps for a request that needs `need` more: at least `need`,
  * and at least 1/EXPSEG_GROW_DIVISOR of what the segment already maps, so a growing segment
  * makes fewer, larger maps while holding at most that fraction beyond its peak. */
+#ifndef EXPSEG_GROW_DIVISOR
 #define EXPSEG_GROW_DIVISOR 128
+#endif
+/* The large pool's minimum growth: 0, none (what is needed and the floor above). The three
+ * are overridable at build time, for measuring (docs/benchmarks.md, "Chunks under handle
+ * pricing": a 20 MiB minimum with 64 MiB chunks, measured, not adopted). */
+#ifndef EXPSEG_LARGE_GROW_MIN
+#define EXPSEG_LARGE_GROW_MIN ((size_t)0)
+#endif
 size_t _expseg_grow_bytes(size_t need, size_t segment_mapped);
-/* The same for a segment of the small pool (small) or the large one: a small-pool segment
- * maps at least EXPSEG_SMALL_GROW_MIN, since its pages hold requests of at most 1 MiB and
- * fill at once, and a larger chunk costs no more calls than a smaller one. */
+/* The same for a segment of the small pool (small) or the large one (at least
+ * EXPSEG_LARGE_GROW_MIN): a small-pool segment maps at least EXPSEG_SMALL_GROW_MIN, since
+ * its pages hold requests of at most 1 MiB and fill at once, and a larger chunk costs no more calls than a smaller one. */
+#ifndef EXPSEG_SMALL_GROW_MIN
 #define EXPSEG_SMALL_GROW_MIN ((size_t)4 << 20)
+#endif
 size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small);
 /* Growth near the bound. The bound: EXPSEG_TIGHT_PERMILLE / 1000 of the bytes allocated
  * once the request is served (`allocated`), plus EXPSEG_TIGHT_SLACK. A growth that would

@@ -48,7 +48,8 @@ bool _expseg_lend_tighter(size_t own, size_t other) { return own == 0 || other <
 
 size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small) {
   size_t grow = _expseg_grow_bytes(need, segment_mapped);
-  return small && grow < EXPSEG_SMALL_GROW_MIN ? EXPSEG_SMALL_GROW_MIN : grow;
+  const size_t least = small ? EXPSEG_SMALL_GROW_MIN : EXPSEG_LARGE_GROW_MIN;
+  return grow < least ? least : grow;
 }
 
 /* held + add within PERMILLE / 1000 x allocated + SLACK (no wrap for sizes below 2^60) */

@@ -236,6 +236,19 @@ TEST(PolicyRound, SmallPoolGrowsAtLeastFourMiB) {
   EXPECT_EQ(_expseg_grow_for(6 * MiB, 0, true), 6 * MiB) << "a minimum, not a cap";
 }
 
+// EXPSEG_LARGE_GROW_MIN: the large pool's minimum growth (0 by default: what is needed and
+// the 1/128 floor; another value is a build for measuring, docs/benchmarks.md, "Chunks under
+// handle pricing"); the small pool keeps its own minimum
+TEST(PolicyRound, LargePoolMinimumGrowthIsItsOwn) {
+  const size_t MiB = (size_t)1 << 20, least = EXPSEG_LARGE_GROW_MIN;
+  EXPECT_EQ(_expseg_grow_for(MiB, 0, false), MiB > least ? MiB : least);
+  EXPECT_EQ(_expseg_grow_for(least + MiB, 0, false), least + MiB) << "a minimum, not a cap";
+  EXPECT_EQ(_expseg_grow_for(MiB, 0, true), MiB > EXPSEG_SMALL_GROW_MIN ? MiB : EXPSEG_SMALL_GROW_MIN)
+      << "the small pool's minimum, whatever the large pool's";
+  EXPECT_EQ(_expseg_grow_for(512, 1024 * MiB, false), 8 * MiB > least ? 8 * MiB : least)
+      << "the larger of the floor and the minimum";
+}
+
 TEST(PolicyRound, GrowthNearTheBoundDropsTheFloorOnlyWhereThatKeepsWithinIt) {
   const size_t MiB = (size_t)1 << 20, GiB = 1024 * MiB;
   EXPECT_EQ(EXPSEG_TIGHT_PERMILLE, 1020u);
