@@ -212,7 +212,7 @@ size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small);
  * held beyond the live bytes, since the pool's free pieces are too small for the requests
  * that grow. Anywhere else (far below the bound, or past it whatever the growth maps) the
  * floor stays, and with it few, large growths: each growth is a set_access call, the
- * dearest per call of the driver's. (docs/benchmarks.md, "Growth near the bound": the
+ * dearest per call of the VMM calls. (docs/benchmarks.md, "Growth near the bound": the
  * rule that also dropped the floor past the bound cost up to 1.15 x PyTorch's driver time.)
  * Overridable at build time, for measuring. */
 #ifndef EXPSEG_TIGHT_PERMILLE

@@ -437,8 +437,10 @@ def record_history(enabled=True, max_entries=100000, c_stacks=True, device=None,
     it is (PyTorch 2.14's arguments)."""
     if isinstance(max_entries, bool) or not isinstance(max_entries, int) or \
             (enabled and not 1 <= max_entries < 1 << 64):
-        raise ExpsegTypeError("expseg.record_history: max_entries=%r: expected an int from 1 "
-                              "to 2**64-1" % (max_entries,))
+        bad = ExpsegValueError if isinstance(max_entries, int) and \
+            not isinstance(max_entries, bool) else ExpsegTypeError
+        raise bad("expseg.record_history: max_entries=%r: expected an int from 1 to 2**64-1"
+                  % (max_entries,))
     if skip_actions is not None and (isinstance(skip_actions, (str, bytes)) or
                                      not hasattr(skip_actions, "__iter__")):
         raise ExpsegTypeError("expseg.record_history: skip_actions=%r: expected a list of "

@@ -205,10 +205,10 @@ def route():
 
 # torch.cuda.memory._record_memory_history's two signatures, as PyTorch dispatches them: a
 # bool `enabled` takes the legacy one (trace_alloc_max_entries, default 1), anything else the
-# current one; record_pinned_host_memory and record_cuda (PyTorch 2.14) by keyword.
+# current one; record_pinned_host_memory and record_cuda (PyTorch 2.14) last in both.
 def _history_current(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
                      device=None, clear_history=False, compile_context=False,
-                     global_record_annotations=False, skip_actions=None, *,
+                     global_record_annotations=False, skip_actions=None,
                      record_pinned_host_memory=False, record_cuda=True):
     return dict(locals())
 
@@ -216,8 +216,21 @@ def _history_current(enabled="all", context="all", stacks="all", max_entries=sys
 def _history_legacy(enabled, record_context=True, trace_alloc_max_entries=1,
                     trace_alloc_record_context=False, device=None, record_context_cpp=False,
                     clear_history=False, compile_context=False, global_record_annotations=False,
-                    skip_actions=None, *, record_pinned_host_memory=False, record_cuda=True):
+                    skip_actions=None, record_pinned_host_memory=False, record_cuda=True):
     return dict(locals())
+
+
+# the legacy signature's keywords but the two PyTorch 2.14 added to both (passed on only
+# where the installed PyTorch takes them)
+_HISTORY_LEGACY_NAMES = frozenset(_history_legacy.__code__.co_varnames[
+    1:_history_legacy.__code__.co_argcount]) - {"record_pinned_host_memory", "record_cuda"}
+
+
+def _history_positional(enabled):
+    """How many positional arguments after `enabled` come before the two PyTorch 2.14 added
+    (a PyTorch without them refuses more)."""
+    return (_history_legacy if isinstance(enabled, bool) else _history_current) \
+        .__code__.co_argcount - 3
 
 
 _HISTORY_CALL = "torch.cuda.memory._record_memory_history"
@@ -242,8 +255,10 @@ def _history_args(enabled, args, kwargs, strict=True):
             str(e).replace("_history_current()", "").replace("_history_legacy()", "").strip()
         )) from None
     if legacy:
+        # C++ frames only with a context recorded, as PyTorch's legacy form
         on, entries, c_stacks = enabled, a["trace_alloc_max_entries"], \
-            bool(a["record_context_cpp"])
+            bool(a["record_context_cpp"]) and bool(a["record_context"] or
+                                                   a["trace_alloc_record_context"])
     else:
         for name, value, accepted in (("enabled", enabled, ("state", "all")),
                                       ("context", a["context"], ("state", "alloc", "all")),
@@ -283,13 +298,20 @@ def _patch_cxx(torch):
         any_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
 
         def history(enabled="all", *args, **kwargs):
-            if kwargs.get("record_pinned_host_memory", False):
-                host, _ = _history_args(enabled, args, kwargs, strict=False)
+            host, _ = _history_args(enabled, args, kwargs, strict=False)
+            cuda = host["record_cuda"]
+            if host["record_pinned_host_memory"]:
                 host.update(record_cuda=False, device=None)
                 _core.record_history(**host)
-            if not kwargs.get("record_cuda", True) and not ("record_cuda" in params or any_kw):
+            if not cuda and not ("record_cuda" in params or any_kw):
                 return None
-            passed = {k: v for k, v in kwargs.items() if k in params or any_kw}
+            # PyTorch's function shows the current signature but takes the legacy one's
+            # keywords too when enabled is a bool: those are passed on as well
+            legacy = _HISTORY_LEGACY_NAMES if isinstance(enabled, bool) else ()
+            passed = {k: v for k, v in kwargs.items()
+                      if k in params or any_kw or k in legacy}
+            if "record_pinned_host_memory" not in params:  # a PyTorch before 2.14
+                args = args[:_history_positional(enabled)]
             return hist(enabled, *args, **passed)
         history.__doc__ = getattr(hist, "__doc__", None)
         _replace(memory, "_record_memory_history", history)

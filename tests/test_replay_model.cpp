@@ -516,6 +516,46 @@ TEST(ReplayModel, RecordedReleasesNotAfterAnOomBecomeEmptyCache) {
   EXPECT_EQ(Num(r.out, "num_device_free"), 1) << "the replay released its segment: " << r.out;
 }
 
+// The units of the pricing are the same for every model (docs/replay.md, "Priced driver
+// work"): a set_access per handle (one per map), whatever the handles' size, and a
+// cudaFree per 2 MiB of the bytes freed.
+TEST(ReplayModel, DriverWorkIsPricedInTheSameUnitsForEveryModel) {
+  TempFile per_handle("# 1 ms per handle a set_access covers, nothing else\n"
+                      "reserve 0\ncreate 0\nrelease 0\nmap 0\nunmap 0\nset_access 0\n"
+                      "cudaMalloc 0\ncudaFree 0\nreserve.page 0\ncreate.page 0\n"
+                      "release.page 0\nmap.page 0\nunmap.page 0\nset_access.page 1000\n"
+                      "cudaMalloc.page 0\ncudaFree.page 0\n",
+                      ".costs");
+  for (std::vector<std::string> m : {std::vector<std::string>{"--model", "expseg"},
+                                     {"--model", "pytorch", "--conf", "expandable_segments:True"}}) {
+    std::vector<std::string> a = {"--json", "--quiet", "--costs", per_handle.path};
+    a.insert(a.end(), m.begin(), m.end());
+    a.insert(a.end(), {"--synth", "train:1"});
+    Outcome o = Replay(a);
+    ASSERT_EQ(o.rc, 0) << o.err;
+    size_t w = o.out.find("\"window_calls\":{");
+    ASSERT_NE(w, std::string::npos) << o.out;
+    EXPECT_GT(Num(o.out, "map", w), 0) << o.out;
+    EXPECT_EQ(Num(o.out, "driver_ms"), Num(o.out, "map", w)) << "one unit per handle: " << o.out;
+  }
+  TempFile per_free("cudaMalloc 0\ncudaFree 0\ncudaMalloc.page 0\ncudaFree.page 1000\n",
+                    ".costs");
+  TempFile f("# memtrace v1\n"
+             "M 0 0x7f0000000000 20971520\n"
+             "a 0 0 2000000\n"
+             "f 0 0 2000000\n"
+             "X 0 0x7f0000000000 20971520\n"
+             "M 0 0x7f0000000000 20971520\n"
+             "a 0 1 2000000\n"
+             "f 0 1 2000000\n");
+  Outcome c = Replay({"--json", "--quiet", "--costs", per_free.path, "--model", "pytorch",
+                      "--conf", "expandable_segments:False", f.path});
+  ASSERT_EQ(c.rc, 0) << c.err;
+  ASSERT_EQ(Num(c.out, "num_device_free"), 1) << c.out;
+  EXPECT_EQ(Num(c.out, "driver_ms"), 1.0 * Num(c.out, "num_device_free") * 10)
+      << "a 20 MiB segment freed is ten units: " << c.out;
+}
+
 TEST(ReplayModel, DriverWorkIsPricedFromTheCostTable) {
   TempFile costs("# every VMM call 1 ms, cudaMalloc 2 ms, nothing per page\n"
                  "reserve 1000\ncreate 1000\nrelease 1000\nmap 1000\nunmap 1000\n"

@@ -138,6 +138,7 @@ void _expseg_warn(const char *fmt, ...) {
   va_end(ap);
   if (n < 0) return;
   mark_cut(line, sizeof line, p + n);
+  one_line(line);
   if (tl_defer > 0) {
     if (tl_nlines < DEFER_MAX) memcpy(tl_lines[tl_nlines++], line, MSG_CAP);
     else tl_dropped++;

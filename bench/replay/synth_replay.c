@@ -62,7 +62,8 @@ static void window_snap(const expseg_allocator *a, result_t *r) {
  * (one per device allocation/free); otherwise the VMM calls the allocator made (under the
  * pytorch model, PyTorch's own: pools/model.c). The units each is priced per are the same
  * for every model (docs/replay.md, "Priced driver work"): physical memory created and
- * released in 2 MiB pages of its bytes; map, unmap and set_access per handle, since their
+ * released in 2 MiB pages of its bytes (cudaMalloc and cudaFree too); a reserve per call
+ * only; map, unmap and set_access per handle, since their
  * measured cost follows handles, not bytes (a map or an unmap is of one handle, and a
  * set_access covers the handles of the range it opens, one per map). */
 static void window_calls(const expseg_trace_t *t, const opts_t *o, result_t *r, size_t n) {
@@ -76,6 +77,7 @@ static void window_calls(const expseg_trace_t *t, const opts_t *o, result_t *r, 
     w->calls[EXPSEG_COST_CUDA_MALLOC] = (uint64_t)(r->num_device_alloc - r->warm_alloc);
     w->calls[EXPSEG_COST_CUDA_FREE] = (uint64_t)(r->num_device_free - r->warm_free);
     w->pages[EXPSEG_COST_CUDA_MALLOC] = (uint64_t)(r->created_bytes - r->warm_created) / two;
+    w->pages[EXPSEG_COST_CUDA_FREE] = (uint64_t)(r->released_bytes - r->warm_released) / two;
   } else {
     for (size_t k = 0; k < N_MEM_CALLS; k++)
       if (kind_of[k] >= 0) w->calls[kind_of[k]] = (uint64_t)(r->calls[k] - r->warm_calls[k]);
@@ -86,9 +88,6 @@ static void window_calls(const expseg_trace_t *t, const opts_t *o, result_t *r, 
       w->pages[EXPSEG_COST_CREATE] = (d[0] + d[2]) / two;
       w->pages[EXPSEG_COST_RELEASE] = (d[1] + d[3]) / two;
     } else {
-      const char *ps = strstr(r->config, "page_size_mb:");
-      uint64_t mb = ps ? strtoull(ps + strlen("page_size_mb:"), NULL, 10) : 2;
-      w->pages[EXPSEG_COST_RESERVE] = w->calls[EXPSEG_COST_RESERVE] * (mb > 2 ? mb / 2 : 1);
       w->pages[EXPSEG_COST_CREATE] = (uint64_t)(r->created_bytes - r->warm_created) / two;
       w->pages[EXPSEG_COST_RELEASE] = (uint64_t)(r->released_bytes - r->warm_released) / two;
     }

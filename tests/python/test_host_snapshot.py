@@ -219,6 +219,46 @@ class HostPoolInSnapshots(unittest.TestCase):
         self.assertIn(7, r["s"]["allocs"])         # PyTorch's trace entry kept
         self.assertIn(r["p"], r["s"]["allocs"])    # expseg's pool history recorded
 
+    # PyTorch's own dispatcher: a bool enabled goes to the legacy function, and the function
+    # shows only the current signature (its __signature__), not the legacy keywords
+    CXX_DISPATCH = """
+        import types, inspect
+        cxx = types.ModuleType("_expseg_cxx"); cxx.install = lambda path: True
+        sys.modules["_expseg_cxx"] = cxx
+        calls = []
+        def impl(enabled="all", context="all", stacks="all", max_entries=10, device=None,
+                 clear_history=False, compile_context=False, global_record_annotations=False,
+                 skip_actions=None):
+            calls.append(["impl", enabled, max_entries, skip_actions])
+        def legacy(enabled, record_context=True, trace_alloc_max_entries=1,
+                   trace_alloc_record_context=False, device=None, record_context_cpp=False,
+                   clear_history=False, compile_context=False, global_record_annotations=False,
+                   skip_actions=None):
+            calls.append(["legacy", enabled, trace_alloc_max_entries, record_context_cpp])
+        def pytorch_history(enabled="all", *args, **kwargs):
+            return (legacy if isinstance(enabled, bool) else impl)(enabled, *args, **kwargs)
+        pytorch_history.__signature__ = inspect.signature(impl)
+        torch.cuda.memory._record_memory_history = pytorch_history
+        torch.cuda.memory._snapshot = lambda augment_with_fx_traces=False: {
+            "segments": [], "device_traces": [[]]}
+        """
+
+    def test_cxx_route_passes_the_legacy_keywords_and_reads_positional_host_arguments(self):
+        r = self.result("""
+            expseg.install()
+            torch.cuda.memory._record_memory_history(True, trace_alloc_max_entries=100,
+                                                     record_context_cpp=True)
+            # record_pinned_host_memory given by position: the pool records, and a PyTorch
+            # without it gets only the arguments it takes
+            torch.cuda.memory._record_memory_history("all", "all", "all", 40, None, False,
+                                                     False, False, None, True)
+            p = expseg.host_alloc(65536)
+            s = torch.cuda.memory._snapshot()
+            print(json.dumps(dict(calls=calls, p=p, s=host_view(s))))
+            """, cxx=self.CXX_DISPATCH)
+        self.assertEqual(r["calls"], [["legacy", True, 100, True], ["impl", "all", 40, None]])
+        self.assertIn(r["p"], r["s"]["allocs"])    # the positional True recorded the pool
+
 
 if __name__ == "__main__":
     unittest.main()
