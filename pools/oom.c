@@ -66,22 +66,11 @@ static oomfree_t free_by_use(const expseg_allocator *a, size_t rounded) {
   return f;
 }
 
-/* Allocated bytes of sleeping regions (expseg_sleep): counted in allocated_bytes, but no
- * memory is held behind them, so they are no part of what is held. */
-static size_t asleep_allocated(const expseg_allocator *a) {
-  size_t n = 0;
-  for (const segment_t *g = a->segments; g != NULL; g = g->next_all)
-    for (const block_t *b = g->asleep ? g->first : NULL; b != NULL; b = b->next)
-      if (b->state == BLOCK_ALLOCATED) n += b->size;
-  return n;
-}
-
-static void hint(const expseg_allocator *a, size_t rounded, const oomfree_t *u, char *buf,
-                 size_t len) {
+/* allocated: the bytes allocated with memory held behind them (a sleeping region's blocks
+ * have none: memfig_t.asleep) */
+static void hint(const expseg_allocator *a, size_t rounded, size_t allocated,
+                 const oomfree_t *u, char *buf, size_t len) {
   size_t held = held_bytes(a);
-  size_t allocated = (size_t)stat_all_current(a->stats.allocated_bytes);
-  const size_t asleep = asleep_allocated(a);
-  allocated -= asleep < allocated ? asleep : allocated;
   char b1[32], b2[32];
   expseg_oom_facts_t f = {.too_large = a->oom_kind == OOM_TOO_LARGE,
                           .address_space = a->oom_kind == OOM_ADDRESS_SPACE,
@@ -178,7 +167,7 @@ expseg_status _expseg_fail_oom(expseg_allocator *a, size_t size, size_t rounded,
   EXPSEG_HIST(a, HIST_OOM, dev_free, rounded, stream);
   memfig_t fig = _expseg_memfig(a); /* the figures of expseg_memory_summary (summary.c) */
   size_t held = fig.reserved, allocated = fig.allocated, cached = fig.cached, largest = fig.largest_free;
-  const size_t asleep = asleep_allocated(a);
+  const size_t asleep = fig.asleep; /* allocated, but no memory held behind them */
   allocated -= asleep < allocated ? asleep : allocated;
   char slept[80] = "";
   if (asleep > 0)
@@ -194,7 +183,7 @@ expseg_status _expseg_fail_oom(expseg_allocator *a, size_t size, size_t rounded,
   a->stats.oom_unmapped_va_bytes = (int64_t)u.unmapped_va;
   char s11[32], s12[32], s13[32], s14[32], s15[32];
   char why[640], cap[96] = "";
-  hint(a, rounded, &u, why, sizeof why);
+  hint(a, rounded, allocated, &u, why, sizeof why);
   if (a->allowed != SIZE_MAX)
     snprintf(cap, sizeof cap, " %s allowed (memory fraction %.3g).",
              _expseg_format_size(s10, a->allowed), a->cfg.per_process_memory_fraction);

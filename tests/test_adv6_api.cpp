@@ -27,16 +27,23 @@ std::string err() { return expseg_last_error(); }
 
 struct Adv6Api : ::testing::TestWithParam<const char *> {};
 
+// One block of `size` bytes allocated in region `tag` (nullptr, the failure recorded, if not).
+void *region_block(expseg_allocator *a, const char *tag, size_t size) {
+  void *x = nullptr;
+  EXPECT_EQ(expseg_region_begin(a, tag), EXPSEG_OK) << err();
+  EXPECT_EQ(expseg_malloc(a, size, 0, &x), EXPSEG_OK) << err();
+  EXPECT_EQ(expseg_region_end(a, tag), EXPSEG_OK) << err();
+  return x;
+}
+
 // A region's pool lives as long as the allocator: releasing it to use count 0 through the
 // pool calls is refused naming the region, and the region keeps working; retain + release
 // in pairs stays accepted.
 TEST_P(Adv6Api, RegionPoolCannotBeReleasedToZero) {
   AllocPtr p = make_alloc(GetParam(), "");
   expseg_allocator *a = p.get();
-  ASSERT_EQ(expseg_region_begin(a, "w"), EXPSEG_OK) << err();
-  void *x = nullptr;
-  ASSERT_EQ(expseg_malloc(a, 3 * MiB, 0, &x), EXPSEG_OK) << err();
-  ASSERT_EQ(expseg_region_end(a, "w"), EXPSEG_OK) << err();
+  void *x = region_block(a, "w", 3 * MiB);
+  ASSERT_NE(x, nullptr);
   expseg_region_info info{};
   ASSERT_EQ(expseg_region_get_info(a, "w", &info), EXPSEG_OK) << err();
   const expseg_pool_id pool = info.pool;
@@ -85,10 +92,8 @@ TEST_P(Adv6Api, RegionPoolCannotBeReleasedToZero) {
 TEST_P(Adv6Api, SleepModeOtherThanTheTwoIsRefused) {
   AllocPtr p = make_alloc(GetParam(), "");
   expseg_allocator *a = p.get();
-  ASSERT_EQ(expseg_region_begin(a, "r"), EXPSEG_OK) << err();
-  void *x = nullptr;
-  ASSERT_EQ(expseg_malloc(a, 5 * MiB, 0, &x), EXPSEG_OK) << err();
-  ASSERT_EQ(expseg_region_end(a, "r"), EXPSEG_OK) << err();
+  void *x = region_block(a, "r", 5 * MiB);
+  ASSERT_NE(x, nullptr);
   for (int mode : {-1, 2, 7, INT32_MIN, INT32_MAX}) {
     EXPECT_EQ(expseg_sleep(a, "r", (expseg_sleep_mode)mode), EXPSEG_ERR_INVALID_ARGUMENT)
         << mode;
@@ -171,10 +176,8 @@ TEST(Adv6Ipc, ExportedBlockKeepsItsRegionAwake) {
 TEST_P(Adv6Api, OomWhileARegionSleepsCountsWhatIsHeld) {
   AllocPtr p = make_alloc(GetParam(), "");
   expseg_allocator *a = p.get();
-  ASSERT_EQ(expseg_region_begin(a, "w"), EXPSEG_OK) << err();
-  void *x = nullptr, *g = nullptr, *h = nullptr;
-  ASSERT_EQ(expseg_malloc(a, 40 * MiB, 0, &x), EXPSEG_OK) << err();
-  ASSERT_EQ(expseg_region_end(a, "w"), EXPSEG_OK) << err();
+  void *x = region_block(a, "w", 40 * MiB), *g = nullptr, *h = nullptr;
+  ASSERT_NE(x, nullptr);
   ASSERT_EQ(expseg_malloc(a, 4 * MiB, 0, &g), EXPSEG_OK) << err();
   ASSERT_EQ(expseg_sleep(a, "w", EXPSEG_SLEEP_DISCARD), EXPSEG_OK) << err();
   expseg_info info{};
@@ -215,10 +218,8 @@ std::string summary_row(expseg_allocator *a, const char *row) {
 TEST_P(Adv6Api, SummaryWhileARegionSleepsShowsWhatIsMapped) {
   AllocPtr p = make_alloc(GetParam(), "expandable_segments:True");
   expseg_allocator *a = p.get();
-  ASSERT_EQ(expseg_region_begin(a, "w"), EXPSEG_OK) << err();
-  void *x = nullptr, *g = nullptr;
-  ASSERT_EQ(expseg_malloc(a, 40 * MiB, 0, &x), EXPSEG_OK) << err();
-  ASSERT_EQ(expseg_region_end(a, "w"), EXPSEG_OK) << err();
+  void *x = region_block(a, "w", 40 * MiB), *g = nullptr;
+  ASSERT_NE(x, nullptr);
   ASSERT_EQ(expseg_malloc(a, 3 * MiB, 0, &g), EXPSEG_OK) << err();
   ASSERT_EQ(expseg_sleep(a, "w", EXPSEG_SLEEP_DISCARD), EXPSEG_OK) << err();
   const int64_t mapped = stat_of(a, "expseg.mapped_bytes.current");

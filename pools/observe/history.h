@@ -139,6 +139,7 @@ typedef struct memfig_s {
   uint64_t cached;     /* unmapped physical pages in the page cache */
   uint64_t va;         /* address space reserved by all segments */
   uint64_t largest_free;
+  uint64_t asleep; /* allocated bytes of sleeping regions: counted allocated, none held */
   double fragmentation; /* free bytes inside mapped memory / mapped bytes (0 when none) */
 } memfig_t;
 /* Lock held. */

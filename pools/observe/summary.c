@@ -38,7 +38,10 @@ memfig_t _expseg_memfig(const expseg_allocator *a) {
     if (g->asleep) { /* its pages are the layout to restore: what the driver holds now */
       (void)_expseg_seg_held(a, g, &mapped, &chunks);
       for (const block_t *b = g->first; b != NULL; b = b->next)
-        if (b->state != BLOCK_FREE && active >= b->size) active -= b->size;
+        if (b->state != BLOCK_FREE) {
+          if (active >= b->size) active -= b->size;
+          if (b->state == BLOCK_ALLOCATED) f.asleep += b->size;
+        }
     }
     f.mapped += mapped;
   }
