@@ -16,6 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err);
 
@@ -108,6 +111,30 @@ static int bad(FILE *err, const char *fmt, ...) {
   fprintf(err, " (--help for usage)\n");
   va_end(ap);
   return 2;
+}
+
+/* --snapshot's file is written only after the replay (at its peak or end): a name that cannot
+ * be written is refused now, as --timeline and --report FILE.html are, instead of after a
+ * replay that may take minutes. A probe file next to it (the name the dump's temporary file
+ * takes) is created and removed. 0 when writable, else 2 with one line said. */
+static int snapshot_writable(FILE *err, const char *path) {
+  struct stat st;
+  if (!*path) return bad(err, "--snapshot '' needs a file name (OUT.pickle)");
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+    return bad(err, "--snapshot '%s' is a directory; accepted: a file name (OUT.pickle)", path);
+  char probe[4096];
+  if (snprintf(probe, sizeof probe, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof probe)
+    return bad(err, "--snapshot '%.64s...' is too long a file name", path);
+  const int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0 && errno != EEXIST) {
+    fprintf(err, "expseg-replay: cannot write --snapshot '%s': %s\n", path, strerror(errno));
+    return 2;
+  }
+  if (fd >= 0) {
+    close(fd);
+    unlink(probe);
+  }
+  return 0;
 }
 
 int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
@@ -234,6 +261,7 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     rc = bad(err, "--snapshot and --report cannot be combined with --sweep or --fit");
     goto done;
   }
+  if (o.snapshot && (rc = snapshot_writable(err, o.snapshot)) != 0) goto done;
   if (o.sweep && o.timeline) {
     rc = bad(err, "--timeline and --sweep cannot be combined");
     goto done;

@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: Apache-2.0
+// test_replay_cli_args.cpp: expseg-replay's output-file options refused before any replay
+// (bench/replay/synth_cli.c): a --snapshot name that cannot be written (empty, a directory,
+// in a directory that does not exist) is a bad argument (exit status 2, one line naming
+// the option, the value and the reason) and nothing is replayed, as --timeline and
+// --report FILE.html already were; a writable name leaves no probe file behind.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "test_replay_common.h"
+
+namespace {
+
+using replay_test::Lines;
+using replay_test::Replay;
+
+TEST(ReplayCliArgs, SnapshotThatCannotBeWrittenIsRefusedBeforeTheReplay) {
+  const std::string dir = "/tmp/expseg_replay_cli_args." + std::to_string(getpid());
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  struct Case {
+    std::string path, why;
+  } cases[] = {
+      {"", "needs a file name"},
+      {dir, "is a directory"},
+      {dir + "/missing/x.pickle", "No such file or directory"},
+  };
+  for (const Case &c : cases) {
+    auto r = Replay({"--quiet", "--snapshot", c.path, "--synth", "infer:1:0.01"});
+    EXPECT_EQ(r.rc, 2) << c.path << ": " << r.err;
+    EXPECT_EQ(r.out, "") << c.path << ": nothing is replayed";
+    auto lines = Lines(r.err);
+    ASSERT_EQ(lines.size(), 1u) << c.path << ": " << r.err;
+    EXPECT_NE(lines[0].find("--snapshot '" + c.path + "'"), std::string::npos) << lines[0];
+    EXPECT_NE(lines[0].find(c.why), std::string::npos) << lines[0];
+  }
+  // The same with --snapshot=NAME.
+  auto r = Replay({"--quiet", "--snapshot=" + dir, "--synth", "infer:1:0.01"});
+  EXPECT_EQ(r.rc, 2) << r.err;
+
+  // A writable name: written, and the up-front probe leaves nothing else in the directory.
+  const std::string ok = dir + "/s.pickle";
+  r = Replay({"--quiet", "--snapshot", ok, "--snapshot-at", "end", "--synth", "infer:1:0.01"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  struct stat st;
+  EXPECT_EQ(stat(ok.c_str(), &st), 0);
+  EXPECT_GT(st.st_size, 0);
+  std::string ls;
+  if (FILE *p = popen(("ls -A " + dir).c_str(), "r")) ls = replay_test::Slurp(p);
+  EXPECT_EQ(ls, "s.pickle\n");
+  unlink(ok.c_str());
+  rmdir(dir.c_str());
+}
+
+}  // namespace
