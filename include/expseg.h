@@ -80,7 +80,8 @@ EXPSEG_EXPORT expseg_status expseg_set_memory_fraction(expseg_allocator *a, doub
 EXPSEG_EXPORT expseg_status expseg_configure(expseg_allocator *a, const char *config);
 /* The configuration in force as one option string that parses back to itself.
  * Writes at most len bytes (NUL included); returns the string's length without the NUL
- * (as snprintf): a buffer of that + 1 bytes holds it whole. */
+ * (as snprintf): a buffer of that + 1 bytes holds it whole. A NULL allocator: 0, and buf
+ * holds "". */
 EXPSEG_EXPORT size_t expseg_config_string(const expseg_allocator *a, char *buf, size_t len);
 /* Whether the option key key[0..len) (its canonical spelling or alias) is one PyTorch's
  * PYTORCH_CUDA_ALLOC_CONF accepts: 1; an option of expseg's own that PyTorch refuses: 0;

@@ -620,7 +620,10 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
 }
 
 size_t expseg_config_string(const expseg_allocator *a, char *buf, size_t len) {
-  if (a == NULL) return 0;
+  if (a == NULL) { /* an empty string, as expseg_memory_summary leaves */
+    if (buf != NULL && len > 0) buf[0] = '\0';
+    return 0;
+  }
   if (buf == NULL) len = 0; /* only the length needed */
   expseg_allocator *m = (expseg_allocator *)a;
   api_lock(m);

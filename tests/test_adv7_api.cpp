@@ -234,3 +234,28 @@ TEST_P(Adv7Random, StatisticsHoldThroughEveryPublicCall) {
 INSTANTIATE_TEST_SUITE_P(Drivers, Adv7Random, ::testing::Values("host", "sim"));
 
 }  // namespace
+
+namespace {
+
+// The calls that fill a text buffer (snprintf semantics) leave an empty string in it when
+// the allocator is NULL, as expseg_memory_summary and expseg_history_user_metadata do:
+// a caller printing the buffer after a failed call must not print stale bytes.
+TEST(Adv7Api, TextCallsOnANullAllocatorLeaveAnEmptyString) {
+  char buf[16];
+  std::memset(buf, 'X', sizeof buf);
+  EXPECT_EQ(expseg_config_string(nullptr, buf, sizeof buf), 0u);
+  EXPECT_EQ(buf[0], '\0');
+  std::memset(buf, 'X', sizeof buf);
+  EXPECT_EQ(expseg_memory_summary(nullptr, buf, sizeof buf, false), 0u);
+  EXPECT_EQ(buf[0], '\0');
+  std::memset(buf, 'X', sizeof buf);
+  EXPECT_EQ(expseg_history_user_metadata(nullptr, buf, sizeof buf), 1u);
+  EXPECT_EQ(buf[0], '\0');
+  // a NULL buffer, or a length of 0, is never written
+  EXPECT_EQ(expseg_config_string(nullptr, nullptr, 8), 0u);
+  std::memset(buf, 'X', sizeof buf);
+  EXPECT_EQ(expseg_config_string(nullptr, buf, 0), 0u);
+  EXPECT_EQ(buf[0], 'X');
+}
+
+}  // namespace
