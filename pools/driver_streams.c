@@ -9,6 +9,8 @@ expseg_status expseg_stream_create(expseg_allocator *a, expseg_stream *out) {
   if (a == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_stream_create: the allocator is NULL");
+  if (out == NULL)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_stream_create: out is NULL");
   return _expseg_vmm_stream_create(a->drv, out);
 }
 

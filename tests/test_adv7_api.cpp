@@ -259,3 +259,19 @@ TEST(Adv7Api, TextCallsOnANullAllocatorLeaveAnEmptyString) {
 }
 
 }  // namespace
+
+namespace {
+
+// Every refusal of a public call names that call, the stream calls included.
+TEST(Adv7Api, StreamCallsNameThemselves) {
+  for (const char *drv : {"host", "sim"}) {
+    AllocPtr p = make_alloc(drv, "");
+    EXPECT_EQ(expseg_stream_create(p.get(), nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(err().rfind("expseg_stream_create: out is NULL", 0), 0u) << err();
+    expseg_stream s = 0;
+    EXPECT_EQ(expseg_stream_create(p.get(), &s), EXPSEG_ERR_UNSUPPORTED);
+    EXPECT_NE(err().find(drv), std::string::npos) << err();
+  }
+}
+
+}  // namespace
