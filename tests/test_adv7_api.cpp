@@ -179,14 +179,21 @@ TEST_P(Adv7Random, StatisticsHoldThroughEveryPublicCall) {
     } else if (op < 84) {
       double f = rng.below(3) == 0 ? 1.0 : 0.05 + 0.9 * rng.unit();
       EXPECT_EQ(expseg_set_memory_fraction(a, f), EXPSEG_OK) << err();
-    } else if (op < 87) {
+    } else if (op < 90) {
       static const char *const texts[] = {
           "expandable_segments:False", "expandable_segments:True",
           "max_split_size_mb:40",      "garbage_collection_threshold:0.5",
-          "roundup_power2_divisions:[256:4,>:2]", "roundup_power2_divisions:1"};
+          "roundup_power2_divisions:[256:4,>:2]", "roundup_power2_divisions:1",
+          "page_size_mb:2",
+          "va_reserve_mb:64", "va_reserve_mb:0", "page_cache_max_mb:0", "page_cache_max_mb:10",
+          "single_chunk_min_mb:8", "large_segment_size_mb:40", "max_non_split_rounding_mb:60",
+          "per_process_memory_fraction:0.5", "per_process_memory_fraction:1",
+          "expandable_segments_reserve:0.01", "expandable_segments_reserve:4G",
+          "garbage_collection_threshold:0.9", "max_split_size_mb:17592186044415",
+          "expandable_segments_reserve_by_class:[a:0.01]", "page_cache_max_mb:17592186044415"};
       const char *t = texts[rng.below(sizeof texts / sizeof *texts)];
       EXPECT_EQ(expseg_configure(a, t), EXPSEG_OK) << t << ": " << err();
-    } else if (op < 90) {
+    } else if (op < 91) {
       if (pools.size() < 3 || rng.below(2)) {
         uint64_t id = 0;
         ASSERT_EQ(expseg_pool_create(a, &id), EXPSEG_OK) << err();
