@@ -3,7 +3,9 @@
 // (bench/replay/synth_cli.c): a --snapshot name that cannot be written (empty, a directory,
 // in a directory that does not exist) is a bad argument (exit status 2, one line naming
 // the option, the value and the reason) and nothing is replayed, as --timeline and
-// --report FILE.html already were; a writable name leaves no probe file behind.
+// --report FILE.html already were; a writable name leaves no probe file behind. A --costs
+// name that is a directory is refused (it read as an empty table), and a refused cost
+// line names the text it could not read.
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
@@ -53,6 +55,29 @@ TEST(ReplayCliArgs, SnapshotThatCannotBeWrittenIsRefusedBeforeTheReplay) {
   EXPECT_EQ(ls, "s.pickle\n");
   unlink(ok.c_str());
   rmdir(dir.c_str());
+}
+
+TEST(ReplayCliArgs, CostsDirectoryAndBadValuesAreNamed) {
+  auto r = Replay({"--quiet", "--costs", "/tmp", "--synth", "infer:1:0.01"});
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("--costs '/tmp'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("directory"), std::string::npos) << r.err;
+
+  const std::string path = "/tmp/expseg_replay_cli_costs." + std::to_string(getpid());
+  for (const char *line : {"map -5", "map abc", "map 1e400", "map", "create 5 extra", "map nan"}) {
+    FILE *f = fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    fprintf(f, "# measured\nreserve 1\n%s\n", line);
+    fclose(f);
+    r = Replay({"--quiet", "--costs", path, "--synth", "infer:1:0.01"});
+    EXPECT_EQ(r.rc, 2) << line << ": " << r.err;
+    auto lines = Lines(r.err);
+    ASSERT_EQ(lines.size(), 1u) << r.err;
+    EXPECT_NE(lines[0].find("line 3"), std::string::npos) << lines[0];
+    EXPECT_NE(lines[0].find(std::string("'") + line + "'"), std::string::npos) << lines[0];
+  }
+  unlink(path.c_str());
 }
 
 }  // namespace

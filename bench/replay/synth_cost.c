@@ -60,11 +60,15 @@ expseg_status _expseg_costs_parse(const char *name, const char *buf, size_t len,
     if (hash) *hash = 0;
     int got = sscanf(line, "%63s %lf %7s", key, &v, extra);
     if (got <= 0) continue; /* blank or comment */
-    if (got != 2 || !(v >= 0.0) || v > 1e9)
+    if (got != 2 || !(v >= 0.0) || v > 1e9) {
+      const char *text = line + strspn(line, " \t");
+      size_t end = strlen(text);
+      while (end > 0 && strchr(" \t\r", text[end - 1])) end--;
       return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT,
-                               "--costs '%s' line %u: expected 'KIND[.page] MICROSECONDS' with a "
-                               "number from 0 to 1e9",
-                               name, ln);
+                               "--costs '%s' line %u: '%.*s': expected 'KIND[.page] "
+                               "MICROSECONDS' with a number from 0 to 1e9",
+                               name, ln, (int)(end < 80 ? end : 80), text);
+    }
     char *dot = strchr(key, '.');
     int page = 0;
     if (dot) {
@@ -96,7 +100,11 @@ expseg_status _expseg_costs_read(const char *path, expseg_costs_t *c) {
   char buf[65536];
   size_t n = fread(buf, 1, sizeof buf, f);
   int big = n == sizeof buf && fgetc(f) != EOF;
+  const int failed = ferror(f), why = errno; /* a directory opens, then reads EISDIR */
   fclose(f);
+  if (failed)
+    return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT, "--costs '%s': cannot read it: %s",
+                             path, strerror(why));
   if (big)
     return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT,
                              "--costs '%s': larger than %zu bytes (a cost table is a few lines)",
