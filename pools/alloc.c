@@ -38,6 +38,14 @@ static void refresh_derived(expseg_allocator *a) {
       a->cfg.max_split_size == SIZE_MAX ? -1 : (int64_t)a->cfg.max_split_size;
 }
 
+/* Names the options of c's text that are accepted without effect (docs/config.md), in one
+ * warning: at creation and at every expseg_configure that gives one. No lock held. */
+static void warn_no_effect(const expseg_config_t *c) {
+  char none[512];
+  if (_expseg_config_no_effect(c, none, sizeof none) > 0 && none[0] != '\0')
+    _expseg_warn("%s", none);
+}
+
 static void warn_ignored_once(const expseg_config_source_t *src) {
   static atomic_flag warned = ATOMIC_FLAG_INIT;
   if (src->ignored[0] != '\0' && !atomic_flag_test_and_set(&warned))
@@ -86,9 +94,7 @@ expseg_status _expseg_create_with_driver(expseg_vmm_t *drv, const char *config,
     _expseg_warn("device %d, %s driver, page %zu bytes; configuration from %s: %s", a->device,
                  drv->ops->name, a->page, src.name, text);
   }
-  char none[512];
-  if (_expseg_config_no_effect(&cfg, none, sizeof none) > 0 && none[0] != '\0')
-    _expseg_warn("%s", none);
+  warn_no_effect(&cfg);
   *out = a;
   return EXPSEG_OK;
 }
@@ -614,8 +620,10 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
     if (_expseg_page_cache_excess(&a->cfg, (size_t)a->stats.cached_physical_bytes.current) > 0)
       _expseg_cache_trim(a, a->cfg.page_cache_max);
   }
+  const expseg_config_t given = a->cfg; /* its `given`: the keys of this text */
   api_unlock(a);
   if (st == EXPSEG_OK && warn[0] != '\0') _expseg_warn("%s", warn); /* no lock held */
+  if (st == EXPSEG_OK) warn_no_effect(&given);
   return st;
 }
 

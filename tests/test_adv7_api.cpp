@@ -282,3 +282,30 @@ TEST(Adv7Api, StreamCallsNameThemselves) {
 }
 
 }  // namespace
+
+namespace {
+
+// Options accepted without effect are named in one warning when given (docs/config.md),
+// by expseg_configure as by expseg_create; a text without them warns about nothing.
+TEST(Adv7Api, ConfigureNamesOptionsWithoutEffect) {
+  QuietLog log;
+  AllocPtr p = make_alloc("sim", "");
+  ASSERT_EQ(log.lines, 0) << log.last;
+  ASSERT_EQ(expseg_configure(p.get(), "release_lock_on_cudamalloc:True,"
+                                      "graph_capture_record_stream_reuse:True"),
+            EXPSEG_OK)
+      << err();
+  ASSERT_EQ(log.lines, 1);
+  EXPECT_NE(log.last.find("without effect"), std::string::npos) << log.last;
+  EXPECT_NE(log.last.find("release_lock_on_cudamalloc"), std::string::npos) << log.last;
+  EXPECT_NE(log.last.find("graph_capture_record_stream_reuse"), std::string::npos) << log.last;
+  // keys given before are not named again by a text that does not give them
+  ASSERT_EQ(expseg_configure(p.get(), "max_split_size_mb:40"), EXPSEG_OK) << err();
+  EXPECT_EQ(log.lines, 1) << log.last;
+  // a refused text warns about nothing
+  EXPECT_EQ(expseg_configure(p.get(), "pinned_free_catch_all:True,max_split_size_mb:1"),
+            EXPSEG_ERR_CONFIG);
+  EXPECT_EQ(log.lines, 1) << log.last;
+}
+
+}  // namespace
