@@ -5,7 +5,8 @@
 // the option, the value and the reason) and nothing is replayed, as --timeline and
 // --report FILE.html already were; a writable name leaves no probe file behind. A --costs
 // name that is a directory is refused (it read as an empty table), and a refused cost
-// line names the text it could not read.
+// line names the text it could not read. --capacity is one SIZE, given to the driver the
+// spec names, also inside a fault wrapper ("fault:RULES;INNER").
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
@@ -78,6 +79,37 @@ TEST(ReplayCliArgs, CostsDirectoryAndBadValuesAreNamed) {
     EXPECT_NE(lines[0].find(std::string("'") + line + "'"), std::string::npos) << lines[0];
   }
   unlink(path.c_str());
+}
+
+TEST(ReplayCliArgs, CapacityIsOneSizeForTheInnerDriver) {
+  for (const char *bad : {"4G,granularity=3", "4G;sim", "", "x:4G", "4 G"}) {
+    auto r = Replay({"--quiet", "--capacity", bad, "--synth", "infer:1:0.01"});
+    EXPECT_EQ(r.rc, 2) << bad << ": " << r.err;
+    EXPECT_EQ(r.out, "");
+    auto lines = Lines(r.err);
+    ASSERT_EQ(lines.size(), 1u) << r.err;
+    EXPECT_NE(lines[0].find(std::string("--capacity '") + bad + "'"), std::string::npos)
+        << lines[0];
+  }
+  // a fault wrapper: the capacity goes to the driver it wraps, added or replacing its own
+  struct Case {
+    const char *driver, *want;
+  } cases[] = {
+      {"fault:fail=map@100000;sim", "fault:fail=map@100000;sim:capacity=4G"},
+      {"fault:fail=map@100000;sim:granularity=4M",
+       "fault:fail=map@100000;sim:granularity=4M,capacity=4G"},
+      {"fault:fail=map@100000;sim:capacity=8G", "fault:fail=map@100000;sim:capacity=4G"},
+      {"sim:granularity=4M", "sim:granularity=4M,capacity=4G"},
+      {"host", "host:capacity=4G"},
+  };
+  for (const Case &c : cases) {
+    auto r = Replay({"--json", "--quiet", "--driver", c.driver, "--capacity", "4G", "--synth",
+                     "infer:1:0.01"});
+    EXPECT_EQ(r.rc, 0) << c.driver << ": " << r.err;
+    EXPECT_NE(r.out.find(std::string("\"driver\":\"") + c.want + "\""), std::string::npos)
+        << c.driver << ": " << r.out.substr(0, 300);
+    EXPECT_NE(r.out.find("\"capacity\":4294967296"), std::string::npos) << r.out.substr(0, 300);
+  }
 }
 
 }  // namespace

@@ -231,7 +231,20 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     else if (!strcmp(arg, "--quiet")) o.quiet = 1;
     else if (!strcmp(arg, "--allow-oom")) o.allow_oom = 1;
     else if (!strcmp(arg, "--fit")) o.fit = 1;
-    else if (!strcmp(arg, "--capacity")) o.capacity = val;
+    else if (!strcmp(arg, "--capacity")) {
+      /* one SIZE, added to the driver spec: no separator may reach the spec */
+      const size_t n = strlen(val);
+      size_t k = 0;
+      while (k < n && ((val[k] >= '0' && val[k] <= '9') || (val[k] >= 'A' && val[k] <= 'Z') ||
+                       (val[k] >= 'a' && val[k] <= 'z')))
+        k++;
+      if (n == 0 || k != n) {
+        rc = bad(err, "--capacity '%s' is not a SIZE: an integer with an optional K, M, G or T "
+                      "suffix (e.g. 24G, 512M)", val);
+        goto done;
+      }
+      o.capacity = val;
+    }
     else if (!strcmp(arg, "--costs")) {
       if (_expseg_costs_read(val, &o.costs) != EXPSEG_OK) {
         fprintf(err, "expseg-replay: %s\n", expseg_trace_last_error());

@@ -147,13 +147,17 @@ static void driver_spec(const expseg_trace_t *t, const opts_t *o, const char *ca
   if (!base && getenv("EXPSEG_DRIVER") && *getenv("EXPSEG_DRIVER"))
     base = getenv("EXPSEG_DRIVER");
   if (!capacity) capacity = o->capacity;
-  const char *had = base && capacity ? strstr(base, "capacity=") : NULL;
+  /* the capacity is the backend's: in "fault:RULES;INNER" the inner spec's (docs/driver.md) */
+  const char *inner = base;
+  if (base && strncmp(base, "fault:", 6) == 0 && strrchr(base, ';'))
+    inner = strrchr(base, ';') + 1;
+  const char *had = inner && capacity ? strstr(inner, "capacity=") : NULL;
   if (had) { /* --capacity replaces the spec's own capacity */
     const char *rest = had + strlen("capacity=");
     rest += strcspn(rest, ",;");
     snprintf(buf, len, "%.*scapacity=%s%s", (int)(had - base), base, capacity, rest);
   } else if (base && capacity)
-    snprintf(buf, len, "%s%scapacity=%s", base, strchr(base, ':') ? "," : ":", capacity);
+    snprintf(buf, len, "%s%scapacity=%s", base, strchr(inner, ':') ? "," : ":", capacity);
   else if (base) snprintf(buf, len, "%s", base);
   else if (capacity) snprintf(buf, len, "sim:capacity=%s", capacity);
   else {
