@@ -6,13 +6,17 @@
 // --report FILE.html already were; a writable name leaves no probe file behind. A --costs
 // name that is a directory is refused (it read as an empty table), and a refused cost
 // line names the text it could not read. --capacity is one SIZE, given to the driver the
-// spec names, also inside a fault wrapper ("fault:RULES;INNER").
+// spec names, also inside a fault wrapper ("fault:RULES;INNER"). An option that only
+// qualifies another (--timeline-every, --snapshot-at) without it is refused, not ignored.
 #include <gtest/gtest.h>
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "test_replay_common.h"
 
@@ -52,8 +56,12 @@ TEST(ReplayCliArgs, SnapshotThatCannotBeWrittenIsRefusedBeforeTheReplay) {
   EXPECT_EQ(stat(ok.c_str(), &st), 0);
   EXPECT_GT(st.st_size, 0);
   std::string ls;
-  if (FILE *p = popen(("ls -A " + dir).c_str(), "r")) ls = replay_test::Slurp(p);
-  EXPECT_EQ(ls, "s.pickle\n");
+  if (DIR *d = opendir(dir.c_str())) {
+    while (struct dirent *e = readdir(d))
+      if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) ls += e->d_name + std::string(" ");
+    closedir(d);
+  }
+  EXPECT_EQ(ls, "s.pickle ");
   unlink(ok.c_str());
   rmdir(dir.c_str());
 }
@@ -109,6 +117,25 @@ TEST(ReplayCliArgs, CapacityIsOneSizeForTheInnerDriver) {
     EXPECT_NE(r.out.find(std::string("\"driver\":\"") + c.want + "\""), std::string::npos)
         << c.driver << ": " << r.out.substr(0, 300);
     EXPECT_NE(r.out.find("\"capacity\":4294967296"), std::string::npos) << r.out.substr(0, 300);
+  }
+}
+
+TEST(ReplayCliArgs, QualifiersWithoutTheirOptionAreRefused) {
+  struct Case {
+    std::vector<std::string> args;
+    const char *needle;
+  } cases[] = {
+      {{"--timeline-every", "5"}, "--timeline-every 5 needs --timeline"},
+      {{"--snapshot-at", "end"}, "--snapshot-at end needs --snapshot"},
+      {{"--snapshot-at=peak"}, "--snapshot-at peak needs --snapshot"},
+  };
+  for (const Case &c : cases) {
+    std::vector<std::string> args = c.args;
+    args.insert(args.end(), {"--quiet", "--synth", "infer:1:0.01"});
+    auto r = Replay(args);
+    EXPECT_EQ(r.rc, 2) << c.needle << ": " << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
   }
 }
 

@@ -149,6 +149,7 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
   memset(&h, 0, sizeof h);
   FILE *timeline = NULL;
   const char *html = NULL; /* --report FILE.html */
+  const char *every = NULL, *at = NULL; /* --timeline-every, --snapshot-at: need their file */
   if (!files || !synths) {
     rc = 1;
     goto done;
@@ -208,6 +209,7 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
         goto done;
       }
       o.timeline_every = v;
+      every = val;
     } else if (!strcmp(arg, "--limit")) {
       if (_expseg_arg_u64(val, &v) || v == 0) {
         rc = bad(err, "--limit '%s' is not a positive integer", val);
@@ -221,6 +223,7 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
         goto done;
       }
       o.snapshot_end = !strcmp(val, "end");
+      at = val;
     } else if (!strcmp(arg, "--report")) {
       if (val) html = val;
       else o.report = 1;
@@ -272,6 +275,15 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
   if (html) o.sweep = 1;
   if ((o.snapshot || o.report) && (o.sweep || o.fit)) {
     rc = bad(err, "--snapshot and --report cannot be combined with --sweep or --fit");
+    goto done;
+  }
+  if (every && !o.timeline) {
+    rc = bad(err, "--timeline-every %s needs --timeline FILE.csv (the file it samples into)",
+             every);
+    goto done;
+  }
+  if (at && !o.snapshot) {
+    rc = bad(err, "--snapshot-at %s needs --snapshot OUT.pickle (the snapshot it times)", at);
     goto done;
   }
   if (o.snapshot && (rc = snapshot_writable(err, o.snapshot)) != 0) goto done;
