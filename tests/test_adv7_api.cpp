@@ -77,7 +77,9 @@ void check_stats(expseg_allocator *a, std::map<std::string, int64_t> &offset, bo
   }
   EXPECT_LE(m["allocated_bytes.all.current"], m["active_bytes.all.current"]) << where;
   // a sleeping region's blocks stay active while its memory is given back (docs/api.md)
-  if (!asleep) EXPECT_LE(m["active_bytes.all.current"], m["reserved_bytes.all.current"]) << where;
+  if (!asleep) {
+    EXPECT_LE(m["active_bytes.all.current"], m["reserved_bytes.all.current"]) << where;
+  }
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << where << ": " << err();
 }
 
@@ -230,7 +232,9 @@ TEST_P(Adv7Random, StatisticsHoldThroughEveryPublicCall) {
       return;
     }
   }
-  if (asleep) EXPECT_EQ(expseg_wake(a, "r"), EXPSEG_OK) << err();
+  if (asleep) {
+    EXPECT_EQ(expseg_wake(a, "r"), EXPSEG_OK) << err();
+  }
   for (const Live &l : live) EXPECT_EQ(expseg_free(a, l.p), EXPSEG_OK) << err();
   EXPECT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
   EXPECT_EQ(stat_of(a, "allocation.all.current"), 0);
