@@ -595,7 +595,7 @@ def sleep(tag, mode="offload", device=None):
     """Gives region `tag`'s device memory back, keeping its addresses: mode "offload"
     copies its live bytes to pinned host memory first, "discard" drops them."""
     d = _device(device)
-    if mode not in _SLEEP_MODES:
+    if not isinstance(mode, str) or mode not in _SLEEP_MODES:  # a list is not hashable
         raise ExpsegError("expseg.sleep(%r): mode %r: expected 'offload' or 'discard'"
                           % (tag, mode))
     _check(_load().expseg_torch_sleep(d, _tag(tag), _SLEEP_MODES[mode]),

@@ -398,6 +398,20 @@ class PythonRoute(unittest.TestCase):
         self.assertIn("expandable_segments value 'true'", r)
         self.assertNotIn("out of memory", r)
 
+    def test_odd_sleep_modes_are_expseg_errors(self):
+        # every mode that is not "offload" or "discard" is refused with expseg's one-line
+        # error naming it, unhashable ones included (a list raised Python's own TypeError)
+        r, _ = self.result("""
+            expseg.install(route="python")
+            with expseg.region("w"):
+                keep = torch.empty(1 << 20, 0)
+            out = [err(expseg.sleep, "w", mode) for mode in (["offload"], {}, None, "OFFLOAD", 0)]
+            print(json.dumps(out))
+            """)
+        for text, needle in zip(r, ["['offload']", "{}", "None", "'OFFLOAD'", "0"]):
+            self.assertIn("mode " + needle + ":", text)
+            self.assertIn("expected 'offload' or 'discard'", text)
+
     def test_failures_are_one_line_messages(self):
         r, _ = self.result("""
             out = [err(expseg.install, route="fast"),
