@@ -4,8 +4,9 @@
 // region put to sleep and woken, empty_cache, both resets, memory fraction and option
 // changes): after every call each `all` row is the sum of its pool rows, current never
 // exceeds peak, nothing goes negative, current - (allocated - freed) moves only at an
-// accumulated reset, allocated <= active <= reserved (while no region sleeps), the live allocations match `allocation` and `requested_bytes` after an
-// empty_cache, and the memory summary keeps its frame. Then single calls a hostile caller
+// accumulated reset, allocated <= active <= reserved (while no region sleeps), the live
+// allocations match `allocation` and `requested_bytes` after an empty_cache, and the
+// memory summary keeps its frame. Then single calls a hostile caller
 // makes: text calls on a NULL allocator leave "", the stream calls name themselves, and
 // expseg_configure names the options it accepts without effect.
 #include <gtest/gtest.h>
