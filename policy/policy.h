@@ -224,17 +224,33 @@ size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small);
 bool _expseg_grow_tight(size_t held, size_t allocated, size_t exact, size_t grow);
 /* Pages of the next physical chunk a growth creates when `left` pages are still to create:
  * one under PyTorch's model (its ExpandableSegment creates a chunk per page); else what
- * the growth needs, up to EXPSEG_CHUNK_MAX bytes: one create and one map per chunk, where
- * a chunk per page costs a create and a map per page. A chunk is mapped, moved and given
- * back only whole, so larger chunks trade how finely idle memory can move for fewer calls
- * (8 MiB: chosen on half of the recorded histories under the costs measured on an H200,
- * confirmed on the other half; docs/benchmarks.md, "Chunk size under the measured costs");
+ * the growth needs, up to EXPSEG_CHUNK_MAX bytes (EXPSEG_REQUEST_CHUNK_MAX for the pages
+ * of a request's own, `request`, below): one create and one map per chunk, where a chunk
+ * per page costs a create and a map per page. A chunk is mapped, moved and given back only
+ * whole, so larger chunks trade how finely idle memory can move for fewer calls (8 MiB:
+ * chosen on half of the recorded histories under the costs measured on an H200, confirmed
+ * on the other half; docs/benchmarks.md, "Chunk size under the measured costs");
  * between streams memory is lent rather than moved (reuse before growth, below), so pools
  * that streams share get the same chunks (docs/benchmarks.md, "Placement and chunks"). */
 #ifndef EXPSEG_CHUNK_MAX /* -DEXPSEG_CHUNK_MAX=BYTES builds another size, for measuring */
 #define EXPSEG_CHUNK_MAX ((size_t)1 << 23)
 #endif
-size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page);
+size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page, bool request);
+/* Chunks that move together are created together. Of the `want` pages a growth creates,
+ * the first `request` lie wholly under the request it serves (from the start of the
+ * growth to the request's last whole page); the rest are the growth floor's surplus and
+ * the page the request shares with what comes after it. Where the growth is larger than
+ * one chunk, the request's pages get chunks of their own, of up to EXPSEG_REQUEST_CHUNK_MAX
+ * bytes: freed, the request leaves them whole and free, so they move or go back whole,
+ * where chunks straddling its end would stay pinned by what was placed after it. A
+ * growth of at most one chunk stays one chunk (two would cost a second handle for nothing
+ * that can move). Returns the pages to create as the request's chunks (0: none).
+ * (docs/benchmarks.md, "Chunks of a request's own": 64 MiB chosen on half of the recorded
+ * histories and synthetic seeds, confirmed on the other half.) */
+#ifndef EXPSEG_REQUEST_CHUNK_MAX
+#define EXPSEG_REQUEST_CHUNK_MAX ((size_t)64 << 20)
+#endif
+size_t _expseg_request_pages(size_t want, size_t request, size_t page);
 /* Reuse before growth. A request maps or creates memory only when no memory already
  * mapped and free can serve it, in this order: a free block of its own stream (best fit);
  * a free block another stream of the same pool holds, once that stream's queued work is

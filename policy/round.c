@@ -29,11 +29,16 @@ size_t _expseg_grow_bytes(size_t need, size_t segment_mapped) {
   return need > floor ? need : floor;
 }
 
-size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page) {
+size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page, bool request) {
   if (pytorch || page == 0) return left > 0 ? 1 : 0;
-  size_t most = EXPSEG_CHUNK_MAX / page;
+  size_t most = (request ? EXPSEG_REQUEST_CHUNK_MAX : EXPSEG_CHUNK_MAX) / page;
   if (most == 0) most = 1;
   return left < most ? left : most;
+}
+
+size_t _expseg_request_pages(size_t want, size_t request, size_t page) {
+  if (page == 0 || want <= EXPSEG_CHUNK_MAX / page) return 0;
+  return request < want ? request : want;
 }
 
 bool _expseg_place_better(bool have_own, size_t own_pages, size_t other_pages) {

@@ -207,7 +207,8 @@ static void put_back(expseg_allocator *a, segment_t *s, const taken_t *c, size_t
   }
 }
 
-block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, expseg_status *st) {
+block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, size_t lead,
+                           expseg_status *st) {
   segment_t *s = u->seg;
   const size_t pg = s->page, room = u->size / pg, lo = u->ptr;
   size_t *pick = malloc((a->cache_count ? a->cache_count : 1) * sizeof *pick), m = 0;
@@ -228,8 +229,16 @@ block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, expseg_st
                                                : "out of host memory for page bookkeeping");
     return NULL;
   }
-  /* mapped in the order picked */
+  /* mapped in the order picked, but a chunk of `lead` pages (created as the request's own)
+   * first: at the start of the place, under the request */
   for (size_t i = 0; i < m; i++) c[i] = (taken_t){a->cache[pick[i]].h, a->cache[pick[i]].size};
+  for (size_t i = 1; lead > 0 && i < m; i++)
+    if (c[i].size == lead * pg && c[0].size != lead * pg) {
+      taken_t t = c[i];
+      memmove(c + 1, c, i * sizeof *c);
+      c[0] = t;
+      break;
+    }
   _expseg_cache_take_set(a, pick, m, s->pool);
   free(pick);
   size_t done = 0, at = 0; /* chunks mapped, pages mapped */

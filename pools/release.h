@@ -88,7 +88,8 @@ size_t _expseg_cache_cover(const expseg_allocator *a, size_t pg, size_t k, size_
 /* Maps cached chunks covering at least k pages at the start of unmapped block u (indexed),
  * one set_access for the range; the new free mapped block, merged with free mapped
  * neighbours and not indexed; NULL on failure (nothing changed, chunks back in the cache). */
-block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, expseg_status *st);
+block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, size_t lead,
+                           expseg_status *st);
 /* Moves idle chunks of segments with page `page` (0: any), none over max_pages, into the
  * page cache until `want` pages are moved: the pool's idle blocks first (any stream), then
  * the other pool's (not right after it took this pool's pages, unless blocking), even when

@@ -236,14 +236,22 @@ static expseg_status cap_error(expseg_allocator *a, size_t more) {
                            _expseg_format_size(b2, more), _expseg_format_size(b3, a->allowed));
 }
 
-/* Creates chunks for `pages` pages of pg bytes with the lock dropped (sized by policy:
- * _expseg_chunk_pages) and puts them in the cache. */
-static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages,
+/* Pages of the next chunk when `left` of `pages` are still to create, the first `req` of
+ * them a request's own (policy: _expseg_chunk_pages, _expseg_request_pages). */
+static size_t next_chunk(const expseg_allocator *a, size_t pages, size_t req, size_t left,
+                         size_t pg) {
+  const size_t done = pages - left;
+  return done < req ? _expseg_chunk_pages(a->model_pytorch, req - done, pg, true)
+                    : _expseg_chunk_pages(a->model_pytorch, left, pg, false);
+}
+
+/* Creates chunks for `pages` pages of pg bytes with the lock dropped, the first `req` of
+ * them the request's own, and puts them in the cache. */
+static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages, size_t req,
                                    size_t pg) {
   size_t bytes = pages * pg, n = 0;
   if (!cap_allows(a, bytes)) return cap_error(a, bytes);
-  for (size_t left = pages; left > 0; n++)
-    left -= _expseg_chunk_pages(a->model_pytorch, left, pg);
+  for (size_t left = pages; left > 0; n++) left -= next_chunk(a, pages, req, left, pg);
   expseg_vmm_handle local_h[64];
   size_t local_s[64];
   expseg_vmm_handle *hs = n <= 64 ? local_h : malloc(n * sizeof *hs);
@@ -254,7 +262,7 @@ static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages,
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
   }
   for (size_t i = 0, left = pages; i < n; i++) {
-    size_t k = _expseg_chunk_pages(a->model_pytorch, left, pg);
+    size_t k = next_chunk(a, pages, req, left, pg);
     sz[i] = k * pg;
     left -= k;
   }
@@ -287,6 +295,7 @@ static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages,
 static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream stream,
                                 size_t rounded, bool blocking, expseg_status *st) {
   size_t created = 0; /* pages created for this request so far */
+  size_t lead = 0;    /* pages of the first chunk created as the request's own */
   for (int round = 0; round < 8; round++) {
     place_t pl;
     if (!find_place(a, pool, stream, rounded, blocking, &pl)) {
@@ -314,12 +323,17 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     }
     if (have >= pl.pages) {
       /* stealing never touches u, its prefix or suffix: the place still holds */
-      block_t *b = _expseg_map_cached(a, pl.u, pl.pages, st);
+      block_t *b = _expseg_map_cached(a, pl.u, pl.pages, lead, st);
       if (b != NULL && have > created) a->stats.page_cache_hits += (int64_t)(have - created);
       return b;
     }
     size_t want = pl.pages - have;
-    *st = create_chunks(a, pool, want, pg);
+    /* the request's whole pages from the place on, less those the cache covers */
+    const uintptr_t end = (pl.prefix ? pl.prefix->ptr : pl.u->ptr) + rounded;
+    size_t mine = end > pl.u->ptr ? (end - pl.u->ptr) / pg : 0;
+    mine = a->model_pytorch ? 0 : _expseg_request_pages(want, mine > have ? mine - have : 0, pg);
+    if (mine > 0) lead = _expseg_chunk_pages(false, mine, pg, true);
+    *st = create_chunks(a, pool, want, mine, pg);
     if (*st != EXPSEG_OK) return NULL;
     created += want;
     /* the lock was dropped: place again */

@@ -280,6 +280,57 @@ TEST(Placement, AGrowthPastTheBoundKeepsTheFloor) {
   EXPECT_EQ(reserved_growth_for_2MiB(16 + 8), int64_t(10 * MiB));
 }
 
+// Chunks that move together are created together: a growth above one chunk gives the
+// request's whole pages chunks of their own, so once it is freed they go back whole, though
+// a block placed after it shares the growth's last page.
+TEST(Placement, ARequestsOwnPagesGoBackWholeThoughABlockFollowsIt) {
+  Alloc a = make("sim", "expandable_segments:True");
+  expseg_allocator *A = a.get();
+  void *big = nullptr, *after = nullptr;
+  const uint64_t creates = alloc_test_calls(A, EXPSEG_VMM_CALL_create);
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 20 * MiB + MiB / 2, 0, &big)) << expseg_last_error();
+  EXPECT_EQ(stat_of(A, "reserved_bytes.all.current"), int64_t(22 * MiB));
+  EXPECT_EQ(alloc_test_calls(A, EXPSEG_VMM_CALL_create) - creates, 2u)
+      << "the request's 10 whole pages, then the page it shares";
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, MiB + MiB / 2, 0, &after)) << expseg_last_error();
+  EXPECT_EQ(stat_of(A, "reserved_bytes.all.current"), int64_t(22 * MiB)) << "placed in the rest";
+  EXPECT_EQ((char *)after, (char *)big + 20 * MiB + MiB / 2);
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, big));
+  ASSERT_EQ(EXPSEG_OK, expseg_empty_cache(A)) << expseg_last_error();
+  EXPECT_EQ(stat_of(A, "reserved_bytes.all.current"), int64_t(2 * MiB))
+      << "all 20 MiB under the freed request went back, none pinned by the block after it";
+  EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, after));
+  // a growth of at most one chunk stays one chunk
+  const uint64_t c2 = alloc_test_calls(A, EXPSEG_VMM_CALL_create);
+  void *small = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 5 * MiB + MiB / 2, 0, &small)) << expseg_last_error();
+  EXPECT_LE(alloc_test_calls(A, EXPSEG_VMM_CALL_create) - c2, 1u);
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, small));
+}
+
+// The same where the growth floor's surplus makes larger chunks than the request's own:
+// the request's chunk is still mapped first, under it. 2.5 GiB mapped: a floor of 20 MiB.
+TEST(Placement, ARequestsOwnChunkIsMappedUnderItBeforeLargerSurplusChunks) {
+  Alloc a = make("sim", "expandable_segments:True");
+  expseg_allocator *A = a.get();
+  void *base = nullptr, *r = nullptr, *b = nullptr, *c = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 2560 * MiB, 0, &base)) << expseg_last_error();
+  const int64_t before = stat_of(A, "reserved_bytes.all.current");
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 5 * MiB, 0, &r)) << expseg_last_error();
+  ASSERT_EQ(stat_of(A, "reserved_bytes.all.current") - before, int64_t(20 * MiB)) << "the floor";
+  ASSERT_EQ((char *)r, (char *)base + 2560 * MiB);
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 3 * MiB / 2, 0, &b)) << expseg_last_error();
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 27 * MiB / 2, 0, &c)) << expseg_last_error();
+  ASSERT_EQ(stat_of(A, "reserved_bytes.all.current") - before, int64_t(20 * MiB)) << "no growth";
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, r));
+  ASSERT_EQ(EXPSEG_OK, expseg_empty_cache(A)) << expseg_last_error();
+  EXPECT_EQ(stat_of(A, "reserved_bytes.all.current") - before, int64_t(16 * MiB))
+      << "the request's two whole pages were one chunk of their own, at its address";
+  EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
+  for (void *x : {b, c, base}) EXPECT_EQ(EXPSEG_OK, expseg_free(A, x));
+}
+
 // Variable large requests near capacity (an image model whose input size changes): each
 // step allocates activations sized by its input, frees them in reverse, keeps the weights.
 TEST(Placement, VariableLargeRequestsNearCapacityHoldLittle) {

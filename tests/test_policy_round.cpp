@@ -271,13 +271,29 @@ TEST(PolicyRound, GrowthNearTheBoundDropsTheFloorOnlyWhereThatKeepsWithinIt) {
 
 TEST(PolicyRound, ChunksAreSizedFromTheGrowth) {
   const size_t MiB = (size_t)1 << 20, pg = 2 * MiB, most = EXPSEG_CHUNK_MAX / pg;
+  const size_t req_most = EXPSEG_REQUEST_CHUNK_MAX / pg;
   ASSERT_GE(most, 2u);
-  EXPECT_EQ(_expseg_chunk_pages(false, most - 1, pg), most - 1) << "one chunk for the growth";
-  EXPECT_EQ(_expseg_chunk_pages(false, most + 3, pg), most) << "at most CHUNK_MAX";
-  EXPECT_EQ(_expseg_chunk_pages(true, 5, pg), 1u) << "PyTorch: a chunk per page";
-  EXPECT_EQ(_expseg_chunk_pages(false, 0, pg), 0u);
-  EXPECT_EQ(_expseg_chunk_pages(false, 3, EXPSEG_CHUNK_MAX * 2), 1u)
+  ASSERT_GT(req_most, most) << "a request's own chunks are the larger";
+  EXPECT_EQ(_expseg_chunk_pages(false, most - 1, pg, false), most - 1) << "one chunk for the growth";
+  EXPECT_EQ(_expseg_chunk_pages(false, most + 3, pg, false), most) << "at most CHUNK_MAX";
+  EXPECT_EQ(_expseg_chunk_pages(false, most + 3, pg, true), most + 3) << "a request's own: larger";
+  EXPECT_EQ(_expseg_chunk_pages(false, req_most + 1, pg, true), req_most)
+      << "at most REQUEST_CHUNK_MAX";
+  EXPECT_EQ(_expseg_chunk_pages(true, 5, pg, false), 1u) << "PyTorch: a chunk per page";
+  EXPECT_EQ(_expseg_chunk_pages(true, 5, pg, true), 1u) << "PyTorch: a chunk per page";
+  EXPECT_EQ(_expseg_chunk_pages(false, 0, pg, false), 0u);
+  EXPECT_EQ(_expseg_chunk_pages(false, 3, EXPSEG_CHUNK_MAX * 2, false), 1u)
       << "a page above CHUNK_MAX is still one page";
+}
+
+TEST(PolicyRound, ARequestsOwnPagesGetChunksOfTheirOwnOnlyInGrowthsAboveAChunk) {
+  const size_t MiB = (size_t)1 << 20, pg = 2 * MiB, most = EXPSEG_CHUNK_MAX / pg;
+  EXPECT_EQ(_expseg_request_pages(most, most - 1, pg), 0u) << "one chunk: stays one";
+  EXPECT_EQ(_expseg_request_pages(most + 1, 1, pg), 1u) << "above a chunk: the request's page";
+  EXPECT_EQ(_expseg_request_pages(most + 5, most + 2, pg), most + 2);
+  EXPECT_EQ(_expseg_request_pages(most + 5, most + 9, pg), most + 5) << "never above the growth";
+  EXPECT_EQ(_expseg_request_pages(most + 5, 0, pg), 0u) << "no whole page under the request";
+  EXPECT_EQ(_expseg_request_pages(10, 3, 0), 0u) << "no page size: nothing";
 }
 
 TEST(PolicyRound, AnotherStreamsPlaceOnlyWhenItNeedsFewerPages) {
