@@ -354,17 +354,24 @@ static void registry_remove(expseg_host_pool *h) {
 
 static const hblock_t *owner_of(const expseg_host_pool *h, uintptr_t p);
 
-const char *_expseg_host_pool_hint(const void *ptr) {
+/* Whether a live pool other than skip covers ptr. The caller holds no pool's lock. */
+static bool registry_owns(const expseg_host_pool *skip, const void *ptr) {
   bool found = false;
   pthread_mutex_lock(&registry_mu);
   for (expseg_host_pool *h = registry; h && !found; h = h->next_pool) {
+    if (h == skip) continue;
     pthread_mutex_lock(&h->lock);
     found = owner_of(h, (uintptr_t)ptr) != NULL;
     pthread_mutex_unlock(&h->lock);
   }
   pthread_mutex_unlock(&registry_mu);
-  return found ? "; it is pinned host memory of a host pool: give it back with expseg_host_free"
-               : "";
+  return found;
+}
+
+const char *_expseg_host_pool_hint(const void *ptr) {
+  return registry_owns(NULL, ptr)
+             ? "; it is pinned host memory of a host pool: give it back with expseg_host_free"
+             : "";
 }
 
 /* ---- create / destroy ---- */
@@ -621,26 +628,37 @@ static const hblock_t *owner_of(const expseg_host_pool *h, uintptr_t p) {
   return NULL;
 }
 
+/* Why ptr was refused; EXPSEG_OK when no block of h covers it (foreign(), lock let go). */
 static expseg_status not_live(expseg_host_pool *h, const char *fn, void *ptr) {
   const hblock_t *o = owner_of(h, (uintptr_t)ptr);
-  if (o && o->ptr == (uintptr_t)ptr)
+  if (!o) return EXPSEG_OK;
+  if (o->ptr == (uintptr_t)ptr)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "%s(%p): this block of the host pool was already freed", fn, ptr);
-  if (o && o->state != HB_ALLOCATED) /* a freed carved block merges into its neighbours */
+  if (o->state != HB_ALLOCATED) /* a freed carved block merges into its neighbours */
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "%s(%p): this memory of the host pool is free (already freed; a "
                              "freed block may merge with its free neighbours, here into the "
                              "free block at 0x%llx)",
                              fn, ptr, (unsigned long long)o->ptr);
-  if (o)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                             "%s(%p): points inside the host pool's block at 0x%llx; pass the "
-                             "pointer expseg_host_malloc returned",
-                             fn, ptr, (unsigned long long)o->ptr);
   return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                           "%s(%p): not a pointer this host pool handed out (device memory "
-                           "from expseg_malloc goes back with expseg_free)",
-                           fn, ptr);
+                           "%s(%p): points inside the host pool's block at 0x%llx; pass the "
+                           "pointer expseg_host_malloc returned",
+                           fn, ptr, (unsigned long long)o->ptr);
+}
+
+/* A pointer no block of h covers, and where it goes instead (another live pool's is
+ * recognised; device memory cannot be: no list of allocators is kept). */
+static expseg_status foreign(const expseg_host_pool *h, const char *fn, void *ptr, bool freeing) {
+  const char *to = registry_owns(h, ptr) ? (freeing ? "It is pinned memory of another host pool: "
+      "give it back with expseg_host_free on that pool" : "It is pinned memory of another host "
+      "pool: record the stream with expseg_host_record_stream on that pool")
+      : freeing ? "Device memory from expseg_malloc goes back with expseg_free; memory from "
+                  "malloc or cudaHostAlloc with free or cudaFreeHost"
+                : "For device memory from expseg_malloc, use expseg_record_stream";
+  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s(%p): not a pointer this host pool "
+                           "handed out; nothing was %s. %s", fn, ptr,
+                           freeing ? "freed" : "recorded", to);
 }
 
 /* Records one event per stream the block was used on. Returns the events recorded; on a
@@ -679,7 +697,7 @@ expseg_status expseg_host_free(expseg_host_pool *h, void *ptr) {
   if (!b) {
     expseg_status s = not_live(h, "expseg_host_free", ptr);
     pool_unlock(h);
-    return s;
+    return s != EXPSEG_OK ? s : foreign(h, "expseg_host_free", ptr, true);
   }
   EXPSEG_HOST_HIST(h, HIST_FREE_REQUESTED, b->ptr, b->requested);
   b->event_count = b->n_streams ? record_events(h, b) : 0;
@@ -723,7 +741,7 @@ expseg_status expseg_host_record_stream(expseg_host_pool *h, void *ptr, expseg_s
     }
   }
   pool_unlock(h);
-  return s;
+  return b || s != EXPSEG_OK ? s : foreign(h, "expseg_host_record_stream", ptr, false);
 }
 
 expseg_status expseg_host_empty_cache(expseg_host_pool *h) {
