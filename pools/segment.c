@@ -222,7 +222,7 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
   return found;
 }
 
-static bool cap_allows(const expseg_allocator *a, size_t more) {
+bool _expseg_cap_allows(const expseg_allocator *a, size_t more) {
   size_t held = held_bytes(a) + a->inflight;
   return a->allowed == SIZE_MAX || (held <= a->allowed && more <= a->allowed - held);
 }
@@ -241,7 +241,7 @@ static expseg_status cap_error(expseg_allocator *a, size_t more) {
 static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages,
                                    size_t pg) {
   size_t bytes = pages * pg, n = 0;
-  if (!cap_allows(a, bytes)) return cap_error(a, bytes);
+  if (!_expseg_cap_allows(a, bytes)) return cap_error(a, bytes);
   for (size_t left = pages; left > 0; n++)
     left -= _expseg_chunk_pages(a->model_pytorch, left, pg);
   expseg_vmm_handle local_h[64];
@@ -343,7 +343,7 @@ static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream
                             _expseg_format_size(b2, a->total_mem));
     return NULL;
   }
-  if (!cap_allows(a, size)) {
+  if (!_expseg_cap_allows(a, size)) {
     *st = cap_error(a, size);
     return NULL;
   }
