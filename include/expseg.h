@@ -36,7 +36,8 @@ extern "C" {
   X(EXPSEG_ERR_INVALID_ARGUMENT, 2, "invalid argument")                              \
   X(EXPSEG_ERR_CONFIG, 3, "configuration text or driver spec rejected")              \
   X(EXPSEG_ERR_DRIVER, 4, "driver call failed")                                      \
-  X(EXPSEG_ERR_UNSUPPORTED, 5, "unsupported here")
+  X(EXPSEG_ERR_UNSUPPORTED, 5, "unsupported here")                                   \
+  X(EXPSEG_ERR_HOST_OUT_OF_MEMORY, 6, "out of host memory (not the device's)")
 
 typedef enum expseg_status {
 #define EXPSEG_STATUS_ENUM_(name, value, text) name = value,

@@ -50,7 +50,7 @@ static segment_t *segment_new(expseg_allocator *a, block_t **first, expseg_statu
   if (s == NULL || b == NULL) {
     free(s);
     if (b) _expseg_block_delete(a, b);
-    *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory for segment bookkeeping");
+    *st = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "out of host memory for segment bookkeeping");
     return NULL;
   }
   *first = b;
@@ -251,7 +251,7 @@ static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages,
   if (hs == NULL || sz == NULL) {
     if (hs != local_h) free(hs);
     if (sz != local_s) free(sz);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "out of host memory");
   }
   for (size_t i = 0, left = pages; i < n; i++) {
     size_t k = _expseg_chunk_pages(a->model_pytorch, left, pg);

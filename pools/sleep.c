@@ -111,11 +111,11 @@ expseg_status expseg_region_begin(expseg_allocator *a, const char *tag) {
       pool = r->pool;
     } else {
       struct sleep_state_s *ss = a->sleep;
-      if (ss == NULL && (ss = a->sleep = calloc(1, sizeof *ss)) == NULL) st = EXPSEG_ERR_OUT_OF_MEMORY;
+      if (ss == NULL && (ss = a->sleep = calloc(1, sizeof *ss)) == NULL) st = EXPSEG_ERR_HOST_OUT_OF_MEMORY;
       if (st == EXPSEG_OK && ss->n == ss->cap) {
         size_t cap = ss->cap ? 2 * ss->cap : 4;
         region_t *nr = realloc(ss->r, cap * sizeof *nr);
-        if (nr == NULL) st = EXPSEG_ERR_OUT_OF_MEMORY;
+        if (nr == NULL) st = EXPSEG_ERR_HOST_OUT_OF_MEMORY;
         else ss->r = nr, ss->cap = cap;
       }
       if (st == EXPSEG_OK) {
@@ -176,7 +176,7 @@ expseg_status _expseg_sleep_defer_free(expseg_allocator *a, block_t *b) {
     size_t cap = r->cap_deferred ? 2 * r->cap_deferred : 8;
     block_t **d = realloc(r->deferred, cap * sizeof *d);
     if (d == NULL)
-      return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+      return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                                "expseg_free(%p): out of host memory; it stays allocated",
                                (void *)b->ptr);
     r->deferred = d, r->cap_deferred = cap;
@@ -434,7 +434,7 @@ static expseg_status sseg_build(expseg_allocator *a, region_t *r, segment_t *s, 
   g->chunks = calloc(n ? n : 1, sizeof *g->chunks);
   g->pieces = calloc(np ? np : 1, sizeof *g->pieces);
   if (g->chunks == NULL || g->pieces == NULL)
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "out of host memory");
   if (s->expandable) {
     for (size_t i = 0; i < s->pages_cap; i++)
       if (s->pages[i].mapped && s->pages[i].off == 0)
@@ -567,7 +567,7 @@ static expseg_status sleep_locked(expseg_allocator *a, region_t **rp, bool offlo
   for (const segment_t *s = a->segments; s != NULL; s = s->next_all)
     n += seg_tag(s) == r->tag && s->mapped_bytes > 0;
   r->segs = calloc(n ? n : 1, sizeof *r->segs);
-  if (r->segs == NULL) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+  if (r->segs == NULL) return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "out of host memory");
   r->no_bytes = !_expseg_vmm_has_bytes(a->drv); /* sim: nothing to allocate or copy */
   for (segment_t *s = a->segments; s != NULL && st == EXPSEG_OK; s = s->next_all)
     if (seg_tag(s) == r->tag && s->mapped_bytes > 0)

@@ -402,7 +402,7 @@ expseg_status _expseg_host_create_with_driver(expseg_vmm_t *drv, const char *con
   if (!h || !_expseg_ptrmap_init(&h->live)) {
     free(h);
     _expseg_vmm_close(drv);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_host_create: out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_host_create: out of host memory");
   }
   pthread_mutex_init(&h->lock, NULL);
   pthread_condattr_t ca;
@@ -517,7 +517,7 @@ static expseg_status hand_out(expseg_host_pool *h, hblock_t *b, size_t size, voi
   }
   pool_unlock(h);
   if (!ok)
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                              "expseg_host_malloc: out of host memory for the pointer map");
   return EXPSEG_OK;
 }
@@ -536,7 +536,7 @@ static expseg_status carve_miss(expseg_host_pool *h, size_t size, size_t cls, vo
   size_t want = _expseg_host_carve_segment_size(h, cls);
   pool_unlock(h);
   hcarve_t *seg = calloc(1, sizeof *seg);
-  if (!seg) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
+  if (!seg) return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
   uint64_t us = 0;
   expseg_status s = chunk_new(h, want, &seg->chunk, &us);
   if (s == EXPSEG_ERR_OUT_OF_MEMORY) {
@@ -560,7 +560,7 @@ static expseg_status carve_miss(expseg_host_pool *h, size_t size, size_t cls, vo
   hblock_t *b = _expseg_host_carve_new(h, seg, cls);
   if (!b) {
     pool_unlock(h);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
   }
   return hand_out(h, b, size, out);
 }
@@ -595,7 +595,7 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
   if (carve) return carve_miss(h, size, cls, out);
   pool_unlock(h);
   b = block_new(cls);
-  if (!b) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
+  if (!b) return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
   uint64_t us = 0;
   expseg_status s = chunk_new(h, cls, &b->chunk, &us);
   if (s == EXPSEG_ERR_OUT_OF_MEMORY) { /* give the cache back and try once more */
@@ -736,7 +736,7 @@ expseg_status expseg_host_record_stream(expseg_host_pool *h, void *ptr, expseg_s
         }
       }
       if (b->n_streams < b->cap_streams) b->streams[b->n_streams++] = stream;
-      else s = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+      else s = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                                  "expseg_host_record_stream: out of host memory");
     }
   }
@@ -788,7 +788,7 @@ expseg_status expseg_host_record_history(expseg_host_pool *h, bool enabled, size
   if (st != EXPSEG_OK) return st;
   history_t *n = NULL;
   if (enabled && (n = _expseg_hist_new(max_entries, flags)) == NULL)
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                              "expseg_host_record_history: out of host memory");
   pool_lock(h);
   history_t *old = h->hist;
