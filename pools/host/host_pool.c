@@ -369,9 +369,8 @@ static bool registry_owns(const expseg_host_pool *skip, const void *ptr) {
 }
 
 const char *_expseg_host_pool_hint(const void *ptr) {
-  return registry_owns(NULL, ptr)
-             ? "; it is pinned host memory of a host pool: give it back with expseg_host_free"
-             : "";
+  return registry_owns(NULL, ptr) ? "; it is pinned host memory of a host pool: give it back "
+                                    "with expseg_host_free" : "";
 }
 
 /* ---- create / destroy ---- */
@@ -628,7 +627,7 @@ static const hblock_t *owner_of(const expseg_host_pool *h, uintptr_t p) {
   return NULL;
 }
 
-/* Why ptr was refused; EXPSEG_OK when no block of h covers it (foreign(), lock let go). */
+/* Why h refused ptr; EXPSEG_OK when no block of h covers it (then foreign(), unlocked). */
 static expseg_status not_live(expseg_host_pool *h, const char *fn, void *ptr) {
   const hblock_t *o = owner_of(h, (uintptr_t)ptr);
   if (!o) return EXPSEG_OK;
@@ -641,24 +640,21 @@ static expseg_status not_live(expseg_host_pool *h, const char *fn, void *ptr) {
                              "freed block may merge with its free neighbours, here into the "
                              "free block at 0x%llx)",
                              fn, ptr, (unsigned long long)o->ptr);
-  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                           "%s(%p): points inside the host pool's block at 0x%llx; pass the "
-                           "pointer expseg_host_malloc returned",
-                           fn, ptr, (unsigned long long)o->ptr);
+  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s(%p): points inside the host pool's "
+                           "block at 0x%llx; pass the pointer expseg_host_malloc returned", fn,
+                           ptr, (unsigned long long)o->ptr);
 }
 
-/* A pointer no block of h covers, and where it goes instead (another live pool's is
- * recognised; device memory cannot be: no list of allocators is kept). */
+/* ptr is not h's: where it goes (another live pool recognised; no list of allocators). */
 static expseg_status foreign(const expseg_host_pool *h, const char *fn, void *ptr, bool freeing) {
-  const char *to = registry_owns(h, ptr) ? (freeing ? "It is pinned memory of another host pool: "
-      "give it back with expseg_host_free on that pool" : "It is pinned memory of another host "
-      "pool: record the stream with expseg_host_record_stream on that pool")
-      : freeing ? "Device memory from expseg_malloc goes back with expseg_free; memory from "
-                  "malloc or cudaHostAlloc with free or cudaFreeHost"
-                : "For device memory from expseg_malloc, use expseg_record_stream";
   return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s(%p): not a pointer this host pool "
-                           "handed out; nothing was %s. %s", fn, ptr,
-                           freeing ? "freed" : "recorded", to);
+      "handed out; nothing was %s. %s", fn, ptr, freeing ? "freed" : "recorded",
+      registry_owns(h, ptr) ? (freeing ? "It is pinned memory of another host pool: give it "
+      "back with expseg_host_free on that pool" : "It is pinned memory of another host pool: "
+      "record the stream with expseg_host_record_stream on that pool")
+      : freeing ? "Device memory from expseg_malloc goes back with expseg_free; memory from "
+      "malloc or cudaHostAlloc with free or cudaFreeHost"
+      : "For device memory from expseg_malloc, use expseg_record_stream");
 }
 
 /* Records one event per stream the block was used on. Returns the events recorded; on a
