@@ -36,7 +36,8 @@ extern "C" {
   X(EXPSEG_ERR_INVALID_ARGUMENT, 2, "invalid argument")                              \
   X(EXPSEG_ERR_CONFIG, 3, "configuration text or driver spec rejected")              \
   X(EXPSEG_ERR_DRIVER, 4, "driver call failed")                                      \
-  X(EXPSEG_ERR_UNSUPPORTED, 5, "unsupported here")
+  X(EXPSEG_ERR_UNSUPPORTED, 5, "unsupported here")                                   \
+  X(EXPSEG_ERR_HOST_OUT_OF_MEMORY, 6, "out of host memory (not the device's)")
 
 typedef enum expseg_status {
 #define EXPSEG_STATUS_ENUM_(name, value, text) name = value,
@@ -502,7 +503,9 @@ EXPSEG_EXPORT expseg_status expseg_sleep(expseg_allocator *a, const char *tag,
                                          expseg_sleep_mode mode);
 /* Creates and maps physical memory at the same addresses and copies the offloaded bytes
  * back; when it returns the region is usable by any work queued after it. On failure the
- * region stays asleep and intact (host copies kept) and the next wake tries again. Frees of
+ * region stays asleep and intact (host copies kept) and the next wake tries again. The
+ * memory fraction caps a wake as it caps growth: one that would pass the cap (lowered while
+ * the region slept, say) is EXPSEG_ERR_OUT_OF_MEMORY naming it, before any driver call. Frees of
  * the region's blocks made while it slept take effect here. Waking an awake region is OK. */
 EXPSEG_EXPORT expseg_status expseg_wake(expseg_allocator *a, const char *tag);
 typedef struct expseg_region_info {

@@ -37,7 +37,8 @@ EXPSEG_EXPORT void *expseg_torch_alloc(size_t size, int device, void *stream);
  * For C++ callers only (an exception must not cross C frames). */
 EXPSEG_EXPORT void *expseg_torch_alloc_raising(size_t size, int device, void *stream);
 /* The status of the calling thread's last expseg_torch_alloc (EXPSEG_OK before any):
- * EXPSEG_ERR_OUT_OF_MEMORY only when memory ran out, not for a bad configuration or device. */
+ * EXPSEG_ERR_OUT_OF_MEMORY only when the device's memory ran out, not for a bad configuration
+ * or device, nor for host memory running out (EXPSEG_ERR_HOST_OUT_OF_MEMORY). */
 EXPSEG_EXPORT int expseg_torch_alloc_status(void);
 /* A pointer expseg did not hand out (or a device without an allocator) is ignored with a
  * message: never a crash. size and stream are not needed (expseg knows both). */

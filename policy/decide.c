@@ -42,7 +42,11 @@ expseg_oom_hint_t _expseg_oom_hint(const expseg_oom_facts_t *f) {
 expseg_oom_help_t _expseg_oom_help(const expseg_oom_facts_t *f) {
   /* the hint already names the only remedy */
   if (f->too_large || f->unit > f->total || f->address_space) return EXPSEG_HELP_NONE;
-  if (f->other_pools >= f->rounded) return EXPSEG_HELP_OTHER_POOLS;
+  if (f->other_pools >= f->rounded) /* empty_cache reaches only what live pools do not hold */
+    return f->other_pools_live <= f->other_pools &&
+                   f->other_pools - f->other_pools_live >= f->rounded
+               ? EXPSEG_HELP_OTHER_POOLS
+               : EXPSEG_HELP_LIVE_POOLS;
   if (f->other_streams >= f->rounded) return EXPSEG_HELP_OTHER_STREAMS;
   /* classic segments: the stranded hint names expandable_segments already */
   if (f->expandable && f->partial >= f->rounded) return EXPSEG_HELP_PAGE_SIZE;

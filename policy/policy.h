@@ -170,12 +170,17 @@ typedef struct expseg_oom_facts {
    * free blocks of classic segments) of its own place, on other streams' segments, in other
    * pools (the other size pool, other private pools) */
   size_t partial, other_streams, other_pools;
+  /* of other_pools, the bytes in private pools still in use (not released, or released
+   * with blocks still allocated): neither empty_cache nor the general cache can take them */
+  size_t other_pools_live;
 } expseg_oom_facts_t;
 expseg_oom_hint_t _expseg_oom_hint(const expseg_oom_facts_t *f);
 /* decide.c: which other setting or call would have served the request, beside the hint */
 typedef enum {
   EXPSEG_HELP_NONE,          /* nothing beyond the hint */
   EXPSEG_HELP_OTHER_POOLS,   /* enough is free in other pools: release them / empty_cache */
+  EXPSEG_HELP_LIVE_POOLS,    /* enough only counting private pools still in use: release
+                              * those pools (empty_cache cannot give it back) */
   EXPSEG_HELP_OTHER_STREAMS, /* enough is free on busy streams: wait for their work */
   EXPSEG_HELP_PAGE_SIZE      /* enough is free in partly used pages: page_size_mb lower */
 } expseg_oom_help_t;

@@ -65,7 +65,7 @@ expseg_status _expseg_create_with_driver(expseg_vmm_t *drv, const char *config,
   if (a == NULL || !_expseg_ptrmap_init(&a->live)) {
     free(a);
     _expseg_vmm_close(drv);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_create: out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_create: out of host memory");
   }
   pthread_mutex_init(&a->lock, NULL);
   a->drv = drv;
@@ -76,7 +76,7 @@ expseg_status _expseg_create_with_driver(expseg_vmm_t *drv, const char *config,
     _expseg_ptrmap_destroy(&a->live);
     free(a);
     _expseg_vmm_close(drv);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_create: out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_create: out of host memory");
   }
   a->granularity = drv->granularity;
   a->page = _expseg_page_size(&cfg, a->granularity);
@@ -185,7 +185,7 @@ EXPSEG_HOT expseg_status take_block(expseg_allocator *a, block_t *b, size_t roun
   }
   if (!_expseg_ptrmap_put(&a->live, b->ptr, b)) {
     _expseg_block_release(a, b);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_malloc: out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_malloc: out of host memory");
   }
   b->state = BLOCK_ALLOCATED;
   b->requested = size;
@@ -372,7 +372,9 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
     char cause[1024];
     snprintf(cause, sizeof cause, "%s", expseg_last_error());
     inflight_end(a, key);
-    if (st != EXPSEG_ERR_OUT_OF_MEMORY) { /* a driver failure, not a lack of memory */
+    if (st != EXPSEG_ERR_OUT_OF_MEMORY) { /* a driver failure or host memory running out
+                                           * (EXPSEG_ERR_HOST_OUT_OF_MEMORY): not the device's
+                                           * memory, so no out-of-memory report */
       api_unlock(a);
       return _expseg_error_set(st, "expseg_malloc(%zu): %s", size, cause);
     }
@@ -491,7 +493,7 @@ expseg_status _expseg_free_locked(expseg_allocator *a, void *ptr) {
     if (!pending && !waited) {
       if (!_expseg_orphan_add(a, b)) {
         (void)_expseg_ptrmap_put(&a->live, b->ptr, b); /* it was there: a slot is free */
-        return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+        return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                                  "expseg_free(%p): out of host memory; it stays allocated", ptr);
       }
       pending = true;
@@ -610,7 +612,7 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
                            "expseg_configure(\"%.200s\"): not with the settings in force: %s",
                            config, err);
   } else if ((text = strdup(config)) == NULL) {
-    st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_configure: out of host memory");
+    st = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_configure: out of host memory");
   } else {
     a->cfg = next;
     free(a->conf_text);
@@ -648,7 +650,7 @@ expseg_status expseg_add_oom_observer(expseg_allocator *a, expseg_oom_observer f
   observer_t *o = realloc(a->observers, (a->n_observers + 1) * sizeof *o);
   expseg_status st = EXPSEG_OK;
   if (o == NULL) {
-    st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_add_oom_observer: out of host memory");
+    st = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_add_oom_observer: out of host memory");
   } else {
     a->observers = o;
     o[a->n_observers++] = (observer_t){fn, ctx};

@@ -433,6 +433,9 @@ block_t *_expseg_grow_single(expseg_allocator *a, int pool, expseg_stream stream
  * of expandable segments (after their streams' work completes), the page cache and fully
  * unmapped segments. Returns the bytes of physical memory released. */
 size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages);
+/* segment.c: may the allocator hold `more` bytes beyond what it holds (and is creating)
+ * without passing its memory-fraction cap? Growth and a region's wake ask. */
+bool _expseg_cap_allows(const expseg_allocator *a, size_t more);
 size_t _expseg_cache_trim(expseg_allocator *a, size_t keep_bytes);
 void _expseg_segments_destroy(expseg_allocator *a);
 /* Collection before growing for a request; keep: reclaimable bytes to leave for it. */

@@ -94,7 +94,7 @@ static struct ipc_state_s *state(expseg_allocator *a) {
 }
 
 static expseg_status no_memory(const char *fn) {
-  return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "%s: out of host memory", fn);
 }
 
 /* ---- export ---- */

@@ -42,6 +42,7 @@ static size_t unit_of(const expseg_allocator *a, size_t rounded) {
  * address space reserved but unmapped in expandable segments. One walk of the blocks. */
 typedef struct oomfree_s {
   size_t whole, partial, other_streams, other_pools, unmapped_va;
+  size_t other_pools_live; /* of other_pools: in other private pools still in use */
 } oomfree_t;
 
 static oomfree_t free_by_use(const expseg_allocator *a, size_t rounded) {
@@ -54,6 +55,8 @@ static oomfree_t free_by_use(const expseg_allocator *a, size_t rounded) {
       if (b->state != BLOCK_FREE || !b->mapped) continue;
       if (!here) {
         f.other_pools += b->size;
+        if (seg_tag(s) != skey_tag(a->oom_key) && !_expseg_seg_general(a, s))
+          f.other_pools_live += b->size; /* no trimming may take it (ppool.c) */
       } else if (s->stream != a->oom_key) {
         f.other_streams += b->size;
       } else {
@@ -83,7 +86,8 @@ static void hint(const expseg_allocator *a, size_t rounded, size_t allocated,
                           .total = a->total_mem,
                           .partial = u->partial,
                           .other_streams = u->other_streams,
-                          .other_pools = u->other_pools};
+                          .other_pools = u->other_pools,
+                          .other_pools_live = u->other_pools_live};
   switch (_expseg_oom_hint(&f)) { /* policy/decide.c chooses, this writes the words */
   case EXPSEG_HINT_TOO_LARGE:
     snprintf(buf, len,
@@ -142,6 +146,12 @@ static void hint(const expseg_allocator *a, size_t rounded, size_t allocated,
     snprintf(buf + n, len - n, "; %s is free in other pools: release idle private pools "
              "(expseg_pool_release) or give cached memory back (expseg_empty_cache)",
              _expseg_format_size(b1, u->other_pools));
+    break;
+  case EXPSEG_HELP_LIVE_POOLS:
+    snprintf(buf + n, len - n, "; %s is free in private pools still in use (a CUDA graph's or "
+             "a MemPool's): expseg_empty_cache cannot give it back; release those pools "
+             "(expseg_pool_release; in PyTorch, delete the graph or MemPool) once their "
+             "tensors are freed", _expseg_format_size(b1, u->other_pools_live));
     break;
   case EXPSEG_HELP_OTHER_STREAMS:
     snprintf(buf + n, len - n, "; %s is free on other streams whose work is still running: "

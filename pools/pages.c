@@ -83,7 +83,7 @@ size_t _expseg_unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintpt
   for (int i = 0; i < 3; i++)
     if (spare[i]) _expseg_block_delete(a, spare[i]);
   if (!ok) {
-    *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory for block bookkeeping");
+    *st = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "out of host memory for block bookkeeping");
     return 0;
   }
   _expseg_free_remove(a, b);
@@ -224,7 +224,7 @@ block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, size_t le
       (K < room && rest == NULL)) {
     free(pick);
     free(c);
-    *st = _expseg_error_set(K < k && pick && c ? EXPSEG_ERR_DRIVER : EXPSEG_ERR_OUT_OF_MEMORY,
+    *st = _expseg_error_set(K < k && pick && c ? EXPSEG_ERR_DRIVER : EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                             K < k && pick && c ? "internal: the page cache cannot cover the growth"
                                                : "out of host memory for page bookkeeping");
     return NULL;

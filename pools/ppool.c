@@ -84,11 +84,11 @@ expseg_status expseg_pool_create(expseg_allocator *a, expseg_pool_id *out) {
   } else if (a->n_ppool_free == 0) { /* a new slot (slot 0, the general cache, with the first) */
     if (a->n_ppools == 0 && grow_slots(a)) a->ppools[0] = (ppool_t){0}, a->n_ppools = 1;
     if (a->n_ppools == 0 || !grow_slots(a))
-      st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_pool_create: out of host memory");
+      st = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_pool_create: out of host memory");
   }
   const expseg_pool_id id = a->next_pool_id + 1;
   if (st == EXPSEG_OK && !_expseg_map_put(&a->ppool_ids, id, t))
-    st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_pool_create: out of host memory");
+    st = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_pool_create: out of host memory");
   if (st == EXPSEG_OK) {
     if (a->n_ppool_free > 0) a->n_ppool_free--;
     else a->n_ppools = t + 1;
@@ -140,7 +140,7 @@ expseg_status expseg_pool_begin(expseg_allocator *a, expseg_pool_id pool,
   } else if (a->n_routes == a->cap_routes) {
     size_t cap = a->cap_routes ? 2 * a->cap_routes : 4;
     route_t *r = realloc(a->routes, cap * sizeof *r);
-    if (r == NULL) st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_pool_begin: out of host memory");
+    if (r == NULL) st = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_pool_begin: out of host memory");
     else a->routes = r, a->cap_routes = cap;
   }
   if (st == EXPSEG_OK) a->routes[a->n_routes++] = (route_t){pool, t, filter, ctx};

@@ -67,7 +67,7 @@ expseg_status expseg_stream_set_reserve_class(expseg_allocator *a, expseg_stream
     if (i == a->n_rclasses) {
       rclass_t *p = realloc(a->rclasses, (a->n_rclasses + 1) * sizeof *p);
       if (p == NULL) {
-        st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+        st = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                                "expseg_stream_set_reserve_class: out of host memory");
       } else {
         a->rclasses = p;

@@ -50,7 +50,7 @@ static segment_t *segment_new(expseg_allocator *a, block_t **first, expseg_statu
   if (s == NULL || b == NULL) {
     free(s);
     if (b) _expseg_block_delete(a, b);
-    *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory for segment bookkeeping");
+    *st = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "out of host memory for segment bookkeeping");
     return NULL;
   }
   *first = b;
@@ -222,7 +222,7 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
   return found;
 }
 
-static bool cap_allows(const expseg_allocator *a, size_t more) {
+bool _expseg_cap_allows(const expseg_allocator *a, size_t more) {
   size_t held = held_bytes(a) + a->inflight;
   return a->allowed == SIZE_MAX || (held <= a->allowed && more <= a->allowed - held);
 }
@@ -250,7 +250,7 @@ static size_t next_chunk(const expseg_allocator *a, size_t pages, size_t req, si
 static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages, size_t req,
                                    size_t pg) {
   size_t bytes = pages * pg, n = 0;
-  if (!cap_allows(a, bytes)) return cap_error(a, bytes);
+  if (!_expseg_cap_allows(a, bytes)) return cap_error(a, bytes);
   for (size_t left = pages; left > 0; n++) left -= next_chunk(a, pages, req, left, pg);
   expseg_vmm_handle local_h[64];
   size_t local_s[64];
@@ -259,7 +259,7 @@ static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages, 
   if (hs == NULL || sz == NULL) {
     if (hs != local_h) free(hs);
     if (sz != local_s) free(sz);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "out of host memory");
   }
   for (size_t i = 0, left = pages; i < n; i++) {
     size_t k = next_chunk(a, pages, req, left, pg);
@@ -357,7 +357,7 @@ static block_t *grow_classic(expseg_allocator *a, int pool, expseg_stream stream
                             _expseg_format_size(b2, a->total_mem));
     return NULL;
   }
-  if (!cap_allows(a, size)) {
+  if (!_expseg_cap_allows(a, size)) {
     *st = cap_error(a, size);
     return NULL;
   }

@@ -23,7 +23,9 @@
  * or wake before anything is unmapped or handed out; a wake queues each segment's copies
  * as soon as it is mapped, so they run while the next segments are created and mapped.
  * Elsewhere (host) they are synchronous, made segment by segment. A wake maps each segment with one
- * set_access per contiguous range, then copies that segment's bytes back.
+ * set_access per contiguous range, then copies that segment's bytes back. A wake grows
+ * as an allocation does, within the memory-fraction cap: one that would pass it is refused
+ * before anything is touched (and checked again at each create, as copies let the lock go).
  *
  * Host copies are kept: a wake keeps the region's pinned host copies and its next offload
  * reuses those of the right size (at most twice the bytes), so a sleep-wake cycle after the
@@ -109,11 +111,11 @@ expseg_status expseg_region_begin(expseg_allocator *a, const char *tag) {
       pool = r->pool;
     } else {
       struct sleep_state_s *ss = a->sleep;
-      if (ss == NULL && (ss = a->sleep = calloc(1, sizeof *ss)) == NULL) st = EXPSEG_ERR_OUT_OF_MEMORY;
+      if (ss == NULL && (ss = a->sleep = calloc(1, sizeof *ss)) == NULL) st = EXPSEG_ERR_HOST_OUT_OF_MEMORY;
       if (st == EXPSEG_OK && ss->n == ss->cap) {
         size_t cap = ss->cap ? 2 * ss->cap : 4;
         region_t *nr = realloc(ss->r, cap * sizeof *nr);
-        if (nr == NULL) st = EXPSEG_ERR_OUT_OF_MEMORY;
+        if (nr == NULL) st = EXPSEG_ERR_HOST_OUT_OF_MEMORY;
         else ss->r = nr, ss->cap = cap;
       }
       if (st == EXPSEG_OK) {
@@ -174,7 +176,7 @@ expseg_status _expseg_sleep_defer_free(expseg_allocator *a, block_t *b) {
     size_t cap = r->cap_deferred ? 2 * r->cap_deferred : 8;
     block_t **d = realloc(r->deferred, cap * sizeof *d);
     if (d == NULL)
-      return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+      return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                                "expseg_free(%p): out of host memory; it stays allocated",
                                (void *)b->ptr);
     r->deferred = d, r->cap_deferred = cap;
@@ -273,6 +275,36 @@ static bool take_cached(expseg_allocator *a, const segment_t *s, crec_t *c) {
   return false;
 }
 
+/* A wake refused by the memory-fraction cap: `more` bytes to create would pass it. */
+static expseg_status cap_refused(expseg_allocator *a, size_t more) {
+  char b1[32], b2[32], b3[32];
+  return _expseg_error_set(
+      EXPSEG_ERR_OUT_OF_MEMORY, "memory fraction cap: waking needs %s more device memory than "
+      "the page cache supplies, holding %s, %s allowed (memory fraction %.3g); raise the "
+      "fraction (expseg_set_memory_fraction) or give memory back (free, expseg_empty_cache, "
+      "sleep another region), then wake again", _expseg_format_size(b1, more),
+      _expseg_format_size(b2, held_bytes(a) + a->inflight), _expseg_format_size(b3, a->allowed),
+      a->cfg.per_process_memory_fraction);
+}
+
+/* The memory a wake of r creates: its chunks not alive, less those the page cache supplies
+ * (as take_cached will: one cached chunk of the same size each). Without host memory for
+ * the matching, every such chunk counts. */
+static size_t wake_creates(const expseg_allocator *a, const region_t *r) {
+  bool *taken = a->cache_count ? calloc(a->cache_count, sizeof *taken) : NULL;
+  size_t need = 0;
+  for (size_t i = 0; i < r->n_segs; i++)
+    for (size_t k = 0; k < r->segs[i].n_chunks; k++) {
+      const crec_t *c = &r->segs[i].chunks[k];
+      bool found = c->alive;
+      for (size_t j = a->cache_count; taken && !found && j-- > 0;)
+        if (!taken[j] && a->cache[j].size == c->size) taken[j] = found = true;
+      if (!found) need += c->size;
+    }
+  free(taken);
+  return need;
+}
+
 /* Drives every chunk of g to created (or taken from the page cache) and mapped, with one set_access per contiguous range
  * it maps (chunks still mapped by a sleep that failed part-way kept their access); stops
  * at the first failure. */
@@ -282,6 +314,12 @@ static expseg_status raise_seg(expseg_allocator *a, sseg_t *g) {
   for (size_t k = 0; k < g->n_chunks && st == EXPSEG_OK; k++) {
     crec_t *c = &g->chunks[k];
     if (!c->alive && !take_cached(a, g->s, c)) {
+      /* checked before the wake began; again here, as another thread may have grown while
+       * the lock was let go for a copy */
+      if (!_expseg_cap_allows(a, c->size)) {
+        st = cap_refused(a, c->size);
+        break;
+      }
       if ((st = _expseg_vmm_create(a->drv, c->size, &c->h)) != EXPSEG_OK) break;
       c->alive = true;
       held_change(a, g->s, (int64_t)c->size);
@@ -396,7 +434,7 @@ static expseg_status sseg_build(expseg_allocator *a, region_t *r, segment_t *s, 
   g->chunks = calloc(n ? n : 1, sizeof *g->chunks);
   g->pieces = calloc(np ? np : 1, sizeof *g->pieces);
   if (g->chunks == NULL || g->pieces == NULL)
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "out of host memory");
   if (s->expandable) {
     for (size_t i = 0; i < s->pages_cap; i++)
       if (s->pages[i].mapped && s->pages[i].off == 0)
@@ -529,7 +567,7 @@ static expseg_status sleep_locked(expseg_allocator *a, region_t **rp, bool offlo
   for (const segment_t *s = a->segments; s != NULL; s = s->next_all)
     n += seg_tag(s) == r->tag && s->mapped_bytes > 0;
   r->segs = calloc(n ? n : 1, sizeof *r->segs);
-  if (r->segs == NULL) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+  if (r->segs == NULL) return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "out of host memory");
   r->no_bytes = !_expseg_vmm_has_bytes(a->drv); /* sim: nothing to allocate or copy */
   for (segment_t *s = a->segments; s != NULL && st == EXPSEG_OK; s = s->next_all)
     if (seg_tag(s) == r->tag && s->mapped_bytes > 0)
@@ -573,6 +611,10 @@ static void commit_wake(expseg_allocator *a, region_t *r) {
 
 static expseg_status wake_locked(expseg_allocator *a, region_t **rp) {
   if (!(*rp)->asleep) return EXPSEG_OK;
+  if (a->allowed != SIZE_MAX) { /* a wake grows as an allocation does: within the cap */
+    const size_t need = wake_creates(a, *rp);
+    if (!_expseg_cap_allows(a, need)) return cap_refused(a, need); /* nothing touched */
+  }
   expseg_status st = raise_all(a, rp);
   region_t *r = *rp;
   if (st != EXPSEG_OK) { /* back to asleep: nothing half restored */

@@ -30,7 +30,7 @@ expseg_status _expseg_block_add_use(block_t *b, expseg_stream s) {
   if (b->n_uses == b->uses_cap) {
     uint32_t cap = b->uses_cap * 2;
     expseg_stream *u = malloc(cap * sizeof *u);
-    if (u == NULL) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+    if (u == NULL) return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "out of host memory");
     memcpy(u, b->uses, b->n_uses * sizeof *u);
     if (b->uses != b->uses_inline) free(b->uses);
     b->uses = u;

@@ -43,7 +43,8 @@ __all__ = [
 
 LIB_NAME = "libexpseg_torch.so"
 _STATUS = {0: "EXPSEG_OK", 1: "EXPSEG_ERR_OUT_OF_MEMORY", 2: "EXPSEG_ERR_INVALID_ARGUMENT",
-           3: "EXPSEG_ERR_CONFIG", 4: "EXPSEG_ERR_DRIVER", 5: "EXPSEG_ERR_UNSUPPORTED"}
+           3: "EXPSEG_ERR_CONFIG", 4: "EXPSEG_ERR_DRIVER", 5: "EXPSEG_ERR_UNSUPPORTED",
+           6: "EXPSEG_ERR_HOST_OUT_OF_MEMORY"}
 
 _lib = None
 _lib_path = None

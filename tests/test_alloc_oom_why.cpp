@@ -31,8 +31,9 @@ class OomWhy : public ::testing::Test {
   expseg_allocator *A = nullptr;
 };
 
-// Free memory cached by a private pool in use cannot serve the general cache: the report
-// counts it in other pools and names releasing pools.
+// Free memory cached by a private pool in use cannot serve the general cache, and
+// empty_cache cannot give it back: the report counts it in other pools and names releasing
+// that pool, not empty_cache.
 TEST_F(OomWhy, FreeMemoryInOtherPools) {
   expseg_pool_id pool = 0;
   ASSERT_EQ(expseg_pool_create(A, &pool), EXPSEG_OK);
@@ -42,7 +43,9 @@ TEST_F(OomWhy, FreeMemoryInOtherPools) {
   ASSERT_EQ(expseg_malloc(A, 40 * MiB, 0, &r), EXPSEG_ERR_OUT_OF_MEMORY);
   std::string m = expseg_last_error();
   EXPECT_TRUE(has(m, "40.00 MiB in other pools")) << m;
-  EXPECT_TRUE(has(m, "is free in other pools: release idle private pools")) << m;
+  EXPECT_TRUE(has(m, "40.00 MiB is free in private pools still in use")) << m;
+  EXPECT_TRUE(has(m, "expseg_empty_cache cannot give it back; release those pools")) << m;
+  EXPECT_FALSE(has(m, "or give cached memory back (expseg_empty_cache)")) << m;
   EXPECT_GE(stat_of(A, "expseg.oom_free_other_pool_bytes"), int64_t(40 * MiB));
   EXPECT_EQ(stat_of(A, "expseg.oom_free_other_stream_bytes"), 0);
   EXPECT_GE(stat_of(A, "expseg.oom_largest_free_block"), int64_t(40 * MiB));

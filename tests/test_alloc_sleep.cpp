@@ -283,7 +283,8 @@ TEST_P(Sleep, HostCopiesAreKeptForTheNextOffload) {
 }
 
 // A wake takes physical memory from the page cache first: a chunk of the size it needs,
-// left there by a general allocation whose map failed, is mapped instead of created.
+// left there by a general allocation whose map failed, is mapped instead of created (and so
+// passes a memory-fraction cap that leaves no room beyond what is held).
 TEST_P(Sleep, WakeTakesThePageCacheFirst) {
   if (a_ == nullptr) return;
   if (!expandable())
@@ -301,6 +302,11 @@ TEST_P(Sleep, WakeTakesThePageCacheFirst) {
   ASSERT_EQ(stat_of(a_, "expseg.cached_physical_bytes.current"), (int64_t)(8 * MiB));
   const int64_t hits = stat_of(a_, "expseg.page_cache_hits"), reserved = stat_of(a_, "reserved_bytes.all.current");
   const uint64_t creates = seen(a_, EXPSEG_VMM_CALL_create);
+  // a cap with no room beyond what is held: the cached chunk is held already, so the wake,
+  // which creates nothing, stays within it
+  size_t free_b = 0, total = 0;
+  ASSERT_EQ(expseg_mem_get_info(a_, &free_b, &total), EXPSEG_OK);
+  ASSERT_EQ(expseg_set_memory_fraction(a_, (double)(reserved + 1 * MiB) / total), EXPSEG_OK);
   ASSERT_EQ(expseg_wake(a_, "p"), EXPSEG_OK) << expseg_last_error();
   EXPECT_EQ(seen(a_, EXPSEG_VMM_CALL_create), creates);
   EXPECT_EQ(stat_of(a_, "expseg.cached_physical_bytes.current"), 0);
@@ -309,6 +315,44 @@ TEST_P(Sleep, WakeTakesThePageCacheFirst) {
   EXPECT_EQ(info("p").device_bytes, 8 * MiB);
   expect_data("after a wake on cached memory");
   check("end");
+}
+
+// The memory fraction caps a wake as it caps growth: lowered while the region sleeps below
+// what its wake would map, the wake is refused naming the cap, before any driver call, and
+// the region stays asleep with its host copies; raised again (still below 1), it wakes.
+TEST_P(Sleep, WakeKeepsToTheMemoryFraction) {
+  if (a_ == nullptr) return;
+  fill_region();
+  ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+  const expseg_region_info asleep = info("w");
+  ASSERT_GT(asleep.asleep_bytes, 64 * MiB);
+  size_t free_b = 0, total = 0;
+  ASSERT_EQ(expseg_mem_get_info(a_, &free_b, &total), EXPSEG_OK);
+  const double held = (double)stat_of(a_, "reserved_bytes.all.current");
+  const uint64_t creates = seen(a_, EXPSEG_VMM_CALL_create), maps = seen(a_, EXPSEG_VMM_CALL_map);
+  // room for half of what the wake maps again
+  ASSERT_EQ(expseg_set_memory_fraction(a_, (held + asleep.asleep_bytes / 2) / total), EXPSEG_OK);
+  EXPECT_EQ(expseg_wake(a_, "w"), EXPSEG_ERR_OUT_OF_MEMORY);
+  const std::string m = expseg_last_error();
+  EXPECT_NE(m.find("memory fraction cap: waking needs"), std::string::npos) << m;
+  EXPECT_NE(m.find("expseg_set_memory_fraction"), std::string::npos) << m;
+  EXPECT_NE(m.find("the region is asleep, its bytes kept"), std::string::npos) << m;
+  EXPECT_EQ(seen(a_, EXPSEG_VMM_CALL_create), creates) << "refused before any driver call";
+  EXPECT_EQ(seen(a_, EXPSEG_VMM_CALL_map), maps);
+  const expseg_region_info refused = info("w");
+  EXPECT_TRUE(refused.asleep);
+  EXPECT_EQ(refused.device_bytes, 0u);
+  EXPECT_EQ(refused.host_bytes, asleep.host_bytes);
+  EXPECT_EQ(refused.wakes, 0u);
+  EXPECT_EQ(stat_of(a_, "reserved_bytes.all.current"), (int64_t)held);
+  check("asleep after a refused wake");
+  // room for all of it (and a page more), still capped
+  ASSERT_EQ(expseg_set_memory_fraction(a_, (held + asleep.asleep_bytes + 4 * MiB) / total),
+            EXPSEG_OK);
+  ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(info("w").wakes, 1u);
+  expect_data("after the wake within the raised cap");
+  check("awake");
 }
 
 TEST_P(Sleep, WakeGrantsAccessOncePerMappedRange) {

@@ -632,8 +632,24 @@ TEST(HostPool, BadInputIsRefusedWithAMessage) {
   EXPECT_NE(msg().find("NULL"), std::string::npos) << msg();
   int local = 0;
   EXPECT_EQ(expseg_host_free(h.get(), &local), EXPSEG_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(msg().find("not a pointer this host pool handed out"), std::string::npos) << msg();
+  EXPECT_NE(msg().find("not a pointer this host pool handed out; nothing was freed"),
+            std::string::npos) << msg();
+  EXPECT_NE(msg().find("free or cudaFreeHost"), std::string::npos) << msg();
   EXPECT_EQ(expseg_host_record_stream(h.get(), &local, 1), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(msg().find("nothing was recorded. For device memory from expseg_malloc, use "
+                       "expseg_record_stream"), std::string::npos) << msg();
+  EXPECT_EQ(msg().find("expseg_free"), std::string::npos) << "a free hint for a record: " << msg();
+  {  // another live pool's pointer: recognised, and sent back to that pool
+    PoolPtr other = make_pool("host", "");
+    void *o = nullptr;
+    ASSERT_EQ(expseg_host_malloc(other.get(), 4 * KiB, &o), EXPSEG_OK);
+    EXPECT_EQ(expseg_host_free(h.get(), o), EXPSEG_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(msg().find("pinned memory of another host pool: give it back with "
+                         "expseg_host_free on that pool"), std::string::npos) << msg();
+    EXPECT_EQ(expseg_host_record_stream(h.get(), o, 1), EXPSEG_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(msg().find("expseg_host_record_stream on that pool"), std::string::npos) << msg();
+    EXPECT_EQ(expseg_host_free(other.get(), o), EXPSEG_OK);
+  }
   ASSERT_EQ(expseg_host_malloc(h.get(), 64 * KiB, &p), EXPSEG_OK);
   EXPECT_EQ(expseg_host_free(h.get(), (char *)p + 8), EXPSEG_ERR_INVALID_ARGUMENT);
   EXPECT_NE(msg().find("points inside"), std::string::npos) << msg();

@@ -63,7 +63,8 @@ TEST(PolicyDecide, SleepFaultThreadsGrowWithTheCopyUpToTheCpus) {
   }
 }
 
-// What else would have served the request: other pools first, then busy streams, then
+// What else would have served the request: other pools first (releasing the live private
+// pools among them when empty_cache cannot reach enough), then busy streams, then
 // (expandable only) a lower page size; nothing when the hint names the only remedy.
 TEST(PolicyDecide, OomHelpByWhereMemoryWasFree) {
   expseg_oom_facts_t f{};
@@ -79,6 +80,12 @@ TEST(PolicyDecide, OomHelpByWhereMemoryWasFree) {
   EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_OTHER_STREAMS);
   f.other_pools = 20 * MiB;
   EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_OTHER_POOLS);
+  f.other_pools_live = 1;  // empty_cache would reach too little of it: the live pools' part
+  EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_LIVE_POOLS);
+  f.other_pools = 30 * MiB;  // enough outside the live pools
+  f.other_pools_live = 10 * MiB;
+  EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_OTHER_POOLS);
+  f.other_pools_live = 0;
   f.other_pools = 20 * MiB - 1;  // not enough there alone
   EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_OTHER_STREAMS);
   f.address_space = true;

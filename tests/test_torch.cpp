@@ -6,6 +6,7 @@
 // test_gpu_torch.cpp runs the same on the cuda backend against the CUDA driver double.
 #include <gtest/gtest.h>
 
+#include "host_fail.h"
 #include "test_seed.h"
 
 #include <dlfcn.h>
@@ -188,6 +189,37 @@ TEST(TORCH_SUITE, RaisingAllocThrowsWhereTheCOneReturnsNull) {
     EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, L.alloc_status());
   }
   EXPECT_EQ(live0, L.get(0, "allocation.all.current")) << "a failure leaves nothing allocated";
+}
+
+// Host memory running out (expseg's own bookkeeping) is not the device's: the status the
+// Python route reads says so (EXPSEG_ERR_HOST_OUT_OF_MEMORY, not EXPSEG_ERR_OUT_OF_MEMORY, so
+// no "CUDA out of memory" and no torch.cuda.OutOfMemoryError), the message says host memory,
+// no out-of-memory is counted, and with host memory back the same request is served.
+TEST(TORCH_SUITE, HostMemoryRunningOutIsNotDeviceOutOfMemory) {
+  NEED_DRIVER();
+#ifndef EXPSEG_TEST_HOST_FAIL
+  GTEST_SKIP() << "host allocations cannot be failed under a sanitizer";
+#else
+  Lib &L = lib();
+  ASSERT_EQ(EXPSEG_OK, L.empty_cache(0)) << L.last_error(0);
+  const int64_t ooms = L.get(0, "num_ooms");
+  void *const fresh = stream_of(0, 2); // a stream with nothing cached: the request must grow
+  const size_t size = 40u << 20;
+  g_fail_host = true; // no host allocation succeeds inside the call
+  void *p = L.alloc(size, 0, fresh);
+  const int st = L.alloc_status();
+  g_fail_host = false;
+  EXPECT_EQ(nullptr, p);
+  EXPECT_EQ(EXPSEG_ERR_HOST_OUT_OF_MEMORY, st) << L.last_error(0);
+  const std::string m = L.last_error(0);
+  EXPECT_NE(std::string::npos, m.find("host memory")) << m;
+  EXPECT_EQ(std::string::npos, m.find("out of memory: tried to allocate")) << "a device report: " << m;
+  EXPECT_EQ(ooms, L.get(0, "num_ooms"));
+  p = L.alloc(size, 0, fresh);
+  ASSERT_NE(nullptr, p) << L.last_error(0);
+  EXPECT_EQ(EXPSEG_OK, L.alloc_status());
+  L.free(p, size, 0, fresh);
+#endif
 }
 
 // The accessor the C++ backend uses: the same allocator every entry point serves.

@@ -354,17 +354,23 @@ static void registry_remove(expseg_host_pool *h) {
 
 static const hblock_t *owner_of(const expseg_host_pool *h, uintptr_t p);
 
-const char *_expseg_host_pool_hint(const void *ptr) {
+/* Whether a live pool other than skip covers ptr. The caller holds no pool's lock. */
+static bool registry_owns(const expseg_host_pool *skip, const void *ptr) {
   bool found = false;
   pthread_mutex_lock(&registry_mu);
   for (expseg_host_pool *h = registry; h && !found; h = h->next_pool) {
+    if (h == skip) continue;
     pthread_mutex_lock(&h->lock);
     found = owner_of(h, (uintptr_t)ptr) != NULL;
     pthread_mutex_unlock(&h->lock);
   }
   pthread_mutex_unlock(&registry_mu);
-  return found ? "; it is pinned host memory of a host pool: give it back with expseg_host_free"
-               : "";
+  return found;
+}
+
+const char *_expseg_host_pool_hint(const void *ptr) {
+  return registry_owns(NULL, ptr) ? "; it is pinned host memory of a host pool: give it back "
+                                    "with expseg_host_free" : "";
 }
 
 /* ---- create / destroy ---- */
@@ -395,7 +401,7 @@ expseg_status _expseg_host_create_with_driver(expseg_vmm_t *drv, const char *con
   if (!h || !_expseg_ptrmap_init(&h->live)) {
     free(h);
     _expseg_vmm_close(drv);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_host_create: out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_host_create: out of host memory");
   }
   pthread_mutex_init(&h->lock, NULL);
   pthread_condattr_t ca;
@@ -510,7 +516,7 @@ static expseg_status hand_out(expseg_host_pool *h, hblock_t *b, size_t size, voi
   }
   pool_unlock(h);
   if (!ok)
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                              "expseg_host_malloc: out of host memory for the pointer map");
   return EXPSEG_OK;
 }
@@ -529,7 +535,7 @@ static expseg_status carve_miss(expseg_host_pool *h, size_t size, size_t cls, vo
   size_t want = _expseg_host_carve_segment_size(h, cls);
   pool_unlock(h);
   hcarve_t *seg = calloc(1, sizeof *seg);
-  if (!seg) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
+  if (!seg) return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
   uint64_t us = 0;
   expseg_status s = chunk_new(h, want, &seg->chunk, &us);
   if (s == EXPSEG_ERR_OUT_OF_MEMORY) {
@@ -553,7 +559,7 @@ static expseg_status carve_miss(expseg_host_pool *h, size_t size, size_t cls, vo
   hblock_t *b = _expseg_host_carve_new(h, seg, cls);
   if (!b) {
     pool_unlock(h);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
   }
   return hand_out(h, b, size, out);
 }
@@ -588,7 +594,7 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
   if (carve) return carve_miss(h, size, cls, out);
   pool_unlock(h);
   b = block_new(cls);
-  if (!b) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
+  if (!b) return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
   uint64_t us = 0;
   expseg_status s = chunk_new(h, cls, &b->chunk, &us);
   if (s == EXPSEG_ERR_OUT_OF_MEMORY) { /* give the cache back and try once more */
@@ -621,26 +627,34 @@ static const hblock_t *owner_of(const expseg_host_pool *h, uintptr_t p) {
   return NULL;
 }
 
+/* Why h refused ptr; EXPSEG_OK when no block of h covers it (then foreign(), unlocked). */
 static expseg_status not_live(expseg_host_pool *h, const char *fn, void *ptr) {
   const hblock_t *o = owner_of(h, (uintptr_t)ptr);
-  if (o && o->ptr == (uintptr_t)ptr)
+  if (!o) return EXPSEG_OK;
+  if (o->ptr == (uintptr_t)ptr)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "%s(%p): this block of the host pool was already freed", fn, ptr);
-  if (o && o->state != HB_ALLOCATED) /* a freed carved block merges into its neighbours */
+  if (o->state != HB_ALLOCATED) /* a freed carved block merges into its neighbours */
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "%s(%p): this memory of the host pool is free (already freed; a "
                              "freed block may merge with its free neighbours, here into the "
                              "free block at 0x%llx)",
                              fn, ptr, (unsigned long long)o->ptr);
-  if (o)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                             "%s(%p): points inside the host pool's block at 0x%llx; pass the "
-                             "pointer expseg_host_malloc returned",
-                             fn, ptr, (unsigned long long)o->ptr);
-  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                           "%s(%p): not a pointer this host pool handed out (device memory "
-                           "from expseg_malloc goes back with expseg_free)",
-                           fn, ptr);
+  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s(%p): points inside the host pool's "
+                           "block at 0x%llx; pass the pointer expseg_host_malloc returned", fn,
+                           ptr, (unsigned long long)o->ptr);
+}
+
+/* ptr is not h's: where it goes (another live pool recognised; no list of allocators). */
+static expseg_status foreign(const expseg_host_pool *h, const char *fn, void *ptr, bool freeing) {
+  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s(%p): not a pointer this host pool "
+      "handed out; nothing was %s. %s", fn, ptr, freeing ? "freed" : "recorded",
+      registry_owns(h, ptr) ? (freeing ? "It is pinned memory of another host pool: give it "
+      "back with expseg_host_free on that pool" : "It is pinned memory of another host pool: "
+      "record the stream with expseg_host_record_stream on that pool")
+      : freeing ? "Device memory from expseg_malloc goes back with expseg_free; memory from "
+      "malloc or cudaHostAlloc with free or cudaFreeHost"
+      : "For device memory from expseg_malloc, use expseg_record_stream");
 }
 
 /* Records one event per stream the block was used on. Returns the events recorded; on a
@@ -679,7 +693,7 @@ expseg_status expseg_host_free(expseg_host_pool *h, void *ptr) {
   if (!b) {
     expseg_status s = not_live(h, "expseg_host_free", ptr);
     pool_unlock(h);
-    return s;
+    return s != EXPSEG_OK ? s : foreign(h, "expseg_host_free", ptr, true);
   }
   EXPSEG_HOST_HIST(h, HIST_FREE_REQUESTED, b->ptr, b->requested);
   b->event_count = b->n_streams ? record_events(h, b) : 0;
@@ -718,12 +732,12 @@ expseg_status expseg_host_record_stream(expseg_host_pool *h, void *ptr, expseg_s
         }
       }
       if (b->n_streams < b->cap_streams) b->streams[b->n_streams++] = stream;
-      else s = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+      else s = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                                  "expseg_host_record_stream: out of host memory");
     }
   }
   pool_unlock(h);
-  return s;
+  return b || s != EXPSEG_OK ? s : foreign(h, "expseg_host_record_stream", ptr, false);
 }
 
 expseg_status expseg_host_empty_cache(expseg_host_pool *h) {
@@ -770,7 +784,7 @@ expseg_status expseg_host_record_history(expseg_host_pool *h, bool enabled, size
   if (st != EXPSEG_OK) return st;
   history_t *n = NULL;
   if (enabled && (n = _expseg_hist_new(max_entries, flags)) == NULL)
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                              "expseg_host_record_history: out of host memory");
   pool_lock(h);
   history_t *old = h->hist;

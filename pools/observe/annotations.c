@@ -98,7 +98,7 @@ expseg_status expseg_history_record_annotation(expseg_allocator *a, const char *
   uint64_t ticks = _expseg_hist_ticks();
   const char **kv = malloc(bytes ? bytes : 1); /* copied before the lock */
   if (kv == NULL)
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "%s: out of host memory", fn);
   char *s = (char *)(kv + 2 * n);
   for (size_t i = 0; i < 2 * n; i++) {
     const char *src = i < n ? keys[i] : values[i - n];

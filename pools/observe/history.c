@@ -174,7 +174,7 @@ expseg_status expseg_history_push_frames(const expseg_frame *f, size_t n) {
     pthread_mutex_unlock(&frames_lock);
     for (size_t i = 0; i < got; i++) tl_ids[(tl_depth++) % TL_RING] = ids[i];
     if (got < k)
-      return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+      return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                                "expseg_history_push_frames: out of host memory after %zu of "
                                "%zu frames (those stay pushed)",
                                done + got, n);
@@ -398,7 +398,7 @@ expseg_status expseg_record_history_ex(expseg_allocator *a, bool enabled, size_t
   if (st != EXPSEG_OK) return st;
   history_t *h = NULL;
   if (enabled && (h = _expseg_hist_new(max_entries, flags)) == NULL)
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_record_history: out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_record_history: out of host memory");
   api_lock(a);
   history_t *old = a->hist;
   _expseg_hist_keep(h, old, flags);
@@ -430,7 +430,7 @@ expseg_status expseg_history_push_compile_context(expseg_allocator *a, const cha
                              a == NULL ? "the allocator" : "text");
   uint32_t note = _expseg_hist_note(text); /* before the lock: the table has its own */
   if (note == 0)
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                              "expseg_history_push_compile_context: out of host memory");
   api_lock(a);
   expseg_status st = EXPSEG_OK;
@@ -438,7 +438,7 @@ expseg_status expseg_history_push_compile_context(expseg_allocator *a, const cha
     size_t cap = a->cap_compile_ctx ? a->cap_compile_ctx * 2 : 8;
     uint32_t *p = realloc(a->compile_ctx, cap * sizeof *p);
     if (p == NULL) {
-      st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+      st = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                              "expseg_history_push_compile_context: out of host memory");
     } else {
       a->compile_ctx = p;
@@ -467,7 +467,7 @@ expseg_status expseg_history_set_user_metadata(expseg_allocator *a, const char *
                              a == NULL ? "the allocator" : "text");
   uint32_t note = 0;
   if (*text != '\0' && (note = _expseg_hist_note(text)) == 0)
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                              "expseg_history_set_user_metadata: out of host memory");
   api_lock(a);
   a->user_meta = note;
@@ -494,7 +494,7 @@ expseg_status expseg_history_annotate(expseg_allocator *a, const void *ptr, cons
                              a == NULL ? "the allocator" : "text");
   uint32_t note = _expseg_hist_note(text); /* before the lock: the table has its own */
   if (note == 0)
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                              "expseg_history_annotate: out of host memory");
   api_lock(a);
   expseg_status st = EXPSEG_OK;

@@ -363,7 +363,7 @@ static expseg_status build(expseg_allocator *a, expseg_host_pool *host, unsigned
   map_free(&c.seg_alloc);
   if (c.oom || w->failed) {
     free(w->p);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                              "expseg_snapshot: out of host memory building the snapshot");
   }
   *buf = w->p;
@@ -473,7 +473,7 @@ static expseg_status dump(expseg_allocator *a, expseg_host_pool *host, const cha
   char *tmp = malloc(n);
   if (tmp == NULL) {
     free(resolved);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_snapshot_dump: out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_snapshot_dump: out of host memory");
   }
   snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
   FILE *f = fopen(tmp, "wb");

@@ -120,7 +120,7 @@ expseg_status expseg_walk(expseg_allocator *a,
   }
   api_unlock(a);
   if (w.oom)
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                              "expseg_walk: out of host memory listing the blocks (the segments "
                              "already reported are complete; the history was not walked)");
   return EXPSEG_OK;
