@@ -5,6 +5,7 @@
 // device-wide wait (expseg_synchronize), and
 // physical pages reused across streams (created once, one set_access per new range).
 #include "alloc_support.h"
+#include "chunk_support.h"
 #include "policy.h" // EXPSEG_CHUNK_MAX
 
 #include <gtest/gtest.h>
@@ -257,16 +258,16 @@ TEST(AllocApi, ThousandStreamsDoNotExhaustAddressSpace) {
   EXPECT_EQ(stat_of(A, "expseg.reserved_va_bytes.current"), 0);
 }
 
-// Physical pages are created once. A growth creates its pages as chunks of at most
-// EXPSEG_CHUNK_MAX: 100 MiB is ceil(100 MiB / CHUNK_MAX) chunks, each created and mapped
-// with one call. Freed on stream 1 they serve 100 MiB on stream 2 without a driver call
+// Physical pages are created once. A growth creates its pages as chunks (policy.h; the
+// request's own pages as chunks of at most EXPSEG_REQUEST_CHUNK_MAX: 100 MiB is two), each
+// created and mapped with one call. Freed on stream 1 they serve 100 MiB on stream 2 without a driver call
 // (the free block is lent: reuse before growth); what no free block can serve whole grows
 // where the fewest pages are missing, and the pages come from idle chunks moved there, not
 // from the driver.
 TEST(AllocApi, PhysicalPagesAreReusedAcrossStreams) {
   AllocPtr a = make_alloc("sim:capacity=8G", "");
   expseg_allocator *A = a.get();
-  auto chunks = [](size_t n) { return (int64_t)((n + EXPSEG_CHUNK_MAX - 1) / EXPSEG_CHUNK_MAX); };
+  auto chunks = [](size_t n) { return (int64_t)growth_chunk_sizes(n, n).size(); };
   void *p = nullptr;
   ASSERT_EQ(expseg_malloc(A, 100 * MiB, 1, &p), EXPSEG_OK);
   EXPECT_EQ(stat_of(A, "expseg.created_bytes"), (int64_t)(100 * MiB));
@@ -299,7 +300,11 @@ TEST(AllocApi, PhysicalPagesAreReusedAcrossStreams) {
   ASSERT_EQ(expseg_malloc(A, 70 * MiB, 3, &z), EXPSEG_OK);
   EXPECT_EQ(z, y) << "grown after stream 1's free block";
   EXPECT_EQ(stat_of(A, "expseg.created_bytes"), created) << "pages were not reused";
-  const size_t moved_bytes = std::min<size_t>(64 * MiB, chunks(30 * MiB) * EXPSEG_CHUNK_MAX);
+  size_t moved_bytes = 0; // the 64 MiB block's chunks, whole, until 30 MiB are covered
+  for (size_t c : growth_chunk_sizes(64 * MiB, 64 * MiB)) {
+    if (moved_bytes >= 30 * MiB) break;
+    moved_bytes += c;
+  }
   EXPECT_EQ(stat_of(A, "expseg.pages_moved") - moved, (int64_t)(moved_bytes / (2 * MiB)))
       << "whole chunks of the 64 MiB block, enough for 30 MiB";
   EXPECT_EQ(stat_of(A, "expseg.num_lent"), 2);

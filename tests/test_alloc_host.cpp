@@ -6,7 +6,7 @@
 // block, and suggests expandable_segments:True (and in expandable mode never does). The
 // memory fraction cap is named; OOM observers run once per OOM, outside the lock.
 #include "alloc_support.h"
-#include "policy.h" // EXPSEG_CHUNK_MAX
+#include "chunk_support.h"
 
 #include <gtest/gtest.h>
 
@@ -153,12 +153,21 @@ TEST(AllocHost, FailedRequestLeavesNoCachedPages) {
   ASSERT_EQ(expseg_malloc(A, 500 * MiB, 1, &q), EXPSEG_ERR_OUT_OF_MEMORY);
   std::string m = expseg_last_error();
   // the figures are those of the failure (the driver's own words in the cause agree), then
-  // what the give-back left free: 320 MiB of chunks (EXPSEG_CHUNK_MAX each) were made, the
-  // next did not fit
+  // what the give-back left free: 320 MiB of the growth's chunks (policy: chunk_support.h)
+  // were made, the next did not fit in the 4 MiB left
+  size_t made = 0, next = 0;
+  for (size_t c : growth_chunk_sizes(500 * MiB, 500 * MiB)) {
+    if (made + c > 324 * MiB) {
+      next = c;
+      break;
+    }
+    made += c;
+  }
+  ASSERT_EQ(made, 320 * MiB) << "the chunk sizes this test was written for";
   EXPECT_TRUE(has(m, "1.00 GiB in total, 4.00 MiB free")) << m;
   EXPECT_TRUE(has(m, "320.00 MiB cached")) << m;
   char asked[64];
-  snprintf(asked, sizeof asked, "asked %.2f MiB", (double)EXPSEG_CHUNK_MAX / MiB);
+  snprintf(asked, sizeof asked, "asked %.2f MiB", (double)next / MiB);
   EXPECT_TRUE(has(m, asked)) << m;
   EXPECT_TRUE(has(m, "Then 320.00 MiB of cached pages went back to the device (now 324.00 MiB "
                      "free)"))

@@ -5,7 +5,8 @@
 // and retried, never leaked; oversize_segments survives a run-time max_split_size change; a
 // log sink may call back into expseg; garbage collection does not turn a request that could
 // be served into an out-of-memory error.
-#include "policy.h" // EXPSEG_CHUNK_MAX
+#include "chunk_support.h"
+#include "policy.h"
 #include "alloc_support.h"
 #ifdef EXPSEG_RELIABILITY_GPU
 #include "cudadouble.h"
@@ -337,14 +338,13 @@ TEST(Reliability, MessagesSayWhatHappened) {
   ASSERT_EQ(expseg_malloc(a, 40 * MiB, 0, &q), EXPSEG_OK);
   EXPECT_EQ(expseg_malloc(a, 30 * MiB, 1, &p), EXPSEG_ERR_OUT_OF_MEMORY);
   m = expseg_last_error();
-  // (the growth's chunks of at most EXPSEG_CHUNK_MAX are created while they fit in the 24 MiB
-  // left; the first that does not is refused, and the message gives the figures of then)
-  size_t made = 0, left = 30 * MiB, asked = 0;
-  for (;;) {
-    asked = left < EXPSEG_CHUNK_MAX ? left : EXPSEG_CHUNK_MAX;
+  // (the growth's chunks are created while they fit in the 24 MiB left; the first that does
+  // not is refused, and the message gives the figures of then)
+  size_t made = 0, asked = 0;
+  for (size_t c : growth_chunk_sizes(30 * MiB, 30 * MiB)) {
+    asked = c;
     if (made + asked > 24 * MiB) break;
     made += asked;
-    left -= asked;
   }
   char want[96];
   snprintf(want, sizeof want, "64.00 MiB in total, %s free",

@@ -3,7 +3,7 @@
 // give an allocation one physical chunk of its own, mapped contiguously, even under
 // expandable segments (whose allocations are otherwise built of many page-sized chunks).
 #include "alloc_support.h"
-#include "policy.h" // EXPSEG_CHUNK_MAX
+#include "chunk_support.h"
 
 namespace {
 
@@ -30,13 +30,14 @@ TEST(SingleChunk, FlagGivesOneChunk) {
   EXPECT_EQ(alloc_test_calls(A, EXPSEG_VMM_CALL_map) - maps, 1u) << "one contiguous mapping";
   EXPECT_EQ(stat_of(A, "reserved_bytes.all.current"), (int64_t)size) << "exactly its size";
   EXPECT_EQ(stat_of(A, "allocated_bytes.all.current"), (int64_t)size) << "never split";
-  // Without the flag, the same request is built of the growth's chunks (at most
-  // EXPSEG_CHUNK_MAX each) in an expandable segment, which later requests share.
+  // Without the flag, the same request is built of the growth's chunks (policy.h: its own
+  // chunks of at most EXPSEG_REQUEST_CHUNK_MAX) in an expandable segment, which later
+  // requests share.
   void *q = nullptr;
   creates = alloc_test_calls(A, EXPSEG_VMM_CALL_create);
   ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, size, 0, &q));
   EXPECT_EQ(alloc_test_calls(A, EXPSEG_VMM_CALL_create) - creates,
-            (size + EXPSEG_CHUNK_MAX - 1) / EXPSEG_CHUNK_MAX);
+            growth_chunk_sizes(size, size).size());
   EXPECT_EQ(stat_of(A, "segment.large_pool.current"), 2) << "the single chunk's and one expandable";
   // A freed single chunk serves the next single-chunk request of its size.
   ASSERT_EQ(EXPSEG_OK, expseg_free(A, p));
@@ -72,7 +73,7 @@ TEST(SingleChunk, OptionFromASize) {
   int64_t segs = stat_of(A, "segment.large_pool.current");
   ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, (16u << 20) - 1, 0, &small));
   EXPECT_EQ(alloc_test_calls(A, EXPSEG_VMM_CALL_create) - creates,
-            ((16u << 20) + EXPSEG_CHUNK_MAX - 1) / EXPSEG_CHUNK_MAX)
+            growth_chunk_sizes(16u << 20, 16u << 20).size()) // rounded to 512 bytes: 16 MiB
       << "the growth's chunks";
   EXPECT_EQ(stat_of(A, "segment.large_pool.current"), segs + 1)
       << "below it: an expandable segment";
