@@ -1,0 +1,278 @@
+// SPDX-License-Identifier: Apache-2.0
+// test_adv8_chunks.cpp: large requests that grow an expandable segment by more than one
+// physical chunk (their whole pages get chunks of their own, mapped first under them), seen
+// from the public API. A seeded random mix of odd sizes (just above and below multiples of
+// 8 and 64 MiB, above 64 MiB, small ones between), frees in random order, several streams,
+// private pools, a region put to sleep and woken, empty_cache, the memory fraction and
+// option changes: after every call expseg_check passes, allocated <= reserved in every pool,
+// each `all` row is the sum of its pools, reserved_bytes is what the driver holds, no two
+// live blocks overlap, and (host driver) every live block keeps the pattern written into
+// each of its OS pages. Then driver failures in the middle of a multi-chunk growth (create,
+// map, set_access, at each position): the request fails with the injected status, nothing
+// is left half done, the same request succeeds once the faults stop, and after destroy the
+// driver holds nothing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "alloc_support.h"
+#include "expseg.h"
+#include "expseg_testing.h"
+
+namespace {
+
+constexpr size_t KiB = 1024, MiB = KiB * 1024;
+
+std::string err() { return expseg_last_error(); }
+
+struct Blk {
+  char *p;
+  size_t size;
+  uint64_t tag;
+  expseg_pool_id pool;
+  bool region;
+};
+
+// One word per OS page and the last 8 bytes: every page of the block is written.
+void put(const Blk &b, bool bytes) {
+  if (!bytes) return;
+  for (size_t off = 0; off + 8 <= b.size; off += 4 * KiB) {
+    uint64_t v = b.tag ^ off;
+    std::memcpy(b.p + off, &v, 8);
+  }
+  if (b.size >= 8) {
+    uint64_t v = ~b.tag;
+    std::memcpy(b.p + b.size - 8, &v, 8);
+  } else {
+    std::memset(b.p, (int)(b.tag & 0xff), b.size);
+  }
+}
+
+bool verify(const Blk &b, bool bytes, std::string *why) {
+  if (!bytes) return true;
+  if (b.size < 8) {
+    for (size_t i = 0; i < b.size; i++)
+      if ((unsigned char)b.p[i] != (unsigned char)(b.tag & 0xff)) {
+        *why = "byte " + std::to_string(i);
+        return false;
+      }
+    return true;
+  }
+  uint64_t last;
+  std::memcpy(&last, b.p + b.size - 8, 8);
+  if (last != ~b.tag) {
+    *why = "last word";
+    return false;
+  }
+  for (size_t off = 0; off + 8 <= b.size - 8; off += 4 * KiB) {
+    uint64_t v;
+    std::memcpy(&v, b.p + off, 8);
+    if (v != (b.tag ^ off)) {
+      *why = "word at offset " + std::to_string(off);
+      return false;
+    }
+  }
+  return true;
+}
+
+// A size near the chunk bounds: k * 8 MiB or k * 64 MiB, a little over or under, never a
+// page multiple; or anything up to 200 MiB; or a small one.
+size_t odd_size(TestRng &rng) {
+  const size_t jitter = 1 + rng.below(3 * MiB);
+  switch (rng.below(6)) {
+    case 0: return (1 + rng.below(12)) * 8 * MiB + jitter;
+    case 1: return (1 + rng.below(12)) * 8 * MiB - jitter;
+    case 2: return (1 + rng.below(2)) * 64 * MiB + jitter;
+    case 3: return (1 + rng.below(2)) * 64 * MiB - jitter;
+    case 4: return 1 + rng.below(200 * MiB);
+    default: return 1 + rng.below(MiB);
+  }
+}
+
+void check_all(expseg_allocator *a, const std::vector<Blk> &live, bool asleep, bool bytes,
+               bool verify_bytes, const std::string &where) {
+  ASSERT_EQ(expseg_check(a), EXPSEG_OK) << where << ": " << err();
+  StatMap m = stat_map(a);
+  for (const char *base : {"allocated_bytes", "reserved_bytes", "active_bytes", "segment",
+                           "allocation", "requested_bytes"})
+    for (const char *metric : {"current", "peak", "allocated", "freed"}) {
+      std::string b = base;
+      if (std::string(metric) == "peak") continue;  // peaks of the pools need not add up
+      EXPECT_EQ(m[b + ".all." + metric],
+                m[b + ".small_pool." + metric] + m[b + ".large_pool." + metric])
+          << where << ": " << b << ".*." << metric;
+    }
+  for (const char *pool : {"all", "small_pool", "large_pool"}) {
+    std::string p = std::string(".") + pool + ".current";
+    EXPECT_LE(m["allocated_bytes" + p], m["active_bytes" + p]) << where << p;
+    if (!asleep) {
+      EXPECT_LE(m["active_bytes" + p], m["reserved_bytes" + p]) << where << p;
+    }
+  }
+  expseg_testing_driver_counts d{};
+  ASSERT_EQ(expseg_testing_driver_counts_get(a, &d), EXPSEG_OK) << err();
+  EXPECT_EQ(m["reserved_bytes.all.current"], d.live_chunk_bytes)
+      << where << ": what the allocator counts as reserved is what the driver holds";
+  std::vector<std::pair<uintptr_t, size_t>> r;
+  for (const Blk &b : live) r.push_back({(uintptr_t)b.p, b.size});
+  std::sort(r.begin(), r.end());
+  for (size_t i = 1; i < r.size(); i++)
+    ASSERT_LE(r[i - 1].first + r[i - 1].second, r[i].first) << where << ": live blocks overlap";
+  if (verify_bytes)
+    for (const Blk &b : live) {
+      if (asleep && b.region) continue;
+      std::string why;
+      ASSERT_TRUE(verify(b, bytes, &why))
+          << where << ": block " << (void *)b.p << " of " << b.size << " bytes: " << why;
+    }
+}
+
+// Wakes region "r"; while that is out of memory, raises the fraction, empties the cache
+// and frees live blocks outside the region, as a caller would.
+expseg_status wake_making_room(expseg_allocator *a, std::vector<Blk> &live) {
+  expseg_status st;
+  while ((st = expseg_wake(a, "r")) == EXPSEG_ERR_OUT_OF_MEMORY) {
+    if (expseg_set_memory_fraction(a, 1.0) != EXPSEG_OK || expseg_empty_cache(a) != EXPSEG_OK)
+      return EXPSEG_ERR_DRIVER;
+    if ((st = expseg_wake(a, "r")) != EXPSEG_ERR_OUT_OF_MEMORY) break;
+    size_t k = 0;
+    while (k < live.size() && live[k].region) k++;
+    if (k == live.size()) return st;
+    if (expseg_free(a, live[k].p) != EXPSEG_OK) return EXPSEG_ERR_DRIVER;
+    live[k] = live.back();
+    live.pop_back();
+  }
+  return st;
+}
+
+struct Random : ::testing::TestWithParam<const char *> {};
+
+TEST_P(Random, LargeOddRequestsKeepEveryByteAndTheBooks) {
+  EXPSEG_SEEDED(seed, 8008);
+  TestRng rng(seed);
+  QuietLog quiet;
+  const bool bytes = std::strncmp(GetParam(), "host", 4) == 0;
+  expseg_allocator *a = nullptr;
+  ASSERT_EQ(expseg_create(GetParam(), 0, "expandable_segments:True", &a), EXPSEG_OK) << err();
+  std::vector<Blk> live;
+  std::vector<expseg_pool_id> pools;
+  bool asleep = false, region_discarded = false;
+  uint64_t tags = seed << 20;
+  const long ops = (long)test_ops(bytes ? 250 : 1500);
+  for (long i = 0; i < ops; i++) {
+    const unsigned op = (unsigned)rng.below(100);
+    const std::string where = "op " + std::to_string(i) + " (" + std::to_string(op) + ")";
+    if (op < 45) {
+      const size_t size = odd_size(rng);
+      const expseg_stream s = rng.below(4);
+      Blk b{nullptr, size, ++tags, 0, false};
+      void *x = nullptr;
+      expseg_status st;
+      const unsigned to = (unsigned)rng.below(10);
+      if (to == 0 && !pools.empty()) {
+        b.pool = pools[rng.below(pools.size())];
+        st = expseg_malloc_pool(a, size, s, b.pool, &x);
+      } else if (to == 1 && !asleep) {
+        ASSERT_EQ(expseg_region_begin(a, "r"), EXPSEG_OK) << err();
+        st = expseg_malloc(a, size, s, &x);
+        ASSERT_EQ(expseg_region_end(a, "r"), EXPSEG_OK) << err();
+        expseg_region_info info{};
+        ASSERT_EQ(expseg_region_get_info(a, "r", &info), EXPSEG_OK) << err();
+        b.pool = info.pool;
+        b.region = true;
+      } else if (to == 2) {
+        st = expseg_malloc_ex(a, size, s, EXPSEG_MALLOC_SINGLE_CHUNK, &x);
+      } else {
+        st = expseg_malloc(a, size, s, &x);
+      }
+      if (st == EXPSEG_OK) {
+        b.p = (char *)x;
+        put(b, bytes);
+        live.push_back(b);
+      } else {
+        ASSERT_EQ(st, EXPSEG_ERR_OUT_OF_MEMORY) << where << ": " << err();
+      }
+    } else if (op < 75) {
+      if (live.empty()) continue;
+      const size_t k = rng.below(live.size());
+      if (live[k].region && asleep) continue;
+      std::string why;
+      ASSERT_TRUE(verify(live[k], bytes, &why)) << where << ": freed block: " << why;
+      if (rng.below(4) == 0) {
+        EXPECT_EQ(expseg_record_stream(a, live[k].p, 1 + rng.below(5)), EXPSEG_OK) << err();
+      }
+      ASSERT_EQ(expseg_free(a, live[k].p), EXPSEG_OK) << where << ": " << err();
+      live[k] = live.back();
+      live.pop_back();
+    } else if (op < 80) {
+      ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << where << ": " << err();
+    } else if (op < 83) {
+      if (pools.size() < 3) {
+        expseg_pool_id id = 0;
+        ASSERT_EQ(expseg_pool_create(a, &id), EXPSEG_OK) << err();
+        pools.push_back(id);
+      } else {
+        expseg_pool_id id = pools[rng.below(pools.size())];
+        ASSERT_EQ(expseg_pool_empty_cache(a, id), EXPSEG_OK) << where << ": " << err();
+      }
+    } else if (op < 87) {
+      const double f = rng.below(3) == 0 ? 1.0 : 0.2 + 0.8 * rng.unit();
+      ASSERT_EQ(expseg_set_memory_fraction(a, f), EXPSEG_OK) << err();
+    } else if (op < 93) {
+      static const char *const texts[] = {
+          "garbage_collection_threshold:0.5", "garbage_collection_threshold:0.9",
+          "page_cache_max_mb:0",              "page_cache_max_mb:100",
+          "max_split_size_mb:40",             "max_split_size_mb:17592186044415",
+          "expandable_segments:False",        "expandable_segments:True",
+          "expandable_segments:True",         "single_chunk_min_mb:70",
+          "single_chunk_min_mb:17592186044415",            "roundup_power2_divisions:4"};
+      const char *t = texts[rng.below(sizeof texts / sizeof *texts)];
+      ASSERT_EQ(expseg_configure(a, t), EXPSEG_OK) << t << ": " << err();
+    } else {
+      if (asleep) {
+        // memory taken while it slept (or a fraction lowered): the caller makes room
+        const expseg_status st = wake_making_room(a, live);
+        ASSERT_EQ(st, EXPSEG_OK) << where << ": wake: " << err();
+        asleep = false;
+        if (region_discarded)
+          for (Blk &b : live)
+            if (b.region) put(b, bytes);
+      } else {
+        bool any = false;
+        for (const Blk &b : live) any |= b.region;
+        if (!any) continue;
+        region_discarded = rng.below(3) == 0;
+        expseg_status st =
+            expseg_sleep(a, "r", region_discarded ? EXPSEG_SLEEP_DISCARD : EXPSEG_SLEEP_OFFLOAD);
+        ASSERT_EQ(st, EXPSEG_OK) << where << ": sleep: " << err();
+        asleep = true;
+      }
+    }
+    check_all(a, live, asleep, bytes, i % 16 == 0, where);
+    if (HasFatalFailure()) break;
+  }
+  if (asleep) {
+    ASSERT_EQ(wake_making_room(a, live), EXPSEG_OK) << err();
+    if (region_discarded)
+      for (Blk &b : live)
+        if (b.region) put(b, bytes);
+  }
+  check_all(a, live, false, bytes, true, "end");
+  for (const Blk &b : live) ASSERT_EQ(expseg_free(a, b.p), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+  for (expseg_pool_id id : pools) ASSERT_EQ(expseg_pool_release(a, id), EXPSEG_OK) << err();
+  check_all(a, {}, false, bytes, true, "all freed");
+  expect_nothing_left(a, "end");
+}
+
+INSTANTIATE_TEST_SUITE_P(Drivers, Random,
+                         ::testing::Values("host:capacity=1G", "sim:capacity=2G"),
+                         [](const ::testing::TestParamInfo<const char *> &i) {
+                           return std::string(i.param).substr(0, i.param[0] == 'h' ? 4 : 3);
+                         });
+
+}  // namespace
