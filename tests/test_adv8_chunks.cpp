@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "alloc_support.h"
@@ -160,8 +161,14 @@ TEST_P(Random, LargeOddRequestsKeepEveryByteAndTheBooks) {
   QuietLog quiet;
   const bool bytes = std::strncmp(GetParam(), "host", 4) == 0;
   g_stride = 4 * KiB;
+  // "DRIVER|OPTIONS"
+  const std::string param = GetParam(), driver = param.substr(0, param.find('|'));
+  const std::string conf = "expandable_segments:True" +
+                           (param.find('|') == std::string::npos
+                                ? std::string()
+                                : "," + param.substr(param.find('|') + 1));
   expseg_allocator *a = nullptr;
-  ASSERT_EQ(expseg_create(GetParam(), 0, "expandable_segments:True", &a), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_create(driver.c_str(), 0, conf.c_str(), &a), EXPSEG_OK) << err();
   std::vector<Blk> live;
   std::vector<expseg_pool_id> pools;
   bool asleep = false, region_discarded = false;
@@ -273,10 +280,21 @@ TEST_P(Random, LargeOddRequestsKeepEveryByteAndTheBooks) {
   expect_nothing_left(a, "end");
 }
 
+// Pages of 20 MiB (not a divisor of a chunk), 6 MiB, 128 MiB (above a request's chunk),
+// and granules of 64 KiB (chunks of many pages).
 INSTANTIATE_TEST_SUITE_P(Drivers, Random,
-                         ::testing::Values("host:capacity=1G", "sim:capacity=2G"),
+                         ::testing::Values("host:capacity=1G", "sim:capacity=2G",
+                                           "sim:capacity=2G|page_size_mb:20",
+                                           "sim:capacity=2G|page_size_mb:6",
+                                           "sim:capacity=3G|page_size_mb:128",
+                                           "sim:capacity=2G,granularity=64K|page_size_mb:0",
+                                           "host:capacity=1G|page_size_mb:20"),
                          [](const ::testing::TestParamInfo<const char *> &i) {
-                           return std::string(i.param).substr(0, i.param[0] == 'h' ? 4 : 3);
+                           std::string n = i.param[0] == 'h' ? "host" : "sim";
+                           const char *pg = std::strstr(i.param, "page_size_mb:");
+                           if (pg) n += std::string("_page") + (pg + 13);
+                           if (std::strstr(i.param, "granularity")) n += "_gran64K";
+                           return n;
                          });
 
 }  // namespace
@@ -365,5 +383,64 @@ INSTANTIATE_TEST_SUITE_P(Drivers, Faults,
                          [](const ::testing::TestParamInfo<const char *> &i) {
                            return std::string(i.param[6] == 'h' ? "host" : "sim");
                          });
+
+}  // namespace
+
+namespace {
+
+// Threads growing by many chunks at once while others free, empty the cache and collect
+// garbage: with memory to spare every request is served (the chunks a growth creates may
+// be taken by another thread while the lock is let go, never lost), and at the end the
+// books hold and nothing is left with the driver.
+TEST(Threads, ConcurrentMultiChunkGrowthsAreServedAndLeaveNothing) {
+  EXPSEG_SEEDED(seed, 8118);
+  QuietLog quiet;
+  expseg_allocator *a = nullptr;
+  ASSERT_EQ(expseg_create("sim:capacity=64G", 0,
+                          "expandable_segments:True,garbage_collection_threshold:0.01", &a),
+            EXPSEG_OK)
+      << err();
+  const int kThreads = 4;
+  const long ops = (long)test_ops(600);
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> th;
+  for (int t = 0; t < kThreads; t++)
+    th.emplace_back([&, t] {
+      TestRng rng(seed * 31 + (uint64_t)t);
+      std::vector<void *> mine;
+      for (long i = 0; i < ops && errors[t].empty(); i++) {
+        const unsigned op = (unsigned)rng.below(10);
+        if (op < 5) {
+          void *x = nullptr;
+          const size_t size = odd_size(rng);
+          if (expseg_malloc(a, size, (expseg_stream)(t % 2), &x) != EXPSEG_OK)
+            errors[t] = "malloc " + std::to_string(size) + " at op " + std::to_string(i) + ": " +
+                        err();
+          else
+            mine.push_back(x);
+        } else if (op < 9) {
+          if (mine.empty()) continue;
+          const size_t k = rng.below(mine.size());
+          if (expseg_free(a, mine[k]) != EXPSEG_OK) errors[t] = "free: " + err();
+          mine[k] = mine.back();
+          mine.pop_back();
+        } else if (expseg_empty_cache(a) != EXPSEG_OK) {
+          errors[t] = "empty_cache: " + err();
+        }
+        if (mine.size() > 12) {  // keep the live set bounded
+          if (expseg_free(a, mine.front()) != EXPSEG_OK) errors[t] = "free: " + err();
+          mine.erase(mine.begin());
+        }
+      }
+      for (void *x : mine)
+        if (expseg_free(a, x) != EXPSEG_OK) errors[t] = "free: " + err();
+    });
+  for (std::thread &x : th) x.join();
+  for (int t = 0; t < kThreads; t++) EXPECT_EQ(errors[t], "") << "thread " << t;
+  check_all(a, {}, false, false, false, "joined");
+  ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0);
+  expect_nothing_left(a, "threads");
+}
 
 }  // namespace
