@@ -23,6 +23,7 @@
 #include "alloc_support.h"
 #include "expseg.h"
 #include "expseg_testing.h"
+#include "policy.h"  // EXPSEG_CHUNK_MAX
 
 namespace {
 
@@ -240,7 +241,7 @@ TEST_P(Random, LargeOddRequestsKeepEveryByteAndTheBooks) {
           "max_split_size_mb:40",             "max_split_size_mb:17592186044415",
           "expandable_segments:False",        "expandable_segments:True",
           "expandable_segments:True",         "single_chunk_min_mb:70",
-          "single_chunk_min_mb:17592186044415",            "roundup_power2_divisions:4"};
+          "single_chunk_min_mb:17592186044415", "roundup_power2_divisions:4"};
       const char *t = texts[rng.below(sizeof texts / sizeof *texts)];
       ASSERT_EQ(expseg_configure(a, t), EXPSEG_OK) << t << ": " << err();
     } else {
@@ -338,7 +339,7 @@ TEST_P(Faults, AFailureInAMultiChunkGrowthLeavesNothingBehind) {
     for (int n = 1; n <= (bytes ? 6 : 8); n++)
       for (int variant = 0; variant < 3; variant++)
         for (const char *how : {"", "..", ":oom", "..:oom"}) {
-          if (bytes && std::strstr(how, "oom")) continue;  // host: for the bytes, a status is enough
+          if (bytes && std::strstr(how, "oom")) continue;  // host: one status checks the bytes
           const std::string rule = std::string(kind) + "@" + std::to_string(n) +
                                    (how[0] == '.' ? ".." : "") +
                                    (std::strstr(how, "oom") ? ":oom" : "");
@@ -441,6 +442,74 @@ TEST(Threads, ConcurrentMultiChunkGrowthsAreServedAndLeaveNothing) {
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
   EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0);
   expect_nothing_left(a, "threads");
+}
+
+}  // namespace
+
+namespace {
+
+// Chunks of a request's own, seen from outside: after a growth above one chunk, the pages
+// wholly under the request go back once it is freed (empty_cache), though a block placed
+// after it (of the large pool: above 1 MiB) shares the growth's last page, whatever the
+// request's size, the growth floor
+// (set by what the segment maps already: a base block of up to 3 GiB, ending inside a page
+// so that the request starts in a free prefix) and the order the page cache hands out the
+// chunks (the request's own are mapped first, under it, before larger surplus chunks):
+// none of them is still mapped, and what stays held is at most the rest of the growth.
+TEST(Placement, ARequestsWholePagesGoBackAfterAnyGrowthAboveAChunk) {
+  EXPSEG_SEEDED(seed, 8228);
+  TestRng rng(seed);
+  const size_t pg = 2 * MiB;
+  int checked = 0;
+  const long trials = (long)test_ops(300);
+  for (long i = 0; i < trials; i++) {
+    AllocPtr p = make_alloc("sim:capacity=16G", "expandable_segments:True");
+    expseg_allocator *a = p.get();
+    ASSERT_NE(a, nullptr);
+    void *base = nullptr, *r = nullptr, *b = nullptr;
+    const size_t base_size = rng.below(4) == 0 ? 0 : 1 + rng.below(3 * 1024 * MiB);
+    if (base_size) {
+      ASSERT_EQ(expseg_malloc(a, base_size, 0, &base), EXPSEG_OK) << err();
+    }
+    ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+    const int64_t before = stat_of(a, "reserved_bytes.all.current");
+    const size_t size = rng.below(2) ? 1 + rng.below(9 * MiB) : odd_size(rng);
+    ASSERT_EQ(expseg_malloc(a, size, 0, &r), EXPSEG_OK) << err();
+    const int64_t own_growth = stat_of(a, "reserved_bytes.all.current") - before;
+    ASSERT_EQ(expseg_malloc(a, MiB + 1 + rng.below(MiB), 0, &b), EXPSEG_OK) << err();
+    const int64_t growth = stat_of(a, "reserved_bytes.all.current") - before;
+    const uintptr_t lo = ((uintptr_t)r + pg - 1) / pg * pg, end = (uintptr_t)r + size;
+    const int64_t whole = end > lo ? (int64_t)((end - lo) / pg * pg) : 0;
+    if (own_growth <= (int64_t)EXPSEG_CHUNK_MAX || whole == 0) continue;  // stays one chunk
+    checked++;
+    ASSERT_EQ(expseg_free(a, r), EXPSEG_OK) << err();
+    ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+    const int64_t kept = stat_of(a, "reserved_bytes.all.current") - before;
+    ASSERT_LE(kept, growth - whole)
+        << "trial " << i << ": base " << base_size << ", request " << size << " at +"
+        << ((uintptr_t)r % pg) << " in its page: a growth of " << growth << " bytes, " << whole
+        << " of them wholly under the request, kept " << kept << " once it was freed";
+    // and none of those pages is still mapped (expseg_walk: one segment per mapped run)
+    std::vector<std::pair<uint64_t, uint64_t>> runs;
+    ASSERT_EQ(expseg_walk(
+                  a,
+                  [](void *ctx, const expseg_walk_segment *sg) {
+                    static_cast<std::vector<std::pair<uint64_t, uint64_t>> *>(ctx)->push_back(
+                        {sg->address, sg->address + sg->total_size});
+                  },
+                  nullptr, &runs),
+              EXPSEG_OK)
+        << err();
+    for (const auto &run : runs)
+      ASSERT_TRUE(run.second <= lo || run.first >= lo + (uint64_t)whole)
+          << "trial " << i << ": base " << base_size << ", request " << size << " at +"
+          << ((uintptr_t)r % pg) << ": [" << (int64_t)(run.first - lo) << ", "
+          << (int64_t)(run.second - lo)
+          << ") from its first whole page is still mapped once it was freed, of " << whole
+          << " bytes wholly under it";
+    ASSERT_EQ(expseg_check(a), EXPSEG_OK) << err();
+  }
+  EXPECT_GT(checked, trials / 4) << "growths above a chunk checked";
 }
 
 }  // namespace
