@@ -456,39 +456,60 @@ namespace {
 // so that the request starts in a free prefix) and the order the page cache hands out the
 // chunks (the request's own are mapped first, under it, before larger surplus chunks):
 // none of them is still mapped, and what stays held is at most the rest of the growth.
-TEST(Placement, ARequestsWholePagesGoBackAfterAnyGrowthAboveAChunk) {
+struct PlacementP : ::testing::TestWithParam<const char *> {};
+
+TEST_P(PlacementP, ARequestsWholePagesGoBackAfterAnyGrowthAboveAChunk) {
   EXPSEG_SEEDED(seed, 8228);
   TestRng rng(seed);
-  const size_t pg = 2 * MiB;
   int checked = 0;
   const long trials = (long)test_ops(300);
   for (long i = 0; i < trials; i++) {
-    AllocPtr p = make_alloc("sim:capacity=16G", "expandable_segments:True");
+    AllocPtr p = make_alloc("sim:capacity=16G", GetParam());
     expseg_allocator *a = p.get();
     ASSERT_NE(a, nullptr);
+    const size_t pg = alloc_test_page(a);
+    // on a stream, or in a private pool, of its own
+    const expseg_stream s = rng.below(3);
+    expseg_pool_id pool = 0;
+    if (rng.below(3) == 0) {
+      ASSERT_EQ(expseg_pool_create(a, &pool), EXPSEG_OK) << err();
+    }
+    auto get = [&](size_t n, void **x) { return expseg_malloc_pool(a, n, s, pool, x); };
     void *base = nullptr, *r = nullptr, *b = nullptr;
     const size_t base_size = rng.below(4) == 0 ? 0 : 1 + rng.below(3 * 1024 * MiB);
     if (base_size) {
-      ASSERT_EQ(expseg_malloc(a, base_size, 0, &base), EXPSEG_OK) << err();
+      ASSERT_EQ(get(base_size, &base), EXPSEG_OK) << err();
     }
     ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+    if (pool) {
+      ASSERT_EQ(expseg_pool_empty_cache(a, pool), EXPSEG_OK) << err();
+    }
     const int64_t before = stat_of(a, "reserved_bytes.all.current");
-    const size_t size = rng.below(2) ? 1 + rng.below(9 * MiB) : odd_size(rng);
-    ASSERT_EQ(expseg_malloc(a, size, 0, &r), EXPSEG_OK) << err();
+    const unsigned pick = (unsigned)rng.below(3);
+    const size_t size = pick == 0   ? 1 + rng.below(9 * MiB)
+                        : pick == 1 ? odd_size(rng)
+                                    : 1 + rng.below(4 * pg);
+    ASSERT_EQ(get(size, &r), EXPSEG_OK) << err();
     const int64_t own_growth = stat_of(a, "reserved_bytes.all.current") - before;
-    ASSERT_EQ(expseg_malloc(a, MiB + 1 + rng.below(MiB), 0, &b), EXPSEG_OK) << err();
+    ASSERT_EQ(get(MiB + 1 + rng.below(MiB), &b), EXPSEG_OK) << err();
     const int64_t growth = stat_of(a, "reserved_bytes.all.current") - before;
-    const uintptr_t lo = ((uintptr_t)r + pg - 1) / pg * pg, end = (uintptr_t)r + size;
+    // pages count from the segment's start (a page need not divide the address): the base
+    // block's, else the request's
+    const uintptr_t seg = (uintptr_t)(base ? base : r), end = (uintptr_t)r + size;
+    const uintptr_t lo = seg + ((uintptr_t)r - seg + pg - 1) / pg * pg;
     const int64_t whole = end > lo ? (int64_t)((end - lo) / pg * pg) : 0;
     if (own_growth <= (int64_t)EXPSEG_CHUNK_MAX || whole == 0) continue;  // stays one chunk
     checked++;
     ASSERT_EQ(expseg_free(a, r), EXPSEG_OK) << err();
     ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+    if (pool) {
+      ASSERT_EQ(expseg_pool_empty_cache(a, pool), EXPSEG_OK) << err();
+    }
     const int64_t kept = stat_of(a, "reserved_bytes.all.current") - before;
     ASSERT_LE(kept, growth - whole)
         << "trial " << i << ": base " << base_size << ", request " << size << " at +"
-        << ((uintptr_t)r % pg) << " in its page: a growth of " << growth << " bytes, " << whole
-        << " of them wholly under the request, kept " << kept << " once it was freed";
+        << ((uintptr_t)r - seg) % pg << " in its page: a growth of " << growth << " bytes, "
+        << whole << " of them wholly under the request, kept " << kept << " once it was freed";
     // and none of those pages is still mapped (expseg_walk: one segment per mapped run)
     std::vector<std::pair<uint64_t, uint64_t>> runs;
     ASSERT_EQ(expseg_walk(
@@ -503,13 +524,25 @@ TEST(Placement, ARequestsWholePagesGoBackAfterAnyGrowthAboveAChunk) {
     for (const auto &run : runs)
       ASSERT_TRUE(run.second <= lo || run.first >= lo + (uint64_t)whole)
           << "trial " << i << ": base " << base_size << ", request " << size << " at +"
-          << ((uintptr_t)r % pg) << ": [" << (int64_t)(run.first - lo) << ", "
+          << ((uintptr_t)r - seg) % pg << ": [" << (int64_t)(run.first - lo) << ", "
           << (int64_t)(run.second - lo)
           << ") from its first whole page is still mapped once it was freed, of " << whole
           << " bytes wholly under it";
     ASSERT_EQ(expseg_check(a), EXPSEG_OK) << err();
   }
-  EXPECT_GT(checked, trials / 4) << "growths above a chunk checked";
+  EXPECT_GT(checked, trials / 20) << "growths above a chunk checked";
 }
+
+// Pages of 2 MiB, 6 MiB, 20 MiB (above a chunk: every growth is), 128 MiB (above a
+// request's chunk: one page each).
+INSTANTIATE_TEST_SUITE_P(Pages, PlacementP,
+                         ::testing::Values("expandable_segments:True",
+                                           "expandable_segments:True,page_size_mb:6",
+                                           "expandable_segments:True,page_size_mb:20",
+                                           "expandable_segments:True,page_size_mb:128"),
+                         [](const ::testing::TestParamInfo<const char *> &i) {
+                           const char *pg = std::strstr(i.param, "page_size_mb:");
+                           return std::string("page") + (pg ? pg + 13 : "2");
+                         });
 
 }  // namespace
