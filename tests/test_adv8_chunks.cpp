@@ -23,6 +23,7 @@
 #include "alloc_support.h"
 #include "expseg.h"
 #include "expseg_testing.h"
+#include "host_fail.h"
 #include "policy.h"  // EXPSEG_CHUNK_MAX
 
 namespace {
@@ -544,5 +545,68 @@ INSTANTIATE_TEST_SUITE_P(Pages, PlacementP,
                            const char *pg = std::strstr(i.param, "page_size_mb:");
                            return std::string("page") + (pg ? pg + 13 : "2");
                          });
+
+}  // namespace
+
+namespace {
+
+// Host memory running out at each of expseg's own host allocations in turn while a request
+// grows a segment by many chunks (more than 64: the chunk tables leave the stack): the
+// request fails with EXPSEG_ERR_HOST_OUT_OF_MEMORY (or, where the driver's own bookkeeping
+// ran out, EXPSEG_ERR_OUT_OF_MEMORY) or is served, the books hold, the same request is
+// served once host memory is back, and nothing is left with the driver.
+TEST(HostMemory, RunningOutInAMultiChunkGrowthLeavesNothingBehind) {
+#ifndef EXPSEG_TEST_HOST_FAIL
+  GTEST_SKIP() << "malloc cannot be replaced under a sanitizer";
+#else
+  QuietLog quiet;
+  // 80 chunks of its own, then the rest; or a few (the tables on the stack)
+  for (const size_t big : {5 * 1024 * MiB + 12345, 100 * MiB + 12345}) {
+  int refused = 0;
+  bool served = false;
+  for (long c = 0; c < 400 && !served; c++) {
+    const std::string where = std::to_string(big) + " bytes, countdown " + std::to_string(c);
+    expseg_allocator *a = nullptr;
+    ASSERT_EQ(expseg_create("sim:capacity=16G", 0, "expandable_segments:True", &a), EXPSEG_OK)
+        << err();
+    std::vector<Blk> live;
+    prepare(a, (int)(c % 3), live, false);
+    if (HasFatalFailure()) return;
+    void *x = nullptr;
+    g_countdown = c;
+    const expseg_status st = expseg_malloc(a, big, 1, &x);
+    g_countdown = -1;
+    g_fail_host = false;
+    if (st == EXPSEG_OK) {
+      served = true;
+      live.push_back({(char *)x, big, 1, 0, false});
+    } else {
+      refused++;
+      ASSERT_TRUE(st == EXPSEG_ERR_HOST_OUT_OF_MEMORY || st == EXPSEG_ERR_OUT_OF_MEMORY)
+          << where << ": " << expseg_status_name(st) << ": " << err();
+      if (st == EXPSEG_ERR_HOST_OUT_OF_MEMORY) {
+        EXPECT_EQ(stat_of(a, "num_ooms"), 0) << where << ": host memory is not the device's";
+      } else {  // only the driver's own bookkeeping (docs/api.md)
+        EXPECT_NE(err().find("driver: "), std::string::npos) << where << ": " << err();
+        EXPECT_NE(err().find("out of host memory"), std::string::npos) << where << ": " << err();
+      }
+    }
+    check_all(a, live, false, false, false, where + ": after");
+    if (!served) {
+      ASSERT_EQ(expseg_malloc(a, big, 1, &x), EXPSEG_OK) << where << ": " << err();
+      live.push_back({(char *)x, big, 1, 0, false});
+    }
+    check_all(a, live, false, false, false, where + ": served");
+    for (const Blk &b : live) ASSERT_EQ(expseg_free(a, b.p), EXPSEG_OK) << err();
+    ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+    EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0) << where;
+    expect_nothing_left(a, where);
+    if (HasFailure()) return;
+  }
+  EXPECT_TRUE(served) << "the countdown ran past every host allocation of the request";
+  EXPECT_GT(refused, 0);
+  }
+#endif
+}
 
 }  // namespace
