@@ -610,3 +610,49 @@ TEST(HostMemory, RunningOutInAMultiChunkGrowthLeavesNothingBehind) {
 }
 
 }  // namespace
+
+namespace {
+
+// Free memory in a private pool still in use (a MemPool's, or a region's, whose pool is
+// never released) cannot serve a general request, and expseg_empty_cache does not reach
+// it: the out-of-memory report names expseg_pool_empty_cache, which gives it back at once
+// with the pool's live blocks kept, and the same request is then served.
+TEST(OomHint, FreeMemoryInALivePoolNamesThePoolsEmptyCache) {
+  QuietLog quiet;
+  for (const bool region : {false, true}) {
+    SCOPED_TRACE(region ? "region" : "private pool");
+    AllocPtr p = make_alloc("sim:capacity=1G", "expandable_segments:True");
+    expseg_allocator *a = p.get();
+    ASSERT_NE(a, nullptr);
+    expseg_pool_id pool = 0;
+    void *big = nullptr, *keep = nullptr, *r = nullptr;
+    if (region) {
+      ASSERT_EQ(expseg_region_begin(a, "w"), EXPSEG_OK) << err();
+      ASSERT_EQ(expseg_malloc(a, 600 * MiB, 0, &big), EXPSEG_OK) << err();
+      ASSERT_EQ(expseg_malloc(a, 2 * MiB, 0, &keep), EXPSEG_OK) << err();
+      ASSERT_EQ(expseg_region_end(a, "w"), EXPSEG_OK) << err();
+      expseg_region_info info{};
+      ASSERT_EQ(expseg_region_get_info(a, "w", &info), EXPSEG_OK) << err();
+      pool = info.pool;
+    } else {
+      ASSERT_EQ(expseg_pool_create(a, &pool), EXPSEG_OK) << err();
+      ASSERT_EQ(expseg_malloc_pool(a, 600 * MiB, 0, pool, &big), EXPSEG_OK) << err();
+      ASSERT_EQ(expseg_malloc_pool(a, 2 * MiB, 0, pool, &keep), EXPSEG_OK) << err();
+    }
+    ASSERT_EQ(expseg_free(a, big), EXPSEG_OK) << err();
+    ASSERT_EQ(expseg_malloc(a, 500 * MiB, 0, &r), EXPSEG_ERR_OUT_OF_MEMORY);
+    const std::string m = err();
+    EXPECT_NE(m.find("is free in private pools still in use"), std::string::npos) << m;
+    EXPECT_NE(m.find("expseg_pool_empty_cache"), std::string::npos) << m;
+    ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+    ASSERT_EQ(expseg_malloc(a, 500 * MiB, 0, &r), EXPSEG_ERR_OUT_OF_MEMORY)
+        << "expseg_empty_cache does not reach a live pool's memory";
+    ASSERT_EQ(expseg_pool_empty_cache(a, pool), EXPSEG_OK) << err();
+    ASSERT_EQ(expseg_malloc(a, 500 * MiB, 0, &r), EXPSEG_OK) << "the advice served it: " << err();
+    EXPECT_EQ(expseg_check(a), EXPSEG_OK) << err();
+    ASSERT_EQ(expseg_free(a, r), EXPSEG_OK) << err();
+    ASSERT_EQ(expseg_free(a, keep), EXPSEG_OK) << err();
+  }
+}
+
+}  // namespace
