@@ -290,12 +290,14 @@ INSTANTIATE_TEST_SUITE_P(Drivers, Random,
                                            "sim:capacity=2G|page_size_mb:6",
                                            "sim:capacity=3G|page_size_mb:128",
                                            "sim:capacity=2G,granularity=64K|page_size_mb:0",
-                                           "host:capacity=1G|page_size_mb:20"),
+                                           "host:capacity=1G|page_size_mb:20",
+                                           "sim:capacity=2G|va_reserve_mb:70"),
                          [](const ::testing::TestParamInfo<const char *> &i) {
                            std::string n = i.param[0] == 'h' ? "host" : "sim";
                            const char *pg = std::strstr(i.param, "page_size_mb:");
                            if (pg) n += std::string("_page") + (pg + 13);
                            if (std::strstr(i.param, "granularity")) n += "_gran64K";
+                           if (std::strstr(i.param, "va_reserve")) n += "_va70M";
                            return n;
                          });
 
