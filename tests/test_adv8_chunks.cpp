@@ -658,3 +658,55 @@ TEST(OomHint, FreeMemoryInALivePoolNamesThePoolsEmptyCache) {
 }
 
 }  // namespace
+
+namespace {
+
+// A region holding requests of many chunks (64 MiB ones of their own among them) put to
+// sleep, then a wake whose create, map, set_access or copy fails at each position: the wake
+// fails with the injected status and leaves the region asleep and intact, the next wake
+// restores every byte, and nothing is left with the driver at the end.
+TEST(SleepFaults, AWakeFailingInTurnKeepsTheRegionIntact) {
+  QuietLog quiet;
+  g_stride = 128 * KiB;
+  int failed = 0;
+  for (const char *kind : {"create", "map", "set_access", "copy"})
+    for (int n = 1; n <= 4; n++) {
+      const std::string rule = std::string(kind) + "@" + std::to_string(n);
+      expseg_allocator *a = nullptr;
+      ASSERT_EQ(expseg_create("fault;host:capacity=1G", 0, "expandable_segments:True", &a),
+                EXPSEG_OK)
+          << err();
+      std::vector<Blk> live;
+      ASSERT_EQ(expseg_region_begin(a, "r"), EXPSEG_OK) << err();
+      uint64_t tag = 5;
+      for (size_t size : {70 * MiB + 12345, 3 * MiB + 1, 9 * MiB - 5}) {
+        void *x = nullptr;
+        ASSERT_EQ(expseg_malloc(a, size, 0, &x), EXPSEG_OK) << err();
+        live.push_back({(char *)x, size, ++tag, 0, true});
+        put(live.back(), true);
+      }
+      ASSERT_EQ(expseg_region_end(a, "r"), EXPSEG_OK) << err();
+      ASSERT_EQ(expseg_sleep(a, "r", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << err();
+      check_all(a, live, true, true, false, rule + ": asleep");
+      ASSERT_EQ(expseg_testing_set_faults(a, rule.c_str()), EXPSEG_OK) << err();
+      const expseg_status st = expseg_wake(a, "r");
+      ASSERT_EQ(expseg_testing_set_faults(a, ""), EXPSEG_OK) << err();
+      expseg_region_info info{};
+      ASSERT_EQ(expseg_region_get_info(a, "r", &info), EXPSEG_OK) << err();
+      if (st != EXPSEG_OK) {
+        failed++;
+        EXPECT_EQ(st, EXPSEG_ERR_DRIVER) << rule << ": " << err();
+        EXPECT_TRUE(info.asleep) << rule;
+        check_all(a, live, true, true, false, rule + ": the wake failed");
+        ASSERT_EQ(expseg_wake(a, "r"), EXPSEG_OK) << rule << ": " << err();
+      }
+      check_all(a, live, false, true, true, rule + ": awake");
+      for (const Blk &b : live) ASSERT_EQ(expseg_free(a, b.p), EXPSEG_OK) << err();
+      ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+      expect_nothing_left(a, rule);
+      if (HasFailure()) return;
+    }
+  EXPECT_GE(failed, 12) << "wakes failed";
+}
+
+}  // namespace
