@@ -405,7 +405,7 @@ TEST(Threads, ConcurrentMultiChunkGrowthsAreServedAndLeaveNothing) {
             EXPSEG_OK)
       << err();
   const int kThreads = 4;
-  const long ops = (long)test_ops(600);
+  const long ops = (long)test_ops(5000);
   std::vector<std::string> errors(kThreads);
   std::vector<std::thread> th;
   for (int t = 0; t < kThreads; t++)
