@@ -1,16 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0
 // test_adv8_chunks.cpp: large requests that grow an expandable segment by more than one
 // physical chunk (their whole pages get chunks of their own, mapped first under them), seen
-// from the public API. A seeded random mix of odd sizes (just above and below multiples of
-// 8 and 64 MiB, above 64 MiB, small ones between), frees in random order, several streams,
-// private pools, a region put to sleep and woken, empty_cache, the memory fraction and
-// option changes: after every call expseg_check passes, allocated <= reserved in every pool,
-// each `all` row is the sum of its pools, reserved_bytes is what the driver holds, no two
-// live blocks overlap, and (host driver) every live block keeps the pattern written into
-// each of its OS pages. Then driver failures in the middle of a multi-chunk growth (create,
-// map, set_access, at each position): the request fails with the injected status, nothing
-// is left half done, the same request succeeds once the faults stop, and after destroy the
-// driver holds nothing.
+// from the public API.
+// - Random: a seeded mix of odd sizes (just above and below multiples of 8 and 64 MiB, above
+//   64 MiB, small ones between), frees in random order, several streams, private pools, a
+//   region put to sleep and woken, empty_cache, the memory fraction and option changes, on
+//   host and sim, pages of 2 to 128 MiB: after every call expseg_check passes, allocated <=
+//   active <= reserved in every pool, each `all` row is the sum of its pools, reserved_bytes
+//   is what the driver holds, no two live blocks overlap and (host) every live block keeps
+//   the pattern written into its pages.
+// - Faults: create, map and set_access failing at each position of a multi-chunk growth;
+//   SleepFaults: the same, and copy, in the wake of a region of such requests. The call fails
+//   with the injected status, nothing is half done, the request (or wake) succeeds once the
+//   faults stop, and after destroy the driver holds nothing.
+// - Threads: concurrent multi-chunk growths, frees and empty_cache are all served.
+// - PlacementP: after any growth above a chunk, the pages wholly under the request are
+//   unmapped and given back once it is freed, though a block placed after it shares the
+//   growth's last page (fails without the request's chunks or with the `lead` reorder off).
+// - HostMemory: host memory running out at each of expseg's own allocations in such a growth
+//   is EXPSEG_ERR_HOST_OUT_OF_MEMORY, with no device out-of-memory report.
+// - OomHint: free memory in a live private pool or a region names expseg_pool_empty_cache.
 #include <gtest/gtest.h>
 
 #include <algorithm>
