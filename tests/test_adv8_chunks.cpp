@@ -682,13 +682,13 @@ TEST(SleepFaults, AWakeFailingInTurnKeepsTheRegionIntact) {
     for (int n = 1; n <= 3; n++) {
       const std::string rule = std::string(kind) + "@" + std::to_string(n);
       expseg_allocator *a = nullptr;
-      ASSERT_EQ(expseg_create("fault;host:capacity=1G", 0, "expandable_segments:True", &a),
+      ASSERT_EQ(expseg_create("fault;host:capacity=256M", 0, "expandable_segments:True", &a),
                 EXPSEG_OK)
           << err();
       std::vector<Blk> live;
       ASSERT_EQ(expseg_region_begin(a, "r"), EXPSEG_OK) << err();
       uint64_t tag = 5;
-      for (size_t size : {70 * MiB + 12345, 3 * MiB + 1, 9 * MiB - 5}) {
+      for (size_t size : {40 * MiB + 12345, 3 * MiB + 1, 9 * MiB - 5}) {
         void *x = nullptr;
         ASSERT_EQ(expseg_malloc(a, size, 0, &x), EXPSEG_OK) << err();
         live.push_back({(char *)x, size, ++tag, 0, true});
