@@ -180,7 +180,8 @@ typedef enum {
   EXPSEG_HELP_NONE,          /* nothing beyond the hint */
   EXPSEG_HELP_OTHER_POOLS,   /* enough is free in other pools: release them / empty_cache */
   EXPSEG_HELP_LIVE_POOLS,    /* enough only counting private pools still in use: release
-                              * those pools (empty_cache cannot give it back) */
+                              * those pools or empty each (expseg_pool_empty_cache);
+                              * empty_cache cannot give it back */
   EXPSEG_HELP_OTHER_STREAMS, /* enough is free on busy streams: wait for their work */
   EXPSEG_HELP_PAGE_SIZE      /* enough is free in partly used pages: page_size_mb lower */
 } expseg_oom_help_t;

@@ -148,10 +148,12 @@ static void hint(const expseg_allocator *a, size_t rounded, size_t allocated,
              _expseg_format_size(b1, u->other_pools));
     break;
   case EXPSEG_HELP_LIVE_POOLS:
-    snprintf(buf + n, len - n, "; %s is free in private pools still in use (a CUDA graph's or "
-             "a MemPool's): expseg_empty_cache cannot give it back; release those pools "
-             "(expseg_pool_release; in PyTorch, delete the graph or MemPool) once their "
-             "tensors are freed", _expseg_format_size(b1, u->other_pools_live));
+    snprintf(buf + n, len - n, "; %s is free in private pools still in use (a CUDA graph's, "
+             "a MemPool's or a region's): expseg_empty_cache cannot give it back; release "
+             "those pools (expseg_pool_release; in PyTorch, delete the graph or MemPool) once "
+             "their tensors are freed, or give their free memory back now, their live blocks "
+             "kept, with expseg_pool_empty_cache (a region's pool is never released)",
+             _expseg_format_size(b1, u->other_pools_live));
     break;
   case EXPSEG_HELP_OTHER_STREAMS:
     snprintf(buf + n, len - n, "; %s is free on other streams whose work is still running: "

@@ -139,7 +139,8 @@ size_t _expseg_unmap_pages(expseg_allocator *a, block_t *b, uintptr_t lo, uintpt
  * chunk that covers what is left, else the largest and go on (a chunk larger than needed
  * is mapped whole: the memory is held either way); among equal sizes the newest. exact
  * (the PyTorch model): chunks of one page only, k of them. Indexes into a->cache in pick[]
- * (at most cache_count), in the order to map them. O(n log n) in the cache's size. */
+ * (at most cache_count), in the order to map them, their pages in *got. O(n log n) in the
+ * cache's size. false: no host memory to sort the candidates (nothing picked). */
 typedef struct cand_s {
   size_t pages, idx;
 } cand_t;
@@ -150,11 +151,11 @@ static int cand_cmp(const void *x, const void *y) {
   return a->idx > b->idx ? -1 : a->idx < b->idx; /* newer (higher index) first */
 }
 
-static size_t cache_pick(const expseg_allocator *a, size_t pg, size_t k, size_t room, bool exact,
-                         size_t *pick, size_t *m) {
-  *m = 0;
+static bool cache_pick(const expseg_allocator *a, size_t pg, size_t k, size_t room, bool exact,
+                       size_t *pick, size_t *m, size_t *got_out) {
+  *m = *got_out = 0;
   cand_t *c = malloc((a->cache_count ? a->cache_count : 1) * sizeof *c);
-  if (c == NULL) return 0;
+  if (c == NULL) return false;
   size_t n = 0, got = 0;
   for (size_t i = 0; i < a->cache_count; i++) {
     const size_t sz = a->cache[i].size, p = sz / pg;
@@ -180,16 +181,18 @@ static size_t cache_pick(const expseg_allocator *a, size_t pg, size_t k, size_t 
     else break; /* it covers the rest */
   }
   free(c);
-  return got;
+  *got_out = got;
+  return true;
 }
 
-size_t _expseg_cache_cover(const expseg_allocator *a, size_t pg, size_t k, size_t room) {
-  if (a->cache_count == 0) return 0;
+bool _expseg_cache_cover(const expseg_allocator *a, size_t pg, size_t k, size_t room,
+                         size_t *have) {
+  *have = 0;
+  if (a->cache_count == 0) return true;
   size_t *pick = malloc(a->cache_count * sizeof *pick), m;
-  if (pick == NULL) return 0;
-  size_t got = cache_pick(a, pg, k, room, a->model_pytorch, pick, &m);
+  const bool ok = pick != NULL && cache_pick(a, pg, k, room, a->model_pytorch, pick, &m, have);
   free(pick);
-  return got;
+  return ok;
 }
 
 typedef struct taken_s {
@@ -213,20 +216,21 @@ block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, size_t le
   const size_t pg = s->page, room = u->size / pg, lo = u->ptr;
   size_t *pick = malloc((a->cache_count ? a->cache_count : 1) * sizeof *pick), m = 0;
   taken_t *c = malloc((a->cache_count ? a->cache_count : 1) * sizeof *c);
-  const size_t K = pick && c ? cache_pick(a, pg, k, room, a->model_pytorch, pick, &m) : 0;
+  size_t K = 0;
+  const bool picked = pick && c && cache_pick(a, pg, k, room, a->model_pytorch, pick, &m, &K);
   const size_t first = (lo - s->base) / pg;
   block_t *rest = NULL;
   if (K >= k && K < room) {
     rest = _expseg_block_new(a);
     if (rest != NULL) _expseg_block_delete(a, rest); /* the split below takes it back */
   }
-  if (pick == NULL || c == NULL || K < k || !pages_reserve(s, first + K) ||
-      (K < room && rest == NULL)) {
+  if (!picked || K < k || !pages_reserve(s, first + K) || (K < room && rest == NULL)) {
     free(pick);
     free(c);
-    *st = _expseg_error_set(K < k && pick && c ? EXPSEG_ERR_DRIVER : EXPSEG_ERR_HOST_OUT_OF_MEMORY,
-                            K < k && pick && c ? "internal: the page cache cannot cover the growth"
-                                               : "out of host memory for page bookkeeping");
+    const bool short_of_pages = picked && K < k; /* host memory was there: a bug */
+    *st = _expseg_error_set(short_of_pages ? EXPSEG_ERR_DRIVER : EXPSEG_ERR_HOST_OUT_OF_MEMORY,
+                            short_of_pages ? "internal: the page cache cannot cover the growth"
+                                           : "out of host memory for page bookkeeping");
     return NULL;
   }
   /* mapped in the order picked, but a chunk of `lead` pages (created as the request's own)

@@ -83,8 +83,9 @@ size_t _expseg_block_chunks(const expseg_allocator *a, const block_t *b, uintptr
 uintptr_t _expseg_chunks_top(const segment_t *s, uintptr_t lo, uintptr_t hi, size_t want,
                              size_t max_pages, bool at_most);
 /* Pages the page cache can map for a growth of k pages of pg bytes into a range of room
- * pages (< k: not enough). */
-size_t _expseg_cache_cover(const expseg_allocator *a, size_t pg, size_t k, size_t room);
+ * pages, in *have (< k: not enough). false: no host memory to tell (*have 0). */
+bool _expseg_cache_cover(const expseg_allocator *a, size_t pg, size_t k, size_t room,
+                         size_t *have);
 /* Maps cached chunks covering at least k pages at the start of unmapped block u (indexed),
  * one set_access for the range; the new free mapped block, merged with free mapped
  * neighbours and not indexed; NULL on failure (nothing changed, chunks back in the cache). */

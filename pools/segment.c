@@ -307,12 +307,18 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
       }
     }
     const size_t pg = pl.u->seg->page, room = pl.u->size / pg;
-    size_t have = _expseg_cache_cover(a, pg, pl.pages, room);
-    if (have < pl.pages && !a->model_pytorch) { /* PyTorch moves no page */
+    size_t have = 0;
+    bool known = _expseg_cache_cover(a, pg, pl.pages, room, &have);
+    if (known && have < pl.pages && !a->model_pytorch) { /* PyTorch moves no page */
       const size_t need = pl.pages - have;
       _expseg_steal_pages(a, pool, pg, need, room, pl.prefix, pl.suffix, blocking,
                           skey_tag(stream), true);
-      have = _expseg_cache_cover(a, pg, pl.pages, room);
+      known = _expseg_cache_cover(a, pg, pl.pages, room, &have);
+    }
+    if (!known) { /* not knowing what the cache holds, creating more would only add to it */
+      *st = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
+                              "out of host memory choosing cached pages for the growth");
+      return NULL;
     }
     if (have >= pl.pages && _expseg_zombie_mapped_in(a, pl.u->ptr, have * pg)) {
       *st = _expseg_error_set(EXPSEG_ERR_DRIVER,
