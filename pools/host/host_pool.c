@@ -25,19 +25,19 @@
 #include <time.h>
 #include <unistd.h>
 
-static expseg_status no_pool(const char *fn) {
+expseg_status _expseg_host_no_pool(const char *fn) {
   return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: the host pool is NULL", fn);
 }
 
 /* The pool's lock as the entry points take it: warnings raised inside wait until it is let
  * go (vmm/error.c), so a log sink never runs under an expseg lock. release_cached drops and
  * retakes it with pthread_mutex_* directly, inside an entry point. */
-static void pool_lock(expseg_host_pool *h) {
+void _expseg_host_lock(expseg_host_pool *h) {
   _expseg_log_defer(true);
   pthread_mutex_lock(&h->lock);
 }
 
-static void pool_unlock(expseg_host_pool *h) {
+void _expseg_host_unlock(expseg_host_pool *h) {
   pthread_mutex_unlock(&h->lock);
   _expseg_log_defer(false);
 }
@@ -197,9 +197,9 @@ enum { BG_POLL_NS = 100 * 1000 }; /* PyTorch's 100 us */
 static void *bg_main(void *arg) {
   expseg_host_pool *h = arg;
   for (;;) {
-    pool_lock(h); /* one pass per lock: its warnings reach the sink at each unlock */
+    _expseg_host_lock(h); /* one pass per lock: its warnings reach the sink at each unlock */
     if (h->bg_stop) {
-      pool_unlock(h);
+      _expseg_host_unlock(h);
       return NULL;
     }
     if (h->n_events == 0) {
@@ -213,7 +213,7 @@ static void *bg_main(void *arg) {
                             .tv_nsec = (long)(until % 1000000000u)};
       pthread_cond_timedwait(&h->cv, &h->lock, &ts);
     }
-    pool_unlock(h);
+    _expseg_host_unlock(h);
   }
 }
 
@@ -446,10 +446,10 @@ void expseg_host_destroy(expseg_host_pool *h) {
   if (!h) return;
   registry_remove(h);
   if (h->bg_running) {
-    pool_lock(h);
+    _expseg_host_lock(h);
     h->bg_stop = true;
     pthread_cond_signal(&h->cv);
-    pool_unlock(h);
+    _expseg_host_unlock(h);
     pthread_join(h->bg, NULL);
   }
   for (size_t i = 0; i < h->n_events; i++) (void)_expseg_vmm_event_destroy(h->drv, h->events[i].ev);
@@ -514,7 +514,7 @@ static expseg_status hand_out(expseg_host_pool *h, hblock_t *b, size_t size, voi
   } else {
     push_free(h, b);
   }
-  pool_unlock(h);
+  _expseg_host_unlock(h);
   if (!ok)
     return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                              "expseg_host_malloc: out of host memory for the pointer map");
@@ -523,9 +523,9 @@ static expseg_status hand_out(expseg_host_pool *h, hblock_t *b, size_t size, voi
 
 /* A request the driver could not serve, even after the cache went back (lock not held). */
 static void note_oom(expseg_host_pool *h, size_t cls) {
-  pool_lock(h);
+  _expseg_host_lock(h);
   EXPSEG_HOST_HIST(h, HIST_OOM, 0, cls);
-  pool_unlock(h);
+  _expseg_host_unlock(h);
 }
 
 /* A miss of a carved size: a new carve segment (lock held on entry, dropped around the
@@ -533,17 +533,17 @@ static void note_oom(expseg_host_pool *h, size_t cls) {
 static expseg_status carve_miss(expseg_host_pool *h, size_t size, size_t cls, void **out) {
   _expseg_host_carve_release(h); /* segments all free: too small for cls, or passed over (strict) */
   size_t want = _expseg_host_carve_segment_size(h, cls);
-  pool_unlock(h);
+  _expseg_host_unlock(h);
   hcarve_t *seg = calloc(1, sizeof *seg);
   if (!seg) return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
   uint64_t us = 0;
   expseg_status s = chunk_new(h, want, &seg->chunk, &us);
   if (s == EXPSEG_ERR_OUT_OF_MEMORY) {
-    pool_lock(h);
+    _expseg_host_lock(h);
     process_events(h);
     retry_stuck(h);
     size_t freed = release_cached(h, 0);
-    pool_unlock(h);
+    _expseg_host_unlock(h);
     if (freed || want > cls) s = chunk_new(h, cls, &seg->chunk, &us);
   }
   if (s != EXPSEG_OK) {
@@ -554,18 +554,18 @@ static expseg_status carve_miss(expseg_host_pool *h, size_t size, size_t cls, vo
     if (s == EXPSEG_ERR_OUT_OF_MEMORY) note_oom(h, cls);
     return s;
   }
-  pool_lock(h);
+  _expseg_host_lock(h);
   note_chunk(h, &seg->chunk, us);
   hblock_t *b = _expseg_host_carve_new(h, seg, cls);
   if (!b) {
-    pool_unlock(h);
+    _expseg_host_unlock(h);
     return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
   }
   return hand_out(h, b, size, out);
 }
 
 expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
-  if (!h) return no_pool("expseg_host_malloc");
+  if (!h) return _expseg_host_no_pool("expseg_host_malloc");
   if (!out) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_host_malloc: out is NULL");
   *out = NULL;
   if (size == 0) return EXPSEG_OK;
@@ -578,7 +578,7 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
   /* exact blocks that will be cached are carved; those above the cached size get a chunk
    * of their own, which goes back at free */
   bool carve = size > h->cfg.pinned_max_round_threshold && size <= h->cfg.pinned_max_cached_size;
-  pool_lock(h);
+  _expseg_host_lock(h);
   if (!h->bg_running) process_events(h);
   release_due(h);
   hblock_t *b = carve ? _expseg_host_carve_take(h, cls) : pop_free(h, cls);
@@ -592,17 +592,17 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
   if (b) return hand_out(h, b, size, out);
   h->st.misses++;
   if (carve) return carve_miss(h, size, cls, out);
-  pool_unlock(h);
+  _expseg_host_unlock(h);
   b = block_new(cls);
   if (!b) return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_host_malloc: out of host memory");
   uint64_t us = 0;
   expseg_status s = chunk_new(h, cls, &b->chunk, &us);
   if (s == EXPSEG_ERR_OUT_OF_MEMORY) { /* give the cache back and try once more */
-    pool_lock(h);
+    _expseg_host_lock(h);
     process_events(h);
     retry_stuck(h);
     size_t freed = release_cached(h, 0);
-    pool_unlock(h);
+    _expseg_host_unlock(h);
     if (freed) s = chunk_new(h, cls, &b->chunk, &us);
   }
   if (s != EXPSEG_OK) {
@@ -614,7 +614,7 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
     return s;
   }
   b->ptr = (uintptr_t)b->chunk.ptr;
-  pool_lock(h);
+  _expseg_host_lock(h);
   note_chunk(h, &b->chunk, us);
   _expseg_host_link_block(h, b);
   return hand_out(h, b, size, out);
@@ -686,13 +686,13 @@ static uint32_t record_events(expseg_host_pool *h, hblock_t *b) {
 }
 
 expseg_status expseg_host_free(expseg_host_pool *h, void *ptr) {
-  if (!h) return no_pool("expseg_host_free");
+  if (!h) return _expseg_host_no_pool("expseg_host_free");
   if (!ptr) return EXPSEG_OK;
-  pool_lock(h);
+  _expseg_host_lock(h);
   hblock_t *b = (hblock_t *)(void *)_expseg_ptrmap_take(&h->live, (uintptr_t)ptr);
   if (!b) {
     expseg_status s = not_live(h, "expseg_host_free", ptr);
-    pool_unlock(h);
+    _expseg_host_unlock(h);
     return s != EXPSEG_OK ? s : foreign(h, "expseg_host_free", ptr, true);
   }
   EXPSEG_HOST_HIST(h, HIST_FREE_REQUESTED, b->ptr, b->requested);
@@ -705,14 +705,14 @@ expseg_status expseg_host_free(expseg_host_pool *h, void *ptr) {
     push_free(h, b);
   }
   release_due(h);
-  pool_unlock(h);
+  _expseg_host_unlock(h);
   return EXPSEG_OK;
 }
 
 expseg_status expseg_host_record_stream(expseg_host_pool *h, void *ptr, expseg_stream stream) {
-  if (!h) return no_pool("expseg_host_record_stream");
+  if (!h) return _expseg_host_no_pool("expseg_host_record_stream");
   if (!ptr) return EXPSEG_OK;
-  pool_lock(h);
+  _expseg_host_lock(h);
   hblock_t *b = (hblock_t *)(void *)_expseg_ptrmap_get(&h->live, (uintptr_t)ptr);
   expseg_status s = EXPSEG_OK;
   if (!b) {
@@ -736,68 +736,36 @@ expseg_status expseg_host_record_stream(expseg_host_pool *h, void *ptr, expseg_s
                                  "expseg_host_record_stream: out of host memory");
     }
   }
-  pool_unlock(h);
+  _expseg_host_unlock(h);
   return b || s != EXPSEG_OK ? s : foreign(h, "expseg_host_record_stream", ptr, false);
 }
 
 expseg_status expseg_host_empty_cache(expseg_host_pool *h) {
-  if (!h) return no_pool("expseg_host_empty_cache");
-  pool_lock(h);
+  if (!h) return _expseg_host_no_pool("expseg_host_empty_cache");
+  _expseg_host_lock(h);
   process_events(h);
   retry_stuck(h);
   release_cached(h, 0);
-  pool_unlock(h);
+  _expseg_host_unlock(h);
   return EXPSEG_OK;
 }
 
 int expseg_host_numa_node(const expseg_host_pool *h) { return h ? h->node : -1; }
 
-expseg_status expseg_host_stat(const expseg_host_pool *h, const char *key, int64_t *value) {
-  if (!h) return no_pool("expseg_host_stat");
-  if (!key || !value)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_host_stat: NULL key or value");
-  expseg_host_pool *m = (expseg_host_pool *)h; /* the lock only */
-  pthread_mutex_lock(&m->lock);
-  bool ok = _expseg_host_stats_get(&h->st, key, value);
-  pthread_mutex_unlock(&m->lock);
-  if (!ok)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
-                             "expseg_host_stat: unknown key '%.80s' (keys: docs/host_pool.md, "
-                             "or expseg_host_stats_foreach)", key);
-  return EXPSEG_OK;
-}
-
-void expseg_host_stats_foreach(const expseg_host_pool *h,
-                               void (*fn)(void *ctx, const char *key, int64_t value), void *ctx) {
-  if (!h || !fn) return;
-  expseg_host_pool *m = (expseg_host_pool *)h;
-  pthread_mutex_lock(&m->lock);
-  host_stats_t copy = h->st; /* fn runs without the lock */
-  pthread_mutex_unlock(&m->lock);
-  _expseg_host_stats_visit(&copy, fn, ctx);
-}
-
 expseg_status expseg_host_record_history(expseg_host_pool *h, bool enabled, size_t max_entries,
                                          unsigned flags) {
-  if (!h) return no_pool("expseg_host_record_history");
+  if (!h) return _expseg_host_no_pool("expseg_host_record_history");
   expseg_status st = _expseg_hist_check("expseg_host_record_history", enabled, max_entries, flags);
   if (st != EXPSEG_OK) return st;
   history_t *n = NULL;
   if (enabled && (n = _expseg_hist_new(max_entries, flags)) == NULL)
     return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                              "expseg_host_record_history: out of host memory");
-  pool_lock(h);
+  _expseg_host_lock(h);
   history_t *old = h->hist;
   _expseg_hist_keep(n, old, flags);
   h->hist = n; /* disabling clears the history, as the device allocator's */
-  pool_unlock(h);
+  _expseg_host_unlock(h);
   _expseg_hist_free(old);
   return EXPSEG_OK;
-}
-
-void expseg_host_reset_peak_stats(expseg_host_pool *h) {
-  if (!h) return;
-  pool_lock(h);
-  _expseg_host_stats_reset_peak(&h->st);
-  pool_unlock(h);
 }

@@ -107,7 +107,12 @@ struct expseg_host_pool {
   expseg_host_pool *next_pool; /* every live pool (host_pool.c's registry) */
 };
 
-/* ---- host_pool.c, for host_carve.c ---- */
+/* ---- host_pool.c, for host_carve.c and host_pool_stats.c ---- */
+/* The pool's lock as the entry points take it (warnings deferred until it is let go). */
+void _expseg_host_lock(expseg_host_pool *h);
+void _expseg_host_unlock(expseg_host_pool *h);
+/* The error of an entry point given a NULL pool. */
+expseg_status _expseg_host_no_pool(const char *fn);
 void _expseg_host_link_block(expseg_host_pool *h, hblock_t *b);
 void _expseg_host_unlink_block(expseg_host_pool *h, hblock_t *b);
 expseg_status _expseg_host_chunk_free(expseg_host_pool *h, const expseg_host_chunk_t *c,
@@ -136,10 +141,6 @@ size_t _expseg_host_carve_release(expseg_host_pool *h);
   } while (0)
 
 /* ---- host_pool_stats.c ---- */
-bool _expseg_host_stats_get(const host_stats_t *s, const char *key, int64_t *v);
-void _expseg_host_stats_visit(const host_stats_t *s,
-                              void (*fn)(void *ctx, const char *key, int64_t value), void *ctx);
-void _expseg_host_stats_reset_peak(host_stats_t *s);
 void _expseg_dur_add(dur_t *d, int64_t us);
 
 /* expseg_host_create over an already-open driver (tests: the fault wrapper). Takes

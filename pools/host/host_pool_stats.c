@@ -4,7 +4,9 @@
  * .current/.peak/.allocated/.freed; num_host_alloc, num_host_free; host_alloc_time and
  * host_free_time with .total/.max/.min/.count/.avg in microseconds); expseg's own keys
  * carry the "expseg." prefix. The sorted key table is built once from host_pool.h's
- * EXPSEG_HOST_STATS list. */
+ * EXPSEG_HOST_STATS list; expseg_host_stat, _stats_foreach and _reset_peak_stats read it
+ * under the pool's lock. */
+#include "error.h"
 #include "host_pool.h"
 
 #include <stddef.h>
@@ -71,7 +73,7 @@ static int64_t value_of(const host_stats_t *s, const hkey_t *k) {
   return v[k->sub];
 }
 
-bool _expseg_host_stats_get(const host_stats_t *s, const char *key, int64_t *v) {
+static bool stats_get(const host_stats_t *s, const char *key, int64_t *v) {
   pthread_once(&keys_once, build);
   hkey_t probe;
   snprintf(probe.name, sizeof probe.name, "%s", key);
@@ -82,13 +84,13 @@ bool _expseg_host_stats_get(const host_stats_t *s, const char *key, int64_t *v) 
   return true;
 }
 
-void _expseg_host_stats_visit(const host_stats_t *s,
+static void stats_visit(const host_stats_t *s,
                               void (*fn)(void *ctx, const char *key, int64_t value), void *ctx) {
   pthread_once(&keys_once, build);
   for (size_t i = 0; i < n_keys; i++) fn(ctx, keys[i].name, value_of(s, &keys[i]));
 }
 
-void _expseg_host_stats_reset_peak(host_stats_t *s) {
+static void stats_reset_peak(host_stats_t *s) {
 #define HK_STAT_(n) s->n.peak = s->n.current;
 #define HK_NONE_(n)
   EXPSEG_HOST_STATS(HK_STAT_, HK_NONE_, HK_NONE_)
@@ -101,4 +103,38 @@ void _expseg_dur_add(dur_t *d, int64_t us) {
   if (us > d->max) d->max = us;
   if (d->count == 0 || us < d->min) d->min = us;
   d->count++;
+}
+
+/* ---- the public statistics calls ---- */
+
+expseg_status expseg_host_stat(const expseg_host_pool *h, const char *key, int64_t *value) {
+  if (!h) return _expseg_host_no_pool("expseg_host_stat");
+  if (!key || !value)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_host_stat: NULL key or value");
+  expseg_host_pool *m = (expseg_host_pool *)h; /* the lock only */
+  pthread_mutex_lock(&m->lock);
+  bool ok = stats_get(&h->st, key, value);
+  pthread_mutex_unlock(&m->lock);
+  if (!ok)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_host_stat: unknown key '%.80s' (keys: docs/host_pool.md, "
+                             "or expseg_host_stats_foreach)", key);
+  return EXPSEG_OK;
+}
+
+void expseg_host_stats_foreach(const expseg_host_pool *h,
+                               void (*fn)(void *ctx, const char *key, int64_t value), void *ctx) {
+  if (!h || !fn) return;
+  expseg_host_pool *m = (expseg_host_pool *)h;
+  pthread_mutex_lock(&m->lock);
+  host_stats_t copy = h->st; /* fn runs without the lock */
+  pthread_mutex_unlock(&m->lock);
+  stats_visit(&copy, fn, ctx);
+}
+
+void expseg_host_reset_peak_stats(expseg_host_pool *h) {
+  if (!h) return;
+  _expseg_host_lock(h);
+  stats_reset_peak(&h->st);
+  _expseg_host_unlock(h);
 }
