@@ -281,10 +281,13 @@ static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages, 
   for (size_t i = 0; i < made; i++) {
     _expseg_stat_pool_add(a->stats.reserved_bytes, pool, (int64_t)sz[i]);
     a->stats.created_bytes += (int64_t)sz[i];
-    if (!_expseg_cache_push(a, hs[i], pool, sz[i])) {
+    if (!_expseg_cache_push(a, hs[i], pool, sz[i])) { /* no room to keep it: given back */
       _expseg_stat_pool_add(a->stats.reserved_bytes, pool, -(int64_t)sz[i]);
       a->stats.released_bytes += (int64_t)sz[i];
       _expseg_release_now(a, (release_item_t){.h = hs[i], .size_h = sz[i], .pool = (uint8_t)pool});
+      if (st == EXPSEG_OK) /* else placing again finds the pages missing, round after round */
+        st = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
+                               "out of host memory for the page cache of a growth");
     }
   }
   if (hs != local_h) free(hs);

@@ -157,7 +157,7 @@ expseg_status _expseg_access_apply(expseg_access_t *s, const char *backend, uint
     ok = _expseg_access_revoke(s, addr, size, d);
   }
   return ok ? EXPSEG_OK
-            : _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+            : _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                                 "%s driver: set_access: out of host memory for the access record",
                                 backend);
 }

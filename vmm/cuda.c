@@ -720,7 +720,7 @@ expseg_status _expseg_cuda_new(int device, expseg_vmm_t **out) {
                              "cuda driver: device %d does not exist (%d CUDA device(s) visible)",
                              device, count);
   cuda_t *c = calloc(1, sizeof *c);
-  if (!c) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "cuda driver: out of host memory");
+  if (!c) return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "cuda driver: out of host memory");
   c->ordinal = device;
   _expseg_holds_init(&c->holds);
   expseg_status s = EXPSEG_OK;

@@ -87,8 +87,8 @@ static expseg_status remember(fault_t *f, expseg_vmm_call c, expseg_vmm_handle h
   pthread_mutex_unlock(&f->mu);
   if (ok) return EXPSEG_OK;
   INNER(f)->release(IST(f), h);
-  _expseg_vmm_account(f->inner, c, EXPSEG_ERR_OUT_OF_MEMORY, 0);
-  return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "fault driver: %s: out of host memory",
+  _expseg_vmm_account(f->inner, c, EXPSEG_ERR_HOST_OUT_OF_MEMORY, 0);
+  return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "fault driver: %s: out of host memory",
                            _expseg_vmm_call_name(c));
 }
 
@@ -266,7 +266,7 @@ expseg_status _expseg_fault_new(expseg_vmm_t *inner, expseg_vmm_t **out) {
   fault_t *f = calloc(1, sizeof *f);
   if (!f) {
     _expseg_vmm_close(inner);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "fault driver: out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "fault driver: out of host memory");
   }
   pthread_mutex_init(&f->mu, NULL);
   f->inner = inner;
@@ -377,7 +377,7 @@ expseg_status _expseg_fault_set_rules_text(expseg_vmm_t *fault, const char *text
   for (size_t i = 0; i < len; i++) n += text[i] == ',';
   n += len > 0;
   expseg_fault_rule_t *rules = n ? calloc(n, sizeof *rules) : NULL;
-  if (n && !rules) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "fault rules: out of host memory");
+  if (n && !rules) return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "fault rules: out of host memory");
   const char *p = text, *end = text + len;
   for (size_t i = 0; i < n; i++) {
     const char *comma = memchr(p, ',', (size_t)(end - p));

@@ -380,7 +380,7 @@ expseg_status _expseg_host_new(const expseg_host_opts_t *o, int device, expseg_v
                                opt.numa_node, n, n - 1);
   }
   host_t *h = calloc(1, sizeof *h);
-  if (!h) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "host driver: out of host memory");
+  if (!h) return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "host driver: out of host memory");
   pthread_mutex_init(&h->mu, NULL);
   h->o = opt;
   h->ledger = _expseg_ledger_new("host", g);
@@ -390,7 +390,7 @@ expseg_status _expseg_host_new(const expseg_host_opts_t *o, int device, expseg_v
   h->device = device;
   if (!h->ledger || !h->streams || !h->arenas || !h->access) {
     host_destroy(h);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "host driver: out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "host driver: out of host memory");
   }
   return _expseg_vmm_wrap(&host_ops, h, device, out);
 }

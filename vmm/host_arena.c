@@ -73,20 +73,25 @@ void _expseg_arenas_free(expseg_arenas_t *s) {
   free(s);
 }
 
-/* A free slot (fd -1), growing the table; SIZE_MAX with the message set when out of memory
- * or of slots. */
-static size_t new_slot(expseg_arenas_t *s, const char *call) {
+/* A free slot (fd -1), growing the table; SIZE_MAX with the message set and *st the status
+ * when out of slots (the device's memory: out of memory) or of host memory for the table. */
+static size_t new_slot(expseg_arenas_t *s, const char *call, expseg_status *st) {
   for (size_t i = 0; i < s->n; i++)
     if (s->a[i].fd < 0) return i;
   if (s->n == s->cap) {
     size_t cap = s->cap ? s->cap * 2 : 8;
     if (cap > MAX_SLOTS) cap = MAX_SLOTS;
-    arena_t *t = cap > s->cap ? realloc(s->a, cap * sizeof *t) : NULL;
+    if (cap == s->cap) {
+      *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+                              "host driver: %s: all %u slots for arenas and imported chunks "
+                              "are in use",
+                              call, MAX_SLOTS);
+      return SIZE_MAX;
+    }
+    arena_t *t = realloc(s->a, cap * sizeof *t);
     if (!t) {
-      _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
-                        "host driver: %s: out of host memory (or of the %u slots) for an arena "
-                        "or imported chunk",
-                        call, MAX_SLOTS);
+      *st = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
+                              "host driver: %s: out of host memory for the arena table", call);
       return SIZE_MAX;
     }
     s->a = t;
@@ -103,7 +108,7 @@ expseg_status _expseg_arenas_claim(expseg_arenas_t *s, size_t size, uint64_t *us
     uint64_t off = 0;
     int got = _expseg_ranges_take(&s->a[i].free, size, 1, &off);
     if (got < 0)
-      return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+      return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                                "host driver: create: out of host memory for the free ranges");
     if (got > 0) {
       *user = pack(i, (size_t)off);
@@ -115,8 +120,9 @@ expseg_status _expseg_arenas_claim(expseg_arenas_t *s, size_t size, uint64_t *us
     return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
                              "host driver: create: %zu bytes is more than an arena can hold",
                              size);
-  size_t slot = new_slot(s, "create");
-  if (slot == SIZE_MAX) return EXPSEG_ERR_OUT_OF_MEMORY;
+  expseg_status st = EXPSEG_OK;
+  size_t slot = new_slot(s, "create", &st);
+  if (slot == SIZE_MAX) return st;
   int fd = memfd_create("expseg-arena", MFD_CLOEXEC);
   if (fd < 0) return sys_err("create", "memfd_create", errno);
   if (ftruncate(fd, (off_t)fsize) != 0) {
@@ -129,7 +135,7 @@ expseg_status _expseg_arenas_claim(expseg_arenas_t *s, size_t size, uint64_t *us
   if (fsize > size && !_expseg_ranges_put(&a->free, size, fsize - size)) {
     close(fd);
     a->fd = -1;
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                              "host driver: create: out of host memory for the free ranges");
   }
   *user = pack(slot, 0);
@@ -146,14 +152,15 @@ expseg_status _expseg_arenas_give_back(expseg_arenas_t *s, uint64_t user, size_t
   if (fallocate(a->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)size) != 0)
     return sys_err("release", "fallocate(PUNCH_HOLE)", errno);
   if (!_expseg_ranges_put(&a->free, off, size))
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                              "host driver: release: out of host memory for the free ranges");
   return EXPSEG_OK;
 }
 
 expseg_status _expseg_arenas_adopt(expseg_arenas_t *s, int fd, size_t base, uint64_t *user) {
-  size_t slot = new_slot(s, "import_fd");
-  if (slot == SIZE_MAX) return EXPSEG_ERR_OUT_OF_MEMORY;
+  expseg_status st = EXPSEG_OK;
+  size_t slot = new_slot(s, "import_fd", &st);
+  if (slot == SIZE_MAX) return st;
   s->a[slot].fd = fd;
   s->a[slot].imported = true;
   s->a[slot].base = base;

@@ -150,7 +150,7 @@ expseg_status _expseg_ipc_sock_recv(int sock, unsigned char **data, size_t *size
   int *f = malloc((nf ? nf : 1) * sizeof *f);
   if (!d || !f) {
     free(d), free(f);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "expseg_ipc_recv: out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "expseg_ipc_recv: out of host memory");
   }
   size_t got = 0;
   st = read_all(sock, d, n, "handle");

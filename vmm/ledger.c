@@ -132,7 +132,7 @@ expseg_status _expseg_ledger_reserve(expseg_ledger_t *l, uintptr_t addr, size_t 
     size_t cap = l->capresv ? l->capresv * 2 : 16;
     resv_t *n = realloc(l->resv, cap * sizeof *n);
     if (!n)
-      return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+      return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                                "%s driver: reserve: out of host memory for the reservation table",
                                l->name);
     l->resv = n;
@@ -192,7 +192,7 @@ expseg_status _expseg_ledger_chunk_new(expseg_ledger_t *l, size_t size, uint64_t
       size_t cap = l->capchunks ? l->capchunks * 2 : 64;
       chunk_t *n = cap < 0xffffffffu ? realloc(l->chunks, cap * sizeof *n) : NULL;
       if (!n)
-        return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+        return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                                  "%s driver: create: out of host memory for the chunk table",
                                  l->name);
       l->chunks = n;
@@ -281,7 +281,7 @@ expseg_status _expseg_ledger_map(expseg_ledger_t *l, uintptr_t addr, size_t size
   if (n) {
     l->node_free = n->link.l;
   } else if (!(n = malloc(sizeof *n))) {
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                              "%s driver: map: out of host memory for the mapping table", l->name);
   }
   *n = (node_t){.addr = addr, .size = size, .h = h, .link = {NULL, NULL, _expseg_treap_prio(&l->rng)}};

@@ -80,7 +80,7 @@ static expseg_status sim_reserve(void *st, size_t size, size_t align, uintptr_t 
     r = _expseg_ledger_reserve(s->ledger, (uintptr_t)a, size);
     if (r != EXPSEG_OK) _expseg_ranges_put(&s->free_va, a, size); /* as it was: cannot fail */
   } else if (got < 0) {
-    r = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+    r = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                           "sim driver: reserve: out of host memory for the free list");
   }
   pthread_mutex_unlock(&s->mu);
@@ -98,7 +98,7 @@ static expseg_status sim_unreserve(void *st, uintptr_t addr, size_t size) {
   expseg_status r = _expseg_ledger_unreserve(s->ledger, addr, size, false);
   if (r == EXPSEG_OK) {
     if (!_expseg_ranges_put(&s->free_va, addr, size))
-      r = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+      r = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                             "sim driver: unreserve: out of host memory for the free list");
     else _expseg_ledger_unreserve(s->ledger, addr, size, true);
   }
@@ -245,7 +245,7 @@ expseg_status _expseg_sim_new(const expseg_sim_opts_t *o, int device, expseg_vmm
                              "to 4096T",
                              (unsigned long long)o->va_size, _expseg_format_size(b, g));
   sim_t *s = calloc(1, sizeof *s);
-  if (!s) return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "sim driver: out of host memory");
+  if (!s) return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "sim driver: out of host memory");
   pthread_mutex_init(&s->mu, NULL);
   s->o = *o;
   s->o.va_size &= ~(uint64_t)(g - 1);
@@ -258,7 +258,7 @@ expseg_status _expseg_sim_new(const expseg_sim_opts_t *o, int device, expseg_vmm
   if (!s->ledger || !s->streams || !s->access ||
       !_expseg_ranges_put(&s->free_va, base, s->o.va_size)) {
     sim_destroy(s);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "sim driver: out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "sim driver: out of host memory");
   }
   return _expseg_vmm_wrap(&sim_ops, s, device, out);
 }

@@ -52,5 +52,5 @@ expseg_status _expseg_holds_retire(_expseg_holds_t *h, expseg_stream s) {
   bool ok = _expseg_map_put(&h->retired, s, 1);
   pthread_mutex_unlock(&h->mu);
   return ok ? EXPSEG_OK
-            : _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "cuda driver: out of host memory");
+            : _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "cuda driver: out of host memory");
 }

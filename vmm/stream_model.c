@@ -96,7 +96,7 @@ expseg_status _expseg_smodel_event_create(expseg_smodel_t *m, expseg_vmm_event *
       evslot_t *n = cap > m->capev ? realloc(m->ev, cap * sizeof *n) : NULL;
       if (!n) {
         pthread_mutex_unlock(&m->mu);
-        return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+        return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                                  "%s driver: event_create: out of host memory for %zu events",
                                  m->name, m->nev + 1);
       }

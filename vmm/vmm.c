@@ -155,7 +155,7 @@ expseg_status _expseg_vmm_wrap(const expseg_vmm_ops_t *ops, void *st, int device
   vmm_full_t *f = calloc(1, sizeof *f);
   if (!f) {
     ops->destroy(st);
-    return _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "vmm_wrap: out of host memory");
+    return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "vmm_wrap: out of host memory");
   }
   pthread_mutex_init(&f->mu, NULL);
   f->pub.ops = ops;
@@ -426,7 +426,7 @@ expseg_status _expseg_vmm_reserve(expseg_vmm_t *v, size_t size, size_t align, ui
       if (!n) {
         pthread_mutex_unlock(&f->mu);
         v->ops->unreserve(v->st, a, size);
-        st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
+        st = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                                "%s driver: reserve: out of host memory for the table",
                                v->ops->name);
         _expseg_vmm_account(v, c, st, 0);
