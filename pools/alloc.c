@@ -602,8 +602,10 @@ expseg_status expseg_configure(expseg_allocator *a, const char *config) {
     st = _expseg_error_set(EXPSEG_ERR_CONFIG, "%s", err);
   } else if (_expseg_page_size(&next, a->granularity) != a->page) {
     st = _expseg_error_set(EXPSEG_ERR_CONFIG,
-                           "expseg_configure: page_size_mb can only be set at creation (in force: "
-                           "%zu bytes)",
+                           "expseg_configure: page_size_mb value %zu (pages of %zu bytes) can "
+                           "only be set at creation; accepted: the pages in force (%zu bytes), "
+                           "or leave the key out",
+                           (size_t)(next.page_size >> 20), _expseg_page_size(&next, a->granularity),
                            a->page);
   } else if (!config_consistent(&next, err, sizeof err)) {
     /* the keys given are fine alone but not with those in force (large_segment_size_mb

@@ -17,7 +17,12 @@
 //   device's out of memory (no num_ooms, no observer), nothing half done.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -67,6 +72,380 @@ void expect_books(expseg_allocator *a, const std::string &where) {
 }
 
 void count_oom(void *ctx, int, size_t, size_t, size_t) { ++*static_cast<int *>(ctx); }
+
+// ---- Options ---------------------------------------------------------------------------
+
+struct Verdict {
+  const char *text;
+  bool accepted;
+  const char *expect; // accepted: a part of the printed configuration; refused: of the message
+};
+
+// PyTorch main's verdict on each (c10/core/AllocatorConfig.cpp, c10/cuda/
+// CUDAAllocatorConfig.cpp): its tokenizer drops whitespace, reads integers with stoull
+// (sign, junk after the number, wrap-around) and decimals with stod; a key alone, a value
+// alone, an empty entry in front or between is refused, a trailing ',' accepted.
+const Verdict kVerdicts[] = {
+    {"", true, "expandable_segments:True"},
+    {" \t\n", true, "expandable_segments:True"},
+    {",", false, "','"},
+    {",,", false, "','"},
+    {",max_split_size_mb:20", false, "','"},
+    {"max_split_size_mb:20,,expandable_segments:True", false, "position 22"},
+    {"max_split_size_mb:20,", true, "max_split_size_mb:20,"},
+    {" max_split_size_mb : 2 0 ,\texpandable_segments : Tr ue ", true, "max_split_size_mb:20,"},
+    {"max_split_size_mb:20,max_split_size_mb:40", true, "max_split_size_mb:40,"},
+    {"MAX_SPLIT_SIZE_MB:20", false, "'MAX_SPLIT_SIZE_MB'"},
+    {"max_split_size_mb:0", false, "'0'"},
+    {"max_split_size_mb:1", false, "'1'"},
+    {"max_split_size_mb:19", false, "'19'"},
+    {"max_split_size_mb:20", true, "max_split_size_mb:20,"},
+    {"max_split_size_mb:18446744073709551615", true, "max_split_size_mb:17592186044415,"},
+    {"max_split_size_mb:18446744073709551616", false, "'18446744073709551616'"},
+    {"max_split_size_mb:-1", true, "max_split_size_mb:17592186044415,"},
+    {"max_split_size_mb:0x20", false, "'0x20'"}, // stoull reads the 0
+    {"max_split_size_mb:20.9", true, "max_split_size_mb:20,"},
+    {"max_split_size_mb:+25", true, "max_split_size_mb:25,"},
+    {"max_split_size_mb:abc", false, "'abc'"},
+    {"max_split_size_mb:", false, "max_split_size_mb has no value"},
+    {"max_split_size_mb", false, "max_split_size_mb has no value"},
+    {"max_split_size_mb::20", false, "max_split_size_mb has no value"},
+    {"max_split_size_mb:[20]", false, "'['"},
+    {"roundup_power2_divisions:[256:1,512:2,>:4]", true, "roundup_power2_divisions:[256:1,512:2,>:4]"},
+    {"roundup_power2_divisions:[256:1,512:2,>:4", false, "no closing ']'"},
+    {"roundup_power2_divisions:[256:3]", false, "'3'"},
+    {"roundup_power2_divisions:[300:4]", false, "'300'"},
+    {"roundup_power2_divisions:[0:4]", false, "'0'"},
+    {"roundup_power2_divisions:[:4]", false, "']'"},
+    {"roundup_power2_divisions:[[256:4]]", false, "':'"},
+    {"roundup_power2_divisions:[]", true, "roundup_power2_divisions:[>:0]"},
+    {"roundup_power2_divisions:[256:4,128:2]", true, "roundup_power2_divisions:[64:4,128:2,256:4,>:0]"},
+    {"roundup_power2_divisions:[65536:4]", true, "roundup_power2_divisions:4,"},
+    {"roundup_power2_divisions:4", true, "roundup_power2_divisions:4,"},
+    {"roundup_power2_divisions:3", false, "'3'"},
+    {"roundup_power2_divisions:0", false, "'0'"},
+    {"garbage_collection_threshold:0", false, "'0'"},
+    {"garbage_collection_threshold:1", false, "'1'"},
+    {"garbage_collection_threshold:0.5", true, "garbage_collection_threshold:0.5,"},
+    {"garbage_collection_threshold:.5", true, "garbage_collection_threshold:0.5,"},
+    {"garbage_collection_threshold:5e-1", true, "garbage_collection_threshold:0.5,"},
+    {"garbage_collection_threshold:0x1p-1", true, "garbage_collection_threshold:0.5,"},
+    {"garbage_collection_threshold:1.5", false, "'1.5'"},
+    {"garbage_collection_threshold:-0.5", false, "'-0.5'"},
+    {"garbage_collection_threshold:nan", false, "'nan'"},
+    {"garbage_collection_threshold:1e-400", false, "'1e-400'"},
+    {"expandable_segments:True", true, "expandable_segments:True,"},
+    {"expandable_segments:False", true, "expandable_segments:False,"},
+    {"expandable_segments:true", false, "'true'"},
+    {"expandable_segments:1", false, "'1'"},
+    {"expandable_segments:TRUE", false, "'TRUE'"},
+    {"expandable_segments:", false, "expandable_segments has no value"},
+    {"expandable_segments:True:False", false, "'False'"},
+    {"backend:native", true, "backend:native,"},
+    {"backend:cudaMallocAsync", false, "'cudaMallocAsync'"},
+    {"backend:hipMallocAsync", false, "'hipMallocAsync'"},
+    {"backend:Native", false, "'Native'"},
+    {"unknown_key:1", false, "'unknown_key'"},
+    {"per_process_memory_fraction:1.5", false, "'1.5'"},
+    {"per_process_memory_fraction:-0", true, "per_process_memory_fraction:0,"},
+    {"large_segment_size_mb:10", false, "'10'"},
+    {"large_segment_size_mb:11,max_split_size_mb:11", true, "max_split_size_mb:11,"},
+    {"max_split_size_mb:11,large_segment_size_mb:12", false, "'11'"},
+    {"page_size_mb:1025", false, "'1025'"},
+    {":", false, "':'"},
+    {":20", false, "':'"},
+    {"[", false, "'['"},
+    {"]", false, "']'"},
+    {"\x01", false, "\\x01"},
+    {"max_split_size_mb:40,\x7f", false, "\\x7f"},
+};
+
+// Each text: PyTorch's verdict; a refusal is EXPSEG_ERR_CONFIG with one line (at most
+// EXPSEG_CONFIG_MSG_MAX bytes) naming the value and what is accepted, and leaves an
+// allocator's configuration as it was; an accepted text prints a configuration that parses
+// back to itself, and expseg_configure of it on another allocator gives the same.
+TEST(Options, PyTorchVerdictsAtTheEdges) {
+  QuietLog quiet;
+  AllocPtr base = make_alloc("sim:capacity=8G", "max_split_size_mb:100,garbage_collection_threshold:0.7");
+  const std::string before = config_of(base.get());
+  for (const Verdict &v : kVerdicts) {
+    SCOPED_TRACE(std::string("text [") + v.text + "]");
+    expseg_allocator *a = nullptr;
+    const expseg_status st = expseg_create("sim:capacity=8G", 0, v.text, &a);
+    const std::string msg = err();
+    const expseg_status cst = expseg_configure(base.get(), v.text);
+    const std::string cmsg = err();
+    if (v.accepted) {
+      ASSERT_EQ(st, EXPSEG_OK) << msg;
+      EXPECT_EQ(cst, EXPSEG_OK) << cmsg;
+      const std::string printed = config_of(a);
+      EXPECT_NE(printed.find(v.expect), std::string::npos) << printed;
+      expseg_allocator *b = nullptr;
+      ASSERT_EQ(expseg_create("sim:capacity=8G", 0, printed.c_str(), &b), EXPSEG_OK) << err();
+      EXPECT_EQ(config_of(b), printed);
+      expseg_destroy(b);
+      if (printed.find("per_process_memory_fraction:0,") == std::string::npos)
+        expect_books(a, "accepted"); // else nothing can be allocated
+      expseg_destroy(a);
+      ASSERT_EQ(expseg_configure(base.get(), before.c_str()), EXPSEG_OK) << err();
+    } else {
+      EXPECT_EQ(st, EXPSEG_ERR_CONFIG) << msg;
+      EXPECT_EQ(a, nullptr);
+      if (a) expseg_destroy(a);
+      for (const std::string &m : {msg, cmsg}) {
+        EXPECT_NE(m.find(v.expect), std::string::npos) << m;
+        EXPECT_NE(m.find("accepted"), std::string::npos) << m;
+        EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+        EXPECT_LT(m.size(), 1024u) << m;
+      }
+      EXPECT_EQ(msg.rfind("expseg_create: ", 0), 0u) << msg;
+      EXPECT_EQ(cst, EXPSEG_ERR_CONFIG) << cmsg;
+      EXPECT_EQ(cmsg.rfind("expseg_configure", 0), 0u) << cmsg;
+    }
+    EXPECT_EQ(config_of(base.get()), before);
+  }
+}
+
+// The page size is fixed at creation: a configure that changes it is refused with a
+// message that names the value asked and what is accepted, and changes nothing else.
+TEST(Options, PageSizeChangeRefusedNamesTheValueAndWhatIsAccepted) {
+  QuietLog quiet;
+  AllocPtr p = make_alloc("sim:capacity=8G", "page_size_mb:4");
+  expseg_allocator *a = p.get();
+  const std::string before = config_of(a);
+  EXPECT_EQ(expseg_configure(a, "max_split_size_mb:60,page_size_mb:64"), EXPSEG_ERR_CONFIG);
+  EXPECT_NE(err().find("page_size_mb value 64"), std::string::npos) << err();
+  EXPECT_NE(err().find("accepted"), std::string::npos) << err();
+  EXPECT_NE(err().find("4194304 bytes"), std::string::npos) << err();
+  EXPECT_EQ(config_of(a), before);
+  EXPECT_EQ(expseg_configure(a, "page_size_mb:4,max_split_size_mb:60"), EXPSEG_OK) << err();
+  EXPECT_NE(config_of(a).find("max_split_size_mb:60,"), std::string::npos);
+}
+
+// Texts of 10 MB: whitespace, one key repeated, one long word, a list of a million entries.
+// Each answered (accepted with the last value, or refused with a short message) without
+// quadratic time.
+TEST(Options, TenMegabyteTexts) {
+  QuietLog quiet;
+  const size_t ten = 10 * MiB;
+  std::string spaces(ten, ' ');
+  spaces += "max_split_size_mb:40";
+  std::string repeated;
+  for (int i = 0; repeated.size() < ten; i++) repeated += "max_split_size_mb:" + std::to_string(20 + i % 50) + ",";
+  repeated += "max_split_size_mb:77";
+  std::string word(ten, 'x');
+  std::string list = "roundup_power2_divisions:[";
+  while (list.size() < ten) list += "256:4,";
+  list += ">:8]";
+  struct Case { const std::string *text; bool accepted; const char *expect; };
+  for (const Case &c : {Case{&spaces, true, "max_split_size_mb:40,"},
+                        Case{&repeated, true, "max_split_size_mb:77,"},
+                        Case{&word, false, "unknown key"},
+                        Case{&list, true, "roundup_power2_divisions:[256:4,>:8]"}}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    expseg_allocator *a = nullptr;
+    const expseg_status st = expseg_create("sim:capacity=8G", 0, c.text->c_str(), &a);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 10.0) << c.expect;
+    if (c.accepted) {
+      ASSERT_EQ(st, EXPSEG_OK) << err();
+      EXPECT_NE(config_of(a).find(c.expect), std::string::npos) << config_of(a);
+      expseg_destroy(a);
+    } else {
+      EXPECT_EQ(st, EXPSEG_ERR_CONFIG);
+      EXPECT_NE(err().find(c.expect), std::string::npos) << err().substr(0, 200);
+      EXPECT_LT(err().size(), 1024u);
+    }
+  }
+}
+
+// Where the text comes from: EXPSEG_ALLOC_CONF, then PYTORCH_CUDA_ALLOC_CONF, then
+// PYTORCH_ALLOC_CONF; an empty variable counts as set; a refusal names the variable.
+TEST(Options, EnvironmentSourcesInOrder) {
+  QuietLog quiet;
+  struct Env { const char *e, *pc, *p; expseg_status st; const char *expect; };
+  const char *names[] = {"EXPSEG_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"};
+  std::string saved[3];
+  bool had[3];
+  for (int i = 0; i < 3; i++) {
+    const char *v = std::getenv(names[i]);
+    had[i] = v != nullptr;
+    if (v) saved[i] = v;
+  }
+  for (const Env &e : {Env{"expandable_segments:true", "max_split_size_mb:40", nullptr, EXPSEG_ERR_CONFIG, "EXPSEG_ALLOC_CONF: position 21"},
+                       Env{"", "bogus:1", nullptr, EXPSEG_OK, "expandable_segments:True,"},
+                       Env{nullptr, "bogus:1", "max_split_size_mb:40", EXPSEG_ERR_CONFIG, "PYTORCH_CUDA_ALLOC_CONF: position 1: unknown key 'bogus'"},
+                       Env{nullptr, "max_split_size_mb:40", "bogus", EXPSEG_OK, "max_split_size_mb:40,"},
+                       Env{nullptr, nullptr, "max_split_size_mb:19", EXPSEG_ERR_CONFIG, "PYTORCH_ALLOC_CONF: position 19: max_split_size_mb value '19'"},
+                       Env{nullptr, nullptr, nullptr, EXPSEG_OK, "expandable_segments:True,"}}) {
+    const char *vals[3] = {e.e, e.pc, e.p};
+    for (int i = 0; i < 3; i++) {
+      if (vals[i]) setenv(names[i], vals[i], 1);
+      else unsetenv(names[i]);
+    }
+    expseg_allocator *a = nullptr;
+    const expseg_status st = expseg_create("sim:capacity=8G", 0, nullptr, &a);
+    EXPECT_EQ(st, e.st) << err();
+    if (st == EXPSEG_OK) {
+      EXPECT_NE(config_of(a).find(e.expect), std::string::npos) << config_of(a);
+      expseg_destroy(a);
+    } else {
+      EXPECT_NE(err().find(e.expect), std::string::npos) << err();
+    }
+  }
+  for (int i = 0; i < 3; i++) {
+    if (had[i]) setenv(names[i], saved[i].c_str(), 1);
+    else unsetenv(names[i]);
+  }
+}
+
+// Seeded random texts of the numeric keys (decimals of every length, integers up to 2^64,
+// powers of two down to subnormals, sizes, class lists): every accepted text prints a
+// configuration that parses back to itself and that expseg_configure keeps unchanged.
+TEST(Options, AcceptedRandomTextsPrintBackToThemselves) {
+  QuietLog quiet;
+  const uint64_t seed = std::getenv("EXPSEG_TEST_SEED") ? std::strtoull(std::getenv("EXPSEG_TEST_SEED"), nullptr, 0) : 9;
+  std::printf("seed %llu (EXPSEG_TEST_SEED)\n", (unsigned long long)seed);
+  std::mt19937_64 r(seed);
+  const char *keys[] = {"garbage_collection_threshold", "per_process_memory_fraction",
+                        "expandable_segments_reserve", "max_split_size_mb", "large_segment_size_mb",
+                        "page_cache_max_mb", "va_reserve_mb", "single_chunk_min_mb",
+                        "pinned_max_round_threshold_mb", "pinned_reserve_segment_size_mb",
+                        "expandable_segments_reserve_by_class", "page_size_mb",
+                        "max_non_split_rounding_mb", "pinned_num_register_threads"};
+  int accepted = 0;
+  for (int it = 0; it < 3000; it++) {
+    std::string text;
+    for (int j = 0, n = 1 + (int)(r() % 3); j < n; j++) {
+      std::string v;
+      char b[64];
+      switch (r() % 6) {
+      case 0:
+        std::snprintf(b, sizeof b, "%.*g", (int)(1 + r() % 20), std::uniform_real_distribution<double>(0, 1)(r));
+        v = b;
+        break;
+      case 1: v = std::to_string(r() % 100000); break;
+      case 2: v = std::to_string(r()); break;
+      case 3:
+        std::snprintf(b, sizeof b, "%.17g", std::ldexp(1.0, -(int)(r() % 1100)));
+        v = b;
+        break;
+      case 4: v = std::to_string(r() % 100) + "G"; break;
+      default: v = "[a:" + std::to_string(r() % 1000) + "G,b:0." + std::to_string(r() % 1000) + "]";
+      }
+      text += std::string(j ? "," : "") + keys[r() % 14] + ":" + v;
+    }
+    expseg_allocator *a = nullptr;
+    if (expseg_create("sim:capacity=80G", 0, text.c_str(), &a) != EXPSEG_OK) continue;
+    accepted++;
+    const std::string printed = config_of(a);
+    expseg_allocator *b = nullptr;
+    ASSERT_EQ(expseg_create("sim:capacity=80G", 0, printed.c_str(), &b), EXPSEG_OK)
+        << text << " -> " << printed << ": " << err();
+    EXPECT_EQ(config_of(b), printed) << text;
+    EXPECT_EQ(expseg_configure(a, printed.c_str()), EXPSEG_OK) << text << ": " << err();
+    EXPECT_EQ(config_of(a), printed) << text;
+    expseg_destroy(a);
+    expseg_destroy(b);
+    if (HasFailure()) return;
+  }
+  EXPECT_GT(accepted, 300);
+}
+
+// ---- Sequences -------------------------------------------------------------------------
+
+// Odd calls one after another on one allocator, the books checked after each.
+TEST(Sequences, OddCallsKeepTheBooks) {
+  QuietLog quiet;
+  for (const char *conf : {"expandable_segments:True", "expandable_segments:False"}) {
+    SCOPED_TRACE(conf);
+    AllocPtr pa = make_alloc("sim:capacity=8G", conf), pb = make_alloc("sim:capacity=8G", conf);
+    expseg_allocator *a = pa.get(), *b = pb.get();
+    void *p = nullptr;
+    EXPECT_EQ(expseg_free(a, nullptr), EXPSEG_OK);
+    expect_books(a, "free(NULL)");
+    p = &p;
+    EXPECT_EQ(expseg_malloc(a, 0, 0, &p), EXPSEG_OK);
+    EXPECT_EQ(p, nullptr);
+    expect_books(a, "malloc(0)");
+    int ooms = 0;
+    ASSERT_EQ(expseg_add_oom_observer(a, count_oom, &ooms), EXPSEG_OK);
+    for (size_t huge : {SIZE_MAX, SIZE_MAX - 4095, (size_t)1 << 60, ((size_t)1 << 60) - 1,
+                        (size_t)9 << 30}) {
+      p = &p;
+      EXPECT_EQ(expseg_malloc(a, huge, 0, &p), EXPSEG_ERR_OUT_OF_MEMORY) << huge;
+      EXPECT_EQ(p, nullptr) << huge;
+      expect_books(a, "malloc(" + std::to_string(huge) + ")");
+    }
+    EXPECT_EQ(stat_of(a, "num_ooms"), 2) << "1 EiB and more are refused before counting";
+    EXPECT_EQ(ooms, 2);
+    std::vector<void *> live;
+    for (size_t base : {(size_t)512, (size_t)1 * MiB, (size_t)2 * MiB, (size_t)10 * MiB,
+                        (size_t)20 * MiB, (size_t)64 * MiB})
+      for (long d : {-1L, 0L, 1L}) {
+        void *x = nullptr;
+        ASSERT_EQ(expseg_malloc(a, base + d, (expseg_stream)(live.size() % 3), &x), EXPSEG_OK) << err();
+        live.push_back(x);
+      }
+    expect_books(a, "sizes");
+    EXPECT_EQ(expseg_free(a, (char *)live[4] + 512), EXPSEG_ERR_INVALID_ARGUMENT);
+    expect_books(a, "interior free");
+    void *gone = live.back();
+    live.pop_back();
+    ASSERT_EQ(expseg_free(a, gone), EXPSEG_OK);
+    EXPECT_EQ(expseg_free(a, gone), EXPSEG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(expseg_record_stream(a, gone, 5), EXPSEG_ERR_INVALID_ARGUMENT);
+    expect_books(a, "double free");
+    void *foreign = nullptr;
+    ASSERT_EQ(expseg_malloc(b, 4096, 0, &foreign), EXPSEG_OK);
+    EXPECT_EQ(expseg_free(a, foreign), EXPSEG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(expseg_record_stream(a, foreign, 1), EXPSEG_ERR_INVALID_ARGUMENT);
+    expect_books(a, "foreign free");
+    expect_books(b, "foreign free (owner)");
+    ASSERT_EQ(expseg_free(b, foreign), EXPSEG_OK);
+    expseg_reset_peak_stats(a);
+    EXPECT_EQ(stat_of(a, "allocated_bytes.all.peak"), stat_of(a, "allocated_bytes.all.current"));
+    expect_books(a, "reset_peak");
+    // a private pool, several streams, one held: empty_cache with all of them live
+    expseg_pool_id pool = 0;
+    ASSERT_EQ(expseg_pool_create(a, &pool), EXPSEG_OK);
+    void *pp = nullptr, *pq = nullptr;
+    ASSERT_EQ(expseg_malloc_pool(a, 3 * MiB, 7, pool, &pp), EXPSEG_OK) << err();
+    ASSERT_EQ(expseg_malloc_pool(a, 300 * KiB, 8, pool, &pq), EXPSEG_OK) << err();
+    ASSERT_EQ(expseg_testing_hold_stream(a, 12, true), EXPSEG_OK);
+    for (size_t i = 0; i < live.size(); i++)
+      ASSERT_EQ(expseg_record_stream(a, live[i], 10 + i % 4), EXPSEG_OK);
+    ASSERT_EQ(expseg_record_stream(a, pq, 12), EXPSEG_OK);
+    for (size_t i = 0; i < live.size(); i += 2) ASSERT_EQ(expseg_free(a, live[i]), EXPSEG_OK);
+    ASSERT_EQ(expseg_free(a, pq), EXPSEG_OK);
+    ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+    expect_books(a, "empty_cache with live blocks and a held stream");
+    ASSERT_EQ(expseg_pool_empty_cache(a, pool), EXPSEG_OK);
+    expect_books(a, "pool empty_cache");
+    expseg_reset_peak_stats(a);
+    expect_books(a, "reset_peak with pending frees");
+    // the fraction below what is held, then raised
+    const int64_t held = stat_of(a, "reserved_bytes.all.current");
+    ASSERT_EQ(expseg_set_memory_fraction(a, 0.0001), EXPSEG_OK);
+    void *x = nullptr;
+    EXPECT_EQ(expseg_malloc(a, 100 * MiB, 3, &x), EXPSEG_ERR_OUT_OF_MEMORY);
+    EXPECT_LE(stat_of(a, "reserved_bytes.all.current"), held);
+    expect_books(a, "fraction lowered");
+    ASSERT_EQ(expseg_set_memory_fraction(a, 1.0), EXPSEG_OK);
+    ASSERT_EQ(expseg_malloc(a, 100 * MiB, 3, &x), EXPSEG_OK) << err();
+    expect_books(a, "fraction raised");
+    ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
+    ASSERT_EQ(expseg_testing_hold_stream(a, 12, false), EXPSEG_OK);
+    for (size_t i = 1; i < live.size(); i += 2) ASSERT_EQ(expseg_free(a, live[i]), EXPSEG_OK);
+    ASSERT_EQ(expseg_free(a, pp), EXPSEG_OK);
+    ASSERT_EQ(expseg_pool_release(a, pool), EXPSEG_OK);
+    expect_books(a, "end");
+    ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+    EXPECT_EQ(stat_of(a, "allocated_bytes.all.current"), 0);
+    EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0);
+    expect_nothing_left(pa.release(), "end");
+  }
+}
 
 // ---- HostMemory -------------------------------------------------------------------------
 
