@@ -56,7 +56,7 @@ expseg_status _expseg_create_with_driver(expseg_vmm_t *drv, const char *config,
                                          expseg_allocator **out) {
   expseg_config_source_t src;
   expseg_config_t cfg;
-  if (_expseg_config_load(config, "", &src, &cfg) != EXPSEG_OK) {
+  if (_expseg_config_load(config, "expseg_create", &src, &cfg) != EXPSEG_OK) {
     _expseg_vmm_close(drv);
     return EXPSEG_ERR_CONFIG;
   }

@@ -12,13 +12,18 @@
 expseg_status _expseg_config_load(const char *config, const char *who,
                                   expseg_config_source_t *src, expseg_config_t *cfg) {
   _expseg_config_source(config, NULL, src);
+  /* text given to the call is named by the call; text from the environment by its
+   * variable, after the call's name unless that is expseg_create (the usual source) */
+  if (config != NULL) src->name = who;
+  const char *pre = config == NULL && strcmp(who, "expseg_create") != 0 ? who : "";
+  const char *sep = pre[0] != '\0' ? ": " : "";
   expseg_config_t defaults;
   _expseg_config_defaults(&defaults);
   char err[EXPSEG_CONFIG_MSG_MAX], warn[EXPSEG_CONFIG_MSG_MAX];
   if (_expseg_config_parse_warn(src->text, src->name, &defaults, cfg, err, sizeof err, warn,
                                 sizeof warn) != EXPSEG_OK)
-    return _expseg_error_set(EXPSEG_ERR_CONFIG, "%s%s", who, err);
-  if (warn[0] != '\0') _expseg_warn("%s%s", who, warn); /* no lock is held here */
+    return _expseg_error_set(EXPSEG_ERR_CONFIG, "%s%s%s", pre, sep, err);
+  if (warn[0] != '\0') _expseg_warn("%s%s%s", pre, sep, warn); /* no lock is held here */
   return EXPSEG_OK;
 }
 

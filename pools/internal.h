@@ -498,7 +498,8 @@ void _expseg_event_put(expseg_allocator *a, expseg_vmm_event ev);
 
 /* ---- config.c ---- */
 /* The option text (config, else the environment) parsed over the defaults into *cfg;
- * EXPSEG_ERR_CONFIG with the message, prefixed by `who`, on bad text. */
+ * EXPSEG_ERR_CONFIG with the message on bad text. who: the public call ("expseg_create",
+ * "expseg_host_create"), which names text given to it. */
 expseg_status _expseg_config_load(const char *config, const char *who,
                                   expseg_config_source_t *src, expseg_config_t *cfg);
 

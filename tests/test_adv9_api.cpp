@@ -352,6 +352,34 @@ TEST(Options, AcceptedRandomTextsPrintBackToThemselves) {
   EXPECT_GT(accepted, 300);
 }
 
+// expseg_host_create reads the same text: a refusal names the call the text was given to
+// (or the variable it came from), never expseg_create, and the warning of an accident too.
+TEST(Options, HostPoolRefusalsNameTheirOwnCall) {
+  QuietLog quiet;
+  expseg_host_pool *h = nullptr;
+  EXPECT_EQ(expseg_host_create("sim:capacity=8G", 0, "pinned_num_register_threads:3", &h),
+            EXPSEG_ERR_CONFIG);
+  EXPECT_EQ(h, nullptr);
+  EXPECT_EQ(err().rfind("expseg_host_create: position 29: pinned_num_register_threads value '3'", 0), 0u) << err();
+  EXPECT_EQ(err().find("expseg_create"), std::string::npos) << err();
+  ASSERT_EQ(expseg_host_create("sim:capacity=8G", 0, "max_split_size_mb:40,", &h), EXPSEG_OK) << err();
+  EXPECT_EQ(quiet.last.find("expseg_create"), std::string::npos) << quiet.last;
+  EXPECT_NE(quiet.last.find("expseg_host_create: accepted as PyTorch's parser reads it"), std::string::npos) << quiet.last;
+  expseg_host_destroy(h);
+  const char *old = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+  const std::string saved = old ? old : "";
+  const char *mine = std::getenv("EXPSEG_ALLOC_CONF");
+  const std::string saved_mine = mine ? mine : "";
+  unsetenv("EXPSEG_ALLOC_CONF");
+  setenv("PYTORCH_CUDA_ALLOC_CONF", "pinned_use_background_threads:yes", 1);
+  h = nullptr;
+  EXPECT_EQ(expseg_host_create("sim:capacity=8G", 0, nullptr, &h), EXPSEG_ERR_CONFIG);
+  EXPECT_EQ(err().rfind("expseg_host_create: PYTORCH_CUDA_ALLOC_CONF: position 31: pinned_use_background_threads value 'yes'", 0), 0u) << err();
+  if (old) setenv("PYTORCH_CUDA_ALLOC_CONF", saved.c_str(), 1);
+  else unsetenv("PYTORCH_CUDA_ALLOC_CONF");
+  if (mine) setenv("EXPSEG_ALLOC_CONF", saved_mine.c_str(), 1);
+}
+
 // ---- Sequences -------------------------------------------------------------------------
 
 // Odd calls one after another on one allocator, the books checked after each.

@@ -392,7 +392,7 @@ expseg_status _expseg_host_create_with_driver(expseg_vmm_t *drv, const char *con
   *out = NULL;
   expseg_config_source_t src;
   expseg_config_t cfg;
-  if (_expseg_config_load(config, "expseg_host_create: ", &src, &cfg) != EXPSEG_OK) {
+  if (_expseg_config_load(config, "expseg_host_create", &src, &cfg) != EXPSEG_OK) {
     _expseg_vmm_close(drv);
     return EXPSEG_ERR_CONFIG;
   }
