@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <random>
 #include <cstring>
 #include <string>
@@ -470,6 +471,52 @@ TEST(Sequences, OddCallsKeepTheBooks) {
     expect_books(a, "end");
     ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
     EXPECT_EQ(stat_of(a, "allocated_bytes.all.current"), 0);
+    EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0);
+    expect_nothing_left(pa.release(), "end");
+  }
+}
+
+// Sizes one byte either side of pages, chunks and pool bounds, on pages of the driver's
+// granularity (64 KiB) and of 2 MiB, freed in a shuffled order (seeded), the books checked
+// after each; a device pointer given to the host pool and a pinned one to the allocator are
+// refused, with nothing changed on either side.
+TEST(Sequences, SizesAtBoundsAndCrossedPointers) {
+  QuietLog quiet;
+  const uint64_t seed = std::getenv("EXPSEG_TEST_SEED") ? std::strtoull(std::getenv("EXPSEG_TEST_SEED"), nullptr, 0) : 3;
+  std::printf("seed %llu (EXPSEG_TEST_SEED)\n", (unsigned long long)seed);
+  std::mt19937_64 rng(seed);
+  for (const char *conf : {"page_size_mb:0", "page_size_mb:0,expandable_segments:False", "",
+                           "roundup_power2_divisions:4,max_split_size_mb:20"}) {
+    SCOPED_TRACE(conf);
+    AllocPtr pa = make_alloc("host:capacity=1G,granularity=64K", conf);
+    expseg_allocator *a = pa.get();
+    ASSERT_NE(a, nullptr);
+    std::vector<void *> live;
+    for (size_t base : {(size_t)512, (size_t)4 * KiB, (size_t)64 * KiB, (size_t)1 * MiB,
+                        (size_t)2 * MiB, (size_t)10 * MiB, (size_t)20 * MiB, (size_t)32 * MiB})
+      for (long d : {-1L, 0L, 1L}) {
+        void *x = nullptr;
+        ASSERT_EQ(expseg_malloc(a, base + d, (expseg_stream)(rng() % 2), &x), EXPSEG_OK) << base + d << ": " << err();
+        std::memset(x, 0x5a, base + d);
+        live.push_back(x);
+        expect_books(a, "malloc " + std::to_string(base + d));
+      }
+    std::shuffle(live.begin(), live.end(), rng);
+    expseg_host_pool *h = nullptr;
+    ASSERT_EQ(expseg_host_create("host:capacity=1G", 0, "", &h), EXPSEG_OK) << err();
+    void *pinned = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h, 4096, &pinned), EXPSEG_OK) << err();
+    EXPECT_EQ(expseg_free(a, pinned), EXPSEG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(expseg_record_stream(a, pinned, 1), EXPSEG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(expseg_host_free(h, live[0]), EXPSEG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(expseg_host_record_stream(h, live[0], 1), EXPSEG_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(expseg_host_free(h, pinned), EXPSEG_OK) << err();
+    expseg_host_destroy(h);
+    for (void *x : live) {
+      ASSERT_EQ(expseg_free(a, x), EXPSEG_OK) << err();
+      expect_books(a, "free");
+    }
+    ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
     EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0);
     expect_nothing_left(pa.release(), "end");
   }
