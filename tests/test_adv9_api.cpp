@@ -13,7 +13,8 @@
 //   statistics add up and allocation still works.
 // - HostMemory: host memory running out in the driver layer's own tables (reservation,
 //   chunk, mapping and access tables, free lists, events), at each host allocation of a
-//   request, a create, a peer enable and a free: EXPSEG_ERR_HOST_OUT_OF_MEMORY, never the
+//   request, a create, a peer enable and a free, and in every call around a live allocator
+//   (pools, regions asleep and awake, history): EXPSEG_ERR_HOST_OUT_OF_MEMORY, never the
 //   device's out of memory (no num_ooms, no observer), nothing half done.
 #include <gtest/gtest.h>
 
@@ -660,6 +661,118 @@ TEST(HostMemory, AccessAndEventTablesShortAreHostOutOfMemory) {
       if (HasFailure()) return;
     }
     EXPECT_GT(refused, 0);
+  }
+#endif
+}
+
+// Host memory running out at each host allocation of a call in turn, for the calls around
+// a live allocator (growth on a new stream, frees recorded on other streams, empty_cache,
+// a private pool's life, a region's sleep and wake, history, record_stream): each is served
+// or refused with EXPSEG_ERR_HOST_OUT_OF_MEMORY (a sleep: the status its documentation
+// allows), the device's out-of-memory count never moves, and the books hold after each.
+TEST(HostMemory, EveryCallShortOfHostMemory) {
+#ifndef EXPSEG_TEST_HOST_FAIL
+  GTEST_SKIP() << "malloc cannot be replaced under a sanitizer";
+#else
+  struct Silent { // a sink that allocates nothing (QuietLog's would, with malloc failing)
+    Silent() { expseg_set_log_sink([](void *, const char *) {}, nullptr); }
+    ~Silent() { expseg_set_log_sink(nullptr, nullptr); }
+  } silent;
+  typedef expseg_status (*op_t)(expseg_allocator *, std::vector<void *> &);
+  struct Op { const char *name; op_t fn; };
+  const Op ops[] = {
+      {"malloc on a new stream", [](expseg_allocator *a, std::vector<void *> &l) {
+         void *x = nullptr;
+         expseg_status st = expseg_malloc(a, 5 * MiB + 3, 1000 + l.size(), &x);
+         if (st == EXPSEG_OK) l.push_back(x);
+         return st; }},
+      {"small malloc", [](expseg_allocator *a, std::vector<void *> &l) {
+         void *x = nullptr;
+         expseg_status st = expseg_malloc(a, 700, 2000 + l.size(), &x);
+         if (st == EXPSEG_OK) l.push_back(x);
+         return st; }},
+      {"record_stream", [](expseg_allocator *a, std::vector<void *> &l) {
+         expseg_status st = EXPSEG_OK;
+         for (size_t i = 0; i < l.size() && st == EXPSEG_OK; i++) st = expseg_record_stream(a, l[i], 77 + i);
+         return st; }},
+      {"free", [](expseg_allocator *a, std::vector<void *> &l) {
+         expseg_status st = expseg_free(a, l.back());
+         if (st == EXPSEG_OK) l.pop_back();
+         return st; }},
+      {"empty_cache", [](expseg_allocator *a, std::vector<void *> &) { return expseg_empty_cache(a); }},
+      {"pool", [](expseg_allocator *a, std::vector<void *> &) {
+         expseg_pool_id p = 0;
+         expseg_status st = expseg_pool_create(a, &p);
+         if (st != EXPSEG_OK) return st;
+         void *x = nullptr;
+         st = expseg_malloc_pool(a, 3 * MiB, 5, p, &x);
+         if (st == EXPSEG_OK) st = expseg_free(a, x);
+         expseg_status r = expseg_pool_release(a, p);
+         return st != EXPSEG_OK ? st : r; }},
+      {"region", [](expseg_allocator *a, std::vector<void *> &l) {
+         expseg_status st = expseg_region_begin(a, "w");
+         if (st != EXPSEG_OK) return st;
+         void *x = nullptr;
+         st = expseg_malloc(a, 3 * MiB, 0, &x);
+         expseg_status e = expseg_region_end(a, "w");
+         if (st != EXPSEG_OK) return st;
+         l.push_back(x);
+         if (e != EXPSEG_OK) return e;
+         st = expseg_sleep(a, "w", EXPSEG_SLEEP_OFFLOAD);
+         expseg_status w = expseg_wake(a, "w");
+         return st != EXPSEG_OK ? st : w; }},
+      {"history", [](expseg_allocator *a, std::vector<void *> &) {
+         expseg_status st = expseg_record_history(a, true, 100);
+         void *x = nullptr;
+         if (st == EXPSEG_OK) st = expseg_malloc(a, 4096, 0, &x);
+         if (st == EXPSEG_OK) st = expseg_free(a, x);
+         expseg_status off = expseg_record_history(a, false, 0);
+         return st != EXPSEG_OK ? st : off; }},
+  };
+  for (const char *driver : {"sim:capacity=8G", "host:capacity=512M"}) {
+    for (const Op &op : ops) {
+      SCOPED_TRACE(std::string(driver) + ": " + op.name);
+      int refused = 0;
+      bool served = false;
+      for (long c = 0; c < 80; c++) { // every position (a refusal may follow a success)
+        const std::string where = "countdown " + std::to_string(c);
+        AllocPtr p = make_alloc(driver, "");
+        expseg_allocator *a = p.get();
+        std::vector<void *> live;
+        live.reserve(64); // no host allocation of the test's own while the countdown runs
+        for (int i = 0; i < 6; i++) {
+          void *x = nullptr;
+          ASSERT_EQ(expseg_malloc(a, (size_t)(i + 1) * 700 * KiB, (expseg_stream)(i % 2), &x), EXPSEG_OK) << err();
+          live.push_back(x);
+        }
+        const int64_t ooms = stat_of(a, "num_ooms");
+        g_countdown = c;
+        const expseg_status st = op.fn(a, live);
+        g_countdown = -1;
+        g_fail_host = false;
+        const std::string msg = err();
+        if (st == EXPSEG_OK) {
+          served = true;
+        } else {
+          refused++;
+          const bool sleep_driver = std::string(op.name) == "region" && st == EXPSEG_ERR_DRIVER;
+          EXPECT_TRUE(st == EXPSEG_ERR_HOST_OUT_OF_MEMORY || sleep_driver)
+              << where << ": " << expseg_status_name(st) << ": " << msg;
+        }
+        EXPECT_EQ(stat_of(a, "num_ooms"), ooms) << where << ": " << msg;
+        expect_books(a, where);
+        expseg_region_info ri;
+        if (expseg_region_get_info(a, "w", &ri) == EXPSEG_OK && ri.asleep) {
+          EXPECT_EQ(expseg_wake(a, "w"), EXPSEG_OK) << where << ": " << err();
+        }
+        for (void *x : live) ASSERT_EQ(expseg_free(a, x), EXPSEG_OK) << where << ": " << err();
+        ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+        expect_nothing_left(p.release(), where);
+        if (HasFailure()) return;
+      }
+      EXPECT_TRUE(served) << "the countdown ran past every host allocation of the call";
+      std::printf("%s, %s: %d refusals in 80\n", driver, op.name, refused);
+    }
   }
 #endif
 }
