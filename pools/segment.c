@@ -246,7 +246,8 @@ static size_t next_chunk(const expseg_allocator *a, size_t pages, size_t req, si
 }
 
 /* Creates chunks for `pages` pages of pg bytes with the lock dropped, the first `req` of
- * them the request's own, and puts them in the cache. */
+ * them the request's own, and puts them in the cache (a chunk it has no host memory to keep
+ * is given back: EXPSEG_ERR_HOST_OUT_OF_MEMORY). */
 static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages, size_t req,
                                    size_t pg) {
   size_t bytes = pages * pg, n = 0;
