@@ -107,6 +107,9 @@ def library_path():
                                                                   for p in tried)))))
 
 
+_STAT_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64)
+
+
 def _load():
     global _lib, _lib_path
     if _lib is not None:
@@ -160,6 +163,10 @@ def _load():
         "expseg_torch_host_stat": (c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]),
         "expseg_torch_host_empty_cache": (c_int, []),
         # the C library's (libexpseg.so, loaded with the plug)
+        "expseg_create": (c_int, [ctypes.c_char_p, c_int, ctypes.c_char_p, ctypes.POINTER(c_p)]),
+        "expseg_destroy": (None, [c_p]),
+        "expseg_stats_foreach": (None, [c_p, _STAT_FN, c_p]),
+        "expseg_last_error": (ctypes.c_char_p, []),
         "expseg_history_skip_action": (c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint)]),
         "expseg_history_skip_action_names": (ctypes.c_char_p, []),
     }
@@ -175,6 +182,28 @@ def _load():
 
 
 _MAX_DEVICES = 64  # EXPSEG_TORCH_MAX_DEVICES (plugin/expseg_torch.h)
+_fresh = None     # _fresh_stats(): the statistics of an allocator that served nothing
+
+
+def _fresh_stats():
+    """The statistics an allocator has before its first allocation (every key; the values
+    the configuration sets, such as max_split_size, else 0), under the configuration of the
+    environment ($EXPSEG_ALLOC_CONF, ...): read from an allocator made on the sim driver
+    (bookkeeping only: no device is touched) and destroyed at once. An ExpsegError with the
+    library's message when the configuration is refused."""
+    global _fresh
+    if _fresh is not None:
+        return collections.OrderedDict(_fresh)
+    lib, a, pairs = _load(), ctypes.c_void_p(), []
+    if lib.expseg_create(b"sim", 0, None, ctypes.byref(a)) != 0:
+        raise ExpsegError((lib.expseg_last_error() or b"").decode(errors="replace"))
+    try:
+        lib.expseg_stats_foreach(a, _STAT_FN(lambda ctx, key, v: pairs.append(
+            (key.decode(), int(v)))), None)
+    finally:
+        lib.expseg_destroy(a)
+    _fresh = collections.OrderedDict(sorted(pairs))
+    return collections.OrderedDict(_fresh)
 
 
 def _device(device):

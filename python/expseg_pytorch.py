@@ -194,6 +194,10 @@ def _bound_devices(torch):
         return
     if count > 0:
         _core._lib.expseg_torch_init(count)
+        _device_bound[0] = count
+
+
+_device_bound = [64]  # the device count given to expseg_torch_init (64: the library's table)
 
 
 def route():
@@ -326,9 +330,21 @@ def _torch_calls(torch):
     """The torch.cuda.memory functions of the Python route, by name, with PyTorch's
     signatures."""
 
+    # a device no tensor has used has no allocator yet, and asking about it makes none: on
+    # the cuda driver an allocator holds the device's context, which PyTorch's own answer
+    # does not take (a loop over every device would take one on each)
+    # (a device past PyTorch's count goes to the library, which refuses it by name)
+    def used(device):
+        d = _core._device(device)
+        return d if d >= _device_bound[0] or _core._load().expseg_torch_device_used(d) else None
+
+    def memory_stats(device=None):
+        d = used(device)
+        return _core._fresh_stats() if d is None else _core.memory_stats(d)
+
     def memory_stats_as_nested_dict(device=None):
         nested = {}
-        for key, value in _core.memory_stats(device).items():
+        for key, value in memory_stats(device).items():
             node, parts = nested, key.split(".")
             for part in parts[:-1]:
                 node = node.setdefault(part, {})
@@ -343,13 +359,23 @@ def _torch_calls(torch):
 
     def stat(key, name):
         def f(device=None):
-            return _core._stat(device, key, "torch.cuda." + name)
+            d = used(device)
+            if d is None:
+                return _core._fresh_stats()[key]
+            return _core._stat(d, key, "torch.cuda." + name)
         f.__name__ = name
         f.__doc__ = "expseg's %s of the device (the Python route of expseg)." % key
         return f
 
     def reset_peak(device=None):
-        _core.reset_peak_memory_stats(device)
+        d = used(device)
+        if d is not None:  # a fresh allocator has nothing to reset
+            _core.reset_peak_memory_stats(d)
+
+    def reset_accumulated(device=None):
+        d = used(device)
+        if d is not None:
+            _core.reset_accumulated_memory_stats(d)
 
     def empty(*args, **kwargs):
         _core.empty_cache(None)
@@ -403,7 +429,7 @@ def _torch_calls(torch):
             raise
 
     calls = {
-        "memory_stats": _core.memory_stats,
+        "memory_stats": memory_stats,
         "memory_stats_as_nested_dict": memory_stats_as_nested_dict,
         "memory_allocated": stat("allocated_bytes.all.current", "memory_allocated"),
         "max_memory_allocated": stat("allocated_bytes.all.peak", "max_memory_allocated"),
@@ -414,7 +440,7 @@ def _torch_calls(torch):
         "reset_peak_memory_stats": reset_peak,
         "reset_max_memory_allocated": reset_peak,
         "reset_max_memory_cached": reset_peak,
-        "reset_accumulated_memory_stats": _core.reset_accumulated_memory_stats,
+        "reset_accumulated_memory_stats": reset_accumulated,
         "memory_summary": summary,
         "empty_cache": empty,
         "set_per_process_memory_fraction": fraction,
