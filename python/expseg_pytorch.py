@@ -151,6 +151,11 @@ def install(route="auto", safe_record_stream=None):
         raise _core.ExpsegError(too_late)
     path = _core.library_path()
     _core._load()
+    try:  # the option text, read as each device's allocator will read it: refused here, not
+        _core._fresh_stats()  # by every allocation once PyTorch's allocator is replaced
+    except _core.ExpsegError as e:
+        raise _core.ExpsegError("expseg.install(): the allocator configuration is refused, so "
+                                "nothing was installed: %s" % e) from None
     if route in ("auto", "cxx"):
         ok, why, present = _try_cxx(path)
         if ok:

@@ -68,6 +68,39 @@ class Adversarial(unittest.TestCase):
         self.assertEqual(r["nested"], 0)
         self.assertEqual(r["later"], [[1, 1], 1 << 20, 1 << 20])
 
+    def test_a_refused_configuration_stops_install_before_anything_changes(self):
+        # a bad option text must be install()'s error, not every later allocation's: PyTorch
+        # keeps its allocator, nothing is patched, and install() works once the text is right
+        fake = ("import types\ncxx = types.ModuleType('_expseg_cxx'); cxx.calls = []\n"
+                "cxx.install = lambda path: cxx.calls.append(path) or True\n")
+        for route, pre in (("python", ""), ("auto", fake + "sys.modules['_expseg_cxx'] = cxx\n")):
+            r, err = self.result(pre + textwrap.dedent("""
+                warnings.simplefilter("always")
+                e = err(expseg.install, route=ROUTE, safe_record_stream=True)
+                try:
+                    torch.cuda.memory_allocated(0); patched = True
+                except standin_torch.Unsupported:
+                    patched = False
+                state = dict(e=e, route=expseg.route(), swapped=torch._state.swapped,
+                             patched=patched, used=used(), safe=lib.expseg_torch_set_safe_free(0),
+                             cxx=len(getattr(sys.modules.get("_expseg_cxx"), "calls", [])))
+                x = torch.empty(1 << 20, 0) if torch._state.swapped else None
+                del os.environ["PYTORCH_CUDA_ALLOC_CONF"]
+                expseg.install(route=ROUTE)
+                state["again"] = expseg.route()
+                print(json.dumps(state))
+                """).replace("ROUTE", repr(route)), PYTORCH_CUDA_ALLOC_CONF="bogus_option:1")
+            self.assertIn("expseg.install()", r["e"], route)
+            self.assertIn("PYTORCH_CUDA_ALLOC_CONF", r["e"])
+            self.assertIn("'bogus_option'", r["e"])
+            self.assertIn("nothing was installed", r["e"])
+            self.assertNotIn("\n", r["e"])
+            self.assertEqual([r["route"], r["swapped"], r["patched"], r["used"], r["cxx"]],
+                             [None, False, False, [0, 0], 0], route)
+            self.assertEqual(r["again"], "python" if route == "python" else "cxx")
+            # the route's warning: once, by the install() that worked
+            self.assertEqual(err.count("ExpsegWarning"), 1 if route == "python" else 0, err)
+
 
 if __name__ == "__main__":
     unittest.main()
