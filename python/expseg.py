@@ -272,13 +272,18 @@ def driver(device=None):
 
 def _c_text(name, d, fill):
     """Text from a C call that writes at most n bytes and returns the length it needs (as
-    snprintf): asked once for the length, then filled; 0 is a failure of expseg.NAME."""
+    snprintf): asked for the length, then filled, and filled again in a larger buffer while
+    the text outgrew it (other threads allocate between the calls: a figure gains a digit);
+    0 is a failure of expseg.NAME."""
     need = fill(None, 0)
-    if need == 0:
-        raise ExpsegError("expseg.%s(device %d): %s" % (name, d, last_error(d)))
-    buf = ctypes.create_string_buffer(need + 1)
-    fill(buf, need + 1)
-    return buf.value.decode(errors="replace")
+    while True:
+        if need == 0:
+            raise ExpsegError("expseg.%s(device %d): %s" % (name, d, last_error(d)))
+        room = need + 1 + 256
+        buf = ctypes.create_string_buffer(room)
+        need = fill(buf, room)
+        if 0 < need < room:
+            return buf.value.decode(errors="replace")
 
 
 def memory_stats(device=None):

@@ -101,6 +101,142 @@ class Adversarial(unittest.TestCase):
             # the route's warning: once, by the install() that worked
             self.assertEqual(err.count("ExpsegWarning"), 1 if route == "python" else 0, err)
 
+    def test_record_stream_keeps_a_block_until_the_other_streams_work_is_done(self):
+        # a tensor used on stream 7 and then freed is not handed out again while stream 7's
+        # work is queued (a held stream: its events stay incomplete), and is once it is done
+        r, _ = self.result("""
+            hold = lib.expseg_testing_hold_stream
+            hold.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_bool]
+            expseg.install(route="python")
+            x = torch.empty(1 << 20, 0)
+            a = lib.expseg_torch_allocator(0, 0)
+            held = hold(a, ctypes.c_void_p(7), True)
+            x.record_stream(torch.cuda.Stream(7))
+            px = x.data_ptr(); del x
+            early = [torch.empty(1 << 20, 0) for _ in range(3)]
+            ptrs = [t.data_ptr() for t in early]
+            alloc = torch.cuda.memory_allocated(0)
+            hold(a, ctypes.c_void_p(7), False)
+            del early
+            late = torch.empty(1 << 20, 0)
+            print(json.dumps(dict(held=held, early=px in ptrs, alloc=alloc,
+                                  late=late.data_ptr() == px)))
+            """)
+        self.assertEqual(r["held"], 0)
+        self.assertFalse(r["early"], "the block was reused while stream 7's work was queued")
+        self.assertEqual(r["alloc"], 3 << 20)
+        self.assertTrue(r["late"], "the block was not reused once stream 7's work was done")
+
+    def test_a_fraction_lowered_below_what_is_live(self):
+        # PyTorch takes a fraction under what is allocated: live tensors stay, the next
+        # allocation that needs new memory fails naming the fraction, and once tensors are
+        # freed and the cache emptied, allocations fit under the new cap
+        r, _ = self.result("""
+            expseg.install(route="python")
+            torch.cuda.set_per_process_memory_fraction(0.5, "cuda:0")
+            live = [torch.empty(8 << 20, 0) for _ in range(3)]
+            torch.cuda.set_per_process_memory_fraction(0.1, torch.device("cuda:0"))
+            out = dict(fraction=torch.cuda.get_per_process_memory_fraction(0),
+                       alloc=torch.cuda.memory_allocated(0))
+            try:
+                torch.empty(1 << 20, 0); out["over"] = "no error"
+            except RuntimeError as e:
+                out["over"] = str(e)
+            del live
+            torch.cuda.empty_cache()
+            out["emptied"] = torch.cuda.memory_reserved(0)
+            small = torch.empty(4 << 20, 0)
+            try:
+                torch.empty(4 << 20, 0); out["past"] = "no error"
+            except RuntimeError as e:
+                out["past"] = str(e)
+            out["reserved"] = torch.cuda.memory_reserved(0)
+            print(json.dumps(out))
+            """)
+        self.assertEqual(r["fraction"], 0.1)
+        self.assertEqual(r["alloc"], 24 << 20)
+        self.assertIn("CUDA out of memory (expseg)", r["over"])
+        self.assertIn("fraction 0.1", r["over"])
+        self.assertEqual(r["emptied"], 0)
+        self.assertIn("fraction 0.1", r["past"])
+        self.assertLessEqual(r["reserved"], int(0.1 * (64 << 20)))
+
+    def test_interpreter_exit_with_tensors_alive_is_quiet(self):
+        # tensors alive on two devices, the history on, frees deferred by the safe mode and a
+        # thread still allocating when the interpreter ends: PyTorch frees them during
+        # shutdown, in any order; nothing may fail or print
+        rc, out, err = run(textwrap.dedent("""
+            import threading, time
+            expseg.install(route="python", safe_record_stream=True)
+            torch.cuda.memory._record_memory_history(max_entries=50)
+            keep = [torch.empty(1 << 20, d) for d in (0, 1, 0)]
+            gone = torch.empty(2 << 20, 1); del gone
+            def spin():
+                while True:
+                    t = torch.empty(4096, 0); del t
+                    time.sleep(0.001)
+            threading.Thread(target=spin, daemon=True).start()
+            time.sleep(0.05)
+            print("deferred", expseg.deferred_frees(1)[0])
+            """))
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out.split(), ["deferred", "1"])
+        # stderr holds the route's one warning, nothing else
+        self.assertEqual([l for l in err.splitlines() if l.strip() and "ExpsegWarning" not in l],
+                         [], err)
+
+    def test_threads_allocating_and_asking_at_once(self):
+        seed = int(os.environ.get("EXPSEG_TEST_SEED", "20261127"))
+        print("test_threads_allocating_and_asking_at_once: seed %d" % seed)
+        rc, out, err = run("lib = expseg._load()\n" + USED + textwrap.dedent("""
+            import random, threading
+            expseg.install(route="python")
+            check = lib.expseg_check
+            check.argtypes, check.restype = [ctypes.c_void_p], ctypes.c_int
+            start, errors = threading.Barrier(6), []
+            def work(seed):
+                r = random.Random(seed)
+                try:
+                    start.wait()
+                    keep = [torch.empty(4096, 1)]   # all at once: device 1's allocator
+                    for i in range(200):
+                        keep.append(torch.empty(r.choice([512, 4096, 256 << 10, 1 << 20]),
+                                                r.choice([0, 1])))
+                        if len(keep) > 8 or r.random() < 0.4:
+                            t = keep.pop(r.randrange(len(keep)))
+                            if r.random() < 0.3:
+                                t.record_stream(torch.cuda.Stream(5 + seed % 3))
+                            del t
+                        k = i % 25
+                        if k == 0:
+                            torch.cuda.memory_stats(r.choice([0, 1]))
+                        elif k == 5:
+                            torch.cuda.memory._snapshot()
+                        elif k == 10:
+                            torch.cuda.reset_peak_memory_stats(r.choice([0, 1]))
+                        elif k == 15:
+                            torch.cuda.empty_cache()
+                        elif k == 20:
+                            torch.cuda.memory._record_memory_history(
+                                None if r.random() < 0.5 else "all", max_entries=64)
+                    keep.clear()
+                except Exception as e:
+                    errors.append(repr(e))
+            ts = [threading.Thread(target=work, args=(SEED + i,)) for i in range(6)]
+            for t in ts: t.start()
+            for t in ts: t.join()
+            print(json.dumps(dict(errors=errors, used=used(),
+                alloc=[stat(d, "allocated_bytes.all.current") for d in (0, 1)],
+                count=[stat(d, "allocation.all.current") for d in (0, 1)],
+                check=[check(lib.expseg_torch_allocator(d, 0)) for d in (0, 1)])))
+            """).replace("SEED", str(seed)))
+        self.assertEqual(rc, 0, err)
+        r = json.loads(out.strip().split("\n")[-1])
+        self.maxDiff = None
+        self.assertEqual(r, dict(errors=[], used=[1, 1], alloc=[0, 0], count=[0, 0],
+                                 check=[0, 0]), "seed %d" % seed)
+        self.assertNotIn("expseg_torch:", err, "seed %d" % seed)
+
 
 if __name__ == "__main__":
     unittest.main()
