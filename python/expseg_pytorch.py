@@ -19,6 +19,7 @@ import importlib.util
 import os
 import pickle
 import sys
+import threading
 import warnings
 
 
@@ -114,6 +115,14 @@ def install(route="auto", safe_record_stream=None):
     "auto" (default) the C++ backend when it can be loaded, else the Python route, saying
     once why. safe_record_stream (Python route): True defers every free until a
     device-wide synchronization (None: $EXPSEG_SAFE_RECORD_STREAM)."""
+    with _install_lock:  # threads calling it together: one installs, the others see it
+        return _install(route, safe_record_stream)
+
+
+_install_lock = threading.RLock()
+
+
+def _install(route, safe_record_stream):
     global _installed, _route
     if route not in ROUTES:
         raise _core.ExpsegError("expseg.install(route=%r): expected one of %s"
@@ -183,7 +192,7 @@ def install(route="auto", safe_record_stream=None):
     _patch_torch(torch)
     if PYTHON_ROUTE_LIMITS not in _core._said:
         _core._said.add(PYTHON_ROUTE_LIMITS)
-        warnings.warn(PYTHON_ROUTE_LIMITS, _core.ExpsegWarning, stacklevel=3)
+        warnings.warn(PYTHON_ROUTE_LIMITS, _core.ExpsegWarning, stacklevel=4)
     return path
 
 

@@ -237,6 +237,37 @@ class Adversarial(unittest.TestCase):
                                  check=[0, 0]), "seed %d" % seed)
         self.assertNotIn("expseg_torch:", err, "seed %d" % seed)
 
+    def test_install_from_several_threads_at_once_installs_once(self):
+        # PyTorch's CUDAPluggableAllocator loads the library with ctypes (dlopen releases
+        # the GIL): threads calling install() together must not each swap the allocator and
+        # patch torch (record_stream and record_function wrapped twice, the warning twice)
+        rc, out, err = run(textwrap.dedent("""
+            import threading, time, expseg_pytorch
+            slow = torch.cuda.memory.CUDAPluggableAllocator
+            class Slow(slow):
+                def __init__(self, *a):
+                    time.sleep(0.05)
+                    slow.__init__(self, *a)
+            torch.cuda.memory.CUDAPluggableAllocator = Slow
+            swaps, swap = [], torch.cuda.memory.change_current_allocator
+            torch.cuda.memory.change_current_allocator = lambda a: swaps.append(a) or swap(a)
+            warnings.simplefilter("always")
+            start, paths = threading.Barrier(4), []
+            def go():
+                start.wait()
+                paths.append(expseg.install(route="python"))
+            ts = [threading.Thread(target=go) for _ in range(4)]
+            for t in ts: t.start()
+            for t in ts: t.join()
+            names = [(id(obj), name) for obj, name, _ in expseg_pytorch._patched]
+            print(json.dumps(dict(paths=len(set(paths)), n=len(paths), swaps=len(swaps),
+                                  twice=sorted({n for _, n in names if names.count((_, n)) > 1}))))
+            """))
+        self.assertEqual(rc, 0, err)
+        r = json.loads(out.strip().split("\n")[-1])
+        self.assertEqual(r, dict(paths=1, n=4, swaps=1, twice=[]))
+        self.assertEqual(err.count("ExpsegWarning"), 1, err)
+
 
 if __name__ == "__main__":
     unittest.main()
