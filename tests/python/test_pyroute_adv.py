@@ -268,6 +268,45 @@ class Adversarial(unittest.TestCase):
         self.assertEqual(r, dict(paths=1, n=4, swaps=1, twice=[]))
         self.assertEqual(err.count("ExpsegWarning"), 1, err)
 
+    def test_every_key_is_the_c_figure_and_the_forms_agree(self):
+        # every key of memory_stats (private pools' included) is the C library's figure of the
+        # same name; the nested form flattens back to it; memory_summary(None) is the current
+        # device's; reset_accumulated_memory_stats zeroes the totals and keeps the currents
+        r, _ = self.result("""
+            expseg.install(route="python")
+            torch.cuda.set_device(1)
+            b = [torch.empty(n << 10, d) for n in (1, 700, 2048) for d in (0, 1)]
+            del b[0]
+            with expseg.region("w"):                  # a private pool of device 1
+                a = torch.empty(3 << 20, 1)
+            def flat(d, p=""):
+                out = {}
+                for k, v in d.items():
+                    out.update(flat(v, p + k + ".") if isinstance(v, dict) else {p + k: v})
+                return out
+            out = dict(bad=[], summary=[])
+            for dev in (0, 1, None, "cuda", torch.device("cuda", 0)):
+                s = torch.cuda.memory_stats(dev)
+                d = 1 if dev in (None, "cuda") else 0 if not isinstance(dev, int) else dev
+                out["bad"] += [[repr(dev), k, v, stat(d, k)] for k, v in s.items()
+                               if stat(d, k) != v]
+                out["bad"] += [] if flat(torch.cuda.memory_stats_as_nested_dict(dev)) == dict(s) \
+                    else [[repr(dev), "nested"]]
+                out["summary"].append(torch.cuda.memory_summary(dev).split("device ID")[1].split()[0])
+            out["pools"] = sorted({k.split(".")[1] for k in torch.cuda.memory_stats(1)
+                                   if k.startswith("reserved_bytes_by_private_pools.")})
+            torch.cuda.reset_accumulated_memory_stats()
+            s = torch.cuda.memory_stats(1)
+            out["after"] = [s["allocation.all.allocated"], s["allocation.all.freed"],
+                            s["allocation.all.current"], s["allocated_bytes.all.current"],
+                            torch.cuda.memory_stats(0)["allocation.all.allocated"]]
+            print(json.dumps(out))
+            """)
+        self.assertEqual(r["bad"], [])
+        self.assertEqual(r["summary"], ["0", "1", "1", "1", "0"])
+        self.assertEqual(len(r["pools"]), 1)
+        self.assertEqual(r["after"], [0, 0, 4, (3 << 20) + (2749 << 10), 3])
+
 
 if __name__ == "__main__":
     unittest.main()
