@@ -307,6 +307,41 @@ class Adversarial(unittest.TestCase):
         self.assertEqual(len(r["pools"]), 1)
         self.assertEqual(r["after"], [0, 0, 4, (3 << 20) + (2749 << 10), 3])
 
+    def test_too_late_says_so_and_leaves_nothing_behind(self):
+        # CUDA used before install() (is_initialized), or PyTorch's own refusal to swap an
+        # initialized allocator: an ExpsegError saying it came too late; PyTorch's allocator,
+        # functions and record_stream are left as they were, the safe mode off, no warning
+        for how in ("torch._state.initialized = True",
+                    "torch.cuda.memory.change_current_allocator = refuse"):
+            r, err = self.result("""
+                warnings.simplefilter("always")
+                def refuse(a):
+                    raise RuntimeError("Can't swap an already initialized allocator")
+                record_stream = torch.Tensor.record_stream
+                def deferred():  # a free through the plug waits only in the safe mode
+                    p = lib.expseg_torch_alloc(4096, 0, None)
+                    lib.expseg_torch_free(p, 4096, 0, None)
+                    return expseg.deferred_frees(0)[0]
+                HOW
+                out = [err(expseg.install, route="python", safe_record_stream=True)]
+                u, d = used(), deferred()
+                out.append(err(expseg.install))
+                try:
+                    torch.cuda.memory_allocated(0); patched = True
+                except standin_torch.Unsupported:
+                    patched = False
+                print(json.dumps(dict(out=out, patched=patched, route=expseg.route(),
+                    same=torch.Tensor.record_stream is record_stream,
+                    used=u, swapped=torch._state.allocator is not None, deferred=d)))
+                """.replace("HOW", how))
+            for m in r["out"]:
+                self.assertIn("came too late", m, how)
+                self.assertIn("already initialized", m)
+                self.assertNotIn("\n", m)
+            self.assertEqual([r["patched"], r["route"], r["same"], r["used"], r["swapped"],
+                              r["deferred"]], [False, None, True, [0, 0], False, 0], how)
+            self.assertNotIn("ExpsegWarning", err)
+
 
 if __name__ == "__main__":
     unittest.main()
