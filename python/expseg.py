@@ -167,6 +167,7 @@ def _load():
         "expseg_destroy": (None, [c_p]),
         "expseg_stats_foreach": (None, [c_p, _STAT_FN, c_p]),
         "expseg_last_error": (ctypes.c_char_p, []),
+        "expseg_memory_summary": (c_size, [c_p, ctypes.c_char_p, c_size, ctypes.c_bool]),
         "expseg_history_skip_action": (c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint)]),
         "expseg_history_skip_action_names": (ctypes.c_char_p, []),
     }
@@ -185,15 +186,36 @@ _MAX_DEVICES = 64  # EXPSEG_TORCH_MAX_DEVICES (plugin/expseg_torch.h)
 _fresh = None     # _fresh_stats(): the statistics of an allocator that served nothing
 
 
+def _with_fresh(device, use):
+    """use(allocator) on an allocator that has served nothing, under the configuration of
+    the environment ($EXPSEG_ALLOC_CONF, ...), made on the sim driver (bookkeeping only: no
+    device is touched) as device `device` and destroyed after. An ExpsegError with the
+    library's message when the configuration is refused."""
+    lib, a = _load(), ctypes.c_void_p()
+    if lib.expseg_create(b"sim", device, None, ctypes.byref(a)) != 0:
+        raise ExpsegError((lib.expseg_last_error() or b"").decode(errors="replace"))
+    try:
+        return use(a)
+    finally:
+        lib.expseg_destroy(a)
+
+
 def _fresh_stats():
     """The statistics an allocator has before its first allocation (every key; the values
-    the configuration sets, such as max_split_size, else 0), under the configuration of the
-    environment ($EXPSEG_ALLOC_CONF, ...): read from an allocator made on the sim driver
-    (bookkeeping only: no device is touched) and destroyed at once. An ExpsegError with the
-    library's message when the configuration is refused."""
+    the configuration sets, such as max_split_size, else 0)."""
     global _fresh
-    if _fresh is not None:
-        return collections.OrderedDict(_fresh)
+    if _fresh is None:
+        pairs = []
+        _with_fresh(0, lambda a: _lib.expseg_stats_foreach(a, _STAT_FN(
+            lambda ctx, key, v: pairs.append((key.decode(), int(v)))), None))
+        _fresh = collections.OrderedDict(sorted(pairs))
+    return collections.OrderedDict(_fresh)
+
+
+def _fresh_summary(device, abbreviated):
+    """memory_summary's report for a device whose allocator has served nothing."""
+    return _with_fresh(device, lambda a: _c_text("memory_summary", device, lambda buf, n: (
+        _lib.expseg_memory_summary(a, buf, n, bool(abbreviated)))))
     lib, a, pairs = _load(), ctypes.c_void_p(), []
     if lib.expseg_create(b"sim", 0, None, ctypes.byref(a)) != 0:
         raise ExpsegError((lib.expseg_last_error() or b"").decode(errors="replace"))

@@ -401,7 +401,10 @@ def _torch_calls(torch):
         _core.set_memory_fraction(fraction, device)
 
     def summary(device=None, abbreviated=False):
-        return _core.memory_summary(device, abbreviated)
+        d = used(device)
+        if d is None:
+            return _core._fresh_summary(_core._device(device), abbreviated)
+        return _core.memory_summary(d, abbreviated)
 
     def history(enabled="all", *args, **kwargs):
         hist, every_thread = _history_args(enabled, args, kwargs)

@@ -42,6 +42,7 @@ class Adversarial(unittest.TestCase):
                      "reset_accumulated_memory_stats", "reset_max_memory_allocated")
             got = {name: getattr(torch.cuda, name)(dev) for name in calls
                    for dev in (1, "cuda:1", torch.device("cuda", 1))}
+            summary = torch.cuda.memory_summary(1, abbreviated=True)
             idle = torch.cuda.memory_stats(1)
             nested = torch.cuda.memory_stats_as_nested_dict(torch.device("cuda:1"))
             acc = torch.accelerator.memory_allocated(1)
@@ -49,7 +50,8 @@ class Adversarial(unittest.TestCase):
             live = torch.cuda.memory_stats(0)
             y = torch.empty(1 << 20, 1)              # now device 1 has an allocator
             print(json.dumps(dict(before=before, got=sorted(set(map(str, got.values()))),
-                after=after, acc=acc, keys=list(idle) == list(live), cls=type(idle).__name__,
+                after=after, acc=acc, summary=summary == expseg._fresh_summary(1, True) and
+                summary.split("device ID")[1].split()[0], keys=list(idle) == list(live), cls=type(idle).__name__,
                 nonzero={k: v for k, v in idle.items() if v and k != "max_split_size"},
                 split=[idle["max_split_size"], live["max_split_size"]],
                 nested=nested["allocated_bytes"]["all"]["current"],
@@ -61,6 +63,7 @@ class Adversarial(unittest.TestCase):
         self.assertEqual(r["got"], ["0", "None"])
         self.assertEqual(r["after"], [1, 0], "a question about device 1 created its allocator")
         self.assertEqual(r["acc"], 0)
+        self.assertEqual(r["summary"], "1")
         self.assertTrue(r["keys"])
         self.assertEqual(r["cls"], "OrderedDict")
         self.assertEqual(r["nonzero"], {})
