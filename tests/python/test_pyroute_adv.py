@@ -217,6 +217,8 @@ class Adversarial(unittest.TestCase):
                             torch.cuda.memory._snapshot()
                         elif k == 10:
                             torch.cuda.reset_peak_memory_stats(r.choice([0, 1]))
+                        elif k == 12:   # the safe mode on or off while others free
+                            expseg.install(safe_record_stream=r.random() < 0.5)
                         elif k == 15:
                             torch.cuda.empty_cache()
                         elif k == 20:
@@ -228,6 +230,7 @@ class Adversarial(unittest.TestCase):
             ts = [threading.Thread(target=work, args=(SEED + i,)) for i in range(6)]
             for t in ts: t.start()
             for t in ts: t.join()
+            expseg.install(safe_record_stream=False)   # completes what is deferred
             print(json.dumps(dict(errors=errors, used=used(),
                 alloc=[stat(d, "allocated_bytes.all.current") for d in (0, 1)],
                 count=[stat(d, "allocation.all.current") for d in (0, 1)],
