@@ -182,11 +182,12 @@ def _install(route, safe_record_stream):
         alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "expseg_torch_alloc_raising",
                                                          "expseg_torch_free")
         torch.cuda.memory.change_current_allocator(alloc)
-    except RuntimeError as e:
-        _core._lib.expseg_torch_set_safe_free(0)
+    except (RuntimeError, OSError, AttributeError) as e:  # ctypes: a file or function
+        _core._lib.expseg_torch_set_safe_free(0)           # it cannot load
         if "already initialized" in str(e):
             raise _core.ExpsegError(too_late) from None
-        raise _core.ExpsegError("expseg.install(): PyTorch refused the allocator: %s" % e) from None
+        raise _core.ExpsegError("expseg.install(): PyTorch refused the allocator: %s: %s"
+                                % (type(e).__name__, e)) from None
     _installed, _route = alloc, "python"
     _bound_devices(torch)
     _patch_torch(torch)

@@ -348,6 +348,27 @@ class Adversarial(unittest.TestCase):
                               r["deferred"]], [False, None, True, [0, 0], False, 0], how)
             self.assertNotIn("ExpsegWarning", err)
 
+    def test_a_plug_pytorch_cannot_load_is_a_one_line_error_and_nothing_stays(self):
+        # PyTorch's CUDAPluggableAllocator loads the library with ctypes: OSError when the
+        # file cannot be loaded, AttributeError for a function it lacks. install() says so
+        # in one line and leaves the safe mode off and PyTorch as it was
+        for exc in ("OSError('libexpseg_torch.so: wrong ELF class: ELFCLASS32')",
+                    "AttributeError('undefined symbol: expseg_torch_alloc_raising')"):
+            r, err = self.result("""
+                def refuse(*a):
+                    raise EXC
+                torch.cuda.memory.CUDAPluggableAllocator = refuse
+                e = err(expseg.install, route="python", safe_record_stream=True)
+                p = lib.expseg_torch_alloc(4096, 0, None)
+                lib.expseg_torch_free(p, 4096, 0, None)
+                print(json.dumps(dict(e=e, route=expseg.route(), swapped=torch._state.swapped,
+                                      deferred=expseg.deferred_frees(0)[0])))
+                """.replace("EXC", exc))
+            self.assertIn("PyTorch refused the allocator", r["e"], exc)
+            self.assertIn(exc.split("'")[1], r["e"])
+            self.assertNotIn("\n", r["e"])
+            self.assertEqual([r["route"], r["swapped"], r["deferred"]], [None, False, 0], exc)
+
 
 if __name__ == "__main__":
     unittest.main()
