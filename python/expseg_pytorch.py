@@ -16,6 +16,7 @@ library and ctypes only; PyTorch is imported by install()."""
 import ctypes
 import importlib
 import importlib.util
+import inspect
 import os
 import pickle
 import sys
@@ -305,7 +306,6 @@ def _patch_cxx(torch):
     also records the pool's history; the snapshot gets its host_segments and host_traces
     (appended to PyTorch's own where PyTorch writes them). An argument this PyTorch does not
     take (record_pinned_host_memory, record_cuda before 2.14) is not passed on."""
-    import inspect
     memory = torch.cuda.memory
     hist = getattr(memory, "_record_memory_history", None)
     snap = getattr(memory, "_snapshot", None)
@@ -412,6 +412,8 @@ def _torch_calls(torch):
         _core.record_history(**hist)
         if hist["record_cuda"]:
             _annotate_scopes(hist["enabled"], every_thread)
+    # the signature PyTorch's shows (inspect.signature: callers look for an argument there)
+    history.__signature__ = inspect.signature(_history_current)
 
     def snap(device=None, *args, **kwargs):
         return _core.snapshot_dict(None, bool(kwargs.get("include_traces", True)))

@@ -299,6 +299,8 @@ class Adversarial(unittest.TestCase):
                 out["bad"] += [] if flat(torch.cuda.memory_stats_as_nested_dict(dev)) == dict(s) \
                     else [[repr(dev), "nested"]]
                 out["summary"].append(torch.cuda.memory_summary(dev).split("device ID")[1].split()[0])
+            import inspect  # PyTorch's _record_memory_history shows its current signature
+            out["sig"] = list(inspect.signature(torch.cuda.memory._record_memory_history).parameters)
             out["pools"] = sorted({k.split(".")[1] for k in torch.cuda.memory_stats(1)
                                    if k.startswith("reserved_bytes_by_private_pools.")})
             torch.cuda.reset_accumulated_memory_stats()
@@ -311,6 +313,7 @@ class Adversarial(unittest.TestCase):
         self.assertEqual(r["bad"], [])
         self.assertEqual(r["summary"], ["0", "1", "1", "1", "0"])
         self.assertEqual(len(r["pools"]), 1)
+        self.assertEqual(r["sig"][:5], ["enabled", "context", "stacks", "max_entries", "device"])
         self.assertEqual(r["after"], [0, 0, 4, (3 << 20) + (2749 << 10), 3])
 
     def test_too_late_says_so_and_leaves_nothing_behind(self):
