@@ -7,7 +7,8 @@
 #    -DEXPSEG_BUILD_TESTS=OFF, both without GoogleTest.
 #  python_helper, python_route, python_route_adv, python_interop:
 #    tests/python/test_expseg.py, test_pyroute.py, test_pyroute_adv.py, test_interop.py
-#    (python/expseg.py without PyTorch, CuPy or Numba: stand-in modules, the library on the host and sim drivers).
+#    (python/expseg.py without PyTorch, CuPy or Numba: stand-in modules, the library on the
+#    host and sim drivers).
 # Sanitizer builds skip them: their libraries need the sanitizer runtime in the consumer.
 if(NOT EXPSEG_SANITIZE STREQUAL "")
   return()

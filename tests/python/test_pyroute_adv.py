@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """test_pyroute_adv.py: expseg.install()'s Python route under calls a user makes that the
-route's own tests (test_pyroute.py) do not: figures asked of a device no tensor has used, a
-configuration the library refuses, record_stream against a stream whose work is still
-queued, a memory fraction lowered below what is live, teardown at interpreter exit and
-several threads at once. The stand-in torch and the child interpreters are test_pyroute.py's
-(run by CTest as python_route_adv)."""
+route's own tests (test_pyroute.py) do not: figures asked of a device no tensor has used,
+every statistic against the C library's, a configuration the library refuses, install()
+too late, from several threads at once or with a library PyTorch cannot load,
+record_stream against a stream whose work is still queued, a memory fraction lowered below
+what is live, teardown at interpreter exit and several threads allocating and asking at
+once (seeded: EXPSEG_TEST_SEED, printed). The stand-in torch and the child interpreters are
+test_pyroute.py's (run by CTest as python_route_adv)."""
 
 import json
 import os
@@ -51,7 +53,8 @@ class Adversarial(unittest.TestCase):
             y = torch.empty(1 << 20, 1)              # now device 1 has an allocator
             print(json.dumps(dict(before=before, got=sorted(set(map(str, got.values()))),
                 after=after, acc=acc, summary=summary == expseg._fresh_summary(1, True) and
-                summary.split("device ID")[1].split()[0], keys=list(idle) == list(live), cls=type(idle).__name__,
+                summary.split("device ID")[1].split()[0], keys=list(idle) == list(live),
+                cls=type(idle).__name__,
                 nonzero={k: v for k, v in idle.items() if v and k != "max_split_size"},
                 split=[idle["max_split_size"], live["max_split_size"]],
                 nested=nested["allocated_bytes"]["all"]["current"],
@@ -298,9 +301,11 @@ class Adversarial(unittest.TestCase):
                                if stat(d, k) != v]
                 out["bad"] += [] if flat(torch.cuda.memory_stats_as_nested_dict(dev)) == dict(s) \
                     else [[repr(dev), "nested"]]
-                out["summary"].append(torch.cuda.memory_summary(dev).split("device ID")[1].split()[0])
+                head = torch.cuda.memory_summary(dev).split("device ID")[1]
+                out["summary"].append(head.split()[0])
             import inspect  # PyTorch's _record_memory_history shows its current signature
-            out["sig"] = list(inspect.signature(torch.cuda.memory._record_memory_history).parameters)
+            sig = inspect.signature(torch.cuda.memory._record_memory_history)
+            out["sig"] = list(sig.parameters)
             out["pools"] = sorted({k.split(".")[1] for k in torch.cuda.memory_stats(1)
                                    if k.startswith("reserved_bytes_by_private_pools.")})
             torch.cuda.reset_accumulated_memory_stats()
