@@ -30,6 +30,7 @@ import os
 import pickle
 import sys
 import tempfile
+import threading
 
 __all__ = [
     "ExpsegError", "ExpsegValueError", "ExpsegTypeError", "ExpsegWarning", "install", "route", "library_path", "memory_stats",
@@ -108,6 +109,9 @@ def library_path():
 
 
 _STAT_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64)
+_LOG_SINK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
+_DROP_LOG = _LOG_SINK(lambda ctx, line: None)
+_fresh_lock = threading.Lock()
 
 
 def _load():
@@ -168,6 +172,7 @@ def _load():
         "expseg_stats_foreach": (None, [c_p, _STAT_FN, c_p]),
         "expseg_last_error": (ctypes.c_char_p, []),
         "expseg_memory_summary": (c_size, [c_p, ctypes.c_char_p, c_size, ctypes.c_bool]),
+        "expseg_set_log_sink": (None, [_LOG_SINK, c_p]),
         "expseg_history_skip_action": (c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint)]),
         "expseg_history_skip_action_names": (ctypes.c_char_p, []),
     }
@@ -189,15 +194,22 @@ _fresh = None     # _fresh_stats(): the statistics of an allocator that served n
 def _with_fresh(device, use):
     """use(allocator) on an allocator that has served nothing, under the configuration of
     the environment ($EXPSEG_ALLOC_CONF, ...), made on the sim driver (bookkeeping only: no
-    device is touched) as device `device` and destroyed after. An ExpsegError with the
-    library's message when the configuration is refused."""
+    device is touched) as device `device` and destroyed after. Its log lines are dropped
+    (verbose:True would name the sim driver; the real allocators say the rest); nothing
+    else of expseg in this process sets a log sink. An ExpsegError with the library's
+    message when the configuration is refused."""
     lib, a = _load(), ctypes.c_void_p()
-    if lib.expseg_create(b"sim", device, None, ctypes.byref(a)) != 0:
-        raise ExpsegError((lib.expseg_last_error() or b"").decode(errors="replace"))
-    try:
-        return use(a)
-    finally:
-        lib.expseg_destroy(a)
+    with _fresh_lock:
+        lib.expseg_set_log_sink(_DROP_LOG, None)
+        try:
+            if lib.expseg_create(b"sim", device, None, ctypes.byref(a)) != 0:
+                raise ExpsegError((lib.expseg_last_error() or b"").decode(errors="replace"))
+            try:
+                return use(a)
+            finally:
+                lib.expseg_destroy(a)
+        finally:
+            lib.expseg_set_log_sink(_LOG_SINK(), None)  # NULL: stderr again
 
 
 def _fresh_stats():

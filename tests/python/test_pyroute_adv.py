@@ -107,6 +107,23 @@ class Adversarial(unittest.TestCase):
             # the route's warning: once, by the install() that worked
             self.assertEqual(err.count("ExpsegWarning"), 1 if route == "python" else 0, err)
 
+    def test_the_fresh_allocator_behind_those_answers_says_nothing(self):
+        # install()'s check of the configuration and the answers about an unused device come
+        # from a sim allocator made for the purpose: its log lines (verbose:True names the
+        # driver, a warning about the text) are not the user's; the real allocators' are
+        rc, out, err = run(textwrap.dedent("""
+            expseg.install(route="python")
+            torch.cuda.memory_allocated(1), torch.cuda.memory_summary(1)
+            print("asked", file=sys.stderr, flush=True)
+            x = torch.empty(1 << 20, 0)
+            """), EXPSEG_ALLOC_CONF="verbose:True,max_split_size_mb:-1")
+        self.assertEqual(rc, 0, err)
+        before, _, after = err.partition("asked")
+        self.assertNotIn("expseg:", before)
+        self.assertNotIn("sim driver", err)
+        self.assertIn("expseg: device 0, host driver", after)
+        self.assertIn("read as", after)  # the warning about -1, by the real allocator
+
     def test_record_stream_keeps_a_block_until_the_other_streams_work_is_done(self):
         # a tensor used on stream 7 and then freed is not handed out again while stream 7's
         # work is queued (a held stream: its events stay incomplete), and is once it is done
