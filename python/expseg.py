@@ -173,6 +173,7 @@ def _load():
         "expseg_last_error": (ctypes.c_char_p, []),
         "expseg_memory_summary": (c_size, [c_p, ctypes.c_char_p, c_size, ctypes.c_bool]),
         "expseg_set_log_sink": (None, [_LOG_SINK, c_p]),
+        "expseg_snapshot_dump_ex": (c_int, [c_p, ctypes.c_char_p, ctypes.c_uint]),
         "expseg_history_skip_action": (c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint)]),
         "expseg_history_skip_action_names": (ctypes.c_char_p, []),
     }

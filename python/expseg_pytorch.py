@@ -20,6 +20,7 @@ import inspect
 import os
 import pickle
 import sys
+import tempfile
 import threading
 import warnings
 
@@ -415,14 +416,19 @@ def _torch_calls(torch):
     # the signature PyTorch's shows (inspect.signature: callers look for an argument there)
     history.__signature__ = inspect.signature(_history_current)
 
+    def whole(traces):  # before any device has an allocator: a fresh one's, making none
+        if _core._load().expseg_torch_device_count() == 0:
+            return _fresh_snapshot(_core._device(None), traces)
+        return _core.snapshot_dict(None, traces)
+
     def snap(device=None, *args, **kwargs):
-        return _core.snapshot_dict(None, bool(kwargs.get("include_traces", True)))
+        return whole(bool(kwargs.get("include_traces", True)))
 
     def dump(filename="dump_snapshot.pickle", *args, **kwargs):
         raw = _core._path_bytes(filename, "torch.cuda.memory._dump_snapshot")
         devices = _core._used_devices()
         traces = bool(kwargs.get("include_traces", True))
-        if len(devices) == 1:
+        if len(devices) == 1 and _core._lib.expseg_torch_device_used(devices[0]):
             _core._check(_core._lib.expseg_torch_snapshot_dump_ex(devices[0], raw,
                                                                   0 if traces else 1),
                    "torch.cuda.memory._dump_snapshot", devices[0])
@@ -438,7 +444,7 @@ def _torch_calls(torch):
                                     % (filename, e)) from None
         try:
             with f:
-                pickle.dump(_core.snapshot_dict(None, traces), f, protocol=4)
+                pickle.dump(whole(traces), f, protocol=4)
             os.replace(tmp, raw)
         except OSError as e:
             os.unlink(tmp)
@@ -465,7 +471,7 @@ def _torch_calls(torch):
         "empty_cache": empty,
         "set_per_process_memory_fraction": fraction,
         "get_per_process_memory_fraction": _core.get_memory_fraction,
-        "memory_snapshot": lambda *args, **kwargs: _core.snapshot_dict(None, False)["segments"],
+        "memory_snapshot": lambda *args, **kwargs: whole(False)["segments"],
         "mem_get_info": _core.mem_get_info,
         "_record_memory_history": history,
         "_snapshot": snap,
@@ -475,6 +481,20 @@ def _torch_calls(torch):
         if getattr(f, "__module__", None) == __name__ and f.__doc__ is None:
             f.__doc__ = "The Python route of expseg (docs/torch.md)."
     return calls
+
+
+def _fresh_snapshot(device, include_traces):
+    """The snapshot dict of an allocator that has served nothing (as `device`)."""
+    def dump(a):
+        with tempfile.TemporaryDirectory(prefix="expseg-snapshot-") as tmp:
+            path = os.path.join(tmp, "fresh.pickle")
+            if _core._lib.expseg_snapshot_dump_ex(a, os.fsencode(path),
+                                                  0 if include_traces else 1) != 0:
+                raise _core.ExpsegError("torch.cuda.memory._snapshot: %s" % (
+                    _core._lib.expseg_last_error() or b"").decode(errors="replace"))
+            with open(path, "rb") as f:
+                return pickle.load(f)
+    return _core._with_fresh(device, dump)
 
 
 # record_function scopes as the history's external annotations: PyTorch's

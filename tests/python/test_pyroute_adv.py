@@ -36,8 +36,15 @@ class Adversarial(unittest.TestCase):
         # asking must not create one (a loop over every device would take a context on each)
         r, _ = self.result("""
             expseg.install(route="python")
+            path = os.path.join(tempfile.mkdtemp(), "s.pickle")
+            torch.cuda.memory._record_memory_history(max_entries=10)
+            snap = torch.cuda.memory._snapshot()
+            torch.cuda.memory._dump_snapshot(path)
+            with open(path, "rb") as f:
+                dumped = pickle.load(f)
             before = dict(alloc=torch.cuda.memory_allocated(), stats=len(torch.cuda.memory_stats()),
-                          used=used())
+                          segs=torch.cuda.memory_snapshot(), used=used(),
+                          snap=[sorted(snap), snap["segments"], sorted(dumped) == sorted(snap)])
             x = torch.empty(3 << 20, 0)
             calls = ("memory_allocated", "max_memory_allocated", "memory_reserved",
                      "max_memory_reserved", "reset_peak_memory_stats",
@@ -61,7 +68,10 @@ class Adversarial(unittest.TestCase):
                 later=[used(), torch.cuda.memory_allocated(1),
                        stat(1, "allocated_bytes.all.current")])))
             """)
-        self.assertEqual(r["before"], dict(alloc=0, stats=r["before"]["stats"], used=[0, 0]))
+        self.assertEqual(r["before"], dict(alloc=0, stats=r["before"]["stats"], used=[0, 0],
+                                           segs=[], snap=[["allocator_settings", "device_traces",
+                                                           "external_annotations", "segments"],
+                                                          [], True]))
         self.assertGreater(r["before"]["stats"], 100)
         self.assertEqual(r["got"], ["0", "None"])
         self.assertEqual(r["after"], [1, 0], "a question about device 1 created its allocator")
