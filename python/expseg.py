@@ -229,16 +229,6 @@ def _fresh_summary(device, abbreviated):
     """memory_summary's report for a device whose allocator has served nothing."""
     return _with_fresh(device, lambda a: _c_text("memory_summary", device, lambda buf, n: (
         _lib.expseg_memory_summary(a, buf, n, bool(abbreviated)))))
-    lib, a, pairs = _load(), ctypes.c_void_p(), []
-    if lib.expseg_create(b"sim", 0, None, ctypes.byref(a)) != 0:
-        raise ExpsegError((lib.expseg_last_error() or b"").decode(errors="replace"))
-    try:
-        lib.expseg_stats_foreach(a, _STAT_FN(lambda ctx, key, v: pairs.append(
-            (key.decode(), int(v)))), None)
-    finally:
-        lib.expseg_destroy(a)
-    _fresh = collections.OrderedDict(sorted(pairs))
-    return collections.OrderedDict(_fresh)
 
 
 def _device(device):

@@ -348,8 +348,8 @@ def _torch_calls(torch):
 
     # a device no tensor has used has no allocator yet, and asking about it makes none: on
     # the cuda driver an allocator holds the device's context, which PyTorch's own answer
-    # does not take (a loop over every device would take one on each)
-    # (a device past PyTorch's count goes to the library, which refuses it by name)
+    # does not take (a loop over every device would take one on each). A device past
+    # PyTorch's count goes to the library, which refuses it by name.
     def used(device):
         d = _core._device(device)
         return d if d >= _device_bound[0] or _core._load().expseg_torch_device_used(d) else None
