@@ -30,6 +30,7 @@ import os
 import pickle
 import sys
 import tempfile
+import threading
 
 __all__ = [
     "ExpsegError", "ExpsegValueError", "ExpsegTypeError", "ExpsegWarning", "install", "route", "library_path", "memory_stats",
@@ -107,6 +108,12 @@ def library_path():
                                                                   for p in tried)))))
 
 
+_STAT_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64)
+_LOG_SINK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
+_DROP_LOG = _LOG_SINK(lambda ctx, line: None)
+_fresh_lock = threading.Lock()
+
+
 def _load():
     global _lib, _lib_path
     if _lib is not None:
@@ -160,6 +167,13 @@ def _load():
         "expseg_torch_host_stat": (c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]),
         "expseg_torch_host_empty_cache": (c_int, []),
         # the C library's (libexpseg.so, loaded with the plug)
+        "expseg_create": (c_int, [ctypes.c_char_p, c_int, ctypes.c_char_p, ctypes.POINTER(c_p)]),
+        "expseg_destroy": (None, [c_p]),
+        "expseg_stats_foreach": (None, [c_p, _STAT_FN, c_p]),
+        "expseg_last_error": (ctypes.c_char_p, []),
+        "expseg_memory_summary": (c_size, [c_p, ctypes.c_char_p, c_size, ctypes.c_bool]),
+        "expseg_set_log_sink": (None, [_LOG_SINK, c_p]),
+        "expseg_snapshot_dump_ex": (c_int, [c_p, ctypes.c_char_p, ctypes.c_uint]),
         "expseg_history_skip_action": (c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint)]),
         "expseg_history_skip_action_names": (ctypes.c_char_p, []),
     }
@@ -175,6 +189,46 @@ def _load():
 
 
 _MAX_DEVICES = 64  # EXPSEG_TORCH_MAX_DEVICES (plugin/expseg_torch.h)
+_fresh = None     # _fresh_stats(): the statistics of an allocator that served nothing
+
+
+def _with_fresh(device, use):
+    """use(allocator) on an allocator that has served nothing, under the configuration of
+    the environment ($EXPSEG_ALLOC_CONF, ...), made on the sim driver (bookkeeping only: no
+    device is touched) as device `device` and destroyed after. Its log lines are dropped
+    (verbose:True would name the sim driver; the real allocators say the rest); nothing
+    else of expseg in this process sets a log sink. An ExpsegError with the library's
+    message when the configuration is refused."""
+    lib, a = _load(), ctypes.c_void_p()
+    with _fresh_lock:
+        lib.expseg_set_log_sink(_DROP_LOG, None)
+        try:
+            if lib.expseg_create(b"sim", device, None, ctypes.byref(a)) != 0:
+                raise ExpsegError((lib.expseg_last_error() or b"").decode(errors="replace"))
+            try:
+                return use(a)
+            finally:
+                lib.expseg_destroy(a)
+        finally:
+            lib.expseg_set_log_sink(_LOG_SINK(), None)  # NULL: stderr again
+
+
+def _fresh_stats():
+    """The statistics an allocator has before its first allocation (every key; the values
+    the configuration sets, such as max_split_size, else 0)."""
+    global _fresh
+    if _fresh is None:
+        pairs = []
+        _with_fresh(0, lambda a: _lib.expseg_stats_foreach(a, _STAT_FN(
+            lambda ctx, key, v: pairs.append((key.decode(), int(v)))), None))
+        _fresh = collections.OrderedDict(sorted(pairs))
+    return collections.OrderedDict(_fresh)
+
+
+def _fresh_summary(device, abbreviated):
+    """memory_summary's report for a device whose allocator has served nothing."""
+    return _with_fresh(device, lambda a: _c_text("memory_summary", device, lambda buf, n: (
+        _lib.expseg_memory_summary(a, buf, n, bool(abbreviated)))))
 
 
 def _device(device):
@@ -243,13 +297,18 @@ def driver(device=None):
 
 def _c_text(name, d, fill):
     """Text from a C call that writes at most n bytes and returns the length it needs (as
-    snprintf): asked once for the length, then filled; 0 is a failure of expseg.NAME."""
+    snprintf): asked for the length, then filled, and filled again in a larger buffer while
+    the text outgrew it (other threads allocate between the calls: a figure gains a digit);
+    0 is a failure of expseg.NAME."""
     need = fill(None, 0)
-    if need == 0:
-        raise ExpsegError("expseg.%s(device %d): %s" % (name, d, last_error(d)))
-    buf = ctypes.create_string_buffer(need + 1)
-    fill(buf, need + 1)
-    return buf.value.decode(errors="replace")
+    while True:
+        if need == 0:
+            raise ExpsegError("expseg.%s(device %d): %s" % (name, d, last_error(d)))
+        room = need + 1 + 256
+        buf = ctypes.create_string_buffer(room)
+        need = fill(buf, room)
+        if 0 < need < room:
+            return buf.value.decode(errors="replace")
 
 
 def memory_stats(device=None):

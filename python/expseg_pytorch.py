@@ -16,9 +16,12 @@ library and ctypes only; PyTorch is imported by install()."""
 import ctypes
 import importlib
 import importlib.util
+import inspect
 import os
 import pickle
 import sys
+import tempfile
+import threading
 import warnings
 
 
@@ -114,6 +117,14 @@ def install(route="auto", safe_record_stream=None):
     "auto" (default) the C++ backend when it can be loaded, else the Python route, saying
     once why. safe_record_stream (Python route): True defers every free until a
     device-wide synchronization (None: $EXPSEG_SAFE_RECORD_STREAM)."""
+    with _install_lock:  # threads calling it together: one installs, the others see it
+        return _install(route, safe_record_stream)
+
+
+_install_lock = threading.RLock()
+
+
+def _install(route, safe_record_stream):
     global _installed, _route
     if route not in ROUTES:
         raise _core.ExpsegError("expseg.install(route=%r): expected one of %s"
@@ -151,6 +162,11 @@ def install(route="auto", safe_record_stream=None):
         raise _core.ExpsegError(too_late)
     path = _core.library_path()
     _core._load()
+    try:  # the option text, read as each device's allocator will read it: refused here, not
+        _core._fresh_stats()  # by every allocation once PyTorch's allocator is replaced
+    except _core.ExpsegError as e:
+        raise _core.ExpsegError("expseg.install(): the allocator configuration is refused, so "
+                                "nothing was installed: %s" % e) from None
     if route in ("auto", "cxx"):
         ok, why, present = _try_cxx(path)
         if ok:
@@ -168,17 +184,18 @@ def install(route="auto", safe_record_stream=None):
         alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "expseg_torch_alloc_raising",
                                                          "expseg_torch_free")
         torch.cuda.memory.change_current_allocator(alloc)
-    except RuntimeError as e:
-        _core._lib.expseg_torch_set_safe_free(0)
+    except (RuntimeError, OSError, AttributeError) as e:  # ctypes: a file or function
+        _core._lib.expseg_torch_set_safe_free(0)           # it cannot load
         if "already initialized" in str(e):
             raise _core.ExpsegError(too_late) from None
-        raise _core.ExpsegError("expseg.install(): PyTorch refused the allocator: %s" % e) from None
+        raise _core.ExpsegError("expseg.install(): PyTorch refused the allocator: %s: %s"
+                                % (type(e).__name__, e)) from None
     _installed, _route = alloc, "python"
     _bound_devices(torch)
     _patch_torch(torch)
     if PYTHON_ROUTE_LIMITS not in _core._said:
         _core._said.add(PYTHON_ROUTE_LIMITS)
-        warnings.warn(PYTHON_ROUTE_LIMITS, _core.ExpsegWarning, stacklevel=3)
+        warnings.warn(PYTHON_ROUTE_LIMITS, _core.ExpsegWarning, stacklevel=4)
     return path
 
 
@@ -194,6 +211,10 @@ def _bound_devices(torch):
         return
     if count > 0:
         _core._lib.expseg_torch_init(count)
+        _device_bound[0] = count
+
+
+_device_bound = [64]  # the device count given to expseg_torch_init (64: the library's table)
 
 
 def route():
@@ -286,7 +307,6 @@ def _patch_cxx(torch):
     also records the pool's history; the snapshot gets its host_segments and host_traces
     (appended to PyTorch's own where PyTorch writes them). An argument this PyTorch does not
     take (record_pinned_host_memory, record_cuda before 2.14) is not passed on."""
-    import inspect
     memory = torch.cuda.memory
     hist = getattr(memory, "_record_memory_history", None)
     snap = getattr(memory, "_snapshot", None)
@@ -326,9 +346,21 @@ def _torch_calls(torch):
     """The torch.cuda.memory functions of the Python route, by name, with PyTorch's
     signatures."""
 
+    # a device no tensor has used has no allocator yet, and asking about it makes none: on
+    # the cuda driver an allocator holds the device's context, which PyTorch's own answer
+    # does not take (a loop over every device would take one on each). A device past
+    # PyTorch's count goes to the library, which refuses it by name.
+    def used(device):
+        d = _core._device(device)
+        return d if d >= _device_bound[0] or _core._load().expseg_torch_device_used(d) else None
+
+    def memory_stats(device=None):
+        d = used(device)
+        return _core._fresh_stats() if d is None else _core.memory_stats(d)
+
     def memory_stats_as_nested_dict(device=None):
         nested = {}
-        for key, value in _core.memory_stats(device).items():
+        for key, value in memory_stats(device).items():
             node, parts = nested, key.split(".")
             for part in parts[:-1]:
                 node = node.setdefault(part, {})
@@ -343,13 +375,23 @@ def _torch_calls(torch):
 
     def stat(key, name):
         def f(device=None):
-            return _core._stat(device, key, "torch.cuda." + name)
+            d = used(device)
+            if d is None:
+                return _core._fresh_stats()[key]
+            return _core._stat(d, key, "torch.cuda." + name)
         f.__name__ = name
         f.__doc__ = "expseg's %s of the device (the Python route of expseg)." % key
         return f
 
     def reset_peak(device=None):
-        _core.reset_peak_memory_stats(device)
+        d = used(device)
+        if d is not None:  # a fresh allocator has nothing to reset
+            _core.reset_peak_memory_stats(d)
+
+    def reset_accumulated(device=None):
+        d = used(device)
+        if d is not None:
+            _core.reset_accumulated_memory_stats(d)
 
     def empty(*args, **kwargs):
         _core.empty_cache(None)
@@ -361,22 +403,32 @@ def _torch_calls(torch):
         _core.set_memory_fraction(fraction, device)
 
     def summary(device=None, abbreviated=False):
-        return _core.memory_summary(device, abbreviated)
+        d = used(device)
+        if d is None:
+            return _core._fresh_summary(_core._device(device), abbreviated)
+        return _core.memory_summary(d, abbreviated)
 
     def history(enabled="all", *args, **kwargs):
         hist, every_thread = _history_args(enabled, args, kwargs)
         _core.record_history(**hist)
         if hist["record_cuda"]:
             _annotate_scopes(hist["enabled"], every_thread)
+    # the signature PyTorch's shows (inspect.signature: callers look for an argument there)
+    history.__signature__ = inspect.signature(_history_current)
+
+    def whole(traces):  # before any device has an allocator: a fresh one's, making none
+        if _core._load().expseg_torch_device_count() == 0:
+            return _fresh_snapshot(_core._device(None), traces)
+        return _core.snapshot_dict(None, traces)
 
     def snap(device=None, *args, **kwargs):
-        return _core.snapshot_dict(None, bool(kwargs.get("include_traces", True)))
+        return whole(bool(kwargs.get("include_traces", True)))
 
     def dump(filename="dump_snapshot.pickle", *args, **kwargs):
         raw = _core._path_bytes(filename, "torch.cuda.memory._dump_snapshot")
         devices = _core._used_devices()
         traces = bool(kwargs.get("include_traces", True))
-        if len(devices) == 1:
+        if len(devices) == 1 and _core._lib.expseg_torch_device_used(devices[0]):
             _core._check(_core._lib.expseg_torch_snapshot_dump_ex(devices[0], raw,
                                                                   0 if traces else 1),
                    "torch.cuda.memory._dump_snapshot", devices[0])
@@ -392,7 +444,7 @@ def _torch_calls(torch):
                                     % (filename, e)) from None
         try:
             with f:
-                pickle.dump(_core.snapshot_dict(None, traces), f, protocol=4)
+                pickle.dump(whole(traces), f, protocol=4)
             os.replace(tmp, raw)
         except OSError as e:
             os.unlink(tmp)
@@ -403,7 +455,7 @@ def _torch_calls(torch):
             raise
 
     calls = {
-        "memory_stats": _core.memory_stats,
+        "memory_stats": memory_stats,
         "memory_stats_as_nested_dict": memory_stats_as_nested_dict,
         "memory_allocated": stat("allocated_bytes.all.current", "memory_allocated"),
         "max_memory_allocated": stat("allocated_bytes.all.peak", "max_memory_allocated"),
@@ -414,12 +466,12 @@ def _torch_calls(torch):
         "reset_peak_memory_stats": reset_peak,
         "reset_max_memory_allocated": reset_peak,
         "reset_max_memory_cached": reset_peak,
-        "reset_accumulated_memory_stats": _core.reset_accumulated_memory_stats,
+        "reset_accumulated_memory_stats": reset_accumulated,
         "memory_summary": summary,
         "empty_cache": empty,
         "set_per_process_memory_fraction": fraction,
         "get_per_process_memory_fraction": _core.get_memory_fraction,
-        "memory_snapshot": lambda *args, **kwargs: _core.snapshot_dict(None, False)["segments"],
+        "memory_snapshot": lambda *args, **kwargs: whole(False)["segments"],
         "mem_get_info": _core.mem_get_info,
         "_record_memory_history": history,
         "_snapshot": snap,
@@ -429,6 +481,20 @@ def _torch_calls(torch):
         if getattr(f, "__module__", None) == __name__ and f.__doc__ is None:
             f.__doc__ = "The Python route of expseg (docs/torch.md)."
     return calls
+
+
+def _fresh_snapshot(device, include_traces):
+    """The snapshot dict of an allocator that has served nothing (as `device`)."""
+    def dump(a):
+        with tempfile.TemporaryDirectory(prefix="expseg-snapshot-") as tmp:
+            path = os.path.join(tmp, "fresh.pickle")
+            if _core._lib.expseg_snapshot_dump_ex(a, os.fsencode(path),
+                                                  0 if include_traces else 1) != 0:
+                raise _core.ExpsegError("torch.cuda.memory._snapshot: %s" % (
+                    _core._lib.expseg_last_error() or b"").decode(errors="replace"))
+            with open(path, "rb") as f:
+                return pickle.load(f)
+    return _core._with_fresh(device, dump)
 
 
 # record_function scopes as the history's external annotations: PyTorch's

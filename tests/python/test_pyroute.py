@@ -384,16 +384,18 @@ class PythonRoute(unittest.TestCase):
         self.assertEqual(r["ok"], ["no error"] * 5)
 
     def test_a_bad_configuration_is_not_called_out_of_memory(self):
-        # the first allocation creates the allocator and meets the bad text: the error names
-        # the text and the status; "out of memory" is kept for memory that ran out
+        # the first allocation creates the allocator and meets the bad text (set after
+        # install(), which refuses it when set before): the error names the text and the
+        # status; "out of memory" is kept for memory that ran out
         r, _ = self.result("""
             expseg.install(route="python")
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:true"
             try:
                 torch.empty(10, 0); msg = "no error"
             except RuntimeError as e:
                 msg = str(e)
             print(json.dumps(msg))
-            """, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:true")
+            """)
         self.assertIn("expseg could not allocate (EXPSEG_ERR_CONFIG): ", r)
         self.assertIn("expandable_segments value 'true'", r)
         self.assertNotIn("out of memory", r)
