@@ -196,31 +196,42 @@ size_t _expseg_page_size(const expseg_config_t *c, size_t granularity);
 #ifndef EXPSEG_GROW_DIVISOR
 #define EXPSEG_GROW_DIVISOR 128
 #endif
-/* The large pool's minimum growth: 0, none (what is needed and the floor above). The three
- * are overridable at build time, for measuring (docs/benchmarks.md, "Chunks under handle
- * pricing": a 20 MiB minimum with 64 MiB chunks, measured, not adopted). */
+/* The large pool's minimum growth: 16 MiB, mapped only while the memory held after the
+ * growth stays within EXPSEG_GROW_MIN_PERMILLE / 1000 of the bytes allocated (the request
+ * served) plus EXPSEG_TIGHT_SLACK (below): a segment of small requests then grows by
+ * 16 MiB at a time, one set_access call and one handle (chunks, below) where it made one
+ * per request, as PyTorch's 20 MiB pages serve the next few requests; and the surplus is
+ * never what takes memory held far past the live bytes, since it stops wherever free
+ * pieces the requests cannot use already hold 0.5 % of them. (docs/benchmarks.md,
+ * "A minimum growth within half a percent": chosen on half A of the recorded histories
+ * and synthetic seeds, confirmed on half B; without the bound the minimum took
+ * wedsonlin_medium_128_training past its memory bound.) Overridable at build time, for
+ * measuring. */
 #ifndef EXPSEG_LARGE_GROW_MIN
-#define EXPSEG_LARGE_GROW_MIN ((size_t)0)
+#define EXPSEG_LARGE_GROW_MIN ((size_t)16 << 20)
+#endif
+#ifndef EXPSEG_GROW_MIN_PERMILLE
+#define EXPSEG_GROW_MIN_PERMILLE 1005u
 #endif
 size_t _expseg_grow_bytes(size_t need, size_t segment_mapped);
-/* The same for a segment of the small pool (small) or the large one (at least
- * EXPSEG_LARGE_GROW_MIN): a small-pool segment maps at least EXPSEG_SMALL_GROW_MIN, since
- * its pages hold requests of at most 1 MiB and fill at once, and a larger chunk costs no more calls than a smaller one. */
+/* A small-pool segment maps at least EXPSEG_SMALL_GROW_MIN, since its pages hold requests
+ * of at most 1 MiB and fill at once, and a larger chunk costs no more calls than a smaller
+ * one. */
 #ifndef EXPSEG_SMALL_GROW_MIN
 #define EXPSEG_SMALL_GROW_MIN ((size_t)4 << 20)
 #endif
-size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small);
 /* Growth near the bound. The bound: EXPSEG_TIGHT_PERMILLE / 1000 of the bytes allocated
  * once the request is served (`allocated`), plus EXPSEG_TIGHT_SLACK. A growth that would
- * map `grow` bytes (its floor above) maps only the `exact` bytes the request lacks when the
- * bytes held after it (`held` now: every pool and the page cache) would pass the bound
- * with the floor and stay within it without: near a peak, the floor's surplus is what is
- * held beyond the live bytes, since the pool's free pieces are too small for the requests
- * that grow. Anywhere else (far below the bound, or past it whatever the growth maps) the
- * floor stays, and with it few, large growths: each growth is a set_access call, the
- * dearest per call of the VMM calls. (docs/benchmarks.md, "Growth near the bound": the
- * rule that also dropped the floor past the bound cost up to 1.15 x PyTorch's driver time.)
- * Overridable at build time, for measuring. */
+ * map `grow` bytes (its floor and minimum above) maps only the `exact` bytes the request
+ * lacks when the bytes held after it (`held` now: every pool and the page cache) would
+ * pass the bound: near a peak, the floor's surplus is what is held beyond the live bytes,
+ * since the pool's free pieces are too small for the requests that grow; and past the
+ * bound already (free memory that blocks in use pin), more surplus only adds to it. Far
+ * below the bound the floor stays, and with it few, large growths: each growth is a
+ * set_access call, the dearest per call of the VMM calls. (docs/benchmarks.md, "Growth
+ * near the bound"; with the minimum above, dropping the floor also past the bound brings
+ * silmont2000 nearer its bound: "A minimum growth within half a percent".) Overridable at
+ * build time, for measuring. */
 #ifndef EXPSEG_TIGHT_PERMILLE
 #define EXPSEG_TIGHT_PERMILLE 1020u
 #endif
@@ -228,11 +239,19 @@ size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small);
 #define EXPSEG_TIGHT_SLACK ((size_t)8 << 20)
 #endif
 bool _expseg_grow_tight(size_t held, size_t allocated, size_t exact, size_t grow);
+/* Bytes a growth maps at a place for a request that lacks `need` bytes there, pages of
+ * `page` bytes, in a segment mapping `segment_mapped` of the small pool (small) or the
+ * large one; held and allocated as above: the floor, the pool's minimum (the large pool's
+ * only within its bound), and only `need` near the bound. */
+size_t _expseg_grow_for(size_t need, size_t page, size_t segment_mapped, bool small,
+                        size_t held, size_t allocated);
 /* Pages of the next physical chunk a growth creates when `left` pages are still to create:
  * one under PyTorch's model (its ExpandableSegment creates a chunk per page); else what
  * the growth needs, up to EXPSEG_CHUNK_MAX bytes (EXPSEG_REQUEST_CHUNK_MAX for the pages
  * of a request's own, `request`, below): one create and one map per chunk, where a chunk
- * per page costs a create and a map per page. A chunk is mapped, moved and given back only
+ * per page costs a create and a map per page; a growth of `want` pages of at most the
+ * large pool's minimum growth (16 MiB) is one chunk, its request's own pages apart (below).
+ * A chunk is mapped, moved and given back only
  * whole, so larger chunks trade how finely idle memory can move for fewer calls (8 MiB:
  * chosen on half of the recorded histories under the costs measured on an H200, confirmed
  * on the other half; docs/benchmarks.md, "Chunk size under the measured costs");
@@ -241,7 +260,7 @@ bool _expseg_grow_tight(size_t held, size_t allocated, size_t exact, size_t grow
 #ifndef EXPSEG_CHUNK_MAX /* -DEXPSEG_CHUNK_MAX=BYTES builds another size, for measuring */
 #define EXPSEG_CHUNK_MAX ((size_t)1 << 23)
 #endif
-size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page, bool request);
+size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page, bool request, size_t want);
 /* Chunks that move together are created together. Of the `want` pages a growth creates,
  * the first `request` lie wholly under the request it serves (from the start of the
  * growth to the request's last whole page); the rest are the growth floor's surplus and
@@ -249,8 +268,13 @@ size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page, bool request)
  * one chunk, the request's pages get chunks of their own, of up to EXPSEG_REQUEST_CHUNK_MAX
  * bytes: freed, the request leaves them whole and free, so they move or go back whole,
  * where chunks straddling its end would stay pinned by what was placed after it. A
- * growth of at most one chunk stays one chunk (two would cost a second handle for nothing
- * that can move). Returns the pages to create as the request's chunks (0: none).
+ * growth of at most one chunk (or of at most the minimum growth, above) stays one chunk
+ * (two would cost a second handle for nothing that can move), unless the request's own
+ * pages are at least a chunk (EXPSEG_CHUNK_MAX) and the growth maps more: then they are a
+ * chunk of their own too, so the minimum never pairs a request of a chunk or more with
+ * what comes after it (a program that frees one of each pair could not get its memory
+ * back for anything larger). Returns the pages to create as the request's chunks (0:
+ * none).
  * (docs/benchmarks.md, "Chunks of a request's own": 64 MiB chosen on half of the recorded
  * histories and synthetic seeds, confirmed on the other half.) */
 #ifndef EXPSEG_REQUEST_CHUNK_MAX

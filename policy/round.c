@@ -29,15 +29,23 @@ size_t _expseg_grow_bytes(size_t need, size_t segment_mapped) {
   return need > floor ? need : floor;
 }
 
-size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page, bool request) {
+/* the most bytes a growth may map as one chunk (its request's own pages apart) */
+static size_t one_chunk(void) {
+  return EXPSEG_LARGE_GROW_MIN > EXPSEG_CHUNK_MAX ? EXPSEG_LARGE_GROW_MIN : EXPSEG_CHUNK_MAX;
+}
+
+size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page, bool request, size_t want) {
   if (pytorch || page == 0) return left > 0 ? 1 : 0;
+  if (!request && want <= one_chunk() / page) return left;
   size_t most = (request ? EXPSEG_REQUEST_CHUNK_MAX : EXPSEG_CHUNK_MAX) / page;
   if (most == 0) most = 1;
   return left < most ? left : most;
 }
 
 size_t _expseg_request_pages(size_t want, size_t request, size_t page) {
-  if (page == 0 || want <= EXPSEG_CHUNK_MAX / page) return 0;
+  if (page == 0) return 0;
+  if (want <= one_chunk() / page) /* one chunk, unless a request of a chunk or more */
+    return request < want && request >= EXPSEG_CHUNK_MAX / page ? request : 0;
   return request < want ? request : want;
 }
 
@@ -51,22 +59,30 @@ bool _expseg_lend_look(size_t streams, size_t rounded, size_t own) {
 
 bool _expseg_lend_tighter(size_t own, size_t other) { return own == 0 || other < own; }
 
-size_t _expseg_grow_for(size_t need, size_t segment_mapped, bool small) {
-  size_t grow = _expseg_grow_bytes(need, segment_mapped);
-  const size_t least = small ? EXPSEG_SMALL_GROW_MIN : EXPSEG_LARGE_GROW_MIN;
-  return grow < least ? least : grow;
-}
-
-/* held + add within PERMILLE / 1000 x allocated + SLACK (no wrap for sizes below 2^60) */
-static bool within_bound(size_t held, size_t add, size_t allocated) {
-  const size_t bound = allocated / 1000 * EXPSEG_TIGHT_PERMILLE +
-                       allocated % 1000 * EXPSEG_TIGHT_PERMILLE / 1000 + EXPSEG_TIGHT_SLACK;
+/* held + add within permille / 1000 x allocated + EXPSEG_TIGHT_SLACK (no wrap for sizes
+ * below 2^60) */
+static bool within(size_t held, size_t add, size_t allocated, size_t permille) {
+  const size_t bound =
+      allocated / 1000 * permille + allocated % 1000 * permille / 1000 + EXPSEG_TIGHT_SLACK;
   return held <= bound && add <= bound - held;
 }
 
 bool _expseg_grow_tight(size_t held, size_t allocated, size_t exact, size_t grow) {
-  return exact < grow && !within_bound(held, grow, allocated) &&
-         within_bound(held, exact, allocated);
+  return exact < grow && !within(held, grow, allocated, EXPSEG_TIGHT_PERMILLE);
+}
+
+size_t _expseg_grow_for(size_t need, size_t page, size_t segment_mapped, bool small,
+                        size_t held, size_t allocated) {
+  size_t grow = _expseg_grow_bytes(need, segment_mapped);
+  if (small && grow < EXPSEG_SMALL_GROW_MIN) grow = EXPSEG_SMALL_GROW_MIN;
+  if (!small && grow < EXPSEG_LARGE_GROW_MIN &&
+      within(held, _expseg_round_up(EXPSEG_LARGE_GROW_MIN, page), allocated,
+             EXPSEG_GROW_MIN_PERMILLE))
+    grow = EXPSEG_LARGE_GROW_MIN;
+  return _expseg_grow_tight(held, allocated, _expseg_round_up(need, page),
+                            _expseg_round_up(grow, page))
+             ? need
+             : grow;
 }
 
 bool _expseg_may_take_back(uint64_t robbed, uint64_t now) {

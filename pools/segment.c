@@ -167,15 +167,13 @@ static bool place_at(expseg_allocator *a, block_t *u, int pool, size_t rounded, 
   uintptr_t need = start + rounded;
   if (need <= u->ptr) return false; /* the prefix alone fits: best fit would have found it */
   const size_t pg = u->seg->page;
-  /* exact (memory is short: the out-of-memory retry): no growth floor; nor where the
-   * floor alone would take the memory held past its bound (policy: _expseg_grow_tight) */
+  /* exact (memory is short: the out-of-memory retry): no floor or minimum; else the
+   * policy's (_expseg_grow_for: none either near the bound of memory held) */
   size_t grow = exact ? need - u->ptr
-                      : _expseg_grow_for(need - u->ptr, u->seg->mapped_bytes, pool == POOL_SMALL);
-  if (!exact && !a->model_pytorch && grow > need - u->ptr &&
-      _expseg_grow_tight(held_bytes(a),
-                         (size_t)stat_all_current(a->stats.allocated_bytes) + rounded,
-                         _expseg_round_up(need - u->ptr, pg), _expseg_round_up(grow, pg)))
-    grow = need - u->ptr;
+                      : _expseg_grow_for(need - u->ptr, pg, u->seg->mapped_bytes,
+                                         pool == POOL_SMALL, held_bytes(a),
+                                         (size_t)stat_all_current(a->stats.allocated_bytes) +
+                                             rounded);
   uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + _expseg_round_up(grow, pg);
   if (a->model_pytorch) hi = _expseg_model_map_end(a, u, pool, need);
   /* a mapping the driver refused to remove (on the retry list) blocks this range: grow
@@ -241,8 +239,8 @@ static expseg_status cap_error(expseg_allocator *a, size_t more) {
 static size_t next_chunk(const expseg_allocator *a, size_t pages, size_t req, size_t left,
                          size_t pg) {
   const size_t done = pages - left;
-  return done < req ? _expseg_chunk_pages(a->model_pytorch, req - done, pg, true)
-                    : _expseg_chunk_pages(a->model_pytorch, left, pg, false);
+  return done < req ? _expseg_chunk_pages(a->model_pytorch, req - done, pg, true, pages)
+                    : _expseg_chunk_pages(a->model_pytorch, left, pg, false, pages);
 }
 
 /* Creates chunks for `pages` pages of pg bytes with the lock dropped, the first `req` of
@@ -342,7 +340,7 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     const uintptr_t end = (pl.prefix ? pl.prefix->ptr : pl.u->ptr) + rounded;
     size_t mine = end > pl.u->ptr ? (end - pl.u->ptr) / pg : 0;
     mine = a->model_pytorch ? 0 : _expseg_request_pages(want, mine > have ? mine - have : 0, pg);
-    if (mine > 0) lead = _expseg_chunk_pages(false, mine, pg, true);
+    if (mine > 0) lead = _expseg_chunk_pages(false, mine, pg, true, want);
     *st = create_chunks(a, pool, want, mine, pg);
     if (*st != EXPSEG_OK) return NULL;
     created += want;

@@ -290,16 +290,16 @@ TEST_P(Sleep, WakeTakesThePageCacheFirst) {
   if (!expandable())
     GTEST_SKIP() << "the test fills the page cache through a failed growth of an expandable segment";
   ASSERT_EQ(expseg_region_begin(a_, "p"), EXPSEG_OK);
-  alloc(8 * MiB); // one chunk of 8 MiB
+  alloc(16 * MiB); // one chunk of 16 MiB (the large pool's minimum growth: no surplus)
   ASSERT_EQ(expseg_region_end(a_, "p"), EXPSEG_OK);
   ASSERT_EQ(expseg_sleep(a_, "p", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
-  ASSERT_EQ(info("p").asleep_bytes, 8 * MiB);
-  // an 8 MiB chunk into the page cache: created, its map refused
+  ASSERT_EQ(info("p").asleep_bytes, 16 * MiB);
+  // a 16 MiB chunk into the page cache: created, its map refused
   ASSERT_EQ(expseg_testing_set_faults(a_, "map@1"), EXPSEG_OK);
   void *p = nullptr;
-  EXPECT_NE(expseg_malloc(a_, 8 * MiB, 0, &p), EXPSEG_OK);
+  EXPECT_NE(expseg_malloc(a_, 16 * MiB, 0, &p), EXPSEG_OK);
   ASSERT_EQ(expseg_testing_set_faults(a_, ""), EXPSEG_OK);
-  ASSERT_EQ(stat_of(a_, "expseg.cached_physical_bytes.current"), (int64_t)(8 * MiB));
+  ASSERT_EQ(stat_of(a_, "expseg.cached_physical_bytes.current"), (int64_t)(16 * MiB));
   const int64_t hits = stat_of(a_, "expseg.page_cache_hits"), reserved = stat_of(a_, "reserved_bytes.all.current");
   const uint64_t creates = seen(a_, EXPSEG_VMM_CALL_create);
   // a cap with no room beyond what is held: the cached chunk is held already, so the wake,
@@ -310,9 +310,9 @@ TEST_P(Sleep, WakeTakesThePageCacheFirst) {
   ASSERT_EQ(expseg_wake(a_, "p"), EXPSEG_OK) << expseg_last_error();
   EXPECT_EQ(seen(a_, EXPSEG_VMM_CALL_create), creates);
   EXPECT_EQ(stat_of(a_, "expseg.cached_physical_bytes.current"), 0);
-  EXPECT_EQ(stat_of(a_, "expseg.page_cache_hits"), hits + (int64_t)(8 * MiB / alloc_test_page(a_)));
+  EXPECT_EQ(stat_of(a_, "expseg.page_cache_hits"), hits + (int64_t)(16 * MiB / alloc_test_page(a_)));
   EXPECT_EQ(stat_of(a_, "reserved_bytes.all.current"), reserved); // moved, not created
-  EXPECT_EQ(info("p").device_bytes, 8 * MiB);
+  EXPECT_EQ(info("p").device_bytes, 16 * MiB);
   expect_data("after a wake on cached memory");
   check("end");
 }

@@ -36,9 +36,11 @@ constexpr size_t MiB = 1u << 20;
 TEST(Truth, ManyStreamsFirstUseAndOomReportAreLinear) {
   const size_t n = 16000, window = 2000;
   char spec[96];
-  // each stream's 2 MiB fills its own large-pool segment, reserving 128 MiB
-  // (va_reserve_mb:128; no free block to lend another stream): room for n of them
-  snprintf(spec, sizeof spec, "sim:capacity=%zuM,va=%zuM", 2 * n + 1024, 128 * n);
+  // each stream's 16 MiB (the large pool's minimum growth: no surplus) fills its own
+  // large-pool segment, reserving 128 MiB (va_reserve_mb:128; no free block to lend another
+  // stream): room for n of them
+  const size_t req = 16 * MiB;
+  snprintf(spec, sizeof spec, "sim:capacity=%zuM,va=%zuM", 16 * n + 1024, 128 * n);
   double best_ratio = 1e9, best_oom = 1e9;
   for (int round = 0; round < 2; round++) {  // the better of two: a loaded machine is noisy
     AllocPtr a = make_alloc(spec, "expandable_segments:True,va_reserve_mb:128");
@@ -47,7 +49,7 @@ TEST(Truth, ManyStreamsFirstUseAndOomReportAreLinear) {
     double first = 0, last = 0;
     for (size_t i = 0; i < n; i++) {
       auto t0 = std::chrono::steady_clock::now();
-      ASSERT_EQ(expseg_malloc(a.get(), 2 * MiB, (expseg_stream)(i + 1), &p[i]), EXPSEG_OK)
+      ASSERT_EQ(expseg_malloc(a.get(), req, (expseg_stream)(i + 1), &p[i]), EXPSEG_OK)
           << i << ": " << expseg_last_error();
       double t = since(t0);
       if (i < window) first += t;
@@ -59,7 +61,7 @@ TEST(Truth, ManyStreamsFirstUseAndOomReportAreLinear) {
     for (int k = 0; k < 5; k++) {
       void *q = nullptr;
       auto t0 = std::chrono::steady_clock::now();
-      ASSERT_EQ(expseg_malloc(a.get(), 2 * MiB, (expseg_stream)(n + 1 + k), &q),
+      ASSERT_EQ(expseg_malloc(a.get(), req, (expseg_stream)(n + 1 + k), &q),
                 EXPSEG_ERR_OUT_OF_MEMORY);
       ooms.push_back(since(t0));
       msg = expseg_last_error();

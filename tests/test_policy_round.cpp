@@ -227,29 +227,45 @@ TEST(PolicyRound, ExpandableGrowthIsProportional) {
   EXPECT_EQ(_expseg_grow_bytes(9 * MiB, 1024 * MiB), 9 * MiB);
 }
 
+// _expseg_grow_for(need, page, segment_mapped, small, held, allocated); held == allocated:
+// no free memory held, far below every bound
 TEST(PolicyRound, SmallPoolGrowsAtLeastFourMiB) {
-  const size_t MiB = (size_t)1 << 20;
-  EXPECT_EQ(_expseg_grow_for(MiB, 0, true), EXPSEG_SMALL_GROW_MIN);
+  const size_t MiB = (size_t)1 << 20, GiB = 1024 * MiB, pg = 2 * MiB;
+  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, true, GiB, GiB), EXPSEG_SMALL_GROW_MIN);
   EXPECT_EQ(EXPSEG_SMALL_GROW_MIN, 4 * MiB);
-  EXPECT_EQ(_expseg_grow_for(MiB, 0, false), MiB) << "the large pool maps what is needed";
-  EXPECT_EQ(_expseg_grow_for(512, 1024 * MiB, false), 8 * MiB) << "the 1/128 floor still";
-  EXPECT_EQ(_expseg_grow_for(6 * MiB, 0, true), 6 * MiB) << "a minimum, not a cap";
+  EXPECT_EQ(_expseg_grow_for(6 * MiB, pg, 0, true, GiB, GiB), 6 * MiB) << "a minimum, not a cap";
+  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, true, 0, 0), EXPSEG_SMALL_GROW_MIN)
+      << "within the slack: the small pool's minimum at the first growth";
 }
 
-// EXPSEG_LARGE_GROW_MIN: the large pool's minimum growth (0 by default: what is needed and
-// the 1/128 floor; another value is a build for measuring, docs/benchmarks.md, "Chunks under
-// handle pricing"); the small pool keeps its own minimum
-TEST(PolicyRound, LargePoolMinimumGrowthIsItsOwn) {
-  const size_t MiB = (size_t)1 << 20, least = EXPSEG_LARGE_GROW_MIN;
-  EXPECT_EQ(_expseg_grow_for(MiB, 0, false), MiB > least ? MiB : least);
-  EXPECT_EQ(_expseg_grow_for(least + MiB, 0, false), least + MiB) << "a minimum, not a cap";
-  EXPECT_EQ(_expseg_grow_for(MiB, 0, true), MiB > EXPSEG_SMALL_GROW_MIN ? MiB : EXPSEG_SMALL_GROW_MIN)
-      << "the small pool's minimum, whatever the large pool's";
-  EXPECT_EQ(_expseg_grow_for(512, 1024 * MiB, false), 8 * MiB > least ? 8 * MiB : least)
+// The large pool's minimum growth applies only while the memory held after it stays within
+// EXPSEG_GROW_MIN_PERMILLE / 1000 of the bytes allocated + EXPSEG_TIGHT_SLACK
+TEST(PolicyRound, LargePoolMinimumGrowthOnlyWithinHalfAPercent) {
+  const size_t MiB = (size_t)1 << 20, GiB = 1024 * MiB, pg = 2 * MiB;
+  const size_t least = EXPSEG_LARGE_GROW_MIN;
+  EXPECT_EQ(least, 16 * MiB);
+  EXPECT_EQ(EXPSEG_GROW_MIN_PERMILLE, 1005u);
+  const size_t A = 4 * GiB; // bound: 4096 x 1.005 + 8 = 4124.48 MiB
+  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, false, A - MiB, A), least) << "far below: the minimum";
+  EXPECT_EQ(_expseg_grow_for(least + MiB, pg, 0, false, A, A), least + MiB)
+      << "a minimum, not a cap";
+  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, false, 4108 * MiB, A), least) << "4124 MiB: within";
+  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, false, 4110 * MiB, A), MiB)
+      << "4126 MiB: past half a percent, what is needed";
+  EXPECT_EQ(_expseg_grow_for(512, pg, 1024 * MiB, false, 4110 * MiB, A), 8 * MiB)
+      << "past it the 1/128 floor still (within the 2 % bound)";
+  EXPECT_EQ(_expseg_grow_for(512, pg, 4 * GiB, false, A, A), 32 * MiB)
       << "the larger of the floor and the minimum";
+  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, false, 0, MiB), MiB)
+      << "a first small request: 16 MiB would pass 8 MiB of slack";
+  EXPECT_EQ(_expseg_grow_for(8 * MiB, pg, 0, false, 0, 8 * MiB), least)
+      << "a request of 8 MiB: its 8 MiB surplus within the slack";
+  // the minimum rounded to pages: 64 MiB pages make it 64 MiB, within only with room for it
+  EXPECT_EQ(_expseg_grow_for(MiB, 64 * MiB, 0, false, A, A), MiB)
+      << "a 64 MiB page: 64 MiB more passes half a percent of 4 GiB + 8 MiB";
 }
 
-TEST(PolicyRound, GrowthNearTheBoundDropsTheFloorOnlyWhereThatKeepsWithinIt) {
+TEST(PolicyRound, GrowthNearTheBoundDropsTheFloorAndMinimum) {
   const size_t MiB = (size_t)1 << 20, GiB = 1024 * MiB;
   EXPECT_EQ(EXPSEG_TIGHT_PERMILLE, 1020u);
   EXPECT_EQ(EXPSEG_TIGHT_SLACK, 8 * MiB);
@@ -257,42 +273,63 @@ TEST(PolicyRound, GrowthNearTheBoundDropsTheFloorOnlyWhereThatKeepsWithinIt) {
   EXPECT_FALSE(_expseg_grow_tight(1000 * MiB, GiB, 2 * MiB, 10 * MiB)) << "far below: the floor";
   EXPECT_TRUE(_expseg_grow_tight(1044 * MiB, GiB, 2 * MiB, 10 * MiB)) << "the floor passes it";
   EXPECT_TRUE(_expseg_grow_tight(1050 * MiB, GiB, 2 * MiB, 10 * MiB));
-  EXPECT_FALSE(_expseg_grow_tight(1051 * MiB, GiB, 2 * MiB, 10 * MiB)) << "past it either way";
+  EXPECT_TRUE(_expseg_grow_tight(1051 * MiB, GiB, 2 * MiB, 10 * MiB))
+      << "past it either way: the surplus would only add to it";
   EXPECT_FALSE(_expseg_grow_tight(1042 * MiB, GiB, 2 * MiB, 10 * MiB)) << "1052 MiB: within";
   EXPECT_FALSE(_expseg_grow_tight(1044 * MiB, GiB, 10 * MiB, 10 * MiB)) << "no floor to drop";
   EXPECT_TRUE(_expseg_grow_tight(7 * MiB, 0, 1, 2 * MiB)) << "the slack alone: 8 MiB";
-  EXPECT_FALSE(_expseg_grow_tight(8 * MiB, 0, 1, 2 * MiB)) << "8 MiB + 1 byte: past it";
+  EXPECT_TRUE(_expseg_grow_tight(8 * MiB, 0, 1, 2 * MiB)) << "8 MiB + 1 byte: past it";
+  EXPECT_FALSE(_expseg_grow_tight(6 * MiB, 0, 1, 2 * MiB)) << "8 MiB: within";
   // no wrap at the ends of size_t
-  EXPECT_FALSE(_expseg_grow_tight(SIZE_MAX - MiB, GiB, 2 * MiB, 10 * MiB));
+  EXPECT_TRUE(_expseg_grow_tight(SIZE_MAX - MiB, GiB, 2 * MiB, 10 * MiB));
   EXPECT_TRUE(_expseg_grow_tight(0, (size_t)1 << 59, 2 * MiB, SIZE_MAX)) << "2^59 x 1.02";
   EXPECT_FALSE(_expseg_grow_tight((size_t)1 << 59, (size_t)1 << 59, 2 * MiB, 4 * MiB));
   EXPECT_TRUE(_expseg_grow_tight(0, 0, 2 * MiB, SIZE_MAX));
+  // through _expseg_grow_for: near the bound only what is needed, in either pool
+  EXPECT_EQ(_expseg_grow_for(MiB, 2 * MiB, 1024 * MiB, false, 1051 * MiB, GiB), MiB);
+  EXPECT_EQ(_expseg_grow_for(MiB, 2 * MiB, 0, true, 1051 * MiB, GiB), MiB);
+  EXPECT_EQ(_expseg_grow_for(MiB, 2 * MiB, 1024 * MiB, false, 1030 * MiB, GiB), 8 * MiB)
+      << "past half a percent, within 2 %: the floor";
 }
 
 TEST(PolicyRound, ChunksAreSizedFromTheGrowth) {
   const size_t MiB = (size_t)1 << 20, pg = 2 * MiB, most = EXPSEG_CHUNK_MAX / pg;
-  const size_t req_most = EXPSEG_REQUEST_CHUNK_MAX / pg;
+  const size_t req_most = EXPSEG_REQUEST_CHUNK_MAX / pg, grow_min = EXPSEG_LARGE_GROW_MIN / pg;
+  const size_t big = 100; // pages of a growth larger than one chunk
   ASSERT_GE(most, 2u);
   ASSERT_GT(req_most, most) << "a request's own chunks are the larger";
-  EXPECT_EQ(_expseg_chunk_pages(false, most - 1, pg, false), most - 1) << "one chunk for the growth";
-  EXPECT_EQ(_expseg_chunk_pages(false, most + 3, pg, false), most) << "at most CHUNK_MAX";
-  EXPECT_EQ(_expseg_chunk_pages(false, most + 3, pg, true), most + 3) << "a request's own: larger";
-  EXPECT_EQ(_expseg_chunk_pages(false, req_most + 1, pg, true), req_most)
+  ASSERT_GT(grow_min, most) << "the minimum growth is more than one chunk";
+  EXPECT_EQ(_expseg_chunk_pages(false, most - 1, pg, false, big), most - 1) << "what is left";
+  EXPECT_EQ(_expseg_chunk_pages(false, most + 3, pg, false, big), most) << "at most CHUNK_MAX";
+  EXPECT_EQ(_expseg_chunk_pages(false, grow_min, pg, false, grow_min), grow_min)
+      << "a growth of at most the minimum: one chunk";
+  EXPECT_EQ(_expseg_chunk_pages(false, grow_min - 4, pg, false, grow_min), grow_min - 4)
+      << "its pages past the request's own: one chunk";
+  EXPECT_EQ(_expseg_chunk_pages(false, grow_min + 1, pg, false, grow_min + 1), most)
+      << "a growth above the minimum: chunks of at most CHUNK_MAX";
+  EXPECT_EQ(_expseg_chunk_pages(false, most + 3, pg, true, big), most + 3)
+      << "a request's own: larger";
+  EXPECT_EQ(_expseg_chunk_pages(false, req_most + 1, pg, true, big), req_most)
       << "at most REQUEST_CHUNK_MAX";
-  EXPECT_EQ(_expseg_chunk_pages(true, 5, pg, false), 1u) << "PyTorch: a chunk per page";
-  EXPECT_EQ(_expseg_chunk_pages(true, 5, pg, true), 1u) << "PyTorch: a chunk per page";
-  EXPECT_EQ(_expseg_chunk_pages(false, 0, pg, false), 0u);
-  EXPECT_EQ(_expseg_chunk_pages(false, 3, EXPSEG_CHUNK_MAX * 2, false), 1u)
+  EXPECT_EQ(_expseg_chunk_pages(true, 5, pg, false, 5), 1u) << "PyTorch: a chunk per page";
+  EXPECT_EQ(_expseg_chunk_pages(true, 5, pg, true, 5), 1u) << "PyTorch: a chunk per page";
+  EXPECT_EQ(_expseg_chunk_pages(false, 0, pg, false, big), 0u);
+  EXPECT_EQ(_expseg_chunk_pages(false, 3, EXPSEG_CHUNK_MAX * 2, false, big), 1u)
       << "a page above CHUNK_MAX is still one page";
 }
 
 TEST(PolicyRound, ARequestsOwnPagesGetChunksOfTheirOwnOnlyInGrowthsAboveAChunk) {
   const size_t MiB = (size_t)1 << 20, pg = 2 * MiB, most = EXPSEG_CHUNK_MAX / pg;
-  EXPECT_EQ(_expseg_request_pages(most, most - 1, pg), 0u) << "one chunk: stays one";
-  EXPECT_EQ(_expseg_request_pages(most + 1, 1, pg), 1u) << "above a chunk: the request's page";
-  EXPECT_EQ(_expseg_request_pages(most + 5, most + 2, pg), most + 2);
-  EXPECT_EQ(_expseg_request_pages(most + 5, most + 9, pg), most + 5) << "never above the growth";
-  EXPECT_EQ(_expseg_request_pages(most + 5, 0, pg), 0u) << "no whole page under the request";
+  const size_t one = EXPSEG_LARGE_GROW_MIN / pg; // pages a growth may map as one chunk
+  EXPECT_EQ(_expseg_request_pages(one, most - 1, pg), 0u)
+      << "one chunk, a request below a chunk: stays one";
+  EXPECT_EQ(_expseg_request_pages(one, most, pg), most)
+      << "a request of a chunk in a growth of the minimum: a chunk of its own";
+  EXPECT_EQ(_expseg_request_pages(most, most, pg), 0u) << "no surplus: one chunk";
+  EXPECT_EQ(_expseg_request_pages(one + 1, 1, pg), 1u) << "above one chunk: the request's page";
+  EXPECT_EQ(_expseg_request_pages(one + 5, most + 2, pg), most + 2);
+  EXPECT_EQ(_expseg_request_pages(one + 5, one + 9, pg), one + 5) << "never above the growth";
+  EXPECT_EQ(_expseg_request_pages(one + 5, 0, pg), 0u) << "no whole page under the request";
   EXPECT_EQ(_expseg_request_pages(10, 3, 0), 0u) << "no page size: nothing";
 }
 

