@@ -751,7 +751,7 @@ def _unpatch():
 # the constants of install(), under their names here too
 ROUTES, SAFE_ENV, SAFE_BATCH = _pytorch.ROUTES, _pytorch.SAFE_ENV, _pytorch.SAFE_BATCH
 CXX_MODULE, PYTHON_ROUTE_LIMITS = _pytorch.CXX_MODULE, _pytorch.PYTHON_ROUTE_LIMITS
-GRAPH_REFUSED = _pytorch.GRAPH_REFUSED
+GRAPH_REFUSED, MEMPOOL_REFUSED = _pytorch.GRAPH_REFUSED, _pytorch.MEMPOOL_REFUSED
 
 _interop_module = _sibling(INTEROP_MODULE, "cupy_allocator and the Numba plugin")
 cupy_allocator = _interop_module.cupy_allocator

@@ -1,0 +1,172 @@
+# SPDX-License-Identifier: Apache-2.0
+"""test_pyroute_strict.py: expseg.install()'s Python route against standin_torch_strict.py, a
+stand-in laid out as PyTorch 2.11 is (a _C layer under torch.cuda.memory, functions calling
+their siblings through the module, lazy CUDA initialization, positional-only
+torch.accelerator calls, deprecated aliases that warn, MemPool refused by the pluggable
+allocator). Cases: every figure through torch.cuda, torch.cuda.memory and torch.accelerator
+(and torch.accelerator.memory) on the current device set by set_device and torch.cuda.device;
+caching_allocator_alloc/delete; record_stream with streams whose id is not their pointer;
+history, _snapshot, memory_snapshot and _dump_snapshot; install() after CUDA was initialized
+(current_device, set_device, a Stream) and a second swap; the deprecated aliases' FutureWarning;
+MemPool and CUDA graphs refused with an ExpsegError. The child interpreters are
+test_pyroute.py's, with the strict stand-in installed over the other (CTest:
+python_route_strict)."""
+
+import json
+import os
+import textwrap
+import unittest
+
+from test_pyroute import LIB, run
+
+STRICT = """
+import standin_torch_strict
+torch = standin_torch_strict.install()
+lib = expseg._load()
+"""
+
+
+@unittest.skipUnless(LIB and os.path.isfile(LIB),
+                     "set EXPSEG_TEST_TORCH_LIB to the built libexpseg_torch.so")
+class StrictTorch(unittest.TestCase):
+    def result(self, code, **kw):
+        rc, out, err = run(STRICT + textwrap.dedent(code), **kw)
+        self.assertEqual(rc, 0, err)
+        return json.loads(out.strip().split("\n")[-1]), err
+
+    def test_figures_on_the_current_device_through_every_module(self):
+        r, _ = self.result("""
+            before = torch.cuda.memory_stats()          # PyTorch's own: {} before CUDA is up
+            expseg.install(route="python")
+            torch.cuda.set_device(1)
+            keep = [torch.empty(3 << 20, dtype=torch.uint8, device="cuda"),
+                    torch.empty(5 << 20, dtype=torch.uint8, device=torch.device("cuda", 1))]
+            with torch.cuda.device(0):
+                zero = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+            raw = torch.cuda.caching_allocator_alloc(2 << 20, 1)
+            want = stat(1, "allocated_bytes.all.current")
+            got = [torch.cuda.memory_allocated(), torch.cuda.memory.memory_allocated(1),
+                   torch.cuda.memory_stats()["allocated_bytes.all.current"],
+                   torch.accelerator.memory_allocated(), torch.accelerator.memory_allocated(1),
+                   torch.accelerator.memory.memory_allocated(1),
+                   torch.accelerator.memory_stats(1)["allocated_bytes.all.current"]]
+            torch.cuda.caching_allocator_delete(raw)
+            after = torch.cuda.memory_allocated(1)
+            info = [list(torch.cuda.mem_get_info(1)), list(torch.accelerator.get_memory_info(1))]
+            print(json.dumps(dict(before=len(before), want=want, got=got, after=after,
+                                  zero=torch.cuda.memory_allocated(0), info=info,
+                                  summary="device ID 1" in torch.cuda.memory_summary())))
+            """)
+        self.assertEqual(r["before"], 0)
+        self.assertEqual(r["want"], 10 << 20)
+        self.assertEqual(r["got"], [r["want"]] * 7)
+        self.assertEqual(r["after"], 8 << 20)
+        self.assertEqual(r["zero"], 1 << 20)
+        self.assertEqual(r["info"][0], r["info"][1])
+        self.assertTrue(r["summary"])
+
+    def test_record_stream_uses_the_stream_pointer_not_its_id(self):
+        # a tensor made on stream s and used on s only needs no event at its free; used on t
+        # too, one: expseg must be told s's cudaStream_t (cuda_stream), not its stream_id
+        r, _ = self.result("""
+            expseg.install(route="python")
+            s, t = torch.cuda.Stream(), torch.cuda.Stream()
+            events = []
+            for also in (None, t):
+                with torch.cuda.stream(s):
+                    a = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+                e0 = stat(0, "expseg.driver.event_record")
+                a.record_stream(s)
+                if also is not None:
+                    a.record_stream(also)
+                del a
+                events.append(stat(0, "expseg.driver.event_record") - e0)
+            try:
+                torch.empty(4, device="cuda").record_stream(7)
+                typ = "no error"
+            except TypeError as e:
+                typ = str(e)
+            print(json.dumps(dict(ids=[s.stream_id, s.cuda_stream], events=events, typ=typ)))
+            """)
+        self.assertNotEqual(r["ids"][0], r["ids"][1])
+        self.assertEqual(r["events"], [0, 1])
+        self.assertIn("must be Stream", r["typ"])
+
+    def test_history_and_snapshots_replace_pytorchs(self):
+        r, _ = self.result("""
+            import inspect
+            expseg.install(route="python")
+            torch.cuda.memory._record_memory_history(max_entries=100)
+            a = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+            s = torch.cuda.memory._snapshot()
+            path = os.path.join(tempfile.mkdtemp(), "s.pickle")
+            torch.cuda.memory._dump_snapshot(path)
+            with open(path, "rb") as f:
+                d = pickle.load(f)
+            torch.cuda.memory._record_memory_history(False)   # the legacy form
+            torch.cuda.memory._record_memory_history(None)
+            print(json.dumps(dict(traces=len(s["device_traces"][0]),
+                                  segs=[len(s["segments"]), len(d["segments"]),
+                                        len(torch.cuda.memory_snapshot())],
+                                  sig="max_entries" in str(inspect.signature(
+                                      torch.cuda.memory._record_memory_history)))))
+            """)
+        self.assertGreater(r["traces"], 0)
+        self.assertEqual(r["segs"], [1, 1, 1])
+        self.assertTrue(r["sig"])
+
+    def test_install_after_cuda_was_initialized_is_too_late(self):
+        r, _ = self.result("""
+            out = []
+            for touch in ("torch.cuda.current_device()", "torch.cuda.set_device(0)",
+                          "torch.cuda.Stream()", "torch.cuda.current_stream()"):
+                torch = standin_torch_strict.install()
+                eval(touch)
+                out.append(err(expseg.install, route="python"))
+            torch = standin_torch_strict.install()
+            expseg.install(route="python")
+            expseg._unpatch()                      # a second swap: PyTorch refuses it too
+            out.append(err(expseg.install, route="python"))
+            print(json.dumps(out))
+            """)
+        for e in r:
+            self.assertIn("came too late", e)
+
+    def test_deprecated_aliases_still_warn(self):
+        # PyTorch's memory_cached, max_memory_cached (renamed) and reset_max_memory_* (now
+        # reset every peak) give a FutureWarning; the route's must too
+        r, _ = self.result("""
+            expseg.install(route="python")
+            a = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+            out = {}
+            for name in ("memory_cached", "max_memory_cached", "reset_max_memory_allocated",
+                         "reset_max_memory_cached", "memory_reserved"):
+                for mod in (torch.cuda, torch.cuda.memory):
+                    with warnings.catch_warnings(record=True) as w:
+                        warnings.simplefilter("always")
+                        v = getattr(mod, name)(0)
+                    out[name] = [[x.category.__name__ for x in w], v]
+            out["reserved"] = stat(0, "reserved_bytes.all.current")
+            print(json.dumps(out))
+            """)
+        for name in ("memory_cached", "max_memory_cached", "reset_max_memory_allocated",
+                     "reset_max_memory_cached"):
+            self.assertEqual(r[name][0], ["FutureWarning"], name)
+        self.assertEqual(r["memory_reserved"][0], [])
+        self.assertEqual(r["memory_cached"][1], r["reserved"])
+
+    def test_mempool_and_graphs_are_refused_with_an_expseg_error(self):
+        # PyTorch's pluggable allocator cannot make a MemPool ("pluggable does not yet
+        # support createOrIncrefPool"): the route says so, and what to use instead
+        r, _ = self.result("""
+            expseg.install(route="python")
+            print(json.dumps([err(torch.cuda.MemPool),
+                              err(lambda: torch.cuda.graph(torch.cuda.CUDAGraph()).__enter__())]))
+            """)
+        self.assertIn("MemPool", r[0])
+        self.assertIn('route="cxx"', r[0])
+        self.assertIn("cannot capture CUDA graphs", r[1])
+
+
+if __name__ == "__main__":
+    unittest.main()
