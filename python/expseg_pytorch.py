@@ -402,6 +402,11 @@ def _torch_calls(torch):
                                         "expected a float from 0 to 1" % (fraction,))
         _core.set_memory_fraction(fraction, device)
 
+    def get_fraction(device=None):
+        d = used(device)
+        return _core._fraction(_core._fresh_config(_core._device(device)) if d is None
+                               else _core.config(d))
+
     def summary(device=None, abbreviated=False):
         d = used(device)
         if d is None:
@@ -484,7 +489,7 @@ def _torch_calls(torch):
         "memory_summary": summary,
         "empty_cache": empty,
         "set_per_process_memory_fraction": fraction,
-        "get_per_process_memory_fraction": _core.get_memory_fraction,
+        "get_per_process_memory_fraction": get_fraction,
         "memory_snapshot": lambda *args, **kwargs: whole(False)["segments"],
         "mem_get_info": _core.mem_get_info,
         "_record_memory_history": history,

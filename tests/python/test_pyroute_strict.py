@@ -7,7 +7,8 @@ allocator). Cases: every figure through torch.cuda, torch.cuda.memory and torch.
 (and torch.accelerator.memory) on the current device set by set_device and torch.cuda.device;
 caching_allocator_alloc/delete; record_stream with streams whose id is not their pointer;
 history, _snapshot, memory_snapshot and _dump_snapshot; install() after CUDA was initialized
-(current_device, set_device, a Stream) and a second swap; the deprecated aliases' FutureWarning;
+(current_device, set_device, a Stream) and a second swap; the memory fraction of a device no
+tensor has used (no allocator made); the deprecated aliases' FutureWarning;
 MemPool and CUDA graphs refused with an ExpsegError. The child interpreters are
 test_pyroute.py's, with the strict stand-in installed over the other (CTest:
 python_route_strict)."""
@@ -131,6 +132,21 @@ class StrictTorch(unittest.TestCase):
             """)
         for e in r:
             self.assertIn("came too late", e)
+
+    def test_memory_fraction_of_an_unused_device_creates_no_allocator(self):
+        # PyTorch reads a device's fraction without touching the device; an expseg allocator
+        # on the cuda driver holds the device's context, so asking must not create one: the
+        # answer is a fresh allocator's (the configuration's fraction)
+        r, _ = self.result("""
+            expseg.install(route="python")
+            f = [torch.cuda.get_per_process_memory_fraction(1),
+                 torch.cuda.get_per_process_memory_fraction()]
+            used = [lib.expseg_torch_device_used(d) for d in (0, 1)]
+            torch.cuda.set_per_process_memory_fraction(0.25, 1)
+            print(json.dumps(dict(f=f, used=used,
+                                  later=torch.cuda.get_per_process_memory_fraction(1))))
+            """, EXPSEG_ALLOC_CONF="per_process_memory_fraction:0.5")
+        self.assertEqual(r, dict(f=[0.5, 0.5], used=[0, 0], later=0.25))
 
     def test_deprecated_aliases_still_warn(self):
         # PyTorch's memory_cached, max_memory_cached (renamed) and reset_max_memory_* (now
