@@ -26,7 +26,8 @@ by code:
   calls take a positional-only device_index and give {} before the allocator is initialized;
 - torch.empty(*size, dtype=None, device=None) (CPU unless told), Tensor.record_stream a
   method of the C base class refusing anything but a torch.Stream, torch.cuda.Stream a
-  torch.Stream whose stream_id is not its cuda_stream;
+  torch.Stream whose stream_id is not its cuda_stream, torch.accelerator.current_stream() a
+  plain torch.Stream (an id, no cuda_stream);
 - caching_allocator_alloc/caching_allocator_delete through the allocator's raw_alloc and
   raw_delete ("Trying to free a pointer not allocated here");
 - FutureWarning from memory_cached, max_memory_cached, reset_max_memory_allocated and
@@ -233,13 +234,7 @@ def build():
             st.device = self.prev
             return False
 
-    class Stream:  # torch.Stream: any device type, no cuda_stream
-        def __init__(self, device=None, priority=0, **kwargs):
-            pass
-
-    class CudaStream(Stream):
-        _by_id = {}
-
+    class Stream:  # torch.Stream: any device type; an id, no cuda_stream
         def __init__(self, device=None, priority=0, **kwargs):
             _lazy_init()
             if "stream_id" in kwargs:
@@ -251,6 +246,7 @@ def build():
                 self.device_index = st.device if device is None else _get_device_index(device)
             self.device_type = 1
 
+    class CudaStream(Stream):
         @property
         def cuda_stream(self):
             return 0 if self.stream_id == 0 else 0x7f0000 + self.stream_id * 0x10
@@ -274,6 +270,10 @@ def build():
             yield
         finally:
             st.streams[s.device_index] = prev
+
+    def accelerator_current_stream(device=None):  # a torch.Stream, not a torch.cuda.Stream
+        s = current_stream(device)
+        return Stream(stream_id=s.stream_id, device_index=s.device_index)
 
     cuda.is_available = lambda: True
     cuda.is_initialized = lambda: st.initialized
@@ -384,6 +384,7 @@ def build():
 
     _build_memory(torch, memory, cuda, C, st)
     _build_accelerator(torch, accel, accel_memory, C)
+    accel.current_stream = accelerator_current_stream
     _build_graphs_and_profiler(torch, cuda, graphs)
     return torch
 

@@ -68,12 +68,15 @@ class StrictTorch(unittest.TestCase):
 
     def test_record_stream_uses_the_stream_pointer_not_its_id(self):
         # a tensor made on stream s and used on s only needs no event at its free; used on t
-        # too, one: expseg must be told s's cudaStream_t (cuda_stream), not its stream_id
+        # too, one: expseg must be told s's cudaStream_t (cuda_stream), not its stream_id; a
+        # plain torch.Stream (torch.accelerator.current_stream()) of s is s
         r, _ = self.result("""
             expseg.install(route="python")
             s, t = torch.cuda.Stream(), torch.cuda.Stream()
             events = []
-            for also in (None, t):
+            with torch.cuda.stream(s):
+                plain = torch.accelerator.current_stream()    # s as a torch.Stream
+            for also in (None, t, plain):
                 with torch.cuda.stream(s):
                     a = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
                 e0 = stat(0, "expseg.driver.event_record")
@@ -87,10 +90,12 @@ class StrictTorch(unittest.TestCase):
                 typ = "no error"
             except TypeError as e:
                 typ = str(e)
-            print(json.dumps(dict(ids=[s.stream_id, s.cuda_stream], events=events, typ=typ)))
+            print(json.dumps(dict(ids=[s.stream_id, s.cuda_stream], events=events, typ=typ,
+                                  plain=hasattr(plain, "cuda_stream"))))
             """)
         self.assertNotEqual(r["ids"][0], r["ids"][1])
-        self.assertEqual(r["events"], [0, 1])
+        self.assertFalse(r["plain"])
+        self.assertEqual(r["events"], [0, 1, 0])
         self.assertIn("must be Stream", r["typ"])
 
     def test_history_and_snapshots_replace_pytorchs(self):
