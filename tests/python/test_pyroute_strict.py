@@ -8,7 +8,8 @@ allocator). Cases: every figure through torch.cuda, torch.cuda.memory and torch.
 caching_allocator_alloc/delete; record_stream with streams whose id is not their pointer;
 history, _snapshot, memory_snapshot and _dump_snapshot; install() after CUDA was initialized
 (current_device, set_device, a Stream) and a second swap; the memory fraction of a device no
-tensor has used (no allocator made); the deprecated aliases' FutureWarning;
+tensor has used (no allocator made); a fraction refused naming PyTorch's call; the deprecated
+aliases' FutureWarning;
 MemPool and CUDA graphs refused with an ExpsegError. The child interpreters are
 test_pyroute.py's, with the strict stand-in installed over the other (CTest:
 python_route_strict)."""
@@ -152,6 +153,23 @@ class StrictTorch(unittest.TestCase):
                                   later=torch.cuda.get_per_process_memory_fraction(1))))
             """, EXPSEG_ALLOC_CONF="per_process_memory_fraction:0.5")
         self.assertEqual(r, dict(f=[0.5, 0.5], used=[0, 0], later=0.25))
+
+    def test_refusals_name_the_pytorch_call_made(self):
+        # PyTorch's TypeError and ValueError for a fraction; the route's say which call
+        r, _ = self.result("""
+            expseg.install(route="python")
+            out = []
+            for f in (1, 1.5, -0.5):
+                try:
+                    torch.cuda.set_per_process_memory_fraction(f)
+                except (TypeError, ValueError) as e:
+                    out.append(["TypeError" if isinstance(e, TypeError) else "ValueError",
+                                str(e)])
+            print(json.dumps(out))
+            """)
+        self.assertEqual([k for k, _ in r], ["TypeError", "ValueError", "ValueError"])
+        for _, text in r:
+            self.assertIn("torch.cuda.set_per_process_memory_fraction", text)
 
     def test_deprecated_aliases_still_warn(self):
         # PyTorch's memory_cached, max_memory_cached (renamed) and reset_max_memory_* (now
