@@ -8,9 +8,9 @@ allocator). Cases: every figure through torch.cuda, torch.cuda.memory and torch.
 caching_allocator_alloc/delete; record_stream with streams whose id is not their pointer;
 history, _snapshot, memory_snapshot and _dump_snapshot; install() after CUDA was initialized
 (current_device, set_device, a Stream) and a second swap; the memory fraction of a device no
-tensor has used (no allocator made); a fraction refused naming PyTorch's call; the deprecated
-aliases' FutureWarning;
-MemPool and CUDA graphs refused with an ExpsegError. The child interpreters are
+tensor has used (no allocator made); a fraction refused naming PyTorch's call; the
+deprecated aliases' FutureWarning; MemPool and CUDA graphs refused with an ExpsegError; the
+C++ backend's history wrapper over 2.11's signatures. The child interpreters are
 test_pyroute.py's, with the strict stand-in installed over the other (CTest:
 python_route_strict)."""
 
@@ -193,6 +193,32 @@ class StrictTorch(unittest.TestCase):
             self.assertEqual(r[name][0], ["FutureWarning"], name)
         self.assertEqual(r["memory_reserved"][0], [])
         self.assertEqual(r["memory_cached"][1], r["reserved"])
+
+    def test_cxx_route_history_on_pytorch_without_the_host_arguments(self):
+        # PyTorch 2.11's _record_memory_history takes no record_pinned_host_memory or
+        # record_cuda (either form): the C++ backend's wrapper keeps the host pool's history
+        # itself and passes PyTorch only what it takes, by keyword or position
+        r, _ = self.result("""
+            import types
+            calls = []
+            torch._C._cuda_record_memory_history = lambda *a: calls.append(["current"] + list(a))
+            torch._C._cuda_record_memory_history_legacy = lambda *a: calls.append(
+                ["legacy"] + list(a))
+            cxx = types.ModuleType("_expseg_cxx")
+            cxx.install = lambda path: True
+            sys.modules["_expseg_cxx"] = cxx
+            expseg.install()
+            H = torch.cuda.memory._record_memory_history
+            H("all", max_entries=7, record_pinned_host_memory=True)
+            H(True, trace_alloc_max_entries=5, record_context_cpp=True)
+            H("all", "all", "all", 9, None, False, False, False, None, True)
+            H(None)
+            print(json.dumps(dict(route=expseg.route(), calls=calls)))
+            """)
+        self.assertEqual(r["route"], "cxx")
+        self.assertEqual(r["calls"], [["current", "all", "all", "all", 7], ["legacy", True, True, 5],
+                                      ["current", "all", "all", "all", 9],
+                                      ["current", None, "all", "all", 9223372036854775807]])
 
     def test_mempool_and_graphs_are_refused_with_an_expseg_error(self):
         # PyTorch's pluggable allocator cannot make a MemPool ("pluggable does not yet
