@@ -496,6 +496,9 @@ def _torch_calls(torch):
         "memory_snapshot": lambda *args, **kwargs: whole(False)["segments"],
         "mem_get_info": _core.mem_get_info,
         "_record_memory_history": history,
+        # what PyTorch's own _record_memory_history (held from before install()) calls
+        "_record_memory_history_impl": history,
+        "_record_memory_history_legacy": history,
         "_snapshot": snap,
         "_dump_snapshot": dump,
     }

@@ -5,6 +5,7 @@ their siblings through the module, lazy CUDA initialization, positional-only
 torch.accelerator calls, deprecated aliases that warn, MemPool refused by the pluggable
 allocator). Cases: every figure through torch.cuda, torch.cuda.memory and torch.accelerator
 (and torch.accelerator.memory) on the current device set by set_device and torch.cuda.device;
+PyTorch's functions bound before install();
 caching_allocator_alloc/delete; record_stream with streams whose id is not their pointer;
 history, _snapshot, memory_snapshot and _dump_snapshot; install() after CUDA was initialized
 (current_device, set_device, a Stream) and a second swap; the memory fraction of a device no
@@ -66,6 +67,28 @@ class StrictTorch(unittest.TestCase):
         self.assertEqual(r["zero"], 1 << 20)
         self.assertEqual(r["info"][0], r["info"][1])
         self.assertTrue(r["summary"])
+
+    def test_pytorchs_functions_bound_before_install_reach_expseg(self):
+        # `from torch.cuda.memory import X` before install() keeps PyTorch's function, which
+        # calls its siblings through the module: those the route replaced answer for it
+        r, _ = self.result("""
+            from torch.cuda.memory import (memory_allocated, memory_stats, memory_summary,
+                                           _record_memory_history, _dump_snapshot)
+            expseg.install(route="python")
+            _record_memory_history(max_entries=50)
+            a = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+            path = os.path.join(tempfile.mkdtemp(), "s.pickle")
+            _dump_snapshot(path)
+            with open(path, "rb") as f:
+                traces = len(pickle.load(f)["device_traces"][0])
+            _record_memory_history(False)
+            print(json.dumps(dict(alloc=memory_allocated(), stats=memory_stats()[
+                "allocated_bytes.all.current"], summary="device ID 0" in memory_summary(),
+                traces=traces, want=stat(0, "allocated_bytes.all.current"))))
+            """)
+        self.assertEqual([r["alloc"], r["stats"]], [r["want"]] * 2)
+        self.assertTrue(r["summary"])
+        self.assertGreater(r["traces"], 0)
 
     def test_record_stream_uses_the_stream_pointer_not_its_id(self):
         # a tensor made on stream s and used on s only needs no event at its free; used on t
