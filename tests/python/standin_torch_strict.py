@@ -47,7 +47,8 @@ import sys
 import types
 import warnings
 
-NOT_YET = "%s does not yet support %s. If you need it, please file an issue describing your use case."
+NOT_YET = ("%s does not yet support %s. If you need it, please file an issue describing your "
+           "use case.")
 DEVICES = 2
 
 

@@ -239,7 +239,8 @@ class StrictTorch(unittest.TestCase):
             print(json.dumps(dict(route=expseg.route(), calls=calls)))
             """)
         self.assertEqual(r["route"], "cxx")
-        self.assertEqual(r["calls"], [["current", "all", "all", "all", 7], ["legacy", True, True, 5],
+        self.assertEqual(r["calls"], [["current", "all", "all", "all", 7],
+                                      ["legacy", True, True, 5],
                                       ["current", "all", "all", "all", 9],
                                       ["current", None, "all", "all", 9223372036854775807]])
 
