@@ -172,6 +172,7 @@ def _load():
         "expseg_stats_foreach": (None, [c_p, _STAT_FN, c_p]),
         "expseg_last_error": (ctypes.c_char_p, []),
         "expseg_memory_summary": (c_size, [c_p, ctypes.c_char_p, c_size, ctypes.c_bool]),
+        "expseg_config_string": (c_size, [c_p, ctypes.c_char_p, c_size]),
         "expseg_set_log_sink": (None, [_LOG_SINK, c_p]),
         "expseg_snapshot_dump_ex": (c_int, [c_p, ctypes.c_char_p, ctypes.c_uint]),
         "expseg_history_skip_action": (c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint)]),
@@ -603,7 +604,18 @@ def config(device=None):
 
 def get_memory_fraction(device=None):
     """The device's memory fraction (1.0: no cap), as get_per_process_memory_fraction."""
-    for item in config(device).split(","):
+    return _fraction(config(device))
+
+
+def _fresh_config(device):
+    """config() of an allocator that has served nothing (as `device`)."""
+    return _with_fresh(device, lambda a: _c_text("config", device, lambda buf, n: (
+        _lib.expseg_config_string(a, buf, n))))
+
+
+def _fraction(config_text):
+    """per_process_memory_fraction of a configuration text (1.0 when it has none)."""
+    for item in config_text.split(","):
         key, _, value = item.partition(":")
         if key.strip() == "per_process_memory_fraction":
             return float(value)
@@ -751,7 +763,7 @@ def _unpatch():
 # the constants of install(), under their names here too
 ROUTES, SAFE_ENV, SAFE_BATCH = _pytorch.ROUTES, _pytorch.SAFE_ENV, _pytorch.SAFE_BATCH
 CXX_MODULE, PYTHON_ROUTE_LIMITS = _pytorch.CXX_MODULE, _pytorch.PYTHON_ROUTE_LIMITS
-GRAPH_REFUSED = _pytorch.GRAPH_REFUSED
+GRAPH_REFUSED, MEMPOOL_REFUSED = _pytorch.GRAPH_REFUSED, _pytorch.MEMPOOL_REFUSED
 
 _interop_module = _sibling(INTEROP_MODULE, "cupy_allocator and the Numba plugin")
 cupy_allocator = _interop_module.cupy_allocator

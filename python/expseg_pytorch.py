@@ -50,9 +50,9 @@ PYTHON_ROUTE_LIMITS = (
     "record_stream calls made from C++ (NCCL process groups, FSDP, other extensions: memory "
     "they still use may be reused early; install(safe_record_stream=True) or %s=1 makes "
     "every free wait for a device-wide synchronization instead), and CUDA graph capture "
-    "(torch.cuda.graph) is refused: graphs get no private pool. For both, use the C++ "
-    "backend (install(route=\"cxx\"); it needs a C++ compiler and PyTorch's headers; "
-    "docs/torch.md)." % SAFE_ENV)
+    "(torch.cuda.graph) and torch.cuda.MemPool are refused: they get no private pool. For "
+    "both, use the C++ backend (install(route=\"cxx\"); it needs a C++ compiler and "
+    "PyTorch's headers; docs/torch.md)." % SAFE_ENV)
 
 
 def _safe_setting(safe_record_stream):
@@ -397,10 +397,18 @@ def _torch_calls(torch):
         _core.empty_cache(None)
 
     def fraction(fraction, device=None):
+        bad = "torch.cuda.set_per_process_memory_fraction: fraction=%r: expected a float " \
+              "from 0 to 1" % (fraction,)
         if not isinstance(fraction, float):  # as PyTorch: 1 is refused, 1.0 taken
-            raise _core.ExpsegTypeError("torch.cuda.set_per_process_memory_fraction: fraction=%r: "
-                                        "expected a float from 0 to 1" % (fraction,))
+            raise _core.ExpsegTypeError(bad)
+        if not 0 <= fraction <= 1:
+            raise _core.ExpsegValueError(bad)
         _core.set_memory_fraction(fraction, device)
+
+    def get_fraction(device=None):
+        d = used(device)
+        return _core._fraction(_core._fresh_config(_core._device(device)) if d is None
+                               else _core.config(d))
 
     def summary(device=None, abbreviated=False):
         d = used(device)
@@ -454,26 +462,43 @@ def _torch_calls(torch):
             os.unlink(tmp)
             raise
 
+    def renamed(f, name, why):  # PyTorch's deprecated aliases: its FutureWarning, then f
+        def alias(device=None):
+            warnings.warn("torch.cuda.%s %s" % (name, why), FutureWarning, stacklevel=2)
+            return f(device)
+        alias.__name__ = name
+        return alias
+
+    reserved, max_reserved = (stat("reserved_bytes.all.current", "memory_reserved"),
+                              stat("reserved_bytes.all.peak", "max_memory_reserved"))
+    every_peak = ("now calls torch.cuda.reset_peak_memory_stats, which resets /all/ peak "
+                  "memory stats.")
     calls = {
         "memory_stats": memory_stats,
         "memory_stats_as_nested_dict": memory_stats_as_nested_dict,
         "memory_allocated": stat("allocated_bytes.all.current", "memory_allocated"),
         "max_memory_allocated": stat("allocated_bytes.all.peak", "max_memory_allocated"),
-        "memory_reserved": stat("reserved_bytes.all.current", "memory_reserved"),
-        "max_memory_reserved": stat("reserved_bytes.all.peak", "max_memory_reserved"),
-        "memory_cached": stat("reserved_bytes.all.current", "memory_cached"),
-        "max_memory_cached": stat("reserved_bytes.all.peak", "max_memory_cached"),
+        "memory_reserved": reserved,
+        "max_memory_reserved": max_reserved,
+        "memory_cached": renamed(reserved, "memory_cached", "has been renamed to "
+                                 "torch.cuda.memory_reserved"),
+        "max_memory_cached": renamed(max_reserved, "max_memory_cached", "has been renamed to "
+                                     "torch.cuda.max_memory_reserved"),
         "reset_peak_memory_stats": reset_peak,
-        "reset_max_memory_allocated": reset_peak,
-        "reset_max_memory_cached": reset_peak,
+        "reset_max_memory_allocated": renamed(reset_peak, "reset_max_memory_allocated",
+                                              every_peak),
+        "reset_max_memory_cached": renamed(reset_peak, "reset_max_memory_cached", every_peak),
         "reset_accumulated_memory_stats": reset_accumulated,
         "memory_summary": summary,
         "empty_cache": empty,
         "set_per_process_memory_fraction": fraction,
-        "get_per_process_memory_fraction": _core.get_memory_fraction,
+        "get_per_process_memory_fraction": get_fraction,
         "memory_snapshot": lambda *args, **kwargs: whole(False)["segments"],
         "mem_get_info": _core.mem_get_info,
         "_record_memory_history": history,
+        # what PyTorch's own _record_memory_history (held from before install()) calls
+        "_record_memory_history_impl": history,
+        "_record_memory_history_legacy": history,
         "_snapshot": snap,
         "_dump_snapshot": dump,
     }
@@ -542,11 +567,14 @@ def _patch_record_function(torch):
     _replace(cls, "__exit__", __exit__)
 
 
-# torch.accelerator's memory calls (PyTorch 2.8+): the same figures when the current
-# accelerator is CUDA.
-_ACCELERATOR_CALLS = ("memory_stats", "memory_allocated", "max_memory_allocated",
-                      "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
-                      "reset_accumulated_memory_stats", "empty_cache")
+# torch.accelerator's memory calls (PyTorch 2.8+; torch.accelerator.memory.X re-exported as
+# torch.accelerator.X): the same figures when the current accelerator is CUDA, by their name
+# there and the Python route's call that answers them.
+_ACCELERATOR_CALLS = {name: name for name in (
+    "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
+    "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
+    "empty_cache")}
+_ACCELERATOR_CALLS["get_memory_info"] = "mem_get_info"
 
 
 def _replace(obj, name, value):
@@ -575,10 +603,10 @@ def _patch_torch(torch):
             if hasattr(module, name):
                 _replace(module, name, f)
     accel = getattr(torch, "accelerator", None)
-    if accel is not None:
-        for name in _ACCELERATOR_CALLS:
-            if hasattr(accel, name):
-                _replace(accel, name, calls[name])
+    for module in (accel, getattr(accel, "memory", None)):
+        for name, ours in _ACCELERATOR_CALLS.items():
+            if module is not None and hasattr(module, name):
+                _replace(module, name, calls[ours])
     tensor = getattr(torch, "Tensor", None)
     if tensor is not None and hasattr(tensor, "record_stream"):
         original = tensor.record_stream
@@ -603,18 +631,26 @@ GRAPH_REFUSED = (
     "its own pool")
 
 
-def _refuse_graphs(torch):
-    """CUDAGraph.capture_begin (torch.cuda.graph, make_graphed_callables) raises ExpsegError
-    on the Python route, before the capture starts."""
-    graphs = getattr(torch.cuda, "graphs", None)
-    cls = getattr(graphs, "CUDAGraph", None) if graphs is not None else None
-    if cls is None or not hasattr(cls, "capture_begin"):
-        return
+MEMPOOL_REFUSED = (
+    "expseg's Python route cannot make a torch.cuda.MemPool: PyTorch's allocator made from "
+    "Python has no pools (it refuses createOrIncrefPool). Use the C++ backend "
+    "(expseg.install(route=\"cxx\"))")
 
-    def capture_begin(self, *args, **kwargs):
-        raise _core.ExpsegError(GRAPH_REFUSED)
-    capture_begin.__doc__ = GRAPH_REFUSED
-    _replace(cls, "capture_begin", capture_begin)
+
+def _refuse_graphs(torch):
+    """CUDAGraph.capture_begin (torch.cuda.graph, make_graphed_callables) and MemPool() raise
+    ExpsegError on the Python route, before PyTorch's allocator is asked."""
+    graphs = getattr(torch.cuda, "graphs", None)
+    for cls, name, why in ((getattr(graphs, "CUDAGraph", None), "capture_begin", GRAPH_REFUSED),
+                           (getattr(torch.cuda.memory, "MemPool", None), "__init__",
+                            MEMPOOL_REFUSED)):
+        if cls is None or not hasattr(cls, name):
+            continue
+
+        def refused(self, *args, _why=why, **kwargs):
+            raise _core.ExpsegError(_why)
+        refused.__doc__ = why
+        _replace(cls, name, refused)
 
 
 def _unpatch():
