@@ -201,8 +201,8 @@ TEST_P(Random, BusyMemoryIsNeverHandedOutAndTheBooksHold) {
     if (HasFatalFailure() || HasFailure()) break;
   }
   for (const Blk &b : live) ASSERT_EQ(expseg_free(a, b.p), EXPSEG_OK) << err();
-  ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
   for (expseg_pool_id id : pools) ASSERT_EQ(expseg_pool_release(a, id), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
   books(a, {}, bytes, "all freed");
   EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0);
   expect_nothing_left(a, "end");
@@ -286,16 +286,40 @@ TEST_P(Movable, FreedRequestsOfAChunkOrMoreServeALargerOne) {
 
 INSTANTIATE_TEST_SUITE_P(
     Sizes, Movable,
-    ::testing::Values(std::vector<size_t>{8 * MiB + 1}, std::vector<size_t>{8 * MiB},
-                      std::vector<size_t>{12 * MiB}, std::vector<size_t>{20 * MiB},
+    ::testing::Values(std::vector<size_t>{8 * MiB}, std::vector<size_t>{12 * MiB},
+                      std::vector<size_t>{20 * MiB},
                       std::vector<size_t>{8 * MiB + 1, 12 * MiB, 20 * MiB},
-                      std::vector<size_t>{20 * MiB, 8 * MiB + 1, 12 * MiB - 1, 8 * MiB}),
+                      std::vector<size_t>{12 * MiB - 1, 8 * MiB + 1, 20 * MiB},
+                      std::vector<size_t>{20 * MiB, 8 * MiB, 12 * MiB - 1, 16 * MiB + 1}),
     [](const ::testing::TestParamInfo<std::vector<size_t>> &i) {
       std::string n;
       for (size_t s : i.param)
         n += (n.empty() ? "" : "_") + std::to_string(s / MiB) + (s % MiB ? "p" : "") + "M";
       return n;
     });
+
+// Blocks of 8 MiB + 1 byte laid end to end: each shares a page with each neighbour, and a
+// growth (16 MiB: its own 8 MiB and a surplus chunk holding its last bytes; without the
+// minimum, its own 8 MiB and the next block's pages) puts every freed block's whole pages
+// in one chunk with a live neighbour's bytes: nothing it held can move, and half the free
+// memory is out of memory, as it was without the minimum.
+TEST(Pinned, BlocksOfAChunkAndAByteEndToEndPinTheirNeighbours) {
+  QuietLog quiet;
+  AllocPtr p = make_alloc("sim:capacity=1G", "expandable_segments:True");
+  expseg_allocator *a = p.get();
+  ASSERT_NE(a, nullptr);
+  std::vector<Blk> blocks = fill(a, {8 * MiB + 1});
+  ASSERT_GT(blocks.size(), 100u);
+  const int64_t free_bytes = free_every_other(a, blocks, 1024 * (int64_t)MiB);
+  const int64_t released0 = stat_of(a, "expseg.released_bytes");
+  ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+  EXPECT_LT(stat_of(a, "expseg.released_bytes") - released0, free_bytes / 2)
+      << "most of the freed blocks' pages stay with their neighbours' chunks";
+  void *x = nullptr;
+  EXPECT_EQ(expseg_malloc(a, (size_t)free_bytes / 2, 0, &x), EXPSEG_ERR_OUT_OF_MEMORY);
+  books(a, blocks, false, "pinned");
+  for (const Blk &b : blocks) ASSERT_EQ(expseg_free(a, b.p), EXPSEG_OK) << err();
+}
 
 // Blocks below a chunk (8 MiB): a 16 MiB growth is one chunk holding two or more of them,
 // so with every other one freed each chunk still holds a live block: nothing can move, and
