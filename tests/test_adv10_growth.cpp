@@ -298,6 +298,38 @@ INSTANTIATE_TEST_SUITE_P(
       return n;
     });
 
+// The minimum only within its bound: a request on a stream of its own, beside a block of
+// `base` bytes, grows by 16 MiB when the memory held after it stays within
+// 1.005 x allocated + 8 MiB, else by what it lacks (the segment is new: no floor; the
+// 1.02 x bound is far): both happen.
+TEST(Bound, TheMinimumOnlyWithinHalfAPercent) {
+  QuietLog quiet;
+  int taken = 0, refused = 0;
+  for (const size_t base_mib : {512, 1024, 1536, 2048, 3072})
+    for (const size_t small : {2 * MiB, 4 * MiB - 512, 6 * MiB}) {
+      AllocPtr p = make_alloc("sim:capacity=8G", "expandable_segments:True");
+      expseg_allocator *a = p.get();
+      ASSERT_NE(a, nullptr);
+      void *big = nullptr, *x = nullptr;
+      ASSERT_EQ(expseg_malloc(a, base_mib * MiB, 0, &big), EXPSEG_OK) << err();
+      const int64_t held = stat_of(a, "reserved_bytes.all.current");
+      ASSERT_EQ(held, (int64_t)(base_mib * MiB));
+      ASSERT_EQ(expseg_malloc(a, small, 1, &x), EXPSEG_OK) << err();
+      const double allocated = (double)(base_mib * MiB + small);
+      const bool within =
+          (double)held + (double)EXPSEG_LARGE_GROW_MIN <= 1.005 * allocated + 8.0 * MiB;
+      const int64_t grew = stat_of(a, "reserved_bytes.all.current") - held;
+      EXPECT_EQ(grew, within ? (int64_t)EXPSEG_LARGE_GROW_MIN
+                             : (int64_t)((small + 2 * MiB - 1) / (2 * MiB) * (2 * MiB)))
+          << base_mib << " MiB beside, a request of " << small;
+      (within ? taken : refused)++;
+      ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
+      ASSERT_EQ(expseg_free(a, big), EXPSEG_OK);
+    }
+  EXPECT_GT(taken, 0);
+  EXPECT_GT(refused, 0);
+}
+
 // Blocks of 8 MiB + 1 byte laid end to end: each shares a page with each neighbour, and a
 // growth (16 MiB: its own 8 MiB and a surplus chunk holding its last bytes; without the
 // minimum, its own 8 MiB and the next block's pages) puts every freed block's whole pages
