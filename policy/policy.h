@@ -269,18 +269,19 @@ size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page, bool request,
  * bytes: freed, the request leaves them whole and free, so they move or go back whole,
  * where chunks straddling its end would stay pinned by what was placed after it. A
  * growth of at most one chunk (or of at most the minimum growth, above) stays one chunk
- * (two would cost a second handle for nothing that can move), unless the request's own
- * pages are at least a chunk (EXPSEG_CHUNK_MAX) and the growth maps more: then they are a
- * chunk of their own too, so the minimum never pairs a request of a chunk or more with
- * what comes after it (a program that frees one of each pair could not get its memory
- * back for anything larger). Returns the pages to create as the request's chunks (0:
- * none).
+ * (two would cost a second handle for nothing that can move), unless the request (of
+ * `bytes`, rounded) or its own pages are at least a chunk (EXPSEG_CHUNK_MAX) and the
+ * growth maps more: then its pages are a chunk of their own too, so the minimum never
+ * pairs a request of a chunk or more with what comes after it, also where the request
+ * starts in memory mapped before and only part of it lies in the growth (a program that
+ * frees one of each pair could not get its memory back for anything larger). Returns the
+ * pages to create as the request's chunks (0: none).
  * (docs/benchmarks.md, "Chunks of a request's own": 64 MiB chosen on half of the recorded
  * histories and synthetic seeds, confirmed on the other half.) */
 #ifndef EXPSEG_REQUEST_CHUNK_MAX
 #define EXPSEG_REQUEST_CHUNK_MAX ((size_t)64 << 20)
 #endif
-size_t _expseg_request_pages(size_t want, size_t request, size_t page);
+size_t _expseg_request_pages(size_t want, size_t request, size_t page, size_t bytes);
 /* Reuse before growth. A request maps or creates memory only when no memory already
  * mapped and free can serve it, in this order: a free block of its own stream (best fit);
  * a free block another stream of the same pool holds, once that stream's queued work is

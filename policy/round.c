@@ -42,10 +42,12 @@ size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page, bool request,
   return left < most ? left : most;
 }
 
-size_t _expseg_request_pages(size_t want, size_t request, size_t page) {
+size_t _expseg_request_pages(size_t want, size_t request, size_t page, size_t bytes) {
   if (page == 0) return 0;
   if (want <= one_chunk() / page) /* one chunk, unless a request of a chunk or more */
-    return request < want && request >= EXPSEG_CHUNK_MAX / page ? request : 0;
+    return request < want && (request >= EXPSEG_CHUNK_MAX / page || bytes >= EXPSEG_CHUNK_MAX)
+               ? request
+               : 0;
   return request < want ? request : want;
 }
 

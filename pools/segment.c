@@ -339,7 +339,8 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     /* the request's whole pages from the place on, less those the cache covers */
     const uintptr_t end = (pl.prefix ? pl.prefix->ptr : pl.u->ptr) + rounded;
     size_t mine = end > pl.u->ptr ? (end - pl.u->ptr) / pg : 0;
-    mine = a->model_pytorch ? 0 : _expseg_request_pages(want, mine > have ? mine - have : 0, pg);
+    mine = a->model_pytorch ? 0 : _expseg_request_pages(want, mine > have ? mine - have : 0, pg,
+                                                            rounded);
     if (mine > 0) lead = _expseg_chunk_pages(false, mine, pg, true, want);
     *st = create_chunks(a, pool, want, mine, pg);
     if (*st != EXPSEG_OK) return NULL;

@@ -9,11 +9,8 @@
 //   reserved is what expseg_walk sees mapped plus the page cache, created - released bytes
 //   is reserved, no two live blocks overlap and (host) every live block keeps its pattern.
 // - Movable: a device filled with blocks of 8 MiB or more, every other one freed, serves a
-//   request of half the free memory (the requests' own chunks move). PinnedP: blocks of
-//   8 MiB or more that are not page multiples, where a request starting in an earlier
-//   growth's free end has less than a chunk in its own growth, and Pinned: blocks below
-//   8 MiB, paired in 16 MiB chunks: what the policy implies (out of memory) is checked.
-// - Bound: the minimum is taken within 1.005 x allocated + 8 MiB and refused past it.
+//   request of half the free memory (the requests' own chunks move); with blocks below
+//   8 MiB the 16 MiB chunks pair them, and what the policy implies is checked instead.
 // - Faults: create, map and set_access failing at each position of a growth that takes the
 //   minimum (16 MiB: an 8 MiB chunk of the request's own and an 8 MiB surplus chunk).
 // - Capacity: on devices whose capacity is not a multiple of 16 MiB, requests that fit
@@ -291,7 +288,9 @@ INSTANTIATE_TEST_SUITE_P(
     Sizes, Movable,
     ::testing::Values(std::vector<size_t>{8 * MiB}, std::vector<size_t>{12 * MiB},
                       std::vector<size_t>{20 * MiB},
-                      std::vector<size_t>{12 * MiB - 1, 8 * MiB + 1, 20 * MiB}),
+                      std::vector<size_t>{8 * MiB + 1, 12 * MiB, 20 * MiB},
+                      std::vector<size_t>{12 * MiB - 1, 8 * MiB + 1, 20 * MiB},
+                      std::vector<size_t>{20 * MiB, 8 * MiB, 12 * MiB - 1, 16 * MiB + 1}),
     [](const ::testing::TestParamInfo<std::vector<size_t>> &i) {
       std::string n;
       for (size_t s : i.param)
@@ -331,22 +330,18 @@ TEST(Bound, TheMinimumOnlyWithinHalfAPercent) {
   EXPECT_GT(refused, 0);
 }
 
-// Blocks of 8 MiB or more that are not page multiples, laid end to end: a request that
-// starts in the free end of an earlier growth (the minimum's surplus, or the page the block
-// before it shares) has fewer than a chunk of its whole pages in its own growth, so no chunk
-// of its own: its pages share the earlier growth's chunk with the block before it and its
-// growth's chunk with the block after it. Freed, every other one stays pinned and half the
-// free memory is out of memory (policy.h, _expseg_request_pages: its own pages in the
-// growth are counted; with 8 MiB + 1 alone, so it was without the minimum too).
-struct PinnedP : ::testing::TestWithParam<std::vector<size_t>> {};
-
-TEST_P(PinnedP, BlocksOfAChunkOrMoreEndToEndPinTheirNeighbours) {
+// Blocks of 8 MiB + 1 byte laid end to end: each shares a page with each neighbour, and a
+// growth (16 MiB: its own 8 MiB and a surplus chunk holding its last bytes; without the
+// minimum, its own 8 MiB and the next block's pages) puts every freed block's whole pages
+// in one chunk with a live neighbour's bytes: nothing it held can move, and half the free
+// memory is out of memory, as it was without the minimum.
+TEST(Pinned, BlocksOfAChunkAndAByteEndToEndPinTheirNeighbours) {
   QuietLog quiet;
   AllocPtr p = make_alloc("sim:capacity=1G", "expandable_segments:True");
   expseg_allocator *a = p.get();
   ASSERT_NE(a, nullptr);
-  std::vector<Blk> blocks = fill(a, GetParam());
-  ASSERT_GT(blocks.size(), 30u);
+  std::vector<Blk> blocks = fill(a, {8 * MiB + 1});
+  ASSERT_GT(blocks.size(), 100u);
   const int64_t free_bytes = free_every_other(a, blocks, 1024 * (int64_t)MiB);
   const int64_t released0 = stat_of(a, "expseg.released_bytes");
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
@@ -357,17 +352,6 @@ TEST_P(PinnedP, BlocksOfAChunkOrMoreEndToEndPinTheirNeighbours) {
   books(a, blocks, false, "pinned");
   for (const Blk &b : blocks) ASSERT_EQ(expseg_free(a, b.p), EXPSEG_OK) << err();
 }
-
-INSTANTIATE_TEST_SUITE_P(
-    Sizes, PinnedP,
-    ::testing::Values(std::vector<size_t>{8 * MiB + 1},
-                      std::vector<size_t>{8 * MiB + 1, 12 * MiB, 20 * MiB}),
-    [](const ::testing::TestParamInfo<std::vector<size_t>> &i) {
-      std::string n;
-      for (size_t s : i.param)
-        n += (n.empty() ? "" : "_") + std::to_string(s / MiB) + (s % MiB ? "p" : "") + "M";
-      return n;
-    });
 
 // Blocks below a chunk (8 MiB): a 16 MiB growth is one chunk holding two or more of them,
 // so with every other one freed each chunk still holds a live block: nothing can move, and

@@ -512,7 +512,8 @@ TEST_P(PlacementP, ARequestsWholePagesGoBackAfterAnyGrowthAboveAChunk) {
     const uintptr_t lo = seg + ((uintptr_t)r - seg + pg - 1) / pg * pg;
     const int64_t whole = end > lo ? (int64_t)((end - lo) / pg * pg) : 0;
     // the policy keeps the growth one chunk (policy.h: _expseg_request_pages): nothing to see
-    if (whole == 0 || _expseg_request_pages((size_t)own_growth / pg, (size_t)whole / pg, pg) == 0)
+    if (whole == 0 || _expseg_request_pages((size_t)own_growth / pg, (size_t)whole / pg, pg,
+                                                (size + 511) / 512 * 512) == 0)
       continue;
     checked++;
     ASSERT_EQ(expseg_free(a, r), EXPSEG_OK) << err();

@@ -321,16 +321,24 @@ TEST(PolicyRound, ChunksAreSizedFromTheGrowth) {
 TEST(PolicyRound, ARequestsOwnPagesGetChunksOfTheirOwnOnlyInGrowthsAboveAChunk) {
   const size_t MiB = (size_t)1 << 20, pg = 2 * MiB, most = EXPSEG_CHUNK_MAX / pg;
   const size_t one = EXPSEG_LARGE_GROW_MIN / pg; // pages a growth may map as one chunk
-  EXPECT_EQ(_expseg_request_pages(one, most - 1, pg), 0u)
+  EXPECT_EQ(_expseg_request_pages(one, most - 1, pg, (most - 1) * pg), 0u)
       << "one chunk, a request below a chunk: stays one";
-  EXPECT_EQ(_expseg_request_pages(one, most, pg), most)
+  EXPECT_EQ(_expseg_request_pages(one, most, pg, most * pg), most)
       << "a request of a chunk in a growth of the minimum: a chunk of its own";
-  EXPECT_EQ(_expseg_request_pages(most, most, pg), 0u) << "no surplus: one chunk";
-  EXPECT_EQ(_expseg_request_pages(one + 1, 1, pg), 1u) << "above one chunk: the request's page";
-  EXPECT_EQ(_expseg_request_pages(one + 5, most + 2, pg), most + 2);
-  EXPECT_EQ(_expseg_request_pages(one + 5, one + 9, pg), one + 5) << "never above the growth";
-  EXPECT_EQ(_expseg_request_pages(one + 5, 0, pg), 0u) << "no whole page under the request";
-  EXPECT_EQ(_expseg_request_pages(10, 3, 0), 0u) << "no page size: nothing";
+  EXPECT_EQ(_expseg_request_pages(most, most, pg, most * pg), 0u) << "no surplus: one chunk";
+  EXPECT_EQ(_expseg_request_pages(one + 1, 1, pg, pg), 1u) << "above one chunk: the request's page";
+  EXPECT_EQ(_expseg_request_pages(one + 5, most + 2, pg, (most + 2) * pg), most + 2);
+  EXPECT_EQ(_expseg_request_pages(one + 5, one + 9, pg, (one + 9) * pg), one + 5)
+      << "never above the growth";
+  EXPECT_EQ(_expseg_request_pages(one + 5, 0, pg, 0), 0u) << "no whole page under the request";
+  EXPECT_EQ(_expseg_request_pages(10, 3, 0, 0), 0u) << "no page size: nothing";
+  // a request of a chunk or more starting in memory mapped before: its pages in the growth
+  // (fewer than a chunk) are still a chunk of their own
+  EXPECT_EQ(_expseg_request_pages(one, most - 1, pg, EXPSEG_CHUNK_MAX), most - 1)
+      << "a request of a chunk, part of it in the growth";
+  EXPECT_EQ(_expseg_request_pages(one, 1, pg, 12 * MiB), 1u);
+  EXPECT_EQ(_expseg_request_pages(one, most - 1, pg, EXPSEG_CHUNK_MAX - 512), 0u)
+      << "below a chunk: one chunk";
 }
 
 TEST(PolicyRound, AnotherStreamsPlaceOnlyWhenItNeedsFewerPages) {

@@ -101,10 +101,11 @@ std::string ProportionalCosts() {
 // (docs/benchmarks.md, "Driver time priced per handle": up to 3.47 x under the default
 // table and 1.13 x under the proportional one on the recorded histories, 2.66 x and 1.10 x
 // on the synthetic seeds; with the large pool's minimum growth, silmont2000 3.92 x, a
-// history PyTorch models at 1.0 ms: "A minimum growth within half a percent"). These
+// history PyTorch models at 1.0 ms, and streams8:2 2.97 x: "A minimum growth within half a
+// percent"). These
 // ceilings keep the miss from growing; they are not the target.
 constexpr double kRecordedDriverCeiling = 4.0, kRecordedDriverCeilingProportional = 1.2;
-constexpr double kSyntheticDriverCeiling = 2.8, kSyntheticDriverCeilingProportional = 1.15;
+constexpr double kSyntheticDriverCeiling = 3.1, kSyntheticDriverCeilingProportional = 1.15;
 
 // What expseg holds to with its defaults on every device history of every recorded file
 // (docs/benchmarks.md, "Placement and chunks", gives the figures and the targets still

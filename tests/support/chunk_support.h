@@ -13,7 +13,7 @@ inline std::vector<size_t> growth_chunk_sizes(size_t growth, size_t request,
                                               size_t page = (size_t)2 << 20) {
   const size_t pages = (growth + page - 1) / page;
   const size_t whole = request / page < pages ? request / page : pages;
-  const size_t mine = _expseg_request_pages(pages, whole, page);
+  const size_t mine = _expseg_request_pages(pages, whole, page, request);
   std::vector<size_t> out;
   for (size_t left = pages; left > 0;) {
     const size_t done = pages - left;
