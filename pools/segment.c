@@ -157,7 +157,7 @@ static bool free_mapped(const block_t *b) {
 /* The place unmapped range u gives a request of `rounded` bytes: with the free mapped block
  * just before it (and after it), the pages to map at u->ptr. false: it does not fit. */
 static bool place_at(expseg_allocator *a, block_t *u, int pool, size_t rounded, bool exact,
-                     place_t *pl) {
+                     size_t ours, place_t *pl) {
   block_t *prefix = free_mapped(u->prev) ? u->prev : NULL;
   block_t *suffix = free_mapped(u->next) ? u->next : NULL;
   uintptr_t start = prefix ? prefix->ptr : u->ptr;
@@ -168,10 +168,14 @@ static bool place_at(expseg_allocator *a, block_t *u, int pool, size_t rounded, 
   if (need <= u->ptr) return false; /* the prefix alone fits: best fit would have found it */
   const size_t pg = u->seg->page;
   /* exact (memory is short: the out-of-memory retry): no floor or minimum; else the
-   * policy's (_expseg_grow_for: none either near the bound of memory held) */
+   * policy's (_expseg_grow_for: none either near the bound of memory held). Held: less the
+   * `ours` bytes created for this request and cached, which this growth maps (counted in
+   * held, they would shrink a growth placed again after creating them, and its chunks would
+   * no longer be the ones created for it) */
+  const size_t held = held_bytes(a);
   size_t grow = exact ? need - u->ptr
                       : _expseg_grow_for(need - u->ptr, pg, u->seg->mapped_bytes,
-                                         pool == POOL_SMALL, held_bytes(a),
+                                         pool == POOL_SMALL, held > ours ? held - ours : 0,
                                          (size_t)stat_all_current(a->stats.allocated_bytes) +
                                              rounded);
   uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + _expseg_round_up(grow, pg);
@@ -190,12 +194,12 @@ static bool place_at(expseg_allocator *a, block_t *u, int pool, size_t rounded, 
  * The block mapped there is that stream's and is lent (streams.c). Not under PyTorch's
  * model, nor while blocks the stream freed wait for its work. */
 static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size_t rounded,
-                       bool exact, place_t *pl) {
+                       bool exact, size_t ours, place_t *pl) {
   const tree_t *t = &a->unmapped_idx[pool];
   bool found = false;
   for (block_t *u = _expseg_tree_lower_bound(t, stream, 0, 0); u && u->stream == stream;
        u = _expseg_tree_next(t, u))
-    if ((found = place_at(a, u, pool, rounded, exact, pl))) break;
+    if ((found = place_at(a, u, pool, rounded, exact, ours, pl))) break;
   /* not while blocks this stream freed still wait for its work: on a GPU with a deep queue
    * each growth there would be lent again and wait again, where the stream's own memory is
    * reusable on it at once */
@@ -209,7 +213,7 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
     block_t *u = f->next;
     place_t other;
     if (u == NULL || u->mapped || u->stream == stream || seg_tag(u->seg) != skey_tag(stream) ||
-        !place_at(a, u, pool, rounded, exact, &other) ||
+        !place_at(a, u, pool, rounded, exact, ours, &other) ||
         !_expseg_place_better(own, own_pages, other.pages) ||
         (found && pl->u->stream != stream && other.pages >= pl->pages) ||
         !_expseg_stream_idle(a, u->stream, false, seen, &n_seen, SEEN_MAX))
@@ -296,13 +300,13 @@ static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages, 
 
 static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream stream,
                                 size_t rounded, bool blocking, expseg_status *st) {
-  size_t created = 0; /* pages created for this request so far */
+  size_t created = 0, ours = 0; /* pages, and bytes, created for this request so far */
   size_t lead = 0;    /* pages of the first chunk created as the request's own */
   for (int round = 0; round < 8; round++) {
     place_t pl;
-    if (!find_place(a, pool, stream, rounded, blocking, &pl)) {
+    if (!find_place(a, pool, stream, rounded, blocking, ours, &pl)) {
       if (expandable_new(a, pool, stream, rounded, st) == NULL) return NULL;
-      if (!find_place(a, pool, stream, rounded, blocking, &pl)) {
+      if (!find_place(a, pool, stream, rounded, blocking, ours, &pl)) {
         *st = _expseg_error_set(EXPSEG_ERR_DRIVER, "internal: new segment cannot place %zu bytes",
                                 rounded);
         return NULL;
@@ -345,6 +349,7 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     *st = create_chunks(a, pool, want, mine, pg);
     if (*st != EXPSEG_OK) return NULL;
     created += want;
+    ours += want * pg;
     /* the lock was dropped: place again */
   }
   *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,

@@ -330,12 +330,13 @@ TEST(Bound, TheMinimumOnlyWithinHalfAPercent) {
   EXPECT_GT(refused, 0);
 }
 
-// Blocks of 8 MiB + 1 byte laid end to end: each shares a page with each neighbour, and a
-// growth (16 MiB: its own 8 MiB and a surplus chunk holding its last bytes; without the
-// minimum, its own 8 MiB and the next block's pages) puts every freed block's whole pages
-// in one chunk with a live neighbour's bytes: nothing it held can move, and half the free
-// memory is out of memory, as it was without the minimum.
-TEST(Pinned, BlocksOfAChunkAndAByteEndToEndPinTheirNeighbours) {
+// Blocks of 8 MiB + 1 byte laid end to end: each shares a page with each neighbour, but
+// its growth (16 MiB: a chunk of its own for its whole pages, and a surplus chunk holding
+// its last bytes and the next block's first) maps its own chunk under it, so a freed
+// block's whole pages go back and half the free memory is served. (It was out of memory
+// while a growth placed again after creating its chunks counted them as memory held, took
+// less than it had created, and mapped the surplus chunk under the request instead.)
+TEST(Pinned, BlocksOfAChunkAndAByteEndToEndGiveTheirWholePagesBack) {
   QuietLog quiet;
   AllocPtr p = make_alloc("sim:capacity=1G", "expandable_segments:True");
   expseg_allocator *a = p.get();
@@ -345,11 +346,14 @@ TEST(Pinned, BlocksOfAChunkAndAByteEndToEndPinTheirNeighbours) {
   const int64_t free_bytes = free_every_other(a, blocks, 1024 * (int64_t)MiB);
   const int64_t released0 = stat_of(a, "expseg.released_bytes");
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
-  EXPECT_LT(stat_of(a, "expseg.released_bytes") - released0, free_bytes / 2)
-      << "most of the freed blocks' pages stay with their neighbours' chunks";
+  EXPECT_GE(stat_of(a, "expseg.released_bytes") - released0, free_bytes / 2)
+      << "the freed blocks' whole pages go back";
   void *x = nullptr;
-  EXPECT_EQ(expseg_malloc(a, (size_t)free_bytes / 2, 0, &x), EXPSEG_ERR_OUT_OF_MEMORY);
-  books(a, blocks, false, "pinned");
+  EXPECT_EQ(expseg_malloc(a, (size_t)free_bytes / 2, 0, &x), EXPSEG_OK) << err();
+  if (x != nullptr) {
+    ASSERT_EQ(expseg_free(a, x), EXPSEG_OK) << err();
+  }
+  books(a, blocks, false, "end to end");
   for (const Blk &b : blocks) ASSERT_EQ(expseg_free(a, b.p), EXPSEG_OK) << err();
 }
 

@@ -83,7 +83,8 @@ TEST(Placement, AnIdleStreamsTighterFreePieceIsLentBeforeItsOwnLargeBlock) {
   const size_t piece = 3 * MiB / 2;
   void *p = nullptr, *keep = nullptr, *x = nullptr, *y = nullptr, *q = nullptr, *r = nullptr;
   ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 64 * MiB, s1, &p));
-  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 8 * MiB, s1, &keep));
+  // 16 MiB: the large pool's minimum growth, so no surplus block after keep
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 16 * MiB, s1, &keep));
   // stream 2 gets segments of its own (stream 1 busy: nothing of it is lent meanwhile)
   ASSERT_EQ(EXPSEG_OK, expseg_testing_hold_stream(A, s1, true));
   ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, piece, s2, &x));
@@ -126,7 +127,8 @@ TEST(Placement, ASingleStreamsRequestFromALargeFreeBlockStaysOnTheHitPath) {
   void *big = nullptr, *keep = nullptr, *p = nullptr, *x = nullptr, *y = nullptr;
   EXPECT_EQ(alloc_test_free_streams(A, false), 0u);
   ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 100 * MiB, s1, &big));
-  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 8 * MiB, s1, &keep));
+  // 16 MiB: the large pool's minimum growth, so no surplus block after keep
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 16 * MiB, s1, &keep));
   ASSERT_EQ(EXPSEG_OK, expseg_free(A, big)); // 100 MiB free, before keep
   EXPECT_EQ(alloc_test_free_streams(A, false), 1u);
   const uint64_t calls = grow_calls(A), slow = expseg_testing_slow_mallocs(A);
