@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "alloc_support.h"
+#include "block_pattern.h"
 #include "expseg.h"
 #include "expseg_testing.h"
 #include "policy.h"  // EXPSEG_LARGE_GROW_MIN, EXPSEG_CHUNK_MAX
@@ -40,37 +41,10 @@ struct Blk {
   uint64_t tag;
 };
 
-// One word per OS page and the last word of each block.
-void put(const Blk &b) {
-  for (size_t off = 0; off + 8 <= b.size; off += 4 * KiB) {
-    uint64_t v = b.tag ^ off;
-    std::memcpy(b.p + off, &v, 8);
-  }
-  if (b.size >= 8) {
-    uint64_t v = ~b.tag;
-    std::memcpy(b.p + b.size - 8, &v, 8);
-  }
-}
+// One word per OS page and the last word of each block (block_pattern.h).
+void put(const Blk &b) { pattern_put(b.p, b.size, b.tag, 4 * KiB); }
 
-bool verify(const Blk &b, std::string *why) {
-  if (b.size >= 8) {
-    uint64_t last;
-    std::memcpy(&last, b.p + b.size - 8, 8);
-    if (last != ~b.tag) {
-      *why = "last word";
-      return false;
-    }
-  }
-  for (size_t off = 0; off + 8 <= b.size - 8 && b.size >= 16; off += 4 * KiB) {
-    uint64_t v;
-    std::memcpy(&v, b.p + off, 8);
-    if (v != (b.tag ^ off)) {
-      *why = "word at offset " + std::to_string(off);
-      return false;
-    }
-  }
-  return true;
-}
+bool verify(const Blk &b, std::string *why) { return pattern_ok(b.p, b.size, b.tag, 4 * KiB, why); }
 
 int64_t walk_mapped(expseg_allocator *a) {
   int64_t sum = 0;

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "alloc_support.h"
+#include "block_pattern.h"
 #include "expseg.h"
 #include "expseg_testing.h"
 #include "host_fail.h"
@@ -54,44 +55,11 @@ struct Blk {
 size_t g_stride = 4 * KiB;
 
 void put(const Blk &b, bool bytes) {
-  if (!bytes) return;
-  for (size_t off = 0; off + 8 <= b.size; off += g_stride) {
-    uint64_t v = b.tag ^ off;
-    std::memcpy(b.p + off, &v, 8);
-  }
-  if (b.size >= 8) {
-    uint64_t v = ~b.tag;
-    std::memcpy(b.p + b.size - 8, &v, 8);
-  } else {
-    std::memset(b.p, (int)(b.tag & 0xff), b.size);
-  }
+  if (bytes) pattern_put(b.p, b.size, b.tag, g_stride);
 }
 
 bool verify(const Blk &b, bool bytes, std::string *why) {
-  if (!bytes) return true;
-  if (b.size < 8) {
-    for (size_t i = 0; i < b.size; i++)
-      if ((unsigned char)b.p[i] != (unsigned char)(b.tag & 0xff)) {
-        *why = "byte " + std::to_string(i);
-        return false;
-      }
-    return true;
-  }
-  uint64_t last;
-  std::memcpy(&last, b.p + b.size - 8, 8);
-  if (last != ~b.tag) {
-    *why = "last word";
-    return false;
-  }
-  for (size_t off = 0; off + 8 <= b.size - 8; off += g_stride) {
-    uint64_t v;
-    std::memcpy(&v, b.p + off, 8);
-    if (v != (b.tag ^ off)) {
-      *why = "word at offset " + std::to_string(off);
-      return false;
-    }
-  }
-  return true;
+  return !bytes || pattern_ok(b.p, b.size, b.tag, g_stride, why);
 }
 
 // A size near the chunk bounds: k * 8 MiB or k * 64 MiB, a little over or under, never a
