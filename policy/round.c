@@ -55,6 +55,8 @@ bool _expseg_place_better(bool have_own, size_t own_pages, size_t other_pages) {
   return !have_own || other_pages < own_pages;
 }
 
+bool _expseg_place_fewest_pages(bool memory_short) { return memory_short; }
+
 bool _expseg_lend_look(size_t streams, size_t rounded, size_t own) {
   return _expseg_lend_look_inline(streams, rounded, own);
 }

@@ -188,7 +188,8 @@ static bool place_at(expseg_allocator *a, block_t *u, int pool, size_t rounded, 
 }
 
 /* Where a growth for `stream` maps (policy: reuse before growth, _expseg_place_better): the
- * lowest-address place of the stream's own unmapped ranges that fits; then the place of
+ * lowest-address place of the stream's own unmapped ranges that fits (in the out-of-memory
+ * retry, the one needing the fewest new pages: _expseg_place_fewest_pages); then the place of
  * another stream of the same pool whose queued work is done that needs the fewest new
  * pages, when it needs fewer (its free blocks around the range serve more of the request).
  * The block mapped there is that stream's and is lent (streams.c). Not under PyTorch's
@@ -197,9 +198,15 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
                        bool exact, size_t ours, place_t *pl) {
   const tree_t *t = &a->unmapped_idx[pool];
   bool found = false;
+  const bool fewest = !a->model_pytorch && _expseg_place_fewest_pages(exact);
   for (block_t *u = _expseg_tree_lower_bound(t, stream, 0, 0); u && u->stream == stream;
-       u = _expseg_tree_next(t, u))
-    if ((found = place_at(a, u, pool, rounded, exact, ours, pl))) break;
+       u = _expseg_tree_next(t, u)) {
+    place_t here;
+    if (!place_at(a, u, pool, rounded, exact, ours, &here)) continue;
+    if (!found || here.pages < pl->pages) *pl = here;
+    found = true;
+    if (!fewest) break;
+  }
   /* not while blocks this stream freed still wait for its work: on a GPU with a deep queue
    * each growth there would be lent again and wait again, where the stream's own memory is
    * reusable on it at once */

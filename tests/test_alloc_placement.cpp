@@ -397,3 +397,54 @@ TEST(Placement, VariableLargeRequestsNearCapacityHoldLittle) {
 }
 
 } // namespace
+
+// Memory short: the out-of-memory retry grows where the fewest new pages are needed. The
+// lowest place that fits is a 128 MiB hole between blocks in use (a 100 MiB request there
+// maps 100 MiB, 88 once the one movable chunk is moved); the segment's end follows 70 MiB
+// of free memory, 58 of it pinned by a chunk shared with a block in use, so the request
+// there maps 30 MiB. A device with 50 MiB left serves it only at the end.
+namespace {
+// Builds the layout; returns reserved bytes before the request. l1 (64 MiB), a 128 MiB
+// hole, l2 (8 MiB), then p's chunks (64 + 64 + 12 MiB) with q (70 MiB) in them.
+int64_t fewest_pages_layout(expseg_allocator *A, std::vector<void *> &live) {
+  void *l1 = nullptr, *h = nullptr, *l2 = nullptr, *p = nullptr, *q = nullptr;
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 64 * MiB, 0, &l1)) << expseg_last_error();
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 128 * MiB, 0, &h)) << expseg_last_error();
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 8 * MiB, 0, &l2)) << expseg_last_error();
+  EXPECT_EQ(EXPSEG_OK, expseg_free(A, h));
+  EXPECT_EQ(EXPSEG_OK, expseg_empty_cache(A)) << expseg_last_error(); // the hole is unmapped
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 140 * MiB, 0, &p)) << expseg_last_error();
+  EXPECT_EQ(EXPSEG_OK, expseg_free(A, p));
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 70 * MiB, 0, &q)) << expseg_last_error();
+  EXPECT_EQ((char *)q, (char *)p) << "best fit: q in p's chunks";
+  EXPECT_EQ((char *)l2, (char *)l1 + 192 * MiB);
+  EXPECT_GT((char *)q, (char *)l2) << "p did not fit the hole";
+  live = {l1, l2, q};
+  return stat_of(A, "reserved_bytes.all.current");
+}
+} // namespace
+
+TEST(Placement, MemoryShortGrowsWhereTheFewestPagesAreNeeded) {
+  std::vector<void *> live;
+  int64_t held = 0, peak = 0;
+  {
+    Alloc a = make("sim", "expandable_segments:True");
+    held = fewest_pages_layout(a.get(), live);
+    peak = stat_of(a.get(), "reserved_bytes.all.peak");
+    for (void *x : live) EXPECT_EQ(EXPSEG_OK, expseg_free(a.get(), x));
+  }
+  ASSERT_GT(held, 0);
+  ASSERT_LE(peak, held + int64_t(50 * MiB)) << "the layout itself fits the device";
+  const std::string drv = "sim:capacity=" + std::to_string(held + int64_t(50 * MiB));
+  Alloc a = make(drv.c_str(), "expandable_segments:True");
+  expseg_allocator *A = a.get();
+  ASSERT_EQ(fewest_pages_layout(A, live), held);
+  void *r = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 100 * MiB, 0, &r)) << expseg_last_error();
+  EXPECT_EQ((char *)r, (char *)live[2] + 70 * MiB) << "after q, in the pinned free memory";
+  EXPECT_EQ(stat_of(A, "num_ooms"), 0);
+  EXPECT_EQ(stat_of(A, "num_alloc_retries"), 1) << "the lowest place was tried first";
+  EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
+  live.push_back(r);
+  for (void *x : live) EXPECT_EQ(EXPSEG_OK, expseg_free(A, x));
+}

@@ -264,6 +264,10 @@ TEST(ReplayModel, FailedRequestsAreReportedCountedAndFailTheRun) {
   EXPECT_EQ(r.rc, 1) << "an OOM makes the exit status 1 without --allow-oom";
   EXPECT_NE(r.err.find("1 request(s) failed"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("event 5"), std::string::npos) << "the first failing event: " << r.err;
+  EXPECT_NE(r.err.find("the first: out of memory: tried to allocate 38.15 MiB (40000000 bytes"),
+            std::string::npos)
+      << "the allocator's message for the first failure, naming the request: " << r.err;
+  EXPECT_NE(r.err.find("Hint: "), std::string::npos) << r.err;
   EXPECT_EQ(Num(r.out, "num_ooms"), 1);
   EXPECT_EQ(Num(r.out, "first_oom_event"), 5);
   EXPECT_EQ(Num(r.out, "peak_requested"), 4096 + 40000000) << "the failed request counts";

@@ -388,6 +388,8 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
         fprintf(err, "expseg-replay: %s: %" PRIu64 " request(s) failed for lack of device "
                      "memory (driver %s), the first %s\n",
                 t->name, r.num_ooms, r.driver, where);
+        if (r.first_oom_msg[0])
+          fprintf(err, "expseg-replay: %s: the first: %s\n", t->name, r.first_oom_msg);
         if (!o.allow_oom) oom_rc = 1;
       }
       if (o.json) {

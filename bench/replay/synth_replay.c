@@ -176,6 +176,7 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
   r->peak_event = -1;
   r->model = model;
   r->first_oom = -1;
+  r->first_oom_msg[0] = '\0';
   _expseg_window_baseline(t, o->limit ? (size_t)o->limit : t->n_events, &r->base);
   driver_spec(t, o, capacity, r->driver, sizeof r->driver);
   /* PyTorch's model: cudaMalloc's addresses descend, which decides between equal free
@@ -330,7 +331,10 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
       if (s == EXPSEG_OK) {
         ptr[e->id] = p;
       } else if (s == EXPSEG_ERR_OUT_OF_MEMORY) {
-        if (!ooms++) r->first_oom = (int64_t)i;
+        if (!ooms++) {
+          r->first_oom = (int64_t)i;
+          snprintf(r->first_oom_msg, sizeof r->first_oom_msg, "%s", expseg_last_error());
+        }
         failed[e->id] = 1;
       } else if (!errors++) {
         fprintf(err, "expseg-replay: %s event %zu: malloc(%" PRIu64 "): %s\n", t->name, i,

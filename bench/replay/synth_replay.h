@@ -53,6 +53,7 @@ typedef struct result_s {
   double rec_ms;
   uint64_t num_ooms;      /* failed mallocs */
   int64_t first_oom;      /* event index of the first failed malloc; -1 none, -2 warm start */
+  char first_oom_msg[1024]; /* the allocator's message for it ("" none) */
   uint64_t errors;        /* other failures (first one printed) */
   int64_t created_bytes;  int has_created;
   int64_t released_bytes; /* expseg.released_bytes (0 where absent) */
