@@ -295,10 +295,13 @@ size_t _expseg_request_pages(size_t want, size_t request, size_t page, size_t by
 bool _expseg_place_better(bool have_own, size_t own_pages, size_t other_pages);
 /* Which of a stream's own places a growth takes: the lowest address that fits, so the
  * common growth costs one index step; but when memory is short (the out-of-memory retry)
- * the place that needs the fewest new pages, ties to the lower address, since any page it
- * does not need is a page the device may not have (the scan is linear in the stream's
- * unmapped ranges, as the rest of that path is). */
+ * every place is weighed (linear in the stream's unmapped ranges, as the rest of that path
+ * is): _expseg_place_fewer says whether a place (`missing` of its `pages` not coverable by
+ * idle chunks that could move there: those in free blocks elsewhere, not in the place's
+ * own free neighbours) beats the best so far: fewer missing pages (what the device must
+ * still have), then fewer pages; ties keep the lower address. */
 bool _expseg_place_fewest_pages(bool memory_short);
+bool _expseg_place_fewer(size_t missing, size_t pages, size_t best_missing, size_t best_pages);
 /* Both searches of other streams' memory look at the EXPSEG_LEND_SCAN oldest idle free
  * blocks of the pool (a place is the unmapped range after one): a request's cost stays
  * bounded however many streams there are; the oldest are the likeliest to be idle. */

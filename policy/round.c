@@ -57,6 +57,10 @@ bool _expseg_place_better(bool have_own, size_t own_pages, size_t other_pages) {
 
 bool _expseg_place_fewest_pages(bool memory_short) { return memory_short; }
 
+bool _expseg_place_fewer(size_t missing, size_t pages, size_t best_missing, size_t best_pages) {
+  return missing != best_missing ? missing < best_missing : pages < best_pages;
+}
+
 bool _expseg_lend_look(size_t streams, size_t rounded, size_t own) {
   return _expseg_lend_look_inline(streams, rounded, own);
 }

@@ -187,6 +187,21 @@ static bool place_at(expseg_allocator *a, block_t *u, int pool, size_t rounded, 
   return true;
 }
 
+/* Pages in whole chunks of idle free block b (NULL: none) that a growth could move. */
+static size_t movable_in(const expseg_allocator *a, const block_t *b) {
+  uintptr_t lo, hi;
+  return b != NULL && b->idle ? _expseg_block_chunks(a, b, &lo, &hi) : 0;
+}
+
+/* The same over the pool's idle blocks that a growth of private-pool tag `tag` may take
+ * (as _expseg_steal_pages takes them). */
+static size_t movable_pages(const expseg_allocator *a, int pool, uint32_t tag) {
+  size_t n = 0;
+  for (const block_t *f = a->idle_head[pool]; f != NULL; f = f->idle_next)
+    if (seg_tag(f->seg) == tag || _expseg_seg_general(a, f->seg)) n += movable_in(a, f);
+  return n;
+}
+
 /* Where a growth for `stream` maps (policy: reuse before growth, _expseg_place_better): the
  * lowest-address place of the stream's own unmapped ranges that fits (in the out-of-memory
  * retry, the one needing the fewest new pages: _expseg_place_fewest_pages); then the place of
@@ -198,14 +213,27 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
                        bool exact, size_t ours, place_t *pl) {
   const tree_t *t = &a->unmapped_idx[pool];
   bool found = false;
-  const bool fewest = !a->model_pytorch && _expseg_place_fewest_pages(exact);
+  const bool weigh = !a->model_pytorch && _expseg_place_fewest_pages(exact);
+  const size_t idle = weigh ? movable_pages(a, pool, skey_tag(stream)) : 0;
+  size_t best_missing = 0;
   for (block_t *u = _expseg_tree_lower_bound(t, stream, 0, 0); u && u->stream == stream;
        u = _expseg_tree_next(t, u)) {
     place_t here;
     if (!place_at(a, u, pool, rounded, exact, ours, &here)) continue;
-    if (!found || here.pages < pl->pages) *pl = here;
+    if (!weigh) {
+      *pl = here;
+      found = true;
+      break;
+    }
+    /* what idle chunks elsewhere could bring (the place's own neighbours stay put) */
+    const size_t near = movable_in(a, here.prefix) + movable_in(a, here.suffix);
+    const size_t other = idle > near ? idle - near : 0;
+    const size_t missing = here.pages > other ? here.pages - other : 0;
+    if (!found || _expseg_place_fewer(missing, here.pages, best_missing, pl->pages)) {
+      *pl = here;
+      best_missing = missing;
+    }
     found = true;
-    if (!fewest) break;
   }
   /* not while blocks this stream freed still wait for its work: on a GPU with a deep queue
    * each growth there would be lent again and wait again, where the stream's own memory is

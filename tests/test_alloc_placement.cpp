@@ -448,3 +448,56 @@ TEST(Placement, MemoryShortGrowsWhereTheFewestPagesAreNeeded) {
   live.push_back(r);
   for (void *x : live) EXPECT_EQ(EXPSEG_OK, expseg_free(A, x));
 }
+
+// Pages that idle chunks elsewhere can bring count as covered. Here the place with the
+// fewest new pages (a 64 MiB hole after 64 MiB of free memory in one whole chunk: 18 new
+// pages for a 100 MiB request) would need them all from the device, since its own free
+// neighbour cannot move into it; the segment's end (after 30 MiB that a chunk shared with a
+// block in use pins) needs 35 pages, 32 of which that idle chunk brings. A device with
+// 10 MiB left serves the request only there.
+namespace {
+int64_t movable_layout(expseg_allocator *A, std::vector<void *> &live) {
+  void *l1 = nullptr, *f1 = nullptr, *h = nullptr, *l2 = nullptr, *p = nullptr, *q = nullptr;
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 64 * MiB, 0, &l1)) << expseg_last_error();
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 64 * MiB, 0, &f1)) << expseg_last_error();
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 64 * MiB, 0, &h)) << expseg_last_error();
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 8 * MiB, 0, &l2)) << expseg_last_error();
+  EXPECT_EQ(EXPSEG_OK, expseg_free(A, h));
+  EXPECT_EQ(EXPSEG_OK, expseg_empty_cache(A)) << expseg_last_error(); // the hole
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 100 * MiB, 0, &p)) << expseg_last_error();
+  EXPECT_EQ(EXPSEG_OK, expseg_free(A, p));
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 70 * MiB, 0, &q)) << expseg_last_error();
+  EXPECT_EQ(EXPSEG_OK, expseg_free(A, f1)); // free, whole, next to the hole
+  EXPECT_EQ((char *)q, (char *)p) << "best fit: q in p's chunks";
+  EXPECT_EQ((char *)h, (char *)l1 + 128 * MiB);
+  EXPECT_GT((char *)q, (char *)l2) << "p did not fit the hole";
+  live = {l1, l2, q};
+  return stat_of(A, "reserved_bytes.all.current");
+}
+} // namespace
+
+TEST(Placement, MemoryShortCountsIdleChunksThatCanMoveToThePlace) {
+  std::vector<void *> live;
+  int64_t held = 0, peak = 0;
+  {
+    Alloc a = make("sim", "expandable_segments:True");
+    held = movable_layout(a.get(), live);
+    peak = stat_of(a.get(), "reserved_bytes.all.peak");
+    for (void *x : live) EXPECT_EQ(EXPSEG_OK, expseg_free(a.get(), x));
+  }
+  ASSERT_GT(held, 0);
+  ASSERT_LE(peak, held + int64_t(10 * MiB)) << "the layout itself fits the device";
+  const std::string drv = "sim:capacity=" + std::to_string(held + int64_t(10 * MiB));
+  Alloc a = make(drv.c_str(), "expandable_segments:True");
+  expseg_allocator *A = a.get();
+  ASSERT_EQ(movable_layout(A, live), held);
+  void *r = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 100 * MiB, 0, &r)) << expseg_last_error();
+  EXPECT_EQ((char *)r, (char *)live[2] + 70 * MiB) << "after q, at the segment's end";
+  EXPECT_EQ(stat_of(A, "num_ooms"), 0);
+  EXPECT_EQ(stat_of(A, "reserved_bytes.all.current"), held + int64_t(6 * MiB))
+      << "the idle chunk moved; 3 pages created";
+  EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
+  live.push_back(r);
+  for (void *x : live) EXPECT_EQ(EXPSEG_OK, expseg_free(A, x));
+}
