@@ -445,6 +445,15 @@ TEST(PolicyPyTorch, UnknownKeyMessageIsComplete) {
   EXPECT_EQ(m.substr(m.size() - strlen(last)), last) << "not cut: " << m;
 }
 
+// an integer key's value is read as PyTorch reads integers (its leading digits, with a
+// warning), expseg's own keys too: chunk_max_mb:1.5 is 1 MB, and the warning says so
+TEST(PolicyPyTorch, ChunkMaxReadsItsLeadingDigits) {
+  Parsed p = parse("chunk_max_mb:1.5");
+  ASSERT_EQ(p.st, EXPSEG_OK) << p.err;
+  EXPECT_EQ(p.c.chunk_max, size_t(1) << 20);
+  EXPECT_NE(p.warn.find("chunk_max_mb value '1.5' read as 1"), std::string::npos) << p.warn;
+}
+
 TEST(PolicyPyTorch, WarningNamesValueTaken) {
   Parsed p = parse("max_split_size_mb:-1,garbage_collection_threshold:0x1p-1,expandable_segments:True,");
   ASSERT_EQ(p.st, EXPSEG_OK) << p.err;
