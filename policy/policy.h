@@ -63,6 +63,7 @@ typedef struct expseg_config_s {
   size_t page_cache_max;                /* bytes */
   size_t va_reserve;                    /* bytes; 0 = auto */
   size_t single_chunk_min;              /* bytes; SIZE_MAX = off (single_chunk_min_mb) */
+  size_t chunk_max;                     /* bytes; SIZE_MAX = off (chunk_max_mb) */
   bool verbose;
   uint64_t given;                       /* bit EXPSEG_OPT_x set = key x was in the text */
 } expseg_config_t;
@@ -173,6 +174,10 @@ typedef struct expseg_oom_facts {
   /* of other_pools, the bytes in private pools still in use (not released, or released
    * with blocks still allocated): neither empty_cache nor the general cache can take them */
   size_t other_pools_live;
+  /* whole free pages at the request's place, of them those pinned (in chunks shared with a
+   * block in use, so they cannot move), the device's free bytes, and the chunk_max_mb in
+   * force (SIZE_MAX: off) */
+  size_t whole, pinned, device_free, chunk_max;
 } expseg_oom_facts_t;
 expseg_oom_hint_t _expseg_oom_hint(const expseg_oom_facts_t *f);
 /* decide.c: which other setting or call would have served the request, beside the hint */
@@ -183,7 +188,9 @@ typedef enum {
                               * those pools or empty each (expseg_pool_empty_cache);
                               * empty_cache cannot give it back */
   EXPSEG_HELP_OTHER_STREAMS, /* enough is free on busy streams: wait for their work */
-  EXPSEG_HELP_PAGE_SIZE      /* enough is free in partly used pages: page_size_mb lower */
+  EXPSEG_HELP_PAGE_SIZE,     /* enough is free in partly used pages: page_size_mb lower */
+  EXPSEG_HELP_CHUNK_MAX      /* pinned whole pages would cover what was missing: a lower
+                              * chunk_max_mb */
 } expseg_oom_help_t;
 expseg_oom_help_t _expseg_oom_help(const expseg_oom_facts_t *f);
 /* Oversize rules (classic blocks only): may a cached block of candidate bytes serve? */
@@ -282,6 +289,11 @@ size_t _expseg_chunk_pages(bool pytorch, size_t left, size_t page, bool request,
 #define EXPSEG_REQUEST_CHUNK_MAX ((size_t)64 << 20)
 #endif
 size_t _expseg_request_pages(size_t want, size_t request, size_t page, size_t bytes);
+/* chunk_max_mb: the pages of a chunk the rules above chose (`pages`), bounded to
+ * `chunk_max` bytes in whole pages of `page` bytes, at least one page (SIZE_MAX or a page
+ * of 0: `pages` as is). A chunk moves or goes back only whole, so near a device's capacity
+ * a smaller chunk leaves fewer free pages pinned by a block in use that shares it. */
+size_t _expseg_chunk_limit(size_t pages, size_t chunk_max, size_t page);
 /* Reuse before growth. A request maps or creates memory only when no memory already
  * mapped and free can serve it, in this order: a free block of its own stream (best fit);
  * a free block another stream of the same pool holds, once that stream's queued work is

@@ -51,6 +51,13 @@ size_t _expseg_request_pages(size_t want, size_t request, size_t page, size_t by
   return request < want ? request : want;
 }
 
+size_t _expseg_chunk_limit(size_t pages, size_t chunk_max, size_t page) {
+  if (page == 0 || chunk_max == SIZE_MAX) return pages;
+  size_t most = chunk_max / page;
+  if (most == 0) most = 1;
+  return pages < most ? pages : most;
+}
+
 bool _expseg_place_better(bool have_own, size_t own_pages, size_t other_pages) {
   return !have_own || other_pages < own_pages;
 }

@@ -6,11 +6,14 @@
  * expandable page or classic segment is larger than the device, the address space is
  * exhausted (many streams; va_reserve_mb named only for expandable segments, which it
  * sizes), the memory fraction caps the allocator, classic segments strand free memory, or
- * memory is simply full. The report costs time linear in the segments (the streams are
+ * memory is simply full; then what else would have served it (other pools or streams, a
+ * lower page_size_mb, or a lower chunk_max_mb where free whole pages are pinned by chunks
+ * shared with blocks in use). The report costs time linear in the segments (the streams are
  * counted through a set). Observers then run with no lock held, and are told the device's
  * free memory after that give-back. */
 #include "error.h"
 #include "internal.h"
+#include "release.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +45,7 @@ static size_t unit_of(const expseg_allocator *a, size_t rounded) {
  * address space reserved but unmapped in expandable segments. One walk of the blocks. */
 typedef struct oomfree_s {
   size_t whole, partial, other_streams, other_pools, unmapped_va;
+  size_t pinned; /* of whole: in chunks shared with a block in use (they cannot move) */
   size_t other_pools_live; /* of other_pools: in other private pools still in use */
 } oomfree_t;
 
@@ -60,8 +64,10 @@ static oomfree_t free_by_use(const expseg_allocator *a, size_t rounded) {
       } else if (s->stream != a->oom_key) {
         f.other_streams += b->size;
       } else {
+        uintptr_t lo, hi;
         size_t w = _expseg_block_whole_pages(a, b, NULL) * s->page;
         f.whole += w;
+        f.pinned += w - _expseg_block_chunks(a, b, &lo, &hi) * s->page;
         f.partial += b->size - w;
       }
     }
@@ -71,7 +77,7 @@ static oomfree_t free_by_use(const expseg_allocator *a, size_t rounded) {
 
 /* allocated: the bytes allocated with memory held behind them (a sleeping region's blocks
  * have none: memfig_t.asleep) */
-static void hint(const expseg_allocator *a, size_t rounded, size_t allocated,
+static void hint(const expseg_allocator *a, size_t rounded, size_t allocated, size_t dev_free,
                  const oomfree_t *u, char *buf, size_t len) {
   size_t held = held_bytes(a);
   char b1[32], b2[32];
@@ -87,7 +93,11 @@ static void hint(const expseg_allocator *a, size_t rounded, size_t allocated,
                           .partial = u->partial,
                           .other_streams = u->other_streams,
                           .other_pools = u->other_pools,
-                          .other_pools_live = u->other_pools_live};
+                          .other_pools_live = u->other_pools_live,
+                          .whole = u->whole,
+                          .pinned = u->pinned,
+                          .device_free = dev_free,
+                          .chunk_max = a->cfg.chunk_max};
   switch (_expseg_oom_hint(&f)) { /* policy/decide.c chooses, this writes the words */
   case EXPSEG_HINT_TOO_LARGE:
     snprintf(buf, len,
@@ -163,6 +173,18 @@ static void hint(const expseg_allocator *a, size_t rounded, size_t allocated,
     snprintf(buf + n, len - n, "; %s is free in pages that live blocks share: a lower "
              "page_size_mb leaves less of it stranded", _expseg_format_size(b1, u->partial));
     break;
+  case EXPSEG_HELP_CHUNK_MAX: {
+    /* the setting to try: 4 pages, or half the one in force (a whole number of MB) */
+    const size_t pg = _expseg_pool_page(a, _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE);
+    const size_t mb = (a->cfg.chunk_max == SIZE_MAX ? 4 * pg : a->cfg.chunk_max / 2) >> 20;
+    char lower[48] = "a lower chunk_max_mb";
+    if (mb > 0 && (size_t)mb << 20 >= pg) snprintf(lower, sizeof lower, "chunk_max_mb:%zu", mb);
+    snprintf(buf + n, len - n, "; %s is free in whole pages that chunks shared with blocks in "
+             "use pin: %s (smaller chunks) leaves less of it pinned; expseg-replay --fit shows "
+             "the device size a recorded history needs with it",
+             _expseg_format_size(b1, u->pinned), lower);
+    break;
+  }
   }
 }
 
@@ -189,13 +211,14 @@ expseg_status _expseg_fail_oom(expseg_allocator *a, size_t size, size_t rounded,
   oomfree_t u = free_by_use(a, rounded);
   a->stats.oom_largest_free_block = (int64_t)largest;
   a->stats.oom_free_whole_page_bytes = (int64_t)u.whole;
+  a->stats.oom_free_pinned_bytes = (int64_t)u.pinned;
   a->stats.oom_free_partial_bytes = (int64_t)u.partial;
   a->stats.oom_free_other_stream_bytes = (int64_t)u.other_streams;
   a->stats.oom_free_other_pool_bytes = (int64_t)u.other_pools;
   a->stats.oom_unmapped_va_bytes = (int64_t)u.unmapped_va;
   char s11[32], s12[32], s13[32], s14[32], s15[32];
   char why[640], cap[96] = "";
-  hint(a, rounded, allocated, &u, why, sizeof why);
+  hint(a, rounded, allocated, dev_free, &u, why, sizeof why);
   if (a->allowed != SIZE_MAX)
     snprintf(cap, sizeof cap, " %s allowed (memory fraction %.3g).",
              _expseg_format_size(s10, a->allowed), a->cfg.per_process_memory_fraction);

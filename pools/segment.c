@@ -274,12 +274,15 @@ static expseg_status cap_error(expseg_allocator *a, size_t more) {
 }
 
 /* Pages of the next chunk when `left` of `pages` are still to create, the first `req` of
- * them a request's own (policy: _expseg_chunk_pages, _expseg_request_pages). */
+ * them a request's own (policy: _expseg_chunk_pages, _expseg_request_pages), bounded by
+ * chunk_max_mb (_expseg_chunk_limit). */
 static size_t next_chunk(const expseg_allocator *a, size_t pages, size_t req, size_t left,
                          size_t pg) {
   const size_t done = pages - left;
-  return done < req ? _expseg_chunk_pages(a->model_pytorch, req - done, pg, true, pages)
-                    : _expseg_chunk_pages(a->model_pytorch, left, pg, false, pages);
+  return _expseg_chunk_limit(done < req
+                                 ? _expseg_chunk_pages(a->model_pytorch, req - done, pg, true, pages)
+                                 : _expseg_chunk_pages(a->model_pytorch, left, pg, false, pages),
+                             a->cfg.chunk_max, pg);
 }
 
 /* Creates chunks for `pages` pages of pg bytes with the lock dropped, the first `req` of
@@ -380,7 +383,9 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     size_t mine = end > pl.u->ptr ? (end - pl.u->ptr) / pg : 0;
     mine = a->model_pytorch ? 0 : _expseg_request_pages(want, mine > have ? mine - have : 0, pg,
                                                             rounded);
-    if (mine > 0) lead = _expseg_chunk_pages(false, mine, pg, true, want);
+    if (mine > 0)
+      lead = _expseg_chunk_limit(_expseg_chunk_pages(false, mine, pg, true, want), a->cfg.chunk_max,
+                                 pg);
     *st = create_chunks(a, pool, want, mine, pg);
     if (*st != EXPSEG_OK) return NULL;
     created += want;

@@ -314,7 +314,8 @@ TEST(Options, AcceptedRandomTextsPrintBackToThemselves) {
                         "page_cache_max_mb", "va_reserve_mb", "single_chunk_min_mb",
                         "pinned_max_round_threshold_mb", "pinned_reserve_segment_size_mb",
                         "expandable_segments_reserve_by_class", "page_size_mb",
-                        "max_non_split_rounding_mb", "pinned_num_register_threads"};
+                        "max_non_split_rounding_mb", "pinned_num_register_threads",
+                        "chunk_max_mb"};
   int accepted = 0;
   for (int it = 0; it < 3000; it++) {
     std::string text;

@@ -452,6 +452,7 @@ TEST(AllocApi, OptionKeysArePytorchsOrExpsegsOwn) {
   EXPECT_EQ(is("max_split_size_mb"), 1);
   EXPECT_EQ(is("page_size_mb"), 0);
   EXPECT_EQ(is("single_chunk_min_mb"), 0);
+  EXPECT_EQ(is("chunk_max_mb"), 0) << "expseg's own: PyTorch refuses it";
   EXPECT_EQ(is("verbose"), 0);
   EXPECT_EQ(is("expandable"), -1) << "a prefix is not a key";
   EXPECT_EQ(is("no_such_key"), -1);

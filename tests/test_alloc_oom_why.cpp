@@ -3,7 +3,7 @@
 // split by how usable it was for the request (whole free pages and the rest at its own
 // place, other streams, other pools), the address space reserved but unmapped, and what
 // would have served it (releasing other pools, waiting for busy streams, a lower
-// page_size_mb); the same figures as the expseg.oom_* statistics. On the sim driver.
+// page_size_mb, a lower chunk_max_mb where free whole pages are pinned); the same figures as the expseg.oom_* statistics. On the sim driver.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -97,6 +97,45 @@ TEST_F(OomWhy, FreeMemoryInPartlyUsedPages) {
   for (int i = 0; i < 25; i += 2) ASSERT_EQ(expseg_free(A, blocks[i]), EXPSEG_OK);
 }
 
+// Free whole pages in a chunk shared with a block in use cannot move: a 40 MiB request's
+// pages are one chunk, a 4 MiB block placed where it was freed pins the other 36 MiB. A
+// request those pinned pages plus the device's free memory would have served names
+// chunk_max_mb, and the statistic counts them; with chunk_max_mb:8 the same program runs.
+// A request larger than that does not name it.
+TEST_F(OomWhy, FreeWholePagesPinnedByASharedChunk) {
+  for (const char *conf : {"", "chunk_max_mb:8"}) {
+    SCOPED_TRACE(conf);
+    ASSERT_EQ(expseg_configure(A, conf), EXPSEG_OK) << expseg_last_error();
+    void *big = nullptr, *keep = nullptr, *b = nullptr, *r = nullptr;
+    ASSERT_EQ(expseg_malloc(A, 40 * MiB, 0, &big), EXPSEG_OK) << expseg_last_error();
+    ASSERT_EQ(expseg_malloc(A, 16 * MiB, 0, &keep), EXPSEG_OK) << expseg_last_error();
+    ASSERT_EQ(expseg_free(A, big), EXPSEG_OK);
+    ASSERT_EQ(expseg_malloc(A, 4 * MiB, 0, &b), EXPSEG_OK) << expseg_last_error();
+    ASSERT_EQ(b, big) << "placed where the 40 MiB block was";
+    // 8 MiB free on the device, 36 MiB free in whole pages after b
+    const expseg_status st = expseg_malloc(A, 40 * MiB, 0, &r);
+    std::string m = expseg_last_error();
+    if (*conf) {
+      EXPECT_EQ(st, EXPSEG_OK) << "8 MiB chunks: 32 MiB of them move to the request\n" << m;
+      ASSERT_EQ(expseg_free(A, r), EXPSEG_OK);
+    } else {
+      ASSERT_EQ(st, EXPSEG_ERR_OUT_OF_MEMORY);
+      EXPECT_EQ(stat_of(A, "expseg.oom_free_pinned_bytes"), int64_t(36 * MiB)) << m;
+      EXPECT_EQ(stat_of(A, "expseg.oom_free_whole_page_bytes"), int64_t(36 * MiB)) << m;
+      EXPECT_TRUE(has(m, "36.00 MiB is free in whole pages that chunks shared with blocks in use "
+                         "pin: chunk_max_mb:8 (smaller chunks) leaves less of it pinned")) << m;
+      EXPECT_TRUE(has(m, "expseg-replay --fit")) << m;
+      // 56 MiB: 36 pinned + 8 free on the device would not have served it either
+      ASSERT_EQ(expseg_malloc(A, 56 * MiB, 0, &r), EXPSEG_ERR_OUT_OF_MEMORY);
+      m = expseg_last_error();
+      EXPECT_EQ(stat_of(A, "expseg.oom_free_pinned_bytes"), int64_t(36 * MiB)) << m;
+      EXPECT_FALSE(has(m, "chunk_max_mb")) << m;
+    }
+    for (void *x : {b, keep}) ASSERT_EQ(expseg_free(A, x), EXPSEG_OK);
+    ASSERT_EQ(expseg_empty_cache(A), EXPSEG_OK);
+  }
+}
+
 // Memory simply full: the split is all zero but the address space left in the segment, and
 // no second remedy is named; reset_accumulated clears the figures.
 TEST_F(OomWhy, MemoryFullNamesNothingElse) {
@@ -108,6 +147,8 @@ TEST_F(OomWhy, MemoryFullNamesNothingElse) {
   EXPECT_FALSE(has(m, "is free in other pools")) << m;
   EXPECT_FALSE(has(m, "is free on other streams")) << m;
   EXPECT_FALSE(has(m, "page_size_mb")) << m;
+  EXPECT_FALSE(has(m, "chunk_max_mb")) << m;
+  EXPECT_EQ(stat_of(A, "expseg.oom_free_pinned_bytes"), 0);
   EXPECT_EQ(stat_of(A, "expseg.oom_unmapped_va_bytes"), int64_t(68 * MiB))
       << "128 MiB reserved, 60 MiB mapped";
   expseg_reset_accumulated_stats(A);

@@ -337,6 +337,36 @@ TEST(Placement, ARequestsOwnChunkIsMappedUnderItBeforeLargerSurplusChunks) {
   for (void *x : {b, c, base}) EXPECT_EQ(EXPSEG_OK, expseg_free(A, x));
 }
 
+// chunk_max_mb caps every chunk: a 100 MiB request's own pages become chunks of at most
+// 8 MiB, so a 70 MiB block placed where it was, once freed, pins only the chunk it ends in:
+// expseg_empty_cache gives back the rest, where the default's large chunks stay pinned.
+TEST(Placement, ChunkMaxLeavesOnlyTheSharedChunkPinned) {
+  for (const char *conf : {"expandable_segments:True,chunk_max_mb:8", "expandable_segments:True"}) {
+    SCOPED_TRACE(conf);
+    const bool capped = strstr(conf, "chunk_max_mb") != nullptr;
+    Alloc a = make("sim", conf);
+    expseg_allocator *A = a.get();
+    void *big = nullptr, *mid = nullptr;
+    const uint64_t creates = alloc_test_calls(A, EXPSEG_VMM_CALL_create);
+    ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 100 * MiB, 0, &big)) << expseg_last_error();
+    const int64_t made = stat_of(A, "expseg.created_bytes");
+    const uint64_t n = alloc_test_calls(A, EXPSEG_VMM_CALL_create) - creates;
+    if (capped)
+      EXPECT_GE(n * 8 * MiB, uint64_t(made)) << n << " chunks for " << made << " bytes: one above 8 MiB";
+    else
+      EXPECT_LT(n * 8 * MiB, uint64_t(made)) << "the default makes chunks above 8 MiB";
+    ASSERT_EQ(EXPSEG_OK, expseg_free(A, big));
+    ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 70 * MiB, 0, &mid)) << expseg_last_error();
+    EXPECT_EQ(mid, big) << "placed where the freed request was";
+    ASSERT_EQ(EXPSEG_OK, expseg_empty_cache(A)) << expseg_last_error();
+    EXPECT_EQ(stat_of(A, "reserved_bytes.all.current"), int64_t((capped ? 72 : 100) * MiB))
+        << (capped ? "all but the 8 MiB chunk the 70 MiB block ends in went back"
+                   : "the default: a 64 MiB and a 36 MiB chunk, both under the block, stay");
+    EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << expseg_last_error();
+    ASSERT_EQ(EXPSEG_OK, expseg_free(A, mid));
+  }
+}
+
 // Variable large requests near capacity (an image model whose input size changes): each
 // step allocates activations sized by its input, frees them in reverse, keeps the weights.
 TEST(Placement, VariableLargeRequestsNearCapacityHoldLittle) {

@@ -92,6 +92,37 @@ TEST(PolicyDecide, OomHelpByWhereMemoryWasFree) {
   EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_NONE);
 }
 
+// Pinned whole pages (in chunks shared with blocks in use): a lower chunk_max_mb is named
+// only when what was missing beyond the movable pages and the device's free memory is at
+// most what is pinned, after the other remedies.
+TEST(PolicyDecide, OomHelpChunkMaxWhenPinnedPagesCoverWhatWasMissing) {
+  expseg_oom_facts_t f{};
+  f.rounded = 40 * MiB;
+  f.total = 1024 * MiB;
+  f.expandable = true;
+  f.whole = f.pinned = 36 * MiB;
+  f.device_free = 8 * MiB;  // missing 32 <= 36 pinned
+  EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_CHUNK_MAX);
+  f.device_free = 3 * MiB;  // missing 37 > 36
+  EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_NONE);
+  f.whole = 40 * MiB;  // 4 MiB more that can move: missing 33
+  EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_CHUNK_MAX);
+  f.device_free = 40 * MiB;  // enough without the pinned pages: not the cause
+  EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_NONE);
+  f.device_free = 8 * MiB;
+  f.pinned = 0;
+  EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_NONE);
+  f.pinned = 36 * MiB;
+  f.partial = 40 * MiB;  // partly used pages alone would serve it: page_size_mb first
+  EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_PAGE_SIZE);
+  f.partial = 0;
+  f.other_streams = 40 * MiB;
+  EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_OTHER_STREAMS);
+  f.other_streams = 0;
+  f.expandable = false;
+  EXPECT_EQ(_expseg_oom_help(&f), EXPSEG_HELP_NONE);
+}
+
 TEST(PolicyDecide, OomHintByWhatRanOut) {
   expseg_oom_facts_t f{};
   f.held = 100 * MiB;

@@ -162,6 +162,9 @@ const Ok kOk[] = {
     {"va_reserve_mb:0", [](auto &c) { return c.va_reserve == 0; }},
     {"va_reserve_mb:65536", [](auto &c) { return c.va_reserve == 65536 * MiB; }},
     {"verbose:True", [](auto &c) { return c.verbose; }},
+    {"chunk_max_mb:1", [](auto &c) { return c.chunk_max == MiB; }},
+    {"chunk_max_mb:8", [](auto &c) { return c.chunk_max == 8 * MiB; }},
+    {"chunk_max_mb:1024", [](auto &c) { return c.chunk_max == 1024 * MiB; }},
     // whitespace anywhere is dropped (PyTorch's tokenizer does the same)
     {" max_split_size_mb : 1 0 0 ,\texpandable_segments:\nFalse ",
      [](auto &c) { return c.max_split_size == 100 * MiB && !c.expandable_segments; }},
@@ -259,6 +262,11 @@ const Bad kBad[] = {
     {"per_process_memory_fraction:2", {"per_process_memory_fraction", "'2'"}},
     // expseg's own
     {"page_size_mb:1025", {"page_size_mb", "'1025'", "[0, 1024]"}},
+    {"chunk_max_mb:0", {"chunk_max_mb", "'0'", "[1, 1024]"}},
+    {"chunk_max_mb:1025", {"chunk_max_mb", "'1025'", "[1, 1024]"}},
+    {"chunk_max_mb:-1", {"chunk_max_mb", "'-1'", "[1, 1024]"}},
+    {"chunk_max_mb:0.5", {"chunk_max_mb", "'0.5'", "[1, 1024]"}},  // read as 0
+    {"chunk_max_mb:eight", {"chunk_max_mb", "'eight'", "[1, 1024]"}},
     // unknown keys
     {"max_split_size:100", {"unknown key", "'max_split_size'", "did you mean 'max_split_size_mb'"}},
     {"expandable_segment:True", {"unknown key", "'expandable_segment'", "expandable_segments"}},

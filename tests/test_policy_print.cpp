@@ -183,6 +183,7 @@ TEST(PolicyPrint, RoundTripRandomConfigs) {
     c.page_size = g.u(0, 1024) * MiB;
     c.page_cache_max = g.coin(0.2) ? SIZE_MAX : g.u(0, 1 << 30) * MiB;
     c.va_reserve = g.u(0, 1 << 30) * MiB;
+    c.chunk_max = g.coin(0.3) ? SIZE_MAX : g.u(1, 1024) * MiB;
     c.verbose = g.coin();
     std::string p = print(c);
     expseg_config_t back;
@@ -203,7 +204,8 @@ TEST(PolicyPrint, DefaultsAndShape) {
     if (i == EXPSEG_OPT_garbage_collection_threshold || i == EXPSEG_OPT_pinned_reserve_segment_size_mb ||
         i == EXPSEG_OPT_max_split_size_mb || i == EXPSEG_OPT_page_cache_max_mb ||
         i == EXPSEG_OPT_expandable_segments_reserve || i == EXPSEG_OPT_single_chunk_min_mb ||
-        i == EXPSEG_OPT_pinned_max_round_threshold_mb || i == EXPSEG_OPT_pinned_max_cached_size_mb) {
+        i == EXPSEG_OPT_pinned_max_round_threshold_mb || i == EXPSEG_OPT_pinned_max_cached_size_mb ||
+        i == EXPSEG_OPT_chunk_max_mb) {
       EXPECT_EQ(f, std::string::npos) << "off by default, cannot be written: " << p;
       continue;
     }

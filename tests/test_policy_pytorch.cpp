@@ -139,6 +139,7 @@ const Case kCases[] = {
     // expseg's own keys (PyTorch refuses them: unknown keys)
     {"page_size_mb:0,page_cache_max_mb:0,va_reserve_mb:65536,verbose:True", ACC,
      "page=0M cache=0M va=65536M verbose=T"},
+    {"chunk_max_mb:8", ACC, "chunk=8M"},
 
     // ---- accepted by PyTorch through an accident of its parser: expseg warns ----
     {"expandable_segments:True,", WARN, "exp=T"},  // PyTorch's own tests expect this to work
@@ -309,6 +310,7 @@ std::string check_values(const expseg_config_t &c, const std::string &spec) {
     else if (f == "page") size(c.page_size);
     else if (f == "cache") size(c.page_cache_max);
     else if (f == "va") size(c.va_reserve);
+    else if (f == "chunk") size(c.chunk_max);
     else if (f == "gc") dbl(c.garbage_collection_threshold);
     else if (f == "frac") {
       dbl(c.per_process_memory_fraction);
@@ -443,6 +445,15 @@ TEST(PolicyPyTorch, UnknownKeyMessageIsComplete) {
       << m;
   const char *last = _expseg_options[EXPSEG_OPT_COUNT - 1].key;
   EXPECT_EQ(m.substr(m.size() - strlen(last)), last) << "not cut: " << m;
+}
+
+// an integer key's value is read as PyTorch reads integers (its leading digits, with a
+// warning), expseg's own keys too: chunk_max_mb:1.5 is 1 MB, and the warning says so
+TEST(PolicyPyTorch, ChunkMaxReadsItsLeadingDigits) {
+  Parsed p = parse("chunk_max_mb:1.5");
+  ASSERT_EQ(p.st, EXPSEG_OK) << p.err;
+  EXPECT_EQ(p.c.chunk_max, size_t(1) << 20);
+  EXPECT_NE(p.warn.find("chunk_max_mb value '1.5' read as 1"), std::string::npos) << p.warn;
 }
 
 TEST(PolicyPyTorch, WarningNamesValueTaken) {

@@ -318,6 +318,22 @@ TEST(PolicyRound, ChunksAreSizedFromTheGrowth) {
       << "a page above CHUNK_MAX is still one page";
 }
 
+TEST(PolicyRound, ChunkMaxBoundsEveryChunkInWholePages) {
+  const size_t MiB = (size_t)1 << 20, pg = 2 * MiB;
+  EXPECT_EQ(_expseg_chunk_limit(32, SIZE_MAX, pg), 32u) << "off: the policy's own size";
+  EXPECT_EQ(_expseg_chunk_limit(32, 8 * MiB, pg), 4u) << "8 MiB: four pages of 2 MiB";
+  EXPECT_EQ(_expseg_chunk_limit(3, 8 * MiB, pg), 3u) << "never more than the policy chose";
+  EXPECT_EQ(_expseg_chunk_limit(32, 9 * MiB, pg), 4u) << "rounded down to whole pages";
+  EXPECT_EQ(_expseg_chunk_limit(32, 1 * MiB, pg), 1u) << "at least one page";
+  EXPECT_EQ(_expseg_chunk_limit(32, 1024 * MiB, pg), 32u);
+  EXPECT_EQ(_expseg_chunk_limit(600, 1024 * MiB, pg), 512u) << "the largest setting";
+  EXPECT_EQ(_expseg_chunk_limit(32, 8 * MiB, 20 * MiB), 1u) << "a page above the cap: one page";
+  EXPECT_EQ(_expseg_chunk_limit(0, 8 * MiB, pg), 0u) << "nothing left: nothing";
+  EXPECT_EQ(_expseg_chunk_limit(7, 8 * MiB, 0), 7u) << "no page size: as chosen";
+  // applied to the policy's sizes: a request's own 64 MiB chunk becomes 8 MiB ones
+  EXPECT_EQ(_expseg_chunk_limit(_expseg_chunk_pages(false, 50, pg, true, 60), 8 * MiB, pg), 4u);
+}
+
 TEST(PolicyRound, ARequestsOwnPagesGetChunksOfTheirOwnOnlyInGrowthsAboveAChunk) {
   const size_t MiB = (size_t)1 << 20, pg = 2 * MiB, most = EXPSEG_CHUNK_MAX / pg;
   const size_t one = EXPSEG_LARGE_GROW_MIN / pg; // pages a growth may map as one chunk

@@ -47,6 +47,8 @@ static const sweep_conf_t sweep_table[] = {
     {"expseg", "expandable_segments:True", EXPSEG_MODEL_EXPSEG},
     {"expseg, page 8M", "expandable_segments:True,page_size_mb:8", EXPSEG_MODEL_EXPSEG},
     {"expseg, page 20M", "expandable_segments:True,page_size_mb:20", EXPSEG_MODEL_EXPSEG},
+    {"expseg, chunk 8M", "expandable_segments:True,chunk_max_mb:8", EXPSEG_MODEL_EXPSEG},
+    {"expseg, chunk 2M", "expandable_segments:True,chunk_max_mb:2", EXPSEG_MODEL_EXPSEG},
     {"expseg, roundup 4", "expandable_segments:True,roundup_power2_divisions:4",
      EXPSEG_MODEL_EXPSEG},
     {"expseg, roundup 8", "expandable_segments:True,roundup_power2_divisions:8",

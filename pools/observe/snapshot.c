@@ -300,6 +300,7 @@ static void write_settings(ctx_t *c) {
   _expseg_pkw_kuint(w, "expseg.granularity", c->a->granularity);
   _expseg_pkw_kint(w, "expseg.page_cache_max", none_is_minus_1(k->page_cache_max));
   _expseg_pkw_kint(w, "expseg.va_reserve", none_is_minus_1(k->va_reserve));
+  _expseg_pkw_kint(w, "expseg.chunk_max", none_is_minus_1(k->chunk_max));
   _expseg_pkw_str(w, "expseg.per_process_memory_fraction");
   _expseg_pkw_float(w, k->per_process_memory_fraction);
   _expseg_pkw_kint(w, "expseg.history_max_entries", c->h ? none_is_minus_1(c->h->max) : 0);
