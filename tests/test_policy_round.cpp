@@ -374,3 +374,158 @@ TEST(PolicyRound, MemoryShortPlacesWeighPagesTheDeviceMustGive) {
   EXPECT_TRUE(_expseg_place_fewer(0, 20, 0, 30)) << "all covered: fewer pages";
   EXPECT_FALSE(_expseg_place_fewer(5, 30, 5, 30)) << "a tie keeps the lower address";
 }
+
+TEST(PolicyRound, LendsATighterFitOnlyWhenItsOwnFitWastesAPage) {
+  const size_t MiB = size_t(1) << 20, r = 3 * MiB;
+  EXPECT_TRUE(_expseg_lend_look(2, r, 0)) << "no fit of its own: look at other streams";
+  EXPECT_FALSE(_expseg_lend_look(2, r, r)) << "an exact fit of its own";
+  EXPECT_FALSE(_expseg_lend_look(2, r, r + EXPSEG_LEND_WASTE - 1));
+  EXPECT_TRUE(_expseg_lend_look(2, r, r + EXPSEG_LEND_WASTE));
+  EXPECT_TRUE(_expseg_lend_look(2, r, 64 * MiB)) << "its segment's large free end";
+  EXPECT_TRUE(_expseg_lend_look(9, r, 64 * MiB));
+  EXPECT_EQ(EXPSEG_LEND_WASTE, 2 * MiB);
+  EXPECT_TRUE(_expseg_lend_tighter(0, 64 * MiB)) << "no fit of its own: any";
+  EXPECT_TRUE(_expseg_lend_tighter(64 * MiB, r));
+  EXPECT_FALSE(_expseg_lend_tighter(r + 1, r + 1)) << "a tie stays on its own stream";
+  EXPECT_FALSE(_expseg_lend_tighter(r, 64 * MiB));
+}
+
+// The gate: with fewer than two streams owning free blocks in the pool there is nothing
+// to lend, however much the own fit wastes.
+TEST(PolicyRound, LendsOnlyWhereAnotherStreamOwnsAFreeBlock) {
+  const size_t MiB = size_t(1) << 20, r = 4 * MiB;
+  EXPECT_FALSE(_expseg_lend_look(1, r, 100 * MiB)) << "one stream: nothing to lend";
+  EXPECT_FALSE(_expseg_lend_look(0, r, 100 * MiB));
+  EXPECT_FALSE(_expseg_lend_look(1, r, 0)) << "no fit and no other stream's block";
+  EXPECT_TRUE(_expseg_lend_look(2, r, 100 * MiB)) << "a second stream owns a free block";
+  EXPECT_FALSE(_expseg_lend_look(2, r, r + 1)) << "the gate open, the own fit tight";
+}
+
+TEST(PolicyRound, NoImmediateTakeBackBetweenPools) {
+  EXPECT_TRUE(_expseg_may_take_back(0, 5)) << "never robbed";
+  EXPECT_FALSE(_expseg_may_take_back(100, 100 + EXPSEG_NO_TAKE_BACK - 1));
+  EXPECT_TRUE(_expseg_may_take_back(100, 100 + EXPSEG_NO_TAKE_BACK));
+}
+
+TEST(PolicyRound, PrivatePoolMemoryIsTakenOnlyWhenFreeable) {
+  EXPECT_TRUE(_expseg_pool_may_take(0, 0, 0, 0)) << "the general cache's own";
+  EXPECT_TRUE(_expseg_pool_may_take(3, 0, 0, 0)) << "a pool may take the general cache's";
+  EXPECT_TRUE(_expseg_pool_may_take(3, 3, 1, 5)) << "its own, busy or not";
+  EXPECT_FALSE(_expseg_pool_may_take(0, 3, 1, 0)) << "a live pool's, all free: kept";
+  EXPECT_FALSE(_expseg_pool_may_take(4, 3, 2, 0)) << "another pool's: kept";
+  EXPECT_FALSE(_expseg_pool_may_take(0, 3, 0, 1)) << "released, a block still busy: kept";
+  EXPECT_TRUE(_expseg_pool_may_take(0, 3, 0, 0)) << "released and all free";
+  EXPECT_TRUE(_expseg_pool_may_take(4, 3, 0, 0));
+}
+
+TEST(PolicyRound, SegmentAddressSpaceGrowsPerSegment) {
+  const size_t MiB = (size_t)1 << 20, GiB = MiB << 10, page = 2 * MiB, total = 80 * GiB;
+  expseg_config_t c;
+  _expseg_config_defaults(&c);
+  EXPECT_EQ(_expseg_segment_va(&c, false, 0, MiB, total, page, nullptr), 8 * GiB) << "EXPSEG_VA_FIRST";
+  EXPECT_EQ(_expseg_segment_va(&c, true, 0, MiB, total, page, nullptr), 1 * GiB) << "small: / 8";
+  EXPECT_EQ(_expseg_segment_va(&c, false, 1, MiB, total, page, nullptr), 16 * GiB) << "doubles";
+  EXPECT_EQ(_expseg_segment_va(&c, false, 3, MiB, total, page, nullptr), 64 * GiB);
+  EXPECT_EQ(_expseg_segment_va(&c, false, 9, MiB, total, page, nullptr), 128 * GiB) << "4 doublings";
+  EXPECT_EQ(_expseg_segment_va(&c, false, 0, 33 * GiB + 1, total, page, nullptr), 33 * GiB + page)
+      << "never less than the request";
+  EXPECT_EQ(_expseg_segment_va(&c, true, 0, MiB, 8 * GiB, page, nullptr), 1 * GiB) << "any device";
+  EXPECT_EQ(_expseg_segment_va(&c, true, 0, MiB, 8 * GiB, 64 * MiB, nullptr), 4 * GiB) << "64 pages";
+  // The default does not depend on the device's size: a device just large enough for a
+  // program's peak lays its segments out as a larger one does, so it holds the same memory
+  // and does not run out (replay --fit answers at most the peak plus one chunk).
+  for (size_t n = 0; n < 6; n++)
+    for (bool small : {false, true}) {
+      const size_t on80 = _expseg_segment_va(&c, small, n, MiB, total, page, nullptr);
+      for (size_t t : {8 * GiB, 78 * GiB + 3 * page, 157 * GiB, 1024 * GiB})
+        EXPECT_EQ(_expseg_segment_va(&c, small, n, MiB, t, page, nullptr), on80)
+            << "segment " << n << (small ? " small" : " large") << " on " << t;
+    }
+  c.va_reserve = 3 * GiB;
+  EXPECT_EQ(_expseg_segment_va(&c, false, 0, MiB, total, page, nullptr), 3 * GiB);
+  EXPECT_EQ(_expseg_segment_va(&c, false, 9, MiB, total, page, nullptr), 48 * GiB)
+      << "a size the user set: doubled while under 9/8 of total / 2";
+  // expandable_segments_reserve (PyTorch main): used when va_reserve_mb is 0; a fraction of
+  // device memory or GiB, at most 9/8 of device memory; va_reserve_mb wins
+  expseg_config_t r = defaults();
+  char err[256];
+  ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:0.25", "t", nullptr, &r, err, sizeof err),
+            EXPSEG_OK);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, nullptr), total / 4);
+  EXPECT_EQ(_expseg_segment_va(&r, true, 0, MiB, total, page, nullptr), total / 32) << "small: / 8";
+  ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:40G", "t", nullptr, &r, err, sizeof err),
+            EXPSEG_OK);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, nullptr), 40 * GiB);
+  ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:1e6G", "t", nullptr, &r, err, sizeof err),
+            EXPSEG_OK);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, nullptr), total + total / 8) << "bounded";
+  ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:1e300G", "t", nullptr, &r, err, sizeof err),
+            EXPSEG_OK);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, nullptr), total + total / 8) << "saturates";
+  r.va_reserve = 3 * GiB;
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, nullptr), 3 * GiB);
+}
+
+// expandable_segments_reserve_by_class (PyTorch main): a stream tagged with a listed class
+// reserves the class's reserve for every segment (a fraction of device memory or GiB, at
+// most 9/8 of it; never doubled; the small pool an eighth); a class not listed, or no
+// class, keeps the usual reserve; the class wins over va_reserve_mb and
+// expandable_segments_reserve (PyTorch: over its global reserve)
+TEST(PolicyRound, ReserveClassSetsTheSegmentsOfItsStreams) {
+  const size_t MiB = (size_t)1 << 20, GiB = MiB << 10, page = 2 * MiB, total = 80 * GiB;
+  expseg_config_t r = defaults();
+  char err[256];
+  ASSERT_EQ(_expseg_config_parse("expandable_segments_reserve:0.9,expandable_segments_reserve_by_"
+                                 "class:[serving:0.25,ads_sparse:8G,huge:1e9G,tiny:1e-9]",
+                                 "t", nullptr, &r, err, sizeof err),
+            EXPSEG_OK)
+      << err;
+  size_t b = 0;
+  EXPECT_TRUE(_expseg_class_reserve(&r, "serving", total, &b));
+  EXPECT_EQ(b, total / 4);
+  EXPECT_TRUE(_expseg_class_reserve(&r, "ads_sparse", total, &b));
+  EXPECT_EQ(b, 8 * GiB);
+  EXPECT_FALSE(_expseg_class_reserve(&r, "other", total, &b));
+  EXPECT_FALSE(_expseg_class_reserve(&r, "serv", total, &b)) << "a prefix is another name";
+  EXPECT_FALSE(_expseg_class_reserve(&r, "", total, &b));
+  EXPECT_FALSE(_expseg_class_reserve(&r, nullptr, total, &b));
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, "serving"), total / 4);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 3, MiB, total, page, "serving"), total / 4)
+      << "never doubled";
+  EXPECT_EQ(_expseg_segment_va(&r, true, 2, MiB, total, page, "serving"), total / 32)
+      << "small: / 8";
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, "ads_sparse"), 8 * GiB);
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, "huge"), total + total / 8)
+      << "bounded to 9/8";
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, "tiny"), 64 * page)
+      << "at least 64 pages";
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, 9 * GiB, total, page, "ads_sparse"), 9 * GiB)
+      << "never less than the request";
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, "other"), (total / 10) * 9)
+      << "an unlisted class: the global reserve";
+  r.va_reserve = 3 * GiB;
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, "serving"), total / 4)
+      << "the class wins over va_reserve_mb";
+  EXPECT_EQ(_expseg_segment_va(&r, false, 0, MiB, total, page, "other"), 3 * GiB);
+}
+
+// The pinned host pool's carve segments: 1/32 of what carve segments hold, within 2 MiB to
+// 256 MiB, page-rounded, never below the request; and pinned_carve_strict's rule: a whole
+// free segment larger than a fresh one is passed over, any other free block is taken.
+TEST(PolicyRound, CarveSegmentSizeAndStrictReuse) {
+  const size_t MiB = (size_t)1 << 20, page = 4096;
+  EXPECT_EQ(_expseg_carve_segment_size(0, MiB, page), 2 * MiB) << "at least 2 MiB";
+  EXPECT_EQ(_expseg_carve_segment_size(3200 * MiB, MiB, page), 100 * MiB) << "1/32 of held";
+  EXPECT_EQ(_expseg_carve_segment_size(3200 * MiB + 3200, MiB, page), 100 * MiB + page)
+      << "page-rounded";
+  EXPECT_EQ(_expseg_carve_segment_size(64000 * MiB, MiB, page), 256 * MiB) << "at most 256 MiB";
+  EXPECT_EQ(_expseg_carve_segment_size(64 * MiB, 9 * MiB, page), 9 * MiB) << "never below cls";
+  // not strict: any free block that fits
+  EXPECT_TRUE(_expseg_carve_may_take(false, 64 * MiB, true, 2 * MiB));
+  // strict: a whole segment larger than a fresh one is passed over; one no larger, and any
+  // free block inside a segment in use, are taken
+  EXPECT_FALSE(_expseg_carve_may_take(true, 64 * MiB, true, 2 * MiB));
+  EXPECT_FALSE(_expseg_carve_may_take(true, 2 * MiB + page, true, 2 * MiB));
+  EXPECT_TRUE(_expseg_carve_may_take(true, 2 * MiB, true, 2 * MiB));
+  EXPECT_TRUE(_expseg_carve_may_take(true, 64 * MiB, false, 2 * MiB));
+}
