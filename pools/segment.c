@@ -204,7 +204,7 @@ static size_t movable_pages(const expseg_allocator *a, int pool, uint32_t tag) {
 
 /* Where a growth for `stream` maps (policy: reuse before growth, _expseg_place_better): the
  * lowest-address place of the stream's own unmapped ranges that fits (in the out-of-memory
- * retry, the one needing the fewest new pages: _expseg_place_fewest_pages); then the place of
+ * retry every one is weighed: _expseg_place_fewest_pages, _expseg_place_fewer); then the place of
  * another stream of the same pool whose queued work is done that needs the fewest new
  * pages, when it needs fewer (its free blocks around the range serve more of the request).
  * The block mapped there is that stream's and is lent (streams.c). Not under PyTorch's
