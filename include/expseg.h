@@ -444,7 +444,9 @@ EXPSEG_EXPORT expseg_status expseg_synchronize(expseg_allocator *a);
  * (CUDA's stream handles are). */
 /* expseg_pool_id (declared above, with expseg_walk): 0 = the general cache; private pools
  * are >= 1. */
-/* A new private pool, its use count 1. Ids are never reused. */
+/* A new private pool, its use count 1. Ids are never reused. At most 65,535 private pools
+ * exist at once (released ones count until their blocks are freed): one more is
+ * EXPSEG_ERR_UNSUPPORTED, not an out-of-memory error. */
 EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_pool_create(expseg_allocator *a,
                                                                 expseg_pool_id *out);
 /* Use count + 1 (PyTorch's createOrIncrefPool on an existing pool). */

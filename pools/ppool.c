@@ -77,9 +77,10 @@ expseg_status expseg_pool_create(expseg_allocator *a, expseg_pool_id *out) {
                    : a->n_ppools > 0   ? a->n_ppools
                                        : 1;
   if (t > MAX_TAGS) {
-    st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,
-                           "expseg_pool_create: %u private pools exist or drain already; "
-                           "release some first",
+    st = _expseg_error_set(EXPSEG_ERR_UNSUPPORTED,
+                           "expseg_pool_create: %u private pools exist or still drain, the most "
+                           "at once (not a lack of memory); release some first "
+                           "(expseg_pool_release) and free their blocks",
                            MAX_TAGS);
   } else if (a->n_ppool_free == 0) { /* a new slot (slot 0, the general cache, with the first) */
     if (a->n_ppools == 0 && grow_slots(a)) a->ppools[0] = (ppool_t){0}, a->n_ppools = 1;
