@@ -1,0 +1,92 @@
+// SPDX-License-Identifier: Apache-2.0
+// test_adv11_nearcap.cpp: the near-capacity behaviour seen from the public API: the
+// out-of-memory retry that weighs every place of the stream by the pages the device must
+// still give (idle chunks elsewhere that can move there count as covered), the option
+// chunk_max_mb (chunks of expandable segments no larger than it, also when changed at run
+// time with blocks live), and the out-of-memory help naming it with the statistic
+// expseg.oom_free_pinned_bytes.
+// - Weighing: an idle chunk larger than a place's room cannot move there, so it covers
+//   nothing at that place; the retry must grow where the request is served.
+// - Help: a lower chunk_max_mb is named only where a lower value gives smaller chunks.
+// - Random: seeded runs on the host driver that change chunk_max_mb and page_size_mb between
+//   steps, with patterns in live blocks, expseg_check after each step and nothing left with
+//   the driver at the end.
+// - Cost: a failing request on a stream with thousands of unmapped ranges stays fast.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "alloc_support.h"
+#include "block_pattern.h"
+#include "expseg.h"
+#include "expseg_testing.h"
+
+namespace {
+
+constexpr size_t KiB = 1024, MiB = KiB * 1024;
+
+std::string err() { return expseg_last_error(); }
+
+bool has(const std::string &m, const char *s) { return m.find(s) != std::string::npos; }
+
+// Layout (2 MiB pages, stream 0): F, 60 MiB free in whole chunks, before a 20 MiB hole (place
+// A: a 70 MiB request there needs 5 new pages); l1; C, a free 64 MiB block that is one idle
+// chunk; l3 in use; then the segment's end (place B). C (32 pages) cannot move into A's 10
+// pages of room, but moves to B. Returns the bytes held.
+int64_t room_layout(expseg_allocator *A, std::vector<void *> &live, void **c_out) {
+  void *f = nullptr, *h = nullptr, *l1 = nullptr, *c = nullptr, *l3 = nullptr;
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 60 * MiB, 0, &f)) << err();
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 20 * MiB, 0, &h)) << err();
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 8 * MiB, 0, &l1)) << err();
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 64 * MiB, 0, &c)) << err();
+  EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 8 * MiB, 0, &l3)) << err();
+  EXPECT_EQ(EXPSEG_OK, expseg_free(A, h));
+  EXPECT_EQ(EXPSEG_OK, expseg_empty_cache(A)) << err(); // the hole
+  EXPECT_EQ(EXPSEG_OK, expseg_free(A, c));
+  EXPECT_EQ(EXPSEG_OK, expseg_free(A, f));
+  EXPECT_EQ((char *)h, (char *)f + 60 * MiB);
+  EXPECT_EQ((char *)l1, (char *)f + 80 * MiB);
+  EXPECT_EQ((char *)c, (char *)l1 + 8 * MiB);
+  EXPECT_EQ((char *)l3, (char *)c + 64 * MiB);
+  live = {l1, l3};
+  *c_out = c;
+  return stat_of(A, "reserved_bytes.all.current");
+}
+
+} // namespace
+
+// An idle chunk larger than a place's room cannot move there (growth moves no chunk larger
+// than the place takes): the retry must not count it as covering that place. Here A needs
+// 5 pages and would have all of them from the device, which has none left; B needs more
+// pages, all of which F and C bring. The request must be served at B.
+TEST(NearCap, RetryCountsOnlyChunksThatFitThePlace) {
+  std::vector<void *> live;
+  void *c = nullptr;
+  int64_t held = 0, peak = 0;
+  {
+    AllocPtr a = make_alloc("sim", "expandable_segments:True");
+    held = room_layout(a.get(), live, &c);
+    peak = stat_of(a.get(), "reserved_bytes.all.peak");
+    for (void *x : live) EXPECT_EQ(EXPSEG_OK, expseg_free(a.get(), x));
+  }
+  // the layout needs `peak` on the way; then the memory fraction leaves no page beyond it
+  const std::string drv = "sim:capacity=" + std::to_string(peak);
+  AllocPtr a = make_alloc(drv.c_str(), "expandable_segments:True");
+  expseg_allocator *A = a.get();
+  ASSERT_EQ(room_layout(A, live, &c), held);
+  ASSERT_EQ(EXPSEG_OK, expseg_set_memory_fraction(A, (double(held) + 0.5 * MiB) / double(peak)));
+  void *r = nullptr;
+  const expseg_status st = expseg_malloc(A, 70 * MiB, 0, &r);
+  ASSERT_EQ(EXPSEG_OK, st) << "F and C moved to the segment's end serve it: " << err();
+  EXPECT_GT((char *)r, (char *)live[1]) << "at the segment's end";
+  EXPECT_EQ(stat_of(A, "num_ooms"), 0);
+  EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << err();
+  live.push_back(r);
+  for (void *x : live) EXPECT_EQ(EXPSEG_OK, expseg_free(A, x));
+  expect_nothing_left(a.release(), "room");
+}
