@@ -125,3 +125,35 @@ TEST(NearCap, OomHelpCountsPagesTheFailedGrowthCreated) {
   for (void *g : two) ASSERT_EQ(EXPSEG_OK, expseg_free(A, g));
   expect_nothing_left(a.release(), "pinned");
 }
+
+// Free whole pages pinned by a chunk made before chunk_max_mb was lowered to one page: a
+// lower chunk_max_mb cannot make chunks smaller than a page, so the help must not name it
+// (nor must it when chunk_max_mb is 6 with 4 MiB pages: one page already). The statistic
+// still counts the pinned bytes.
+TEST(NearCap, OomHelpNamesNoLowerChunkMaxWhenChunksAreOnePage) {
+  struct Case {
+    const char *create, *later;
+  };
+  for (const Case &k : {Case{"expandable_segments:True,va_reserve_mb:128", "chunk_max_mb:2"},
+                        Case{"expandable_segments:True,va_reserve_mb:128,page_size_mb:4",
+                             "chunk_max_mb:6"}}) {
+    SCOPED_TRACE(k.later);
+    QuietLog q;
+    AllocPtr a = make_alloc("sim:capacity=64M", k.create);
+    expseg_allocator *A = a.get();
+    void *big = nullptr, *keep = nullptr, *b = nullptr, *r = nullptr;
+    ASSERT_EQ(expseg_malloc(A, 40 * MiB, 0, &big), EXPSEG_OK) << err();
+    ASSERT_EQ(expseg_malloc(A, 16 * MiB, 0, &keep), EXPSEG_OK) << err();
+    ASSERT_EQ(expseg_free(A, big), EXPSEG_OK);
+    ASSERT_EQ(expseg_malloc(A, 4 * MiB, 0, &b), EXPSEG_OK) << err();
+    ASSERT_EQ(b, big);
+    ASSERT_EQ(expseg_configure(A, k.later), EXPSEG_OK) << err();
+    ASSERT_EQ(expseg_empty_cache(A), EXPSEG_OK) << err(); // the device has 8 MiB free
+    ASSERT_EQ(expseg_malloc(A, 40 * MiB, 0, &r), EXPSEG_ERR_OUT_OF_MEMORY);
+    const std::string m = err();
+    EXPECT_EQ(stat_of(A, "expseg.oom_free_pinned_bytes"), int64_t(36 * MiB)) << m;
+    EXPECT_FALSE(has(m, "chunk_max_mb")) << "chunks of one page already\n" << m;
+    for (void *x : {b, keep}) ASSERT_EQ(expseg_free(A, x), EXPSEG_OK);
+    ASSERT_EQ(expseg_check(A), EXPSEG_OK) << err();
+  }
+}
