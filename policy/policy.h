@@ -190,7 +190,8 @@ typedef enum {
   EXPSEG_HELP_OTHER_STREAMS, /* enough is free on busy streams: wait for their work */
   EXPSEG_HELP_PAGE_SIZE,     /* enough is free in partly used pages: page_size_mb lower */
   EXPSEG_HELP_CHUNK_MAX      /* pinned whole pages would cover what was missing: a lower
-                              * chunk_max_mb */
+                              * chunk_max_mb (while the one in force allows two pages
+                              * or more: `unit` is the page) */
 } expseg_oom_help_t;
 expseg_oom_help_t _expseg_oom_help(const expseg_oom_facts_t *f);
 /* Oversize rules (classic blocks only): may a cached block of candidate bytes serve? */
