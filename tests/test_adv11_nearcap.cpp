@@ -157,3 +157,114 @@ TEST(NearCap, OomHelpNamesNoLowerChunkMaxWhenChunksAreOnePage) {
     ASSERT_EQ(expseg_check(A), EXPSEG_OK) << err();
   }
 }
+
+// Seeded random runs on the host driver (a small device, faults at create, map and
+// set_access now and then) that change chunk_max_mb between steps, with blocks on two
+// streams, in a private pool and in a region that sleeps and wakes; memory short often, so
+// the out-of-memory retry runs. After every step expseg_check passes, the statistics are
+// consistent and every live block keeps its pattern; at the end the driver holds nothing.
+TEST(NearCap, RandomChunkMaxChangesKeepBooksAndBytes) {
+  const uint64_t seed = test_seed(1111);
+  std::mt19937_64 rng(seed);
+  QuietLog q;
+  for (const char *page : {"", ",page_size_mb:4", ",page_size_mb:0"}) {
+    SCOPED_TRACE(std::string(page) + " " + test_seed_note(seed));
+    const std::string conf = std::string("expandable_segments:True") + page;
+    AllocPtr a = make_alloc("fault:fail=;host:capacity=160M", conf.c_str());
+    expseg_allocator *A = a.get();
+    ASSERT_TRUE(A);
+    expseg_pool_id pool = 0;
+    ASSERT_EQ(EXPSEG_OK, expseg_pool_create(A, &pool)) << err();
+    struct Live {
+      char *p;
+      size_t size;
+      uint64_t tag;
+      bool region;
+    };
+    std::vector<Live> live;
+    bool asleep = false;
+    uint64_t tag = 1;
+    const size_t sizes[] = {512, 3 * MiB, 6 * MiB, 8 * MiB, 9 * MiB, 20 * MiB, 33 * MiB};
+    for (int step = 0; step < 1500; step++) {
+      const std::string where = "step " + std::to_string(step);
+      const int op = int(rng() % 100);
+      if (op < 45) {
+        size_t sz = sizes[rng() % 7] + (rng() % 4) * 4096 * (rng() % 2);
+        const int kind = int(rng() % 4);
+        void *p = nullptr;
+        expseg_status st;
+        if (kind == 3 && !asleep) {
+          EXPECT_EQ(EXPSEG_OK, expseg_region_begin(A, "w")) << err();
+          st = expseg_malloc(A, sz, 0, &p);
+          EXPECT_EQ(EXPSEG_OK, expseg_region_end(A, "w")) << err();
+        } else if (kind == 2) {
+          st = expseg_malloc_pool(A, sz, 0, pool, &p);
+        } else {
+          st = expseg_malloc(A, sz, expseg_stream(kind), &p);
+        }
+        if (st == EXPSEG_OK) {
+          Live l{(char *)p, sz, tag++, kind == 3 && !asleep};
+          pattern_put(l.p, l.size, l.tag, 64 * KiB);
+          live.push_back(l);
+        } else {
+          ASSERT_TRUE(st == EXPSEG_ERR_OUT_OF_MEMORY || st == EXPSEG_ERR_DRIVER) << where << err();
+        }
+      } else if (op < 80 && !live.empty()) {
+        const size_t i = rng() % live.size();
+        std::string why;
+        if (!(live[i].region && asleep)) {
+          ASSERT_TRUE(pattern_ok(live[i].p, live[i].size, live[i].tag, 64 * KiB, &why))
+              << where << why;
+        }
+        ASSERT_EQ(EXPSEG_OK, expseg_free(A, live[i].p)) << where << err();
+        live.erase(live.begin() + long(i));
+      } else if (op < 86) {
+        static const char *caps[] = {"chunk_max_mb:1", "chunk_max_mb:2",  "chunk_max_mb:6",
+                                     "chunk_max_mb:8", "chunk_max_mb:32", ""};
+        const std::string c = conf + "," + caps[rng() % 6];
+        ASSERT_EQ(EXPSEG_OK, expseg_configure(A, c.back() == ',' ? conf.c_str() : c.c_str()))
+            << where << err();
+      } else if (op < 90) {
+        static const char *faults[] = {"create@1", "map@2", "set_access@1", "create@3..4", ""};
+        ASSERT_EQ(EXPSEG_OK, expseg_testing_set_faults(A, faults[rng() % 5])) << err();
+      } else if (op < 93) {
+        ASSERT_EQ(EXPSEG_OK, expseg_empty_cache(A)) << where << err();
+      } else if (op < 95) {
+        ASSERT_EQ(EXPSEG_OK, expseg_pool_empty_cache(A, pool)) << where << err();
+      } else if (op < 97) {
+        const expseg_status st = asleep ? expseg_wake(A, "w") : expseg_sleep(A, "w", EXPSEG_SLEEP_OFFLOAD);
+        if (st == EXPSEG_OK) asleep = !asleep;
+        else if (st == EXPSEG_ERR_INVALID_ARGUMENT && !asleep) {} // no region yet
+        else ASSERT_TRUE(st == EXPSEG_ERR_OUT_OF_MEMORY || st == EXPSEG_ERR_DRIVER) << where << err();
+      } else {
+        int64_t v = 0;
+        EXPECT_EQ(EXPSEG_OK, expseg_stat(A, "expseg.oom_free_pinned_bytes", &v));
+        EXPECT_LE(v, stat_of(A, "expseg.oom_free_whole_page_bytes")) << where;
+      }
+      ASSERT_EQ(EXPSEG_OK, expseg_check(A)) << where << ": " << err();
+      if (!asleep) expect_consistent(A, where); // a sleeping region's blocks hold nothing
+      if (::testing::Test::HasFailure()) return;
+    }
+    ASSERT_EQ(EXPSEG_OK, expseg_testing_set_faults(A, "")) << err();
+    std::printf("%s: %lld retries, %lld out of memory, %llu faults\n", conf.c_str(),
+                (long long)stat_of(A, "num_alloc_retries"), (long long)stat_of(A, "num_ooms"),
+                (unsigned long long)expseg_testing_faults_injected(A));
+    for (int pass = 0; pass < 2; pass++) { // the others first: the wake needs room
+      if (pass == 1) {
+        ASSERT_EQ(EXPSEG_OK, expseg_empty_cache(A)) << err();
+        if (asleep) {
+          ASSERT_EQ(EXPSEG_OK, expseg_wake(A, "w")) << err();
+        }
+      }
+      for (const Live &l : live) {
+        if (l.region != (pass == 1)) continue;
+        std::string why;
+        EXPECT_TRUE(pattern_ok(l.p, l.size, l.tag, 64 * KiB, &why)) << why;
+        ASSERT_EQ(EXPSEG_OK, expseg_free(A, l.p)) << err();
+      }
+    }
+    ASSERT_EQ(EXPSEG_OK, expseg_pool_release(A, pool)) << err();
+    expect_nothing_left(a.release(), page);
+  }
+}
+
