@@ -268,3 +268,43 @@ TEST(NearCap, RandomChunkMaxChangesKeepBooksAndBytes) {
   }
 }
 
+
+// Cost: 10,000 places, each an unmapped 8 MiB hole after a block in use, on a segment that
+// is full (no place at its end): an 8 MiB request fits every place, and when the memory
+// fraction leaves no page to create the retry weighs every place. Each failing request
+// must stay under 50 ms.
+TEST(NearCap, RetryOverTenThousandHolesStaysFast) {
+  QuietLog q;
+  AllocPtr a = make_alloc("sim:capacity=1024G", "expandable_segments:True,va_reserve_mb:240000");
+  expseg_allocator *A = a.get();
+  std::vector<void *> keep, holes;
+  for (int i = 0; i < 10000; i++) {
+    void *l = nullptr, *h = nullptr;
+    ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 16 * MiB, 0, &l)) << err();
+    ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 8 * MiB, 0, &h)) << err();
+    keep.push_back(l);
+    holes.push_back(h);
+  }
+  for (void *h : holes) ASSERT_EQ(EXPSEG_OK, expseg_free(A, h));
+  ASSERT_EQ(EXPSEG_OK, expseg_empty_cache(A)) << err(); // the holes
+  const int64_t held = stat_of(A, "reserved_bytes.all.current");
+  ASSERT_EQ(stat_of(A, "segment.all.current"), 1) << "one full segment";
+  ASSERT_EQ(EXPSEG_OK, expseg_set_memory_fraction(A, double(held) / double(1024ull << 30)));
+  double worst = 0;
+  for (int i = 0; i < 3; i++) {
+    void *r = nullptr;
+    const auto t0 = std::chrono::steady_clock::now();
+    const expseg_status st = expseg_malloc(A, 8 * MiB, 0, &r);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    worst = std::max(worst, ms);
+    EXPECT_EQ(EXPSEG_ERR_OUT_OF_MEMORY, st) << err();
+    if (st == EXPSEG_OK) expseg_free(A, r);
+  }
+  std::printf("worst failing request: %.1f ms, %lld retries\n", worst,
+              (long long)stat_of(A, "num_alloc_retries"));
+  EXPECT_GE(stat_of(A, "num_alloc_retries"), 3);
+  EXPECT_LT(worst, 50.0);
+  EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << err();
+  for (void *l : keep) ASSERT_EQ(EXPSEG_OK, expseg_free(A, l));
+}
