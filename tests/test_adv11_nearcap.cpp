@@ -308,3 +308,26 @@ TEST(NearCap, RetryOverTenThousandHolesStaysFast) {
   EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << err();
   for (void *l : keep) ASSERT_EQ(EXPSEG_OK, expseg_free(A, l));
 }
+
+// A block of 100 one-page chunks (chunk_max_mb:2) is exported and imported whole: every
+// chunk in the handle, the bytes seen through the import, and nothing left after.
+TEST(NearCap, ExportOfManySmallChunks) {
+  AllocPtr a = make_alloc("host:capacity=512M", "expandable_segments:True,chunk_max_mb:2");
+  AllocPtr b = make_alloc("host:capacity=512M", nullptr);
+  const size_t size = 200 * MiB;
+  void *p = nullptr, *q = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(a.get(), size, 0, &p)) << err();
+  pattern_put((char *)p, size, 77, 64 * KiB);
+  expseg_ipc_handle h = {};
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_export(a.get(), p, &h)) << err();
+  EXPECT_EQ(h.size, 64u + 32u * 100u) << "one entry per 2 MiB chunk";
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_import(b.get(), &h, &q)) << err();
+  expseg_ipc_handle_free(&h);
+  std::string why;
+  EXPECT_TRUE(pattern_ok((const char *)q, size, 77, 64 * KiB, &why)) << why;
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_close(b.get(), q)) << err();
+  ASSERT_EQ(EXPSEG_OK, expseg_free(a.get(), p)) << err();
+  EXPECT_EQ(EXPSEG_OK, expseg_check(a.get())) << err();
+  expect_nothing_left(b.release(), "importer");
+  expect_nothing_left(a.release(), "exporter");
+}
