@@ -331,3 +331,53 @@ TEST(NearCap, ExportOfManySmallChunks) {
   expect_nothing_left(b.release(), "importer");
   expect_nothing_left(a.release(), "exporter");
 }
+
+// Idle chunks of a private pool still in use cannot move into the general cache's growth:
+// the retry must not count them. P1 (a 30 MiB hole, lowest) needs 12 new pages for a
+// 24 MiB request; P2 (12 MiB free but pinned by a block in use, then a 20 MiB hole) needs
+// 6. A private pool holds an idle 24 MiB chunk that would fit P1 only. With 6 pages left
+// to create, the first try at P1 fails and the retry must grow at P2.
+TEST(NearCap, RetryCountsNoIdleChunkOfAnotherPool) {
+  std::vector<void *> live;
+  void *a1, *s1, *x, *h, *l1, *l0, *p;
+  auto layout = [&](expseg_allocator *A) {
+    EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 30 * MiB, 0, &a1)) << err();
+    EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 16 * MiB, 0, &s1)) << err();
+    EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 20 * MiB, 0, &x)) << err();
+    EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 20 * MiB, 0, &h)) << err();
+    EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 16 * MiB, 0, &l1)) << err();
+    EXPECT_EQ(EXPSEG_OK, expseg_free(A, x));
+    EXPECT_EQ(EXPSEG_OK, expseg_malloc(A, 8 * MiB, 0, &l0)) << err();
+    EXPECT_EQ(l0, x) << "in x's chunk, whose other 12 MiB it pins";
+    EXPECT_EQ(EXPSEG_OK, expseg_free(A, a1));
+    EXPECT_EQ(EXPSEG_OK, expseg_free(A, h));
+    EXPECT_EQ(EXPSEG_OK, expseg_empty_cache(A)) << err(); // the two holes
+    expseg_pool_id pool = 0;
+    EXPECT_EQ(EXPSEG_OK, expseg_pool_create(A, &pool)) << err();
+    EXPECT_EQ(EXPSEG_OK, expseg_malloc_pool(A, 24 * MiB, 0, pool, &p)) << err();
+    EXPECT_EQ(EXPSEG_OK, expseg_free(A, p)); // idle in the pool, which stays in use
+    live = {s1, l1, l0};
+    return stat_of(A, "reserved_bytes.all.current");
+  };
+  int64_t held = 0, peak = 0;
+  {
+    AllocPtr a = make_alloc("sim", "expandable_segments:True");
+    held = layout(a.get());
+    peak = stat_of(a.get(), "reserved_bytes.all.peak");
+    for (void *v : live) EXPECT_EQ(EXPSEG_OK, expseg_free(a.get(), v));
+  }
+  ASSERT_EQ(held, int64_t(76 * MiB)) << "16 + 20 + 16 in use or pinned, 24 in the pool";
+  const std::string drv = "sim:capacity=" + std::to_string(peak);
+  AllocPtr a = make_alloc(drv.c_str(), "expandable_segments:True");
+  expseg_allocator *A = a.get();
+  ASSERT_EQ(layout(A), held);
+  ASSERT_EQ(EXPSEG_OK,
+            expseg_set_memory_fraction(A, (double(held) + 12.5 * MiB) / double(peak)));
+  void *r = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 24 * MiB, 0, &r)) << err();
+  EXPECT_EQ((char *)r, (char *)l0 + 8 * MiB) << "at P2";
+  EXPECT_EQ(stat_of(A, "num_alloc_retries"), 1) << "P1 was tried first";
+  EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << err();
+  live.push_back(r);
+  for (void *v : live) EXPECT_EQ(EXPSEG_OK, expseg_free(A, v));
+}
