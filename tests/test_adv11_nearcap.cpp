@@ -5,13 +5,17 @@
 // chunk_max_mb (chunks of expandable segments no larger than it, also when changed at run
 // time with blocks live), and the out-of-memory help naming it with the statistic
 // expseg.oom_free_pinned_bytes.
-// - Weighing: an idle chunk larger than a place's room cannot move there, so it covers
-//   nothing at that place; the retry must grow where the request is served.
-// - Help: a lower chunk_max_mb is named only where a lower value gives smaller chunks.
-// - Random: seeded runs on the host driver that change chunk_max_mb and page_size_mb between
-//   steps, with patterns in live blocks, expseg_check after each step and nothing left with
+// - Weighing: an idle chunk larger than a place's room cannot move there, and one of a
+//   private pool in use cannot move at all: neither covers a place; the retry must grow
+//   where the request is served.
+// - Help: the pages a failed growth created count as the device's free memory; a lower
+//   chunk_max_mb is named only where a lower value gives smaller chunks.
+// - Random: seeded runs on the host driver that change chunk_max_mb between steps (pages of
+//   2 and 4 MiB and the driver's granularity), with faults, a private pool and a sleeping
+//   region, patterns in live blocks, expseg_check after each step and nothing left with
 //   the driver at the end.
-// - Cost: a failing request on a stream with thousands of unmapped ranges stays fast.
+// - Cost: a failing request on a stream with 10,000 unmapped ranges stays fast.
+// - IPC: a block of many one-page chunks is exported and imported whole.
 #include <gtest/gtest.h>
 
 #include <chrono>
