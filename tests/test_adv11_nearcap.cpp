@@ -15,7 +15,8 @@
 //   region, patterns in live blocks, expseg_check after each step and nothing left with
 //   the driver at the end.
 // - Cost: a failing request on a stream with 10,000 unmapped ranges stays fast.
-// - IPC: a block of many one-page chunks is exported and imported whole.
+// - IPC: a block of many one-page chunks is exported and imported whole; requests that
+//   must be one chunk (single_chunk_min_mb) stay one under the cap.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -384,4 +385,29 @@ TEST(NearCap, RetryCountsNoIdleChunkOfAnotherPool) {
   EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << err();
   live.push_back(r);
   for (void *v : live) EXPECT_EQ(EXPSEG_OK, expseg_free(A, v));
+}
+
+// A request that must be one physical chunk (single_chunk_min_mb, EXPSEG_MALLOC_SINGLE_CHUNK)
+// stays one chunk under chunk_max_mb: the cap is for expandable segments' chunks only.
+TEST(NearCap, SingleChunkRequestsIgnoreTheCap) {
+  AllocPtr a = make_alloc("host:capacity=256M",
+                          "expandable_segments:True,chunk_max_mb:2,single_chunk_min_mb:16");
+  for (size_t size : {size_t(32 * MiB), size_t(17 * MiB)}) {
+    void *p = nullptr;
+    ASSERT_EQ(EXPSEG_OK, expseg_malloc(a.get(), size, 0, &p)) << err();
+    expseg_ipc_handle h = {};
+    ASSERT_EQ(EXPSEG_OK, expseg_ipc_export(a.get(), p, &h)) << err();
+    EXPECT_EQ(h.size, 64u + 32u) << size << ": one chunk";
+    expseg_ipc_handle_free(&h);
+    ASSERT_EQ(EXPSEG_OK, expseg_free(a.get(), p));
+  }
+  void *q = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(a.get(), 8 * MiB, 0, &q)) << err();
+  expseg_ipc_handle h = {};
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_export(a.get(), q, &h)) << err();
+  EXPECT_EQ(h.size, 64u + 32u * 4u) << "below single_chunk_min_mb: 2 MiB chunks";
+  expseg_ipc_handle_free(&h);
+  ASSERT_EQ(EXPSEG_OK, expseg_free(a.get(), q));
+  EXPECT_EQ(EXPSEG_OK, expseg_check(a.get())) << err();
+  expect_nothing_left(a.release(), "single");
 }
