@@ -51,12 +51,14 @@ expseg_oom_help_t _expseg_oom_help(const expseg_oom_facts_t *f) {
   /* classic segments: the stranded hint names expandable_segments already */
   if (f->expandable && f->partial >= f->rounded) return EXPSEG_HELP_PAGE_SIZE;
   /* pinned pages would have served it: something was missing beyond the whole pages that
-   * could move and the device's free memory, and it is at most what is pinned */
+   * could move and the device's free memory, and it is at most what is pinned; and a lower
+   * chunk_max_mb can still make chunks smaller (not when they are one page already) */
   const size_t pinned = f->pinned < f->whole ? f->pinned : f->whole;
   const size_t have = f->whole - pinned, got = f->device_free < SIZE_MAX - have
                                                     ? have + f->device_free
                                                     : SIZE_MAX;
-  if (f->expandable && pinned > 0 && got < f->rounded && f->rounded - got <= pinned)
+  const bool lower = f->chunk_max == SIZE_MAX || f->unit == 0 || f->chunk_max / f->unit >= 2;
+  if (f->expandable && lower && pinned > 0 && got < f->rounded && f->rounded - got <= pinned)
     return EXPSEG_HELP_CHUNK_MAX;
   return EXPSEG_HELP_NONE;
 }

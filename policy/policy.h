@@ -190,7 +190,8 @@ typedef enum {
   EXPSEG_HELP_OTHER_STREAMS, /* enough is free on busy streams: wait for their work */
   EXPSEG_HELP_PAGE_SIZE,     /* enough is free in partly used pages: page_size_mb lower */
   EXPSEG_HELP_CHUNK_MAX      /* pinned whole pages would cover what was missing: a lower
-                              * chunk_max_mb */
+                              * chunk_max_mb (while the one in force allows two pages
+                              * or more: `unit` is the page) */
 } expseg_oom_help_t;
 expseg_oom_help_t _expseg_oom_help(const expseg_oom_facts_t *f);
 /* Oversize rules (classic blocks only): may a cached block of candidate bytes serve? */
@@ -309,8 +310,9 @@ bool _expseg_place_better(bool have_own, size_t own_pages, size_t other_pages);
  * common growth costs one index step; but when memory is short (the out-of-memory retry)
  * every place is weighed (linear in the stream's unmapped ranges, as the rest of that path
  * is): _expseg_place_fewer says whether a place (`missing` of its `pages` not coverable by
- * idle chunks that could move there: those in free blocks elsewhere, not in the place's
- * own free neighbours) beats the best so far: fewer missing pages (what the device must
+ * idle chunks that could move there: those in free blocks elsewhere, of either size pool
+ * and of a pool the growth may take from, of the place's page size and no larger than its
+ * room, not in the place's own free neighbours) beats the best so far: fewer missing pages (what the device must
  * still have), then fewer pages; ties keep the lower address. */
 bool _expseg_place_fewest_pages(bool memory_short);
 bool _expseg_place_fewer(size_t missing, size_t pages, size_t best_missing, size_t best_pages);

@@ -218,7 +218,10 @@ expseg_status _expseg_fail_oom(expseg_allocator *a, size_t size, size_t rounded,
   a->stats.oom_unmapped_va_bytes = (int64_t)u.unmapped_va;
   char s11[32], s12[32], s13[32], s14[32], s15[32];
   char why[640], cap[96] = "";
-  hint(a, rounded, allocated, dev_free, &u, why, sizeof why);
+  /* the pages the failed growth created sit in the page cache and go back below: to the
+   * help they are the device's free memory */
+  hint(a, rounded, allocated, dev_free + (size_t)a->stats.cached_physical_bytes.current, &u, why,
+       sizeof why);
   if (a->allowed != SIZE_MAX)
     snprintf(cap, sizeof cap, " %s allowed (memory fraction %.3g).",
              _expseg_format_size(s10, a->allowed), a->cfg.per_process_memory_fraction);

@@ -187,18 +187,23 @@ static bool place_at(expseg_allocator *a, block_t *u, int pool, size_t rounded, 
   return true;
 }
 
-/* Pages in whole chunks of idle free block b (NULL: none) that a growth could move. */
-static size_t movable_in(const expseg_allocator *a, const block_t *b) {
+/* Pages of idle free block b (NULL: none) that a growth into a place of `room` pages of
+ * `pg` bytes could move there: whole chunks of that page size from the block's top, none
+ * larger than the room (as _expseg_steal_pages takes them). */
+static size_t movable_in(const expseg_allocator *a, const block_t *b, size_t pg, size_t room) {
   uintptr_t lo, hi;
-  return b != NULL && b->idle ? _expseg_block_chunks(a, b, &lo, &hi) : 0;
+  if (b == NULL || !b->idle || b->seg->page != pg || _expseg_block_chunks(a, b, &lo, &hi) == 0)
+    return 0;
+  return (hi - _expseg_chunks_top(b->seg, lo, hi, SIZE_MAX, room, false)) / pg;
 }
 
-/* The same over the pool's idle blocks that a growth of private-pool tag `tag` may take
- * (as _expseg_steal_pages takes them). */
-static size_t movable_pages(const expseg_allocator *a, int pool, uint32_t tag) {
+/* The same over the idle blocks of both pools (the retry's growth takes from both) that a
+ * growth of private-pool tag `tag` may take (as _expseg_steal_pages takes them). */
+static size_t movable_pages(const expseg_allocator *a, uint32_t tag, size_t pg, size_t room) {
   size_t n = 0;
-  for (const block_t *f = a->idle_head[pool]; f != NULL; f = f->idle_next)
-    if (seg_tag(f->seg) == tag || _expseg_seg_general(a, f->seg)) n += movable_in(a, f);
+  for (int p = 0; p < POOL_COUNT; p++)
+    for (const block_t *f = a->idle_head[p]; f != NULL; f = f->idle_next)
+      if (seg_tag(f->seg) == tag || _expseg_seg_general(a, f->seg)) n += movable_in(a, f, pg, room);
   return n;
 }
 
@@ -214,8 +219,9 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
   const tree_t *t = &a->unmapped_idx[pool];
   bool found = false;
   const bool weigh = !a->model_pytorch && _expseg_place_fewest_pages(exact);
-  const size_t idle = weigh ? movable_pages(a, pool, skey_tag(stream)) : 0;
-  size_t best_missing = 0;
+  /* every idle chunk of page size all_pg, and their pages: a place with at least that room
+   * takes them all, a smaller one counts those that fit it */
+  size_t all_pg = 0, all = 0, best_missing = 0;
   for (block_t *u = _expseg_tree_lower_bound(t, stream, 0, 0); u && u->stream == stream;
        u = _expseg_tree_next(t, u)) {
     place_t here;
@@ -226,7 +232,13 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
       break;
     }
     /* what idle chunks elsewhere could bring (the place's own neighbours stay put) */
-    const size_t near = movable_in(a, here.prefix) + movable_in(a, here.suffix);
+    const size_t pg = here.u->seg->page, room = here.u->size / pg;
+    if (pg != all_pg) {
+      all_pg = pg;
+      all = movable_pages(a, skey_tag(stream), pg, SIZE_MAX);
+    }
+    const size_t idle = room >= all ? all : movable_pages(a, skey_tag(stream), pg, room);
+    const size_t near = movable_in(a, here.prefix, pg, room) + movable_in(a, here.suffix, pg, room);
     const size_t other = idle > near ? idle - near : 0;
     const size_t missing = here.pages > other ? here.pages - other : 0;
     if (!found || _expseg_place_fewer(missing, here.pages, best_missing, pl->pages)) {

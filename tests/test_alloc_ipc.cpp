@@ -174,11 +174,13 @@ TEST_P(Ipc, KilledChildReleasesTheBlock) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, Ipc,
-                         ::testing::Values("expandable_segments:True", "expandable_segments:False"),
+                         ::testing::Values("expandable_segments:True", "expandable_segments:False",
+                                           "expandable_segments:True,chunk_max_mb:2"),
                          [](const ::testing::TestParamInfo<const char *> &i) {
-                           return std::string(i.param).find("True") != std::string::npos
-                                      ? "expandable"
-                                      : "classic";
+                           const std::string c = i.param;
+                           return c.find("chunk_max") != std::string::npos ? "one_page_chunks"
+                                  : c.find("True") != std::string::npos    ? "expandable"
+                                                                           : "classic";
                          });
 
 // In one process: import into a second allocator, then every malformed variant.

@@ -130,7 +130,7 @@ TEST(Snapshot, ClassicStateAndHistoryMatchTheOperations) {
   std::string path = dump(a, "classic.pickle");
   std::string expect = "{\"stats\": " + stats + ", \"counts\": " + counts + ", \"only\": " +
                        only_json() + ", \"events\": " + events_json(ev) +
-                       ", \"settings\": {\"expandable_segments\": false}}";
+                       ", \"settings\": {\"expandable_segments\": false, \"expseg.chunk_max\": -1}}";
   std::string out;
   EXPECT_EQ(check(path, expect, true, &out), 0) << out;
   ASSERT_EQ(alloc_test_hold(a, 9, false), EXPSEG_OK);
@@ -188,6 +188,10 @@ TEST(Snapshot, ExpandableHistoryReplaysBackwardsToEmpty) {
   std::string path = dump(a, "expandable.pickle");
   std::string out;
   EXPECT_EQ(check(path, expect, true, &out), 0) << out;
+  // chunk_max_mb in force: its bytes; off: -1 (the classic case above)
+  ASSERT_EQ(expseg_configure(a, "expandable_segments:True,chunk_max_mb:8"), EXPSEG_OK);
+  path = dump(a, "chunk_max.pickle");
+  EXPECT_EQ(check(path, "{\"settings\": {\"expseg.chunk_max\": 8388608}}", true, &out), 0) << out;
   for (void *p : live) ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
   expseg_destroy(a);
 }
