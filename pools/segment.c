@@ -222,6 +222,10 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
   /* every idle chunk of page size all_pg, and their pages: a place with at least that room
    * takes them all, a smaller one counts those that fit it */
   size_t all_pg = 0, all = 0, best_missing = 0;
+  /* a smaller place recounts (a walk of the idle blocks) at most RECOUNTS times: beyond,
+   * it is taken to have what it needs elsewhere, so the retry stays linear in the blocks */
+  enum { RECOUNTS = 64 };
+  unsigned recounts = 0;
   for (block_t *u = _expseg_tree_lower_bound(t, stream, 0, 0); u && u->stream == stream;
        u = _expseg_tree_next(t, u)) {
     place_t here;
@@ -237,7 +241,9 @@ static bool find_place(expseg_allocator *a, int pool, expseg_stream stream, size
       all_pg = pg;
       all = movable_pages(a, skey_tag(stream), pg, SIZE_MAX);
     }
-    const size_t idle = room >= all ? all : movable_pages(a, skey_tag(stream), pg, room);
+    const size_t idle = room >= all || recounts >= RECOUNTS
+                            ? all
+                            : (recounts++, movable_pages(a, skey_tag(stream), pg, room));
     const size_t near = movable_in(a, here.prefix, pg, room) + movable_in(a, here.suffix, pg, room);
     const size_t other = idle > near ? idle - near : 0;
     const size_t missing = here.pages > other ? here.pages - other : 0;
