@@ -62,30 +62,6 @@ TEST_P(Pools, UseCountsAndIds) {
   expect_consistent(a, "use counts");
 }
 
-// The count of private pools is a limit of the allocator, not of memory: one past it is
-// EXPSEG_ERR_UNSUPPORTED naming the limit (an out-of-memory status would read as the
-// device's, counted nowhere and reported as torch.OutOfMemoryError), and releasing one
-// makes room again.
-TEST_P(Pools, ThePoolCountLimitIsNotAnOutOfMemory) {
-  std::vector<expseg_pool_id> ids;
-  expseg_pool_id id = 0;
-  expseg_status st = EXPSEG_OK;
-  while ((st = expseg_pool_create(a, &id)) == EXPSEG_OK) {
-    ids.push_back(id);
-    ASSERT_LT(ids.size(), 70000u) << "no limit";
-  }
-  EXPECT_EQ(st, EXPSEG_ERR_UNSUPPORTED) << expseg_last_error();
-  EXPECT_EQ(ids.size(), 65535u);
-  EXPECT_NE(std::string(expseg_last_error()).find("65535 private pools"), std::string::npos)
-      << expseg_last_error();
-  EXPECT_EQ(stat_of(a, "num_ooms"), 0);
-  ASSERT_EQ(EXPSEG_OK, expseg_pool_release(a, ids.back()));
-  ids.pop_back();
-  ASSERT_EQ(EXPSEG_OK, expseg_pool_create(a, &id)) << "a released pool's room is reused";
-  ids.push_back(id);
-  for (expseg_pool_id p : ids) ASSERT_EQ(EXPSEG_OK, expseg_pool_release(a, p));
-}
-
 TEST_P(Pools, ErrorsNameTheIdAndChangeNothing) {
   expseg_pool_id p = create();
   const expseg_pool_id bad = p + 41;
