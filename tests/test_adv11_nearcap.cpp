@@ -277,7 +277,9 @@ TEST(NearCap, RandomChunkMaxChangesKeepBooksAndBytes) {
 // Cost: 10,000 places, each an unmapped 8 MiB hole after a block in use, on a segment that
 // is full (no place at its end): an 8 MiB request fits every place, and when the memory
 // fraction leaves no page to create the retry weighs every place. Each failing request
-// must stay under 50 ms.
+// must stay under a second: a guard against cost quadratic in the places (4.6 s with the
+// search made quadratic on purpose; about 1.5 ms as it is), not a timing target, so a
+// loaded machine does not fail it.
 TEST(NearCap, RetryOverTenThousandHolesStaysFast) {
   QuietLog q;
   AllocPtr a = make_alloc("sim:capacity=1024G", "expandable_segments:True,va_reserve_mb:240000");
@@ -309,7 +311,7 @@ TEST(NearCap, RetryOverTenThousandHolesStaysFast) {
   std::printf("worst failing request: %.1f ms, %lld retries\n", worst,
               (long long)stat_of(A, "num_alloc_retries"));
   EXPECT_GE(stat_of(A, "num_alloc_retries"), 3);
-  EXPECT_LT(worst, 50.0);
+  EXPECT_LT(worst, 1000.0);
   EXPECT_EQ(EXPSEG_OK, expseg_check(A)) << err();
   for (void *l : keep) ASSERT_EQ(EXPSEG_OK, expseg_free(A, l));
 }
