@@ -87,12 +87,12 @@ bool _expseg_grow_tight(size_t held, size_t allocated, size_t exact, size_t grow
 }
 
 size_t _expseg_grow_for(size_t need, size_t page, size_t segment_mapped, bool small,
-                        size_t held, size_t allocated) {
+                        size_t held, size_t allocated, size_t request) {
   size_t grow = _expseg_grow_bytes(need, segment_mapped);
   /* a variable, not the macro: a build with -DEXPSEG_LARGE_GROW_MIN=0 compares with 0 */
   const size_t least = EXPSEG_LARGE_GROW_MIN;
   if (small && grow < EXPSEG_SMALL_GROW_MIN) grow = EXPSEG_SMALL_GROW_MIN;
-  if (!small && grow < least &&
+  if (!small && grow < least && request < EXPSEG_CHUNK_MAX &&
       within(held, _expseg_round_up(least, page), allocated, EXPSEG_GROW_MIN_PERMILLE))
     grow = least;
   return _expseg_grow_tight(held, allocated, _expseg_round_up(need, page),

@@ -718,6 +718,8 @@ void expseg_stats_foreach(const expseg_allocator *a,
 void expseg_reset_peak_stats(expseg_allocator *a) {
   if (a == NULL) return;
   api_lock(a);
+  if (a->stats.allocated_bytes[STAT_ALL].peak > a->allocated_most)
+    a->allocated_most = a->stats.allocated_bytes[STAT_ALL].peak;
   _expseg_stats_reset_peak(&a->stats);
   _expseg_ppool_stats_reset(a, true);
   api_unlock(a);

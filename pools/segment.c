@@ -176,8 +176,7 @@ static bool place_at(expseg_allocator *a, block_t *u, int pool, size_t rounded, 
   size_t grow = exact ? need - u->ptr
                       : _expseg_grow_for(need - u->ptr, pg, u->seg->mapped_bytes,
                                          pool == POOL_SMALL, held > ours ? held - ours : 0,
-                                         (size_t)stat_all_current(a->stats.allocated_bytes) +
-                                             rounded);
+                                         allocated_most_bytes(a, rounded), rounded);
   uintptr_t hi = grow >= uend - u->ptr ? uend : u->ptr + _expseg_round_up(grow, pg);
   if (a->model_pytorch) hi = _expseg_model_map_end(a, u, pool, need);
   /* a mapping the driver refused to remove (on the retry list) blocks this range: grow

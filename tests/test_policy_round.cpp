@@ -227,42 +227,58 @@ TEST(PolicyRound, ExpandableGrowthIsProportional) {
   EXPECT_EQ(_expseg_grow_bytes(9 * MiB, 1024 * MiB), 9 * MiB);
 }
 
-// _expseg_grow_for(need, page, segment_mapped, small, held, allocated); held == allocated:
+// _expseg_grow_for(need, page, segment_mapped, small, held, allocated, request); held ==
+// allocated:
 // no free memory held, far below every bound
 TEST(PolicyRound, SmallPoolGrowsAtLeastFourMiB) {
   const size_t MiB = (size_t)1 << 20, GiB = 1024 * MiB, pg = 2 * MiB;
-  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, true, GiB, GiB), EXPSEG_SMALL_GROW_MIN);
+  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, true, GiB, GiB, MiB), EXPSEG_SMALL_GROW_MIN);
   EXPECT_EQ(EXPSEG_SMALL_GROW_MIN, 4 * MiB);
-  EXPECT_EQ(_expseg_grow_for(6 * MiB, pg, 0, true, GiB, GiB), 6 * MiB) << "a minimum, not a cap";
-  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, true, 0, 0), EXPSEG_SMALL_GROW_MIN)
+  EXPECT_EQ(_expseg_grow_for(6 * MiB, pg, 0, true, GiB, GiB, MiB), 6 * MiB) << "a minimum, not a cap";
+  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, true, 0, 0, MiB), EXPSEG_SMALL_GROW_MIN)
       << "within the slack: the small pool's minimum at the first growth";
 }
 
-// The large pool's minimum growth applies only while the memory held after it stays within
-// EXPSEG_GROW_MIN_PERMILLE / 1000 of the bytes allocated + EXPSEG_TIGHT_SLACK
-TEST(PolicyRound, LargePoolMinimumGrowthOnlyWithinHalfAPercent) {
+// The large pool's minimum growth applies only to a request below a chunk, and only while
+// the memory held after it stays within EXPSEG_GROW_MIN_PERMILLE / 1000 of the most bytes
+// allocated at once so far (`allocated`) + EXPSEG_TIGHT_SLACK
+TEST(PolicyRound, LargePoolMinimumGrowthOnlyWithinTheBoundOfThePeak) {
   const size_t MiB = (size_t)1 << 20, GiB = 1024 * MiB, pg = 2 * MiB;
   const size_t least = EXPSEG_LARGE_GROW_MIN;
   EXPECT_EQ(least, 16 * MiB);
-  EXPECT_EQ(EXPSEG_GROW_MIN_PERMILLE, 1005u);
-  const size_t A = 4 * GiB; // bound: 4096 x 1.005 + 8 = 4124.48 MiB
-  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, false, A - MiB, A), least) << "far below: the minimum";
-  EXPECT_EQ(_expseg_grow_for(least + MiB, pg, 0, false, A, A), least + MiB)
+  EXPECT_EQ(EXPSEG_GROW_MIN_PERMILLE, 1020u);
+  EXPECT_EQ(EXPSEG_CHUNK_MAX, 8 * MiB);
+  const size_t A = 4 * GiB; // bound: 4096 x 1.02 + 8 = 4185.92 MiB
+  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, false, A - MiB, A, MiB), least)
+      << "far below: the minimum";
+  EXPECT_EQ(_expseg_grow_for(least + MiB, pg, 0, false, A, A, 2 * MiB), least + MiB)
       << "a minimum, not a cap";
-  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, false, 4108 * MiB, A), least) << "4124 MiB: within";
-  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, false, 4110 * MiB, A), MiB)
-      << "4126 MiB: past half a percent, what is needed";
-  EXPECT_EQ(_expseg_grow_for(512, pg, 1024 * MiB, false, 4110 * MiB, A), 8 * MiB)
-      << "past it the 1/128 floor still (within the 2 % bound)";
-  EXPECT_EQ(_expseg_grow_for(512, pg, 4 * GiB, false, A, A), 32 * MiB)
+  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, false, 4168 * MiB, A, MiB), least)
+      << "4184 MiB: within";
+  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, false, 4170 * MiB, A, MiB), MiB)
+      << "4186 MiB: past 2 %, what is needed";
+  EXPECT_EQ(_expseg_grow_for(512, pg, 4 * GiB, false, A, A, 512), 32 * MiB)
       << "the larger of the floor and the minimum";
-  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, false, 0, MiB), MiB)
+  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, false, 0, MiB, MiB), MiB)
       << "a first small request: 16 MiB would pass 8 MiB of slack";
-  EXPECT_EQ(_expseg_grow_for(8 * MiB, pg, 0, false, 0, 8 * MiB), least)
-      << "a request of 8 MiB: its 8 MiB surplus within the slack";
+  EXPECT_EQ(_expseg_grow_for(7 * MiB, pg, 0, false, 0, 64 * MiB, 7 * MiB), least)
+      << "a request of 7 MiB, below a chunk: the minimum";
+  // a request of a chunk or more: no minimum, wherever the bound is
+  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, false, 0, A, EXPSEG_CHUNK_MAX), MiB)
+      << "a request of a chunk that lacks 1 MiB here: what it lacks";
+  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, false, 0, A, EXPSEG_CHUNK_MAX - 512), least)
+      << "one unit below a chunk: the minimum";
+  EXPECT_EQ(_expseg_grow_for(8 * MiB, pg, 0, false, 0, 64 * MiB, 8 * MiB), 8 * MiB)
+      << "a request of 8 MiB, a chunk: what it lacks";
+  // the bound is of the peak: a growth after frees weighs held against the peak, not the
+  // bytes allocated now (the caller passes the peak when it is the larger)
+  EXPECT_EQ(_expseg_grow_for(MiB, pg, 0, false, 0, GiB, MiB), least)
+      << "nothing held, a 1 GiB peak: the minimum";
   // the minimum rounded to pages: 64 MiB pages make it 64 MiB, within only with room for it
-  EXPECT_EQ(_expseg_grow_for(MiB, 64 * MiB, 0, false, A, A), MiB)
-      << "a 64 MiB page: 64 MiB more passes half a percent of 4 GiB + 8 MiB";
+  EXPECT_EQ(_expseg_grow_for(MiB, 64 * MiB, 0, false, A, A, MiB), least)
+      << "a 64 MiB page: within 2 % of 4 GiB + 8 MiB (the caller maps the page)";
+  EXPECT_EQ(_expseg_grow_for(MiB, 64 * MiB, 0, false, 4140 * MiB, A, MiB), MiB)
+      << "a 64 MiB page: 4204 MiB passes the bound";
 }
 
 TEST(PolicyRound, GrowthNearTheBoundDropsTheFloorAndMinimum) {
@@ -286,10 +302,12 @@ TEST(PolicyRound, GrowthNearTheBoundDropsTheFloorAndMinimum) {
   EXPECT_FALSE(_expseg_grow_tight((size_t)1 << 59, (size_t)1 << 59, 2 * MiB, 4 * MiB));
   EXPECT_TRUE(_expseg_grow_tight(0, 0, 2 * MiB, SIZE_MAX));
   // through _expseg_grow_for: near the bound only what is needed, in either pool
-  EXPECT_EQ(_expseg_grow_for(MiB, 2 * MiB, 1024 * MiB, false, 1051 * MiB, GiB), MiB);
-  EXPECT_EQ(_expseg_grow_for(MiB, 2 * MiB, 0, true, 1051 * MiB, GiB), MiB);
-  EXPECT_EQ(_expseg_grow_for(MiB, 2 * MiB, 1024 * MiB, false, 1030 * MiB, GiB), 8 * MiB)
-      << "past half a percent, within 2 %: the floor";
+  EXPECT_EQ(_expseg_grow_for(MiB, 2 * MiB, 1024 * MiB, false, 1051 * MiB, GiB, MiB), MiB);
+  EXPECT_EQ(_expseg_grow_for(MiB, 2 * MiB, 0, true, 1051 * MiB, GiB, MiB), MiB);
+  EXPECT_EQ(_expseg_grow_for(MiB, 2 * MiB, 1024 * MiB, false, 1030 * MiB, GiB, MiB), 16 * MiB)
+      << "1046 MiB after it, within 2 %: the minimum";
+  EXPECT_EQ(_expseg_grow_for(MiB, 2 * MiB, 1024 * MiB, false, 1040 * MiB, GiB, MiB), 8 * MiB)
+      << "the minimum would pass 1052.48 MiB, the floor (1048 MiB) does not";
 }
 
 TEST(PolicyRound, ChunksAreSizedFromTheGrowth) {
