@@ -1,0 +1,192 @@
+// SPDX-License-Identifier: Apache-2.0
+// test_adv12_peak.cpp: the growth of expandable segments weighed against the peak of
+// allocated bytes (the large pool's 16 MiB minimum for a request below a chunk, only while
+// memory held stays within 1.02 x the most bytes allocated at once + 8 MiB; near that bound
+// only what the request lacks), seen from the public API on the sim and host drivers.
+// - Books: seeded programs with big early peaks, then small steady states, with
+//   reset_peak_memory_stats, empty_cache, several streams, record_stream, private pools
+//   (routed and named) and memory fraction changes: every live block's bytes intact (host),
+//   the checker passes, nothing is left after freeing all and empty_cache.
+// - Capacity: after a peak, a request whose own pages are all that fits under the memory
+//   fraction or on the device is served, without the out-of-memory retry.
+// - Bound: after a peak, a program that only allocates again what it freed never takes
+//   memory held past 1.02 x the peak + 8 MiB + a page.
+// - Private pools: they grow by the minimum against the allocator's peak, and all of them
+//   together stay within its bound.
+// - Edges: requests of EXPSEG_CHUNK_MAX and just below it, a peak near 2^60 bytes, requests
+//   past the device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "alloc_support.h"
+#include "block_pattern.h"
+#include "driver_param.h"
+#include "expseg.h"
+#include "expseg_testing.h"
+#include "policy.h" // EXPSEG_LARGE_GROW_MIN, EXPSEG_CHUNK_MAX, EXPSEG_TIGHT_SLACK
+
+namespace {
+
+constexpr size_t KiB = 1024, MiB = KiB * 1024;
+
+std::string err() { return expseg_last_error(); }
+
+int64_t reserved(const expseg_allocator *a) { return stat_of(a, "reserved_bytes.all.current"); }
+
+// The bound the rule promises: 1.02 x peak + EXPSEG_TIGHT_SLACK (+ `pages` pages of slack).
+double bound_of(double peak, size_t pages) {
+  return 1.02 * peak + (double)EXPSEG_TIGHT_SLACK + (double)(pages * 2 * MiB);
+}
+
+struct Blk {
+  char *p;
+  size_t size;
+  uint64_t tag;
+  expseg_pool_id pool;
+};
+
+constexpr size_t kStride = 64 * KiB;
+
+void put(const Blk &b) { pattern_put(b.p, b.size, b.tag, kStride); }
+
+void expect_intact(const std::vector<Blk> &live, const std::string &where) {
+  for (const Blk &b : live) {
+    std::string why;
+    ASSERT_TRUE(pattern_ok(b.p, b.size, b.tag, kStride, &why))
+        << where << ": block " << (void *)b.p << " of " << b.size << " bytes: " << why;
+  }
+}
+
+// ---- Books ----
+
+struct Books : ::testing::TestWithParam<DriverParam> {};
+
+// Phases of one program: a peak (large blocks to about half the device, most freed at
+// once), then a steady state of small blocks; in between, at random, the calls that change
+// what the rule measures (reset_peak_memory_stats, empty_cache, the memory fraction) and
+// what it weighs (private pools, other streams, record_stream).
+TEST_P(Books, PeaksThenSteadyStatesKeepBytesAndBooks) {
+  EXPSEG_SEEDED(seed, 1212);
+  TestRng rng(seed);
+  QuietLog quiet;
+  const DriverParam prm = GetParam();
+  const bool host = std::string(prm.driver).rfind("host", 0) == 0;
+  const size_t cap = host ? 512 * MiB : 4096 * MiB;
+  const std::string drv = std::string(prm.driver) + ":capacity=" + std::to_string(cap / MiB) + "M";
+  AllocPtr p = make_alloc(drv.c_str(), prm.config);
+  expseg_allocator *a = p.get();
+  ASSERT_NE(a, nullptr);
+  std::vector<Blk> live;
+  std::vector<expseg_pool_id> pools;
+  uint64_t tag = 1;
+  int64_t most = 0; // the most bytes allocated at once, over every reset
+  int served = 0, refused = 0;
+  const int rounds = (int)test_ops(40, 40);
+  auto alloc = [&](size_t size, expseg_stream s, expseg_pool_id pool) {
+    void *x = nullptr;
+    const expseg_status st = pool ? expseg_malloc_pool(a, size, s, pool, &x)
+                                  : expseg_malloc(a, size, s, &x);
+    if (st == EXPSEG_ERR_OUT_OF_MEMORY) { // the device full, or a lowered fraction
+      refused++;
+      return;
+    }
+    ASSERT_EQ(st, EXPSEG_OK) << size << ": " << err();
+    live.push_back({(char *)x, size, tag++, pool});
+    served++;
+    if (host) put(live.back());
+    if (rng.chance(0.2)) {
+      ASSERT_EQ(expseg_record_stream(a, x, 1 + rng.below(3)), EXPSEG_OK) << err();
+    }
+    most = std::max(most, stat_of(a, "allocated_bytes.all.current"));
+  };
+  auto free_at = [&](size_t k) {
+    ASSERT_EQ(expseg_free(a, live[k].p), EXPSEG_OK) << err();
+    live[k] = live.back();
+    live.pop_back();
+  };
+  for (int round = 0; round < rounds; round++) {
+    const std::string where = "round " + std::to_string(round);
+    SCOPED_TRACE(where);
+    if (rng.chance(0.3)) {
+      expseg_pool_id id = 0;
+      ASSERT_EQ(expseg_pool_create(a, &id), EXPSEG_OK) << err();
+      pools.push_back(id);
+    }
+    // the peak: large blocks to about half the device, on a few streams
+    const size_t target = cap / 4 + rng.below(cap / 4);
+    size_t sum = 0;
+    while (sum < target) {
+      const size_t size = rng.chance(0.5) ? (1 + rng.below(24)) * MiB - rng.below(2) * 512
+                                          : EXPSEG_CHUNK_MAX - rng.below(2) * 512;
+      alloc(size, rng.below(3), pools.empty() || rng.chance(0.7) ? 0 : pools[rng.below(pools.size())]);
+      if (HasFatalFailure()) return;
+      sum += size;
+    }
+    if (host) expect_intact(live, where + ", peak");
+    if (HasFatalFailure()) return;
+    expect_consistent(a, where + ", peak");
+    // most of it freed
+    for (size_t n = live.size() * 4 / 5; n > 0; n--) {
+      free_at(rng.below(live.size()));
+      if (HasFatalFailure()) return;
+    }
+    if (rng.chance(0.5)) expseg_reset_peak_stats(a);
+    if (rng.chance(0.4)) {
+      ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+    }
+    if (rng.chance(0.4)) {
+      // a cap just above what is held now, or none
+      const double f = rng.chance(0.5) ? 1.0
+                                       : std::min(1.0, ((double)reserved(a) + (double)(rng.below(64) * MiB)) /
+                                                           (double)cap);
+      ASSERT_EQ(expseg_set_memory_fraction(a, f), EXPSEG_OK) << err();
+    }
+    // the steady state: small blocks, some routed to a private pool
+    const bool routed = !pools.empty() && rng.chance(0.5);
+    const expseg_pool_id rp = routed ? pools[rng.below(pools.size())] : 0;
+    if (routed) {
+      ASSERT_EQ(expseg_pool_begin(a, rp, nullptr, nullptr), EXPSEG_OK) << err();
+    }
+    for (int i = 0; i < 300; i++) {
+      if (!live.empty() && rng.chance(0.48)) {
+        free_at(rng.below(live.size()));
+      } else {
+        const size_t size = rng.chance(0.5) ? 1 + rng.below(MiB) : (1 + rng.below(12)) * 512 * KiB;
+        alloc(size, rng.below(4), 0);
+      }
+      if (HasFatalFailure()) return;
+      if (i % 50 == 0) expect_consistent(a, where + ", steady");
+    }
+    if (routed) {
+      ASSERT_EQ(expseg_pool_end(a, rp), EXPSEG_OK) << err();
+    }
+    if (host) expect_intact(live, where + ", steady");
+    if (HasFatalFailure()) return;
+    expect_consistent(a, where + ", steady");
+    EXPECT_GE(most, stat_of(a, "allocated_bytes.all.peak")) << "the peak counted here";
+    ASSERT_EQ(expseg_set_memory_fraction(a, 1.0), EXPSEG_OK) << err();
+  }
+  std::printf("%d requests served, %d refused (out of memory)\n", served, refused);
+  EXPECT_GT(served, 1000);
+  while (!live.empty()) {
+    free_at(live.size() - 1);
+    if (HasFatalFailure()) return;
+  }
+  for (expseg_pool_id id : pools) ASSERT_EQ(expseg_pool_release(a, id), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+  EXPECT_EQ(reserved(a), 0) << "everything freed and emptied";
+  expect_consistent(a, "the end");
+  expect_nothing_left(p.release(), "the end");
+}
+
+INSTANTIATE_TEST_SUITE_P(Drivers, Books,
+                         ::testing::Values(DriverParam{"sim", "expandable_segments:True"},
+                                           DriverParam{"host", "expandable_segments:True"},
+                                           DriverParam{"sim", "expandable_segments:True,page_size_mb:4"},
+                                           DriverParam{"host", "expandable_segments:True,chunk_max_mb:2"}));
+
+} // namespace
