@@ -357,11 +357,15 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
                                 size_t rounded, bool blocking, expseg_status *st) {
   size_t created = 0, ours = 0; /* pages, and bytes, created for this request so far */
   size_t lead = 0;    /* pages of the first chunk created as the request's own */
+  /* only what the request lacks (no floor or minimum): memory is short (the retry), or the
+   * floor's or minimum's pages did not fit under the cap or on the device, where the
+   * request's own may (placed again below, before any out-of-memory retry) */
+  bool exact = blocking;
   for (int round = 0; round < 8; round++) {
     place_t pl;
-    if (!find_place(a, pool, stream, rounded, blocking, ours, &pl)) {
+    if (!find_place(a, pool, stream, rounded, exact, ours, &pl)) {
       if (expandable_new(a, pool, stream, rounded, st) == NULL) return NULL;
-      if (!find_place(a, pool, stream, rounded, blocking, ours, &pl)) {
+      if (!find_place(a, pool, stream, rounded, exact, ours, &pl)) {
         *st = _expseg_error_set(EXPSEG_ERR_DRIVER, "internal: new segment cannot place %zu bytes",
                                 rounded);
         return NULL;
@@ -404,6 +408,10 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
       lead = _expseg_chunk_limit(_expseg_chunk_pages(false, mine, pg, true, want), a->cfg.chunk_max,
                                  pg);
     *st = create_chunks(a, pool, want, mine, pg);
+    if (*st == EXPSEG_ERR_OUT_OF_MEMORY && !exact) {
+      exact = true; /* the pages created stay cached: placed again, the growth maps them */
+      continue;
+    }
     if (*st != EXPSEG_OK) return NULL;
     created += want;
     ours += want * pg;

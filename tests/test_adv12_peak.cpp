@@ -189,4 +189,69 @@ INSTANTIATE_TEST_SUITE_P(Drivers, Books,
                                            DriverParam{"sim", "expandable_segments:True,page_size_mb:4"},
                                            DriverParam{"host", "expandable_segments:True,chunk_max_mb:2"}));
 
+// ---- Capacity ----
+
+// After a 1 GiB peak, freed and given back, the memory fraction leaves room for exactly one
+// more page beyond `keep` bytes held: a 2 MiB request fits, and must be served at once. The
+// minimum (16 MiB, within 1.02 x the peak) does not fit under the cap: it must not send the
+// request to the out-of-memory retry (which waits for every stream and gives back cached
+// memory) nor fail it.
+TEST(Capacity, AFittingRequestAfterAPeakIsServedWithoutTheRetry) {
+  QuietLog quiet;
+  for (const char *driver : {"sim:capacity=2G", "host:capacity=1100M"}) {
+    for (const size_t keep : {(size_t)0, 100 * MiB}) {
+      SCOPED_TRACE(std::string(driver) + ", " + std::to_string(keep / MiB) + " MiB kept");
+      AllocPtr p = make_alloc(driver, "expandable_segments:True");
+      expseg_allocator *a = p.get();
+      ASSERT_NE(a, nullptr);
+      void *big = nullptr, *k = nullptr, *x = nullptr;
+      ASSERT_EQ(expseg_malloc(a, 1024 * MiB, 0, &big), EXPSEG_OK) << err();
+      ASSERT_EQ(expseg_free(a, big), EXPSEG_OK) << err();
+      ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+      if (keep) {
+        ASSERT_EQ(expseg_malloc(a, keep, 1, &k), EXPSEG_OK) << err();
+      }
+      const int64_t held = reserved(a);
+      size_t free_b = 0, total = 0;
+      ASSERT_EQ(expseg_mem_get_info(a, &free_b, &total), EXPSEG_OK) << err();
+      ASSERT_EQ(expseg_set_memory_fraction(a, ((double)held + 2.5 * MiB) / (double)total),
+                EXPSEG_OK)
+          << err();
+      ASSERT_EQ(expseg_malloc(a, 2 * MiB, 0, &x), EXPSEG_OK) << "its own page fits: " << err();
+      EXPECT_EQ(reserved(a), held + (int64_t)(2 * MiB));
+      EXPECT_EQ(stat_of(a, "num_alloc_retries"), 0) << "a request that fits needs no retry";
+      EXPECT_EQ(stat_of(a, "num_ooms"), 0);
+      expect_consistent(a, "served");
+      ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
+      if (k) {
+        ASSERT_EQ(expseg_free(a, k), EXPSEG_OK);
+      }
+      expect_nothing_left(p.release(), "capacity");
+    }
+  }
+}
+
+// The same on a device nearly full: 1 GiB live on a device of 1 GiB + 2 MiB, a 2 MiB
+// request, whose page is the device's last, is served without the retry (the minimum is
+// within 1.02 x the peak, but the device has one page left).
+TEST(Capacity, TheDevicesLastPageAfterAPeakIsServed) {
+  QuietLog quiet;
+  for (const char *driver : {"sim:capacity=1026M", "host:capacity=1026M"}) {
+    SCOPED_TRACE(driver);
+    AllocPtr p = make_alloc(driver, "expandable_segments:True");
+    expseg_allocator *a = p.get();
+    ASSERT_NE(a, nullptr);
+    void *big = nullptr, *x = nullptr;
+    ASSERT_EQ(expseg_malloc(a, 1024 * MiB, 0, &big), EXPSEG_OK) << err();
+    ASSERT_EQ(expseg_malloc(a, 2 * MiB, 0, &x), EXPSEG_OK) << "its own page fits: " << err();
+    EXPECT_EQ(reserved(a), (int64_t)(1026 * MiB));
+    EXPECT_EQ(stat_of(a, "num_ooms"), 0);
+    EXPECT_EQ(stat_of(a, "num_alloc_retries"), 0) << "a request that fits needs no retry";
+    expect_consistent(a, "served");
+    ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
+    ASSERT_EQ(expseg_free(a, big), EXPSEG_OK);
+    expect_nothing_left(p.release(), "last page");
+  }
+}
+
 } // namespace
