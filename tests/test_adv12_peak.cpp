@@ -37,11 +37,6 @@ std::string err() { return expseg_last_error(); }
 
 int64_t reserved(const expseg_allocator *a) { return stat_of(a, "reserved_bytes.all.current"); }
 
-// The bound the rule promises: 1.02 x peak + EXPSEG_TIGHT_SLACK (+ `pages` pages of slack).
-double bound_of(double peak, size_t pages) {
-  return 1.02 * peak + (double)EXPSEG_TIGHT_SLACK + (double)(pages * 2 * MiB);
-}
-
 struct Blk {
   char *p;
   size_t size;
@@ -251,6 +246,81 @@ TEST(Capacity, TheDevicesLastPageAfterAPeakIsServed) {
     ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
     ASSERT_EQ(expseg_free(a, big), EXPSEG_OK);
     expect_nothing_left(p.release(), "last page");
+  }
+}
+
+// ---- Bound ----
+
+// Sizes of the large pool around the minimum and the chunk, and small ones.
+size_t mixed_size(TestRng &rng) {
+  switch (rng.below(4)) {
+    case 0: return 1 + rng.below(MiB);                           // the small pool
+    case 1: return (1 + rng.below(8)) * MiB - rng.below(3) * 512; // below a chunk
+    case 2: return EXPSEG_CHUNK_MAX - rng.below(2) * 512;
+    default: return (1 + rng.below(40)) * MiB + rng.below(MiB);   // larger
+  }
+}
+
+// One stream: a growing phase to a peak (memory held stays within 1.02 x allocated + 8 MiB
+// and a page per segment, the small and the large one), then rounds that free a random part
+// and allocate the same sizes again in another order, with reset_peak_memory_stats and
+// empty_cache between: memory held never passes 1.02 x the peak + 8 MiB + a page.
+TEST(Bound, AllocatingWhatWasFreedStaysWithinThePeaksBound) {
+  EXPSEG_SEEDED(seed, 1213);
+  TestRng rng(seed);
+  QuietLog quiet;
+  for (const char *config : {"expandable_segments:True", "expandable_segments:True,page_size_mb:4"}) {
+    SCOPED_TRACE(config);
+    AllocPtr p = make_alloc("sim:capacity=8G", config);
+    expseg_allocator *a = p.get();
+    ASSERT_NE(a, nullptr);
+    const size_t page = alloc_test_page(a);
+    std::vector<std::pair<void *, size_t>> live;
+    size_t sum = 0;
+    const size_t target = 256 * MiB + rng.below(768 * MiB);
+    while (sum < target) {
+      const size_t size = mixed_size(rng);
+      void *x = nullptr;
+      ASSERT_EQ(expseg_malloc(a, size, 0, &x), EXPSEG_OK) << err();
+      live.push_back({x, size});
+      sum += size;
+      const double al = (double)stat_of(a, "allocated_bytes.all.current");
+      ASSERT_LE((double)reserved(a), 1.02 * al + (double)EXPSEG_TIGHT_SLACK + 2.0 * (double)page)
+          << "growing, " << live.size() << " blocks";
+    }
+    const double peak = (double)stat_of(a, "allocated_bytes.all.peak");
+    const double bound = 1.02 * peak + (double)EXPSEG_TIGHT_SLACK + (double)page;
+    double most = (double)reserved(a);
+    const int rounds = (int)test_ops(400, 400);
+    for (int round = 0; round < rounds; round++) {
+      std::vector<size_t> sizes;
+      for (size_t n = 1 + rng.below(live.size() / 2); n > 0; n--) {
+        const size_t k = rng.below(live.size());
+        ASSERT_EQ(expseg_free(a, live[k].first), EXPSEG_OK) << err();
+        sizes.push_back(live[k].second);
+        live[k] = live.back();
+        live.pop_back();
+      }
+      if (rng.chance(0.2)) expseg_reset_peak_stats(a);
+      if (rng.chance(0.1)) {
+        ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+      }
+      for (size_t i = sizes.size(); i > 1; i--) std::swap(sizes[i - 1], sizes[rng.below(i)]);
+      for (size_t size : sizes) {
+        void *x = nullptr;
+        ASSERT_EQ(expseg_malloc(a, size, 0, &x), EXPSEG_OK) << err();
+        live.push_back({x, size});
+        most = std::max(most, (double)reserved(a));
+        ASSERT_LE((double)reserved(a), bound)
+            << "round " << round << ": the peak " << peak / MiB << " MiB, held "
+            << (double)reserved(a) / MiB << " MiB";
+      }
+    }
+    std::printf("%s: peak allocated %.1f MiB, most held after it %.1f MiB (bound %.1f MiB)\n",
+                config, peak / MiB, most / MiB, bound / MiB);
+    expect_consistent(a, "bound");
+    for (auto &b : live) ASSERT_EQ(expseg_free(a, b.first), EXPSEG_OK);
+    expect_nothing_left(p.release(), "bound");
   }
 }
 
