@@ -382,4 +382,90 @@ TEST(Bound, TheSameProgramAfterItsPeakStaysWithinTheBound) {
   }
 }
 
+// ---- Private pools ----
+
+// A private pool's growth is weighed against the allocator's peak (the general cache's
+// 1 GiB here, freed and given back): its first 2 MiB request grows by the minimum. Many
+// pools then each hold a minimum's surplus (that no other pool can use) until memory held
+// reaches 1.02 x the peak + 8 MiB; from there each maps only its request's page.
+TEST(PrivatePools, GrowAgainstTheAllocatorsPeakAndStayWithinItsBoundTogether) {
+  QuietLog quiet;
+  AllocPtr p = make_alloc("sim:capacity=4G", "expandable_segments:True");
+  expseg_allocator *a = p.get();
+  ASSERT_NE(a, nullptr);
+  void *big = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 1024 * MiB, 0, &big), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_free(a, big), EXPSEG_OK);
+  ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+  expseg_reset_peak_stats(a);
+  const double bound = 1.02 * 1024.0 * MiB + (double)EXPSEG_TIGHT_SLACK;
+  std::vector<expseg_pool_id> pools;
+  std::vector<void *> live;
+  int minimum = 0, exact = 0;
+  for (int i = 0; i < 100; i++) {
+    expseg_pool_id id = 0;
+    ASSERT_EQ(expseg_pool_create(a, &id), EXPSEG_OK) << err();
+    pools.push_back(id);
+    void *x = nullptr;
+    const int64_t before = reserved(a);
+    ASSERT_EQ(expseg_malloc_pool(a, 2 * MiB, 0, id, &x), EXPSEG_OK) << err();
+    live.push_back(x);
+    const int64_t grew = reserved(a) - before;
+    if (i == 0) EXPECT_EQ(grew, (int64_t)EXPSEG_LARGE_GROW_MIN) << "the peak counts for a pool";
+    EXPECT_TRUE(grew == (int64_t)EXPSEG_LARGE_GROW_MIN || grew == (int64_t)(2 * MiB)) << grew;
+    (grew == (int64_t)EXPSEG_LARGE_GROW_MIN ? minimum : exact)++;
+    if (grew > (int64_t)(2 * MiB))
+      EXPECT_LE((double)reserved(a), bound) << "pool " << i << ": the minimum within the bound";
+    else
+      EXPECT_GT((double)(before + (int64_t)EXPSEG_LARGE_GROW_MIN), bound)
+          << "pool " << i << ": the minimum refused only past the bound";
+  }
+  std::printf("100 pools: %d grew by the minimum, %d by their page; %lld MiB held for 200 MiB\n",
+              minimum, exact, (long long)reserved(a) >> 20);
+  EXPECT_GT(minimum, 1);
+  EXPECT_GT(exact, 0);
+  expect_consistent(a, "pools");
+  for (void *x : live) ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
+  for (expseg_pool_id id : pools) ASSERT_EQ(expseg_pool_release(a, id), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+  EXPECT_EQ(reserved(a), 0);
+  expect_nothing_left(p.release(), "pools");
+}
+
+// ---- Edges ----
+
+// The minimum switches at a chunk: a request of EXPSEG_CHUNK_MAX - 512 bytes (below a
+// chunk) grows by the minimum, one of EXPSEG_CHUNK_MAX by its own bytes, after a small peak
+// and after one of 1 TiB on a device of 2^60 bytes (the sim driver's address space stops at
+// 4 PiB, and a peak of 2 PiB needs more host memory for its pages' books than a test has). Requests past the device, or of nearly 2^64 bytes, are refused, the books unchanged.
+TEST(Edges, TheMinimumSwitchesAtAChunkAfterAHugePeak) {
+  QuietLog quiet;
+  const size_t huge = (size_t)1 << 60;
+  for (const size_t peak : {64 * MiB, ((size_t)1 << 40) - 64 * MiB}) {
+    SCOPED_TRACE(peak);
+    const std::string drv = "sim:capacity=" + std::to_string(huge) + ",va=4096T";
+    AllocPtr p = make_alloc(drv.c_str(), "expandable_segments:True");
+    expseg_allocator *a = p.get();
+    ASSERT_NE(a, nullptr);
+    void *big = nullptr, *x = nullptr, *y = nullptr;
+    ASSERT_EQ(expseg_malloc(a, peak, 0, &big), EXPSEG_OK) << err();
+    ASSERT_EQ(expseg_free(a, big), EXPSEG_OK);
+    ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+    ASSERT_EQ(expseg_malloc(a, EXPSEG_CHUNK_MAX, 1, &y), EXPSEG_OK) << err();
+    EXPECT_EQ(reserved(a), (int64_t)EXPSEG_CHUNK_MAX) << "a chunk: its own bytes";
+    ASSERT_EQ(expseg_malloc(a, EXPSEG_CHUNK_MAX - 512, 2, &x), EXPSEG_OK) << err();
+    EXPECT_EQ(reserved(a), (int64_t)(EXPSEG_CHUNK_MAX + EXPSEG_LARGE_GROW_MIN))
+        << "below a chunk: the minimum";
+    void *z = nullptr;
+    EXPECT_EQ(expseg_malloc(a, huge + 1, 0, &z), EXPSEG_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(expseg_malloc(a, SIZE_MAX - 4096, 0, &z), EXPSEG_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(z, nullptr);
+    EXPECT_EQ(reserved(a), (int64_t)(EXPSEG_CHUNK_MAX + EXPSEG_LARGE_GROW_MIN));
+    expect_consistent(a, "edges");
+    ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
+    ASSERT_EQ(expseg_free(a, y), EXPSEG_OK);
+    expect_nothing_left(p.release(), "edges");
+  }
+}
+
 } // namespace
