@@ -186,8 +186,9 @@ INSTANTIATE_TEST_SUITE_P(Drivers, Books,
 
 // ---- Capacity ----
 
-// After a 1 GiB peak, freed and given back, the memory fraction leaves room for exactly one
-// more page beyond `keep` bytes held: a 2 MiB request fits, and must be served at once. The
+// After a 1 GiB peak, freed and given back, the memory fraction (expseg_set_memory_fraction,
+// or the option per_process_memory_fraction) leaves room for exactly one more page beyond
+// `keep` bytes held: a 2 MiB request fits, and must be served at once. The
 // minimum (16 MiB, within 1.02 x the peak) does not fit under the cap: it must not send the
 // request to the out-of-memory retry (which waits for every stream and gives back cached
 // memory) nor fail it.
@@ -209,9 +210,14 @@ TEST(Capacity, AFittingRequestAfterAPeakIsServedWithoutTheRetry) {
       const int64_t held = reserved(a);
       size_t free_b = 0, total = 0;
       ASSERT_EQ(expseg_mem_get_info(a, &free_b, &total), EXPSEG_OK) << err();
-      ASSERT_EQ(expseg_set_memory_fraction(a, ((double)held + 2.5 * MiB) / (double)total),
-                EXPSEG_OK)
-          << err();
+      const double f = ((double)held + 2.5 * MiB) / (double)total;
+      if (keep) { // by the option, as PYTORCH_CUDA_ALLOC_CONF would set it
+        char opt[96];
+        std::snprintf(opt, sizeof opt, "per_process_memory_fraction:%.17g", f);
+        ASSERT_EQ(expseg_configure(a, opt), EXPSEG_OK) << opt << ": " << err();
+      } else {
+        ASSERT_EQ(expseg_set_memory_fraction(a, f), EXPSEG_OK) << err();
+      }
       ASSERT_EQ(expseg_malloc(a, 2 * MiB, 0, &x), EXPSEG_OK) << "its own page fits: " << err();
       EXPECT_EQ(reserved(a), held + (int64_t)(2 * MiB));
       EXPECT_EQ(stat_of(a, "num_alloc_retries"), 0) << "a request that fits needs no retry";
