@@ -390,9 +390,9 @@ TEST(Bound, TheSameProgramAfterItsPeakStaysWithinTheBound) {
 
 // Past the bound the floor is dropped: 512 blocks of 2 MiB (a 1 GiB peak in one segment),
 // every other one freed (512 MiB allocated, 1 GiB held in 2 MiB holes), then 4 MiB
-// requests, which no hole fits, grow at the segment's end. The floor (1/128 of the
-// segment, 8 MiB) is mapped while memory held stays within 1.02 x the peak + 8 MiB; past
-// it, each growth maps only the request's own 4 MiB.
+// requests, which no hole fits, grow at the segment's end. A surplus (the minimum, or the
+// floor: 1/128 of the segment, 8 MiB) is mapped while memory held stays within
+// 1.02 x the peak + 8 MiB; past it, each growth maps only the request's own 4 MiB.
 TEST(Bound, PastThePeaksBoundTheFloorIsDropped) {
   QuietLog quiet;
   AllocPtr p = make_alloc("sim:capacity=8G", "expandable_segments:True");
@@ -403,7 +403,7 @@ TEST(Bound, PastThePeaksBoundTheFloorIsDropped) {
   for (size_t i = 0; i < twos.size(); i += 2) ASSERT_EQ(expseg_free(a, twos[i]), EXPSEG_OK);
   const double bound = 1.02 * (double)stat_of(a, "allocated_bytes.all.peak") +
                        (double)EXPSEG_TIGHT_SLACK;
-  int floors = 0, tight = 0;
+  int surplus = 0, tight = 0;
   for (int i = 0; i < 100; i++) {
     void *x = nullptr;
     const int64_t before = reserved(a);
@@ -414,10 +414,10 @@ TEST(Bound, PastThePeaksBoundTheFloorIsDropped) {
       EXPECT_LE(grew, (int64_t)(4 * MiB)) << "request " << i << ": past the bound";
       tight += grew > 0;
     } else {
-      floors += grew > (int64_t)(4 * MiB);
+      surplus += grew > (int64_t)(4 * MiB);
     }
   }
-  EXPECT_GT(floors, 0) << "the floor within the bound";
+  EXPECT_GT(surplus, 0) << "a surplus within the bound";
   EXPECT_GT(tight, 50) << "growths past the bound";
   expect_consistent(a, "floor");
   for (size_t i = 1; i < twos.size(); i += 2) ASSERT_EQ(expseg_free(a, twos[i]), EXPSEG_OK);
