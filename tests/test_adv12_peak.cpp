@@ -454,14 +454,17 @@ TEST(PrivatePools, GrowAgainstTheAllocatorsPeakAndStayWithinItsBoundTogether) {
     ASSERT_EQ(expseg_malloc_pool(a, 2 * MiB, 0, id, &x), EXPSEG_OK) << err();
     live.push_back(x);
     const int64_t grew = reserved(a) - before;
-    if (i == 0) EXPECT_EQ(grew, (int64_t)EXPSEG_LARGE_GROW_MIN) << "the peak counts for a pool";
+    if (i == 0) {
+      EXPECT_EQ(grew, (int64_t)EXPSEG_LARGE_GROW_MIN) << "the peak counts for a pool";
+    }
     EXPECT_TRUE(grew == (int64_t)EXPSEG_LARGE_GROW_MIN || grew == (int64_t)(2 * MiB)) << grew;
     (grew == (int64_t)EXPSEG_LARGE_GROW_MIN ? minimum : exact)++;
-    if (grew > (int64_t)(2 * MiB))
+    if (grew > (int64_t)(2 * MiB)) {
       EXPECT_LE((double)reserved(a), bound) << "pool " << i << ": the minimum within the bound";
-    else
+    } else {
       EXPECT_GT((double)(before + (int64_t)EXPSEG_LARGE_GROW_MIN), bound)
           << "pool " << i << ": the minimum refused only past the bound";
+    }
   }
   std::printf("100 pools: %d grew by the minimum, %d by their page; %lld MiB held for 200 MiB\n",
               minimum, exact, (long long)reserved(a) >> 20);
