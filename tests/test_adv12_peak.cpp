@@ -9,8 +9,10 @@
 //   the checker passes, nothing is left after freeing all and empty_cache.
 // - Capacity: after a peak, a request whose own pages are all that fits under the memory
 //   fraction or on the device is served, without the out-of-memory retry.
-// - Bound: after a peak, a program that only allocates again what it freed never takes
-//   memory held past 1.02 x the peak + 8 MiB + a page.
+// - Bound: the same program run again after its peak stays within 1.02 x the peak + 8 MiB
+//   + a page per segment; a program that allocates again what it freed, in another order,
+//   can pass it (best fit leaves a request no block that fits), but a growth past it maps
+//   only the request's own pages (no floor, no minimum).
 // - Private pools: they grow by the minimum against the allocator's peak, and all of them
 //   together stay within its bound.
 // - Edges: requests of EXPSEG_CHUNK_MAX and just below it, a peak near 2^60 bytes, requests
