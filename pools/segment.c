@@ -147,7 +147,8 @@ bool _expseg_stream_idle(expseg_allocator *a, expseg_stream stream, bool blockin
 
 typedef struct place_s {
   block_t *u, *prefix, *suffix;
-  size_t pages; /* to map at u->ptr */
+  size_t pages;  /* to map at u->ptr */
+  bool surplus;  /* pages beyond the request's (the floor or the minimum) among them */
 } place_t;
 
 static bool free_mapped(const block_t *b) {
@@ -182,7 +183,8 @@ static bool place_at(expseg_allocator *a, block_t *u, int pool, size_t rounded, 
   /* a mapping the driver refused to remove (on the retry list) blocks this range: grow
    * elsewhere, a new reservation if need be */
   if (_expseg_zombie_mapped_in(a, u->ptr, hi - u->ptr)) return false;
-  *pl = (place_t){u, prefix, suffix, (hi - u->ptr) / pg};
+  *pl = (place_t){u, prefix, suffix, (hi - u->ptr) / pg,
+                  hi - u->ptr > _expseg_round_up(need - u->ptr, pg)};
   return true;
 }
 
@@ -357,11 +359,15 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
                                 size_t rounded, bool blocking, expseg_status *st) {
   size_t created = 0, ours = 0; /* pages, and bytes, created for this request so far */
   size_t lead = 0;    /* pages of the first chunk created as the request's own */
+  /* only what the request lacks (no floor or minimum): memory is short (the retry), or a
+   * growth with the floor's or minimum's pages did not fit under the cap or on the device,
+   * where the request's own may (placed again below, before any out-of-memory retry) */
+  bool exact = blocking;
   for (int round = 0; round < 8; round++) {
     place_t pl;
-    if (!find_place(a, pool, stream, rounded, blocking, ours, &pl)) {
+    if (!find_place(a, pool, stream, rounded, exact, ours, &pl)) {
       if (expandable_new(a, pool, stream, rounded, st) == NULL) return NULL;
-      if (!find_place(a, pool, stream, rounded, blocking, ours, &pl)) {
+      if (!find_place(a, pool, stream, rounded, exact, ours, &pl)) {
         *st = _expseg_error_set(EXPSEG_ERR_DRIVER, "internal: new segment cannot place %zu bytes",
                                 rounded);
         return NULL;
@@ -404,6 +410,11 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
       lead = _expseg_chunk_limit(_expseg_chunk_pages(false, mine, pg, true, want), a->cfg.chunk_max,
                                  pg);
     *st = create_chunks(a, pool, want, mine, pg);
+    if (*st == EXPSEG_ERR_OUT_OF_MEMORY && !exact && pl.surplus) {
+      exact = true; /* the pages created stay cached: placed again, the growth maps them */
+      a->oom_kind = OOM_MEMORY; /* what refused the surplus may not refuse the rest */
+      continue;
+    }
     if (*st != EXPSEG_OK) return NULL;
     created += want;
     ours += want * pg;
