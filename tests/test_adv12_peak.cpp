@@ -15,8 +15,8 @@
 //   only the request's own pages (no floor, no minimum).
 // - Private pools: they grow by the minimum against the allocator's peak, and all of them
 //   together stay within its bound.
-// - Edges: requests of EXPSEG_CHUNK_MAX and just below it, a peak of 1 TiB on a device of 2^60 bytes, requests
-//   past the device.
+// - Edges: requests of EXPSEG_CHUNK_MAX and just below it, a peak of 1 TiB on a device of
+//   2^60 bytes, requests past the device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
