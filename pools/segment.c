@@ -306,10 +306,12 @@ static size_t next_chunk(const expseg_allocator *a, size_t pages, size_t req, si
 
 /* Creates chunks for `pages` pages of pg bytes with the lock dropped, the first `req` of
  * them the request's own, and puts them in the cache (a chunk it has no host memory to keep
- * is given back: EXPSEG_ERR_HOST_OUT_OF_MEMORY). */
+ * is given back: EXPSEG_ERR_HOST_OUT_OF_MEMORY); *made_pages: the pages it put there, all
+ * of them or those created before a failure. */
 static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages, size_t req,
-                                   size_t pg) {
+                                   size_t pg, size_t *made_pages) {
   size_t bytes = pages * pg, n = 0;
+  *made_pages = 0;
   if (!_expseg_cap_allows(a, bytes)) return cap_error(a, bytes);
   for (size_t left = pages; left > 0; n++) left -= next_chunk(a, pages, req, left, pg);
   expseg_vmm_handle local_h[64];
@@ -341,7 +343,9 @@ static expseg_status create_chunks(expseg_allocator *a, int pool, size_t pages, 
   for (size_t i = 0; i < made; i++) {
     _expseg_stat_pool_add(a->stats.reserved_bytes, pool, (int64_t)sz[i]);
     a->stats.created_bytes += (int64_t)sz[i];
-    if (!_expseg_cache_push(a, hs[i], pool, sz[i])) { /* no room to keep it: given back */
+    if (_expseg_cache_push(a, hs[i], pool, sz[i])) {
+      *made_pages += sz[i] / pg;
+    } else { /* no room to keep it: given back */
       _expseg_stat_pool_add(a->stats.reserved_bytes, pool, -(int64_t)sz[i]);
       a->stats.released_bytes += (int64_t)sz[i];
       _expseg_release_now(a, (release_item_t){.h = hs[i], .size_h = sz[i], .pool = (uint8_t)pool});
@@ -409,15 +413,16 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     if (mine > 0)
       lead = _expseg_chunk_limit(_expseg_chunk_pages(false, mine, pg, true, want), a->cfg.chunk_max,
                                  pg);
-    *st = create_chunks(a, pool, want, mine, pg);
+    size_t made = 0; /* pages created: all of them, or those before a refusal */
+    *st = create_chunks(a, pool, want, mine, pg, &made);
+    created += made; /* this request's pages, not page-cache hits, wherever they are mapped */
+    ours += made * pg;
     if (*st == EXPSEG_ERR_OUT_OF_MEMORY && !exact && pl.surplus) {
       exact = true; /* the pages created stay cached: placed again, the growth maps them */
       a->oom_kind = OOM_MEMORY; /* what refused the surplus may not refuse the rest */
       continue;
     }
     if (*st != EXPSEG_OK) return NULL;
-    created += want;
-    ours += want * pg;
     /* the lock was dropped: place again */
   }
   *st = _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY,

@@ -8,7 +8,8 @@
 //   (routed and named) and memory fraction changes: every live block's bytes intact (host),
 //   the checker passes, nothing is left after freeing all and empty_cache.
 // - Capacity: after a peak, a request whose own pages are all that fits under the memory
-//   fraction or on the device is served, without the out-of-memory retry.
+//   fraction or on the device is served, without the out-of-memory retry; chunks created
+//   before the surplus was refused are the request's, not page-cache hits.
 // - Bound: the same program run again after its peak stays within 1.02 x the peak + 8 MiB
 //   + a page per segment; a program that allocates again what it freed, in another order,
 //   can pass it (best fit leaves a request no block that fits), but a growth past it maps
@@ -255,6 +256,35 @@ TEST(Capacity, TheDevicesLastPageAfterAPeakIsServed) {
     ASSERT_EQ(expseg_free(a, big), EXPSEG_OK);
     expect_nothing_left(p.release(), "last page");
   }
+}
+
+// A floor growth after a 4 GiB block (1/128 of 4 GiB: 32 MiB; the request's own page a chunk
+// of its own, first, then the surplus in chunks) whose second create runs out of memory: the
+// request is placed again with only its page, mapped from the chunk the failed growth
+// created. That chunk was created for this request: it is not a
+// page-cache hit (expseg.page_cache_hits counts pages mapped from the cache instead of
+// created), and it is not counted as held against the bound when the growth is placed again.
+TEST(Capacity, ChunksCreatedBeforeARefusedSurplusAreNoCacheHits) {
+  QuietLog quiet;
+  AllocPtr p = make_alloc("fault;sim:capacity=8G", "expandable_segments:True");
+  expseg_allocator *a = p.get();
+  ASSERT_NE(a, nullptr);
+  void *big = nullptr, *x = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 4096 * MiB, 0, &big), EXPSEG_OK) << err();
+  const int64_t hits0 = stat_of(a, "expseg.page_cache_hits");
+  const int64_t created0 = stat_of(a, "expseg.created_bytes");
+  ASSERT_EQ(expseg_testing_set_faults(a, "create@2..:oom"), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_malloc(a, 2 * MiB, 0, &x), EXPSEG_OK) << "its own page fits: " << err();
+  ASSERT_EQ(expseg_testing_set_faults(a, ""), EXPSEG_OK) << err();
+  EXPECT_EQ(stat_of(a, "expseg.created_bytes") - created0, (int64_t)(2 * MiB))
+      << "one chunk created before the refusal: the request's own page, first";
+  EXPECT_EQ(stat_of(a, "expseg.page_cache_hits") - hits0, 0)
+      << "the chunk created for the request is no cache hit";
+  EXPECT_EQ(stat_of(a, "num_alloc_retries"), 0);
+  expect_consistent(a, "served");
+  ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(a, big), EXPSEG_OK);
+  expect_nothing_left(p.release(), "after the refused surplus");
 }
 
 // ---- Bound ----
