@@ -365,7 +365,8 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
   size_t lead = 0;    /* pages of the first chunk created as the request's own */
   /* only what the request lacks (no floor or minimum): memory is short (the retry), or a
    * growth with the floor's or minimum's pages did not fit under the cap or on the device,
-   * where the request's own may (placed again below, before any out-of-memory retry) */
+   * where the request's own may (placed again below, before any out-of-memory retry; not
+   * under PyTorch's model, whose growth maps its 20 MiB pages either way) */
   bool exact = blocking;
   for (int round = 0; round < 8; round++) {
     place_t pl;
@@ -417,7 +418,7 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     *st = create_chunks(a, pool, want, mine, pg, &made);
     created += made; /* this request's pages, not page-cache hits, wherever they are mapped */
     ours += made * pg;
-    if (*st == EXPSEG_ERR_OUT_OF_MEMORY && !exact && pl.surplus) {
+    if (*st == EXPSEG_ERR_OUT_OF_MEMORY && !exact && pl.surplus && !a->model_pytorch) {
       exact = true; /* the pages created stay cached: placed again, the growth maps them */
       a->oom_kind = OOM_MEMORY; /* what refused the surplus may not refuse the rest */
       continue;
