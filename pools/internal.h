@@ -326,7 +326,7 @@ struct expseg_allocator {
 
   stats_t stats;
   int64_t allocated_most;     /* the most bytes allocated at once before the last
-                               * reset_peak_memory_stats (allocated_most_bytes) */
+                               * reset_peak_memory_stats (segment.c: allocated_most_bytes) */
   struct history_s *hist;     /* history.c: the recorded events; NULL = not recording */
   /* history.c: PyTorch's compile context (a stack of note ids; the top one is each later
    * event's compile_context) and user metadata (a note id: each later event's
@@ -740,16 +740,6 @@ static inline void isplit_change(expseg_allocator *a, const block_t *b, bool to_
 /* Physical bytes held from the driver: classic segments, mapped pages, the page cache. */
 static inline size_t held_bytes(const expseg_allocator *a) {
   return (size_t)stat_all_current(a->stats.reserved_bytes);
-}
-
-/* The most bytes allocated at once in the allocator's life, `rounded` more than now
- * included: the peak that the growth policy measures memory held against (a reset of the
- * peak statistics does not lower it). */
-static inline size_t allocated_most_bytes(const expseg_allocator *a, size_t rounded) {
-  int64_t m = a->stats.allocated_bytes[STAT_ALL].peak;
-  if (a->allocated_most > m) m = a->allocated_most;
-  const size_t now = (size_t)stat_all_current(a->stats.allocated_bytes) + rounded;
-  return (size_t)m > now ? (size_t)m : now;
 }
 
 /* The whole pages (of its segment's page size) block b covers, counted from the segment's

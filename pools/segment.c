@@ -151,6 +151,16 @@ typedef struct place_s {
   bool surplus;  /* pages beyond the request's (the floor or the minimum) among them */
 } place_t;
 
+/* The most bytes allocated at once in the allocator's life, `rounded` more than now
+ * included: the peak that the growth policy measures memory held against (a reset of the
+ * peak statistics does not lower it). */
+static size_t allocated_most_bytes(const expseg_allocator *a, size_t rounded) {
+  int64_t m = a->stats.allocated_bytes[STAT_ALL].peak;
+  if (a->allocated_most > m) m = a->allocated_most;
+  const size_t now = (size_t)stat_all_current(a->stats.allocated_bytes) + rounded;
+  return (size_t)m > now ? (size_t)m : now;
+}
+
 static bool free_mapped(const block_t *b) {
   return b != NULL && b->state == BLOCK_FREE && b->mapped;
 }
