@@ -312,6 +312,25 @@ size_t _expseg_chunk_limit(size_t pages, size_t chunk_max, size_t page);
  * that fits the place: the rest of a larger one is free memory there, which any stream
  * may borrow), and only then from the driver. */
 bool _expseg_place_better(bool have_own, size_t own_pages, size_t other_pages);
+/* Moving idle chunks, or creating. Moving an idle chunk (unmap it where it is, map it at
+ * the growth) keeps memory held flat, but its free block then has no memory behind it: a
+ * program that frees and soon needs the same room again (a torch.cat cache that grows by a
+ * token a step, layer after layer) then grows again there and moves another block's
+ * chunks, one move per request, where creating once would have ended it. So a growth
+ * moves idle chunks only where creating its missing `add` bytes would take the memory held
+ * (`held`: mapped, cached and classic) past EXPSEG_MOVE_PERMILLE / 1000 of the most bytes
+ * allocated at once so far (`allocated`, the request included) plus EXPSEG_TIGHT_SLACK;
+ * within that it creates them. Memory short (the out-of-memory retry), or creating
+ * refused by the memory fraction or the device, moves whatever the bound. 1.012: within
+ * the memory bound of growth near the bound (1.02, above), with room left below it for
+ * memory that blocks in use pin. (docs/benchmarks.md, "Moving idle chunks only near the
+ * bound": chosen on half A of the recorded histories and synthetic seeds, confirmed on
+ * half B, on seeds no choice used, on generated shapes and on torch.cat generation.)
+ * Overridable at build time, for measuring; 0 moves always, as before. */
+#ifndef EXPSEG_MOVE_PERMILLE
+#define EXPSEG_MOVE_PERMILLE 1012u
+#endif
+bool _expseg_move_first(size_t held, size_t add, size_t allocated);
 /* Which of a stream's own places a growth takes: the lowest address that fits, so the
  * common growth costs one index step; but when memory is short (the out-of-memory retry)
  * every place is weighed (linear in the stream's unmapped ranges, as the rest of that path

@@ -82,6 +82,12 @@ static bool within(size_t held, size_t add, size_t allocated, size_t permille) {
   return held <= bound && add <= bound - held;
 }
 
+bool _expseg_move_first(size_t held, size_t add, size_t allocated) {
+  /* a variable, not the macro: a build with -DEXPSEG_MOVE_PERMILLE=0 compares with 0 */
+  const size_t permille = EXPSEG_MOVE_PERMILLE;
+  return permille == 0 || !within(held, add, allocated, permille);
+}
+
 bool _expseg_grow_tight(size_t held, size_t allocated, size_t exact, size_t grow) {
   return exact < grow && !within(held, grow, allocated, EXPSEG_TIGHT_PERMILLE);
 }

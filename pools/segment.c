@@ -378,6 +378,9 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
    * where the request's own may (placed again below, before any out-of-memory retry; not
    * under PyTorch's model, whose growth maps its 20 MiB pages either way) */
   bool exact = blocking;
+  /* move idle chunks whatever the memory held (_expseg_move_first): memory is short, or
+   * creating was refused */
+  bool move_any = blocking;
   for (int round = 0; round < 8; round++) {
     place_t pl;
     if (!find_place(a, pool, stream, rounded, exact, ours, &pl)) {
@@ -391,11 +394,16 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     const size_t pg = pl.u->seg->page, room = pl.u->size / pg;
     size_t have = 0;
     bool known = _expseg_cache_cover(a, pg, pl.pages, room, &have);
+    bool unmoved = false; /* idle chunks left where they are, the missing pages created */
     if (known && have < pl.pages && !a->model_pytorch) { /* PyTorch moves no page */
       const size_t need = pl.pages - have;
-      _expseg_steal_pages(a, pool, pg, need, room, pl.prefix, pl.suffix, blocking,
-                          skey_tag(stream), true);
-      known = _expseg_cache_cover(a, pg, pl.pages, room, &have);
+      unmoved = !move_any &&
+                !_expseg_move_first(held_bytes(a), need * pg, allocated_most_bytes(a, rounded));
+      if (!unmoved) {
+        _expseg_steal_pages(a, pool, pg, need, room, pl.prefix, pl.suffix, blocking,
+                            skey_tag(stream), true);
+        known = _expseg_cache_cover(a, pg, pl.pages, room, &have);
+      }
     }
     if (!known) { /* not knowing what the cache holds, creating more would only add to it */
       *st = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
@@ -428,6 +436,11 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     *st = create_chunks(a, pool, want, mine, pg, &made);
     created += made; /* this request's pages, not page-cache hits, wherever they are mapped */
     ours += made * pg;
+    if (*st == EXPSEG_ERR_OUT_OF_MEMORY && unmoved) {
+      move_any = true; /* the cap or the device refused: idle chunks move in first */
+      a->oom_kind = OOM_MEMORY;
+      continue;
+    }
     if (*st == EXPSEG_ERR_OUT_OF_MEMORY && !exact && pl.surplus && !a->model_pytorch) {
       exact = true; /* the pages created stay cached: placed again, the growth maps them */
       a->oom_kind = OOM_MEMORY; /* what refused the surplus may not refuse the rest */
