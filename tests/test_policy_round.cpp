@@ -547,3 +547,20 @@ TEST(PolicyRound, CarveSegmentSizeAndStrictReuse) {
   EXPECT_TRUE(_expseg_carve_may_take(true, 2 * MiB, true, 2 * MiB));
   EXPECT_TRUE(_expseg_carve_may_take(true, 64 * MiB, false, 2 * MiB));
 }
+
+// Idle chunks move only where creating the missing bytes would pass 1.012 x the most bytes
+// allocated at once + 8 MiB: 1000 MiB at most allocated, the bound is 1012 + 8 = 1020 MiB.
+TEST(PolicyRound, IdleChunksMoveOnlyNearTheBound) {
+  const size_t MiB = (size_t)1 << 20;
+  EXPECT_EQ(EXPSEG_MOVE_PERMILLE, 1012u);
+  EXPECT_FALSE(_expseg_move_first(1000 * MiB, 20 * MiB, 1000 * MiB)) << "1020 MiB: within";
+  EXPECT_TRUE(_expseg_move_first(1000 * MiB, 20 * MiB + 1, 1000 * MiB)) << "a byte past";
+  EXPECT_TRUE(_expseg_move_first(1021 * MiB, 0, 1000 * MiB)) << "already past";
+  EXPECT_FALSE(_expseg_move_first(0, 8 * MiB, 0)) << "nothing allocated yet: the slack";
+  EXPECT_TRUE(_expseg_move_first(0, 8 * MiB + 1, 0));
+  EXPECT_FALSE(_expseg_move_first(500 * MiB, 520 * MiB, 1000 * MiB))
+      << "weighed against the peak, not against what is held";
+  const size_t huge = (size_t)1 << 60;  // no wrap
+  EXPECT_TRUE(_expseg_move_first(huge, huge, 0));
+  EXPECT_FALSE(_expseg_move_first(0, huge, huge));
+}

@@ -367,8 +367,10 @@ TEST(StatsRules, ReservedBytesFollowPagesAcrossStreamsAndPools) {
   void *s = must_malloc(A, 1000, 1);  // small pool: one 4 MiB chunk (its least growth)
   must_free(A, s);
   EXPECT_EQ(stat_of(A, "reserved_bytes.small_pool.current"), (int64_t)(4 * MiB));
-  // large pool, other stream: the chunk moves whole (it spares the growth a create) and is
-  // mapped whole
+  // large pool, other stream: the memory fraction allows nothing beyond the 4 MiB held, so
+  // the chunk moves whole (within the bound of the peak a growth would create its pages
+  // and leave idle chunks be: _expseg_move_first) and is mapped whole
+  ASSERT_EQ(expseg_set_memory_fraction(A, 4.0 / 8192.0), EXPSEG_OK);
   void *l = must_malloc(A, 2 * MiB, 2);
   EXPECT_EQ(stat_of(A, "expseg.pages_moved"), 2);
   EXPECT_EQ(stat_of(A, "expseg.created_bytes"), (int64_t)(4 * MiB));

@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: Apache-2.0
+// test_alloc_moves.cpp: when a growth moves idle chunks (unmaps them from a free block and
+// maps them where it grows) and when it creates its missing pages (policy.h,
+// _expseg_move_first), seen from the public API on the sim and host drivers:
+// - a torch.cat cache (buffers that grow by a token a step, layer after layer) settles:
+//   no chunk moves per request, and memory held stays within the bound of its peak;
+// - near the bound of the peak, a growth moves idle chunks and memory held stays flat;
+// - within it, the missing pages are created and no chunk moves;
+// - where the memory fraction or the device refuses to create them, idle chunks move in
+//   without the out-of-memory retry (which waits for every stream and empties the cache).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "alloc_support.h"
+#include "expseg.h"
+#include "policy.h"  // EXPSEG_MOVE_PERMILLE
+
+namespace {
+
+constexpr size_t KiB = 1024, MiB = KiB * 1024;
+
+std::string err() { return expseg_last_error(); }
+
+int64_t moved(const expseg_allocator *a) { return stat_of(a, "expseg.pages_moved"); }
+int64_t held(const expseg_allocator *a) { return stat_of(a, "reserved_bytes.all.current"); }
+
+// 32 blocks of 16 MiB (512 MiB, each its own chunk), every other one freed: 16 idle holes
+// of 16 MiB that a request of 24 MiB does not fit. Returns the live blocks.
+std::vector<void *> holes(expseg_allocator *a) {
+  std::vector<void *> all(32, nullptr), live;
+  for (void *&p : all) EXPECT_EQ(expseg_malloc(a, 16 * MiB, 0, &p), EXPSEG_OK) << err();
+  for (size_t i = 0; i < all.size(); i++) {
+    if (i % 2 == 0) {
+      EXPECT_EQ(expseg_free(a, all[i]), EXPSEG_OK) << err();
+    } else {
+      live.push_back(all[i]);
+    }
+  }
+  return live;
+}
+
+void free_all(expseg_allocator *a, std::vector<void *> &v) {
+  for (void *p : v) EXPECT_EQ(expseg_free(a, p), EXPSEG_OK) << err();
+  v.clear();
+}
+
+}  // namespace
+
+// The decode loop of a generation with a torch.cat K/V cache: per layer and step, K and V
+// are each reallocated one token larger (the new buffer allocated before the old one is
+// freed), with small temporaries between. Every step frees as much as it allocates, so
+// after the first steps no chunk has to move: moving a freed buffer's chunks to where the
+// next one grows only leaves that buffer's room unmapped for the layer after it, which then
+// moves another's (it was a move per request: 40,000 pages in this loop).
+TEST(Moves, ATorchCatCacheSettlesWithoutMovingChunks) {
+  QuietLog quiet;
+  for (const char *driver : {"sim:capacity=8G", "host:capacity=2G"}) {
+    SCOPED_TRACE(driver);
+    AllocPtr p = make_alloc(driver, "expandable_segments:True");
+    expseg_allocator *a = p.get();
+    ASSERT_NE(a, nullptr);
+    const int layers = 16;
+    const size_t tok = 64 * KiB;  // one token of K (or V) for a batch of 8
+    std::vector<void *> cache(2 * layers, nullptr);
+    size_t tokens = 300;
+    for (void *&c : cache) ASSERT_EQ(expseg_malloc(a, tokens * tok, 0, &c), EXPSEG_OK) << err();
+    int64_t moved_late = 0, peak_live = 0;
+    for (int step = 0; step < 400; step++) {
+      tokens++;
+      if (step == 40) moved_late = moved(a);
+      for (int l = 0; l < layers; l++) {
+        for (int k = 0; k < 2; k++) {
+          void *t = nullptr, *grown = nullptr;
+          ASSERT_EQ(expseg_malloc(a, tok, 0, &t), EXPSEG_OK) << err();
+          ASSERT_EQ(expseg_malloc(a, tokens * tok, 0, &grown), EXPSEG_OK) << err();
+          ASSERT_EQ(expseg_free(a, cache[2 * l + k]), EXPSEG_OK) << err();
+          ASSERT_EQ(expseg_free(a, t), EXPSEG_OK) << err();
+          cache[2 * l + k] = grown;
+        }
+        void *scores = nullptr;
+        ASSERT_EQ(expseg_malloc(a, 16 * 8 * tokens * 2, 0, &scores), EXPSEG_OK) << err();
+        ASSERT_EQ(expseg_free(a, scores), EXPSEG_OK) << err();
+      }
+      const int64_t live = stat_of(a, "requested_bytes.all.current");
+      if (live > peak_live) peak_live = live;
+    }
+    EXPECT_LE(moved(a) - moved_late, 16)
+        << "after the first steps, pages moved per step: " << (moved(a) - moved_late) / 360.0;
+    const double bound = 1.02 * (double)stat_of(a, "requested_bytes.all.peak") + 8.0 * MiB;
+    EXPECT_LE((double)stat_of(a, "reserved_bytes.all.peak"), bound)
+        << "peak held against 1.02 x the peak live + 8 MiB";
+    for (void *c : cache) ASSERT_EQ(expseg_free(a, c), EXPSEG_OK) << err();
+    expect_consistent(a, driver);
+  }
+}
+
+// Near the bound of the peak (holding 512 MiB with 512 MiB allocated at most, 24 MiB more
+// would pass 1.012 x 512 + 8 = 526 MiB), a growth that 16 MiB holes do not fit moves idle
+// chunks: memory held stays 512 MiB.
+TEST(Moves, NearTheBoundAGrowthMovesIdleChunks) {
+  QuietLog quiet;
+  AllocPtr p = make_alloc("sim:capacity=4G", "expandable_segments:True");
+  expseg_allocator *a = p.get();
+  ASSERT_NE(a, nullptr);
+  std::vector<void *> live = holes(a);
+  ASSERT_EQ(held(a), (int64_t)(512 * MiB));
+  const int64_t moved0 = moved(a);
+  void *x = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 24 * MiB, 0, &x), EXPSEG_OK) << err();
+  EXPECT_EQ(held(a), (int64_t)(512 * MiB)) << "the pages came from idle chunks";
+  EXPECT_GE(moved(a) - moved0, (int64_t)(24 * MiB / alloc_test_page(a)));
+  ASSERT_EQ(expseg_free(a, x), EXPSEG_OK) << err();
+  free_all(a, live);
+  expect_consistent(a, "near the bound");
+}
+
+// Within the bound of the peak (a 1 GiB peak; 512 MiB held after empty_cache), a growth
+// creates its missing pages and moves no chunk: held grows by the 24 MiB it lacked.
+TEST(Moves, WithinTheBoundMissingPagesAreCreated) {
+  QuietLog quiet;
+  AllocPtr p = make_alloc("sim:capacity=4G", "expandable_segments:True");
+  expseg_allocator *a = p.get();
+  ASSERT_NE(a, nullptr);
+  void *peak = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 1024 * MiB, 0, &peak), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_free(a, peak), EXPSEG_OK) << err();
+  ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+  std::vector<void *> live = holes(a);
+  ASSERT_EQ(held(a), (int64_t)(512 * MiB));
+  const int64_t moved0 = moved(a);
+  void *x = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 24 * MiB, 0, &x), EXPSEG_OK) << err();
+  EXPECT_EQ(moved(a), moved0) << "no chunk moved";
+  EXPECT_EQ(held(a), (int64_t)(536 * MiB)) << "the 24 MiB it lacked, created";
+  ASSERT_EQ(expseg_free(a, x), EXPSEG_OK) << err();
+  free_all(a, live);
+  expect_consistent(a, "within the bound");
+}
+
+// Within the bound, but the memory fraction (held is about all it allows) or the device
+// (18 MiB left on it) refuses the missing pages: the growth moves
+// idle chunks instead, with no out-of-memory retry and no out-of-memory error.
+TEST(Moves, ARefusedCreationMovesIdleChunksWithoutTheRetry) {
+  QuietLog quiet;
+  for (const char *how : {"fraction", "device"}) {
+    SCOPED_TRACE(how);
+    const bool fraction = std::string(how) == "fraction";
+    // fraction: a 1 GiB peak on a 4 GiB device, then at most 513 MiB allowed; device: a
+    // 528 MiB peak on a 530 MiB device (24 MiB more within 1.012 x 528 + 8 MiB)
+    AllocPtr p = make_alloc(fraction ? "sim:capacity=4G" : "sim:capacity=530M",
+                            "expandable_segments:True");
+    expseg_allocator *a = p.get();
+    ASSERT_NE(a, nullptr);
+    void *peak = nullptr;
+    ASSERT_EQ(expseg_malloc(a, (fraction ? 1024 : 528) * MiB, 0, &peak), EXPSEG_OK) << err();
+    ASSERT_EQ(expseg_free(a, peak), EXPSEG_OK) << err();
+    ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+    std::vector<void *> live = holes(a);
+    ASSERT_EQ(held(a), (int64_t)(512 * MiB));
+    if (fraction)
+      ASSERT_EQ(expseg_set_memory_fraction(a, (512.0 + 1.0) / 4096.0), EXPSEG_OK) << err();
+    const int64_t moved0 = moved(a), retries0 = stat_of(a, "num_alloc_retries"),
+                  held0 = held(a);
+    void *x = nullptr;
+    ASSERT_EQ(expseg_malloc(a, 24 * MiB, 0, &x), EXPSEG_OK) << err();
+    EXPECT_GT(moved(a), moved0) << "idle chunks moved in";
+    EXPECT_EQ(stat_of(a, "num_alloc_retries"), retries0) << "no out-of-memory retry";
+    EXPECT_EQ(stat_of(a, "num_ooms"), 0);
+    EXPECT_LE(held(a), held0) << "nothing created";
+    ASSERT_EQ(expseg_free(a, x), EXPSEG_OK) << err();
+    free_all(a, live);
+    expect_consistent(a, how);
+  }
+}
