@@ -16,6 +16,10 @@
  *   streams8 an 8-stage pipeline, one stream per stage: activations cross from stage i to
  *            i+1 (forward) and gradients back (backward); a buffer consumed by another
  *            stream is freed with 'r' and becomes reusable ('f') a little later.
+ *   generate text generation with a torch.cat K/V cache (a DynamicCache): weights
+ *            pre-live; requests one after another, each of a random batch, prompt and
+ *            length; every decode step reallocates each layer's K and V one token larger
+ *            (the new buffer before the old one is freed), with small temporaries.
  * Sizes are multiplied by `scale` (the event count does not depend on it). The PRNG is
  * splitmix64, seeded by the caller: the same (workload, seed, scale) gives the same trace
  * on every machine. Figures for the defaults are in docs/replay.md. */
@@ -306,6 +310,61 @@ static void synth_infer(gen_t *g) {
 }
 
 /* ------------------------------------------------------------------------------------ */
+/* generate                                                                              */
+
+enum { GE_LAYERS = 32, GE_D = 4096, GE_HEADS = 32, GE_KV_HEADS = 32, GE_HEAD_DIM = 128,
+       GE_FF = 11008, GE_VOCAB = 32000, GE_REQUESTS = 5 };
+
+static void synth_generate(gen_t *g) {
+  const double d = GE_D, kv = (double)GE_KV_HEADS * GE_HEAD_DIM;
+  alloc_kind(g, EXPSEG_TR_PRELIVE, 0, tensor(g, (double)GE_VOCAB * d, 2));
+  for (int l = 0; l < GE_LAYERS; l++) {
+    const double per[9] = {d * d, d * kv, d * kv, d * d, d * GE_FF, d * GE_FF, d * GE_FF, d, d};
+    for (int k = 0; k < 9; k++) alloc_kind(g, EXPSEG_TR_PRELIVE, 0, tensor(g, per[k], 2));
+  }
+  uint64_t cache[GE_LAYERS][2];
+  for (int req = 0; req < GE_REQUESTS && !g->failed; req++) {
+    const double b = (double)(1u << rnd_range(g, 0, 3));
+    const uint64_t prompt = rnd_range(g, 128, 1024), steps = rnd_range(g, 64, 384);
+    const double p = (double)prompt;
+    /* prefill: the prompt's K and V per layer are kept, the rest are temporaries */
+    uint64_t x = alloc(g, 0, tensor(g, b * p * d, 2));
+    for (int l = 0; l < GE_LAYERS; l++) {
+      uint64_t q = alloc(g, 0, tensor(g, b * p * d, 2));
+      cache[l][0] = alloc(g, 0, tensor(g, b * p * kv, 2));
+      cache[l][1] = alloc(g, 0, tensor(g, b * p * kv, 2));
+      temp(g, 0, tensor(g, b * GE_HEADS * p * p, 2)); /* attention scores */
+      uint64_t o = alloc(g, 0, tensor(g, b * p * d, 2));
+      release(g, q);
+      temp(g, 0, tensor(g, 2 * b * p * GE_FF, 2)); /* MLP gate and up */
+      release(g, o);
+    }
+    release(g, x);
+    temp(g, 0, tensor(g, b * GE_VOCAB, 4)); /* last-token logits */
+    /* decode: each layer's K and V grow by the step's token (torch.cat into a new buffer) */
+    for (uint64_t s = 1; s <= steps && !g->failed; s++) {
+      const double t = p + (double)s;
+      uint64_t h = alloc(g, 0, tensor(g, b * d, 2));
+      for (int l = 0; l < GE_LAYERS; l++) {
+        for (int k = 0; k < 2; k++) {
+          uint64_t tok = alloc(g, 0, tensor(g, b * kv, 2));
+          uint64_t grown = alloc(g, 0, tensor(g, b * t * kv, 2));
+          release(g, cache[l][k]);
+          release(g, tok);
+          cache[l][k] = grown;
+        }
+        temp(g, 0, tensor(g, b * GE_HEADS * t, 2)); /* attention scores */
+        temp(g, 0, tensor(g, 2 * b * GE_FF, 2));    /* MLP gate and up */
+      }
+      temp(g, 0, tensor(g, b * GE_VOCAB, 4));
+      release(g, h);
+    }
+    for (int l = 0; l < GE_LAYERS; l++)
+      for (int k = 0; k < 2; k++) release(g, cache[l][k]);
+  }
+}
+
+/* ------------------------------------------------------------------------------------ */
 /* streams8                                                                              */
 
 enum { ST_STAGES = 8, ST_MICRO = 8, ST_ITERS = 20, ST_D = 1024, ST_BATCH = 2,
@@ -408,6 +467,7 @@ static const workload_t workloads[] = {
     {"train", synth_train},
     {"infer", synth_infer},
     {"streams8", synth_streams8},
+    {"generate", synth_generate},
 };
 
 expseg_status expseg_trace_synth(const char *workload, uint64_t seed, double scale,
@@ -422,7 +482,7 @@ expseg_status expseg_trace_synth(const char *workload, uint64_t seed, double sca
   if (!w)
     return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_trace_synth: unknown workload '%s'; accepted: train, "
-                             "infer, streams8",
+                             "infer, streams8, generate",
                              workload ? workload : "(null)");
   if (!(scale > 0.0) || !isfinite(scale) || scale > 1e6)
     return _expseg_trace_error(EXPSEG_ERR_INVALID_ARGUMENT,
