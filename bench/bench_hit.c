@@ -138,7 +138,7 @@ static void usage(FILE *f) {
           "usage: expseg-bench-hit [options]\n"
           "  --trace FILE     sizes are drawn from its allocations\n"
           "  --synth NAME     without --trace: sizes from a synthetic workload, seed 1\n"
-          "                   (train, infer or streams8; default train)\n"
+          "                   (train, infer, streams8 or generate; default train)\n"
           "  --seed N         PRNG seed (default 1)\n"
           "  --batches N      timed samples (default 1000000)\n"
           "  --batch N        malloc+free pairs per sample (default 1: each pair timed alone)\n"

@@ -16,7 +16,7 @@ extern "C" {
 
 namespace {
 
-const char *const kWorkloads[] = {"train", "infer", "streams8"};
+const char *const kWorkloads[] = {"train", "infer", "streams8", "generate"};
 
 struct Trace {
   expseg_trace_t t;
@@ -110,11 +110,13 @@ TEST(Synth, WellFormedAndFiguresMatchRecount) {
     EXPECT_EQ(t.t.device, 0);
     uint64_t peak = Validate(t.t);
     EXPECT_EQ(peak, t.t.peak_live_requested);
-    // the documented shape at scale 1: 20k .. 80k events, peak 1 .. 3 GiB
-    EXPECT_GE(t.t.n_events, 20000u);
-    EXPECT_LE(t.t.n_events, 80000u);
-    EXPECT_GE(t.t.peak_live_requested, 1ull << 30);
-    EXPECT_LE(t.t.peak_live_requested, 3ull << 30);
+    // the documented shape at scale 1: 20k .. 80k events, peak 1 .. 3 GiB; generate (a
+    // 7B-sized model's weights, a decode step per token): 100k .. 1M events, 8 .. 24 GiB
+    const bool gen = std::strcmp(w, "generate") == 0;
+    EXPECT_GE(t.t.n_events, gen ? 100000u : 20000u);
+    EXPECT_LE(t.t.n_events, gen ? 1000000u : 80000u);
+    EXPECT_GE(t.t.peak_live_requested, (gen ? 8ull : 1ull) << 30);
+    EXPECT_LE(t.t.peak_live_requested, (gen ? 24ull : 3ull) << 30);
     size_t prelive = 0, freereq = 0;
     for (size_t i = 0; i < t.t.n_events; i++) {
       prelive += t.t.events[i].kind == EXPSEG_TR_PRELIVE;

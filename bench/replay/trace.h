@@ -117,7 +117,8 @@ void expseg_trace_set_free(expseg_trace_set_t *s);
 /* Synthetic workloads (bench/replay/synth.c), seeded and deterministic:
  * "train" (transformer steps, sequence length changing per step), "infer" (KV cache grown
  * and released per request), "streams8" (8 streams exchanging buffers with record_stream,
- * emitted as 'r' then 'f'). scale 1.0 = the default size (peak around 2 GiB). */
+ * emitted as 'r' then 'f'), "generate" (a torch.cat K/V cache grown a token a step after
+ * large weights). scale 1.0 = the default size (peak around 2 GiB; generate's 14 GiB). */
 expseg_status expseg_trace_synth(const char *workload, uint64_t seed, double scale,
                                  expseg_trace_t *out);
 void expseg_trace_free(expseg_trace_t *t);
