@@ -365,6 +365,77 @@ TEST(Fallback, ADeviceWithNothingLeft) {
   }
 }
 
+// Seeded: blocks of whole pages (chunks of one page) on streams 0..2 (none busy), allocated
+// and freed at random;
+// now and then the fraction is set right at what is held and a request of whole pages no
+// larger than every free byte held is made: it must be served at once (idle chunks move in,
+// no out-of-memory retry); one a page larger than that must fail cleanly, with a message, and
+// the allocator goes on.
+TEST(Fallback, RandomRequestsAtTheCapAreServedByWhatIsIdle) {
+  EXPSEG_SEEDED(seed, 1314);
+  TestRng rng(seed);
+  QuietLog quiet;
+  for (const char *driver : {"sim:capacity=4G", "host:capacity=1G"}) {
+    SCOPED_TRACE(driver);
+    // chunks of one page: every free whole page can move (none pinned by a shared chunk)
+    AllocPtr p = make_alloc(driver, "expandable_segments:True,chunk_max_mb:2");
+    expseg_allocator *a = p.get();
+    ASSERT_NE(a, nullptr);
+    const size_t pg = alloc_test_page(a);
+    ASSERT_EQ(pg, 2 * MiB);
+    size_t free_b = 0, total = 0;
+    ASSERT_EQ(expseg_mem_get_info(a, &free_b, &total), EXPSEG_OK) << err();
+    std::vector<void *> live;
+    int served = 0, refused = 0;
+    for (int step = 0; step < 400; step++) {
+      const std::string where = "step " + std::to_string(step);
+      SCOPED_TRACE(where);
+      if (live.empty() || rng.chance(0.55)) {
+        void *x = nullptr;
+        const size_t size = (1 + rng.below(20)) * pg;
+        if (expseg_malloc(a, size, rng.below(3), &x) == EXPSEG_OK) live.push_back(x);
+      } else {
+        const size_t k = rng.below(live.size());
+        ASSERT_EQ(expseg_free(a, live[k]), EXPSEG_OK) << err();
+        live[k] = live.back();
+        live.pop_back();
+      }
+      if (step % 10 != 9) continue;
+      if (held(a) < 64 * (int64_t)MiB) continue;
+      ASSERT_EQ(expseg_set_memory_fraction(a, (double)held(a) / (double)total), EXPSEG_OK) << err();
+      const size_t idle = (size_t)(held(a) - stat_of(a, "allocated_bytes.all.current"));
+      const int64_t retries0 = retries(a), h0 = held(a);
+      void *x = nullptr;
+      if (idle >= pg) {
+        const size_t size = (1 + rng.below(idle / pg)) * pg;
+        ASSERT_EQ(expseg_malloc(a, size, rng.below(3), &x), EXPSEG_OK)
+            << size << " of " << idle << " idle bytes: " << err();
+        EXPECT_EQ(retries(a), retries0) << "served by idle chunks without the retry";
+        EXPECT_LE(held(a), h0);
+        live.push_back(x);
+        served++;
+      }
+      x = nullptr;
+      // a page more than every free byte held: nothing can serve it under the cap
+      const size_t more =
+          (size_t)(held(a) - stat_of(a, "allocated_bytes.all.current")) + pg;
+      EXPECT_EQ(expseg_malloc(a, more, rng.below(3), &x), EXPSEG_ERR_OUT_OF_MEMORY) << more;
+      EXPECT_FALSE(err().empty());
+      if (x != nullptr) live.push_back(x);
+      refused++;
+      expect_books(a, where);
+      ASSERT_EQ(expseg_set_memory_fraction(a, 1.0), EXPSEG_OK) << err();
+      if (HasFatalFailure()) return;
+    }
+    std::printf("%s: %d served at the cap, %d refused\n", driver, served, refused);
+    EXPECT_GT(served, 10);
+    free_all(a, live);
+    ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
+    expect_books(a, "the end");
+    expect_nothing_left(p.release(), "the end");
+  }
+}
+
 // ---- Peak ----
 
 // A 1 GiB peak, freed and given back, then reset_peak_memory_stats: 512 MiB held in 16 MiB
