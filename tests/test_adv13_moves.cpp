@@ -371,12 +371,14 @@ TEST(Fallback, ADeviceWithNothingLeft) {
 // larger than every free byte held is made: it must be served at once (idle chunks move in,
 // no out-of-memory retry); one a page larger than that must fail cleanly, with a message, and
 // the allocator goes on.
+// Eight programs, seeds `seed` to `seed` + 7 (a failure names its own).
 TEST(Fallback, RandomRequestsAtTheCapAreServedByWhatIsIdle) {
-  EXPSEG_SEEDED(seed, 1314);
-  TestRng rng(seed);
+  EXPSEG_SEEDED(seed0, 1);
   QuietLog quiet;
+  for (uint64_t seed = seed0; seed < seed0 + 8; seed++)
   for (const char *driver : {"sim:capacity=4G", "host:capacity=1G"}) {
-    SCOPED_TRACE(driver);
+    SCOPED_TRACE(std::string(driver) + ", program " + test_seed_note(seed));
+    TestRng rng(seed * 2 + (driver[0] == 'h'));
     // chunks of one page: every free whole page can move (none pinned by a shared chunk)
     AllocPtr p = make_alloc(driver, "expandable_segments:True,chunk_max_mb:2");
     expseg_allocator *a = p.get();
@@ -427,7 +429,8 @@ TEST(Fallback, RandomRequestsAtTheCapAreServedByWhatIsIdle) {
       ASSERT_EQ(expseg_set_memory_fraction(a, 1.0), EXPSEG_OK) << err();
       if (HasFatalFailure()) return;
     }
-    std::printf("%s: %d served at the cap, %d refused\n", driver, served, refused);
+    std::printf("program %llu, %s: %d served at the cap, %d refused\n", (unsigned long long)seed,
+                driver, served, refused);
     EXPECT_GT(served, 10);
     free_all(a, live);
     ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
