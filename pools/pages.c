@@ -300,9 +300,16 @@ block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, size_t le
 
 /* ---- moving idle chunks ---- */
 
+/* Raises *lo (a chunk start in s) to the first chunk start at or above `from`; false when
+ * none is left below hi. */
+static bool chunks_from(const segment_t *s, uintptr_t *lo, uintptr_t hi, uintptr_t from) {
+  while (*lo < from && *lo < hi) *lo += s->pages[(*lo - s->base) / s->page].n * s->page;
+  return *lo < hi;
+}
+
 size_t _expseg_steal_pages(expseg_allocator *a, int pool, size_t page, size_t want,
                            size_t max_pages, const block_t *ex1, const block_t *ex2,
-                           bool blocking, uint32_t tag, bool general) {
+                           size_t keep2, bool blocking, uint32_t tag, bool general) {
   stream_seen_t seen[SEEN_MAX];
   size_t n_seen = 0, got = 0;
   for (int pass = 0; pass < 2 && got < want; pass++) {
@@ -312,9 +319,10 @@ size_t _expseg_steal_pages(expseg_allocator *a, int pool, size_t page, size_t wa
     while (b != NULL && got < want) {
       block_t *next = b->idle_next;
       uintptr_t lo, hi;
-      if (b != ex1 && b != ex2 && (page == 0 || b->seg->page == page) &&
+      if (b != ex1 && (b != ex2 || keep2 < b->size) && (page == 0 || b->seg->page == page) &&
           (seg_tag(b->seg) == tag || (general && _expseg_seg_general(a, b->seg))) &&
           _expseg_block_chunks(a, b, &lo, &hi) > 0 &&
+          (b != ex2 || chunks_from(b->seg, &lo, hi, b->ptr + (keep2 > 0 ? keep2 : 1))) &&
           _expseg_stream_idle(a, b->stream, blocking, seen, &n_seen, SEEN_MAX)) {
         /* chunks from the top of the block, none larger than the place takes */
         uintptr_t from = _expseg_chunks_top(b->seg, lo, hi, want - got, max_pages, false);

@@ -94,14 +94,15 @@ block_t *_expseg_map_cached(expseg_allocator *a, block_t *u, size_t k, size_t le
 /* Moves idle chunks of segments with page `page` (0: any), none over max_pages, into the
  * page cache until `want` pages are moved: the pool's idle blocks first (any stream), then
  * the other pool's (not right after it took this pool's pages, unless blocking), even when
- * they cover only part of `want`; oldest blocks first, never ex1/ex2, only
+ * they cover only part of `want`; oldest blocks first, never ex1, of ex2 only chunks above
+ * its lowest keep2 bytes and its lowest chunk (ex2 stays, with what a growth needs of it), only
  * once an event shows their stream's work is done; chunks from the top of each block.
  * Only blocks of private pool `tag` (0: the general cache) are taken, and with `general`
  * those of the general cache and of released pools too: a live private pool's memory is
  * never taken for another. Returns pages moved. */
 size_t _expseg_steal_pages(expseg_allocator *a, int pool, size_t page, size_t want,
                            size_t max_pages, const block_t *ex1, const block_t *ex2,
-                           bool blocking, uint32_t tag, bool general);
+                           size_t keep2, bool blocking, uint32_t tag, bool general);
 /* A free classic segment: given back (true) once its stream's work is done (segment.c). */
 bool _expseg_classic_release(expseg_allocator *a, segment_t *s, release_batch_t *rb,
                              bool blocking, stream_seen_t *seen, size_t *n_seen);

@@ -400,7 +400,10 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
       unmoved = !move_any &&
                 !_expseg_move_first(held_bytes(a), need * pg, allocated_most_bytes(a, rounded));
       if (!unmoved) {
-        _expseg_steal_pages(a, pool, pg, need, room, pl.prefix, pl.suffix, blocking,
+        /* of the suffix, only chunks above what the request needs of it */
+        const uintptr_t end = (pl.prefix ? pl.prefix->ptr : pl.u->ptr) + rounded;
+        const size_t keep = pl.suffix && end > pl.suffix->ptr ? end - pl.suffix->ptr : 0;
+        _expseg_steal_pages(a, pool, pg, need, room, pl.prefix, pl.suffix, keep, blocking,
                             skey_tag(stream), true);
         known = _expseg_cache_cover(a, pg, pl.pages, room, &have);
       }
@@ -418,7 +421,8 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
       return NULL;
     }
     if (have >= pl.pages) {
-      /* stealing never touches u, its prefix or suffix: the place still holds */
+      /* stealing never touches u, its prefix, nor the suffix's lowest chunk and what the
+       * request needs of it: the place still holds */
       block_t *b = _expseg_map_cached(a, pl.u, pl.pages, lead, st);
       if (b != NULL && have > created) a->stats.page_cache_hits += (int64_t)(have - created);
       return b;
@@ -617,7 +621,7 @@ size_t _expseg_release_cached(expseg_allocator *a, bool keep_pages) {
   for (segment_t *s = a->segments; s; s = s->next_all)
     s->keep_va = a->model_pytorch && s->expandable && s->mapped_bytes == 0;
   /* every idle page: its stream is synchronized if needed */
-  _expseg_steal_pages(a, POOL_LARGE, 0, SIZE_MAX, SIZE_MAX, NULL, NULL, true, 0, true);
+  _expseg_steal_pages(a, POOL_LARGE, 0, SIZE_MAX, SIZE_MAX, NULL, NULL, 0, true, 0, true);
   for (segment_t *s = a->segments, *next; s; s = next) {
     next = s->next_all;
     if (s->expandable && !s->keep_va && s->first->next == NULL && !s->first->mapped &&
@@ -640,7 +644,7 @@ bool _expseg_release_pool_memory(expseg_allocator *a, uint32_t tag, bool blockin
   }
   /* its idle pages go to the top of the page cache, and from there to the driver */
   const size_t top = a->cache_count;
-  _expseg_steal_pages(a, POOL_LARGE, 0, SIZE_MAX, SIZE_MAX, NULL, NULL, blocking, tag,
+  _expseg_steal_pages(a, POOL_LARGE, 0, SIZE_MAX, SIZE_MAX, NULL, NULL, 0, blocking, tag,
                       false);
   while (a->cache_count > top) _expseg_cache_release_at(a, a->cache_count - 1, &rb);
   for (segment_t *s = a->segments, *next; s; s = next) {
