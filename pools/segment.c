@@ -400,9 +400,15 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
       unmoved = !move_any &&
                 !_expseg_move_first(held_bytes(a), need * pg, allocated_most_bytes(a, rounded));
       if (!unmoved) {
-        /* of the suffix, only chunks above what the request needs of it */
+        /* of the suffix, only where memory is short or creating was refused (the idle memory next to the place
+         * may be all there is), and only chunks above what the request needs of it;
+         * otherwise none: moving the suffix's chunks down to the place, growth after growth,
+         * costs a move per request where creating costs one growth (a buffer grown by
+         * reallocation at the top of a segment) */
         const uintptr_t end = (pl.prefix ? pl.prefix->ptr : pl.u->ptr) + rounded;
-        const size_t keep = pl.suffix && end > pl.suffix->ptr ? end - pl.suffix->ptr : 0;
+        const size_t keep = !move_any ? SIZE_MAX
+                            : pl.suffix && end > pl.suffix->ptr ? end - pl.suffix->ptr
+                                                                : 0;
         _expseg_steal_pages(a, pool, pg, need, room, pl.prefix, pl.suffix, keep, blocking,
                             skey_tag(stream), true);
         known = _expseg_cache_cover(a, pg, pl.pages, room, &have);
@@ -440,8 +446,8 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     *st = create_chunks(a, pool, want, mine, pg, &made);
     created += made; /* this request's pages, not page-cache hits, wherever they are mapped */
     ours += made * pg;
-    if (*st == EXPSEG_ERR_OUT_OF_MEMORY && unmoved) {
-      move_any = true; /* the cap or the device refused: idle chunks move in first */
+    if (*st == EXPSEG_ERR_OUT_OF_MEMORY && !move_any && !a->model_pytorch) {
+      move_any = true; /* the cap or the device refused: idle chunks (the suffix's too) first */
       a->oom_kind = OOM_MEMORY;
       continue;
     }
