@@ -245,25 +245,6 @@ INSTANTIATE_TEST_SUITE_P(
 
 // ---- Fallback ----
 
-// 2 * n blocks of `each` bytes, every other one freed: n idle holes. Returns the live ones.
-std::vector<void *> holes(expseg_allocator *a, size_t n, size_t each) {
-  std::vector<void *> all(2 * n, nullptr), live;
-  for (void *&p : all) EXPECT_EQ(expseg_malloc(a, each, 0, &p), EXPSEG_OK) << err();
-  for (size_t i = 0; i < all.size(); i++) {
-    if (i % 2 == 0) {
-      EXPECT_EQ(expseg_free(a, all[i]), EXPSEG_OK) << err();
-    } else {
-      live.push_back(all[i]);
-    }
-  }
-  return live;
-}
-
-void free_all(expseg_allocator *a, std::vector<void *> &v) {
-  for (void *p : v) EXPECT_EQ(expseg_free(a, p), EXPSEG_OK) << err();
-  v.clear();
-}
-
 // The fraction set right at what is held (not a byte more), after a peak that puts the
 // growth well within the bound: requests that 16 MiB idle holes can serve by moving are
 // served, on other streams too, without the retry; changed again mid-program (none, then
@@ -282,7 +263,7 @@ TEST(Fallback, AFractionRightAtHeldIsServedByIdleChunks) {
     ASSERT_EQ(expseg_malloc(a, 1024 * MiB, 0, &peak), EXPSEG_OK) << err();
     ASSERT_EQ(expseg_free(a, peak), EXPSEG_OK) << err();
     ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
-    std::vector<void *> live = holes(a, 16, 16 * MiB);
+    std::vector<void *> live = alloc_holes(a, 16, 16 * MiB);
     ASSERT_EQ(held(a), (int64_t)(512 * MiB));
     const int64_t retries0 = retries(a), moved0 = moved(a);
     std::vector<void *> got;
@@ -315,8 +296,8 @@ TEST(Fallback, AFractionRightAtHeldIsServedByIdleChunks) {
     ASSERT_EQ(expseg_set_memory_fraction(a, 1.0), EXPSEG_OK) << err();
     ASSERT_EQ(expseg_malloc(a, 40 * MiB, 2, &y), EXPSEG_OK) << "usable after: " << err();
     got.push_back(y);
-    free_all(a, got);
-    free_all(a, live);
+    free_blocks(a, got);
+    free_blocks(a, live);
     ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
     expect_books(a, "the end");
     expect_nothing_left(p.release(), "the end");
@@ -334,7 +315,7 @@ TEST(Fallback, ADeviceWithNothingLeft) {
     AllocPtr p = make_alloc(driver, "expandable_segments:True");
     expseg_allocator *a = p.get();
     ASSERT_NE(a, nullptr);
-    std::vector<void *> live = holes(a, 16, 16 * MiB);
+    std::vector<void *> live = alloc_holes(a, 16, 16 * MiB);
     ASSERT_EQ(held(a), (int64_t)(512 * MiB));
     const int64_t retries0 = retries(a);
     void *x = nullptr;
@@ -342,7 +323,7 @@ TEST(Fallback, ADeviceWithNothingLeft) {
     EXPECT_EQ(retries(a), retries0) << "no out-of-memory retry";
     EXPECT_EQ(stat_of(a, "num_ooms"), 0);
     ASSERT_EQ(expseg_free(a, x), EXPSEG_OK) << err();
-    free_all(a, live);
+    free_blocks(a, live);
     expect_books(a, "served");
     // the idle memory is stream 3's, its work pending
     ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
@@ -358,7 +339,7 @@ TEST(Fallback, ADeviceWithNothingLeft) {
     ASSERT_EQ(alloc_test_hold(a, 3, false), EXPSEG_OK);
     ASSERT_EQ(expseg_malloc(a, 24 * MiB, 1, &x), EXPSEG_OK) << "stream 3 done: " << err();
     ASSERT_EQ(expseg_free(a, x), EXPSEG_OK) << err();
-    free_all(a, live);
+    free_blocks(a, live);
     ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
     expect_books(a, "the end");
     expect_nothing_left(p.release(), "the end");
@@ -432,7 +413,7 @@ TEST(Fallback, RandomRequestsAtTheCapAreServedByWhatIsIdle) {
     std::printf("program %llu, %s: %d served at the cap, %d refused\n", (unsigned long long)seed,
                 driver, served, refused);
     EXPECT_GT(served, 10);
-    free_all(a, live);
+    free_blocks(a, live);
     ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << err();
     expect_books(a, "the end");
     expect_nothing_left(p.release(), "the end");
@@ -462,7 +443,7 @@ TEST(Peak, AfterAResetGrowthStillWeighsTheHighWater) {
       ASSERT_EQ(expseg_pool_create(a, &id), EXPSEG_OK) << err();
       ASSERT_EQ(expseg_pool_begin(a, id, nullptr, nullptr), EXPSEG_OK) << err();
     }
-    std::vector<void *> live = holes(a, 16, 16 * MiB);
+    std::vector<void *> live = alloc_holes(a, 16, 16 * MiB);
     ASSERT_EQ(held(a), (int64_t)(512 * MiB));
     EXPECT_EQ(stat_of(a, "allocated_bytes.all.peak"), (int64_t)(512 * MiB));
     const int64_t moved0 = moved(a);
@@ -478,7 +459,7 @@ TEST(Peak, AfterAResetGrowthStillWeighsTheHighWater) {
     }
     expect_books(a, "grown");
     ASSERT_EQ(expseg_free(a, x), EXPSEG_OK) << err();
-    free_all(a, live);
+    free_blocks(a, live);
     if (private_pool) {
       ASSERT_EQ(expseg_pool_empty_cache(a, id), EXPSEG_OK) << err();
       ASSERT_EQ(expseg_pool_release(a, id), EXPSEG_OK) << err();

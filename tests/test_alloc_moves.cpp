@@ -27,25 +27,9 @@ std::string err() { return expseg_last_error(); }
 int64_t moved(const expseg_allocator *a) { return stat_of(a, "expseg.pages_moved"); }
 int64_t held(const expseg_allocator *a) { return stat_of(a, "reserved_bytes.all.current"); }
 
-// 32 blocks of 16 MiB (512 MiB, each its own chunk), every other one freed: 16 idle holes
-// of 16 MiB that a request of 24 MiB does not fit. Returns the live blocks.
-std::vector<void *> holes(expseg_allocator *a) {
-  std::vector<void *> all(32, nullptr), live;
-  for (void *&p : all) EXPECT_EQ(expseg_malloc(a, 16 * MiB, 0, &p), EXPSEG_OK) << err();
-  for (size_t i = 0; i < all.size(); i++) {
-    if (i % 2 == 0) {
-      EXPECT_EQ(expseg_free(a, all[i]), EXPSEG_OK) << err();
-    } else {
-      live.push_back(all[i]);
-    }
-  }
-  return live;
-}
-
-void free_all(expseg_allocator *a, std::vector<void *> &v) {
-  for (void *p : v) EXPECT_EQ(expseg_free(a, p), EXPSEG_OK) << err();
-  v.clear();
-}
+// holes(a): 32 blocks of 16 MiB (512 MiB, each its own chunk), every other one freed: 16
+// idle holes of 16 MiB that a request of 24 MiB does not fit. Returns the live blocks.
+std::vector<void *> holes(expseg_allocator *a) { return alloc_holes(a, 16, 16 * MiB); }
 
 }  // namespace
 
@@ -94,7 +78,7 @@ TEST(Moves, ATorchCatCacheMovesNoChunkPerStep) {
   const double bound = 1.02 * (double)stat_of(a, "requested_bytes.all.peak") + 8.0 * MiB;
   EXPECT_LE((double)stat_of(a, "reserved_bytes.all.peak"), bound)
       << "peak held against 1.02 x the peak live + 8 MiB";
-  free_all(a, weights);
+  free_blocks(a, weights);
   expect_consistent(a, "torch.cat cache");
 }
 
@@ -114,7 +98,7 @@ TEST(Moves, NearTheBoundAGrowthMovesIdleChunks) {
   EXPECT_EQ(held(a), (int64_t)(512 * MiB)) << "the pages came from idle chunks";
   EXPECT_GE(moved(a) - moved0, (int64_t)(24 * MiB / alloc_test_page(a)));
   ASSERT_EQ(expseg_free(a, x), EXPSEG_OK) << err();
-  free_all(a, live);
+  free_blocks(a, live);
   expect_consistent(a, "near the bound");
 }
 
@@ -137,7 +121,7 @@ TEST(Moves, WithinTheBoundMissingPagesAreCreated) {
   EXPECT_EQ(moved(a), moved0) << "no chunk moved";
   EXPECT_EQ(held(a), (int64_t)(536 * MiB)) << "the 24 MiB it lacked, created";
   ASSERT_EQ(expseg_free(a, x), EXPSEG_OK) << err();
-  free_all(a, live);
+  free_blocks(a, live);
   expect_consistent(a, "within the bound");
 }
 
@@ -173,7 +157,7 @@ TEST(Moves, ARefusedCreationMovesIdleChunksWithoutTheRetry) {
     EXPECT_EQ(stat_of(a, "num_ooms"), 0);
     EXPECT_LE(held(a), held0) << "nothing created";
     ASSERT_EQ(expseg_free(a, x), EXPSEG_OK) << err();
-    free_all(a, live);
+    free_blocks(a, live);
     expect_consistent(a, how);
   }
 }

@@ -54,6 +54,7 @@ bool alloc_test_lock_is_free(expseg_allocator *a);
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 /* A statistic by key; a failed lookup is a test failure (and yields INT64_MIN). */
 inline int64_t stat_of(const expseg_allocator *a, const std::string &key) {
@@ -122,6 +123,28 @@ inline void expect_nothing_left(expseg_allocator *a, const std::string &where) {
   EXPECT_EQ(left.reserved_va_bytes, 0) << where;
   EXPECT_EQ(left.mapped_bytes, 0) << where;
   EXPECT_EQ(left.live_events, 0) << where;
+}
+
+/* 2 * n blocks of `each` bytes on stream 0, every other one freed: n idle holes, each
+ * between two live blocks. Returns the live ones. */
+inline std::vector<void *> alloc_holes(expseg_allocator *a, size_t n, size_t each) {
+  std::vector<void *> all(2 * n, nullptr), live;
+  for (void *&p : all)
+    EXPECT_EQ(expseg_malloc(a, each, 0, &p), EXPSEG_OK) << expseg_last_error();
+  for (size_t i = 0; i < all.size(); i++) {
+    if (i % 2 == 0) {
+      EXPECT_EQ(expseg_free(a, all[i]), EXPSEG_OK) << expseg_last_error();
+    } else {
+      live.push_back(all[i]);
+    }
+  }
+  return live;
+}
+
+/* Frees every block of v and empties it. */
+inline void free_blocks(expseg_allocator *a, std::vector<void *> &v) {
+  for (void *p : v) EXPECT_EQ(expseg_free(a, p), EXPSEG_OK) << expseg_last_error();
+  v.clear();
 }
 
 /* Log sink that counts warnings instead of printing them. */
