@@ -400,11 +400,11 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
       unmoved = !move_any &&
                 !_expseg_move_first(held_bytes(a), need * pg, allocated_most_bytes(a, rounded));
       if (!unmoved) {
-        /* of the suffix, only where memory is short or creating was refused (the idle memory next to the place
-         * may be all there is), and only chunks above what the request needs of it;
-         * otherwise none: moving the suffix's chunks down to the place, growth after growth,
-         * costs a move per request where creating costs one growth (a buffer grown by
-         * reallocation at the top of a segment) */
+        /* of the suffix, only where memory is short or creating was refused (the idle
+         * memory next to the place may be all there is), and only chunks above what the
+         * request needs of it; otherwise none: moving the suffix's chunks down to the
+         * place, growth after growth, costs a move per request where creating costs one
+         * growth (a buffer grown by reallocation at the top of a segment) */
         const uintptr_t end = (pl.prefix ? pl.prefix->ptr : pl.u->ptr) + rounded;
         const size_t keep = !move_any ? SIZE_MAX
                             : pl.suffix && end > pl.suffix->ptr ? end - pl.suffix->ptr
