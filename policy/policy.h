@@ -331,6 +331,14 @@ bool _expseg_place_better(bool have_own, size_t own_pages, size_t other_pages);
 #define EXPSEG_MOVE_PERMILLE 1012u
 #endif
 bool _expseg_move_first(size_t held, size_t add, size_t allocated);
+/* Of the free block just after a growth's place (its suffix), the lowest bytes a move must
+ * leave: none of it may move (SIZE_MAX) unless memory is short or creating was refused
+ * (`any`), since moving the suffix's chunks down to the place, growth after growth, costs
+ * a move per request where creating costs one growth (a buffer grown by reallocation at a
+ * segment's top: 24 -> 101 x PyTorch's modelled driver time on such a shape); where it may,
+ * what the request needs of the suffix (`needed` bytes) stays, and its lowest chunk with it,
+ * so the place still holds (the idle memory next to the place may be all there is). */
+size_t _expseg_suffix_keep(bool any, size_t needed);
 /* Which of a stream's own places a growth takes: the lowest address that fits, so the
  * common growth costs one index step; but when memory is short (the out-of-memory retry)
  * every place is weighed (linear in the stream's unmapped ranges, as the rest of that path

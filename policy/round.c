@@ -88,6 +88,8 @@ bool _expseg_move_first(size_t held, size_t add, size_t allocated) {
   return permille == 0 || !within(held, add, allocated, permille);
 }
 
+size_t _expseg_suffix_keep(bool any, size_t needed) { return any ? needed : SIZE_MAX; }
+
 bool _expseg_grow_tight(size_t held, size_t allocated, size_t exact, size_t grow) {
   return exact < grow && !within(held, grow, allocated, EXPSEG_TIGHT_PERMILLE);
 }

@@ -392,27 +392,18 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
       }
     }
     const size_t pg = pl.u->seg->page, room = pl.u->size / pg;
+    /* where the request ends, from the place on (into the suffix, perhaps) */
+    const uintptr_t end = (pl.prefix ? pl.prefix->ptr : pl.u->ptr) + rounded;
     size_t have = 0;
     bool known = _expseg_cache_cover(a, pg, pl.pages, room, &have);
-    bool unmoved = false; /* idle chunks left where they are, the missing pages created */
-    if (known && have < pl.pages && !a->model_pytorch) { /* PyTorch moves no page */
-      const size_t need = pl.pages - have;
-      unmoved = !move_any &&
-                !_expseg_move_first(held_bytes(a), need * pg, allocated_most_bytes(a, rounded));
-      if (!unmoved) {
-        /* of the suffix, only where memory is short or creating was refused (the idle
-         * memory next to the place may be all there is), and only chunks above what the
-         * request needs of it; otherwise none: moving the suffix's chunks down to the
-         * place, growth after growth, costs a move per request where creating costs one
-         * growth (a buffer grown by reallocation at the top of a segment) */
-        const uintptr_t end = (pl.prefix ? pl.prefix->ptr : pl.u->ptr) + rounded;
-        const size_t keep = !move_any ? SIZE_MAX
-                            : pl.suffix && end > pl.suffix->ptr ? end - pl.suffix->ptr
-                                                                : 0;
-        _expseg_steal_pages(a, pool, pg, need, room, pl.prefix, pl.suffix, keep, blocking,
-                            skey_tag(stream), true);
-        known = _expseg_cache_cover(a, pg, pl.pages, room, &have);
-      }
+    if (known && have < pl.pages && !a->model_pytorch && /* PyTorch moves no page */
+        (move_any || _expseg_move_first(held_bytes(a), (pl.pages - have) * pg,
+                                        allocated_most_bytes(a, rounded)))) {
+      const size_t keep = _expseg_suffix_keep(
+          move_any, pl.suffix && end > pl.suffix->ptr ? end - pl.suffix->ptr : 0);
+      _expseg_steal_pages(a, pool, pg, pl.pages - have, room, pl.prefix, pl.suffix, keep,
+                          blocking, skey_tag(stream), true);
+      known = _expseg_cache_cover(a, pg, pl.pages, room, &have);
     }
     if (!known) { /* not knowing what the cache holds, creating more would only add to it */
       *st = _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
@@ -435,7 +426,6 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     }
     size_t want = pl.pages - have;
     /* the request's whole pages from the place on, less those the cache covers */
-    const uintptr_t end = (pl.prefix ? pl.prefix->ptr : pl.u->ptr) + rounded;
     size_t mine = end > pl.u->ptr ? (end - pl.u->ptr) / pg : 0;
     mine = a->model_pytorch ? 0 : _expseg_request_pages(want, mine > have ? mine - have : 0, pg,
                                                             rounded);
@@ -446,7 +436,8 @@ static block_t *grow_expandable(expseg_allocator *a, int pool, expseg_stream str
     *st = create_chunks(a, pool, want, mine, pg, &made);
     created += made; /* this request's pages, not page-cache hits, wherever they are mapped */
     ours += made * pg;
-    if (*st == EXPSEG_ERR_OUT_OF_MEMORY && !move_any && !a->model_pytorch) {
+    if (*st == EXPSEG_ERR_OUT_OF_MEMORY && !move_any && !a->model_pytorch &&
+        (a->idle_head[POOL_SMALL] != NULL || a->idle_head[POOL_LARGE] != NULL)) {
       move_any = true; /* the cap or the device refused: idle chunks (the suffix's too) first */
       a->oom_kind = OOM_MEMORY;
       continue;

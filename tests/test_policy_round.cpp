@@ -563,4 +563,10 @@ TEST(PolicyRound, IdleChunksMoveOnlyNearTheBound) {
   const size_t huge = (size_t)1 << 60;  // no wrap
   EXPECT_TRUE(_expseg_move_first(huge, huge, 0));
   EXPECT_FALSE(_expseg_move_first(0, huge, huge));
+  // the free block after a growth's place gives chunks only where memory is short or
+  // creating was refused, and then keeps what the request needs of it
+  EXPECT_EQ(_expseg_suffix_keep(false, 0), SIZE_MAX);
+  EXPECT_EQ(_expseg_suffix_keep(false, 3 * MiB), SIZE_MAX);
+  EXPECT_EQ(_expseg_suffix_keep(true, 3 * MiB), 3 * MiB);
+  EXPECT_EQ(_expseg_suffix_keep(true, 0), 0u);
 }
