@@ -7,7 +7,8 @@
 // - near the bound of the peak, a growth moves idle chunks and memory held stays flat;
 // - within it, the missing pages are created and no chunk moves;
 // - where the memory fraction or the device refuses to create them, idle chunks move in
-//   without the out-of-memory retry (which waits for every stream and empties the cache).
+//   without the out-of-memory retry (which waits for every stream and empties the cache);
+//   where nothing is idle, the refused create is not asked for a second time.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -160,4 +161,32 @@ TEST(Moves, ARefusedCreationMovesIdleChunksWithoutTheRetry) {
     free_blocks(a, live);
     expect_consistent(a, how);
   }
+}
+
+// A creation the device refuses where nothing is idle: no idle chunk could move in, so the
+// growth is not placed again to move first (that would only repeat the refused create, a
+// driver call on a device near capacity). The device is full of blocks in use, none free;
+// a request that does not fit fails with the device's out-of-memory, after the one create
+// the growth asked for and the retry's own.
+TEST(Moves, ARefusedCreationWithNothingIdleIsNotTriedTwice) {
+  QuietLog quiet;
+  AllocPtr p = make_alloc("sim:capacity=64M", "expandable_segments:True");
+  expseg_allocator *a = p.get();
+  ASSERT_NE(a, nullptr);
+  std::vector<void *> live;
+  for (int i = 0; i < 32; i++) {
+    void *x = nullptr;
+    ASSERT_EQ(expseg_malloc(a, 2 * MiB, 0, &x), EXPSEG_OK) << err() << " block " << i;
+    live.push_back(x);
+  }
+  ASSERT_EQ(held(a), (int64_t)(64 * MiB));
+  ASSERT_EQ(stat_of(a, "inactive_split_bytes.all.current"), 0);
+  const int64_t creates0 = stat_of(a, "expseg.driver.create");
+  void *x = nullptr;
+  EXPECT_EQ(expseg_malloc(a, 4 * MiB, 0, &x), EXPSEG_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(stat_of(a, "num_ooms"), 1);
+  EXPECT_EQ(stat_of(a, "expseg.driver.create") - creates0, 2)
+      << "one refused create for the growth and one for the retry";
+  free_blocks(a, live);
+  expect_consistent(a, "full device");
 }
