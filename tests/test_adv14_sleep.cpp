@@ -52,7 +52,7 @@ TEST_P(Sleep, Adv14RandomProgramKeepsPointersAndBytes) {
     case 0: return 1 + rng.next() % 4096;
     case 1: return 1 + rng.next() % (1 * MiB);
     case 2: return 1 * MiB + rng.next() % (8 * MiB);
-    default: return 8 * MiB + rng.next() % (24 * MiB);
+    default: return 8 * MiB + rng.next() % (16 * MiB);
     }
   };
   auto bytes_live = [&] {
@@ -69,12 +69,13 @@ TEST_P(Sleep, Adv14RandomProgramKeepsPointersAndBytes) {
             << where << ": " << blk[i].p << " (" << blk[i].size << ", region '" << blk[i].region
             << "') overlaps " << blk[j].p << " (" << blk[j].size << ", region '" << blk[j].region << "')";
     if (!bytes()) return;
-    for (const Blk &b : blk)
-      if (b.known && (b.region.empty() || !asleep[b.region]))
-        ASSERT_TRUE(get(b.p, b.size) == b.data)
-            << where << ": bytes at " << b.p << " (" << b.size << ", region '" << b.region << "') changed";
+    for (const Blk &b : blk) {
+      if (!b.known || (!b.region.empty() && asleep[b.region])) continue;
+      ASSERT_TRUE(get(b.p, b.size) == b.data)
+          << where << ": bytes at " << b.p << " (" << b.size << ", region '" << b.region << "') changed";
+    }
   };
-  const int steps = 400;
+  const int steps = 300;
   for (int step = 0; step < steps; step++) {
     const std::string where = "step " + std::to_string(step);
     SCOPED_TRACE(where);
@@ -82,7 +83,7 @@ TEST_P(Sleep, Adv14RandomProgramKeepsPointersAndBytes) {
     const std::string &tag = tags[rng.next() % tags.size()];
     const expseg_stream s = streams[rng.next() % 3];
     if (op < 40) { // allocate: a region, the private pool or the general cache
-      if (bytes_live() > 500 * MiB) continue;
+      if (bytes_live() > 160 * MiB) continue;
       const size_t n = rand_size();
       const unsigned where_to = rng.next() % 3;
       void *p = nullptr;
@@ -208,7 +209,9 @@ TEST_P(Sleep, Adv14EveryCallWhileAsleep) {
   EXPECT_EQ(stat_of(a_, "segment.all.current"), segs0);
   EXPECT_EQ(stat_of(a_, "reserved_bytes.all.current"), res0 - (int64_t)gone);
   EXPECT_EQ(stat_of(a_, pp), pres0 - (int64_t)gone);
-  EXPECT_EQ(stat_of(a_, "expseg.mapped_bytes.current"), map0 - (int64_t)gone);
+  if (expandable()) { // expandable segments' mapped bytes only (docs/stats.md)
+    EXPECT_EQ(stat_of(a_, "expseg.mapped_bytes.current"), map0 - (int64_t)gone);
+  }
   size_t free1 = 0;
   ASSERT_EQ(expseg_mem_get_info(a_, &free1, &total), EXPSEG_OK);
   EXPECT_EQ(free1, free0 + gone) << "the device's free memory grows by what the sleep gave back";
