@@ -458,6 +458,38 @@ TEST_P(Sleep, Adv14FailedWakeKeepsDeferredFrees) {
   EXPECT_GT(runs, 3u);
 }
 
+// A wake on a full device while the general cache holds free memory: as a malloc would, the
+// wake gives that cached memory back and creates again, instead of failing with the
+// allocator's own cache in the way. A block freed while asleep may still be recorded on a
+// stream (accepted, docs/api.md).
+TEST_P(Sleep, Adv14WakeOnAFullDeviceGivesTheCacheBack) {
+  if (a_ == nullptr) return;
+  fill_region();
+  ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+  const Live g = live_[1];
+  live_.erase(live_.begin() + 1);
+  ASSERT_EQ(expseg_free(a_, g.p), EXPSEG_OK);
+  EXPECT_EQ(expseg_record_stream(a_, g.p, 9), EXPSEG_OK) << expseg_last_error();
+  std::vector<void *> v; // the device filled by the general cache, then all freed (cached)
+  for (;;) {
+    void *p = nullptr;
+    if (expseg_malloc(a_, 50 * MiB, 0, &p) != EXPSEG_OK) break;
+    v.push_back(p);
+  }
+  ASSERT_GT(v.size(), 10u);
+  for (void *p : v) ASSERT_EQ(expseg_free(a_, p), EXPSEG_OK);
+  check("asleep, device full of cached memory");
+  const int64_t reserved = stat_of(a_, "reserved_bytes.all.current");
+  const uint64_t need = info("w").asleep_bytes;
+  ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+  EXPECT_FALSE(info("w").asleep);
+  EXPECT_EQ(info("w").deferred_frees, 0u);
+  EXPECT_LT(stat_of(a_, "reserved_bytes.all.current"), reserved + (int64_t)need)
+      << "cached memory was given back for the wake";
+  expect_data("after a wake on a full device");
+  check("end");
+}
+
 EXPSEG_SLEEP_INSTANTIATE();
 
 } // namespace
