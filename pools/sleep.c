@@ -320,7 +320,11 @@ static expseg_status raise_seg(expseg_allocator *a, sseg_t *g) {
         st = cap_refused(a, c->size);
         break;
       }
-      if ((st = _expseg_vmm_create(a->drv, c->size, &c->h)) != EXPSEG_OK) break;
+      st = _expseg_vmm_create(a->drv, c->size, &c->h);
+      /* the device is full: the general cache's free memory goes back, as for a malloc */
+      if (st == EXPSEG_ERR_OUT_OF_MEMORY && _expseg_release_cached(a, false) > 0)
+        st = _expseg_vmm_create(a->drv, c->size, &c->h);
+      if (st != EXPSEG_OK) break;
       c->alive = true;
       held_change(a, g->s, (int64_t)c->size);
     }
