@@ -490,6 +490,32 @@ TEST_P(Sleep, Adv14WakeOnAFullDeviceGivesTheCacheBack) {
   check("end");
 }
 
+// The same under the memory-fraction cap: the general cache's free memory fills the room
+// up to the cap while the region sleeps; a malloc there would give it back and be served,
+// and so is the wake, keeping to the cap.
+TEST_P(Sleep, Adv14WakeUnderTheCapGivesTheCacheBack) {
+  if (a_ == nullptr) return;
+  fill_region();
+  ASSERT_EQ(expseg_sleep(a_, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+  std::vector<void *> v;
+  for (int i = 0; i < 10; i++) {
+    void *p = nullptr;
+    ASSERT_EQ(expseg_malloc(a_, 50 * MiB, 0, &p), EXPSEG_OK) << expseg_last_error();
+    v.push_back(p);
+  }
+  for (void *p : v) ASSERT_EQ(expseg_free(a_, p), EXPSEG_OK);
+  size_t free_b = 0, total = 0;
+  ASSERT_EQ(expseg_mem_get_info(a_, &free_b, &total), EXPSEG_OK);
+  const double held = (double)stat_of(a_, "reserved_bytes.all.current");
+  const double allowed = held + 4 * MiB;
+  ASSERT_LT((double)info("w").asleep_bytes, held - 400 * MiB);
+  ASSERT_EQ(expseg_set_memory_fraction(a_, allowed / total), EXPSEG_OK);
+  ASSERT_EQ(expseg_wake(a_, "w"), EXPSEG_OK) << expseg_last_error();
+  EXPECT_LE((double)stat_of(a_, "reserved_bytes.all.current"), allowed);
+  expect_data("after a wake under the cap");
+  check("end");
+}
+
 EXPSEG_SLEEP_INSTANTIATE();
 
 } // namespace
