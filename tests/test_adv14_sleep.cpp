@@ -8,8 +8,9 @@
 // Targeted cases: every allocator call made while a region sleeps, with the statistics of
 // docs/api.md ("While a region sleeps"); tag edge cases and no-op sleeps and wakes; a block
 // whose free is pending on a stream that cannot finish; a failure at every driver call of a
-// sleep retried by a second sleep, and at every call of a wake with frees deferred to it.
-// The fixture: test_alloc_sleep_common.h.
+// sleep retried by a second sleep, and at every call of a wake with frees deferred to it; a
+// wake on a device, or under a memory-fraction cap, filled by the general cache's free
+// memory (given back for the wake, as for a malloc). The fixture: test_alloc_sleep_common.h.
 #include "test_alloc_sleep_common.h"
 
 #include <map>
