@@ -503,12 +503,14 @@ EXPSEG_EXPORT expseg_status expseg_region_end(expseg_allocator *a, const char *t
  * expseg_wake restores. Sleeping twice is OK (the mode of the first sleep stays). */
 EXPSEG_EXPORT expseg_status expseg_sleep(expseg_allocator *a, const char *tag,
                                          expseg_sleep_mode mode);
-/* Creates and maps physical memory at the same addresses and copies the offloaded bytes
+/* Creates and maps physical memory at the same addresses (on a full device, after giving
+ * back the general cache's free memory, as a malloc does) and copies the offloaded bytes
  * back; when it returns the region is usable by any work queued after it. On failure the
  * region stays asleep and intact (host copies kept) and the next wake tries again. The
  * memory fraction caps a wake as it caps growth: one that would pass the cap (lowered while
- * the region slept, say) is EXPSEG_ERR_OUT_OF_MEMORY naming it, before any driver call. Frees of
- * the region's blocks made while it slept take effect here. Waking an awake region is OK. */
+ * the region slept, say) even with the general cache's free memory given back is
+ * EXPSEG_ERR_OUT_OF_MEMORY naming it, before any memory is created. Frees of the region's
+ * blocks made while it slept take effect here. Waking an awake region is OK. */
 EXPSEG_EXPORT expseg_status expseg_wake(expseg_allocator *a, const char *tag);
 typedef struct expseg_region_info {
   expseg_pool_id pool;     /* the region's private pool (expseg_pool_of of its pointers) */

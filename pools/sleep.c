@@ -287,6 +287,12 @@ static expseg_status cap_refused(expseg_allocator *a, size_t more) {
       a->cfg.per_process_memory_fraction);
 }
 
+/* Room for `more` within the cap, the general cache's free memory given back if needed? */
+static bool cap_room(expseg_allocator *a, size_t more) {
+  return _expseg_cap_allows(a, more) ||
+         (_expseg_release_cached(a, false) > 0 && _expseg_cap_allows(a, more));
+}
+
 /* The memory a wake of r creates: its chunks not alive, less those the page cache supplies
  * (as take_cached will: one cached chunk of the same size each). Without host memory for
  * the matching, every such chunk counts. */
@@ -316,11 +322,15 @@ static expseg_status raise_seg(expseg_allocator *a, sseg_t *g) {
     if (!c->alive && !take_cached(a, g->s, c)) {
       /* checked before the wake began; again here, as another thread may have grown while
        * the lock was let go for a copy */
-      if (!_expseg_cap_allows(a, c->size)) {
+      if (!cap_room(a, c->size)) {
         st = cap_refused(a, c->size);
         break;
       }
-      if ((st = _expseg_vmm_create(a->drv, c->size, &c->h)) != EXPSEG_OK) break;
+      st = _expseg_vmm_create(a->drv, c->size, &c->h);
+      /* the device is full: the general cache's free memory goes back, as for a malloc */
+      if (st == EXPSEG_ERR_OUT_OF_MEMORY && _expseg_release_cached(a, false) > 0)
+        st = _expseg_vmm_create(a->drv, c->size, &c->h);
+      if (st != EXPSEG_OK) break;
       c->alive = true;
       held_change(a, g->s, (int64_t)c->size);
     }
@@ -612,8 +622,10 @@ static void commit_wake(expseg_allocator *a, region_t *r) {
 static expseg_status wake_locked(expseg_allocator *a, region_t **rp) {
   if (!(*rp)->asleep) return EXPSEG_OK;
   if (a->allowed != SIZE_MAX) { /* a wake grows as an allocation does: within the cap */
-    const size_t need = wake_creates(a, *rp);
-    if (!_expseg_cap_allows(a, need)) return cap_refused(a, need); /* nothing touched */
+    size_t need = wake_creates(a, *rp);
+    if (!_expseg_cap_allows(a, need) && _expseg_release_cached(a, false) > 0)
+      need = wake_creates(a, *rp); /* the page cache may be gone too */
+    if (!_expseg_cap_allows(a, need)) return cap_refused(a, need); /* nothing created */
   }
   expseg_status st = raise_all(a, rp);
   region_t *r = *rp;
