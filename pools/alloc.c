@@ -24,10 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static expseg_status null_allocator(const char *fn) {
-  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: the allocator is NULL", fn);
-}
-
 static size_t allowed_for(const expseg_allocator *a) {
   return _expseg_allowed_bytes(a->cfg.per_process_memory_fraction, a->total_mem);
 }
@@ -254,7 +250,7 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
   if (out == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_malloc: out is NULL");
   *out = NULL;
-  if (a == NULL) return null_allocator("expseg_malloc");
+  if (a == NULL) return _expseg_null_allocator("expseg_malloc");
   if (flags & ~EXPSEG_MALLOC_SINGLE_CHUNK)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_malloc_ex: flags 0x%x: unknown bits 0x%x; accepted: "
@@ -443,7 +439,7 @@ void _expseg_free_block(expseg_allocator *a, block_t *b) {
 }
 
 expseg_status expseg_free(expseg_allocator *a, void *ptr) {
-  if (a == NULL) return null_allocator("expseg_free");
+  if (a == NULL) return _expseg_null_allocator("expseg_free");
   if (ptr == NULL) return EXPSEG_OK;
   pthread_mutex_lock(&a->lock);
   if ((((uintptr_t)a->ipc | (uintptr_t)a->hist) == 0)) { /* the hit path: nothing warns */
@@ -514,7 +510,7 @@ expseg_status _expseg_free_locked(expseg_allocator *a, void *ptr) {
 }
 
 expseg_status expseg_record_stream(expseg_allocator *a, void *ptr, expseg_stream stream) {
-  if (a == NULL) return null_allocator("expseg_record_stream");
+  if (a == NULL) return _expseg_null_allocator("expseg_record_stream");
   if (stream >> EXPSEG_KEY_SHIFT) return bad_stream("expseg_record_stream", stream);
   if (ptr == NULL) return EXPSEG_OK; /* as PyTorch: nothing to record */
   api_lock(a);
@@ -538,7 +534,7 @@ expseg_status expseg_record_stream(expseg_allocator *a, void *ptr, expseg_stream
 /* ---- cache, limits, configuration ---- */
 
 expseg_status expseg_empty_cache(expseg_allocator *a) {
-  if (a == NULL) return null_allocator("expseg_empty_cache");
+  if (a == NULL) return _expseg_null_allocator("expseg_empty_cache");
   api_lock(a);
   if (a->ipc != NULL) _expseg_ipc_poll_locked(a);
   _expseg_sync_all_events(a);
@@ -552,7 +548,7 @@ expseg_status expseg_empty_cache(expseg_allocator *a) {
 }
 
 expseg_status expseg_set_memory_fraction(expseg_allocator *a, double fraction) {
-  if (a == NULL) return null_allocator("expseg_set_memory_fraction");
+  if (a == NULL) return _expseg_null_allocator("expseg_set_memory_fraction");
   if (!(fraction >= 0.0 && fraction <= 1.0)) {
     char num[40]; /* short, unless the short form would look inside the range */
     snprintf(num, sizeof num, "%g", fraction);
@@ -587,7 +583,7 @@ static bool config_consistent(const expseg_config_t *c, char *err, size_t len) {
 }
 
 expseg_status expseg_configure(expseg_allocator *a, const char *config) {
-  if (a == NULL) return null_allocator("expseg_configure");
+  if (a == NULL) return _expseg_null_allocator("expseg_configure");
   if (config == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_configure: config is NULL; pass option text such as "
@@ -645,7 +641,7 @@ size_t expseg_config_string(const expseg_allocator *a, char *buf, size_t len) {
 }
 
 expseg_status expseg_add_oom_observer(expseg_allocator *a, expseg_oom_observer fn, void *ctx) {
-  if (a == NULL) return null_allocator("expseg_add_oom_observer");
+  if (a == NULL) return _expseg_null_allocator("expseg_add_oom_observer");
   if (fn == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_add_oom_observer: fn is NULL");
   api_lock(a);
@@ -664,7 +660,7 @@ expseg_status expseg_add_oom_observer(expseg_allocator *a, expseg_oom_observer f
 /* ---- statistics ---- */
 
 expseg_status expseg_stat(const expseg_allocator *a, const char *key, int64_t *value) {
-  if (a == NULL) return null_allocator("expseg_stat");
+  if (a == NULL) return _expseg_null_allocator("expseg_stat");
   if (key == NULL || value == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_stat: %s is NULL",
                              key == NULL ? "key" : "value");
@@ -734,7 +730,7 @@ void expseg_reset_accumulated_stats(expseg_allocator *a) {
 }
 
 expseg_status expseg_check(const expseg_allocator *a) {
-  if (a == NULL) return null_allocator("expseg_check");
+  if (a == NULL) return _expseg_null_allocator("expseg_check");
   expseg_allocator *m = (expseg_allocator *)a;
   api_lock(m);
   expseg_status st = _expseg_check_locked(a);

@@ -442,6 +442,8 @@ size_t _expseg_cache_trim(expseg_allocator *a, size_t keep_bytes);
 void _expseg_segments_destroy(expseg_allocator *a);
 /* Collection before growing for a request; keep: reclaimable bytes to leave for it. */
 void _expseg_garbage_collect(expseg_allocator *a, size_t keep);
+/* public_error.c: the error of a public call `fn` given a NULL allocator */
+expseg_status _expseg_null_allocator(const char *fn);
 /* ---- model.c: PyTorch's behaviour where expseg differs (for expseg-replay --model
  * pytorch; not a configuration key) ---- */
 expseg_status _expseg_set_model_pytorch(expseg_allocator *a, bool on);

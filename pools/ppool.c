@@ -27,10 +27,6 @@
 
 #define MAX_TAGS 65535u /* tags live in the 16 bits above EXPSEG_KEY_SHIFT */
 
-static expseg_status null_allocator(const char *fn) {
-  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: the allocator is NULL", fn);
-}
-
 /* The tag of a live pool (use count >= 1), or 0: one lookup in a->ppool_ids. */
 static uint32_t live_tag(const expseg_allocator *a, expseg_pool_id id) {
   if (id == 0) return 0;
@@ -70,7 +66,7 @@ expseg_status expseg_pool_create(expseg_allocator *a, expseg_pool_id *out) {
   if (out == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_pool_create: out is NULL");
   *out = 0;
-  if (a == NULL) return null_allocator("expseg_pool_create");
+  if (a == NULL) return _expseg_null_allocator("expseg_pool_create");
   api_lock(a);
   expseg_status st = EXPSEG_OK;
   const size_t t = a->n_ppool_free > 0 ? a->ppool_free[a->n_ppool_free - 1]
@@ -102,7 +98,7 @@ expseg_status expseg_pool_create(expseg_allocator *a, expseg_pool_id *out) {
 }
 
 expseg_status expseg_pool_retain(expseg_allocator *a, expseg_pool_id pool) {
-  if (a == NULL) return null_allocator("expseg_pool_retain");
+  if (a == NULL) return _expseg_null_allocator("expseg_pool_retain");
   api_lock(a);
   uint32_t t = live_tag(a, pool);
   expseg_status st = EXPSEG_OK;
@@ -117,7 +113,7 @@ expseg_status expseg_pool_retain(expseg_allocator *a, expseg_pool_id pool) {
 }
 
 expseg_status expseg_pool_use_count(const expseg_allocator *a, expseg_pool_id pool, int *out) {
-  if (a == NULL) return null_allocator("expseg_pool_use_count");
+  if (a == NULL) return _expseg_null_allocator("expseg_pool_use_count");
   if (out == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_pool_use_count: out is NULL");
   expseg_allocator *m = (expseg_allocator *)a;
@@ -132,7 +128,7 @@ expseg_status expseg_pool_use_count(const expseg_allocator *a, expseg_pool_id po
 
 expseg_status expseg_pool_begin(expseg_allocator *a, expseg_pool_id pool,
                                 bool (*filter)(void *ctx, expseg_stream stream), void *ctx) {
-  if (a == NULL) return null_allocator("expseg_pool_begin");
+  if (a == NULL) return _expseg_null_allocator("expseg_pool_begin");
   api_lock(a);
   uint32_t t = live_tag(a, pool);
   expseg_status st = EXPSEG_OK;
@@ -150,7 +146,7 @@ expseg_status expseg_pool_begin(expseg_allocator *a, expseg_pool_id pool,
 }
 
 expseg_status expseg_pool_end(expseg_allocator *a, expseg_pool_id pool) {
-  if (a == NULL) return null_allocator("expseg_pool_end");
+  if (a == NULL) return _expseg_null_allocator("expseg_pool_end");
   api_lock(a);
   size_t i = a->n_routes;
   while (i > 0 && a->routes[i - 1].id != pool) i--;
@@ -169,7 +165,7 @@ expseg_status expseg_pool_end(expseg_allocator *a, expseg_pool_id pool) {
 }
 
 expseg_status expseg_pool_release(expseg_allocator *a, expseg_pool_id pool) {
-  if (a == NULL) return null_allocator("expseg_pool_release");
+  if (a == NULL) return _expseg_null_allocator("expseg_pool_release");
   api_lock(a);
   uint32_t t = live_tag(a, pool);
   expseg_status st = EXPSEG_OK;
@@ -201,7 +197,7 @@ expseg_status expseg_pool_release(expseg_allocator *a, expseg_pool_id pool) {
 }
 
 expseg_status expseg_pool_empty_cache(expseg_allocator *a, expseg_pool_id pool) {
-  if (a == NULL) return null_allocator("expseg_pool_empty_cache");
+  if (a == NULL) return _expseg_null_allocator("expseg_pool_empty_cache");
   api_lock(a);
   uint32_t t = live_tag(a, pool);
   expseg_status st = EXPSEG_OK;
@@ -216,7 +212,7 @@ expseg_status expseg_pool_empty_cache(expseg_allocator *a, expseg_pool_id pool) 
 }
 
 expseg_status expseg_pool_of(const expseg_allocator *a, const void *ptr, expseg_pool_id *out) {
-  if (a == NULL) return null_allocator("expseg_pool_of");
+  if (a == NULL) return _expseg_null_allocator("expseg_pool_of");
   if (out == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_pool_of: out is NULL");
   expseg_allocator *m = (expseg_allocator *)a;

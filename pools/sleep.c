@@ -2,39 +2,34 @@
 /* sleep.c: tagged regions, and their sleep and wake.
  *
  * A region is a private pool (ppool.c) named by a tag, so its segments and pages are never
- * shared with anything else. Sleep keeps every segment of the region (its address range,
- * its blocks, the layout of its pages and their chunks: the allocator's bookkeeping is left
- * as it was) and only changes what stands behind it: the live blocks' bytes go to pinned
- * host memory (offload) or nowhere (discard), then each physical chunk is unmapped and
- * released. Wake takes a chunk of the same size for each from the page cache, else creates
- * one, maps it at the same address, grants access and copies the bytes back. Segments marked `asleep` are the only ones whose
- * pages and handles do not describe memory held: what they hold (chunks a refused unmap or
- * release left behind) is in this file's records, which expseg_check and the statistics
- * read through _expseg_seg_held.
+ * shared. Sleep keeps every segment of the region (address range, blocks, pages and their
+ * chunks: the bookkeeping stays as it was) and changes only what stands behind it: the live
+ * blocks' bytes go to pinned host memory (offload) or nowhere (discard), then each chunk is
+ * unmapped and released. Wake takes a chunk of the same size for each from the page cache,
+ * else creates one, maps it at the same address, grants access and copies the bytes back.
+ * Segments marked `asleep` are the only ones whose pages and handles do not describe memory
+ * held: what they hold (chunks a refused unmap or release left) is in this file's records,
+ * which expseg_check and the statistics read through _expseg_seg_held.
  *
  * Both directions converge on a target: each chunk record says whether its chunk is alive
- * and mapped, sleep drives every record to (dead, unmapped), wake to (alive, mapped). A
- * failed step leaves the records true to the driver, so the next call continues from
- * there and nothing leaks; a wake that fails part-way drives everything back to asleep, so
- * a region is never half restored. Copies are made in pieces of at most 64 MiB with the
- * allocator's lock let go (the region marked busy: see copy_unlocked); the driver calls are
- * made with it held. Where the driver queues copies (cuda: cuMemcpyDtoHAsync/HtoDAsync into
- * pinned host memory) they go on one stream of the allocator's, synchronized once per sleep
- * or wake before anything is unmapped or handed out; a wake queues each segment's copies
- * as soon as it is mapped, so they run while the next segments are created and mapped.
- * Elsewhere (host) they are synchronous, made segment by segment. A wake maps each segment with one
- * set_access per contiguous range, then copies that segment's bytes back. A wake grows
- * as an allocation does, within the memory-fraction cap: one that would pass it is refused
- * before anything is touched (and checked again at each create, as copies let the lock go).
+ * and mapped; sleep drives every record to (dead, unmapped), wake to (alive, mapped). A
+ * failed step leaves the records true to the driver, so the next call continues and nothing
+ * leaks; a wake that fails part-way drives everything back to asleep (never half restored).
+ * Copies go in pieces of at most 64 MiB with the lock let go (the region marked busy:
+ * copy_unlocked); driver calls are made with it held. Where the driver queues copies (cuda)
+ * they go on one stream of the allocator's, synchronized once per sleep or wake before
+ * anything is unmapped or handed out; a wake queues each segment's copies once it is mapped
+ * (one set_access per contiguous range), so they run while the next segments are mapped;
+ * elsewhere (host) they are synchronous. A wake grows as an allocation does: within the
+ * memory-fraction cap (checked before anything is touched and at each create), and on a
+ * full device or at the cap after the general cache's free memory is given back.
  *
  * Host copies are kept: a wake keeps the region's pinned host copies and its next offload
- * reuses those of the right size (at most twice the bytes), so a sleep-wake cycle after the
- * first makes no host allocation and copies into memory already faulted in. Kept copies
- * are counted (expseg.sleep_host_kept_bytes) and given back by expseg_empty_cache, a
- * discarding sleep, or a sleep that does not need them. On a driver without bytes (sim) an
- * offload allocates and copies nothing, but its host copies are counted as everywhere else
- * (records of the same sizes with no memory behind them), so the statistics of a sim run
- * show the host memory a real one would hold. */
+ * reuses those of the right size (at most twice the bytes), so a cycle after the first
+ * makes no host allocation. Kept copies are counted (expseg.sleep_host_kept_bytes) and given
+ * back by expseg_empty_cache, a discarding sleep, or a sleep that does not need them. On a
+ * driver without bytes (sim) an offload copies nothing, but its host copies are counted as
+ * a real run would hold them (records of the same sizes, no memory behind them). */
 #include "error.h"
 #include "internal.h"
 #include "release.h"
@@ -46,10 +41,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-static expseg_status null_allocator(const char *fn) {
-  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: the allocator is NULL", fn);
-}
 
 static expseg_status bad_tag(const char *fn, const char *tag) {
   if (tag == NULL)
@@ -94,7 +85,7 @@ static expseg_status unknown_tag(const char *fn, const expseg_allocator *a, cons
 /* ---- regions ---- */
 
 expseg_status expseg_region_begin(expseg_allocator *a, const char *tag) {
-  if (a == NULL) return null_allocator("expseg_region_begin");
+  if (a == NULL) return _expseg_null_allocator("expseg_region_begin");
   expseg_status st = bad_tag("expseg_region_begin", tag);
   if (st != EXPSEG_OK) return st;
   api_lock(a);
@@ -137,7 +128,7 @@ expseg_status expseg_region_begin(expseg_allocator *a, const char *tag) {
 }
 
 expseg_status expseg_region_end(expseg_allocator *a, const char *tag) {
-  if (a == NULL) return null_allocator("expseg_region_end");
+  if (a == NULL) return _expseg_null_allocator("expseg_region_end");
   expseg_status st = bad_tag("expseg_region_end", tag);
   if (st != EXPSEG_OK) return st;
   api_lock(a);
@@ -311,9 +302,9 @@ static size_t wake_creates(const expseg_allocator *a, const region_t *r) {
   return need;
 }
 
-/* Drives every chunk of g to created (or taken from the page cache) and mapped, with one set_access per contiguous range
- * it maps (chunks still mapped by a sleep that failed part-way kept their access); stops
- * at the first failure. */
+/* Drives every chunk of g to created (or taken from the page cache) and mapped, with one
+ * set_access per contiguous range it maps (chunks still mapped by a sleep that failed
+ * part-way kept their access); stops at the first failure. */
 static expseg_status raise_seg(expseg_allocator *a, sseg_t *g) {
   expseg_status st = EXPSEG_OK;
   uintptr_t lo = 0, hi = 0; /* mapped here, access not yet granted */
@@ -669,7 +660,7 @@ static void hist_region(expseg_allocator *a, const region_t *r, int action, uint
  * apart so that no mode value can stand for a wake. */
 static expseg_status run(expseg_allocator *a, const char *fn, const char *tag, bool wake,
                          int mode) {
-  if (a == NULL) return null_allocator(fn);
+  if (a == NULL) return _expseg_null_allocator(fn);
   expseg_status st = bad_tag(fn, tag);
   if (st != EXPSEG_OK) return st;
   if (!wake && mode != EXPSEG_SLEEP_OFFLOAD && mode != EXPSEG_SLEEP_DISCARD)
@@ -734,7 +725,7 @@ expseg_status expseg_wake(expseg_allocator *a, const char *tag) {
 
 expseg_status expseg_region_get_info(expseg_allocator *a, const char *tag,
                                      expseg_region_info *out) {
-  if (a == NULL) return null_allocator("expseg_region_get_info");
+  if (a == NULL) return _expseg_null_allocator("expseg_region_get_info");
   if (out == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "expseg_region_get_info: out is NULL");
   memset(out, 0, sizeof *out);

@@ -10,17 +10,13 @@
 #include <stdatomic.h>
 #include <string.h>
 
-static expseg_status no_allocator(const char *fn) {
-  return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: the allocator is NULL", fn);
-}
-
 expseg_status expseg_testing_hold_stream(expseg_allocator *a, expseg_stream stream, bool held) {
-  if (a == NULL) return no_allocator("expseg_testing_hold_stream");
+  if (a == NULL) return _expseg_null_allocator("expseg_testing_hold_stream");
   return _expseg_vmm_hold_stream(a->drv, stream, held);
 }
 
 expseg_status expseg_testing_set_faults(expseg_allocator *a, const char *rules) {
-  if (a == NULL) return no_allocator("expseg_testing_set_faults");
+  if (a == NULL) return _expseg_null_allocator("expseg_testing_set_faults");
   if (rules == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_testing_set_faults: rules is NULL; \"\" removes every rule");
@@ -29,7 +25,7 @@ expseg_status expseg_testing_set_faults(expseg_allocator *a, const char *rules) 
 
 expseg_status expseg_testing_copy_in(expseg_allocator *a, void *dst, const void *src,
                                      size_t size) {
-  if (a == NULL) return no_allocator("expseg_testing_copy_in");
+  if (a == NULL) return _expseg_null_allocator("expseg_testing_copy_in");
   if (dst == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_testing_copy_in: dst is NULL; accepted: device memory "
@@ -39,7 +35,7 @@ expseg_status expseg_testing_copy_in(expseg_allocator *a, void *dst, const void 
 
 expseg_status expseg_testing_copy_out(expseg_allocator *a, void *dst, const void *src,
                                       size_t size) {
-  if (a == NULL) return no_allocator("expseg_testing_copy_out");
+  if (a == NULL) return _expseg_null_allocator("expseg_testing_copy_out");
   if (src == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_testing_copy_out: src is NULL; accepted: device memory "
@@ -72,7 +68,7 @@ static void counts_of(const expseg_vmm_t *d, expseg_testing_driver_counts *out) 
 
 expseg_status expseg_testing_driver_counts_get(const expseg_allocator *a,
                                                expseg_testing_driver_counts *out) {
-  if (a == NULL) return no_allocator("expseg_testing_driver_counts_get");
+  if (a == NULL) return _expseg_null_allocator("expseg_testing_driver_counts_get");
   if (out == NULL)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_testing_driver_counts_get: out is NULL");

@@ -83,7 +83,7 @@ void _expseg_hist_ann_move(history_t *h, history_t *old, unsigned flags) {
 expseg_status expseg_history_record_annotation(expseg_allocator *a, const char *const *keys,
                                                const char *const *values, size_t n) {
   static const char fn[] = "expseg_history_record_annotation";
-  if (a == NULL) return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: the allocator is NULL", fn);
+  if (a == NULL) return _expseg_null_allocator(fn);
   if (n > 0 && (keys == NULL || values == NULL))
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: n is %zu but %s is NULL", fn, n,
                              keys == NULL ? "keys" : "values");

@@ -388,7 +388,7 @@ static expseg_status snapshot_any(const char *fn, expseg_allocator *a, expseg_ho
   *buf = NULL;
   *len = 0;
   if (a == NULL)
-    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s: the allocator is NULL", fn);
+    return _expseg_null_allocator(fn);
   api_lock(a); /* then the host pool's lock, inside (host pool code takes no allocator lock) */
   expseg_status st = build(a, host, flags, buf, len);
   api_unlock(a);
