@@ -1,0 +1,372 @@
+// SPDX-License-Identifier: Apache-2.0
+// test_adv14_host.cpp: the pinned host pool (expseg_host_*) under seeded random programs and
+// targeted cases, on the sim and host drivers: sizes straddling the page, the round
+// threshold and the cached size (power-of-two, carved and own-chunk blocks), frees,
+// record_stream on held streams, empty_cache and reset_peak_stats interleaved, over option
+// combinations. After every step: no two live or stream-busy blocks overlap, the bytes
+// written into each live block survive, the statistics keep the rules docs/host_pool.md
+// states, and the pool's walk (the snapshot's host_segments) shows every live block once,
+// with the address and size malloc gave. Then the driver's host_alloc / host_free failing at
+// random points (fault wrapper), and bad input.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "alloc_support.h"
+#include "expseg.h"
+#include "host_pool_support.h"
+#include "test_seed.h"
+
+// pools/internal.h declares it without C linkage for C++: bound here by its symbol.
+extern "C" bool adv14_host_observe(expseg_host_pool *h,
+                                   void (*fn)(void *ctx, const history_t *hist,
+                                              const expseg_walk_segment *segs, size_t n),
+                                   void *ctx) __asm__("_expseg_host_observe");
+
+namespace {
+
+struct Live {
+  size_t size;
+  uint8_t tag;
+  std::set<expseg_stream> streams;
+};
+
+struct Busy {
+  size_t size;
+  std::set<expseg_stream> held; // held streams it waits on
+};
+
+// The walk of the pool (what host_segments is written from), copied out.
+struct WalkBlock {
+  uint64_t address, size, requested;
+  expseg_block_state state;
+};
+struct WalkSeg {
+  uint64_t address, total;
+  std::vector<WalkBlock> blocks;
+};
+
+void walk_cb(void *ctx, const history_t *, const expseg_walk_segment *segs, size_t n) {
+  auto *out = static_cast<std::vector<WalkSeg> *>(ctx);
+  for (size_t i = 0; i < n; i++) {
+    WalkSeg s{segs[i].address, segs[i].total_size, {}};
+    for (size_t j = 0; j < segs[i].n_blocks; j++) {
+      const expseg_walk_block &b = segs[i].blocks[j];
+      s.blocks.push_back({b.address, b.size, b.requested_size, b.state});
+    }
+    out->push_back(s);
+  }
+}
+
+std::vector<WalkSeg> walk(expseg_host_pool *h) {
+  std::vector<WalkSeg> w;
+  EXPECT_TRUE(adv14_host_observe(h, walk_cb, &w));
+  return w;
+}
+
+uint8_t pat(uint8_t tag, size_t off) { return (uint8_t)(tag * 31u + (off >> 12) * 7u + 1u); }
+
+// Offsets written and checked in a block of n bytes: its first and last bytes, each page
+// start, capped to keep huge blocks cheap.
+std::vector<size_t> probe_offsets(size_t n) {
+  std::vector<size_t> o;
+  size_t step = n > 64 * 4096 ? n / 64 & ~size_t(4095) : 4096;
+  if (step == 0) step = 4096;
+  for (size_t off = 0; off < n; off += step) o.push_back(off);
+  o.push_back(n - 1);
+  return o;
+}
+
+void fill(void *p, size_t n, uint8_t tag) {
+  for (size_t off : probe_offsets(n)) static_cast<uint8_t *>(p)[off] = pat(tag, off);
+}
+
+bool intact(const void *p, size_t n, uint8_t tag) {
+  for (size_t off : probe_offsets(n))
+    if (static_cast<const uint8_t *>(p)[off] != pat(tag, off)) return false;
+  return true;
+}
+
+// The rules of docs/host_pool.md "Statistics" against what the test knows is live.
+void expect_stats(expseg_host_pool *h, const std::map<uintptr_t, Live> &live,
+                  const std::string &where) {
+  StatMap s = host_stat_map(h);
+  for (const char *k : {"allocation", "allocated_bytes", "segment", "reserved_bytes",
+                        "expseg.cached_bytes", "expseg.pending_blocks"}) {
+    std::string cur = std::string(k) + ".current", peak = std::string(k) + ".peak";
+    std::string al = std::string(k) + ".allocated", fr = std::string(k) + ".freed";
+    EXPECT_GE(s[cur], 0) << where << ": " << cur;
+    EXPECT_LE(s[cur], s[peak]) << where << ": " << cur << " above its peak";
+    EXPECT_EQ(s[al] - s[fr], s[cur]) << where << ": " << k << " allocated - freed != current";
+  }
+  // allocation: blocks held by callers or pending
+  EXPECT_EQ(s["allocation.current"],
+            (int64_t)live.size() + s["expseg.pending_blocks.current"]) << where;
+  int64_t asked = 0;
+  for (const auto &kv : live) asked += (int64_t)((kv.second.size + 4095) / 4096 * 4096);
+  EXPECT_GE(s["allocated_bytes.current"], asked) << where << ": live bytes above allocated";
+  EXPECT_LE(s["allocated_bytes.current"] + s["expseg.cached_bytes.current"],
+            s["reserved_bytes.current"]) << where << ": allocated + cached above reserved";
+  EXPECT_EQ(s["expseg.locked_bytes"] + s["expseg.unlocked_bytes"], s["reserved_bytes.current"])
+      << where;
+  EXPECT_EQ(s["num_host_alloc"] - s["num_host_free"], s["segment.current"]) << where;
+  EXPECT_EQ(s["host_alloc_time.count"], s["num_host_alloc"]) << where;
+  EXPECT_EQ(s["host_free_time.count"], s["num_host_free"]) << where;
+  EXPECT_EQ(s["expseg.hits"] + s["expseg.misses"] + s["expseg.reserve_allocs"] >= 0, true);
+}
+
+// The walk against the statistics and the live set: every live block once, as allocated,
+// at the address with the requested size malloc was given; segments tiled by their blocks.
+void expect_walk(expseg_host_pool *h, const std::map<uintptr_t, Live> &live,
+                 const std::string &where) {
+  // the walk and the statistics are read under two takings of the lock: a background
+  // thread may process events between them, or be giving a chunk back (its lock dropped
+  // around the driver call: the chunk is still counted, no longer walked), so read until
+  // the statistics did not move and the walk covers what is reserved
+  auto steady = [](StatMap m) {
+    m = without_times(m);
+    m.erase("expseg.background_passes");
+    return m;
+  };
+  std::vector<WalkSeg> w;
+  StatMap s;
+  for (int tries = 0; tries < 100; tries++) {
+    StatMap before = steady(host_stat_map(h));
+    w = walk(h);
+    s = steady(host_stat_map(h));
+    int64_t total = 0;
+    for (const WalkSeg &g : w) total += (int64_t)g.total;
+    if (s == before && total == s["reserved_bytes.current"]) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  int64_t total = 0, alloc_bytes = 0, free_bytes = 0, n_alloc = 0, n_pending = 0;
+  std::map<uint64_t, const WalkBlock *> seen;
+  for (const WalkSeg &g : w) {
+    total += (int64_t)g.total;
+    uint64_t at = g.address, sum = 0;
+    for (const WalkBlock &b : g.blocks) {
+      EXPECT_EQ(b.address, at) << where << ": segment 0x" << std::hex << g.address
+                               << " not tiled by its blocks";
+      at = b.address + b.size;
+      sum += b.size;
+      if (b.state == EXPSEG_BLOCK_ALLOCATED) {
+        n_alloc++;
+        alloc_bytes += (int64_t)b.size;
+        EXPECT_TRUE(seen.emplace(b.address, &b).second) << where << ": block listed twice";
+      } else if (b.state == EXPSEG_BLOCK_PENDING_FREE) {
+        n_pending++;
+        alloc_bytes += (int64_t)b.size;
+      } else {
+        free_bytes += (int64_t)b.size;
+      }
+    }
+    EXPECT_EQ(sum, g.total) << where;
+  }
+  EXPECT_EQ(total, s["reserved_bytes.current"]) << where << ": walk total != reserved";
+  EXPECT_EQ(alloc_bytes, s["allocated_bytes.current"]) << where;
+  EXPECT_EQ(n_pending, s["expseg.pending_blocks.current"]) << where;
+  EXPECT_EQ(free_bytes, s["expseg.cached_bytes.current"] + s["expseg.reserve_segment_bytes"] -
+                            s["expseg.reserve_segment_used_bytes"])
+      << where << ": free blocks != cached + the reserve's unused tail";
+  EXPECT_EQ(n_alloc, (int64_t)live.size()) << where;
+  for (const auto &kv : live) {
+    auto it = seen.find(kv.first);
+    if (it == seen.end()) {
+      ADD_FAILURE() << where << ": live block 0x" << std::hex << kv.first << " not in the walk";
+      continue;
+    }
+    EXPECT_EQ(it->second->requested, kv.second.size) << where;
+    EXPECT_GE(it->second->size, kv.second.size) << where;
+  }
+}
+
+bool overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) { return a < b + bn && b < a + an; }
+
+struct Program {
+  expseg_host_pool *h;
+  bool patterns;
+  TestRng rng;
+  size_t thr, maxc; // bytes; SIZE_MAX = off
+  std::map<uintptr_t, Live> live;
+  std::map<uintptr_t, Busy> busy;
+  std::set<expseg_stream> held;
+  uint8_t next_tag = 1;
+  bool can_hold = true;
+
+  Program(expseg_host_pool *hp, bool pat_on, uint64_t seed, size_t t, size_t m)
+      : h(hp), patterns(pat_on), rng(seed), thr(t), maxc(m) {}
+
+  size_t pick_size() {
+    const size_t pg = 4096;
+    std::vector<size_t> edges = {1, pg - 1, pg, pg + 1, 3 * pg + 17, 64 * KiB, 100 * KiB,
+                                 1 * MiB - 1, 1 * MiB, 1 * MiB + 1, 6 * MiB, 20 * MiB};
+    for (size_t base : {thr, maxc}) {
+      if (base == SIZE_MAX || base > 16 * MiB) continue;
+      if (base > 0) edges.push_back(base - 1);
+      edges.push_back(base);
+      edges.push_back(base + 1);
+      edges.push_back(base + pg);
+      if (base > pg) edges.push_back(base - pg + 1);
+    }
+    if (rng.chance(0.6)) return edges[rng.below(edges.size())];
+    return 1 + rng.below(rng.chance(0.7) ? 512 * KiB : 6 * MiB);
+  }
+
+  void check_new(uintptr_t p, size_t n, const std::string &where) {
+    for (const auto &kv : live)
+      EXPECT_FALSE(overlaps(p, n, kv.first, kv.second.size))
+          << where << ": new block 0x" << std::hex << p << "+" << n << " overlaps live 0x"
+          << kv.first << "+" << kv.second.size;
+    for (const auto &kv : busy)
+      EXPECT_FALSE(overlaps(p, n, kv.first, kv.second.size))
+          << where << ": new block 0x" << std::hex << p << "+" << n
+          << " overlaps a block still used by a stream 0x" << kv.first;
+  }
+
+  uintptr_t any_live() {
+    auto it = live.begin();
+    std::advance(it, (long)rng.below(live.size()));
+    return it->first;
+  }
+
+  void release(expseg_stream s) {
+    hold(h, s, false);
+    held.erase(s);
+    for (auto it = busy.begin(); it != busy.end();) {
+      it->second.held.erase(s);
+      it = it->second.held.empty() ? busy.erase(it) : std::next(it);
+    }
+  }
+
+  void free_one(uintptr_t p, const std::string &where) {
+    Live &l = live[p];
+    if (patterns) {
+      EXPECT_TRUE(intact((void *)p, l.size, l.tag)) << where << ": bytes of 0x" << std::hex << p
+                                                    << " changed";
+    }
+    Busy b{l.size, {}};
+    for (expseg_stream s : l.streams)
+      if (held.count(s)) b.held.insert(s);
+    live.erase(p);
+    ASSERT_EQ(expseg_host_free(h, (void *)p), EXPSEG_OK) << where << ": " << expseg_last_error();
+    if (!b.held.empty()) busy[p] = b;
+  }
+
+  // One step; returns false on a fatal failure.
+  void step(uint64_t i) {
+    std::string where = "step " + std::to_string(i);
+    uint64_t r = rng.below(100);
+    int64_t live_bytes = 0;
+    for (const auto &kv : live) live_bytes += (int64_t)kv.second.size;
+    if (r < 45 && live_bytes < 96 * (int64_t)MiB) {
+      size_t n = rng.chance(0.02) ? 0 : pick_size();
+      void *p = nullptr;
+      ASSERT_EQ(expseg_host_malloc(h, n, &p), EXPSEG_OK) << where << " size " << n << ": "
+                                                          << expseg_last_error();
+      if (n == 0) {
+        EXPECT_EQ(p, nullptr);
+        return;
+      }
+      ASSERT_NE(p, nullptr);
+      EXPECT_EQ((uintptr_t)p % 4096, 0u) << where;
+      check_new((uintptr_t)p, n, where + " size " + std::to_string(n));
+      uint8_t tag = next_tag++;
+      if (patterns) fill(p, n, tag);
+      live[(uintptr_t)p] = Live{n, tag, {}};
+    } else if (r < 80 && !live.empty()) {
+      free_one(any_live(), where);
+    } else if (r < 90 && !live.empty()) {
+      expseg_stream s = 1 + rng.below(3);
+      if (can_hold && !held.count(s) && rng.chance(0.5)) {
+        hold(h, s, true);
+        held.insert(s);
+      }
+      uintptr_t p = any_live();
+      ASSERT_EQ(expseg_host_record_stream(h, (void *)p, s), EXPSEG_OK) << where;
+      live[p].streams.insert(s);
+    } else if (r < 94 && !held.empty()) {
+      auto it = held.begin();
+      std::advance(it, (long)rng.below(held.size()));
+      release(*it);
+    } else if (r < 97) {
+      ASSERT_EQ(expseg_host_empty_cache(h), EXPSEG_OK) << where;
+    } else {
+      expseg_host_reset_peak_stats(h);
+    }
+    expect_stats(h, live, where);
+    if (i % 16 == 0) expect_walk(h, live, where);
+  }
+
+  // Frees everything, releases every stream, empties the cache: what stays is the reserve.
+  void finish() {
+    while (!live.empty()) free_one(live.begin()->first, "finish");
+    while (!held.empty()) release(*held.begin());
+    ASSERT_EQ(expseg_host_empty_cache(h), EXPSEG_OK);
+    expect_stats(h, live, "finish");
+    expect_walk(h, live, "finish");
+    int64_t reserve = hstat(h, "expseg.reserve_segment_bytes");
+    EXPECT_EQ(hstat(h, "reserved_bytes.current"), reserve);
+    EXPECT_EQ(hstat(h, "segment.current"), reserve ? 1 : 0);
+    EXPECT_EQ(hstat(h, "allocation.current"), 0);
+    EXPECT_EQ(hstat(h, "expseg.pending_blocks.current"), 0);
+    EXPECT_EQ(hstat(h, "expseg.pending_events"), 0);
+  }
+};
+
+struct Combo {
+  const char *config;
+  size_t thr, maxc;
+};
+
+const Combo kCombos[] = {
+    {"", SIZE_MAX, SIZE_MAX},
+    {"pinned_max_round_threshold_mb:1,pinned_max_cached_size_mb:8", 1 * MiB, 8 * MiB},
+    {"pinned_max_round_threshold_mb:1,pinned_max_cached_size_mb:8,pinned_carve_strict:True",
+     1 * MiB, 8 * MiB},
+    {"pinned_max_round_threshold_mb:0", 0, SIZE_MAX},
+    {"pinned_max_round_threshold_mb:0,pinned_carve_strict:True,pinned_huge_pages:False", 0,
+     SIZE_MAX},
+    {"pinned_max_round_threshold_mb:1,pinned_max_cached_size_mb:0", 1 * MiB, 0},
+    {"pinned_max_round_threshold_mb:5,pinned_max_cached_size_mb:3", 5 * MiB, 3 * MiB},
+    {"pinned_max_round_threshold_mb:3,pinned_max_cached_size_mb:7,pinned_reserve_segment_size_mb:5",
+     3 * MiB, 7 * MiB},
+    {"pinned_max_round_threshold_mb:1,pinned_reserve_segment_size_mb:3,"
+     "pinned_use_background_threads:True",
+     1 * MiB, SIZE_MAX},
+    {"pinned_max_cached_size_mb:2,pinned_use_background_threads:True", SIZE_MAX, 2 * MiB},
+};
+
+void run_random(const char *driver, uint64_t seed, uint64_t ops) {
+  for (const Combo &c : kCombos) {
+    SCOPED_TRACE(std::string(driver) + " / '" + c.config + "'");
+    PoolPtr p = make_pool(driver, c.config);
+    ASSERT_TRUE(p);
+    // the test's own view of the thresholds must be the pool's
+    ASSERT_EQ(p->cfg.pinned_max_round_threshold, c.thr);
+    ASSERT_EQ(p->cfg.pinned_max_cached_size, c.maxc);
+    Program prog(p.get(), true, seed, c.thr, c.maxc);
+    for (uint64_t i = 0; i < ops && !testing::Test::HasFatalFailure(); i++) prog.step(i);
+    if (!testing::Test::HasFatalFailure()) prog.finish();
+    if (testing::Test::HasFailure()) return; // one combination's failures are enough
+  }
+}
+
+TEST(Adv14Host, RandomProgramsSim) {
+  EXPSEG_SEEDED(seed, 1401);
+  run_random("sim", seed, test_ops(1500));
+}
+
+TEST(Adv14Host, RandomProgramsHost) {
+  QuietLog quiet; // mlock past RLIMIT_MEMLOCK warns once
+  EXPSEG_SEEDED(seed, 1402);
+  run_random("host", seed, test_ops(1000));
+}
+
+} // namespace
