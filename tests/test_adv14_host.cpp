@@ -199,6 +199,8 @@ struct Program {
   std::set<expseg_stream> held;
   uint8_t next_tag = 1;
   bool can_hold = true;
+  FaultPool *faults = nullptr; // set: host_alloc / host_free fail at random points
+  uint64_t failed_mallocs = 0;
 
   Program(expseg_host_pool *hp, bool pat_on, uint64_t seed, size_t t, size_t m)
       : h(hp), patterns(pat_on), rng(seed), thr(t), maxc(m) {}
@@ -228,6 +230,17 @@ struct Program {
       EXPECT_FALSE(overlaps(p, n, kv.first, kv.second.size))
           << where << ": new block 0x" << std::hex << p << "+" << n
           << " overlaps a block still used by a stream 0x" << kv.first;
+  }
+
+  // Now and then the next host_alloc or host_free calls fail (out of memory or a driver
+  // error), counted from the calls the wrapper has seen.
+  void inject() {
+    if (!rng.chance(0.3)) return;
+    bool alloc = rng.chance(0.7);
+    expseg_vmm_call c = alloc ? EXPSEG_VMM_CALL_host_alloc : EXPSEG_VMM_CALL_host_free;
+    uint64_t nth = _expseg_fault_seen(faults->fault, c) + 1 + rng.below(2);
+    faults->fail(c, nth, 1 + rng.below(3),
+                 rng.chance(0.5) ? EXPSEG_ERR_OUT_OF_MEMORY : EXPSEG_ERR_DRIVER);
   }
 
   uintptr_t any_live() {
@@ -268,8 +281,19 @@ struct Program {
     if (r < 45 && live_bytes < 96 * (int64_t)MiB) {
       size_t n = rng.chance(0.02) ? 0 : pick_size();
       void *p = nullptr;
-      ASSERT_EQ(expseg_host_malloc(h, n, &p), EXPSEG_OK) << where << " size " << n << ": "
-                                                          << expseg_last_error();
+      if (faults) inject();
+      expseg_status st = expseg_host_malloc(h, n, &p);
+      if (faults && st != EXPSEG_OK) {
+        std::string msg = expseg_last_error();
+        EXPECT_TRUE(st == EXPSEG_ERR_OUT_OF_MEMORY || st == EXPSEG_ERR_DRIVER) << where << ": " << msg;
+        EXPECT_NE(msg.find("expseg_host_malloc(size="), std::string::npos) << where << ": " << msg;
+        EXPECT_NE(msg.find("host_alloc"), std::string::npos) << where << ": " << msg;
+        EXPECT_EQ(p, nullptr) << where;
+        failed_mallocs++;
+        expect_stats(h, live, where);
+        return;
+      }
+      ASSERT_EQ(st, EXPSEG_OK) << where << " size " << n << ": " << expseg_last_error();
       if (n == 0) {
         EXPECT_EQ(p, nullptr);
         return;
@@ -356,6 +380,30 @@ void run_random(const char *driver, uint64_t seed, uint64_t ops) {
     if (!testing::Test::HasFatalFailure()) prog.finish();
     if (testing::Test::HasFailure()) return; // one combination's failures are enough
   }
+}
+
+// host_alloc and host_free failing at random points: a failed malloc says which request
+// and which driver call, the pool keeps working with its statistics consistent, and once
+// the driver works again everything goes back (failed give-backs were kept and retried).
+TEST(Adv14Host, RandomDriverFailures) {
+  QuietLog quiet; // a failed give-back warns
+  EXPSEG_SEEDED(seed, 1403);
+  uint64_t failed = 0;
+  for (size_t k : {0, 1, 2, 3, 5, 6, 7, 8}) {
+    const Combo &c = kCombos[k];
+    SCOPED_TRACE(std::string("fault(sim) / '") + c.config + "'");
+    FaultPool f(c.config, "sim");
+    ASSERT_TRUE(f.h);
+    Program prog(f.h.get(), true, seed + k, c.thr, c.maxc);
+    prog.faults = &f;
+    for (uint64_t i = 0; i < test_ops(600) && !HasFatalFailure(); i++) prog.step(i);
+    _expseg_fault_set_rules(f.fault, nullptr, 0);
+    if (!HasFatalFailure()) prog.finish();
+    failed += prog.failed_mallocs;
+    if (HasFailure()) return;
+  }
+  std::printf("%llu mallocs failed\n", (unsigned long long)failed);
+  EXPECT_GT(failed, 0u) << "no malloc failed: the injection missed";
 }
 
 TEST(Adv14Host, RandomProgramsSim) {
