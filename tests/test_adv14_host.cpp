@@ -417,4 +417,148 @@ TEST(Adv14Host, RandomProgramsHost) {
   run_random("host", seed, test_ops(1000));
 }
 
+// A failed call: the status, a message holding every piece of `names`, statistics unchanged.
+void expect_refused(expseg_host_pool *h, expseg_status got, expseg_status want,
+                    const StatMap &before, std::vector<std::string> names, const std::string &what) {
+  std::string msg = expseg_last_error();
+  EXPECT_EQ(got, want) << what << ": " << msg;
+  for (const std::string &n : names)
+    EXPECT_NE(msg.find(n), std::string::npos) << what << ": message lacks '" << n << "': " << msg;
+  EXPECT_EQ(without_times(host_stat_map(h)), without_times(before)) << what << " changed stats";
+}
+
+std::string hexp(const void *p) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%p", p);
+  return b;
+}
+
+// Sizes at and above the 2^60 bound, NULL pools, and pointers freed while a stream still
+// holds them (pending), merged away, or whose segment went back: each refused with its value
+// named and nothing changed; the pool then works as before.
+TEST(Adv14Host, BadInputNamesTheValueAndChangesNothing) {
+  QuietLog quiet;
+  for (const char *driver : {"sim", "host"}) {
+    SCOPED_TRACE(driver);
+    PoolPtr p = make_pool(driver, "pinned_max_round_threshold_mb:1,pinned_max_cached_size_mb:8");
+    expseg_host_pool *h = p.get();
+    void *a = nullptr, *b = nullptr, *c = nullptr, *x = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h, 7 * MiB, &x), EXPSEG_OK); // a carve segment of 7 MiB
+    ASSERT_EQ(expseg_host_free(h, x), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_malloc(h, 2 * MiB + 1, &a), EXPSEG_OK); // carved from it
+    ASSERT_EQ(expseg_host_malloc(h, 3 * MiB, &b), EXPSEG_OK);     // carved, after a
+    ASSERT_EQ((uintptr_t)b, (uintptr_t)a + 2 * MiB + 4096);
+    ASSERT_EQ(expseg_host_malloc(h, 5000, &c), EXPSEG_OK);        // a power of two
+    fill(a, 2 * MiB + 1, 1);
+    fill(b, 3 * MiB, 2);
+    StatMap before = host_stat_map(h);
+    void *o = &before;
+    const size_t bound = size_t(1) << 60;
+    for (size_t n : {SIZE_MAX, SIZE_MAX - 4095, bound + 1, SIZE_MAX / 2}) {
+      o = &before;
+      expect_refused(h, expseg_host_malloc(h, n, &o), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                     {std::to_string(n), "2^60"}, "malloc of " + std::to_string(n));
+      EXPECT_EQ(o, nullptr) << n;
+    }
+    // NULL pool at every entry point: the call named
+    expect_refused(h, expseg_host_malloc(nullptr, 64, &o), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                   {"expseg_host_malloc", "NULL"}, "malloc on NULL");
+    expect_refused(h, expseg_host_free(nullptr, a), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                   {"expseg_host_free", "NULL"}, "free on NULL");
+    expect_refused(h, expseg_host_record_stream(nullptr, a, 1), EXPSEG_ERR_INVALID_ARGUMENT,
+                   before, {"expseg_host_record_stream", "NULL"}, "record on NULL");
+    expect_refused(h, expseg_host_empty_cache(nullptr), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                   {"expseg_host_empty_cache", "NULL"}, "empty_cache on NULL");
+    int64_t v = 0;
+    expect_refused(h, expseg_host_stat(nullptr, "allocation.current", &v),
+                   EXPSEG_ERR_INVALID_ARGUMENT, before, {"expseg_host_stat", "NULL"},
+                   "stat on NULL");
+    expect_refused(h, expseg_host_record_history(nullptr, true, 4, 0),
+                   EXPSEG_ERR_INVALID_ARGUMENT, before, {"expseg_host_record_history", "NULL"},
+                   "record_history on NULL");
+    expseg_host_reset_peak_stats(nullptr);
+    expseg_host_stats_foreach(nullptr, stat_map_put, &before);
+    expseg_host_stats_foreach(h, nullptr, nullptr);
+
+    // a freed while stream 5 is held: pending; freeing or recording it again is refused
+    hold(h, 5, true);
+    ASSERT_EQ(expseg_host_record_stream(h, a, 5), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_free(h, a), EXPSEG_OK);
+    EXPECT_EQ(hstat(h, "expseg.pending_blocks.current"), 1);
+    before = host_stat_map(h);
+    expect_refused(h, expseg_host_free(h, a), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                   {hexp(a), "already freed"}, "free of a pending block");
+    expect_refused(h, expseg_host_record_stream(h, a, 6), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                   {hexp(a), "already freed"}, "record_stream on a pending block");
+    // the same size again while a is pending: never a's bytes
+    void *d = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h, 2 * MiB + 1, &d), EXPSEG_OK);
+    EXPECT_FALSE(overlaps((uintptr_t)d, 2 * MiB + 1, (uintptr_t)a, 2 * MiB + 1));
+    // b freed next to pending a: b merges with the free tail, not with a, so 6 MiB does not
+    // fit in the segment
+    ASSERT_EQ(expseg_host_free(h, b), EXPSEG_OK);
+    void *e = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h, 6 * MiB, &e), EXPSEG_OK);
+    EXPECT_FALSE(overlaps((uintptr_t)e, 6 * MiB, (uintptr_t)a, 2 * MiB + 1))
+        << "a block still used by a stream was merged and handed out";
+    hold(h, 5, false);
+    void *f = nullptr; // a malloc processes the events: a's block is free, still cached
+    ASSERT_EQ(expseg_host_malloc(h, 100, &f), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_free(h, f), EXPSEG_OK);
+    EXPECT_EQ(hstat(h, "expseg.pending_blocks.current"), 0);
+    before = host_stat_map(h);
+    expect_refused(h, expseg_host_free(h, a), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                   {hexp(a), "already freed"}, "free of a completed block");
+    // every carved block gone and the cache emptied: the segments went back; a's pointer is
+    // no longer the pool's
+    ASSERT_EQ(expseg_host_free(h, d), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_free(h, e), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_empty_cache(h), EXPSEG_OK);
+    EXPECT_EQ(hstat(h, "reserved_bytes.current"), hstat(h, "allocated_bytes.current") +
+                                                      hstat(h, "expseg.cached_bytes.current"));
+    before = host_stat_map(h);
+    expect_refused(h, expseg_host_free(h, a), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                   {hexp(a), "not a pointer this host pool handed out"},
+                   "free after the segment went back");
+    expect_refused(h, expseg_host_record_stream(h, a, 1), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                   {hexp(a), "expseg_record_stream"}, "record after the segment went back");
+    // another pool's pointer, sent to it
+    PoolPtr q = make_pool(driver, "");
+    void *qa = nullptr;
+    ASSERT_EQ(expseg_host_malloc(q.get(), 100, &qa), EXPSEG_OK);
+    expect_refused(h, expseg_host_free(h, qa), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                   {hexp(qa), "another host pool"}, "free of another pool's pointer");
+    EXPECT_EQ(expseg_host_free(q.get(), qa), EXPSEG_OK);
+    // the pool still works
+    ASSERT_EQ(expseg_host_free(h, c), EXPSEG_OK);
+    ASSERT_EQ(expseg_host_malloc(h, 2 * MiB + 1, &a), EXPSEG_OK);
+    fill(a, 2 * MiB + 1, 9);
+    EXPECT_TRUE(intact(a, 2 * MiB + 1, 9));
+    ASSERT_EQ(expseg_host_free(h, a), EXPSEG_OK);
+  }
+}
+
+// 2^60 bytes is accepted as a request and refused by the driver: out of memory, with the
+// size named, and the pool goes on.
+TEST(Adv14Host, LargestRequestIsRefusedByTheDriver) {
+  QuietLog quiet;
+  for (const char *config : {"", "pinned_max_round_threshold_mb:0",
+                             "pinned_max_cached_size_mb:1"}) {
+    for (const char *driver : {"sim", "host"}) {
+      SCOPED_TRACE(std::string(driver) + " / " + config);
+      PoolPtr p = make_pool(driver, config);
+      void *o = nullptr;
+      expseg_status st = expseg_host_malloc(p.get(), size_t(1) << 60, &o);
+      std::string msg = expseg_last_error();
+      EXPECT_TRUE(st == EXPSEG_ERR_OUT_OF_MEMORY || st == EXPSEG_ERR_DRIVER) << msg;
+      EXPECT_EQ(o, nullptr);
+      EXPECT_NE(msg.find("expseg_host_malloc(size="), std::string::npos) << msg;
+      expect_stats(p.get(), {}, "after 2^60");
+      EXPECT_EQ(hstat(p.get(), "reserved_bytes.current"), 0);
+      ASSERT_EQ(expseg_host_malloc(p.get(), 3 * MiB, &o), EXPSEG_OK);
+      EXPECT_EQ(expseg_host_free(p.get(), o), EXPSEG_OK);
+    }
+  }
+}
+
 } // namespace
