@@ -30,6 +30,8 @@ extern "C" bool adv14_host_observe(expseg_host_pool *h,
                                               const expseg_walk_segment *segs, size_t n),
                                    void *ctx) __asm__("_expseg_host_observe");
 
+extern "C" const hist_event_t *adv14_hist_at(const history_t *h, size_t i) __asm__("_expseg_hist_at");
+
 namespace {
 
 struct Live {
@@ -52,9 +54,36 @@ struct WalkSeg {
   uint64_t address, total;
   std::vector<WalkBlock> blocks;
 };
+// The pool's history as the snapshot reads it: its bound, and the blocks its alloc events
+// say are live (an alloc with no later free_requested of its address), with their sizes.
+struct HistView {
+  bool on = false;
+  size_t count = 0, max = 0;
+  uint64_t total = 0;
+  int newest = -1;
+  std::map<uint64_t, uint64_t> open_allocs;
+};
+struct WalkOut {
+  std::vector<WalkSeg> segs;
+  HistView hist;
+};
 
-void walk_cb(void *ctx, const history_t *, const expseg_walk_segment *segs, size_t n) {
-  auto *out = static_cast<std::vector<WalkSeg> *>(ctx);
+void walk_cb(void *ctx, const history_t *hist, const expseg_walk_segment *segs, size_t n) {
+  auto *wo = static_cast<WalkOut *>(ctx);
+  auto *out = &wo->segs;
+  if (hist) {
+    HistView &v = wo->hist;
+    v.on = true;
+    v.count = hist->count;
+    v.max = hist->max;
+    v.total = hist->total;
+    for (size_t i = 0; i < hist->count; i++) {
+      const hist_event_t *e = adv14_hist_at(hist, i);
+      if (e->action == HIST_ALLOC) v.open_allocs[e->addr] = e->size;
+      else if (e->action == HIST_FREE_REQUESTED) v.open_allocs.erase(e->addr);
+      v.newest = e->action;
+    }
+  }
   for (size_t i = 0; i < n; i++) {
     WalkSeg s{segs[i].address, segs[i].total_size, {}};
     for (size_t j = 0; j < segs[i].n_blocks; j++) {
@@ -65,8 +94,8 @@ void walk_cb(void *ctx, const history_t *, const expseg_walk_segment *segs, size
   }
 }
 
-std::vector<WalkSeg> walk(expseg_host_pool *h) {
-  std::vector<WalkSeg> w;
+WalkOut walk(expseg_host_pool *h) {
+  WalkOut w;
   EXPECT_TRUE(adv14_host_observe(h, walk_cb, &w));
   return w;
 }
@@ -135,16 +164,32 @@ void expect_walk(expseg_host_pool *h, const std::map<uintptr_t, Live> &live,
     m.erase("expseg.background_passes");
     return m;
   };
-  std::vector<WalkSeg> w;
+  WalkOut wo;
   StatMap s;
   for (int tries = 0; tries < 100; tries++) {
     StatMap before = steady(host_stat_map(h));
-    w = walk(h);
+    wo = walk(h);
+    const std::vector<WalkSeg> &w = wo.segs;
     s = steady(host_stat_map(h));
     int64_t total = 0;
     for (const WalkSeg &g : w) total += (int64_t)g.total;
     if (s == before && total == s["reserved_bytes.current"]) break;
     std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  const std::vector<WalkSeg> &w = wo.segs;
+  const HistView &hv = wo.hist;
+  if (hv.on) {
+    EXPECT_LE(hv.count, hv.max) << where << ": history above its bound";
+    EXPECT_EQ(hv.newest, HIST_SNAPSHOT) << where << ": the walk's snapshot event is not newest";
+    for (const auto &kv : hv.open_allocs) {
+      auto it = live.find(kv.first);
+      if (it == live.end()) {
+        ADD_FAILURE() << where << ": history has 0x" << std::hex << kv.first
+                      << " allocated and never freed, but it is not live";
+        continue;
+      }
+      EXPECT_EQ(kv.second, it->second.size) << where << ": alloc event size";
+    }
   }
   int64_t total = 0, alloc_bytes = 0, free_bytes = 0, n_alloc = 0, n_pending = 0;
   std::map<uint64_t, const WalkBlock *> seen;
@@ -200,6 +245,7 @@ struct Program {
   uint8_t next_tag = 1;
   bool can_hold = true;
   FaultPool *faults = nullptr; // set: host_alloc / host_free fail at random points
+  expseg_allocator *snap = nullptr; // set: expseg_snapshot_with_host now and then
   uint64_t failed_mallocs = 0;
 
   Program(expseg_host_pool *hp, bool pat_on, uint64_t seed, size_t t, size_t m)
@@ -321,8 +367,19 @@ struct Program {
       release(*it);
     } else if (r < 97) {
       ASSERT_EQ(expseg_host_empty_cache(h), EXPSEG_OK) << where;
-    } else {
+    } else if (r < 99) {
       expseg_host_reset_peak_stats(h);
+    } else {
+      bool on = rng.chance(0.7);
+      ASSERT_EQ(expseg_host_record_history(h, on, 1 + rng.below(40), 0), EXPSEG_OK) << where;
+    }
+    if (snap && rng.chance(0.02)) {
+      unsigned char *buf = nullptr;
+      size_t len = 0;
+      ASSERT_EQ(expseg_snapshot_with_host(snap, h, rng.chance(0.5) ? EXPSEG_SNAPSHOT_NO_TRACES : 0,
+                                          &buf, &len), EXPSEG_OK) << where << ": " << expseg_last_error();
+      EXPECT_GT(len, 0u);
+      expseg_snapshot_free(buf);
     }
     expect_stats(h, live, where);
     if (i % 16 == 0) expect_walk(h, live, where);
@@ -376,6 +433,8 @@ void run_random(const char *driver, uint64_t seed, uint64_t ops) {
     ASSERT_EQ(p->cfg.pinned_max_round_threshold, c.thr);
     ASSERT_EQ(p->cfg.pinned_max_cached_size, c.maxc);
     Program prog(p.get(), true, seed, c.thr, c.maxc);
+    AllocPtr a = make_alloc("sim", "");
+    prog.snap = a.get();
     for (uint64_t i = 0; i < ops && !testing::Test::HasFatalFailure(); i++) prog.step(i);
     if (!testing::Test::HasFatalFailure()) prog.finish();
     if (testing::Test::HasFailure()) return; // one combination's failures are enough
