@@ -10,10 +10,12 @@
 // random points (fault wrapper), and bad input.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -617,6 +619,83 @@ TEST(Adv14Host, LargestRequestIsRefusedByTheDriver) {
       ASSERT_EQ(expseg_host_malloc(p.get(), 3 * MiB, &o), EXPSEG_OK);
       EXPECT_EQ(expseg_host_free(p.get(), o), EXPSEG_OK);
     }
+  }
+}
+
+// Four threads on one pool (carved, power-of-two and own-chunk sizes; with and without the
+// background thread; empty_cache and snapshots from any thread): a block another thread holds
+// is never handed out, and each thread's bytes survive.
+TEST(Adv14Host, ThreadsNeverShareABlock) {
+  EXPSEG_SEEDED(seed, 1404);
+  for (const char *config :
+       {"pinned_max_round_threshold_mb:1,pinned_max_cached_size_mb:6",
+        "pinned_max_round_threshold_mb:0,pinned_carve_strict:True,pinned_use_background_threads:True",
+        "pinned_max_round_threshold_mb:1,pinned_max_cached_size_mb:2,pinned_reserve_segment_size_mb:3,"
+        "pinned_use_background_threads:True"}) {
+    SCOPED_TRACE(config);
+    PoolPtr p = make_pool("sim", config);
+    expseg_host_pool *h = p.get();
+    std::mutex mu; // guards ranges: every block some thread holds now
+    std::map<uintptr_t, size_t> ranges;
+    std::atomic<int> bad{0};
+    auto worker = [&](uint64_t tseed) {
+      TestRng rng(tseed);
+      std::vector<std::pair<void *, size_t>> mine;
+      for (uint64_t i = 0; i < test_ops(600); i++) {
+        uint64_t r = rng.below(100);
+        if (r < 50 && mine.size() < 24) {
+          size_t n = rng.chance(0.5) ? 1 + rng.below(1 * MiB + 4096) : 1 + rng.below(7 * MiB);
+          void *q = nullptr;
+          if (expseg_host_malloc(h, n, &q) != EXPSEG_OK) {
+            bad++;
+            continue;
+          }
+          {
+            std::lock_guard<std::mutex> g(mu);
+            auto it = ranges.upper_bound((uintptr_t)q);
+            if (it != ranges.end() && it->first < (uintptr_t)q + n) bad++;
+            if (it != ranges.begin() && std::prev(it)->first + std::prev(it)->second > (uintptr_t)q)
+              bad++;
+            ranges[(uintptr_t)q] = n;
+          }
+          fill(q, n, (uint8_t)tseed);
+          mine.push_back({q, n});
+        } else if (r < 90 && !mine.empty()) {
+          size_t k = rng.below(mine.size());
+          auto [q, n] = mine[k];
+          if (!intact(q, n, (uint8_t)tseed)) bad++;
+          if (rng.chance(0.3)) (void)expseg_host_record_stream(h, q, 1 + rng.below(3));
+          {
+            std::lock_guard<std::mutex> g(mu);
+            ranges.erase((uintptr_t)q);
+          }
+          if (expseg_host_free(h, q) != EXPSEG_OK) bad++;
+          mine[k] = mine.back();
+          mine.pop_back();
+        } else if (r < 95) {
+          (void)expseg_host_empty_cache(h);
+        } else {
+          std::vector<WalkSeg> w = walk(h).segs;
+          (void)w;
+        }
+      }
+      for (auto [q, n] : mine) {
+        if (!intact(q, n, (uint8_t)tseed)) bad++;
+        {
+          std::lock_guard<std::mutex> g(mu);
+          ranges.erase((uintptr_t)q);
+        }
+        if (expseg_host_free(h, q) != EXPSEG_OK) bad++;
+      }
+    };
+    std::vector<std::thread> ts;
+    for (uint64_t t = 0; t < 4; t++) ts.emplace_back(worker, seed * 16 + t + 1);
+    for (std::thread &t : ts) t.join();
+    EXPECT_EQ(bad.load(), 0) << "overlaps, changed bytes or failed calls";
+    ASSERT_EQ(expseg_host_empty_cache(h), EXPSEG_OK);
+    expect_stats(h, {}, "after the threads");
+    expect_walk(h, {}, "after the threads");
+    EXPECT_EQ(hstat(h, "reserved_bytes.current"), hstat(h, "expseg.reserve_segment_bytes"));
   }
 }
 
