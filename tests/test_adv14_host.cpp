@@ -150,7 +150,6 @@ void expect_stats(expseg_host_pool *h, const std::map<uintptr_t, Live> &live,
   EXPECT_EQ(s["num_host_alloc"] - s["num_host_free"], s["segment.current"]) << where;
   EXPECT_EQ(s["host_alloc_time.count"], s["num_host_alloc"]) << where;
   EXPECT_EQ(s["host_free_time.count"], s["num_host_free"]) << where;
-  EXPECT_EQ(s["expseg.hits"] + s["expseg.misses"] + s["expseg.reserve_allocs"] >= 0, true);
 }
 
 // The walk against the statistics and the live set: every live block once, as allocated,
@@ -249,6 +248,7 @@ struct Program {
   FaultPool *faults = nullptr; // set: host_alloc / host_free fail at random points
   expseg_allocator *snap = nullptr; // set: expseg_snapshot_with_host now and then
   uint64_t failed_mallocs = 0;
+  int64_t mallocs = 0; // of 1 byte or more: each one hit, reserve slice or miss
 
   Program(expseg_host_pool *hp, bool pat_on, uint64_t seed, size_t t, size_t m)
       : h(hp), patterns(pat_on), rng(seed), thr(t), maxc(m) {}
@@ -331,6 +331,7 @@ struct Program {
       void *p = nullptr;
       if (faults) inject();
       expseg_status st = expseg_host_malloc(h, n, &p);
+      mallocs += n > 0;
       if (faults && st != EXPSEG_OK) {
         std::string msg = expseg_last_error();
         EXPECT_TRUE(st == EXPSEG_ERR_OUT_OF_MEMORY || st == EXPSEG_ERR_DRIVER) << where << ": " << msg;
@@ -384,6 +385,9 @@ struct Program {
       expseg_snapshot_free(buf);
     }
     expect_stats(h, live, where);
+    EXPECT_EQ(hstat(h, "expseg.hits") + hstat(h, "expseg.misses") +
+                  hstat(h, "expseg.reserve_allocs"),
+              mallocs) << where << ": a malloc not counted once as hit, reserve slice or miss";
     if (i % 16 == 0) expect_walk(h, live, where);
   }
 
@@ -537,6 +541,14 @@ TEST(Adv14Host, BadInputNamesTheValueAndChangesNothing) {
     expect_refused(h, expseg_host_record_history(nullptr, true, 4, 0),
                    EXPSEG_ERR_INVALID_ARGUMENT, before, {"expseg_host_record_history", "NULL"},
                    "record_history on NULL");
+    expect_refused(h, expseg_host_record_history(h, true, 0, 0), EXPSEG_ERR_INVALID_ARGUMENT,
+                   before, {"max_entries"}, "history of 0 entries");
+    expect_refused(h, expseg_host_record_history(h, true, 4, 0x80000000u),
+                   EXPSEG_ERR_INVALID_ARGUMENT, before, {"0x80000000"}, "unknown history flag");
+    expect_refused(h, expseg_host_stat(h, "allocation.nope", &v), EXPSEG_ERR_INVALID_ARGUMENT,
+                   before, {"allocation.nope"}, "unknown key");
+    expect_refused(h, expseg_host_stat(h, nullptr, &v), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                   {"NULL"}, "NULL key");
     expseg_host_reset_peak_stats(nullptr);
     expseg_host_stats_foreach(nullptr, stat_map_put, &before);
     expseg_host_stats_foreach(h, nullptr, nullptr);
