@@ -280,12 +280,17 @@ struct Program {
           << " overlaps a block still used by a stream 0x" << kv.first;
   }
 
-  // Now and then the next host_alloc or host_free calls fail (out of memory or a driver
-  // error), counted from the calls the wrapper has seen.
+  // Now and then the next calls of one kind fail (out of memory or a driver error), counted
+  // from the calls the wrapper has seen: host_alloc, host_free, and the event and wait calls
+  // a free with streams makes (a block whose event and wait both fail is kept out of use).
   void inject() {
     if (!rng.chance(0.3)) return;
-    bool alloc = rng.chance(0.7);
-    expseg_vmm_call c = alloc ? EXPSEG_VMM_CALL_host_alloc : EXPSEG_VMM_CALL_host_free;
+    static const expseg_vmm_call kinds[] = {
+        EXPSEG_VMM_CALL_host_alloc,   EXPSEG_VMM_CALL_host_alloc,  EXPSEG_VMM_CALL_host_alloc,
+        EXPSEG_VMM_CALL_host_alloc,   EXPSEG_VMM_CALL_host_free,   EXPSEG_VMM_CALL_host_free,
+        EXPSEG_VMM_CALL_event_record, EXPSEG_VMM_CALL_event_create,
+        EXPSEG_VMM_CALL_event_query,  EXPSEG_VMM_CALL_stream_synchronize};
+    expseg_vmm_call c = kinds[rng.below(sizeof kinds / sizeof *kinds)];
     uint64_t nth = _expseg_fault_seen(faults->fault, c) + 1 + rng.below(2);
     faults->fail(c, nth, 1 + rng.below(3),
                  rng.chance(0.5) ? EXPSEG_ERR_OUT_OF_MEMORY : EXPSEG_ERR_DRIVER);
@@ -307,6 +312,7 @@ struct Program {
   }
 
   void free_one(uintptr_t p, const std::string &where) {
+    if (faults) inject();
     Live &l = live[p];
     if (patterns) {
       EXPECT_TRUE(intact((void *)p, l.size, l.tag)) << where << ": bytes of 0x" << std::hex << p
@@ -453,7 +459,7 @@ void run_random(const char *driver, uint64_t seed, uint64_t ops) {
 TEST(Adv14Host, RandomDriverFailures) {
   QuietLog quiet; // a failed give-back warns
   EXPSEG_SEEDED(seed, 1403);
-  uint64_t failed = 0;
+  uint64_t failed = 0, stuck = 0;
   for (size_t k : {0, 1, 2, 3, 5, 6, 7, 8}) {
     const Combo &c = kCombos[k];
     SCOPED_TRACE(std::string("fault(sim) / '") + c.config + "'");
@@ -462,12 +468,17 @@ TEST(Adv14Host, RandomDriverFailures) {
     Program prog(f.h.get(), true, seed + k, c.thr, c.maxc);
     prog.faults = &f;
     for (uint64_t i = 0; i < test_ops(600) && !HasFatalFailure(); i++) prog.step(i);
+    prog.faults = nullptr; // no more failures: everything must go back now
     _expseg_fault_set_rules(f.fault, nullptr, 0);
+    stuck += hstat(f.h.get(), "expseg.stream_syncs") > 0;
     if (!HasFatalFailure()) prog.finish();
+    EXPECT_EQ(hstat(f.h.get(), "expseg.stuck_blocks"), 0);
     failed += prog.failed_mallocs;
     if (HasFailure()) return;
   }
-  std::printf("%llu mallocs failed\n", (unsigned long long)failed);
+  std::printf("%llu mallocs failed; %llu runs waited for a stream\n", (unsigned long long)failed,
+              (unsigned long long)stuck);
+  EXPECT_GT(stuck, 0u) << "no event failed: the injection missed";
   EXPECT_GT(failed, 0u) << "no malloc failed: the injection missed";
 }
 
