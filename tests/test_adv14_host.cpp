@@ -722,4 +722,38 @@ TEST(Adv14Host, ThreadsNeverShareABlock) {
   }
 }
 
+// A block kept out of use (no event, and the wait failed: its stream is still busy) when
+// the driver then runs out of memory: the retry waits for the block's stream again, which
+// fails again; the caller's message is still the driver's out-of-memory, not that wait's.
+TEST(Adv14Host, OutOfMemoryMessageSurvivesTheRetryOfAStuckBlock) {
+  QuietLog quiet;
+  for (const char *config : {"", "pinned_max_round_threshold_mb:0"}) {
+    SCOPED_TRACE(config);
+    FaultPool f(config, "sim");
+    expseg_host_pool *h = f.h.get();
+    void *a = nullptr, *b = nullptr;
+    ASSERT_EQ(expseg_host_malloc(h, 100 * KiB, &a), EXPSEG_OK);
+    hold(h, 1, true);
+    ASSERT_EQ(expseg_host_record_stream(h, a, 1), EXPSEG_OK);
+    f.fail(EXPSEG_VMM_CALL_event_record, _expseg_fault_seen(f.fault, EXPSEG_VMM_CALL_event_record) + 1,
+           1, EXPSEG_ERR_DRIVER);
+    ASSERT_EQ(expseg_host_free(h, a), EXPSEG_OK);
+    EXPECT_EQ(hstat(h, "expseg.stuck_blocks"), 1);
+    f.fail(EXPSEG_VMM_CALL_host_alloc, _expseg_fault_seen(f.fault, EXPSEG_VMM_CALL_host_alloc) + 1,
+           2, EXPSEG_ERR_OUT_OF_MEMORY);
+    EXPECT_EQ(expseg_host_malloc(h, 3 * MiB, &b), EXPSEG_ERR_OUT_OF_MEMORY);
+    std::string msg = expseg_last_error();
+    EXPECT_NE(msg.find("expseg_host_malloc(size=3.00 MiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("host_alloc"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("stream_synchronize"), std::string::npos) << msg;
+    EXPECT_EQ(hstat(h, "expseg.stuck_blocks"), 1) << "the block's stream is still held";
+    EXPECT_EQ(b, nullptr);
+    hold(h, 1, false);
+    ASSERT_EQ(expseg_host_empty_cache(h), EXPSEG_OK);
+    EXPECT_EQ(hstat(h, "expseg.stuck_blocks"), 0);
+    EXPECT_EQ(hstat(h, "allocation.current"), 0);
+    EXPECT_EQ(hstat(h, "reserved_bytes.current"), 0);
+  }
+}
+
 } // namespace
