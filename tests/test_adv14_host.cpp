@@ -434,6 +434,9 @@ const Combo kCombos[] = {
      "pinned_use_background_threads:True",
      1 * MiB, SIZE_MAX},
     {"pinned_max_cached_size_mb:2,pinned_use_background_threads:True", SIZE_MAX, 2 * MiB},
+    {"pinned_max_round_threshold_mb:2,pinned_max_cached_size_mb:4,pinned_use_cuda_host_register:"
+     "True,pinned_num_register_threads:4,pinned_huge_pages:False",
+     2 * MiB, 4 * MiB},
 };
 
 void run_random(const char *driver, uint64_t seed, uint64_t ops) {
