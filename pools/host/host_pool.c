@@ -285,9 +285,9 @@ static size_t release_cached(expseg_host_pool *h, size_t above) {
         continue;
       }
       *pp = b->next_free;
-      _expseg_host_unlink_block(h, b);
-      /* still counted in cached_bytes until the give-back succeeds (a failed one keeps it:
-       * counting it out and in again would count it twice in .allocated and .freed) */
+      /* still counted in cached_bytes, and walked (snapshots), until the give-back succeeds
+       * (a failed one keeps it: counting it out and in again would count it twice in
+       * .allocated and .freed) */
       b->next_free = gone;
       gone = b;
     }
@@ -301,6 +301,7 @@ static size_t release_cached(expseg_host_pool *h, size_t above) {
     expseg_status s = _expseg_host_chunk_free(h, &b->chunk, &us);
     pthread_mutex_lock(&h->lock);
     if (s == EXPSEG_OK) {
+      _expseg_host_unlink_block(h, b);
       _expseg_stat_add(&h->st.cached_bytes, -(int64_t)b->size);
       _expseg_host_note_chunk_free(h, &b->chunk, us);
       freed += b->size;
@@ -317,7 +318,6 @@ static size_t release_cached(expseg_host_pool *h, size_t above) {
   pthread_mutex_lock(&h->lock);
   for (hblock_t *b = kept, *next; b; b = next) {
     next = b->next_free;
-    _expseg_host_link_block(h, b);
     unsigned i = _expseg_log2_floor(b->size);
     b->next_free = h->free_list[i];
     h->free_list[i] = b;
