@@ -32,7 +32,8 @@ extern "C" bool adv14_host_observe(expseg_host_pool *h,
                                               const expseg_walk_segment *segs, size_t n),
                                    void *ctx) __asm__("_expseg_host_observe");
 
-extern "C" const hist_event_t *adv14_hist_at(const history_t *h, size_t i) __asm__("_expseg_hist_at");
+extern "C" const hist_event_t *adv14_hist_at(const history_t *h, size_t i)
+    __asm__("_expseg_hist_at");
 
 namespace {
 
@@ -336,7 +337,8 @@ struct Program {
       mallocs += n > 0;
       if (faults && st != EXPSEG_OK) {
         std::string msg = expseg_last_error();
-        EXPECT_TRUE(st == EXPSEG_ERR_OUT_OF_MEMORY || st == EXPSEG_ERR_DRIVER) << where << ": " << msg;
+        EXPECT_TRUE(st == EXPSEG_ERR_OUT_OF_MEMORY || st == EXPSEG_ERR_DRIVER)
+            << where << ": " << msg;
         EXPECT_NE(msg.find("expseg_host_malloc(size="), std::string::npos) << where << ": " << msg;
         EXPECT_NE(msg.find("host_alloc"), std::string::npos) << where << ": " << msg;
         EXPECT_EQ(p, nullptr) << where;
@@ -382,7 +384,9 @@ struct Program {
       unsigned char *buf = nullptr;
       size_t len = 0;
       ASSERT_EQ(expseg_snapshot_with_host(snap, h, rng.chance(0.5) ? EXPSEG_SNAPSHOT_NO_TRACES : 0,
-                                          &buf, &len), EXPSEG_OK) << where << ": " << expseg_last_error();
+                                          &buf, &len),
+                EXPSEG_OK)
+          << where << ": " << expseg_last_error();
       EXPECT_GT(len, 0u);
       expseg_snapshot_free(buf);
     }
@@ -492,22 +496,6 @@ TEST(Adv14Host, RandomProgramsHost) {
   run_random("host", seed, test_ops(1000));
 }
 
-// A failed call: the status, a message holding every piece of `names`, statistics unchanged.
-void expect_refused(expseg_host_pool *h, expseg_status got, expseg_status want,
-                    const StatMap &before, std::vector<std::string> names, const std::string &what) {
-  std::string msg = expseg_last_error();
-  EXPECT_EQ(got, want) << what << ": " << msg;
-  for (const std::string &n : names)
-    EXPECT_NE(msg.find(n), std::string::npos) << what << ": message lacks '" << n << "': " << msg;
-  EXPECT_EQ(without_times(host_stat_map(h)), without_times(before)) << what << " changed stats";
-}
-
-std::string hexp(const void *p) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%p", p);
-  return b;
-}
-
 // Sizes at and above the 2^60 bound, NULL pools, and pointers freed while a stream still
 // holds them (pending), merged away, or whose segment went back: each refused with its value
 // named and nothing changed; the pool then works as before.
@@ -531,34 +519,35 @@ TEST(Adv14Host, BadInputNamesTheValueAndChangesNothing) {
     const size_t bound = size_t(1) << 60;
     for (size_t n : {SIZE_MAX, SIZE_MAX - 4095, bound + 1, SIZE_MAX / 2}) {
       o = &before;
-      expect_refused(h, expseg_host_malloc(h, n, &o), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                     {std::to_string(n), "2^60"}, "malloc of " + std::to_string(n));
+      expect_host_refused(h, expseg_host_malloc(h, n, &o), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                          {std::to_string(n), "2^60"}, "malloc of " + std::to_string(n));
       EXPECT_EQ(o, nullptr) << n;
     }
     // NULL pool at every entry point: the call named
-    expect_refused(h, expseg_host_malloc(nullptr, 64, &o), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                   {"expseg_host_malloc", "NULL"}, "malloc on NULL");
-    expect_refused(h, expseg_host_free(nullptr, a), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                   {"expseg_host_free", "NULL"}, "free on NULL");
-    expect_refused(h, expseg_host_record_stream(nullptr, a, 1), EXPSEG_ERR_INVALID_ARGUMENT,
-                   before, {"expseg_host_record_stream", "NULL"}, "record on NULL");
-    expect_refused(h, expseg_host_empty_cache(nullptr), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                   {"expseg_host_empty_cache", "NULL"}, "empty_cache on NULL");
+    expect_host_refused(h, expseg_host_malloc(nullptr, 64, &o), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                        {"expseg_host_malloc", "NULL"}, "malloc on NULL");
+    expect_host_refused(h, expseg_host_free(nullptr, a), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                        {"expseg_host_free", "NULL"}, "free on NULL");
+    expect_host_refused(h, expseg_host_record_stream(nullptr, a, 1), EXPSEG_ERR_INVALID_ARGUMENT,
+                        before, {"expseg_host_record_stream", "NULL"}, "record on NULL");
+    expect_host_refused(h, expseg_host_empty_cache(nullptr), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                        {"expseg_host_empty_cache", "NULL"}, "empty_cache on NULL");
     int64_t v = 0;
-    expect_refused(h, expseg_host_stat(nullptr, "allocation.current", &v),
-                   EXPSEG_ERR_INVALID_ARGUMENT, before, {"expseg_host_stat", "NULL"},
-                   "stat on NULL");
-    expect_refused(h, expseg_host_record_history(nullptr, true, 4, 0),
-                   EXPSEG_ERR_INVALID_ARGUMENT, before, {"expseg_host_record_history", "NULL"},
-                   "record_history on NULL");
-    expect_refused(h, expseg_host_record_history(h, true, 0, 0), EXPSEG_ERR_INVALID_ARGUMENT,
-                   before, {"max_entries"}, "history of 0 entries");
-    expect_refused(h, expseg_host_record_history(h, true, 4, 0x80000000u),
-                   EXPSEG_ERR_INVALID_ARGUMENT, before, {"0x80000000"}, "unknown history flag");
-    expect_refused(h, expseg_host_stat(h, "allocation.nope", &v), EXPSEG_ERR_INVALID_ARGUMENT,
-                   before, {"allocation.nope"}, "unknown key");
-    expect_refused(h, expseg_host_stat(h, nullptr, &v), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                   {"NULL"}, "NULL key");
+    expect_host_refused(h, expseg_host_stat(nullptr, "allocation.current", &v),
+                        EXPSEG_ERR_INVALID_ARGUMENT, before, {"expseg_host_stat", "NULL"},
+                        "stat on NULL");
+    expect_host_refused(h, expseg_host_record_history(nullptr, true, 4, 0),
+                        EXPSEG_ERR_INVALID_ARGUMENT, before, {"expseg_host_record_history", "NULL"},
+                        "record_history on NULL");
+    expect_host_refused(h, expseg_host_record_history(h, true, 0, 0), EXPSEG_ERR_INVALID_ARGUMENT,
+                        before, {"max_entries"}, "history of 0 entries");
+    expect_host_refused(h, expseg_host_record_history(h, true, 4, 0x80000000u),
+                        EXPSEG_ERR_INVALID_ARGUMENT, before, {"0x80000000"},
+                        "unknown history flag");
+    expect_host_refused(h, expseg_host_stat(h, "allocation.nope", &v), EXPSEG_ERR_INVALID_ARGUMENT,
+                        before, {"allocation.nope"}, "unknown key");
+    expect_host_refused(h, expseg_host_stat(h, nullptr, &v), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                        {"NULL"}, "NULL key");
     expseg_host_reset_peak_stats(nullptr);
     expseg_host_stats_foreach(nullptr, stat_map_put, &before);
     expseg_host_stats_foreach(h, nullptr, nullptr);
@@ -569,10 +558,10 @@ TEST(Adv14Host, BadInputNamesTheValueAndChangesNothing) {
     ASSERT_EQ(expseg_host_free(h, a), EXPSEG_OK);
     EXPECT_EQ(hstat(h, "expseg.pending_blocks.current"), 1);
     before = host_stat_map(h);
-    expect_refused(h, expseg_host_free(h, a), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                   {hexp(a), "already freed"}, "free of a pending block");
-    expect_refused(h, expseg_host_record_stream(h, a, 6), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                   {hexp(a), "already freed"}, "record_stream on a pending block");
+    expect_host_refused(h, expseg_host_free(h, a), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                        {ptr_text(a), "already freed"}, "free of a pending block");
+    expect_host_refused(h, expseg_host_record_stream(h, a, 6), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                        {ptr_text(a), "already freed"}, "record_stream on a pending block");
     // the same size again while a is pending: never a's bytes
     void *d = nullptr;
     ASSERT_EQ(expseg_host_malloc(h, 2 * MiB + 1, &d), EXPSEG_OK);
@@ -590,8 +579,8 @@ TEST(Adv14Host, BadInputNamesTheValueAndChangesNothing) {
     ASSERT_EQ(expseg_host_free(h, f), EXPSEG_OK);
     EXPECT_EQ(hstat(h, "expseg.pending_blocks.current"), 0);
     before = host_stat_map(h);
-    expect_refused(h, expseg_host_free(h, a), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                   {hexp(a), "already freed"}, "free of a completed block");
+    expect_host_refused(h, expseg_host_free(h, a), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                        {ptr_text(a), "already freed"}, "free of a completed block");
     // every carved block gone and the cache emptied: the segments went back; a's pointer is
     // no longer the pool's
     ASSERT_EQ(expseg_host_free(h, d), EXPSEG_OK);
@@ -600,17 +589,18 @@ TEST(Adv14Host, BadInputNamesTheValueAndChangesNothing) {
     EXPECT_EQ(hstat(h, "reserved_bytes.current"), hstat(h, "allocated_bytes.current") +
                                                       hstat(h, "expseg.cached_bytes.current"));
     before = host_stat_map(h);
-    expect_refused(h, expseg_host_free(h, a), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                   {hexp(a), "not a pointer this host pool handed out"},
-                   "free after the segment went back");
-    expect_refused(h, expseg_host_record_stream(h, a, 1), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                   {hexp(a), "expseg_record_stream"}, "record after the segment went back");
+    expect_host_refused(h, expseg_host_free(h, a), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                        {ptr_text(a), "not a pointer this host pool handed out"},
+                        "free after the segment went back");
+    expect_host_refused(h, expseg_host_record_stream(h, a, 1), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                        {ptr_text(a), "expseg_record_stream"},
+                        "record after the segment went back");
     // another pool's pointer, sent to it
     PoolPtr q = make_pool(driver, "");
     void *qa = nullptr;
     ASSERT_EQ(expseg_host_malloc(q.get(), 100, &qa), EXPSEG_OK);
-    expect_refused(h, expseg_host_free(h, qa), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                   {hexp(qa), "another host pool"}, "free of another pool's pointer");
+    expect_host_refused(h, expseg_host_free(h, qa), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                        {ptr_text(qa), "another host pool"}, "free of another pool's pointer");
     EXPECT_EQ(expseg_host_free(q.get(), qa), EXPSEG_OK);
     // the pool still works
     ASSERT_EQ(expseg_host_free(h, c), EXPSEG_OK);
@@ -651,9 +641,10 @@ TEST(Adv14Host, ThreadsNeverShareABlock) {
   EXPSEG_SEEDED(seed, 1404);
   for (const char *config :
        {"pinned_max_round_threshold_mb:1,pinned_max_cached_size_mb:6",
-        "pinned_max_round_threshold_mb:0,pinned_carve_strict:True,pinned_use_background_threads:True",
-        "pinned_max_round_threshold_mb:1,pinned_max_cached_size_mb:2,pinned_reserve_segment_size_mb:3,"
-        "pinned_use_background_threads:True"}) {
+        "pinned_max_round_threshold_mb:0,pinned_carve_strict:True,"
+        "pinned_use_background_threads:True",
+        "pinned_max_round_threshold_mb:1,pinned_max_cached_size_mb:2,"
+        "pinned_reserve_segment_size_mb:3,pinned_use_background_threads:True"}) {
     SCOPED_TRACE(config);
     PoolPtr p = make_pool("sim", config);
     expseg_host_pool *h = p.get();
@@ -734,8 +725,8 @@ TEST(Adv14Host, OutOfMemoryMessageSurvivesTheRetryOfAStuckBlock) {
     ASSERT_EQ(expseg_host_malloc(h, 100 * KiB, &a), EXPSEG_OK);
     hold(h, 1, true);
     ASSERT_EQ(expseg_host_record_stream(h, a, 1), EXPSEG_OK);
-    f.fail(EXPSEG_VMM_CALL_event_record, _expseg_fault_seen(f.fault, EXPSEG_VMM_CALL_event_record) + 1,
-           1, EXPSEG_ERR_DRIVER);
+    f.fail(EXPSEG_VMM_CALL_event_record,
+           _expseg_fault_seen(f.fault, EXPSEG_VMM_CALL_event_record) + 1, 1, EXPSEG_ERR_DRIVER);
     ASSERT_EQ(expseg_host_free(h, a), EXPSEG_OK);
     EXPECT_EQ(hstat(h, "expseg.stuck_blocks"), 1);
     f.fail(EXPSEG_VMM_CALL_host_alloc, _expseg_fault_seen(f.fault, EXPSEG_VMM_CALL_host_alloc) + 1,
