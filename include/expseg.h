@@ -126,8 +126,9 @@ EXPSEG_EXPORT void expseg_set_log_sink(expseg_log_sink fn, void *ctx);
  * A caching pool of page-locked host memory for fast host <-> device copies, placed on the
  * NUMA node nearest the device (or the node the driver spec names: "host:numa=N",
  * "cuda:numa=N"), tuned by the pinned_* options of the configuration. Blocks are
- * power-of-two sized and reused only after the work of every stream recorded on them
- * has completed. driver, device and config as for expseg_create; keys of the configuration
+ * power-of-two sized (above pinned_max_round_threshold_mb or pinned_max_cached_size_mb, the
+ * size rounded up to the page) and reused only after the work of every stream recorded on
+ * them has completed. driver, device and config as for expseg_create; keys of the configuration
  * that only concern device memory are accepted and ignored. */
 typedef struct expseg_host_pool expseg_host_pool;
 EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_host_create(const char *driver, int device,

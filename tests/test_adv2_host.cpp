@@ -21,22 +21,6 @@
 
 namespace {
 
-// A failed call: the status, a message holding every piece of `names`, statistics unchanged.
-void expect_refused(expseg_host_pool *h, expseg_status got, expseg_status want,
-                    const StatMap &before, std::vector<std::string> names, const char *what) {
-  std::string msg = expseg_last_error();
-  EXPECT_EQ(got, want) << what << ": " << msg;
-  for (const std::string &n : names)
-    EXPECT_NE(msg.find(n), std::string::npos) << what << ": message lacks '" << n << "': " << msg;
-  EXPECT_EQ(without_times(host_stat_map(h)), without_times(before)) << what << " changed stats";
-}
-
-std::string hex(const void *p) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%p", p);
-  return b;
-}
-
 // The pool's invariants that hold after any sequence of calls.
 void expect_sane(const expseg_host_pool *h, const std::string &where) {
   StatMap s = host_stat_map(h);
@@ -66,43 +50,43 @@ TEST(Adv2Host, BadPointersAreRefusedAndChangeNothing) {
   EXPECT_EQ(expseg_host_free(h, nullptr), EXPSEG_OK);
   EXPECT_EQ(expseg_host_record_stream(h, nullptr, 7), EXPSEG_OK);
   int on_stack = 0;
-  expect_refused(h, expseg_host_free(h, &on_stack), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                 {hex(&on_stack), "expseg_free"}, "free of a stack address");
-  expect_refused(h, expseg_host_record_stream(h, &on_stack, 1), EXPSEG_ERR_INVALID_ARGUMENT,
-                 before, {hex(&on_stack)}, "record_stream of a stack address");
+  expect_host_refused(h, expseg_host_free(h, &on_stack), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                      {ptr_text(&on_stack), "expseg_free"}, "free of a stack address");
+  expect_host_refused(h, expseg_host_record_stream(h, &on_stack, 1), EXPSEG_ERR_INVALID_ARGUMENT,
+                      before, {ptr_text(&on_stack)}, "record_stream of a stack address");
   void *inner = static_cast<char *>(a) + 4096;
-  expect_refused(h, expseg_host_free(h, inner), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                 {hex(inner), hex(a) + std::string()}, "free of an interior pointer");
-  expect_refused(h, expseg_host_record_stream(h, inner, 3), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                 {hex(inner)}, "record_stream of an interior pointer");
-  expect_refused(h, expseg_host_free(nullptr, a), EXPSEG_ERR_INVALID_ARGUMENT, before, {"NULL"},
-                 "free with a NULL pool");
+  expect_host_refused(h, expseg_host_free(h, inner), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                      {ptr_text(inner), ptr_text(a)}, "free of an interior pointer");
+  expect_host_refused(h, expseg_host_record_stream(h, inner, 3), EXPSEG_ERR_INVALID_ARGUMENT,
+                      before, {ptr_text(inner)}, "record_stream of an interior pointer");
+  expect_host_refused(h, expseg_host_free(nullptr, a), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                      {"NULL"}, "free with a NULL pool");
   void *o = &on_stack;
-  expect_refused(h, expseg_host_malloc(h, 1, nullptr), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                 {"NULL"}, "malloc with a NULL out");
-  expect_refused(h, expseg_host_malloc(h, SIZE_MAX, &o), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                 {"2^60"}, "malloc of SIZE_MAX");
+  expect_host_refused(h, expseg_host_malloc(h, 1, nullptr), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                      {"NULL"}, "malloc with a NULL out");
+  expect_host_refused(h, expseg_host_malloc(h, SIZE_MAX, &o), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                      {"2^60"}, "malloc of SIZE_MAX");
   EXPECT_EQ(o, nullptr) << "a failed malloc leaves *out NULL";
   int64_t v = 0;
-  expect_refused(h, expseg_host_stat(h, "allocation.nope", &v), EXPSEG_ERR_INVALID_ARGUMENT,
-                 before, {"allocation.nope"}, "unknown key");
+  expect_host_refused(h, expseg_host_stat(h, "allocation.nope", &v), EXPSEG_ERR_INVALID_ARGUMENT,
+                      before, {"allocation.nope"}, "unknown key");
 
   // the block survived every refused call
   for (size_t i = 0; i < 100 * KiB; i++)
     ASSERT_EQ(static_cast<unsigned char *>(a)[i], 0xa5) << "byte " << i;
   ASSERT_EQ(expseg_host_free(h, a), EXPSEG_OK);
   StatMap after_free = host_stat_map(h);
-  expect_refused(h, expseg_host_free(h, a), EXPSEG_ERR_INVALID_ARGUMENT, after_free,
-                 {hex(a), "already freed"}, "double free");
-  expect_refused(h, expseg_host_record_stream(h, a, 5), EXPSEG_ERR_INVALID_ARGUMENT, after_free,
-                 {hex(a), "already freed"}, "record_stream after free");
+  expect_host_refused(h, expseg_host_free(h, a), EXPSEG_ERR_INVALID_ARGUMENT, after_free,
+                      {ptr_text(a), "already freed"}, "double free");
+  expect_host_refused(h, expseg_host_record_stream(h, a, 5), EXPSEG_ERR_INVALID_ARGUMENT,
+                      after_free, {ptr_text(a), "already freed"}, "record_stream after free");
   // an allocator's device pointer is foreign to the pool
   expseg_allocator *dev = nullptr;
   ASSERT_EQ(expseg_create("host", 0, "", &dev), EXPSEG_OK) << expseg_last_error();
   void *d = nullptr;
   ASSERT_EQ(expseg_malloc(dev, 1 * MiB, 0, &d), EXPSEG_OK);
-  expect_refused(h, expseg_host_free(h, d), EXPSEG_ERR_INVALID_ARGUMENT, after_free,
-                 {hex(d), "expseg_free"}, "free of a device pointer");
+  expect_host_refused(h, expseg_host_free(h, d), EXPSEG_ERR_INVALID_ARGUMENT, after_free,
+                      {ptr_text(d), "expseg_free"}, "free of a device pointer");
   // and the pool's pointer is foreign to the allocator, which says where it belongs
   EXPECT_EQ(expseg_free(dev, b), EXPSEG_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(expseg_last_error()).find("expseg_host_free"), std::string::npos)
@@ -128,14 +112,14 @@ TEST(Adv2Host, DoubleFreeOfAMergedCarvedBlockSaysAlreadyFreed) {
   ASSERT_EQ(expseg_host_free(h, x), EXPSEG_OK);
   ASSERT_EQ(expseg_host_free(h, y), EXPSEG_OK); // merges into x's free block if adjacent
   StatMap before = host_stat_map(h);
-  expect_refused(h, expseg_host_free(h, y), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                 {hex(y), "already freed"}, "double free of a merged carved block");
-  expect_refused(h, expseg_host_record_stream(h, y, 2), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                 {hex(y), "already freed"}, "record_stream of a merged carved block");
+  expect_host_refused(h, expseg_host_free(h, y), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                      {ptr_text(y), "already freed"}, "double free of a merged carved block");
+  expect_host_refused(h, expseg_host_record_stream(h, y, 2), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                      {ptr_text(y), "already freed"}, "record_stream of a merged carved block");
   // an interior pointer of a live carved block still names the block
   void *in_z = static_cast<char *>(z) + 8 * KiB;
-  expect_refused(h, expseg_host_free(h, in_z), EXPSEG_ERR_INVALID_ARGUMENT, before,
-                 {hex(in_z), hex(z)}, "interior of a live carved block");
+  expect_host_refused(h, expseg_host_free(h, in_z), EXPSEG_ERR_INVALID_ARGUMENT, before,
+                      {ptr_text(in_z), ptr_text(z)}, "interior of a live carved block");
   EXPECT_EQ(expseg_host_free(h, z), EXPSEG_OK);
   expect_sane(h, "end");
 }
@@ -383,10 +367,10 @@ TEST(Adv2Host, HistoryBoundsAndSnapshotAgreeWithStatistics) {
   std::string path = ::testing::TempDir() + "adv2_host.pickle";
 
   StatMap before = host_stat_map(h);
-  expect_refused(h, expseg_host_record_history(h, true, 0, 0), EXPSEG_ERR_INVALID_ARGUMENT,
-                 before, {"max_entries", "0"}, "history of 0 entries");
-  expect_refused(h, expseg_host_record_history(h, true, 4, 1u << 30),
-                 EXPSEG_ERR_INVALID_ARGUMENT, before, {"flags"}, "unknown history flag");
+  expect_host_refused(h, expseg_host_record_history(h, true, 0, 0), EXPSEG_ERR_INVALID_ARGUMENT,
+                      before, {"max_entries", "0"}, "history of 0 entries");
+  expect_host_refused(h, expseg_host_record_history(h, true, 4, 1u << 30),
+                      EXPSEG_ERR_INVALID_ARGUMENT, before, {"flags"}, "unknown history flag");
   EXPECT_EQ(expseg_host_record_history(nullptr, true, 4, 0), EXPSEG_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(expseg_host_record_history(h, false, 0, 0), EXPSEG_OK) << "disabling takes 0";
 

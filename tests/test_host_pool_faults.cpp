@@ -20,24 +20,6 @@ namespace {
 
 // ---- driver failures (the fault wrapper) ----
 
-struct FaultPool {
-  expseg_vmm_t *fault = nullptr;  // owned by the pool
-  PoolPtr h;
-  explicit FaultPool(const char *config) {
-    expseg_vmm_t *inner = nullptr;
-    EXPECT_EQ(_expseg_vmm_open("host", 0, &inner), EXPSEG_OK) << expseg_last_error();
-    EXPECT_EQ(_expseg_fault_new(inner, &fault), EXPSEG_OK) << expseg_last_error();
-    expseg_host_pool *p = nullptr;
-    EXPECT_EQ(_expseg_host_create_with_driver(fault, config, &p), EXPSEG_OK)
-        << expseg_last_error();
-    h.reset(p);
-  }
-  void fail(expseg_vmm_call call, uint64_t nth, uint64_t count, expseg_status st) {
-    expseg_fault_rule_t r = {call, nth, count, st};
-    _expseg_fault_set_rules(fault, &r, 1);
-  }
-};
-
 TEST(HostPoolFault, FailedChunkIsReportedAndCacheGivenBackFirst) {
   QuietLog quiet;
   FaultPool f("");

@@ -123,17 +123,36 @@ void _expseg_host_carve_put(expseg_host_pool *h, hblock_t *b) {
 }
 
 size_t _expseg_host_carve_release(expseg_host_pool *h) {
-  hcarve_t *gone = NULL;
+  hblock_t *gone = NULL;
   for (hblock_t **pp = &h->carve_free; *pp;) {
     hblock_t *b = *pp;
     if (b->seg_prev || b->seg_next) { /* part of a segment still in use */
       pp = &b->next_free;
       continue;
     }
+    /* off the list; still listed among the segments, walked (snapshots) and counted in
+     * cached_bytes until the give-back succeeds (a failed one keeps it) */
     *pp = b->next_free;
-    _expseg_host_unlink_block(h, b);
-    /* still counted in cached_bytes until the give-back succeeds (a failed one keeps it) */
+    b->next_free = gone;
+    gone = b;
+  }
+  size_t freed = 0;
+  while (gone) {
+    hblock_t *b = gone;
+    gone = b->next_free;
+    b->next_free = NULL;
     hcarve_t *seg = b->carve;
+    uint64_t us = 0;
+    pthread_mutex_unlock(&h->lock);
+    expseg_status s = _expseg_host_chunk_free(h, &seg->chunk, &us);
+    pthread_mutex_lock(&h->lock);
+    if (s != EXPSEG_OK) {
+      _expseg_warn("host pool: giving back carve segment %p failed (%s); it stays cached",
+                   seg->chunk.ptr, expseg_last_error());
+      list_push(h, b); /* kept (expseg_host_destroy frees every segment listed), whole and free */
+      continue;
+    }
+    _expseg_host_unlink_block(h, b);
     drop(b);
     for (hcarve_t **sp = &h->carve_segs; *sp; sp = &(*sp)->next)
       if (*sp == seg) {
@@ -141,34 +160,10 @@ size_t _expseg_host_carve_release(expseg_host_pool *h) {
         break;
       }
     h->carve_reserved -= seg->chunk.size;
-    seg->next = gone;
-    gone = seg;
-  }
-  size_t freed = 0;
-  while (gone) {
-    hcarve_t *seg = gone;
-    gone = seg->next;
-    uint64_t us = 0;
-    pthread_mutex_unlock(&h->lock);
-    expseg_status s = _expseg_host_chunk_free(h, &seg->chunk, &us);
-    pthread_mutex_lock(&h->lock);
-    if (s == EXPSEG_OK) {
-      _expseg_stat_add(&h->st.cached_bytes, -(int64_t)seg->chunk.size); /* the whole segment */
-      _expseg_host_note_chunk_free(h, &seg->chunk, us);
-      freed += seg->chunk.size;
-      free(seg);
-      continue;
-    }
-    _expseg_warn("host pool: giving back carve segment %p failed (%s); it stays cached",
-                 seg->chunk.ptr, expseg_last_error());
-    /* kept (expseg_host_destroy frees every segment listed), its memory back on the list,
-     * whole and free */
-    hblock_t *b = adopt(h, seg);
-    if (!b) { /* listed, but no block to hand out: no longer cached */
-      _expseg_stat_add(&h->st.cached_bytes, -(int64_t)seg->chunk.size);
-      continue;
-    }
-    list_push(h, b);
+    _expseg_stat_add(&h->st.cached_bytes, -(int64_t)seg->chunk.size); /* the whole segment */
+    _expseg_host_note_chunk_free(h, &seg->chunk, us);
+    freed += seg->chunk.size;
+    free(seg);
   }
   return freed;
 }

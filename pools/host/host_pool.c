@@ -20,6 +20,7 @@
 #include "host_pool.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -284,9 +285,9 @@ static size_t release_cached(expseg_host_pool *h, size_t above) {
         continue;
       }
       *pp = b->next_free;
-      _expseg_host_unlink_block(h, b);
-      /* still counted in cached_bytes until the give-back succeeds (a failed one keeps it:
-       * counting it out and in again would count it twice in .allocated and .freed) */
+      /* still counted in cached_bytes, and walked (snapshots), until the give-back succeeds
+       * (a failed one keeps it: counting it out and in again would count it twice in
+       * .allocated and .freed) */
       b->next_free = gone;
       gone = b;
     }
@@ -300,6 +301,7 @@ static size_t release_cached(expseg_host_pool *h, size_t above) {
     expseg_status s = _expseg_host_chunk_free(h, &b->chunk, &us);
     pthread_mutex_lock(&h->lock);
     if (s == EXPSEG_OK) {
+      _expseg_host_unlink_block(h, b);
       _expseg_stat_add(&h->st.cached_bytes, -(int64_t)b->size);
       _expseg_host_note_chunk_free(h, &b->chunk, us);
       freed += b->size;
@@ -316,7 +318,6 @@ static size_t release_cached(expseg_host_pool *h, size_t above) {
   pthread_mutex_lock(&h->lock);
   for (hblock_t *b = kept, *next; b; b = next) {
     next = b->next_free;
-    _expseg_host_link_block(h, b);
     unsigned i = _expseg_log2_floor(b->size);
     b->next_free = h->free_list[i];
     h->free_list[i] = b;
@@ -528,6 +529,22 @@ static void note_oom(expseg_host_pool *h, size_t cls) {
   _expseg_host_unlock(h);
 }
 
+/* The driver ran out of memory for a new chunk (lock not held): completed and stuck blocks
+ * go back on their lists and every cached chunk is given back; returns the bytes given back.
+ * The driver's out-of-memory message stays this thread's error: the waits and give-backs
+ * made here set their own messages, which must not become the caller's. */
+static size_t cache_back_after_oom(expseg_host_pool *h) {
+  char why[1024]; /* vmm/error.c keeps at most 1024 bytes */
+  snprintf(why, sizeof why, "%s", expseg_last_error());
+  _expseg_host_lock(h);
+  process_events(h);
+  retry_stuck(h);
+  size_t freed = release_cached(h, 0);
+  _expseg_host_unlock(h);
+  _expseg_error_set(EXPSEG_ERR_OUT_OF_MEMORY, "%s", why);
+  return freed;
+}
+
 /* A miss of a carved size: a new carve segment (lock held on entry, dropped around the
  * driver; on out-of-memory the cache goes back and one segment of exactly cls is asked). */
 static expseg_status carve_miss(expseg_host_pool *h, size_t size, size_t cls, void **out) {
@@ -539,11 +556,7 @@ static expseg_status carve_miss(expseg_host_pool *h, size_t size, size_t cls, vo
   uint64_t us = 0;
   expseg_status s = chunk_new(h, want, &seg->chunk, &us);
   if (s == EXPSEG_ERR_OUT_OF_MEMORY) {
-    _expseg_host_lock(h);
-    process_events(h);
-    retry_stuck(h);
-    size_t freed = release_cached(h, 0);
-    _expseg_host_unlock(h);
+    size_t freed = cache_back_after_oom(h);
     if (freed || want > cls) s = chunk_new(h, cls, &seg->chunk, &us);
   }
   if (s != EXPSEG_OK) {
@@ -598,12 +611,7 @@ expseg_status expseg_host_malloc(expseg_host_pool *h, size_t size, void **out) {
   uint64_t us = 0;
   expseg_status s = chunk_new(h, cls, &b->chunk, &us);
   if (s == EXPSEG_ERR_OUT_OF_MEMORY) { /* give the cache back and try once more */
-    _expseg_host_lock(h);
-    process_events(h);
-    retry_stuck(h);
-    size_t freed = release_cached(h, 0);
-    _expseg_host_unlock(h);
-    if (freed) s = chunk_new(h, cls, &b->chunk, &us);
+    if (cache_back_after_oom(h)) s = chunk_new(h, cls, &b->chunk, &us);
   }
   if (s != EXPSEG_OK) {
     char b1[32], b2[32];

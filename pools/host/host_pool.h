@@ -4,8 +4,10 @@
  * docs/host_pool.md.
  *
  * Blocks have power-of-two sizes (at least the OS page; above pinned_max_round_threshold_mb
- * or pinned_max_cached_size_mb, the size rounded up to the page) and are never split: a block is
- * either one driver chunk of its own or a slice of the reserve segment. Free blocks sit in
+ * or pinned_max_cached_size_mb, the size rounded up to the page). A block is one driver chunk
+ * of its own, a slice of the reserve segment, or (exact sizes up to pinned_max_cached_size_mb)
+ * a piece of a carve segment, split and merged there (host_carve.c); the others are never
+ * split. Free blocks sit in
  * LIFO lists, one per size; a freed block that streams used waits for their events
  * (pending) before it goes back on a list. One mutex guards the pool; driver calls that
  * make or free memory are made without it. */

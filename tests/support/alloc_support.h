@@ -50,6 +50,7 @@ bool alloc_test_lock_is_free(expseg_allocator *a);
 
 #include "test_seed.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -85,6 +86,25 @@ inline StatMap without_times(StatMap m) {
   for (auto it = m.begin(); it != m.end();)
     it = it->first.find("time") != std::string::npos ? m.erase(it) : std::next(it);
   return m;
+}
+
+/* A pinned host pool call that failed: the status, a message holding every piece of
+ * `names`, and the pool's statistics (timings aside) equal to `before`. */
+inline void expect_host_refused(expseg_host_pool *h, expseg_status got, expseg_status want,
+                                const StatMap &before, const std::vector<std::string> &names,
+                                const std::string &what) {
+  std::string msg = expseg_last_error();
+  EXPECT_EQ(got, want) << what << ": " << msg;
+  for (const std::string &n : names)
+    EXPECT_NE(msg.find(n), std::string::npos) << what << ": message lacks '" << n << "': " << msg;
+  EXPECT_EQ(without_times(host_stat_map(h)), without_times(before)) << what << " changed stats";
+}
+
+/* A pointer as messages print it (%p). */
+inline std::string ptr_text(const void *p) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%p", p);
+  return b;
 }
 
 struct AllocDeleter {
