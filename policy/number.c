@@ -113,19 +113,24 @@ static long double read_decimal(const char *s, const char **end, bool *nonzero) 
   return e10 >= 0 ? v * p10[e10] : v / p10[-e10];
 }
 
-/* 0x hexdigits [. hexdigits] [p [+-] digits] after the "0x"; *end after what was read. */
-static long double read_hex(const char *s, const char **end, bool *nonzero) {
+/* 0x hexdigits [. hexdigits] [p [+-] digits] after the "0x"; *end after what was read;
+ * *nonzero: a digit other than 0 was read; *dropped: a nonzero digit past the bits kept was. */
+static long double read_hex(const char *s, const char **end, bool *nonzero, bool *dropped) {
   const char *p = s;
   uint64_t m = 0;
   long e2 = 0;
   bool any = false;
-  *nonzero = false;
+  *nonzero = *dropped = false;
   for (; hex_value(*p) >= 0; p++) {
     any = true;
     int d = hex_value(*p);
     if (d) *nonzero = true;
-    if (m >> 56) e2 += 4;
-    else m = m * 16 + (uint64_t)d;
+    if (m >> 56) {
+      e2 += 4;
+      *dropped |= d != 0;
+    } else {
+      m = m * 16 + (uint64_t)d;
+    }
   }
   if (*p == '.') {
     const char *q = p + 1;
@@ -136,6 +141,8 @@ static long double read_hex(const char *s, const char **end, bool *nonzero) {
       if (!(m >> 56)) {
         m = m * 16 + (uint64_t)d;
         e2 -= 4;
+      } else {
+        *dropped |= d != 0;
       }
     }
     p = q;
@@ -151,6 +158,32 @@ static long double read_hex(const char *s, const char **end, bool *nonzero) {
   return ldexpl((long double)m, (int)e2);
 }
 
+/* Whether glibc's strtod sets ERANGE (so std::stod throws) for the nonzero value x, plus a
+ * nonzero tail below x's bits when `tail`. glibc (strtod_l.c, round_and_return) calls a value
+ * below DBL_MIN tiny unless its 53-bit mantissa is all ones with the 54th bit set (it then
+ * rounds to DBL_MIN), and sets ERANGE for a tiny value only when a bit is lost: one of the
+ * mantissa's low bits shifted out to make it subnormal, or a bit below the 54th (the 54th
+ * itself is not looked at). So an exact subnormal (0x1p-1074) is read without an error;
+ * every decimal one is inexact. */
+static bool strtod_underflows(long double x, bool tail) {
+  if (x == 0) return true; /* below the smallest subnormal */
+  int e;
+  long double f = frexpl(fabsl(x), &e); /* x = f * 2^e, f in [0.5, 1) */
+  e -= 1;                                /* x = 1.xxx * 2^e */
+  if (e >= DBL_MIN_EXP - 1) return false;
+  if (e < DBL_MIN_EXP - 1 - DBL_MANT_DIG) return true;
+  long double scaled = ldexpl(f, 64);
+  uint64_t bits = (uint64_t)scaled;
+  tail |= (long double)bits != scaled;
+  uint64_t mant = bits >> (64 - DBL_MANT_DIG);
+  bool bit54 = (bits >> (63 - DBL_MANT_DIG)) & 1;
+  tail |= (bits & ((1ull << (63 - DBL_MANT_DIG)) - 1)) != 0;
+  int shift = DBL_MIN_EXP - 1 - e; /* 1 .. 53 */
+  uint64_t all_ones = (1ull << DBL_MANT_DIG) - 1;
+  if (shift == 1 && mant == all_ones && bit54) return false; /* rounds to DBL_MIN: not tiny */
+  return (mant & ((1ull << shift) - 1)) != 0 || tail;
+}
+
 num_t _expseg_read_double(const char *s, double *v, unsigned *flags) {
   *flags = 0;
   bool neg = false;
@@ -160,7 +193,7 @@ num_t _expseg_read_double(const char *s, double *v, unsigned *flags) {
   }
   const char *end = s;
   long double x = 0;
-  bool nonzero = false;
+  bool nonzero = false, dropped = true; /* a decimal below DBL_MIN is never exact */
   if (prefix_ci(s, "inf")) {
     end = s + (prefix_ci(s, "infinity") ? 8 : 3);
     x = (long double)INFINITY;
@@ -177,7 +210,7 @@ num_t _expseg_read_double(const char *s, double *v, unsigned *flags) {
     return NUM_OK;
   } else if (s[0] == '0' && lower(s[1]) == 'x' &&
              (hex_value(s[2]) >= 0 || (s[2] == '.' && hex_value(s[3]) >= 0))) {
-    x = read_hex(s + 2, &end, &nonzero);
+    x = read_hex(s + 2, &end, &nonzero, &dropped);
     *flags |= NUMF_FORM;
   } else {
     x = read_decimal(s, &end, &nonzero);
@@ -187,7 +220,7 @@ num_t _expseg_read_double(const char *s, double *v, unsigned *flags) {
   double d = (double)x;
   if (!(*flags & NUMF_FORM) || nonzero) {
     if (isinf(d)) return NUM_OVERFLOW;                     /* ERANGE: too large */
-    if (nonzero && fabs(d) < DBL_MIN) return NUM_OVERFLOW; /* ERANGE: underflow */
+    if (nonzero && strtod_underflows(x, dropped)) return NUM_OVERFLOW; /* ERANGE: tiny */
   }
   *v = neg ? -d : d;
   return NUM_OK;

@@ -1,0 +1,374 @@
+// SPDX-License-Identifier: Apache-2.0
+// test_adv15_config.cpp: option strings against an independent model of PyTorch's two
+// parsers. The model below is written from reading c10/core/AllocatorConfig.h
+// (ConfigTokenizer, b42fb116), c10/core/AllocatorConfig.cpp (the generic parser, 0ac71663)
+// and c10/cuda/CUDAAllocatorConfig.cpp (the CUDA parser, b944315b), and reads numbers with
+// the very functions PyTorch calls (std::stoull, std::stod, in the C locale the test runs
+// in). Seeded random texts, built from well-formed pairs and then damaged (separators
+// swapped, dropped or doubled, whitespace inserted), must get PyTorch's verdict (accepted or
+// refused) and, when accepted, PyTorch's values. A table of hand-picked strings follows, each
+// with the PyTorch line that decides it.
+#include <gtest/gtest.h>
+
+#include "test_seed.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "test_policy_common.h"
+
+namespace {
+
+constexpr uint64_t MiB = 1ull << 20;
+
+// ---- the model of PyTorch's parse (only the keys whose parsers the stored sources hold) ----
+
+struct Refused {};
+
+struct Model {
+  uint64_t msplit = SIZE_MAX, nsplit = 20 * MiB, pres = 0, thr = 1;
+  double gc = 0, frac = 1;
+  uint64_t div[EXPSEG_ROUNDUP_INTERVALS] = {};
+  bool exp = true;  // expseg's documented default; every other default is PyTorch's
+  bool bg = false, lock = false, host = false, graph = false, thr_oom = false, catch_all = false;
+};
+
+struct Tokens {
+  std::vector<std::string> t;
+  explicit Tokens(const std::string &s) {  // ConfigTokenizer's constructor
+    std::string buf;
+    for (char ch : s) {
+      if (ch == ',' || ch == ':' || ch == '[' || ch == ']') {
+        if (!buf.empty()) t.push_back(buf), buf.clear();
+        t.push_back(std::string(1, ch));
+      } else if (!std::isspace((unsigned char)ch)) {
+        buf += ch;
+      }
+    }
+    if (!buf.empty()) t.push_back(buf);
+  }
+  // operator[] and checkIndex: TORCH_INTERNAL_ASSERT(i < size)
+  const std::string &at(size_t i) const {
+    if (i >= t.size()) throw Refused();
+    return t[i];
+  }
+  size_t size() const { return t.size(); }
+  uint64_t size_t_at(size_t i) const {  // toSizeT: std::stoull, exceptions refuse
+    try {
+      return std::stoull(at(i));
+    } catch (const std::logic_error &) {
+      throw Refused();
+    }
+  }
+  double double_at(size_t i) const {  // toDouble: std::stod
+    try {
+      return std::stod(at(i));
+    } catch (const std::logic_error &) {
+      throw Refused();
+    }
+  }
+  bool bool_at(size_t i) const {  // toBool: exactly True or False
+    if (at(i) == "True") return true;
+    if (at(i) == "False") return false;
+    throw Refused();
+  }
+  size_t skip_key(size_t i) const {  // skipKey: ':' unchecked, a list runs to its first ']'
+    at(++i);
+    ++i;
+    if (at(i) != "[") return i;
+    while (++i < size() && t[i] != "]") {
+    }
+    if (i >= size()) throw Refused();
+    return i;
+  }
+};
+
+bool pow2(uint64_t v) { return v && !(v & (v - 1)); }
+
+void check(bool ok) {
+  if (!ok) throw Refused();
+}
+
+bool generic_key(const std::string &k) {  // AcceleratorAllocatorConfig::getKeys
+  for (const char *g : {"large_segment_size_mb", "max_split_size_mb", "max_non_split_rounding_mb",
+                        "garbage_collection_threshold", "roundup_power2_divisions",
+                        "expandable_segments", "pinned_use_background_threads"})
+    if (k == g) return true;
+  return false;
+}
+
+// AcceleratorAllocatorConfig::parseRoundUpPower2Divisions
+size_t model_divisions(const Tokens &tk, size_t i, Model &m) {
+  tk.at(++i);  // checkToken(':'), result unread
+  bool first = true;
+  if (tk.at(++i) == "[") {
+    size_t last = 0;
+    while (++i < tk.size() && tk.t[i] != "]") {
+      size_t key_at = i;
+      tk.at(++i);
+      uint64_t v = tk.size_t_at(++i);
+      check(v == 0 || pow2(v));
+      if (tk.t[key_at] == ">") {
+        for (size_t k = last + 1; k < EXPSEG_ROUNDUP_INTERVALS; k++) m.div[k] = v;
+      } else {
+        uint64_t b = tk.size_t_at(key_at);
+        check(pow2(b));
+        size_t idx = 63 - __builtin_clzll(b);
+        if (idx > EXPSEG_ROUNDUP_INTERVALS - 1) idx = EXPSEG_ROUNDUP_INTERVALS - 1;
+        if (first) {
+          for (size_t k = 0; k < idx; k++) m.div[k] = v;
+          first = false;
+        }
+        m.div[idx] = v;
+        last = idx;
+      }
+      if (tk.at(i + 1) != "]") tk.at(++i);
+    }
+    check(i < tk.size());
+  } else {
+    uint64_t v = tk.size_t_at(i);
+    check(pow2(v));
+    for (auto &d : m.div) d = v;
+  }
+  return i;
+}
+
+uint64_t mb_clamped(uint64_t v) { return (v < SIZE_MAX / MiB ? v : SIZE_MAX / MiB) * MiB; }
+
+void model_generic(const Tokens &tk, Model &m) {  // AcceleratorAllocatorConfig::parseArgs
+  for (size_t i = 0; i < tk.size(); i++) {
+    const std::string &k = tk.at(i);
+    if (k == "max_split_size_mb" || k == "max_non_split_rounding_mb") {
+      tk.at(++i);
+      uint64_t v = tk.size_t_at(++i);
+      check(v >= 20);
+      (k == "max_split_size_mb" ? m.msplit : m.nsplit) = mb_clamped(v);
+    } else if (k == "garbage_collection_threshold") {
+      tk.at(++i);
+      double v = tk.double_at(++i);
+      check(v > 0 && v < 1.0);
+      m.gc = v;
+    } else if (k == "roundup_power2_divisions") {
+      i = model_divisions(tk, i, m);
+    } else if (k == "expandable_segments") {
+      tk.at(++i);
+      m.exp = tk.bool_at(++i);
+    } else if (k == "pinned_use_background_threads") {
+      tk.at(++i);
+      m.bg = tk.bool_at(++i);
+    } else {
+      i = tk.skip_key(i);
+    }
+    if (i + 1 < tk.size()) ++i;  // checkToken(','), result unread
+  }
+}
+
+void model_cuda(const Tokens &tk, Model &m) {  // CUDAAllocatorConfig::parseArgs
+  for (size_t i = 0; i < tk.size(); i++) {
+    const std::string &k = tk.at(i);
+    if (k == "backend") {
+      tk.at(++i);
+      check(tk.at(++i) == "native");  // cudaMallocAsync: expseg's documented refusal
+    } else if (k == "release_lock_on_cudamalloc" || k == "release_lock_on_hipmalloc") {
+      tk.at(++i);
+      m.lock = tk.bool_at(++i);
+    } else if (k == "pinned_use_cuda_host_register" || k == "pinned_use_hip_host_register") {
+      tk.at(++i);
+      m.host = tk.bool_at(++i);
+    } else if (k == "pinned_num_register_threads") {
+      tk.at(++i);
+      uint64_t v = tk.size_t_at(++i);
+      check(pow2(v) && v <= 128);  // pinned_max_register_threads() is 128
+      m.thr = v;
+    } else if (k == "pinned_reserve_segment_size_mb") {
+      tk.at(++i);
+      uint64_t v = tk.size_t_at(++i);
+      check(v > 0);
+      m.pres = mb_clamped(v);  // expseg stores bytes, clamped as the other MB keys
+    } else if (k == "graph_capture_record_stream_reuse") {
+      tk.at(++i);
+      m.graph = tk.bool_at(++i);
+    } else if (k == "per_process_memory_fraction") {
+      tk.at(++i);
+      double v = tk.double_at(++i);
+      check(v >= 0.0 && v <= 1.0);
+      m.frac = v;
+    } else if (k == "throw_on_cudamalloc_oom" || k == "pinned_free_catch_all") {
+      tk.at(++i);  // main's copy: checkToken(':') then toBool, as the other flags
+      (k == "throw_on_cudamalloc_oom" ? m.thr_oom : m.catch_all) = tk.bool_at(++i);
+    } else {
+      check(generic_key(k));  // "Unrecognized key ... in CUDA allocator config"
+      i = tk.skip_key(i);
+    }
+    if (i + 1 < tk.size()) ++i;
+  }
+}
+
+bool model_parse(const std::string &text, Model *m) {
+  Tokens tk(text);
+  try {
+    model_generic(tk, *m);
+    model_cuda(tk, *m);
+  } catch (const Refused &) {
+    return false;
+  }
+  return true;
+}
+
+// ---- expseg's verdict against the model's ----
+
+struct Got {
+  expseg_status st;
+  expseg_config_t c;
+  std::string err;
+};
+
+Got parse(const std::string &text) {
+  Got g;
+  char err[EXPSEG_CONFIG_MSG_MAX], warn[EXPSEG_CONFIG_MSG_MAX];
+  g.st = _expseg_config_parse_warn(text.c_str(), "PYTORCH_CUDA_ALLOC_CONF", nullptr, &g.c, err,
+                                   sizeof err, warn, sizeof warn);
+  g.err = g.st == EXPSEG_OK ? "" : err;
+  return g;
+}
+
+bool same_double(double a, double b) {
+  return (std::isnan(a) && std::isnan(b)) || (a == b && std::signbit(a) == std::signbit(b));
+}
+
+// "" when expseg agrees with the model, else what differs.
+std::string compare(const std::string &text) {
+  Model m;
+  bool ok = model_parse(text, &m);
+  Got g = parse(text);
+  if (ok != (g.st == EXPSEG_OK))
+    return std::string("PyTorch ") + (ok ? "accepts" : "refuses") + ", expseg " +
+           (ok ? "refuses: " + g.err : "accepts");
+  if (!ok) return "";
+  const expseg_config_t &c = g.c;
+  std::string bad;
+  auto num = [&](const char *f, uint64_t want, uint64_t got) {
+    if (want != got) bad += std::string(f) + " " + std::to_string(got) + " != " + std::to_string(want) + "; ";
+  };
+  num("max_split_size", m.msplit, c.max_split_size);
+  num("max_non_split_rounding", m.nsplit, c.max_non_split_rounding);
+  num("pinned_reserve_segment_size", m.pres, c.pinned_reserve_segment_size);
+  num("pinned_num_register_threads", m.thr, c.pinned_num_register_threads);
+  for (int k = 0; k < EXPSEG_ROUNDUP_INTERVALS; k++) num("div", m.div[k], c.roundup_power2_divisions[k]);
+  num("expandable_segments", m.exp, c.expandable_segments);
+  num("pinned_use_background_threads", m.bg, c.pinned_use_background_threads);
+  num("release_lock_on_cudamalloc", m.lock, c.release_lock_on_cudamalloc);
+  num("pinned_use_cuda_host_register", m.host, c.pinned_use_cuda_host_register);
+  num("graph_capture_record_stream_reuse", m.graph, c.graph_capture_record_stream_reuse);
+  num("throw_on_cudamalloc_oom", m.thr_oom, c.throw_on_cudamalloc_oom);
+  num("pinned_free_catch_all", m.catch_all, c.pinned_free_catch_all);
+  if (!same_double(m.gc, c.garbage_collection_threshold))
+    bad += "gc " + std::to_string(c.garbage_collection_threshold) + "; ";
+  if (!same_double(m.frac, c.per_process_memory_fraction) && !(m.frac == 0 && c.per_process_memory_fraction == 0))
+    bad += "frac " + std::to_string(c.per_process_memory_fraction) + "; ";
+  return bad;
+}
+
+// ---- random texts ----
+
+const char *kKeys[] = {"max_split_size_mb", "max_non_split_rounding_mb", "garbage_collection_threshold",
+                       "roundup_power2_divisions", "expandable_segments", "pinned_use_background_threads",
+                       "backend", "release_lock_on_cudamalloc", "release_lock_on_hipmalloc",
+                       "pinned_use_cuda_host_register", "pinned_num_register_threads",
+                       "pinned_reserve_segment_size_mb", "graph_capture_record_stream_reuse",
+                       "per_process_memory_fraction", "throw_on_cudamalloc_oom",
+                       "pinned_free_catch_all", "bogus"};
+const char *kInts[] = {"0", "1", "2", "3", "4", "8", "16", "19", "20", "21", "100", "128", "256",
+                       "-1", "+4", "-4", "020", "0x20", "1e3", "100abc", "4.5", "+-4", "-0",
+                       "18446744073709551615", "18446744073709551616", "-18446744073709551615",
+                       "9223372036854775808", "-9223372036854775808", "17592186044416", "abc", ">"};
+const char *kDoubles[] = {"0.5", ".5", "5e-1", "0x1p-1", "0x1p-1074", "0x1p-1022", "0x1.8p-1070",
+                          "1e-310", "1e-400", "0e-400", "nan", "inf", "-0", "1", "0", "1.0000001",
+                          "0x", "1e", "0.5e", "-0.0", "4.9e-324", "2.2250738585072014e-308",
+                          "0X.8P0", "infinity", "1e400", "-1e-400", ".", "0.5.5", "0x1p+0",
+                          "2.2250738585072012e-308", "2.2250738585072013e-308", "0x1.fffffffffffff8p-1023",
+                          "0x1.ffffffffffffe8p-1023", "0x1.fffffffffffff7p-1023", "0x1p-1075",
+                          "0x1.0000000000000000000000001p-1074", "-0x1p-1074", "0x0.0p-5000"};
+const char *kBools[] = {"True", "False", "true", "TRUE", "1", "native", "Native"};
+const char *kBounds[] = {"1", "2", "3", "4", "64", "256", "1024", "1048576", ">", "0", "-1", "+2",
+                         "9223372036854775808", "-9223372036854775808"};
+const char *kDivs[] = {"0", "1", "2", "4", "8", "3", "-1", "+4", "9223372036854775808",
+                       "-9223372036854775808", "x"};
+
+template <size_t N> const char *pick(TestRng &r, const char *(&a)[N]) { return a[r.below(N)]; }
+
+std::string value_for(TestRng &r, const std::string &key) {
+  int kind = (int)r.below(10);
+  if (kind < 7) {
+    if (key == "roundup_power2_divisions") {
+      if (r.chance(0.4)) return pick(r, kDivs);
+      std::string s = "[";
+      for (uint64_t n = r.below(4), j = 0; j < n; j++)
+        s += std::string(j ? "," : "") + pick(r, kBounds) + ":" + pick(r, kDivs);
+      return s + "]";
+    }
+    if (key == "garbage_collection_threshold" || key == "per_process_memory_fraction")
+      return pick(r, kDoubles);
+    if (key.find("_mb") != std::string::npos || key == "pinned_num_register_threads")
+      return pick(r, kInts);
+    return pick(r, kBools);
+  }
+  if (kind == 7) return pick(r, kInts);
+  if (kind == 8) return pick(r, kDoubles);
+  return pick(r, kBools);
+}
+
+std::string damage(TestRng &r, std::string s) {
+  static const char seps[] = ",:[] \t";
+  for (uint64_t n = r.below(3), j = 0; j < n && !s.empty(); j++) {
+    size_t at = r.below(s.size() + 1);
+    switch (r.below(4)) {
+      case 0: s.insert(at, 1, seps[r.below(sizeof seps - 1)]); break;
+      case 1: if (at < s.size()) s.erase(at, 1); break;
+      case 2: {  // a separator becomes another
+        std::vector<size_t> where;
+        for (size_t k = 0; k < s.size(); k++)
+          if (std::strchr(",:[]", s[k])) where.push_back(k);
+        if (!where.empty()) s[where[r.below(where.size())]] = seps[r.below(4)];
+        break;
+      }
+      default: s += r.chance(0.5) ? "," : "]"; break;
+    }
+  }
+  return s;
+}
+
+std::string random_text(TestRng &r) {
+  std::string s;
+  for (uint64_t n = 1 + r.below(3), j = 0; j < n; j++) {
+    std::string key = pick(r, kKeys);
+    s += (j ? "," : "") + key + ":" + value_for(r, key);
+  }
+  return r.chance(0.6) ? damage(r, s) : s;
+}
+
+TEST(Adv15Config, RandomTextsGetPyTorchsVerdictAndValues) {
+  EXPSEG_SEEDED(seed, 15);
+  TestRng r(seed);
+  const uint64_t n = test_ops(200000, 200000);
+  uint64_t accepted = 0, failures = 0;
+  for (uint64_t i = 0; i < n && failures < 20; i++) {
+    std::string text = random_text(r);
+    std::string d = compare(text);
+    Model m;
+    accepted += model_parse(text, &m);
+    if (!d.empty()) {
+      ADD_FAILURE() << "'" << text << "': " << d;
+      failures++;
+    }
+  }
+  std::printf("%llu texts, %llu accepted by PyTorch's parse\n", (unsigned long long)n,
+              (unsigned long long)accepted);
+  EXPECT_GT(accepted, n / 10) << "the generator must reach the accepting paths";
+}
+
+}  // namespace
