@@ -8,16 +8,15 @@
  * The verdict and the values are PyTorch main's (2026; c10/core/AllocatorConfig.cpp and
  * c10/cuda/CUDAAllocatorConfig.cpp, see docs/config.md). PyTorch tokenizes the text into
  * words and the separators , : [ ] (whitespace dropped) and walks the tokens three times:
- * once for large_segment_size_mb wherever it stands, then its generic parser (the
- * AcceleratorAllocatorConfig keys) and its CUDA parser (the others), each skipping the other's
- * keys. Its separator checks return a result nobody reads, so any single token stands where
- * ':' or ',' belongs. expseg walks the same three times over the same tokens (a cursor with
- * one token of look-ahead: no allocation) and so accepts exactly what PyTorch accepts, with
- * PyTorch's values. Where PyTorch's reading is an accident of its parser rather than a
- * meaning (junk after a number, a sign, a wrong separator, a trailing ',', an empty list),
- * the parse succeeds and one warning line names each place, the value taken and the clean
- * form. Whatever PyTorch refuses is refused with a message naming the source, the byte
- * position, the key, the value and what is accepted.
+ * for large_segment_size_mb wherever it stands, then its generic parser (skipping what it
+ * does not know) and its CUDA parser (refusing what neither knows). Its separator checks
+ * return a result nobody reads, so any single token stands where ':' or ',' belongs. expseg
+ * walks the same tokens the same three times (a cursor with one token of look-ahead) and so
+ * accepts exactly what PyTorch accepts, with PyTorch's values. Where PyTorch's reading is an
+ * accident of its parser (junk after a number, a sign, a wrong separator, a trailing ',', an
+ * empty list), one warning line names each place, the value taken and the clean form.
+ * Whatever PyTorch refuses is refused with a message naming the source, the byte position,
+ * the key, the value and what is accepted.
  *
  * Pure: reads only its arguments, writes only *out, err and warn, keeps no globals, never
  * allocates, does not use the locale. A key given twice: the last one wins, except that
@@ -199,13 +198,14 @@ static const char *shown(const tok_t *t, char q[SHOWN_MAX * 4 + 8]) {
 }
 typedef char shown_t[SHOWN_MAX * 4 + 8];
 
-/* One error line: "<source>: position <n>: <what>". Always returns EXPSEG_ERR_CONFIG. */
-static expseg_status fail(parser_t *p, size_t at, const char *fmt, ...)
 #if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
+#define PRINTF_3_4 __attribute__((format(printf, 3, 4)))
+#else
+#define PRINTF_3_4
 #endif
-    ;
-static expseg_status fail(parser_t *p, size_t at, const char *fmt, ...) {
+
+/* One error line: "<source>: position <n>: <what>". Always returns EXPSEG_ERR_CONFIG. */
+PRINTF_3_4 static expseg_status fail(parser_t *p, size_t at, const char *fmt, ...) {
   if (p->err && p->errlen) {
     int n = snprintf(p->err, p->errlen, "%s: position %zu: ", p->source ? p->source : "config",
                      at + 1);
@@ -220,12 +220,7 @@ static expseg_status fail(parser_t *p, size_t at, const char *fmt, ...) {
 }
 
 /* One accident, appended to the warning: "position <n>: <what>". */
-static void note(parser_t *p, size_t at, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-static void note(parser_t *p, size_t at, const char *fmt, ...) {
+PRINTF_3_4 static void note(parser_t *p, size_t at, const char *fmt, ...) {
   char line[320];
   int n = snprintf(line, sizeof line, "%sposition %zu: ", p->warn.pos ? "; " : "", at + 1);
   va_list ap;
@@ -302,6 +297,13 @@ static expseg_status no_value(parser_t *p, const option_t *o, const tok_t *v) {
               v->type == T_END ? "the end of the text" : shown(v, q), acc);
 }
 
+/* A list the text ends in before its ']'. */
+static expseg_status no_close(parser_t *p, const option_t *o, size_t at) {
+  char acc[256];
+  accepted(o, acc, sizeof acc);
+  return fail(p, at, "%s: the list has no closing ']'; accepted: %s", p->key, acc);
+}
+
 /* Notes what the number's flags say about how it was written. */
 static void note_number(parser_t *p, const tok_t *v, unsigned fl, const char *taken) {
   if (!fl) return;
@@ -312,6 +314,12 @@ static void note_number(parser_t *p, const tok_t *v, unsigned fl, const char *ta
        : fl & NUMF_FORM  ? "PyTorch reads it with strtod"
                          : "a sign is not part of the clean form",
        taken);
+}
+
+static void note_u64(parser_t *p, const tok_t *v, unsigned fl, uint64_t u) {
+  char taken[32];
+  snprintf(taken, sizeof taken, "%llu", (unsigned long long)u);
+  note_number(p, v, fl, taken);
 }
 
 /* Notes a separator that stands where `want` belongs. */
@@ -345,9 +353,7 @@ static expseg_status mb_value(parser_t *p, const option_t *o, const tok_t *v, ex
   }
   if (o->ihi != MB_CEIL && u > o->ihi) return bad_value(p, o, v, "is too large");
   if (u > MB_CEIL) u = MB_CEIL;
-  char taken[32];
-  snprintf(taken, sizeof taken, "%llu", (unsigned long long)u);
-  note_number(p, v, fl, taken);
+  note_u64(p, v, fl, u);
   FIELD(c, o, size_t) = (size_t)u * MiB;
   return EXPSEG_OK;
 }
@@ -387,16 +393,14 @@ static expseg_status word_value(parser_t *p, const option_t *o, const tok_t *v,
     if ((r = _expseg_read_u64(v->w, &u, &fl)) != NUM_OK) return bad_value(p, o, v, num_problem(r));
     if (o->kind == K_POW2 && !is_pow2(u)) return bad_value(p, o, v, "is not a power of two");
     if (u < o->ilo || u > o->ihi) return bad_value(p, o, v, "is out of range");
-    snprintf(taken, sizeof taken, "%llu", (unsigned long long)u);
-    note_number(p, v, fl, taken);
+    note_u64(p, v, fl, u);
     FIELD(c, o, uint32_t) = (uint32_t)u;
     return EXPSEG_OK;
   case K_DIVISIONS:
     if ((r = _expseg_read_u64(v->w, &u, &fl)) != NUM_OK) return bad_value(p, o, v, num_problem(r));
     if (u == 0) return bad_value(p, o, v, "is 0 (the single-number form needs a power of two; 1 = no rounding)");
     if (!is_pow2(u)) return bad_value(p, o, v, "is not a power of two");
-    snprintf(taken, sizeof taken, "%llu", (unsigned long long)u);
-    note_number(p, v, fl, taken);
+    note_u64(p, v, fl, u);
     for (int i = 0; i < EXPSEG_ROUNDUP_INTERVALS; i++) c->roundup_power2_divisions[i] = u;
     return EXPSEG_OK;
   case K_BACKEND:
@@ -444,7 +448,7 @@ static expseg_status divisions_list(parser_t *p, const option_t *o, expseg_confi
   for (;;) {
     next(p, &k);
     if (k.type == T_END)
-      return fail(p, k.at, "%s: the list has no closing ']'; accepted: %s", p->key, acc);
+      return no_close(p, o, k.at);
     if (k.type == T_CLOSE) break;
     next(p, &t);
     if (t.type == T_END)
@@ -461,9 +465,7 @@ static expseg_status divisions_list(parser_t *p, const option_t *o, expseg_confi
     if (r != NUM_OK) return bad_value(p, o, &v, num_problem(r));
     if (n != 0 && !is_pow2(n)) return bad_value(p, o, &v, "is not a power of two or 0");
     note_sep(p, &t, ':');
-    char taken[32];
-    snprintf(taken, sizeof taken, "%llu", (unsigned long long)n);
-    note_number(p, &v, fl, taken);
+    note_u64(p, &v, fl, n);
     if (k.type == T_WORD && !strcmp(k.w, ">")) {
       if (!any && n != 0)
         note(p, k.at,
@@ -477,8 +479,7 @@ static expseg_status divisions_list(parser_t *p, const option_t *o, expseg_confi
       if (k.type == T_WORD && k.n >= TOK_TEXT_MAX) return bad_value(p, o, &k, "is too long");
       if (r != NUM_OK) return bad_value(p, o, &k, num_problem(r));
       if (!is_pow2(kmb)) return bad_value(p, o, &k, "is not a power of two (interval K in MB)");
-      snprintf(taken, sizeof taken, "%llu", (unsigned long long)kmb);
-      note_number(p, &k, fk, taken);
+      note_u64(p, &k, fk, kmb);
       size_t idx = log2_floor(kmb);
       if (idx >= EXPSEG_ROUNDUP_INTERVALS) idx = EXPSEG_ROUNDUP_INTERVALS - 1;
       if (first)
@@ -489,7 +490,7 @@ static expseg_status divisions_list(parser_t *p, const option_t *o, expseg_confi
     }
     any = true;
     if (peek(p, &t) == T_END)
-      return fail(p, t.at, "%s: the list has no closing ']'; accepted: %s", p->key, acc);
+      return no_close(p, o, t.at);
     if (t.type != T_CLOSE) {
       next(p, &t);
       note_sep(p, &t, ',');
@@ -530,7 +531,7 @@ static expseg_status reserve_classes(parser_t *p, const option_t *o, const tok_t
   note_sep(p, open, '[');
   for (;;) {
     if (peek(p, &t) == T_END)
-      return fail(p, t.at, "%s: the list has no closing ']'; accepted: %s", p->key, acc);
+      return no_close(p, o, t.at);
     if (t.type == T_CLOSE) break;
     next(p, &name);
     next(p, &t);
@@ -561,7 +562,7 @@ static expseg_status reserve_classes(parser_t *p, const option_t *o, const tok_t
       }
     }
     if (peek(p, &t) == T_END)
-      return fail(p, t.at, "%s: the list has no closing ']'; accepted: %s", p->key, acc);
+      return no_close(p, o, t.at);
     if (t.type == T_COMMA) {
       next(p, &t);
       tok_t u;
@@ -611,21 +612,22 @@ static expseg_status parse_option(parser_t *p, const option_t *o, expseg_config_
   }
 }
 
-/* PyTorch's skipKey: a separator slot, a value; a value '[' runs to the first ']'. */
+/* PyTorch's skipKey: a separator slot, a value; a value '[' runs to the first ']'. 0 when
+ * done, else where the text ended (in *t): 1 in place of the slot or the value, 2 in a list. */
+static int skip_key(parser_t *p, tok_t *t) {
+  next(p, t);
+  if (t->type != T_END) next(p, t);
+  if (t->type == T_END) return 1;
+  if (t->type == T_OPEN)
+    do next(p, t);
+    while (t->type != T_CLOSE && t->type != T_END);
+  return t->type == T_END ? 2 : 0;
+}
+
 static expseg_status skip_option(parser_t *p, const option_t *o) {
-  tok_t t, v;
-  next(p, &t);
-  if (t.type == T_END) return no_value(p, o, &t);
-  next(p, &v);
-  if (v.type == T_END) return no_value(p, o, &v);
-  if (v.type != T_OPEN) return EXPSEG_OK;
-  for (next(p, &t); t.type != T_CLOSE; next(p, &t))
-    if (t.type == T_END) {
-      char acc[256];
-      accepted(o, acc, sizeof acc);
-      return fail(p, t.at, "%s: the list has no closing ']'; accepted: %s", p->key, acc);
-    }
-  return EXPSEG_OK;
+  tok_t t;
+  int r = skip_key(p, &t);
+  return r == 1 ? no_value(p, o, &t) : r == 2 ? no_close(p, o, t.at) : EXPSEG_OK;
 }
 
 /* ---- unknown keys ---- */
@@ -724,6 +726,12 @@ static expseg_status walk(parser_t *p, pass_t pass, expseg_config_t *c) {
   next(p, &k);
   while (k.type != T_END) {
     const option_t *o = find_option(&k);
+    if (!o && pass == PASS_GENERIC && skip_key(p, &t) == 0) { /* skipped, as PyTorch's */
+      next(p, &t);
+      if (t.type == T_END) break;
+      next(p, &k);
+      continue;
+    }
     if (!o) {
       if (k.type == T_COMMA)
         return fail(p, k.at, "empty option before ','; accepted: key:value pairs separated by ','");
