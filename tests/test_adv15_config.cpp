@@ -432,3 +432,123 @@ TEST(Adv15Config, RandomTextsGetPyTorchsVerdictAndValues) {
 }
 
 }  // namespace
+
+// ---- hand-picked strings, each with the PyTorch behaviour that decides it ----
+
+namespace {
+
+struct Pick {
+  const char *text;
+  bool accepted;
+  // accepted: "field=value" checked below; refused: substrings of the message besides
+  // "accepted" (every refusal names what is accepted)
+  const char *want;
+};
+
+const Pick kPicks[] = {
+    // ConfigTokenizer: no tokens at all; whitespace is dropped (std::isspace)
+    {"", true, ""},
+    {" \t\n\v\f\r", true, ""},
+    // generic parseArgs: ',' as a key goes to skipKey, whose index check throws (one token)
+    {",", false, "empty option"},
+    // ',,,': the generic walk skips ',' (slot ',', value ','); the CUDA walk: "Unrecognized key"
+    {",,,", false, "empty option"},
+    {"expandable_segments:True,,", false, "empty option"},
+    // toDouble is std::stod: glibc's strtod sets ERANGE for a value below DBL_MIN only when
+    // a bit is lost (strtod_l.c, round_and_return); an exact subnormal is returned as is
+    {"garbage_collection_threshold:0x1p-1074", true, "gc=0x1p-1074"},
+    {"per_process_memory_fraction:0x1.8p-1070", true, "frac=0x1.8p-1070"},
+    {"garbage_collection_threshold:0x1.8p-1074", false, "garbage_collection_threshold '0x1.8p-1074' out of range"},
+    {"garbage_collection_threshold:0x1p-1075", false, "'0x1p-1075' out of range"},
+    // tiny and inexact (it rounds up to DBL_MIN, still ERANGE); a hair above: not tiny
+    {"per_process_memory_fraction:2.2250738585072012e-308", false, "per_process_memory_fraction '2.2250738585072012e-308'"},
+    {"per_process_memory_fraction:2.2250738585072013e-308", true, "frac=2.2250738585072014e-308"},
+    // glibc does not look at the 54th bit of a tiny value: no ERANGE, the value rounds down
+    {"garbage_collection_threshold:0x1.ffffffffffffe8p-1023", true, "gc=0x0.fffffffffffffp-1022"},
+    {"per_process_memory_fraction:0e-400", true, "frac=0"},  // an exact 0: no ERANGE
+    {"per_process_memory_fraction:1e-310", false, "'1e-310' out of range"},
+    // parseExpandableSegmentsReserveByClass: ']' read as a value (a bad value, ignored), the
+    // next entry follows; the generic walk's skipKey stopped at that ']' and skips 'b' as an
+    // unknown key: accepted, with class b
+    {"expandable_segments_reserve_by_class:[a:],b:1G]", true, "cls=b:1G"},
+    {"expandable_segments_reserve_by_class:x,y:]", true, "cls="},  // 'x' taken as '['
+    // expandable_segments_reserve takes '[' as its (bad) value; the generic skipKey runs to
+    // ']' and so never reads max_split_size_mb: accepted, max_split_size unchanged
+    {"expandable_segments_reserve:[,max_split_size_mb:100]", true, "msplit=max"},
+    // ... and here the generic walk ends on 'False' as a key with nothing after it: refused
+    {"expandable_segments_reserve:[,release_lock_on_cudamalloc]True,,expandable_segments:False", false,
+     "'False'"},
+    // toSizeT is std::stoull: '-9223372036854775808' wraps to 2^63, a power of two
+    {"roundup_power2_divisions:[-9223372036854775808:4]", true, "div=4"},
+    {"pinned_num_register_threads:-9223372036854775808", false, "pinned_num_register_threads '-9223372036854775808' [1, 128]"},
+    {"max_split_size_mb:+-1", false, "max_split_size_mb '+-1' not a number"},
+    // the list ends at its first ']'; the second stands where ',' belongs
+    {"roundup_power2_divisions:[2:4]]", true, "div=4,4,0"},
+    // a repeated key: the last one wins
+    {"garbage_collection_threshold:0.5,garbage_collection_threshold:0.7", true, "gc=0.7"},
+    // the generic parser runs first and skips the unknown key: its own error comes first
+    {"bogus:1,max_split_size_mb:5", false, "max_split_size_mb '5' too small"},
+    // documented difference: expseg implements the native allocator only
+    {"backend:cudaMallocAsync,max_split_size_mb:100", false, "backend 'cudaMallocAsync' native"},
+};
+
+double hex_double(const std::string &v) { return std::strtod(v.c_str(), nullptr); }
+
+TEST(Adv15Config, HandPickedStrings) {
+  for (const Pick &k : kPicks) {
+    Got g = parse(k.text);
+    Model m;
+    EXPECT_EQ(model_parse(k.text, &m), k.accepted) << "the model disagrees: " << k.text;
+    std::string want = k.want;
+    if (!k.accepted) {
+      EXPECT_EQ(g.st, EXPSEG_ERR_CONFIG) << "PyTorch refuses: '" << k.text << "'";
+      EXPECT_NE(g.err.find("accepted"), std::string::npos) << g.err;
+      std::istringstream in(want);
+      for (std::string w; in >> w;) {
+        if (w == "out" || w == "of" || w == "range" || w == "not" || w == "a" || w == "number" ||
+            w == "too" || w == "small")
+          continue;  // checked as phrases below
+        EXPECT_NE(g.err.find(w), std::string::npos) << k.text << ": " << w << "\n" << g.err;
+      }
+      for (const char *phrase : {"out of range", "not a number", "too small", "empty option"})
+        if (want.find(phrase) != std::string::npos)
+          EXPECT_NE(g.err.find(phrase), std::string::npos) << k.text << "\n" << g.err;
+      continue;
+    }
+    ASSERT_EQ(g.st, EXPSEG_OK) << "PyTorch accepts: '" << k.text << "': " << g.err;
+    EXPECT_EQ(compare(k.text), "") << k.text;
+    if (want.empty()) continue;
+    std::string f = want.substr(0, want.find('=')), v = want.substr(want.find('=') + 1);
+    const expseg_config_t &c = g.c;
+    if (f == "gc") EXPECT_EQ(c.garbage_collection_threshold, hex_double(v)) << k.text;
+    else if (f == "frac") EXPECT_EQ(c.per_process_memory_fraction, hex_double(v)) << k.text;
+    else if (f == "cls") EXPECT_STREQ(c.expandable_segments_reserve_by_class, v.c_str()) << k.text;
+    else if (f == "msplit") EXPECT_EQ(c.max_split_size, (size_t)SIZE_MAX) << k.text;
+    else if (f == "div") {
+      std::istringstream d(v);
+      std::vector<uint64_t> w;
+      for (std::string x; std::getline(d, x, ',');) w.push_back(std::stoull(x));
+      for (int i = 0; i < EXPSEG_ROUNDUP_INTERVALS; i++)  // the last one given fills the rest
+        EXPECT_EQ(c.roundup_power2_divisions[i], w[i < (int)w.size() ? i : w.size() - 1])
+            << k.text << " interval " << i;
+    } else ADD_FAILURE() << "unknown field " << f;
+  }
+}
+
+// Every refusal the random texts meet names a position and what is accepted, on one line
+// that fits the message buffer.
+TEST(Adv15Config, EveryRefusalSaysWhatIsAccepted) {
+  EXPSEG_SEEDED(seed, 1515);
+  TestRng r(seed * 0x9E3779B97F4A7C15ull);
+  for (uint64_t i = 0, n = test_ops(50000); i < n; i++) {
+    std::string text = random_text(r);
+    Got g = parse(text);
+    if (g.st == EXPSEG_OK) continue;
+    ASSERT_EQ(g.err.rfind("PYTORCH_CUDA_ALLOC_CONF: position ", 0), 0u) << text << "\n" << g.err;
+    ASSERT_NE(g.err.find("; accepted"), std::string::npos) << text << "\n" << g.err;
+    ASSERT_EQ(g.err.find('\n'), std::string::npos) << text << "\n" << g.err;
+    ASSERT_LT(g.err.size(), (size_t)EXPSEG_CONFIG_MSG_MAX - 1) << text;
+  }
+}
+
+}  // namespace
