@@ -8,8 +8,8 @@
  * The verdict and the values are PyTorch main's (2026; c10/core/AllocatorConfig.cpp and
  * c10/cuda/CUDAAllocatorConfig.cpp, see docs/config.md). PyTorch tokenizes the text into
  * words and the separators , : [ ] (whitespace dropped) and walks the tokens three times:
- * for large_segment_size_mb wherever it stands, then its generic parser (skipping what it
- * does not know) and its CUDA parser (refusing what neither knows). Its separator checks
+ * for large_segment_size_mb wherever it stands, then its generic parser and its CUDA parser,
+ * each skipping the other's keys and refusing a key neither knows. Its separator checks
  * return a result nobody reads, so any single token stands where ':' or ',' belongs. expseg
  * walks the same tokens the same three times (a cursor with one token of look-ahead) and so
  * accepts exactly what PyTorch accepts, with PyTorch's values. Where PyTorch's reading is an
@@ -726,12 +726,6 @@ static expseg_status walk(parser_t *p, pass_t pass, expseg_config_t *c) {
   next(p, &k);
   while (k.type != T_END) {
     const option_t *o = find_option(&k);
-    if (!o && pass == PASS_GENERIC && skip_key(p, &t) == 0) { /* skipped, as PyTorch's */
-      next(p, &t);
-      if (t.type == T_END) break;
-      next(p, &k);
-      continue;
-    }
     if (!o) {
       if (k.type == T_COMMA)
         return fail(p, k.at, "empty option before ','; accepted: key:value pairs separated by ','");
