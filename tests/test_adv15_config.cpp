@@ -32,7 +32,7 @@ constexpr uint64_t MiB = 1ull << 20;
 struct Refused {};
 
 struct Model {
-  uint64_t msplit = SIZE_MAX, nsplit = 20 * MiB, pres = 0, thr = 1;
+  uint64_t msplit = SIZE_MAX, nsplit = 20 * MiB, pres = 0, thr = 1, large = 20 * MiB;
   double gc = 0, frac = 1;
   uint64_t div[EXPSEG_ROUNDUP_INTERVALS] = {};
   bool exp = true;  // expseg's documented default; every other default is PyTorch's
@@ -167,12 +167,24 @@ size_t model_divisions(const Tokens &tk, size_t i, Model &m) {
 uint64_t mb_clamped(uint64_t v) { return (v < SIZE_MAX / MiB ? v : SIZE_MAX / MiB) * MiB; }
 
 void model_generic(const Tokens &tk, Model &m) {  // AcceleratorAllocatorConfig::parseArgs
+  // main's copy: every large_segment_size_mb first, wherever it stands (> 10 MB, clamped);
+  // max_non_split_rounding then starts at it, and both split bounds are at least it
+  for (size_t i = 0; i < tk.size(); ++i) {
+    if (tk.at(i) != "large_segment_size_mb") continue;
+    tk.at(++i);
+    uint64_t v = tk.size_t_at(++i);
+    check(v > 10);
+    m.large = mb_clamped(v);
+  }
+  m.nsplit = m.large;
   for (size_t i = 0; i < tk.size(); i++) {
     const std::string &k = tk.at(i);
-    if (k == "max_split_size_mb" || k == "max_non_split_rounding_mb") {
+    if (k == "large_segment_size_mb") {
+      i = tk.skip_key(i);
+    } else if (k == "max_split_size_mb" || k == "max_non_split_rounding_mb") {
       tk.at(++i);
       uint64_t v = tk.size_t_at(++i);
-      check(v >= 20);
+      check(v >= m.large / MiB);
       (k == "max_split_size_mb" ? m.msplit : m.nsplit) = mb_clamped(v);
     } else if (k == "garbage_collection_threshold") {
       tk.at(++i);
@@ -302,6 +314,7 @@ std::string compare(const std::string &text) {
   };
   num("max_split_size", m.msplit, c.max_split_size);
   num("max_non_split_rounding", m.nsplit, c.max_non_split_rounding);
+  num("large_segment_size", m.large, c.large_segment_size);
   num("pinned_reserve_segment_size", m.pres, c.pinned_reserve_segment_size);
   num("pinned_num_register_threads", m.thr, c.pinned_num_register_threads);
   for (int k = 0; k < EXPSEG_ROUNDUP_INTERVALS; k++) num("div", m.div[k], c.roundup_power2_divisions[k]);
@@ -330,11 +343,12 @@ const char *kKeys[] = {"max_split_size_mb", "max_non_split_rounding_mb", "garbag
                        "pinned_reserve_segment_size_mb", "graph_capture_record_stream_reuse",
                        "per_process_memory_fraction", "throw_on_cudamalloc_oom",
                        "pinned_free_catch_all", "expandable_segments_reserve",
-                       "expandable_segments_reserve_by_class", "bogus"};
+                       "expandable_segments_reserve_by_class", "large_segment_size_mb", "bogus"};
 const char *kInts[] = {"0", "1", "2", "3", "4", "8", "16", "19", "20", "21", "100", "128", "256",
                        "-1", "+4", "-4", "020", "0x20", "1e3", "100abc", "4.5", "+-4", "-0",
                        "18446744073709551615", "18446744073709551616", "-18446744073709551615",
-                       "9223372036854775808", "-9223372036854775808", "17592186044416", "abc", ">"};
+                       "9223372036854775808", "-9223372036854775808", "17592186044416", "abc", ">", "10", "11", "12", "40",
+                       "17592186044415"};
 const char *kDoubles[] = {"0.5", ".5", "5e-1", "0x1p-1", "0x1p-1074", "0x1p-1022", "0x1.8p-1070",
                           "1e-310", "1e-400", "0e-400", "nan", "inf", "-0", "1", "0", "1.0000001",
                           "0x", "1e", "0.5e", "-0.0", "4.9e-324", "2.2250738585072014e-308",
