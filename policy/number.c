@@ -222,6 +222,7 @@ num_t _expseg_read_double(const char *s, double *v, unsigned *flags) {
     if (isinf(d)) return NUM_OVERFLOW;                     /* ERANGE: too large */
     if (nonzero && strtod_underflows(x, dropped)) return NUM_OVERFLOW; /* ERANGE: tiny */
   }
+  if (nonzero && fabs(d) < DBL_MIN) *flags &= ~NUMF_FORM; /* a subnormal has no other form */
   *v = neg ? -d : d;
   return NUM_OK;
 }

@@ -382,7 +382,7 @@ static expseg_status word_value(parser_t *p, const option_t *o, const tok_t *v,
     if (d == 0) d = 0.0; /* -0 is 0 */
     {
       out_t t = {taken, sizeof taken, 0};
-      _expseg_out_double(&t, d);
+      _expseg_out_stod(&t, d);
       _expseg_out_end(&t);
     }
     note_number(p, v, fl, taken);

@@ -10,6 +10,8 @@
 #include "dec.h"
 #include "text.h"
 
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -93,6 +95,16 @@ void _expseg_out_double(out_t *o, double x) {
   _expseg_out_str(o, best);
 }
 
+void _expseg_out_stod(out_t *o, double x) {
+  if (x > 0 && x < DBL_MIN) { /* subnormal: every decimal is ERANGE to strtod, the exact hex not */
+    char t[40];
+    snprintf(t, sizeof t, "0x%llxp-1074", (unsigned long long)ldexp(x, 1074));
+    _expseg_out_str(o, t);
+    return;
+  }
+  _expseg_out_double(o, x);
+}
+
 static bool is_pow2(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
 /* `N` when every interval holds the same power of two; else a list in PyTorch's rules: the
@@ -161,7 +173,7 @@ size_t _expseg_config_print_keys(const expseg_config_t *c, uint64_t mask, char *
     case K_BOOL: _expseg_out_str(&o, FIELD(c, op, bool) ? "True" : "False"); break;
     case K_MB: _expseg_out_u64(&o, FIELD(c, op, size_t) / MiB); break;
     case K_DOUBLE:
-    case K_DOUBLE_OPEN: _expseg_out_double(&o, FIELD(c, op, double)); break;
+    case K_DOUBLE_OPEN: _expseg_out_stod(&o, FIELD(c, op, double)); break;
     case K_UINT:
     case K_POW2: _expseg_out_u64(&o, FIELD(c, op, uint32_t)); break;
     case K_DIVISIONS: print_divisions(&o, c->roundup_power2_divisions); break;

@@ -49,6 +49,9 @@ void _expseg_out_u64(out_t *o, uint64_t v);
 /* Shortest decimal (at most 17 significant digits) that _expseg_read_double reads back as x
  * with no flags. */
 void _expseg_out_double(out_t *o, double x);
+/* As _expseg_out_double, for a value read as std::stod reads it: a subnormal, which no decimal
+ * gives (strtod's ERANGE), is written as its exact hexadecimal (0x1p-1074). */
+void _expseg_out_stod(out_t *o, double x);
 size_t _expseg_out_end(out_t *o);
 
 /* The option table (parse.c), generated from options.def. */

@@ -582,3 +582,31 @@ TEST(Adv15Config, EveryRefusalSaysWhatIsAccepted) {
 }
 
 }  // namespace
+
+namespace {
+
+// A subnormal value PyTorch reads (an exact hexadecimal one) prints as that hexadecimal: no
+// decimal form reads back (every one is ERANGE to strtod). The printed string parses back to
+// the same configuration, without a warning; so does the clean form of a warning.
+TEST(Adv15Config, SubnormalsPrintBackExactly) {
+  for (const char *text : {"garbage_collection_threshold:0x1p-1074",
+                           "per_process_memory_fraction:0x1.8p-1070",
+                           "garbage_collection_threshold:0x1.ffffffffffffep-1023",
+                           "garbage_collection_threshold:0x1p-1074abc,per_process_memory_fraction:+0x1p-1073",
+                           // a reserve is read by an istringstream, which takes the decimal
+                           "expandable_segments_reserve:1e-310,expandable_segments_reserve_by_class:[a:1e-310]"}) {
+    char err[EXPSEG_CONFIG_MSG_MAX], warn[EXPSEG_CONFIG_MSG_MAX], out[4096];
+    expseg_config_t a, b;
+    ASSERT_EQ(_expseg_config_parse_warn(text, "test", nullptr, &a, err, sizeof err, warn, sizeof warn),
+              EXPSEG_OK) << text << ": " << err;
+    ASSERT_LT(_expseg_config_print(&a, out, sizeof out), sizeof out);
+    EXPECT_EQ(_expseg_config_parse_warn(out, "test", nullptr, &b, err, sizeof err, warn, sizeof warn),
+              EXPSEG_OK) << text << " printed as " << out << ": " << err;
+    EXPECT_STREQ(warn, "") << text << " printed as " << out;
+    EXPECT_EQ(policy_test::differs(a, b), "") << text << " printed as " << out;
+    EXPECT_EQ(a.garbage_collection_threshold, b.garbage_collection_threshold) << out;
+    EXPECT_EQ(a.expandable_segments_reserve, b.expandable_segments_reserve) << out;
+  }
+}
+
+}  // namespace
