@@ -393,7 +393,7 @@ def _torch_calls(torch):
         if d is not None:
             _core.reset_accumulated_memory_stats(d)
 
-    def empty(*args, **kwargs):
+    def empty_cache():  # as PyTorch's: no argument (every device)
         _core.empty_cache(None)
 
     def fraction(fraction, device=None):
@@ -490,7 +490,7 @@ def _torch_calls(torch):
         "reset_max_memory_cached": renamed(reset_peak, "reset_max_memory_cached", every_peak),
         "reset_accumulated_memory_stats": reset_accumulated,
         "memory_summary": summary,
-        "empty_cache": empty,
+        "empty_cache": empty_cache,
         "set_per_process_memory_fraction": fraction,
         "get_per_process_memory_fraction": get_fraction,
         "memory_snapshot": lambda *args, **kwargs: whole(False)["segments"],
