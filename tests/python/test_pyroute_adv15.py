@@ -226,7 +226,7 @@ class PyTorchApi(unittest.TestCase):
             print(json.dumps(dict(oom=oom, before=before, after=after,
                                   more=torch.cuda.memory_allocated(0))))
             """, EXPSEG_TEST_QUIET="1")
-        self.assertIn("out of memory", r["oom"][0])
+        self.assertTrue(r["oom"][0].startswith("CUDA out of memory"), r["oom"][0])
         self.assertIn("1099511627776 bytes", r["oom"][0])
         self.assertFalse(r["oom"][1], "the message is one line")
         self.assertEqual(r["after"], [8 << 20, 1])
