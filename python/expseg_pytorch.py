@@ -397,13 +397,14 @@ def _torch_calls(torch):
         _core.empty_cache(None)
 
     def fraction(fraction, device=None):
+        d = _core._device(device)  # as PyTorch: the device is checked before the fraction
         bad = "torch.cuda.set_per_process_memory_fraction: fraction=%r: expected a float " \
               "from 0 to 1" % (fraction,)
         if not isinstance(fraction, float):  # as PyTorch: 1 is refused, 1.0 taken
             raise _core.ExpsegTypeError(bad)
         if not 0 <= fraction <= 1:
             raise _core.ExpsegValueError(bad)
-        _core.set_memory_fraction(fraction, device)
+        _core.set_memory_fraction(fraction, d)
 
     def get_fraction(device=None):
         d = used(device)

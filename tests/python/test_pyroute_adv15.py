@@ -244,12 +244,15 @@ class PyTorchApi(unittest.TestCase):
                 except ValueError:
                     return "ValueError"
             out = [kind(1), kind(0.5, 0), kind(True), kind("0.5"), kind(1.5), kind(-0.1),
-                   kind(0.5, "cpu"), kind(fraction=0.25, device=1), kind(1.0)]
+                   kind(0.5, "cpu"), kind(fraction=0.25, device=1), kind(1.0),
+                   kind(2, "cpu"), kind("x", torch.device("cpu"))]
             print(json.dumps(dict(out=out, f0=torch.cuda.get_per_process_memory_fraction(0),
                                   f1=torch.cuda.get_per_process_memory_fraction(device=1))))
             """)
         self.assertEqual(r["out"], ["TypeError", "ok", "TypeError", "TypeError", "ValueError",
-                                    "ValueError", "ValueError", "ok", "ok"])
+                                    "ValueError", "ValueError", "ok", "ok",
+                                    # PyTorch checks the device first: not CUDA, a ValueError
+                                    "ValueError", "ValueError"])
         self.assertEqual(r["f0"], 1.0)
         self.assertEqual(r["f1"], 0.25)
 
