@@ -217,6 +217,11 @@ def _bound_devices(torch):
 _device_bound = [64]  # the device count given to expseg_torch_init (64: the library's table)
 
 
+def _device_count():
+    """PyTorch's device count, 0 where install() could not read it."""
+    return _device_bound[0] if _device_bound[0] < _core._MAX_DEVICES else 0
+
+
 def route():
     """"cxx", "python", or None before install()."""
     return _route
@@ -427,8 +432,14 @@ def _torch_calls(torch):
 
     def whole(traces):  # before any device has an allocator: a fresh one's, making none
         if _core._load().expseg_torch_device_count() == 0:
-            return _fresh_snapshot(_core._device(None), traces)
-        return _core.snapshot_dict(None, traces)
+            snap = _fresh_snapshot(_core._device(None), traces)
+        else:
+            snap = _core.snapshot_dict(None, traces)
+        # as PyTorch's: one list of device_traces per device it has, used or not
+        traces_of = snap.setdefault("device_traces", [])
+        while len(traces_of) < _device_count():
+            traces_of.append([])
+        return snap
 
     def snap(device=None, *args, **kwargs):
         return whole(bool(kwargs.get("include_traces", True)))
@@ -437,7 +448,8 @@ def _torch_calls(torch):
         raw = _core._path_bytes(filename, "torch.cuda.memory._dump_snapshot")
         devices = _core._used_devices()
         traces = bool(kwargs.get("include_traces", True))
-        if len(devices) == 1 and _core._lib.expseg_torch_device_used(devices[0]):
+        if len(devices) == 1 and _core._lib.expseg_torch_device_used(devices[0]) and \
+                devices[0] + 1 >= _device_count():  # the library's file has every list
             _core._check(_core._lib.expseg_torch_snapshot_dump_ex(devices[0], raw,
                                                                   0 if traces else 1),
                    "torch.cuda.memory._dump_snapshot", devices[0])

@@ -329,6 +329,37 @@ class PyTorchApi(unittest.TestCase):
         self.assertEqual(r["segs"][2], 2048 + 3072)
         self.assertEqual(r["dump"], r["all"][0])
 
+    def test_snapshot_has_a_trace_list_per_device_as_pytorch(self):
+        # PyTorch's snapshot has one device_traces list per device it has (device_count()),
+        # whether used or not: snapshot["device_traces"][1] is [] before device 1 is used
+        r, _ = self.result("""
+            expseg.install(route="python")
+            path = os.path.join(tempfile.mkdtemp(), "d.pickle")
+            def shapes():
+                torch.cuda.memory._dump_snapshot(path)
+                with open(path, "rb") as f:
+                    dumped = pickle.load(f)
+                return [[len(t) for t in torch.cuda.memory._snapshot()["device_traces"]],
+                        [len(t) for t in dumped["device_traces"]],
+                        [len(t) for t in torch.cuda.memory._snapshot(
+                            include_traces=False)["device_traces"]]]
+            out = dict(fresh=shapes())
+            torch.cuda.memory._record_memory_history(max_entries=100)
+            x = torch.empty(1000, 0)
+            out["dev0"] = shapes()
+            y = torch.empty(1000, 1)
+            out["both"] = shapes()
+            print(json.dumps(out))
+            """)
+        self.assertEqual(r["fresh"], [[0, 0], [0, 0], [0, 0]])
+        self.assertEqual(len(r["dev0"][0]), 2)
+        self.assertGreater(r["dev0"][0][0], 0)
+        self.assertEqual(r["dev0"][0][1], 0)
+        self.assertEqual([len(r["dev0"][1]), r["dev0"][1][1:]], [2, [0]])
+        self.assertEqual(r["dev0"][2], [0, 0])
+        self.assertGreater(r["both"][0][1], 0)
+        self.assertEqual(r["both"][2], [0, 0])
+
     def test_memory_summary_text(self):
         r, _ = self.result("""
             expseg.install(route="python")
