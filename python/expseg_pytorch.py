@@ -291,9 +291,16 @@ def _history_args(enabled, args, kwargs, strict=True):
                                       ("stacks", a["stacks"], ("python", "all"))):
             if not (isinstance(value, str) and value in accepted) and \
                     (value is not None or name == "stacks"):
-                raise _core.ExpsegError("%s(%s=%r): expected %s%s" % (
-                    _HISTORY_CALL, name, value, ", ".join('"%s"' % v for v in accepted),
-                    "" if name == "stacks" else " or None"))
+                # as PyTorch: a str it does not know is its RuntimeError, a value of another
+                # type (None for stacks) its binding's TypeError
+                raise (_core.ExpsegError if isinstance(value, str) else _core.ExpsegTypeError)(
+                    "%s(%s=%r): expected %s%s" % (
+                        _HISTORY_CALL, name, value, ", ".join('"%s"' % v for v in accepted),
+                        "" if name == "stacks" else " or None"))
+        m = a["max_entries"]  # the binding's size_t: another type or a value outside it is
+        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < 1 << 64:  # TypeError
+            raise _core.ExpsegTypeError("%s(max_entries=%r): expected an int from 0 to 2**64-1"
+                                        % (_HISTORY_CALL, m))
         on = enabled is not None
         entries = a["max_entries"] if enabled == "all" else 1
         c_stacks = on and a["context"] is not None and a["stacks"] == "all"

@@ -360,6 +360,34 @@ class PyTorchApi(unittest.TestCase):
         self.assertGreater(r["both"][0][1], 0)
         self.assertEqual(r["both"][2], [0, 0])
 
+    def test_history_argument_types_as_pytorchs_binding(self):
+        # torch._C._cuda_record_memory_history(optional<str> enabled, optional<str> context,
+        # str stacks, size_t max_entries): a value of another type, a negative max_entries or
+        # one past size_t is pybind's TypeError even while stopping; a str it does not know
+        # is PyTorch's RuntimeError
+        r, _ = self.result("""
+            expseg.install(route="python")
+            h = torch.cuda.memory._record_memory_history
+            def kind(*a, **k):
+                try:
+                    h(*a, **k)
+                    return "ok"
+                except TypeError:
+                    return "TypeError"
+                except ValueError:
+                    return "ValueError"
+                except RuntimeError:
+                    return "RuntimeError"
+            out = [kind(enabled=1), kind("all", context=1), kind("all", stacks=None),
+                   kind("all", stacks=2), kind("all", max_entries=-1),
+                   kind("all", max_entries=1 << 64), kind(None, max_entries=-5),
+                   kind(None, max_entries=1.0), kind("all", max_entries=(1 << 64) - 1),
+                   kind("bogus"), kind("all", context="bogus"), kind("all", stacks="cpp"),
+                   kind(None, context=None), kind("state", max_entries=0), kind(None)]
+            print(json.dumps(out))
+            """)
+        self.assertEqual(r, ["TypeError"] * 8 + ["ok"] + ["RuntimeError"] * 3 + ["ok"] * 3)
+
     def test_memory_summary_text(self):
         r, _ = self.result("""
             expseg.install(route="python")
