@@ -5,7 +5,8 @@ API (torch/cuda/memory.py): each call's signature and device forms (None, int, "
 the statistics after a seeded random run of allocations, frees, record_stream, empty_cache
 and peak resets (EXPSEG_TEST_SEED, printed), PyTorch's memory_stats keys, out of memory and
 the allocator after it, the fraction's errors, install() twice and too late, the history's
-and snapshot's argument forms and memory_summary's text. The stand-in torch and the child
+and snapshot's argument forms (with the types PyTorch's binding refuses), one device_traces
+list per device and memory_summary's text. The stand-in torch and the child
 interpreters are test_pyroute.py's (run by CTest as python_route_adv15)."""
 
 import json
