@@ -232,6 +232,12 @@ def _fresh_summary(device, abbreviated):
         _lib.expseg_memory_summary(a, buf, n, bool(abbreviated)))))
 
 
+def _is_cuda_device_object(device):
+    """Whether device is a torch.cuda.device (the context manager; its index is .idx)."""
+    cls = getattr(getattr(sys.modules.get("torch"), "cuda", None), "device", None)
+    return isinstance(cls, type) and isinstance(device, cls)
+
+
 def _device(device):
     """None -> PyTorch's current device when PyTorch is loaded and initialized, else 0."""
     if device is None:
@@ -253,6 +259,8 @@ def _device(device):
             raise bad  # as torch.device: digits only, no sign or space
     elif isinstance(device, int):
         index = device
+    elif _is_cuda_device_object(device):  # torch.cuda.device(1), taken as PyTorch takes it
+        index = device.idx
     elif hasattr(device, "type"):  # torch.device("cuda:1") -> 1; "cuda" -> the current one
         if device.type != "cuda":
             raise bad

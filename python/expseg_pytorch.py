@@ -217,6 +217,11 @@ def _bound_devices(torch):
 _device_bound = [64]  # the device count given to expseg_torch_init (64: the library's table)
 
 
+def _device_count():
+    """PyTorch's device count, 0 where install() could not read it."""
+    return _device_bound[0] if _device_bound[0] < _core._MAX_DEVICES else 0
+
+
 def route():
     """"cxx", "python", or None before install()."""
     return _route
@@ -286,9 +291,16 @@ def _history_args(enabled, args, kwargs, strict=True):
                                       ("stacks", a["stacks"], ("python", "all"))):
             if not (isinstance(value, str) and value in accepted) and \
                     (value is not None or name == "stacks"):
-                raise _core.ExpsegError("%s(%s=%r): expected %s%s" % (
-                    _HISTORY_CALL, name, value, ", ".join('"%s"' % v for v in accepted),
-                    "" if name == "stacks" else " or None"))
+                # as PyTorch: a str it does not know is its RuntimeError, a value of another
+                # type (None for stacks) its binding's TypeError
+                raise (_core.ExpsegError if isinstance(value, str) else _core.ExpsegTypeError)(
+                    "%s(%s=%r): expected %s%s" % (
+                        _HISTORY_CALL, name, value, ", ".join('"%s"' % v for v in accepted),
+                        "" if name == "stacks" else " or None"))
+        m = a["max_entries"]  # the binding's size_t: another type or a value outside it is
+        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < 1 << 64:  # TypeError
+            raise _core.ExpsegTypeError("%s(max_entries=%r): expected an int from 0 to 2**64-1"
+                                        % (_HISTORY_CALL, m))
         on = enabled is not None
         entries = a["max_entries"] if enabled == "all" else 1
         c_stacks = on and a["context"] is not None and a["stacks"] == "all"
@@ -393,17 +405,18 @@ def _torch_calls(torch):
         if d is not None:
             _core.reset_accumulated_memory_stats(d)
 
-    def empty(*args, **kwargs):
+    def empty_cache():  # as PyTorch's: no argument (every device)
         _core.empty_cache(None)
 
     def fraction(fraction, device=None):
+        d = _core._device(device)  # as PyTorch: the device is checked before the fraction
         bad = "torch.cuda.set_per_process_memory_fraction: fraction=%r: expected a float " \
               "from 0 to 1" % (fraction,)
         if not isinstance(fraction, float):  # as PyTorch: 1 is refused, 1.0 taken
             raise _core.ExpsegTypeError(bad)
         if not 0 <= fraction <= 1:
             raise _core.ExpsegValueError(bad)
-        _core.set_memory_fraction(fraction, device)
+        _core.set_memory_fraction(fraction, d)
 
     def get_fraction(device=None):
         d = used(device)
@@ -426,8 +439,14 @@ def _torch_calls(torch):
 
     def whole(traces):  # before any device has an allocator: a fresh one's, making none
         if _core._load().expseg_torch_device_count() == 0:
-            return _fresh_snapshot(_core._device(None), traces)
-        return _core.snapshot_dict(None, traces)
+            snap = _fresh_snapshot(_core._device(None), traces)
+        else:
+            snap = _core.snapshot_dict(None, traces)
+        # as PyTorch's: one list of device_traces per device it has, used or not
+        traces_of = snap.setdefault("device_traces", [])
+        while len(traces_of) < _device_count():
+            traces_of.append([])
+        return snap
 
     def snap(device=None, *args, **kwargs):
         return whole(bool(kwargs.get("include_traces", True)))
@@ -436,7 +455,8 @@ def _torch_calls(torch):
         raw = _core._path_bytes(filename, "torch.cuda.memory._dump_snapshot")
         devices = _core._used_devices()
         traces = bool(kwargs.get("include_traces", True))
-        if len(devices) == 1 and _core._lib.expseg_torch_device_used(devices[0]):
+        if len(devices) == 1 and _core._lib.expseg_torch_device_used(devices[0]) and \
+                devices[0] + 1 >= _device_count():  # the library's file has every list
             _core._check(_core._lib.expseg_torch_snapshot_dump_ex(devices[0], raw,
                                                                   0 if traces else 1),
                    "torch.cuda.memory._dump_snapshot", devices[0])
@@ -490,7 +510,7 @@ def _torch_calls(torch):
         "reset_max_memory_cached": renamed(reset_peak, "reset_max_memory_cached", every_peak),
         "reset_accumulated_memory_stats": reset_accumulated,
         "memory_summary": summary,
-        "empty_cache": empty,
+        "empty_cache": empty_cache,
         "set_per_process_memory_fraction": fraction,
         "get_per_process_memory_fraction": get_fraction,
         "memory_snapshot": lambda *args, **kwargs: whole(False)["segments"],

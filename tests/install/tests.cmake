@@ -5,9 +5,9 @@
 #  subproject_without_gtest: expseg under add_subdirectory with GoogleTest made unfindable
 #    (tests and benchmarks default off there), and a top-level configure with
 #    -DEXPSEG_BUILD_TESTS=OFF, both without GoogleTest.
-#  python_helper, python_route, python_route_adv, python_route_strict, python_interop:
-#    tests/python/test_expseg.py, test_pyroute.py, test_pyroute_adv.py,
-#    test_pyroute_strict.py, test_interop.py
+#  python_helper, python_route, python_route_adv, python_route_adv15, python_route_strict,
+#    python_interop: tests/python/test_expseg.py, test_pyroute.py, test_pyroute_adv.py,
+#    test_pyroute_adv15.py, test_pyroute_strict.py, test_interop.py
 #    (python/expseg.py without PyTorch, CuPy or Numba: stand-in modules, the library on the
 #    host and sim drivers).
 # Sanitizer builds skip them: their libraries need the sanitizer runtime in the consumer.
@@ -36,7 +36,7 @@ if(TARGET expseg_torch)
   find_package(Python3 COMPONENTS Interpreter)
   if(Python3_Interpreter_FOUND)
     foreach(_t helper:test_expseg route:test_pyroute route_adv:test_pyroute_adv
-            route_strict:test_pyroute_strict interop:test_interop
+            route_adv15:test_pyroute_adv15 route_strict:test_pyroute_strict interop:test_interop
             host_snapshot:test_host_snapshot)
       string(REPLACE ":" ";" _t ${_t})
       list(GET _t 0 _name)

@@ -369,7 +369,7 @@ class PythonRoute(unittest.TestCase):
         self.assertEqual(r["n"], dict(state=1, legacy=1, legacy_pos=4, legacy_kw=5, all=6,
                                       zero=1))
         want = [("RuntimeError", "enabled='alloc'"), ("RuntimeError", "context='bogus'"),
-                ("RuntimeError", "stacks=None"), ("TypeError", "trace_alloc_max_entries"),
+                ("TypeError", "stacks=None"), ("TypeError", "trace_alloc_max_entries"),
                 ("TypeError", "no_such"), ("TypeError", "fraction=1:"),
                 ("ValueError", "fraction=1.5"), ("ValueError", "fraction=-0.5"),
                 ("RuntimeError", "device 2"), ("RuntimeError", "device 5"),
