@@ -540,9 +540,12 @@ TEST(Adv15Config, HandPickedStrings) {
           continue;  // checked as phrases below
         EXPECT_NE(g.err.find(w), std::string::npos) << k.text << ": " << w << "\n" << g.err;
       }
-      for (const char *phrase : {"out of range", "not a number", "too small", "empty option", "unknown key"})
-        if (want.find(phrase) != std::string::npos)
+      for (const char *phrase :
+           {"out of range", "not a number", "too small", "empty option", "unknown key"}) {
+        if (want.find(phrase) != std::string::npos) {
           EXPECT_NE(g.err.find(phrase), std::string::npos) << k.text << "\n" << g.err;
+        }
+      }
       continue;
     }
     ASSERT_EQ(g.st, EXPSEG_OK) << "PyTorch accepts: '" << k.text << "': " << g.err;
