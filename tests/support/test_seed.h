@@ -26,16 +26,18 @@ inline std::string test_seed_note(uint64_t s) {
   return "seed " + std::to_string(s) + " (EXPSEG_TEST_SEED=" + std::to_string(s) + " reproduces)";
 }
 
-/* splitmix64: the suites' one pseudo-random generator. */
+/* splitmix64: the suites' one pseudo-random generator. The seed goes through the output
+ * mix before it becomes the state: a state of seed x the increment would make seed n + 1's
+ * stream seed n's shifted by one step, so a loop over nearby seeds would test one stream. */
 struct TestRng {
   uint64_t s;
-  explicit TestRng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  explicit TestRng(uint64_t seed) : s(mix(seed * 0x9E3779B97F4A7C15ull + 1)) {}
+  static uint64_t mix(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
   }
+  uint64_t next() { return mix(s += 0x9E3779B97F4A7C15ull); }
   uint64_t below(uint64_t n) { return next() % n; }
   double unit() { return (double)(next() >> 11) / (double)(1ull << 53); }
   bool chance(double p) { return unit() < p; }
