@@ -2,12 +2,10 @@
 /* synth_cost.c: priced driver work for the replay tool (--costs FILE).
  *
  * Every driver call a replay (or the recorded run) made is priced from one table: a cost
- * per call and a cost per 2 MiB page the call covers, in microseconds. The defaults are
- * published measurements (../shared/reference/peers.md: A100, 2 MiB pages, kvcached's
- * bench_vmm samples; cudaMalloc+cudaFree from RMM PR #284), taken at the middle of the
- * published range; cuMemRelease has no published figure and is assumed equal to the fast
- * unmap. The per-page costs default to 0 because the published figures are per call of one
- * 2 MiB page. A GPU session replaces the defaults with measured ones through --costs.
+ * per call and a cost per unit the call covers (a 2 MiB page; a handle for map, unmap and
+ * set_access), in microseconds. The defaults were measured on an NVIDIA H200 by
+ * bench/gpu-check (docs/replay.md, "Costs", which also lists the published A100 figures
+ * used before); --costs FILE replaces any of them with a machine's own.
  * File grammar (docs/replay.md): one "KIND[.page] MICROSECONDS" per line, '#' comments. The
  * file name starts with "synth" for the library glob. */
 #include "synth_model.h"
