@@ -141,6 +141,13 @@ static expseg_status cu_fail(CUresult r, const char *call, const char *detail) {
                            detail ? detail : "", err_name(r), (int)r);
 }
 
+/* A call that frees, waits or gives back: done also when the driver has shut down
+ * (CUDA_ERROR_DEINITIALIZED: at process exit, before late destructors run, the driver tears
+ * itself down; the process's device memory, streams and events went with it). */
+static expseg_status cu_done(CUresult r, const char *call, const char *detail) {
+  return r == CUDA_SUCCESS || r == CUDA_ERROR_DEINITIALIZED ? EXPSEG_OK : cu_fail(r, call, detail);
+}
+
 /* ---- one device ---- */
 
 typedef struct {
@@ -163,6 +170,8 @@ typedef struct {
 static expseg_status enter(cuda_t *c, ctx_guard_t *g) {
   g->swapped = false;
   CUresult r = cu.cuCtxGetCurrent(&g->prev);
+  /* shut down: nothing to make current; the call itself then fails, or is done (cu_done) */
+  if (r == CUDA_ERROR_DEINITIALIZED) return EXPSEG_OK;
   if (r != CUDA_SUCCESS) return cu_fail(r, "cuCtxGetCurrent", NULL);
   if (g->prev != c->ctx) {
     r = cu.cuCtxSetCurrent(c->ctx);
@@ -205,7 +214,7 @@ static expseg_status cuda_unreserve(void *st, uintptr_t addr, size_t size) {
   cuda_t *c = st;
   ENTER(c);
   CUresult r = cu.cuMemAddressFree((CUdeviceptr)addr, size);
-  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuMemAddressFree", NULL));
+  LEAVE_RETURN(cu_done(r, "cuMemAddressFree", NULL));
 }
 
 static CUmemAllocationProp alloc_prop(const cuda_t *c) {
@@ -213,7 +222,7 @@ static CUmemAllocationProp alloc_prop(const cuda_t *c) {
   memset(&p, 0, sizeof p);
   p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  p.location.id = c->dev;
+  p.location.id = c->ordinal; /* an ordinal, not a CUdevice (CU_MEM_LOCATION_TYPE_DEVICE) */
   p.requestedHandleTypes = c->htype;
   return p;
 }
@@ -237,7 +246,7 @@ static expseg_status cuda_release(void *st, expseg_vmm_handle h) {
   cuda_t *c = st;
   ENTER(c);
   CUresult r = cu.cuMemRelease((CUmemGenericAllocationHandle)h);
-  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuMemRelease", NULL));
+  LEAVE_RETURN(cu_done(r, "cuMemRelease", NULL));
 }
 
 static expseg_status cuda_map(void *st, uintptr_t addr, size_t size, expseg_vmm_handle h,
@@ -255,27 +264,22 @@ static expseg_status cuda_unmap(void *st, uintptr_t addr, size_t size) {
   cuda_t *c = st;
   ENTER(c);
   CUresult r = cu.cuMemUnmap((CUdeviceptr)addr, size);
-  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuMemUnmap", NULL));
+  LEAVE_RETURN(cu_done(r, "cuMemUnmap", NULL));
 }
 
 static expseg_status cuda_set_access(void *st, uintptr_t addr, size_t size, int device) {
   cuda_t *c = st;
   bool grant = device >= 0;
   int ordinal = grant ? device : EXPSEG_VMM_REVOKED_DEVICE(device);
-  CUdevice target = c->dev;
-  CUresult r;
-  if (ordinal != c->ordinal && (r = cu.cuDeviceGet(&target, ordinal)) != CUDA_SUCCESS) {
-    char d[48];
-    snprintf(d, sizeof d, "(peer device %d)", ordinal);
-    return cu_fail(r, "cuDeviceGet", d);
-  }
   ENTER(c);
   CUmemAccessDesc d;
   memset(&d, 0, sizeof d);
   d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  d.location.id = target;
+  d.location.id = ordinal; /* CUmemLocation.id of a device is its ordinal */
+  CUresult r;
   d.flags = grant ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE;
   r = cu.cuMemSetAccess((CUdeviceptr)addr, size, &d, 1);
+  if (r == CUDA_ERROR_DEINITIALIZED && !grant) LEAVE_RETURN(EXPSEG_OK); /* a revoke: done */
   if (r != CUDA_SUCCESS) {
     char what[64];
     snprintf(what, sizeof what, "(%s device %d, memory of device %d)",
@@ -299,7 +303,7 @@ static expseg_status cuda_event_destroy(void *st, expseg_vmm_event ev) {
   cuda_t *c = st;
   ENTER(c);
   CUresult r = cu.cuEventDestroy((CUevent)(uintptr_t)ev);
-  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuEventDestroy", NULL));
+  LEAVE_RETURN(cu_done(r, "cuEventDestroy", NULL));
 }
 
 /* ---- destroyed streams ----
@@ -320,8 +324,8 @@ static expseg_status cuda_event_query(void *st, expseg_vmm_event ev, bool *done)
   cuda_t *c = st;
   ENTER(c);
   CUresult r = cu.cuEventQuery((CUevent)(uintptr_t)ev);
-  if (r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY) {
-    *done = r == CUDA_SUCCESS;
+  if (r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY || r == CUDA_ERROR_DEINITIALIZED) {
+    *done = r != CUDA_ERROR_NOT_READY; /* shut down: no work is left */
     LEAVE_RETURN(EXPSEG_OK);
   }
   LEAVE_RETURN(cu_fail(r, "cuEventQuery", NULL));
@@ -420,7 +424,7 @@ static expseg_status cuda_event_synchronize(void *st, expseg_vmm_event ev) {
                                    "forever: a stream is held (release it with hold_stream)",
                                    (unsigned long long)ev));
   r = cu.cuEventSynchronize((CUevent)(uintptr_t)ev);
-  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuEventSynchronize", NULL));
+  LEAVE_RETURN(cu_done(r, "cuEventSynchronize", NULL));
 }
 
 static expseg_status cuda_stream_create(void *st, expseg_stream *s) {
@@ -445,12 +449,12 @@ static expseg_status cuda_stream_destroy(void *st, expseg_stream s) {
   pthread_mutex_unlock(&c->holds.mu);
   ENTER(c);
   CUresult r = cu.cuStreamSynchronize((CUstream)(uintptr_t)s);
-  if (r != CUDA_SUCCESS) LEAVE_RETURN(cu_fail(r, "cuStreamSynchronize", "(before cuStreamDestroy)"));
+  if (r != CUDA_SUCCESS) LEAVE_RETURN(cu_done(r, "cuStreamSynchronize", "(before cuStreamDestroy)"));
   expseg_status es = _expseg_holds_retire(&c->holds, s);
   if (es != EXPSEG_OK) LEAVE_RETURN(es);
   r = cu.cuStreamDestroy((CUstream)(uintptr_t)s);
   if (r != CUDA_SUCCESS) _expseg_holds_retired(&c->holds, s, true);
-  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuStreamDestroy", NULL));
+  LEAVE_RETURN(cu_done(r, "cuStreamDestroy", NULL));
 }
 
 static expseg_status cuda_stream_synchronize(void *st, expseg_stream s) {
@@ -463,7 +467,7 @@ static expseg_status cuda_stream_synchronize(void *st, expseg_stream s) {
   if (s != 0 && _expseg_holds_retired(&c->holds, s, false)) return EXPSEG_OK; /* waited for at its destroy */
   ENTER(c);
   CUresult r = cu.cuStreamSynchronize((CUstream)(uintptr_t)s);
-  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuStreamSynchronize", NULL));
+  LEAVE_RETURN(cu_done(r, "cuStreamSynchronize", NULL));
 }
 
 static expseg_status cuda_device_synchronize(void *st) {
@@ -473,7 +477,7 @@ static expseg_status cuda_device_synchronize(void *st) {
                                                 "forever: a stream is held (hold_stream)");
   ENTER(c); /* the device's primary context is current: cuCtxSynchronize waits for it */
   CUresult r = cu.cuCtxSynchronize();
-  LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuCtxSynchronize", NULL));
+  LEAVE_RETURN(cu_done(r, "cuCtxSynchronize", NULL));
 }
 
 static expseg_status cuda_export_fd(void *st, expseg_vmm_handle h, int *fd, size_t *offset) {
@@ -569,7 +573,7 @@ static expseg_status host_create(cuda_t *c, expseg_host_chunk_t *hc) {
         CUmemAccessDesc d[2];
         memset(d, 0, sizeof d);
         d[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        d[0].location.id = c->dev;
+        d[0].location.id = c->ordinal;
         d[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         d[1].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA; /* id ignored: the host */
         d[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
@@ -608,12 +612,12 @@ static expseg_status cuda_host_free(void *st, const expseg_host_chunk_t *hc) {
   if (hc->method == EXPSEG_HOST_CREATED) {
     CUdeviceptr va = (CUdeviceptr)(uintptr_t)hc->ptr;
     if ((r = cu.cuMemUnmap(va, hc->size)) != CUDA_SUCCESS)
-      LEAVE_RETURN(cu_fail(r, "cuMemUnmap", "(pinned host memory)"));
+      LEAVE_RETURN(cu_done(r, "cuMemUnmap", "(pinned host memory)"));
     cu.cuMemAddressFree(va, hc->size);
     r = cu.cuMemRelease((CUmemGenericAllocationHandle)hc->handle);
-    LEAVE_RETURN(r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, "cuMemRelease", "(pinned host memory)"));
+    LEAVE_RETURN(cu_done(r, "cuMemRelease", "(pinned host memory)"));
   }
-  if ((r = cu.cuMemHostUnregister(hc->ptr)) != CUDA_SUCCESS)
+  if ((r = cu.cuMemHostUnregister(hc->ptr)) != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED)
     LEAVE_RETURN(cu_fail(r, "cuMemHostUnregister", NULL));
   munmap(hc->ptr, hc->size);
   LEAVE_RETURN(EXPSEG_OK);

@@ -63,6 +63,8 @@ static const dbl_config defaults = {
     .verbose = false,
     .sync_timeout_ms = 10000,
     .log_max = 1u << 18,
+    .device_base = 0,
+    .driver = CUDA_VERSION,
 };
 
 static bool parse_size(const char *s, size_t len, size_t *out) {
@@ -122,12 +124,15 @@ static bool parse_config(const char *spec, dbl_config *c) {
     else if (KEY("verbose") && v <= 1) c->verbose = v;
     else if (KEY("sync_timeout") && v <= 3600000) c->sync_timeout_ms = (unsigned)v;
     else if (KEY("log") && v >= 1 && v <= (1u << 26)) c->log_max = v;
+    else if (KEY("device_base") && v <= 4096) c->device_base = (int)v;
+    else if (KEY("driver") && v >= 11030 && v <= CUDA_VERSION) c->driver = (int)v;
     else {
       dbl_refuse(CUDA_ERROR_INVALID_VALUE,
                  "configuration '%s': '%.*s' is not accepted; keys: devices (1..%d), capacity "
                  "(SIZE), granularity and recommended (powers of two, at least 4K), fd, peer, "
-                 "verbose (0|1), sync_timeout (ms), log (entries)",
-                 spec, (int)len, p, DBL_MAX_DEVICES);
+                 "verbose (0|1), sync_timeout (ms), log (entries), device_base (0..4096), "
+                 "driver (11030..%d)",
+                 spec, (int)len, p, DBL_MAX_DEVICES, CUDA_VERSION);
       return false;
     }
 #undef KEY
@@ -182,6 +187,9 @@ static bool ensure_configured(void) {
 CUresult dbl_begin(dbl_call *c, const char *name, bool needs_init) {
   pthread_mutex_lock(&g.mu);
   if (!ensure_configured()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (g.shut_down)
+    return dbl_refuse(CUDA_ERROR_DEINITIALIZED, "%s: the driver is shutting down (process exit)",
+                      name);
   if (needs_init && !g.initialized)
     return dbl_refuse(CUDA_ERROR_NOT_INITIALIZED, "%s before cuInit", name);
   for (size_t i = 0; i < sizeof g.fail / sizeof g.fail[0]; i++) {
@@ -258,9 +266,17 @@ DBL_EXPORT CUresult CUDAAPI cuInit(unsigned int flags) {
   END(CUDA_SUCCESS);
 }
 
+/* The driver's version: `driver` of the configuration (not logged). */
+static int driver_version(void) {
+  pthread_mutex_lock(&g.mu);
+  int v = ensure_configured() ? g.cfg.driver : CUDA_VERSION;
+  pthread_mutex_unlock(&g.mu);
+  return v;
+}
+
 DBL_EXPORT CUresult CUDAAPI cuDriverGetVersion(int *v) {
   if (!v) return CUDA_ERROR_INVALID_VALUE;
-  *v = CUDA_VERSION;
+  *v = driver_version();
   return CUDA_SUCCESS;
 }
 
@@ -271,15 +287,21 @@ DBL_EXPORT CUresult CUDAAPI cuDeviceGetCount(int *count) {
   END(CUDA_SUCCESS);
 }
 
-static bool valid_dev(CUdevice d) { return d >= 0 && d < g.cfg.devices; }
+/* CUdevice handles are ordinal + device_base: a handle is not an ordinal (CUmemLocation.id
+ * is an ordinal, every CUdevice argument a handle from cuDeviceGet). The ordinal, or -1. */
+static int dev_index(CUdevice d) {
+  int i = d - g.cfg.device_base;
+  return i >= 0 && i < g.cfg.devices ? i : -1;
+}
+static bool valid_dev(CUdevice d) { return dev_index(d) >= 0; }
 
 DBL_EXPORT CUresult CUDAAPI cuDeviceGet(CUdevice *dev, int ordinal) {
   BEGIN("cuDeviceGet");
   if (!dev) END(dbl_refuse(CUDA_ERROR_INVALID_VALUE, "cuDeviceGet(NULL)"));
-  if (!valid_dev(ordinal))
+  if (ordinal < 0 || ordinal >= g.cfg.devices)
     END(dbl_refuse(CUDA_ERROR_INVALID_DEVICE, "cuDeviceGet(%d): %d device(s)", ordinal,
                    g.cfg.devices));
-  *dev = ordinal;
+  *dev = ordinal + g.cfg.device_base;
   END(CUDA_SUCCESS);
 }
 
@@ -287,7 +309,7 @@ DBL_EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute a, 
   BEGIN("cuDeviceGetAttribute");
   if (!pi) END(dbl_refuse(CUDA_ERROR_INVALID_VALUE, "cuDeviceGetAttribute(NULL)"));
   if (!valid_dev(dev))
-    END(dbl_refuse(CUDA_ERROR_INVALID_DEVICE, "cuDeviceGetAttribute: no device %d", dev));
+    END(dbl_refuse(CUDA_ERROR_INVALID_DEVICE, "cuDeviceGetAttribute: no device handle %d", dev));
   switch ((int)a) {
   case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *pi = 1; break;
   case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: *pi = g.cfg.fd; break;
@@ -309,7 +331,7 @@ DBL_EXPORT CUresult CUDAAPI cuDeviceGetPCIBusId(char *bus, int len, CUdevice dev
   if (!bus || len <= 0) END(dbl_refuse(CUDA_ERROR_INVALID_VALUE, "cuDeviceGetPCIBusId: no buffer"));
   if (!valid_dev(dev))
     END(dbl_refuse(CUDA_ERROR_INVALID_DEVICE, "cuDeviceGetPCIBusId: no device %d", dev));
-  snprintf(bus, (size_t)len, "0000:%02x:00.0", 0xd0 + dev); /* no such bus on the host */
+  snprintf(bus, (size_t)len, "0000:%02x:00.0", 0xd0 + dev_index(dev)); /* no such bus on the host */
   END(CUDA_SUCCESS);
 }
 
@@ -327,6 +349,7 @@ DBL_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d
   if (!pctx) END(dbl_refuse(CUDA_ERROR_INVALID_VALUE, "cuDevicePrimaryCtxRetain(NULL)"));
   if (!valid_dev(dev))
     END(dbl_refuse(CUDA_ERROR_INVALID_DEVICE, "cuDevicePrimaryCtxRetain: no device %d", dev));
+  dev = dev_index(dev);
   g.dev[dev].primary.retains++;
   *pctx = (CUcontext)&g.dev[dev].primary;
   END(CUDA_SUCCESS);
@@ -336,6 +359,7 @@ DBL_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
   BEGIN("cuDevicePrimaryCtxRelease");
   if (!valid_dev(dev))
     END(dbl_refuse(CUDA_ERROR_INVALID_DEVICE, "cuDevicePrimaryCtxRelease: no device %d", dev));
+  dev = dev_index(dev);
   if (g.dev[dev].primary.retains == 0)
     END(dbl_refuse(CUDA_ERROR_INVALID_CONTEXT,
                    "cuDevicePrimaryCtxRelease(%d): the primary context is not retained", dev));
@@ -366,7 +390,7 @@ DBL_EXPORT CUresult CUDAAPI cuCtxGetDevice(CUdevice *dev) {
   BEGIN("cuCtxGetDevice");
   NEED_CTX(c);
   if (!dev) END(dbl_refuse(CUDA_ERROR_INVALID_VALUE, "cuCtxGetDevice(NULL)"));
-  *dev = c->dev;
+  *dev = c->dev + g.cfg.device_base;
   END(CUDA_SUCCESS);
 }
 
@@ -444,26 +468,47 @@ static const struct {
 #endif
 };
 
-DBL_EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int version,
-                                             cuuint64_t flags,
-                                             CUdriverProcAddressQueryResult *status) {
+/* cuGetProcAddress (cuda.h): a version newer than the driver's is CUDA_ERROR_INVALID_VALUE;
+ * flags are DEFAULT, LEGACY_STREAM or PER_THREAD_DEFAULT_STREAM; a name the driver does not
+ * have, or has only in versions newer than asked, is CUDA_SUCCESS with *pfn NULL and the
+ * status saying which (the 4-argument one of CUDA 11.3..11.8 returns CUDA_ERROR_NOT_FOUND). */
+static CUresult get_proc(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                         CUdriverProcAddressQueryResult *status, bool v1) {
   if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
-  (void)flags;
+  *pfn = NULL;
+  int driver = driver_version();
+  if (version > driver)
+    return dbl_refuse(CUDA_ERROR_INVALID_VALUE,
+                      "cuGetProcAddress('%s', cudaVersion %d): newer than the driver (%d)", symbol,
+                      version, driver);
+  if (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM |
+                            CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))
+    return dbl_refuse(CUDA_ERROR_INVALID_VALUE, "cuGetProcAddress('%s', flags 0x%llx)", symbol,
+                      (unsigned long long)flags);
   int best = -1; /* the newest version of the name not newer than the caller asked for */
-  for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++)
-    if (strcmp(procs[i].name, symbol) == 0 && procs[i].version <= version &&
-        (best < 0 || procs[i].version > procs[best].version))
+  bool named = false;
+  for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
+    if (strcmp(procs[i].name, symbol) != 0) continue;
+    named = true;
+    if (procs[i].version <= version && (best < 0 || procs[i].version > procs[best].version))
       best = (int)i;
+  }
   if (best >= 0) {
     *pfn = procs[best].fn;
     if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
     return CUDA_SUCCESS;
   }
-  *pfn = NULL;
-  if (status) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  if (status)
+    *status = named ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
   dbl_refuse(CUDA_ERROR_NOT_FOUND, "cuGetProcAddress('%s'): not an entry point of the double",
              symbol);
-  return CUDA_ERROR_NOT_FOUND;
+  return v1 ? CUDA_ERROR_NOT_FOUND : CUDA_SUCCESS;
+}
+
+DBL_EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int version,
+                                             cuuint64_t flags,
+                                             CUdriverProcAddressQueryResult *status) {
+  return get_proc(symbol, pfn, version, flags, status, false);
 }
 
 /* The 4-argument cuGetProcAddress of CUDA 11.3..11.8 (cuda.h names the 12+ one _v2). */
@@ -472,7 +517,7 @@ DBL_EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int
                                              cuuint64_t flags);
 DBL_EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int version,
                                              cuuint64_t flags) {
-  return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+  return get_proc(symbol, pfn, version, flags, NULL, true);
 }
 
 /* ---- control calls ---- */
@@ -490,6 +535,14 @@ DBL_EXPORT int cudadouble_configure(const char *spec) {
 }
 
 DBL_EXPORT const char *cudadouble_last_message(void) { return last_msg; }
+
+/* The driver after its own teardown at process exit: every call that BEGINs is
+ * CUDA_ERROR_DEINITIALIZED from now on (this process; nothing is freed). */
+DBL_EXPORT void cudadouble_shutdown(void) {
+  pthread_mutex_lock(&g.mu);
+  g.shut_down = true;
+  pthread_mutex_unlock(&g.mu);
+}
 
 DBL_EXPORT size_t cudadouble_log_count(void) {
   pthread_mutex_lock(&g.mu);

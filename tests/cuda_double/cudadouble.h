@@ -61,6 +61,9 @@ typedef struct cudadouble_api {
    * stream) stops at this point until the same call with hold = 0. */
   int (*hold_stream)(void *stream, int hold);
   void (*counts)(cudadouble_state *out);
+  /* The driver as it is after its own teardown at process exit: every later call of this
+   * process is CUDA_ERROR_DEINITIALIZED (nothing is freed; no way back). */
+  void (*shutdown)(void);
 } cudadouble_api;
 
 /* 1 when libcuda.so.1 (already loaded or loadable) is the double; fills *api. */
@@ -78,6 +81,7 @@ static inline int cudadouble_load(cudadouble_api *api) {
   CUDADOUBLE_SYM_(fail, int (*)(const char *, unsigned, int))
   CUDADOUBLE_SYM_(hold_stream, int (*)(void *, int))
   CUDADOUBLE_SYM_(counts, void (*)(cudadouble_state *))
+  CUDADOUBLE_SYM_(shutdown, void (*)(void))
 #undef CUDADOUBLE_SYM_
   return 1;
 }

@@ -100,12 +100,15 @@ typedef struct {
   bool fd, peer, verbose;
   unsigned sync_timeout_ms;
   size_t log_max;
+  int device_base; /* CUdevice handle = ordinal + device_base */
+  int driver;      /* the version cuDriverGetVersion reports */
 } dbl_config;
 
 typedef struct {
   pthread_mutex_t mu;
   bool initialized;
   bool configured;
+  bool shut_down; /* cudadouble_shutdown: every call is CUDA_ERROR_DEINITIALIZED */
   dbl_config cfg;
   dbl_device dev[DBL_MAX_DEVICES];
   uint64_t next_handle;

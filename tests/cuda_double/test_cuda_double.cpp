@@ -117,10 +117,72 @@ TEST_F(Double, ProcAddressAnswersKnownNamesAndRefusesOthers) {
   EXPECT_EQ((void *)&cuMemMap, fn);
   OK(cuGetProcAddress("cuMemGetInfo", &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &q));
   EXPECT_EQ((void *)&cuMemGetInfo_v2, fn) << "base names give the newest version";
-  EXPECT_EQ(CUDA_ERROR_NOT_FOUND,
+  // CUDA 12+: a name the driver lacks is CUDA_SUCCESS, a NULL pointer and the status
+  fn = &fn;
+  EXPECT_EQ(CUDA_SUCCESS,
             cuGetProcAddress("cuLaunchKernel", &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &q));
   EXPECT_EQ(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, q);
   EXPECT_EQ(nullptr, fn);
+}
+
+// cuGetProcAddress (cuda.h): "If the specified CUDA version is greater than the driver
+// version, the API will return CUDA_ERROR_INVALID_VALUE"; flags outside
+// CUdriverProcAddress_flags are refused; a name found only in newer versions than asked is
+// CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT with a NULL pointer.
+TEST_F(Double, ProcAddressRefusesVersionsNewerThanTheDriver) {
+  stop();
+  ASSERT_EQ(0, cudadouble_configure("driver=12040")) << cudadouble_last_message();
+  int v = 0;
+  OK(cuDriverGetVersion(&v));
+  EXPECT_EQ(12040, v);
+  void *fn = &fn;
+  CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SUCCESS;
+  REFUSED(CUDA_ERROR_INVALID_VALUE,
+          cuGetProcAddress("cuMemMap", &fn, 12050, CU_GET_PROC_ADDRESS_DEFAULT, &q));
+  EXPECT_EQ(nullptr, fn);
+  OK(cuGetProcAddress("cuMemMap", &fn, 12040, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &q));
+  EXPECT_EQ((void *)&cuMemMap, fn);
+  REFUSED(CUDA_ERROR_INVALID_VALUE, cuGetProcAddress("cuMemMap", &fn, 12040, 8, &q));
+#if CUDA_VERSION >= 13000
+  ASSERT_EQ(0, cudadouble_configure("")) << cudadouble_last_message();
+  fn = &fn;
+  OK(cuGetProcAddress("cuCtxSynchronize", &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &q));
+  EXPECT_EQ((void *)&cuCtxSynchronize, fn);
+#endif
+  ASSERT_EQ(0, cudadouble_configure("")) << cudadouble_last_message();
+  start("devices=2,capacity=64M,granularity=2M,recommended=4M");
+}
+
+// CUdevice is a handle from cuDeviceGet, CUmemLocation.id a device ordinal ("Location is a
+// device location, thus id is a device ordinal"): with device_base=16 they differ, and each
+// is refused where the other belongs.
+TEST_F(Double, DeviceHandlesAreNotOrdinals) {
+  stop();
+  ASSERT_EQ(0, cudadouble_configure("device_base=16")) << cudadouble_last_message();
+  CUdevice d1 = -1;
+  OK(cuDeviceGet(&d1, 1));
+  EXPECT_EQ(17, d1);
+  int vmm = 0;
+  REFUSED(CUDA_ERROR_INVALID_DEVICE,
+          cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1));
+  OK(cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, d1));
+  REFUSED(CUDA_ERROR_INVALID_DEVICE, cuDevicePrimaryCtxRetain(&ctx, 1));
+  OK(cuDevicePrimaryCtxRetain(&ctx, d1));
+  OK(cuCtxSetCurrent(ctx));
+  CUdevice got = -1;
+  OK(cuCtxGetDevice(&got));
+  EXPECT_EQ(d1, got);
+  CUmemAllocationProp p = prop(1);
+  CUmemGenericAllocationHandle h = 0;
+  OK(cuMemCreate(&h, 2 * MiB, &p, 0)); // location.id: the ordinal
+  OK(cuMemRelease(h));
+  p.location.id = d1; // the handle is not an ordinal
+  REFUSED(CUDA_ERROR_INVALID_DEVICE, cuMemCreate(&h, 2 * MiB, &p, 0));
+  OK(cuCtxSetCurrent(nullptr));
+  OK(cuDevicePrimaryCtxRelease(d1));
+  ctx = nullptr;
+  ASSERT_EQ(0, cudadouble_configure("")) << cudadouble_last_message();
+  start("devices=2,capacity=64M,granularity=2M,recommended=4M");
 }
 
 #if CUDA_VERSION >= 13000
