@@ -12,6 +12,9 @@
 #   unmap_noop    vmm/cuda.c's unmap never calls cuMemUnmap
 #   release_noop  vmm/cuda.c's release never calls cuMemRelease
 #   import_fd     vmm/cuda.c imports another fd than the one it was given
+#   location_dev  vmm/cuda.c puts the CUdevice handle, not the ordinal, in CUmemLocation.id
+#   proc_version  vmm/cuda.c asks cuGetProcAddress for cuda.h's version, not the driver's
+#   deinit_warns  vmm/cuda.c takes CUDA_ERROR_DEINITIALIZED (driver shut down) as a failure
 # Exits non-zero if the unbroken copy fails or any broken copy passes.
 # Usage: tests/cuda_double/mutations.sh [SCRATCH_DIR]   (default: a new temporary folder)
 # MUTANTS="name ..." runs only those (CI runs the first four: set_access leak_classic
@@ -32,7 +35,8 @@ if [ ! -f "$build/tests/cuda_double/Makefile" ] && [ ! -f "$build/tests/cuda_dou
   exit 0
 fi
 targets="cuda_double test_cuda_double test_gpu_vmm test_gpu_calls test_gpu_busy
-         test_gpu_reliability test_gpu_streams test_gpu_devices test_gpu_host_pool test_gpu_ipc"
+         test_gpu_reliability test_gpu_streams test_gpu_devices test_gpu_host_pool test_gpu_ipc
+         test_gpu_adv16"
 
 # mutate FILE OLD NEW: replace the one occurrence of OLD (fails when OLD is not there once)
 mutate() {
@@ -98,7 +102,7 @@ check leak_pages pools/pages.c \
   'put_back(a, s, c + done, m - done); /* never mapped */' \
   'if (m - done > 1) put_back(a, s, c + done + 1, m - done - 1); /* mutant */'
 check not_ready vmm/cuda.c \
-  '*done = r == CUDA_SUCCESS;' \
+  '*done = r != CUDA_ERROR_NOT_READY;' \
   '*done = true; /* mutant */'
 check copy_back vmm/cuda.c \
   'CUresult r = to_device ? cu.cuMemcpyHtoD' \
@@ -112,6 +116,16 @@ check release_noop vmm/cuda.c \
 check import_fd vmm/cuda.c \
   'cu.cuMemImportFromShareableHandle(&gh, (void *)(uintptr_t)fd,' \
   'cu.cuMemImportFromShareableHandle(&gh, (void *)(uintptr_t)(fd + 1) /* mutant */,'
+
+check location_dev vmm/cuda.c \
+  'p.location.id = c->ordinal;' \
+  'p.location.id = c->dev; /* mutant */'
+check proc_version vmm/cuda.c \
+  'int ask = ver < CUDA_VERSION ? ver : CUDA_VERSION;' \
+  'int ask = CUDA_VERSION; /* mutant */'
+check deinit_warns vmm/cuda.c \
+  'return r == CUDA_SUCCESS || r == CUDA_ERROR_DEINITIALIZED ? EXPSEG_OK : cu_fail(r, call, detail);' \
+  'return r == CUDA_SUCCESS ? EXPSEG_OK : cu_fail(r, call, detail); /* mutant */'
 
 # restore the copy's build to the unbroken sources
 touch "$copy/vmm/cuda.c" "$copy/pools/segment.c" "$copy/pools/pages.c"
