@@ -17,6 +17,8 @@
  * = cuMemSetAccess (READWRITE for its own device or a peer; PROT_NONE revokes a peer), unmap =
  * cuMemUnmap, release = cuMemRelease, unreserve = cuMemAddressFree, copy = cuMemcpyHtoD/DtoH,
  * copy_async (sleep and wake) = cuMemcpyHtoDAsync/DtoHAsync; events without timing. Every failure names the call and its error name.
+ * CUmemLocation ids are device ordinals, never CUdevice handles. Once the driver has shut
+ * down (CUDA_ERROR_DEINITIALIZED, process exit) what frees or waits is done (cu_done).
  * hold_stream (a test hook): cuStreamWaitValue32 on a word of a registered host page; its
  * slots and the set of destroyed streams are kept by vmm/stream_holds.c.
  *

@@ -2,8 +2,9 @@
 /* core.c: the CUDA driver double's process state (tests only; includes cuda.h, as test
  * doubles may): configuration ($EXPSEG_CUDA_DOUBLE or cudadouble_configure), cuInit,
  * devices and their attributes, primary contexts with retain counts and a current context
- * per thread, cuGetProcAddress over every entry point the double has, error names, the call
- * log and the cudadouble_* control calls. The rules each call enforces are listed in
+ * per thread, cuGetProcAddress over every entry point the double has (at most the configured
+ * driver version), device handles apart from ordinals (device_base), error names, the call
+ * log and the cudadouble_* control calls (cudadouble_shutdown: CUDA_ERROR_DEINITIALIZED). The rules each call enforces are listed in
  * docs/driver.md ("The CUDA driver double"). */
 #include "double.h"
 
