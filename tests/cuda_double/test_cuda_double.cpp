@@ -27,6 +27,7 @@ void cudadouble_counts(cudadouble_state *out);
 size_t cudadouble_log_count(void);
 int cudadouble_log_get(size_t i, cudadouble_call *out);
 void cudadouble_log_clear(void);
+void cudadouble_shutdown(void);
 }
 
 namespace {
@@ -183,6 +184,33 @@ TEST_F(Double, DeviceHandlesAreNotOrdinals) {
   ctx = nullptr;
   ASSERT_EQ(0, cudadouble_configure("")) << cudadouble_last_message();
   start("devices=2,capacity=64M,granularity=2M,recommended=4M");
+}
+
+// Every call lists CUDA_ERROR_DEINITIALIZED ("the CUDA driver is in the process of shutting
+// down"): after cudadouble_shutdown every call that needs the driver returns it; error names
+// still answer. Irreversible, so in a child process.
+TEST(DoubleShutdown, EveryCallIsDeinitialized) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        if (cudadouble_configure("") != 0 || cuInit(0) != CUDA_SUCCESS) std::_Exit(2);
+        CUcontext c = nullptr;
+        if (cuDevicePrimaryCtxRetain(&c, 0) != CUDA_SUCCESS) std::_Exit(3);
+        cudadouble_shutdown();
+        int n = 0;
+        size_t fr = 0;
+        size_t tot = 0;
+        const char *name = nullptr;
+        bool ok = cuInit(0) == CUDA_ERROR_DEINITIALIZED &&
+                  cuDeviceGetCount(&n) == CUDA_ERROR_DEINITIALIZED &&
+                  cuCtxGetCurrent(&c) == CUDA_ERROR_DEINITIALIZED &&
+                  cuMemGetInfo(&fr, &tot) == CUDA_ERROR_DEINITIALIZED &&
+                  cuDevicePrimaryCtxRelease(0) == CUDA_ERROR_DEINITIALIZED &&
+                  cuGetErrorName(CUDA_ERROR_DEINITIALIZED, &name) == CUDA_SUCCESS &&
+                  std::string(name) == "CUDA_ERROR_DEINITIALIZED";
+        std::_Exit(ok ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 #if CUDA_VERSION >= 13000
