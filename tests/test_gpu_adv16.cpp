@@ -104,7 +104,15 @@ TEST(GpuAdv16, DestroyAfterTheDriverShutDownIsQuiet) {
         // a block used on another stream (an event per free), one freed, the rest live
         if (expseg_record_stream(a, live[0], s2) != EXPSEG_OK) std::_Exit(6);
         if (expseg_free(a, live[0]) != EXPSEG_OK) std::_Exit(7);
+        if (expseg_record_stream(a, live[1], s2) != EXPSEG_OK) std::_Exit(8);
         api.shutdown();
+        // a late destructor frees what it holds (one block used on another stream), then
+        // destroys the allocator
+        for (size_t i = 1; i < 4; i++)
+          if (expseg_free(a, live[i]) != EXPSEG_OK) {
+            fprintf(stderr, "free: %s\n", expseg_last_error());
+            std::_Exit(9);
+          }
         expseg_destroy(a);
         fprintf(stderr, "destroyed\n");
         std::_Exit(0);
