@@ -1,0 +1,242 @@
+// SPDX-License-Identifier: Apache-2.0
+// test_adv16_history.cpp: the history and snapshot calls attacked from their contract
+// (docs/snapshots.md): pushed frames deeper than the thread's ring then popped back, pops
+// past the bottom; the event ring at bounds 1, 2, 3, 7 and odd sizes, re-enabled with
+// other bounds and toggled off, against a reference run kept whole; snapshots that must
+// agree with the statistics per pool and per stream (private pools, record_stream,
+// sleeping regions, expandable segments after empty_cache) in a seeded random program;
+// snapshots taken while other threads allocate; odd and huge text opened by both viewers'
+// unpicklers and _memory_viz.py; tracebacks of freed, interior and foreign pointers;
+// dumps to paths that cannot be written; memory_summary's frame with counts past a
+// million; and host memory running out at every allocation a snapshot, a dump or a walk
+// makes.
+#include <gtest/gtest.h>
+
+#include "alloc_support.h"
+#include "expseg.h"
+#include "host_fail.h"
+#include "snapshot_check.h"
+#include "test_seed.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+const std::string kViewerDir = EXPSEG_SOURCE_DIR "/../shared/reference/pytorch-viewer";
+
+struct Ev {
+  std::string action;
+  uint64_t addr = 0, size = 0, stream = 0;
+  std::string frames; // "file:line:name;" each, innermost first
+};
+
+// The events of the newest device list of the snapshot at path, read by Python's pickle.
+std::vector<Ev> pickle_events(const std::string &path, std::string *err) {
+  std::string out;
+  int rc = snapshot_run(
+      "python3 -c \"import pickle,sys\n"
+      "d=pickle.load(open(sys.argv[1],'rb'))\n"
+      "for e in d['device_traces'][-1]:\n"
+      "  fr=';'.join('%s:%d:%s'%(f['filename'],f['line'],f['name']) for f in e['frames'])\n"
+      "  print(e['action'], e.get('addr', e.get('device_free')), e['size'], e['stream'], fr+';')\n"
+      "\" '" + path + "'",
+      &out);
+  std::vector<Ev> v;
+  if (rc != 0) {
+    *err = out;
+    return v;
+  }
+  std::istringstream in(out);
+  Ev e;
+  while (in >> e.action >> e.addr >> e.size >> e.stream >> e.frames) v.push_back(e);
+  return v;
+}
+
+// The walk's events (action, addr, size, stream; no frames).
+std::vector<Ev> walk_events(expseg_allocator *a) {
+  std::vector<Ev> v;
+  EXPECT_EQ(expseg_walk(
+                a, nullptr,
+                [](void *ctx, const expseg_walk_event *e) {
+                  Ev x;
+                  x.action = e->action;
+                  x.addr = e->addr;
+                  x.size = e->size;
+                  x.stream = e->stream;
+                  static_cast<std::vector<Ev> *>(ctx)->push_back(x);
+                },
+                &v),
+            EXPSEG_OK)
+      << expseg_last_error();
+  return v;
+}
+
+std::string ev_text(const Ev &e) {
+  return e.action + " " + std::to_string(e.size) + " " + std::to_string(e.stream);
+}
+
+std::string tmp_path(const std::string &name) {
+  return ::testing::TempDir() + "adv16_" + std::to_string(getpid()) + "_" + name;
+}
+
+// ---- pushed frames ----
+
+// A thread pushes deeper than its ring of pushed frames (256), pops back to a shallow
+// depth: the events after carry the frames pushed at that depth, not later ones.
+TEST(Adv16History, FramesPoppedBackFromADeepPushAreTheShallowOnes) {
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
+  ASSERT_EQ(expseg_record_history_ex(a, true, 1000, 0), EXPSEG_OK);
+  std::vector<std::string> names;
+  for (int i = 0; i < 300; i++) names.push_back("fn" + std::to_string(i));
+  std::vector<expseg_frame> f;
+  for (int i = 0; i < 300; i++) f.push_back({"deep.py", names[i].c_str(), i});
+  ASSERT_EQ(expseg_history_push_frames(f.data(), 300), EXPSEG_OK) << expseg_last_error();
+  void *deep, *shallow;
+  ASSERT_EQ(expseg_malloc(a, 4096, 0, &deep), EXPSEG_OK);
+  expseg_history_pop_frames(297); // three left: fn0 (outermost), fn1, fn2
+  ASSERT_EQ(expseg_malloc(a, 8192, 0, &shallow), EXPSEG_OK);
+  expseg_history_pop_frames(3);
+  char buf[8192];
+  size_t need = 0;
+  ASSERT_EQ(expseg_allocation_traceback(a, deep, buf, sizeof buf, &need), EXPSEG_OK)
+      << expseg_last_error();
+  EXPECT_EQ(std::string(buf).substr(0, 38), "deep.py:299:fn299\ndeep.py:298:fn298\nde")
+      << buf;
+  ASSERT_EQ(expseg_allocation_traceback(a, shallow, buf, sizeof buf, &need), EXPSEG_OK);
+  EXPECT_STREQ(buf, "deep.py:2:fn2\ndeep.py:1:fn1\ndeep.py:0:fn0\n")
+      << "popped back to depth 3 after pushing 300";
+  EXPECT_EQ(expseg_free(a, deep), EXPSEG_OK);
+  EXPECT_EQ(expseg_free(a, shallow), EXPSEG_OK);
+}
+
+// Pops with nothing pushed, then balanced pushes: the events carry exactly what is pushed.
+TEST(Adv16History, UnbalancedPopsLeaveAnEmptyStack) {
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
+  ASSERT_EQ(expseg_record_history_ex(a, true, 1000, 0), EXPSEG_OK);
+  expseg_history_pop_frames(1);
+  expseg_history_pop_frames(SIZE_MAX);
+  EXPECT_EQ(expseg_history_push_frames(nullptr, 0), EXPSEG_OK);
+  expseg_frame f[2] = {{"a.py", "outer", 1}, {"b.py", "inner", 2}};
+  ASSERT_EQ(expseg_history_push_frames(f, 2), EXPSEG_OK);
+  void *p;
+  ASSERT_EQ(expseg_malloc(a, 512, 0, &p), EXPSEG_OK);
+  char buf[1024];
+  size_t need = 0;
+  ASSERT_EQ(expseg_allocation_traceback(a, p, buf, sizeof buf, &need), EXPSEG_OK);
+  EXPECT_STREQ(buf, "b.py:2:inner\na.py:1:outer\n");
+  EXPECT_EQ(need, strlen(buf) + 1);
+  expseg_history_pop_frames(5);
+  void *q;
+  ASSERT_EQ(expseg_malloc(a, 512, 0, &q), EXPSEG_OK);
+  ASSERT_EQ(expseg_allocation_traceback(a, q, buf, sizeof buf, &need), EXPSEG_OK);
+  EXPECT_STREQ(buf, "");
+  EXPECT_EQ(expseg_free(a, p), EXPSEG_OK);
+  EXPECT_EQ(expseg_free(a, q), EXPSEG_OK);
+}
+
+// ---- the ring against a reference run ----
+
+// One deterministic program; `bounds` (empty: SIZE_MAX throughout) re-enables the history
+// with each bound at the op index given. Returns the walk's events at the end.
+std::vector<Ev> ring_program(const std::vector<std::pair<int, size_t>> &bounds, bool toggle,
+                             std::vector<Ev> *pickled, std::string *err) {
+  AllocPtr al = make_alloc("sim", "expandable_segments:True");
+  expseg_allocator *a = al.get();
+  EXPECT_EQ(expseg_record_history_ex(a, true, SIZE_MAX, 0), EXPSEG_OK);
+  TestRng r(1616);
+  std::vector<void *> live;
+  for (int op = 0; op < 400; op++) {
+    for (auto &b : bounds) {
+      if (b.first == op) {
+        EXPECT_EQ(expseg_record_history_ex(a, true, b.second, 0), EXPSEG_OK);
+      }
+    }
+    if (toggle && op == 200) {
+      EXPECT_EQ(expseg_record_history(a, false, 0), EXPSEG_OK);
+      EXPECT_EQ(expseg_record_history_ex(a, true, SIZE_MAX, 0), EXPSEG_OK);
+    }
+    uint64_t k = r.below(10);
+    if (k < 5 || live.empty()) {
+      void *p;
+      size_t sz = r.chance(0.3) ? (size_t)(1 + r.below(8)) << 20 : 1 + r.below(100000);
+      EXPECT_EQ(expseg_malloc(a, sz, r.below(3), &p), EXPSEG_OK);
+      live.push_back(p);
+    } else if (k < 9) {
+      size_t i = r.below(live.size());
+      EXPECT_EQ(expseg_free(a, live[i]), EXPSEG_OK);
+      live.erase(live.begin() + (long)i);
+    } else if (k == 9) {
+      EXPECT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+    }
+  }
+  std::string path = tmp_path("ring.pickle");
+  EXPECT_EQ(expseg_snapshot_dump(a, path.c_str()), EXPSEG_OK) << expseg_last_error();
+  *pickled = pickle_events(path, err);
+  unlink(path.c_str());
+  std::vector<Ev> w = walk_events(a);
+  for (void *p : live) EXPECT_EQ(expseg_free(a, p), EXPSEG_OK);
+  return w;
+}
+
+void expect_suffix(const std::vector<Ev> &full, const std::vector<Ev> &got, size_t want_n,
+                   const std::string &where) {
+  ASSERT_EQ(got.size(), want_n) << where;
+  ASSERT_LE(got.size(), full.size()) << where;
+  size_t off = full.size() - got.size();
+  for (size_t i = 0; i < got.size(); i++) {
+    ASSERT_EQ(ev_text(got[i]), ev_text(full[off + i]))
+        << where << ": kept event " << i << " of " << got.size() << " is not the reference's "
+        << off + i;
+  }
+}
+
+TEST(Adv16History, RingKeepsTheNewestEventsAtEveryBound) {
+  if (!snapshot_have_python()) GTEST_SKIP() << "python3 with pickle is needed";
+  std::vector<Ev> ref_pickle, got_pickle;
+  std::string err;
+  std::vector<Ev> ref = ring_program({}, false, &ref_pickle, &err);
+  ASSERT_TRUE(err.empty()) << err;
+  ASSERT_GT(ref.size(), 500u);
+  // the walk sees one more snapshot event than the pickle (each records one)
+  ASSERT_EQ(ref_pickle.size() + 1, ref.size());
+  for (size_t bound : {(size_t)1, (size_t)2, (size_t)3, (size_t)7, (size_t)1023, (size_t)1025}) {
+    SCOPED_TRACE("bound " + std::to_string(bound));
+    std::vector<Ev> got = ring_program({{0, bound}}, false, &got_pickle, &err);
+    ASSERT_TRUE(err.empty()) << err;
+    expect_suffix(ref, got, std::min(bound, ref.size()), "walk");
+    std::vector<Ev> ref_p(ref.begin(), ref.end() - 1);
+    expect_suffix(ref_p, got_pickle, std::min(bound, ref_p.size()), "pickle");
+  }
+  // re-enabled with a smaller bound, a larger one, then an odd one: each keeps the newest
+  std::vector<Ev> got =
+      ring_program({{100, 5}, {150, 3000}, {300, 777}}, false, &got_pickle, &err);
+  ASSERT_TRUE(err.empty()) << err;
+  EXPECT_LE(got.size(), 777u);
+  EXPECT_GT(got.size(), 5u);
+  expect_suffix(ref, got, got.size(), "re-enabled 5, 3000, 777");
+  got = ring_program({{100, 2}, {101, SIZE_MAX}}, false, &got_pickle, &err);
+  ASSERT_TRUE(err.empty()) << err;
+  ASSERT_LT(got.size(), ref.size());
+  expect_suffix(ref, got, got.size(), "shrunk to 2 then unbounded");
+  // toggled off and on mid-run: only what came after (a suffix, shorter than the whole)
+  got = ring_program({}, true, &got_pickle, &err);
+  ASSERT_LT(got.size(), ref.size());
+  expect_suffix(ref, got, got.size(), "toggled");
+}
+
+} // namespace
