@@ -239,4 +239,202 @@ TEST(Adv16History, RingKeepsTheNewestEventsAtEveryBound) {
   expect_suffix(ref, got, got.size(), "toggled");
 }
 
+
+// ---- snapshots against the statistics ----
+
+struct SnapBlock {
+  uint64_t pool, stream;
+  bool asleep, large;
+  std::string state;
+  uint64_t size, requested;
+};
+struct SnapSeg {
+  uint64_t pool, stream, total;
+  bool asleep, large;
+};
+
+// The segments and blocks of the snapshot in buf, read by Python's pickle.
+bool read_state(const unsigned char *buf, size_t len, std::vector<SnapSeg> *segs,
+                std::vector<SnapBlock> *blocks, std::string *err) {
+  std::string path = tmp_path("state.pickle");
+  FILE *f = fopen(path.c_str(), "wb");
+  if (!f || fwrite(buf, 1, len, f) != len) {
+    *err = "cannot write " + path;
+    if (f) fclose(f);
+    return false;
+  }
+  fclose(f);
+  std::string out;
+  int rc = snapshot_run(
+      "python3 -c \"import pickle,sys\n"
+      "d=pickle.load(open(sys.argv[1],'rb'))\n"
+      "for s in d['segments']:\n"
+      "  a=int(s.get('expseg.asleep',False)); l=int(s['segment_type']=='large')\n"
+      "  print('S', s['segment_pool_id'][1], s['stream'], a, l, s['total_size'], 'x', 0, 0)\n"
+      "  for b in s['blocks']:\n"
+      "    print('B', s['segment_pool_id'][1], s['stream'], a, l, b['size'], b['state'], "
+      "b['requested_size'], len(b['frames']))\n"
+      "\" '" + path + "'",
+      &out);
+  unlink(path.c_str());
+  if (rc != 0) {
+    *err = out;
+    return false;
+  }
+  std::istringstream in(out);
+  std::string kind, state;
+  uint64_t pool, stream, asleep, large, size, req, nf;
+  while (in >> kind >> pool >> stream >> asleep >> large >> size >> state >> req >> nf) {
+    if (kind == "S")
+      segs->push_back({pool, stream, size, asleep != 0, large != 0});
+    else
+      blocks->push_back({pool, stream, asleep != 0, large != 0, state, size, req});
+  }
+  return true;
+}
+
+struct Live {
+  size_t req;
+  expseg_stream stream;
+  expseg_pool_id pool;
+};
+
+// per_stream: classic segments only (an expandable segment's free block may be lent to
+// another stream: it stays in its owner's segment, under the owner's stream).
+void expect_snapshot_matches_stats(expseg_allocator *a, const std::map<void *, Live> &live,
+                                   bool per_stream, const std::string &where) {
+  unsigned char *buf = nullptr;
+  size_t len = 0;
+  ASSERT_EQ(expseg_snapshot_ex(a, EXPSEG_SNAPSHOT_NO_TRACES, &buf, &len), EXPSEG_OK)
+      << where << ": " << expseg_last_error();
+  std::vector<SnapSeg> segs;
+  std::vector<SnapBlock> blocks;
+  std::string err;
+  bool ok = read_state(buf, len, &segs, &blocks, &err);
+  expseg_snapshot_free(buf);
+  ASSERT_TRUE(ok) << where << ": " << err;
+  const char *kinds[3] = {"all", "large_pool", "small_pool"};
+  for (int k = 0; k < 3; k++) {
+    int64_t alloc = 0, active = 0, req = 0, n_alloc = 0, n_active = 0;
+    for (const SnapBlock &b : blocks) {
+      if (k == 1 && !b.large) continue;
+      if (k == 2 && b.large) continue;
+      if (b.state == "active_allocated") alloc += (int64_t)b.size, n_alloc++;
+      if (b.state != "inactive") active += (int64_t)b.size, req += (int64_t)b.requested, n_active++;
+    }
+    std::string p = std::string(".") + kinds[k] + ".current";
+    EXPECT_EQ(alloc, stat_of(a, "allocated_bytes" + p)) << where << ": allocated_bytes" << p;
+    EXPECT_EQ(active, stat_of(a, "active_bytes" + p)) << where << ": active_bytes" << p;
+    EXPECT_EQ(req, stat_of(a, "requested_bytes" + p)) << where << ": requested_bytes" << p;
+    EXPECT_EQ(n_alloc, stat_of(a, "allocation" + p)) << where << ": allocation" << p;
+    EXPECT_EQ(n_active, stat_of(a, "active" + p)) << where << ": active" << p;
+  }
+  // mapped memory: segments of awake regions, plus the page cache, are reserved_bytes
+  int64_t mapped = 0;
+  for (const SnapSeg &g : segs)
+    if (!g.asleep) mapped += (int64_t)g.total;
+  EXPECT_EQ(mapped + stat_of(a, "expseg.cached_physical_bytes.current"),
+            stat_of(a, "reserved_bytes.all.current"))
+      << where << ": awake segments + cached pages vs reserved_bytes";
+  // per pool and per stream: the live requests the program holds
+  std::map<uint64_t, uint64_t> want_pool, got_pool, want_stream, got_stream;
+  for (auto &kv : live) {
+    want_pool[kv.second.pool] += kv.second.req;
+    if (kv.second.pool == 0) want_stream[kv.second.stream] += kv.second.req;
+  }
+  for (const SnapBlock &b : blocks) {
+    if (b.state != "active_allocated") continue;
+    got_pool[b.pool] += b.requested;
+    if (b.pool == 0) got_stream[b.stream] += b.requested;
+  }
+  EXPECT_EQ(got_pool, want_pool) << where << ": live requested bytes per pool";
+  if (per_stream) {
+    EXPECT_EQ(got_stream, want_stream) << where << ": live requested bytes per stream (general cache)";
+  }
+}
+
+TEST(Adv16History, RandomSnapshotsAgreeWithTheStatisticsPerPoolAndStream) {
+  if (!snapshot_have_python()) GTEST_SKIP() << "python3 with pickle is needed";
+  EXPSEG_SEEDED(seed, 16001);
+  for (int run = 0; run < 4; run++) {
+    TestRng r(seed + (uint64_t)run);
+    const bool expandable = run % 2 == 0;
+    SCOPED_TRACE("run " + std::to_string(run) + (expandable ? " expandable" : " classic"));
+    AllocPtr al = make_alloc("sim", expandable ? "expandable_segments:True" : "expandable_segments:False");
+    ASSERT_TRUE(al);
+    expseg_allocator *a = al.get();
+    ASSERT_EQ(expseg_record_history_ex(a, true, 1 + r.below(200), 0), EXPSEG_OK);
+    std::map<void *, Live> live;
+    std::vector<expseg_pool_id> pools;
+    bool region_asleep = false;
+    void *region_ptr = nullptr;
+    for (int op = 0; op < 600; op++) {
+      uint64_t k = r.below(100);
+      std::string where = "op " + std::to_string(op);
+      if (k < 40 || live.empty()) {
+        size_t sz = r.chance(0.3) ? (size_t)(1 + r.below(12)) << 20 : 1 + r.below(300000);
+        expseg_stream st = r.below(3);
+        expseg_pool_id pool = 0;
+        if (!pools.empty() && r.chance(0.3)) pool = pools[r.below(pools.size())];
+        void *p = nullptr;
+        ASSERT_EQ(expseg_malloc_pool(a, sz, st, pool, &p), EXPSEG_OK) << expseg_last_error();
+        live[p] = {sz, st, pool};
+        if (getenv("ADV16_VERBOSE")) printf("op %d malloc %zu st %llu pool %llu -> %p\n", op, sz, (unsigned long long)st, (unsigned long long)pool, p);
+      } else if (k < 70) {
+        auto it = live.begin();
+        std::advance(it, (long)r.below(live.size()));
+        if (it->first == region_ptr) continue;
+        if (r.chance(0.3)) {
+          ASSERT_EQ(expseg_record_stream(a, it->first, 7 + r.below(2)), EXPSEG_OK);
+        }
+        ASSERT_EQ(expseg_free(a, it->first), EXPSEG_OK);
+        if (getenv("ADV16_VERBOSE")) printf("op %d free %p\n", op, it->first);
+        live.erase(it);
+      } else if (k < 74) {
+        if (getenv("ADV16_VERBOSE")) printf("op %d sync\n", op);
+        ASSERT_EQ(expseg_synchronize(a), EXPSEG_OK);
+      } else if (k < 77) {
+        if (getenv("ADV16_VERBOSE")) printf("op %d empty\n", op);
+        ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+      } else if (k < 79 && pools.size() < 4) {
+        expseg_pool_id id;
+        ASSERT_EQ(expseg_pool_create(a, &id), EXPSEG_OK);
+        pools.push_back(id);
+      } else if (k < 81 && !pools.empty()) {
+        ASSERT_EQ(expseg_pool_empty_cache(a, pools[r.below(pools.size())]), EXPSEG_OK);
+      } else if (k < 83 && expandable) {
+        if (region_ptr == nullptr) {
+          ASSERT_EQ(expseg_region_begin(a, "weights"), EXPSEG_OK) << expseg_last_error();
+          ASSERT_EQ(expseg_malloc(a, (size_t)(1 + r.below(6)) << 20, 0, &region_ptr), EXPSEG_OK);
+          ASSERT_EQ(expseg_region_end(a, "weights"), EXPSEG_OK);
+          expseg_pool_id rp;
+          ASSERT_EQ(expseg_pool_of(a, region_ptr, &rp), EXPSEG_OK);
+          expseg_region_info info;
+          ASSERT_EQ(expseg_region_get_info(a, "weights", &info), EXPSEG_OK);
+          live[region_ptr] = {(size_t)info.live_bytes, 0, rp};
+          // the requested size: what malloc was asked (read back from the walk below)
+        }
+        if (!region_asleep) {
+          ASSERT_EQ(expseg_sleep(a, "weights", EXPSEG_SLEEP_DISCARD), EXPSEG_OK)
+              << expseg_last_error();
+        } else {
+          ASSERT_EQ(expseg_wake(a, "weights"), EXPSEG_OK) << expseg_last_error();
+        }
+        region_asleep = !region_asleep;
+      } else if (k < 86) {
+        ASSERT_EQ(expseg_record_history_ex(a, true, 1 + r.below(50),
+                                           r.chance(0.5) ? EXPSEG_HISTORY_CLEAR : 0),
+                  EXPSEG_OK);
+      } else if (k < 98) {
+        continue;
+      } else {
+        expect_snapshot_matches_stats(a, live, !expandable, where);
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
+    expect_snapshot_matches_stats(a, live, !expandable, "end");
+    expect_consistent(a, "end");
+  }
+}
+
 } // namespace
