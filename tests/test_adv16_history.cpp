@@ -379,7 +379,6 @@ TEST(Adv16History, RandomSnapshotsAgreeWithTheStatisticsPerPoolAndStream) {
         void *p = nullptr;
         ASSERT_EQ(expseg_malloc_pool(a, sz, st, pool, &p), EXPSEG_OK) << expseg_last_error();
         live[p] = {sz, st, pool};
-        if (getenv("ADV16_VERBOSE")) printf("op %d malloc %zu st %llu pool %llu -> %p\n", op, sz, (unsigned long long)st, (unsigned long long)pool, p);
       } else if (k < 70) {
         auto it = live.begin();
         std::advance(it, (long)r.below(live.size()));
@@ -388,13 +387,10 @@ TEST(Adv16History, RandomSnapshotsAgreeWithTheStatisticsPerPoolAndStream) {
           ASSERT_EQ(expseg_record_stream(a, it->first, 7 + r.below(2)), EXPSEG_OK);
         }
         ASSERT_EQ(expseg_free(a, it->first), EXPSEG_OK);
-        if (getenv("ADV16_VERBOSE")) printf("op %d free %p\n", op, it->first);
         live.erase(it);
       } else if (k < 74) {
-        if (getenv("ADV16_VERBOSE")) printf("op %d sync\n", op);
         ASSERT_EQ(expseg_synchronize(a), EXPSEG_OK);
       } else if (k < 77) {
-        if (getenv("ADV16_VERBOSE")) printf("op %d empty\n", op);
         ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
       } else if (k < 79 && pools.size() < 4) {
         expseg_pool_id id;
@@ -435,6 +431,319 @@ TEST(Adv16History, RandomSnapshotsAgreeWithTheStatisticsPerPoolAndStream) {
     expect_snapshot_matches_stats(a, live, !expandable, "end");
     expect_consistent(a, "end");
   }
+}
+
+// ---- snapshots while other threads allocate ----
+
+TEST(Adv16History, SnapshotsWhileOtherThreadsAllocateStayWhole) {
+  if (!snapshot_have_python()) GTEST_SKIP() << "python3 with pickle is needed";
+  EXPSEG_SEEDED(seed, 16002);
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
+  ASSERT_EQ(expseg_record_history_ex(a, true, 3001, 0), EXPSEG_OK);
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 3; t++)
+    workers.emplace_back([&, t] {
+      TestRng r(seed + 100 + (uint64_t)t);
+      std::string fn = "worker" + std::to_string(t);
+      expseg_frame f = {"thread.py", fn.c_str(), t};
+      if (expseg_history_push_frames(&f, 1) != EXPSEG_OK) failures++;
+      std::vector<void *> mine;
+      while (!stop.load()) {
+        if (mine.size() < 50 && (mine.empty() || r.chance(0.6))) {
+          void *p;
+          if (expseg_malloc(a, 1 + r.below(3 << 20), (expseg_stream)t, &p) != EXPSEG_OK)
+            failures++;
+          else
+            mine.push_back(p);
+          if (r.chance(0.05) && expseg_history_annotate(a, p, fn.c_str()) != EXPSEG_OK)
+            failures++;
+        } else {
+          size_t i = r.below(mine.size());
+          if (expseg_free(a, mine[i]) != EXPSEG_OK) failures++;
+          mine.erase(mine.begin() + (long)i);
+        }
+      }
+      for (void *p : mine)
+        if (expseg_free(a, p) != EXPSEG_OK) failures++;
+      expseg_history_pop_frames(1);
+    });
+  std::string path = tmp_path("threads.pickle");
+  for (int i = 0; i < 3; i++) {
+    usleep(20000);
+    ASSERT_EQ(expseg_snapshot_dump_ex(a, path.c_str(), i % 2 ? EXPSEG_SNAPSHOT_NO_TRACES : 0),
+              EXPSEG_OK)
+        << expseg_last_error();
+    std::string out;
+    int rc = snapshot_check(path, "", false, &out);
+    EXPECT_EQ(rc, 0) << "snapshot " << i << ": " << out;
+    // every thread's events carry that thread's frame only
+    std::string err;
+    std::vector<Ev> ev = pickle_events(path, &err);
+    ASSERT_TRUE(err.empty()) << err;
+    for (const Ev &e : ev) {
+      if (e.action != "alloc") continue;
+      std::string want = "thread.py:" + std::to_string(e.stream) + ":worker" +
+                         std::to_string(e.stream) + ";";
+      EXPECT_EQ(e.frames, want) << "an alloc on stream " << e.stream;
+    }
+  }
+  stop = true;
+  for (auto &w : workers) w.join();
+  unlink(path.c_str());
+  EXPECT_EQ(failures.load(), 0);
+  expect_consistent(a, "after the threads");
+}
+
+// ---- odd and huge text, opened by PyTorch's tools ----
+
+TEST(Adv16History, OddAndHugeTextOpensInBothViewersAndMemoryViz) {
+  if (!snapshot_have_python()) GTEST_SKIP() << "python3 with pickle is needed";
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
+  ASSERT_EQ(expseg_record_history_ex(a, true, 100, 0), EXPSEG_OK);
+  std::string huge(1 << 20, 'h');
+  huge[7] = '\xff';
+  huge[1000] = '\xc3'; // a cut two-byte sequence
+  std::string four = "emoji \xf0\x9f\x98\x80 and past U+10FFFF \xf4\x90\x80\x80 surrogate \xed\xa0\x80";
+  ASSERT_EQ(expseg_history_set_user_metadata(a, four.c_str()), EXPSEG_OK);
+  ASSERT_EQ(expseg_history_push_compile_context(a, "\x80\x80 ctx"), EXPSEG_OK);
+  expseg_frame f[2] = {{huge.c_str(), four.c_str(), -5}, {"\xc0\xaf", "", 0}};
+  ASSERT_EQ(expseg_history_push_frames(f, 2), EXPSEG_OK);
+  void *p;
+  ASSERT_EQ(expseg_malloc(a, 5 << 20, 0, &p), EXPSEG_OK);
+  expseg_history_pop_frames(2);
+  ASSERT_EQ(expseg_history_annotate(a, p, huge.c_str()), EXPSEG_OK);
+  const char *keys[3] = {"name", "\xfe", "device"};
+  const char *vals[3] = {huge.c_str(), four.c_str(), "not the device"};
+  ASSERT_EQ(expseg_history_record_annotation(a, keys, vals, 3), EXPSEG_OK);
+  ASSERT_EQ(expseg_history_pop_compile_context(a), EXPSEG_OK);
+  ASSERT_EQ(expseg_history_pop_compile_context(a), EXPSEG_OK); // one more than pushed
+  ASSERT_EQ(expseg_history_set_user_metadata(a, ""), EXPSEG_OK);
+  std::string path = tmp_path("odd.pickle");
+  ASSERT_EQ(expseg_snapshot_dump(a, path.c_str()), EXPSEG_OK) << expseg_last_error();
+  std::string out;
+  EXPECT_EQ(snapshot_check(path, "", false, &out), 0) << out;
+  int rc = snapshot_run(
+      "python3 -c \"import pickle,sys\n"
+      "d=pickle.load(open(sys.argv[1],'rb'))\n"
+      "t=d['device_traces'][0]\n"
+      "al=[e for e in t if e['action']=='alloc'][0]\n"
+      "an=[e for e in t if e['action']=='annotate'][0]\n"
+      "x=d['external_annotations'][0]\n"
+      "print('A', len(al['frames'][-1]['filename']), al['compile_context'], al['user_metadata'].count('\\ufffd'))\n"
+      "print('N', len(an['user_metadata']), an['user_metadata'][7]=='\\ufffd')\n"
+      "print('X', sorted(x.keys()), x['device'], len(x['name']))\n"
+      "print('S', t[-1]['action'], t[-1]['compile_context'], repr(t[-1]['user_metadata']))\n"
+      "\" '" + path + "'",
+      &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("A 1048576 \xef\xbf\xbd\xef\xbf\xbd ctx"), std::string::npos) << out;
+  EXPECT_NE(out.find("N 1048576 True"), std::string::npos) << out;
+  // PyTorch writes the annotation's own pairs, then device and time_us
+  EXPECT_NE(out.find("X ['device', 'name', 'time_us', '\xef\xbf\xbd'] 0 1048576"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("S snapshot N/A ''"), std::string::npos) << out;
+  struct stat st;
+  if (stat((kViewerDir + "/MemoryViz_v1.js").c_str(), &st) != 0) {
+    unlink(path.c_str());
+    GTEST_SKIP() << "PyTorch's viewer files are missing: expected " << kViewerDir;
+  }
+  if (system("node --version >/dev/null 2>&1") == 0) {
+    for (const char *v : {"MemoryViz_v1.js", "MemoryViz_v2.js"}) {
+      rc = snapshot_run("node " EXPSEG_SOURCE_DIR "/tests/check_viewers.js '" + kViewerDir + "/" +
+                            v + "' '" + path + "'",
+                        &out);
+      EXPECT_EQ(rc, 0) << v << ": " << out;
+    }
+  }
+  rc = snapshot_run("python3 " EXPSEG_SOURCE_DIR "/tests/check_memory_viz.py '" + kViewerDir +
+                        "/_memory_viz.py' '" + path + "' '" + path + "'",
+                    &out);
+  EXPECT_EQ(rc, 0) << out;
+  unlink(path.c_str());
+  EXPECT_EQ(expseg_free(a, p), EXPSEG_OK);
+}
+
+// ---- tracebacks ----
+
+TEST(Adv16History, TracebackRefusesFreedInteriorAndForeignPointers) {
+  AllocPtr al = make_alloc("sim", ""), other = make_alloc("sim", "");
+  ASSERT_TRUE(al && other);
+  expseg_allocator *a = al.get();
+  ASSERT_EQ(expseg_record_history_ex(a, true, 100, 0), EXPSEG_OK);
+  ASSERT_EQ(expseg_record_history_ex(other.get(), true, 100, 0), EXPSEG_OK);
+  expseg_frame f = {"t.py", "make", 3};
+  ASSERT_EQ(expseg_history_push_frames(&f, 1), EXPSEG_OK);
+  void *p, *q, *foreign;
+  ASSERT_EQ(expseg_malloc(a, 10000, 0, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 10000, 0, &q), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(other.get(), 10000, 0, &foreign), EXPSEG_OK);
+  expseg_history_pop_frames(1);
+  char buf[256];
+  size_t need = 0;
+  ASSERT_EQ(expseg_allocation_traceback(a, p, buf, sizeof buf, &need), EXPSEG_OK);
+  EXPECT_STREQ(buf, "t.py:3:make\n");
+  // snprintf semantics: a short buffer holds a prefix, needed the whole
+  char small[5];
+  ASSERT_EQ(expseg_allocation_traceback(a, p, small, sizeof small, &need), EXPSEG_OK);
+  EXPECT_STREQ(small, "t.py");
+  EXPECT_EQ(need, strlen("t.py:3:make\n") + 1);
+  struct Case {
+    const void *ptr;
+    const char *why;
+  } cases[] = {{(char *)p + 1, "not a live allocation"},
+               {(char *)p + 512, "not a live allocation"},
+               {foreign, "not a live allocation"},
+               {nullptr, "not a live allocation"}};
+  for (const Case &c : cases) {
+    need = 99;
+    EXPECT_EQ(expseg_allocation_traceback(a, c.ptr, buf, sizeof buf, &need),
+              EXPSEG_ERR_INVALID_ARGUMENT)
+        << c.ptr;
+    EXPECT_NE(std::string(expseg_last_error()).find(c.why), std::string::npos)
+        << expseg_last_error();
+    EXPECT_STREQ(buf, "");
+    EXPECT_EQ(need, 1u);
+  }
+  ASSERT_EQ(expseg_free(a, q), EXPSEG_OK);
+  EXPECT_EQ(expseg_allocation_traceback(a, q, buf, sizeof buf, &need), EXPSEG_ERR_INVALID_ARGUMENT);
+  // a new allocation at q's address, made with no frames: q's frames are not lent
+  void *r;
+  ASSERT_EQ(expseg_malloc(a, 10000, 0, &r), EXPSEG_OK);
+  ASSERT_EQ(r, q) << "the freed block is reused";
+  ASSERT_EQ(expseg_allocation_traceback(a, r, buf, sizeof buf, &need), EXPSEG_OK);
+  EXPECT_STREQ(buf, "");
+  // the history stopped: refused, saying so
+  ASSERT_EQ(expseg_record_history(a, false, 0), EXPSEG_OK);
+  EXPECT_EQ(expseg_allocation_traceback(a, p, buf, sizeof buf, &need), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(expseg_last_error()).find("history is off"), std::string::npos)
+      << expseg_last_error();
+  EXPECT_EQ(expseg_free(a, p), EXPSEG_OK);
+  EXPECT_EQ(expseg_free(a, r), EXPSEG_OK);
+  EXPECT_EQ(expseg_free(other.get(), foreign), EXPSEG_OK);
+}
+
+// ---- dumps that cannot be written ----
+
+size_t files_in(const std::string &dir) {
+  size_t n = 0;
+  DIR *d = opendir(dir.c_str());
+  if (!d) return 0;
+  while (struct dirent *e = readdir(d))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+  closedir(d);
+  return n;
+}
+
+TEST(Adv16History, DumpsThatCannotBeWrittenRecordNothingAndLeaveNothing) {
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
+  ASSERT_EQ(expseg_record_history_ex(a, true, 100, 0), EXPSEG_OK);
+  char tmpl[] = "/tmp/adv16_dump_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl;
+  ASSERT_EQ(mkdir((dir + "/sub").c_str(), 0755), 0);
+  size_t before = walk_events(a).size(); // the walk records its own snapshot event
+  struct Case {
+    std::string path;
+    const char *says;
+  } cases[] = {{dir + "/missing/x.pickle", "No such file"},
+               {dir + "/sub", "a directory"},
+               {dir + "/sub/", "a directory"},
+               {"", "empty"}};
+  for (const Case &c : cases) {
+    for (unsigned flags : {0u, (unsigned)EXPSEG_SNAPSHOT_NO_TRACES}) {
+      EXPECT_EQ(expseg_snapshot_dump_ex(a, c.path.c_str(), flags), EXPSEG_ERR_INVALID_ARGUMENT)
+          << c.path;
+      EXPECT_NE(std::string(expseg_last_error()).find(c.says), std::string::npos)
+          << c.path << ": " << expseg_last_error();
+    }
+  }
+  EXPECT_EQ(expseg_snapshot_dump(a, nullptr), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(walk_events(a).size(), before + 1) << "a failed dump recorded a snapshot event";
+  EXPECT_EQ(files_in(dir), 1u) << "a temporary file was left in " << dir;
+  EXPECT_EQ(files_in(dir + "/sub"), 0u);
+  std::string ok = dir + "/ok.pickle";
+  EXPECT_EQ(expseg_snapshot_dump(a, ok.c_str()), EXPSEG_OK) << expseg_last_error();
+  EXPECT_EQ(files_in(dir), 2u);
+  unlink(ok.c_str());
+  rmdir((dir + "/sub").c_str());
+  rmdir(dir.c_str());
+}
+
+// ---- memory_summary ----
+
+TEST(Adv16History, SummaryKeepsItsFrameWithCountsPastAMillion) {
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
+  void *keep;
+  ASSERT_EQ(expseg_malloc(a, (size_t)900 << 30, 0, &keep), EXPSEG_ERR_OUT_OF_MEMORY);
+  ASSERT_EQ(expseg_malloc(a, (size_t)70 << 30, 0, &keep), EXPSEG_OK) << expseg_last_error();
+  for (int i = 0; i < 1200000; i++) {
+    void *p;
+    ASSERT_EQ(expseg_malloc(a, 512, 0, &p), EXPSEG_OK);
+    ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
+  }
+  size_t need = expseg_memory_summary(a, nullptr, 0, false);
+  std::string text(need, '\0');
+  ASSERT_EQ(expseg_memory_summary(a, &text[0], need, false), need);
+  text.resize(need - 1);
+  std::istringstream in(text);
+  std::string line;
+  int n = 0;
+  bool alloc_row = false, mem_row = false;
+  while (std::getline(in, line)) {
+    n++;
+    EXPECT_EQ(line.size(), 77u) << "line " << n << ": '" << line << "'";
+    EXPECT_EQ(line.front(), '|');
+    EXPECT_EQ(line.back(), '|');
+    // PyTorch's _format_count: 1,200,001 allocations are 1200 K; the current 1 stays
+    if (line.rfind("| Allocations ", 0) == 0) {
+      alloc_row = true;
+      EXPECT_EQ(line, "| Allocations           |       1    |       2    |    1200 K  |    1200 K  |");
+    }
+    if (line.rfind("| Allocated memory ", 0) == 0) {
+      mem_row = true;
+      // 70 GiB is 71680 MiB: below 768 GiB it stays in MiB (PyTorch's _format_size)
+      EXPECT_EQ(line.substr(0, 38), "| Allocated memory      |  71680 MiB |") << line;
+    }
+  }
+  EXPECT_TRUE(alloc_row && mem_row) << text;
+  EXPECT_EQ(expseg_free(a, keep), EXPSEG_OK);
+}
+
+// A block lent to another stream: its events carry the stream that asked, as PyTorch's do
+// (a replay of the history allocates there); the snapshot keeps it in its owner's segment.
+TEST(Adv16History, ALentBlocksEventsCarryTheStreamThatAsked) {
+  AllocPtr al = make_alloc("sim", "expandable_segments:True");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
+  ASSERT_EQ(expseg_record_history_ex(a, true, 1000, 0), EXPSEG_OK);
+  void *p, *q;
+  ASSERT_EQ(expseg_malloc(a, 6 << 20, 1, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
+  int64_t lent0 = stat_of(a, "expseg.num_lent");
+  ASSERT_EQ(expseg_malloc(a, 6 << 20, 2, &q), EXPSEG_OK);
+  ASSERT_EQ(stat_of(a, "expseg.num_lent"), lent0 + 1) << "stream 1's free block was not lent";
+  ASSERT_EQ(expseg_history_annotate(a, q, "lent"), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(a, q), EXPSEG_OK);
+  std::vector<Ev> ev = walk_events(a);
+  std::string seen;
+  for (const Ev &e : ev) {
+    if (e.addr != (uint64_t)(uintptr_t)q || e.action.rfind("segment", 0) == 0) continue;
+    seen += e.action + "@" + std::to_string(e.stream) + " ";
+  }
+  EXPECT_EQ(seen,
+            "alloc@1 free_requested@1 free_completed@1 alloc@2 annotate@2 free_requested@2 "
+            "free_completed@2 ");
 }
 
 } // namespace

@@ -541,7 +541,7 @@ expseg_status expseg_history_annotate(expseg_allocator *a, const void *ptr, cons
                            ptr);
   } else if (a->hist != NULL) {
     hist_event_t *e = _expseg_hist_add(a, HIST_ANNOTATE, b ? b->ptr : 0, b ? b->requested : 0,
-                                       b ? b->stream : 0);
+                                       b ? block_alloc_key(b) : 0);
     if (e != NULL) e->note = note;
   }
   api_unlock(a);
