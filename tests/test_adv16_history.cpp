@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -744,6 +745,114 @@ TEST(Adv16History, ALentBlocksEventsCarryTheStreamThatAsked) {
   EXPECT_EQ(seen,
             "alloc@1 free_requested@1 free_completed@1 alloc@2 annotate@2 free_requested@2 "
             "free_completed@2 ");
+}
+
+// ---- host memory running out inside the history calls ----
+
+// Each call is run with host memory failing at its k-th allocation, for every k until it
+// needs no more: it succeeds or says it ran out of host memory, and the allocator, the
+// history and the next snapshot stay whole.
+TEST(Adv16History, HostMemoryRunningOutAtEveryAllocationOfTheHistoryCalls) {
+#ifndef EXPSEG_TEST_HOST_FAIL
+  GTEST_SKIP() << "host memory failures are not injected under a sanitizer";
+#else
+  AllocPtr al = make_alloc("sim", "expandable_segments:True");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
+  ASSERT_EQ(expseg_record_history_ex(a, true, 500, 0), EXPSEG_OK);
+  std::vector<void *> live;
+  for (int i = 0; i < 40; i++) {
+    void *p;
+    ASSERT_EQ(expseg_malloc(a, (size_t)(i + 1) * 70000, (expseg_stream)(i % 3), &p), EXPSEG_OK);
+    if (i % 4 == 0) {
+      ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
+    } else {
+      live.push_back(p);
+    }
+  }
+  const char *k1[1] = {"name"}, *v1[1] = {"step"};
+  std::string dir = ::testing::TempDir();
+  std::string path = tmp_path("fault.pickle");
+  std::string fresh_frame = "fresh";
+  struct Call {
+    const char *name;
+    std::function<expseg_status()> run;
+  };
+  int fresh = 0;
+  std::vector<Call> calls = {
+      {"snapshot",
+       [&] {
+         unsigned char *b = nullptr;
+         size_t n = 0;
+         expseg_status st = expseg_snapshot(a, &b, &n);
+         expseg_snapshot_free(b);
+         return st;
+       }},
+      {"snapshot_dump", [&] { return expseg_snapshot_dump(a, path.c_str()); }},
+      {"walk",
+       [&] {
+         return expseg_walk(
+             a, [](void *, const expseg_walk_segment *) {}, [](void *, const expseg_walk_event *) {},
+             nullptr);
+       }},
+      {"record_history", [&] { return expseg_record_history_ex(a, true, 400 + fresh % 7, 0); }},
+      {"record_annotation", [&] { return expseg_history_record_annotation(a, k1, v1, 1); }},
+      {"push_frames",
+       [&] {
+         std::string name = fresh_frame + std::to_string(fresh++);
+         expseg_frame f = {"fault.py", name.c_str(), fresh};
+         expseg_status st = expseg_history_push_frames(&f, 1);
+         if (st == EXPSEG_OK) expseg_history_pop_frames(1);
+         return st;
+       }},
+      {"annotate",
+       [&] { return expseg_history_annotate(a, live[0], (fresh_frame + std::to_string(fresh++)).c_str()); }},
+      {"summary",
+       [&] {
+         char b[8192];
+         return expseg_memory_summary(a, b, sizeof b, false) > 1 ? EXPSEG_OK : EXPSEG_ERR_CONFIG;
+       }},
+  };
+  for (const Call &c : calls) {
+    SCOPED_TRACE(c.name);
+    bool passed = false;
+    for (long k = 0; k < 200 && !passed; k++) {
+      g_countdown = k;
+      expseg_status st = c.run();
+      g_countdown = -1;
+      g_fail_host = false;
+      passed = st == EXPSEG_OK && k > 0;
+      ASSERT_TRUE(st == EXPSEG_OK || st == EXPSEG_ERR_HOST_OUT_OF_MEMORY)
+          << "allocation " << k << " failing: " << expseg_status_name(st) << ": "
+          << expseg_last_error();
+      if (st != EXPSEG_OK) {
+        std::string m = expseg_last_error();
+        EXPECT_TRUE(m.find("host memory") != std::string::npos ||
+                    m.find(strerror(ENOMEM)) != std::string::npos)
+            << m;
+      }
+      ASSERT_EQ(expseg_check(a), EXPSEG_OK) << "after allocation " << k << " failed: "
+                                            << expseg_last_error();
+      // no temporary file left by a dump that ran out
+      DIR *d = opendir(dir.c_str());
+      ASSERT_NE(d, nullptr);
+      while (struct dirent *e = readdir(d))
+        EXPECT_EQ(strstr(e->d_name, "fault.pickle.tmp."), nullptr)
+            << "allocation " << k << ": left " << e->d_name;
+      closedir(d);
+    }
+    EXPECT_TRUE(passed) << "never succeeded";
+  }
+  unlink(path.c_str());
+  if (snapshot_have_python()) {
+    ASSERT_EQ(expseg_snapshot_dump(a, path.c_str()), EXPSEG_OK) << expseg_last_error();
+    std::string out;
+    EXPECT_EQ(snapshot_check(path, "", false, &out), 0) << out;
+    unlink(path.c_str());
+  }
+  for (void *p : live) EXPECT_EQ(expseg_free(a, p), EXPSEG_OK);
+  expect_consistent(a, "after the faults");
+#endif
 }
 
 } // namespace

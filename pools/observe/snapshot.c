@@ -481,7 +481,7 @@ static expseg_status dump(expseg_allocator *a, expseg_host_pool *host, const cha
   if (f == NULL) {
     int err = errno;
     expseg_status bad = _expseg_error_set(
-        EXPSEG_ERR_INVALID_ARGUMENT,
+        err == ENOMEM ? EXPSEG_ERR_HOST_OUT_OF_MEMORY : EXPSEG_ERR_INVALID_ARGUMENT,
         "expseg_snapshot_dump(%s): cannot write the temporary file %s: %s (nothing was written "
         "at %s, nothing recorded)",
         path, tmp, strerror(err), path);
@@ -509,7 +509,7 @@ static expseg_status dump(expseg_allocator *a, expseg_host_pool *host, const cha
   if (err) unlink(tmp);
   free(buf);
   if (err)
-    st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+    st = _expseg_error_set(err == ENOMEM ? EXPSEG_ERR_HOST_OUT_OF_MEMORY : EXPSEG_ERR_INVALID_ARGUMENT,
                            "expseg_snapshot_dump(%s): cannot write the snapshot: %s (nothing was "
                            "written at %s)",
                            path, strerror(err), path);
