@@ -546,7 +546,7 @@ TEST(Adv16History, OddAndHugeTextOpensInBothViewersAndMemoryViz) {
       "x=d['external_annotations'][0]\n"
       "print('A', len(al['frames'][-1]['filename']), al['compile_context'], al['user_metadata'].count('\\ufffd'))\n"
       "print('N', len(an['user_metadata']), an['user_metadata'][7]=='\\ufffd')\n"
-      "print('X', sorted(x.keys()), x['device'], len(x['name']))\n"
+      "print('X', sorted(x.keys()), len(x['name']))\n"
       "print('S', t[-1]['action'], t[-1]['compile_context'], repr(t[-1]['user_metadata']))\n"
       "\" '" + path + "'",
       &out);
@@ -554,7 +554,7 @@ TEST(Adv16History, OddAndHugeTextOpensInBothViewersAndMemoryViz) {
   EXPECT_NE(out.find("A 1048576 \xef\xbf\xbd\xef\xbf\xbd ctx"), std::string::npos) << out;
   EXPECT_NE(out.find("N 1048576 True"), std::string::npos) << out;
   // PyTorch writes the annotation's own pairs, then device and time_us
-  EXPECT_NE(out.find("X ['device', 'name', 'time_us', '\xef\xbf\xbd'] 0 1048576"),
+  EXPECT_NE(out.find("X ['device', 'name', 'time_us', '\xef\xbf\xbd'] 1048576"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("S snapshot N/A ''"), std::string::npos) << out;
@@ -861,6 +861,153 @@ TEST(Adv16History, HostMemoryRunningOutAtEveryAllocationOfTheHistoryCalls) {
   for (void *p : live) EXPECT_EQ(expseg_free(a, p), EXPSEG_OK);
   expect_consistent(a, "after the faults");
 #endif
+}
+
+// ---- external annotations, oom and snapshot events, refusals ----
+
+std::vector<std::pair<std::string, uint64_t>> annotations_of(expseg_allocator *a) {
+  std::vector<std::pair<std::string, uint64_t>> v;
+  EXPECT_EQ(expseg_history_annotations(
+                a,
+                [](void *ctx, const expseg_annotation *e) {
+                  std::string t;
+                  for (size_t i = 0; i < e->n; i++) t += std::string(e->keys[i]) + "=" + e->values[i] + ",";
+                  static_cast<std::vector<std::pair<std::string, uint64_t>> *>(ctx)->push_back(
+                      {t, e->time_us});
+                },
+                &v),
+            EXPSEG_OK);
+  return v;
+}
+
+std::string annotation_names(expseg_allocator *a) {
+  std::string s;
+  for (auto &e : annotations_of(a)) s += e.first;
+  return s;
+}
+
+void record_named(expseg_allocator *a, int i) {
+  std::string v = std::to_string(i);
+  const char *k[1] = {"n"}, *vals[1] = {v.c_str()};
+  ASSERT_EQ(expseg_history_record_annotation(a, k, vals, 1), EXPSEG_OK);
+}
+
+TEST(Adv16History, AnnotationRingAtOddBoundsKeepsTheNewestInOrder) {
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
+  ASSERT_EQ(expseg_record_history_ex(a, true, 3, 0), EXPSEG_OK);
+  for (int i = 0; i < 10; i++) record_named(a, i);
+  EXPECT_EQ(annotation_names(a), "n=7,n=8,n=9,");
+  ASSERT_EQ(expseg_record_history_ex(a, true, 2, 0), EXPSEG_OK);
+  EXPECT_EQ(annotation_names(a), "n=8,n=9,");
+  record_named(a, 10);
+  EXPECT_EQ(annotation_names(a), "n=9,n=10,");
+  ASSERT_EQ(expseg_record_history_ex(a, true, 5, 0), EXPSEG_OK);
+  for (int i = 11; i < 14; i++) record_named(a, i);
+  EXPECT_EQ(annotation_names(a), "n=9,n=10,n=11,n=12,n=13,");
+  record_named(a, 14);
+  EXPECT_EQ(annotation_names(a), "n=10,n=11,n=12,n=13,n=14,");
+  ASSERT_EQ(expseg_record_history_ex(a, true, 1, 0), EXPSEG_OK);
+  EXPECT_EQ(annotation_names(a), "n=14,");
+  record_named(a, 15);
+  EXPECT_EQ(annotation_names(a), "n=15,");
+  ASSERT_EQ(expseg_record_history_ex(a, true, 4, EXPSEG_HISTORY_CLEAR), EXPSEG_OK);
+  EXPECT_EQ(annotation_names(a), "");
+  record_named(a, 16);
+  ASSERT_EQ(expseg_record_history(a, false, 0), EXPSEG_OK);
+  record_named(a, 17); // off: not kept
+  ASSERT_EQ(expseg_record_history_ex(a, true, 4, 0), EXPSEG_OK);
+  EXPECT_EQ(annotation_names(a), "");
+}
+
+// Annotations recorded by several threads at once come out oldest first: their times never
+// go backwards (the viewer draws them on the events' time axis).
+TEST(Adv16History, AnnotationsFromManyThreadsAreInTimeOrder) {
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
+  ASSERT_EQ(expseg_record_history_ex(a, true, SIZE_MAX, 0), EXPSEG_OK);
+  std::vector<std::thread> t;
+  for (int k = 0; k < 4; k++)
+    t.emplace_back([a, k] {
+      std::string big(4000, (char)('a' + k)); // copying it takes a while, outside the lock
+      const char *keys[2] = {"name", "stage"}, *vals[2] = {big.c_str(), "START"};
+      for (int i = 0; i < 3000; i++) (void)expseg_history_record_annotation(a, keys, vals, 2);
+    });
+  for (auto &x : t) x.join();
+  std::vector<std::pair<std::string, uint64_t>> v = annotations_of(a);
+  ASSERT_EQ(v.size(), 12000u);
+  size_t back = 0;
+  for (size_t i = 1; i < v.size(); i++)
+    if (v[i].second < v[i - 1].second) back++;
+  EXPECT_EQ(back, 0u) << "annotations whose time_us is before the one kept before them";
+}
+
+TEST(Adv16History, OomAndSnapshotEventsMatchTheStatistics) {
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
+  ASSERT_EQ(expseg_record_history_ex(a, true, 1000, 0), EXPSEG_OK);
+  void *p, *q;
+  ASSERT_EQ(expseg_malloc(a, 5000, 0, &p), EXPSEG_OK);
+  for (int i = 0; i < 3; i++)
+    EXPECT_EQ(expseg_malloc(a, ((size_t)1 << 40) + 1, 0, &q), EXPSEG_ERR_OUT_OF_MEMORY);
+  int64_t active = stat_of(a, "active_bytes.all.current");
+  std::vector<Ev> ev = walk_events(a);
+  size_t ooms = 0;
+  for (const Ev &e : ev)
+    if (e.action == "oom") {
+      ooms++;
+      EXPECT_GE(e.size, ((uint64_t)1 << 40) + 1) << "an oom event's size is the rounded request";
+    }
+  EXPECT_EQ((int64_t)ooms, stat_of(a, "num_ooms"));
+  ASSERT_FALSE(ev.empty());
+  EXPECT_EQ(ev.back().action, "snapshot");
+  EXPECT_EQ((int64_t)ev.back().size, active) << "a snapshot event's size is the active bytes";
+  // skipped: none recorded, the statistics still count them
+  ASSERT_EQ(expseg_record_history_ex(a, true, 1000, EXPSEG_HISTORY_CLEAR | EXPSEG_HISTORY_SKIP_OOM |
+                                                        EXPSEG_HISTORY_SKIP_SNAPSHOT),
+            EXPSEG_OK);
+  EXPECT_EQ(expseg_malloc(a, ((size_t)1 << 40) + 1, 0, &q), EXPSEG_ERR_OUT_OF_MEMORY);
+  for (const Ev &e : walk_events(a)) EXPECT_TRUE(e.action != "oom" && e.action != "snapshot") << e.action;
+  EXPECT_EQ(stat_of(a, "num_ooms"), (int64_t)ooms + 1);
+  EXPECT_EQ(expseg_free(a, p), EXPSEG_OK);
+}
+
+TEST(Adv16History, RefusalsNameWhatIsWrong) {
+  unsigned flag = 77;
+  EXPECT_EQ(expseg_history_skip_action("segment_map", &flag), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(flag, 0u);
+  std::string m = expseg_last_error();
+  EXPECT_NE(m.find("'segment_map'"), std::string::npos) << m;
+  EXPECT_NE(m.find(expseg_history_skip_action_names()), std::string::npos) << m;
+  EXPECT_EQ(expseg_history_skip_action(nullptr, &flag), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_history_skip_action("", &flag), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_history_skip_action("ALLOC", &flag), EXPSEG_ERR_INVALID_ARGUMENT)
+      << "names are PyTorch's, case and all";
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
+  EXPECT_EQ(expseg_record_history_ex(a, true, 0, 0), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(expseg_record_history_ex(a, true, 10, 1u << 13), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(expseg_last_error()).find("0x2000"), std::string::npos)
+      << expseg_last_error();
+  // refusals leave the history as it was
+  ASSERT_EQ(expseg_record_history_ex(a, true, 2, 0), EXPSEG_OK);
+  void *p, *q, *r;
+  ASSERT_EQ(expseg_malloc(a, 100, 0, &p), EXPSEG_OK);
+  EXPECT_EQ(expseg_record_history_ex(a, true, 0, 0), EXPSEG_ERR_INVALID_ARGUMENT);
+  char buf[256];
+  size_t need;
+  EXPECT_EQ(expseg_allocation_traceback(a, p, buf, sizeof buf, &need), EXPSEG_OK);
+  // the alloc event dropped from a ring of 2: refused, saying a larger bound keeps more
+  ASSERT_EQ(expseg_malloc(a, 100, 0, &q), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 100, 0, &r), EXPSEG_OK);
+  EXPECT_EQ(expseg_allocation_traceback(a, p, buf, sizeof buf, &need), EXPSEG_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(expseg_last_error()).find("max_entries"), std::string::npos)
+      << expseg_last_error();
+  for (void *x : {p, q, r}) EXPECT_EQ(expseg_free(a, x), EXPSEG_OK);
 }
 
 } // namespace
