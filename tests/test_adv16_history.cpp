@@ -1010,4 +1010,56 @@ TEST(Adv16History, RefusalsNameWhatIsWrong) {
   for (void *x : {p, q, r}) EXPECT_EQ(expseg_free(a, x), EXPSEG_OK);
 }
 
+// The snapshot's frames of a live block follow the traceback's rule: an older allocation at
+// the same address never lends its frames, even when the skipped actions changed between
+// them (its free_completed skipped, the new block's alloc skipped).
+TEST(Adv16History, SnapshotNeverLendsAnOlderAllocationsFrames) {
+  if (!snapshot_have_python()) GTEST_SKIP() << "python3 with pickle is needed";
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
+  ASSERT_EQ(expseg_record_history_ex(a, true, 1000, 0), EXPSEG_OK);
+  expseg_frame f = {"old.py", "older", 1};
+  ASSERT_EQ(expseg_history_push_frames(&f, 1), EXPSEG_OK);
+  void *p, *q, *pend, *pend2;
+  ASSERT_EQ(expseg_malloc(a, 100000, 0, &p), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 200000, 0, &pend), EXPSEG_OK);
+  expseg_history_pop_frames(1);
+  ASSERT_EQ(alloc_test_hold(a, 9, true), EXPSEG_OK);
+  ASSERT_EQ(expseg_record_history_ex(a, true, 1000,
+                                     EXPSEG_HISTORY_SKIP_FREE_COMPLETED | EXPSEG_HISTORY_SKIP_ALLOC),
+            EXPSEG_OK);
+  ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
+  ASSERT_EQ(expseg_malloc(a, 100000, 0, &q), EXPSEG_OK);
+  ASSERT_EQ(q, p) << "the freed block is reused";
+  // a block freed while work on another stream is queued stays pending with its frames
+  ASSERT_EQ(expseg_record_stream(a, pend, 9), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(a, pend), EXPSEG_OK);
+  (void)pend2;
+  std::string path = tmp_path("lend.pickle");
+  ASSERT_EQ(expseg_snapshot_dump(a, path.c_str()), EXPSEG_OK) << expseg_last_error();
+  std::string out;
+  int rc = snapshot_run(
+      "python3 -c \"import pickle,sys\n"
+      "d=pickle.load(open(sys.argv[1],'rb'))\n"
+      "for s in d['segments']:\n"
+      "  for b in s['blocks']:\n"
+      "    if b['state']!='inactive': print(hex(b['address']), b['state'], "
+      "[f['name'] for f in b['frames']])\n"
+      "\" '" + path + "'",
+      &out);
+  unlink(path.c_str());
+  ASSERT_EQ(rc, 0) << out;
+  char want_q[128], want_pend[128];
+  snprintf(want_q, sizeof want_q, "%s active_allocated []", ptr_text(q).c_str());
+  snprintf(want_pend, sizeof want_pend, "%s active_pending_free ['older']", ptr_text(pend).c_str());
+  EXPECT_NE(out.find(want_q), std::string::npos) << "want " << want_q << " in\n" << out;
+  EXPECT_NE(out.find(want_pend), std::string::npos) << "want " << want_pend << " in\n" << out;
+  char buf[256];
+  size_t need;
+  EXPECT_EQ(expseg_allocation_traceback(a, q, buf, sizeof buf, &need), EXPSEG_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(alloc_test_hold(a, 9, false), EXPSEG_OK);
+  EXPECT_EQ(expseg_free(a, q), EXPSEG_OK);
+}
+
 } // namespace
