@@ -1062,4 +1062,45 @@ TEST(Adv16History, SnapshotNeverLendsAnOlderAllocationsFrames) {
   EXPECT_EQ(expseg_free(a, q), EXPSEG_OK);
 }
 
+// A higher device: lower devices' trace lists are empty, every segment, annotation and the
+// summary's header name the device; the summary is cut as snprintf cuts.
+TEST(Adv16History, AHigherDevicesSnapshotAndSummary) {
+  if (!snapshot_have_python()) GTEST_SKIP() << "python3 with pickle is needed";
+  expseg_allocator *raw = nullptr;
+  ASSERT_EQ(expseg_create("sim", 3, "", &raw), EXPSEG_OK) << expseg_last_error();
+  AllocPtr al(raw);
+  expseg_allocator *a = al.get();
+  ASSERT_EQ(expseg_record_history_ex(a, true, 100, 0), EXPSEG_OK);
+  void *p;
+  ASSERT_EQ(expseg_malloc(a, 3 << 20, 0, &p), EXPSEG_OK);
+  const char *k[1] = {"name"}, *v[1] = {"fwd"};
+  ASSERT_EQ(expseg_history_record_annotation(a, k, v, 1), EXPSEG_OK);
+  std::string path = tmp_path("dev3.pickle");
+  ASSERT_EQ(expseg_snapshot_dump(a, path.c_str()), EXPSEG_OK) << expseg_last_error();
+  std::string out;
+  EXPECT_EQ(snapshot_check(path, "{\"device\": 3}", true, &out), 0) << out;
+  int rc = snapshot_run(
+      "python3 -c \"import pickle,sys\n"
+      "d=pickle.load(open(sys.argv[1],'rb'))\n"
+      "print([len(t) for t in d['device_traces']][:3], len(d['device_traces']), "
+      "sorted({s['device'] for s in d['segments']}), "
+      "[x['device'] for x in d['external_annotations']])\n"
+      "\" '" + path + "'",
+      &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("[0, 0, 0] 4 [3] [3]"), std::string::npos) << out;
+  unlink(path.c_str());
+  (void)unlink((path + ".expect.json").c_str());
+  size_t need = expseg_memory_summary(a, nullptr, 0, true);
+  std::string whole(need, '\0');
+  ASSERT_EQ(expseg_memory_summary(a, &whole[0], need, true), need);
+  EXPECT_NE(whole.find("PyTorch CUDA memory summary, device ID 3 "), std::string::npos) << whole;
+  char cut[10];
+  memset(cut, 'x', sizeof cut);
+  EXPECT_EQ(expseg_memory_summary(a, cut, sizeof cut, true), need);
+  EXPECT_EQ(std::string(cut), whole.substr(0, 9));
+  EXPECT_EQ(expseg_memory_summary(a, nullptr, 5, true), need) << "no buffer: the length only";
+  EXPECT_EQ(expseg_free(a, p), EXPSEG_OK);
+}
+
 } // namespace
