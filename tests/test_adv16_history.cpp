@@ -1103,4 +1103,69 @@ TEST(Adv16History, AHigherDevicesSnapshotAndSummary) {
   EXPECT_EQ(expseg_free(a, p), EXPSEG_OK);
 }
 
+// "segment_alloc + segment_map events = num_device_alloc, segment_free + segment_unmap =
+// num_device_free, oom = num_ooms" for a history kept whole, with every kind of traffic:
+// classic and expandable, empty_cache, a private pool released, a region put to sleep and
+// woken, OOMs.
+TEST(Adv16History, MappingEventsCountTheDriverCalls) {
+  for (const char *conf : {"expandable_segments:True", "expandable_segments:False"}) {
+    SCOPED_TRACE(conf);
+    AllocPtr al = make_alloc("sim", conf);
+    ASSERT_TRUE(al);
+    expseg_allocator *a = al.get();
+    ASSERT_EQ(expseg_record_history_ex(a, true, SIZE_MAX, 0), EXPSEG_OK);
+    TestRng r(1603);
+    std::vector<void *> live;
+    expseg_pool_id pool;
+    ASSERT_EQ(expseg_pool_create(a, &pool), EXPSEG_OK);
+    for (int i = 0; i < 300; i++) {
+      void *p;
+      size_t sz = r.chance(0.3) ? (size_t)(1 + r.below(30)) << 20 : 1 + r.below(500000);
+      ASSERT_EQ(expseg_malloc_pool(a, sz, r.below(2), i % 5 == 0 ? pool : 0, &p), EXPSEG_OK);
+      live.push_back(p);
+      if (r.chance(0.5)) {
+        size_t k = r.below(live.size());
+        ASSERT_EQ(expseg_free(a, live[k]), EXPSEG_OK);
+        live.erase(live.begin() + (long)k);
+      }
+      if (i % 50 == 49) {
+        ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+      }
+    }
+    void *q;
+    EXPECT_EQ(expseg_malloc(a, (size_t)1 << 45, 0, &q), EXPSEG_ERR_OUT_OF_MEMORY);
+    if (std::string(conf) == "expandable_segments:True") {
+      void *w;
+      ASSERT_EQ(expseg_region_begin(a, "w"), EXPSEG_OK);
+      ASSERT_EQ(expseg_malloc(a, 40 << 20, 0, &w), EXPSEG_OK);
+      ASSERT_EQ(expseg_region_end(a, "w"), EXPSEG_OK);
+      ASSERT_EQ(expseg_sleep(a, "w", EXPSEG_SLEEP_OFFLOAD), EXPSEG_OK) << expseg_last_error();
+      ASSERT_EQ(expseg_wake(a, "w"), EXPSEG_OK) << expseg_last_error();
+      ASSERT_EQ(expseg_sleep(a, "w", EXPSEG_SLEEP_DISCARD), EXPSEG_OK) << expseg_last_error();
+      ASSERT_EQ(expseg_wake(a, "w"), EXPSEG_OK) << expseg_last_error();
+      live.push_back(w);
+    }
+    for (void *p : live) {
+      expseg_pool_id of;
+      ASSERT_EQ(expseg_pool_of(a, p, &of), EXPSEG_OK);
+      if (of == pool) {
+        ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
+      }
+    }
+    ASSERT_EQ(expseg_pool_release(a, pool), EXPSEG_OK);
+    ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+    std::map<std::string, int64_t> n;
+    for (const Ev &e : walk_events(a)) n[e.action]++;
+    EXPECT_EQ(n["segment_alloc"] + n["segment_map"], stat_of(a, "num_device_alloc"));
+    EXPECT_EQ(n["segment_free"] + n["segment_unmap"], stat_of(a, "num_device_free"));
+    EXPECT_EQ(n["oom"], stat_of(a, "num_ooms"));
+    for (void *p : live) {
+      expseg_pool_id of;
+      if (expseg_pool_of(a, p, &of) == EXPSEG_OK && of != pool) {
+        EXPECT_EQ(expseg_free(a, p), EXPSEG_OK);
+      }
+    }
+  }
+}
+
 } // namespace
