@@ -1168,4 +1168,73 @@ TEST(Adv16History, MappingEventsCountTheDriverCalls) {
   }
 }
 
+// The history switched on, off, cleared and rebounded while other threads allocate,
+// annotate, snapshot, walk and ask for tracebacks: every call succeeds or refuses cleanly
+// and the allocator stays whole.
+TEST(Adv16History, HistorySwitchedWhileOtherThreadsUseIt) {
+  EXPSEG_SEEDED(seed, 16004);
+  AllocPtr al = make_alloc("sim", "");
+  ASSERT_TRUE(al);
+  expseg_allocator *a = al.get();
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0};
+  std::thread sw([&] {
+    TestRng r(seed);
+    for (int i = 0; i < 400; i++) {
+      unsigned flags = (unsigned)r.below(2) | (r.chance(0.3) ? EXPSEG_HISTORY_CLEAR : 0u) |
+                       (r.chance(0.2) ? EXPSEG_HISTORY_SKIP_ALLOC : 0u);
+      expseg_status st = r.chance(0.2) ? expseg_record_history(a, false, 0)
+                                       : expseg_record_history_ex(a, true, 1 + r.below(64), flags);
+      if (st != EXPSEG_OK) bad++;
+      usleep(100);
+    }
+    stop = true;
+  });
+  std::thread user([&] {
+    TestRng r(seed + 1);
+    std::vector<void *> mine;
+    const char *k[1] = {"name"}, *v[1] = {"step"};
+    while (!stop.load()) {
+      void *p;
+      if (expseg_malloc(a, 1 + r.below(1 << 20), r.below(2), &p) != EXPSEG_OK) {
+        bad++;
+        continue;
+      }
+      mine.push_back(p);
+      if (expseg_history_annotate(a, p, "x") != EXPSEG_OK) bad++;
+      if (expseg_history_record_annotation(a, k, v, 1) != EXPSEG_OK) bad++;
+      char buf[512];
+      size_t need;
+      expseg_status st = expseg_allocation_traceback(a, p, buf, sizeof buf, &need);
+      if (st != EXPSEG_OK && st != EXPSEG_ERR_INVALID_ARGUMENT) bad++;
+      if (mine.size() > 20) {
+        if (expseg_free(a, mine.front()) != EXPSEG_OK) bad++;
+        mine.erase(mine.begin());
+      }
+    }
+    for (void *p : mine)
+      if (expseg_free(a, p) != EXPSEG_OK) bad++;
+  });
+  int snaps = 0;
+  while (!stop.load()) {
+    unsigned char *buf = nullptr;
+    size_t len = 0;
+    if (expseg_snapshot_ex(a, snaps % 2 ? EXPSEG_SNAPSHOT_NO_TRACES : 0, &buf, &len) != EXPSEG_OK)
+      bad++;
+    expseg_snapshot_free(buf);
+    size_t n = 0;
+    if (expseg_walk(
+            a, nullptr, [](void *ctx, const expseg_walk_event *) { ++*static_cast<size_t *>(ctx); },
+            &n) != EXPSEG_OK)
+      bad++;
+    if (n > 64) bad++; // never more than the largest bound
+    snaps++;
+  }
+  sw.join();
+  user.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_GT(snaps, 0);
+  expect_consistent(a, "after the switching");
+}
+
 } // namespace
