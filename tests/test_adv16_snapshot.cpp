@@ -90,7 +90,8 @@ struct Live {
 };
 
 // per_stream: classic segments only (an expandable segment's free block may be lent to
-// another stream: it stays in its owner's segment, under the owner's stream).
+// another stream: it stays in its owner's segment, under the owner's stream); there the
+// segments are counted too.
 void expect_snapshot_matches_stats(expseg_allocator *a, const std::map<void *, Live> &live,
                                    bool per_stream, const std::string &where) {
   unsigned char *buf = nullptr;
@@ -138,7 +139,11 @@ void expect_snapshot_matches_stats(expseg_allocator *a, const std::map<void *, L
     if (b.pool == 0) got_stream[b.stream] += b.requested;
   }
   EXPECT_EQ(got_pool, want_pool) << where << ": live requested bytes per pool";
-  if (per_stream) {
+  if (per_stream) { // classic segments: one snapshot entry each, as PyTorch counts them
+    int64_t n_large = 0, n_small = 0;
+    for (const SnapSeg &g : segs) (g.large ? n_large : n_small)++;
+    EXPECT_EQ(n_large, stat_of(a, "segment.large_pool.current")) << where << ": large segments";
+    EXPECT_EQ(n_small, stat_of(a, "segment.small_pool.current")) << where << ": small segments";
     EXPECT_EQ(got_stream, want_stream) << where << ": live requested bytes per stream (general cache)";
   }
 }
