@@ -171,9 +171,10 @@ EXPSEG_HOT block_t *find_free(expseg_allocator *a, int pool, expseg_stream strea
   return b;
 }
 
-/* Hands out b (free, mapped, not indexed), splitting off what the request does not need. */
+/* Hands out b (free, mapped, not indexed), splitting off what the request does not need;
+ * key: the stream key that asked (its alloc event's). */
 EXPSEG_HOT expseg_status take_block(expseg_allocator *a, block_t *b, size_t rounded, size_t size,
-                                  void **out) {
+                                  expseg_stream key, void **out) {
   int pool = b->seg->pool;
   if (_expseg_should_split(&a->cfg, pool == POOL_SMALL, b->seg->expandable, b->size, rounded)) {
     block_t *rest = _expseg_block_split(a, b, rounded);
@@ -191,7 +192,7 @@ EXPSEG_HOT expseg_status take_block(expseg_allocator *a, block_t *b, size_t roun
   isplit_change(a, b, true);
   stat_alloc(&a->stats, pool, b);
   EXPSEG_CHECK_BLOCK(a, b);
-  EXPSEG_HIST(a, HIST_ALLOC, b->ptr, size, b->stream);
+  EXPSEG_HIST(a, HIST_ALLOC, b->ptr, size, key);
   *out = (void *)b->ptr;
   return EXPSEG_OK;
 }
@@ -282,7 +283,7 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
     int kind = _expseg_is_small(rounded) ? POOL_SMALL : POOL_LARGE;
     block_t *b = find_free(a, kind, stream, rounded, &declined);
     if (b != NULL) { /* the hit path: nothing on it warns */
-      expseg_status st = take_block(a, b, rounded, size, out);
+      expseg_status st = take_block(a, b, rounded, size, stream, out);
 #if EXPSEG_DEBUG >= 3
       _expseg_debug_tick(a);
 #endif
@@ -376,7 +377,7 @@ EXPSEG_HOT expseg_status malloc_in(expseg_allocator *a, size_t size, expseg_stre
     }
     return _expseg_fail_oom(a, size, rounded, stream, cause); /* unlocks */
   }
-  st = take_block(a, b, single ? b->size : rounded, size, out); /* single: never split */
+  st = take_block(a, b, single ? b->size : rounded, size, key, out); /* single: never split */
   /* another stream's block, found or grown there, is lent (streams.c); its first use fits
    * the inline slots: cannot fail */
   if (st == EXPSEG_OK && b->stream != key) {
@@ -418,7 +419,7 @@ expseg_status expseg_malloc_pool(expseg_allocator *a, size_t size, expseg_stream
 EXPSEG_HOT void free_block(expseg_allocator *a, block_t *b) {
   int pool = b->seg->pool;
   stats_t *s = &a->stats;
-  EXPSEG_HIST(a, HIST_FREE_COMPLETED, b->ptr, b->requested, b->stream);
+  EXPSEG_HIST(a, HIST_FREE_COMPLETED, b->ptr, b->requested, block_alloc_key(b));
   if (b->state == BLOCK_PENDING) _expseg_stat_add(&s->pending_free_blocks, -1);
   stat_free_done(s, pool, b);
   b->requested = 0;
@@ -495,7 +496,7 @@ expseg_status _expseg_free_locked(expseg_allocator *a, void *ptr) {
       pending = true;
     }
   }
-  EXPSEG_HIST(a, HIST_FREE_REQUESTED, b->ptr, b->requested, b->stream);
+  EXPSEG_HIST(a, HIST_FREE_REQUESTED, b->ptr, b->requested, block_alloc_key(b));
   int pool = b->seg->pool;
   stats_t *s = &a->stats;
   stat_free(s, pool, b);

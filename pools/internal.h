@@ -360,6 +360,11 @@ struct expseg_allocator {
 };
 
 static inline uint32_t seg_tag(const segment_t *s) { return skey_tag(s->stream); }
+/* The stream key of the allocation b holds, as its history events carry it: the stream
+ * that asked for it (a lent block's owner is another; its first use is the borrower). */
+static inline expseg_stream block_alloc_key(const block_t *b) {
+  return b->lent && b->n_uses > 0 ? skey_make(b->uses[0], skey_tag(b->stream)) : b->stream;
+}
 
 /* ---- reserve_class.c: streams' expandable-segment reserve classes ---- */
 /* The class stream (a stream key's stream) was tagged with, or NULL. Lock held. */

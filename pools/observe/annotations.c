@@ -95,7 +95,6 @@ expseg_status expseg_history_record_annotation(expseg_allocator *a, const char *
                                keys[i] == NULL ? "keys" : "values", i);
     bytes += strlen(keys[i]) + strlen(values[i]) + 2;
   }
-  uint64_t ticks = _expseg_hist_ticks();
   const char **kv = malloc(bytes ? bytes : 1); /* copied before the lock */
   if (kv == NULL)
     return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY, "%s: out of host memory", fn);
@@ -110,7 +109,7 @@ expseg_status expseg_history_record_annotation(expseg_allocator *a, const char *
   api_lock(a);
   hist_ann_t *e = a->hist != NULL ? ann_slot(a->hist) : NULL;
   if (e != NULL) {
-    e->ticks = ticks;
+    e->ticks = _expseg_hist_ticks(); /* under the lock: the ring stays in time order */
     e->n = n;
     e->kv = kv;
     kv = NULL;

@@ -11,7 +11,8 @@
  * set, and the innermost HIST_HOST_MAX frames the calling thread pushed with
  * expseg_history_push_frames. Pushed frames are interned once, process-wide, in a table
  * guarded by its own mutex (the strings are copied; the table lives as long as the
- * process), so a thread's stack is a small ring of ids and an event copies ids only.
+ * process), so a thread's stack is an array of ids (as deep as pushed, freed when the
+ * thread exits) and an event copies ids only.
  * Hooks run with the allocator's lock held; recording off costs the hook's one branch. */
 #include "error.h"
 #include "history.h"
@@ -146,11 +147,42 @@ static uint32_t frame_intern(const char *filename, const char *name, int line) {
   return (uint32_t)n_frames;
 }
 
-/* ---- the calling thread's pushed frames: a ring of ids, innermost at depth - 1 ---- */
+/* ---- the calling thread's pushed frames: a stack of ids, innermost at depth - 1 ---- */
 
-#define TL_RING 256 /* > HIST_HOST_MAX: deeper stacks keep their innermost frames */
-static _Thread_local uint32_t tl_ids[TL_RING];
-static _Thread_local size_t tl_depth;
+/* Grown by doubling (never shrunk while the thread lives; freed when it exits), so a pop
+ * back from any depth finds the frames pushed below it. */
+static _Thread_local uint32_t *tl_ids;
+static _Thread_local size_t tl_depth, tl_cap;
+static pthread_key_t tl_key; /* its destructor frees a finished thread's stack */
+static pthread_once_t tl_key_once = PTHREAD_ONCE_INIT;
+static bool tl_key_ok;
+
+static void tl_free(void *p) { /* the exiting thread's: a later push starts afresh */
+  free(p);
+  tl_ids = NULL;
+  tl_cap = tl_depth = 0;
+}
+
+static void tl_key_make(void) { tl_key_ok = pthread_key_create(&tl_key, tl_free) == 0; }
+
+/* Room for `more` ids above the current depth; false when out of host memory. */
+static bool tl_reserve(size_t more) {
+  if (tl_depth + more <= tl_cap) return true;
+  pthread_once(&tl_key_once, tl_key_make);
+  size_t cap = tl_cap ? tl_cap : 64;
+  while (cap < tl_depth + more) cap *= 2;
+  uint32_t *p = tl_key_ok ? malloc(cap * sizeof *p) : NULL;
+  if (p == NULL) return false;
+  if (pthread_setspecific(tl_key, p) != 0) { /* the key keeps the old stack: still valid */
+    free(p);
+    return false;
+  }
+  if (tl_depth > 0) memcpy(p, tl_ids, tl_depth * sizeof *p);
+  free(tl_ids);
+  tl_ids = p;
+  tl_cap = cap;
+  return true;
+}
 
 expseg_status expseg_history_push_frames(const expseg_frame *f, size_t n) {
   if (n > 0 && f == NULL)
@@ -165,14 +197,16 @@ expseg_status expseg_history_push_frames(const expseg_frame *f, size_t n) {
   uint32_t ids[64];
   for (size_t done = 0; done < n;) {
     size_t k = n - done < 64 ? n - done : 64;
-    pthread_mutex_lock(&frames_lock);
     size_t got = 0;
-    for (; got < k; got++) {
-      ids[got] = frame_intern(f[done + got].filename, f[done + got].name, f[done + got].line);
-      if (ids[got] == 0) break;
+    if (tl_reserve(k)) {
+      pthread_mutex_lock(&frames_lock);
+      for (; got < k; got++) {
+        ids[got] = frame_intern(f[done + got].filename, f[done + got].name, f[done + got].line);
+        if (ids[got] == 0) break;
+      }
+      pthread_mutex_unlock(&frames_lock);
     }
-    pthread_mutex_unlock(&frames_lock);
-    for (size_t i = 0; i < got; i++) tl_ids[(tl_depth++) % TL_RING] = ids[i];
+    for (size_t i = 0; i < got; i++) tl_ids[tl_depth++] = ids[i];
     if (got < k)
       return _expseg_error_set(EXPSEG_ERR_HOST_OUT_OF_MEMORY,
                                "expseg_history_push_frames: out of host memory after %zu of "
@@ -261,7 +295,7 @@ hist_event_t *_expseg_hist_push(history_t *h, int action, uint64_t addr, uint64_
     }
   }
   size_t d = tl_depth < HIST_HOST_MAX ? tl_depth : HIST_HOST_MAX;
-  for (size_t i = 0; i < d; i++) e->host[i] = tl_ids[(tl_depth - 1 - i) % TL_RING];
+  for (size_t i = 0; i < d; i++) e->host[i] = tl_ids[tl_depth - 1 - i];
   e->n_host = (uint8_t)d;
   return e;
 }
@@ -507,7 +541,7 @@ expseg_status expseg_history_annotate(expseg_allocator *a, const void *ptr, cons
                            ptr);
   } else if (a->hist != NULL) {
     hist_event_t *e = _expseg_hist_add(a, HIST_ANNOTATE, b ? b->ptr : 0, b ? b->requested : 0,
-                                       b ? b->stream : 0);
+                                       b ? block_alloc_key(b) : 0);
     if (e != NULL) e->note = note;
   }
   api_unlock(a);

@@ -56,7 +56,7 @@ typedef struct ctx_s {
   const expseg_allocator *a;
   const history_t *h;
   u64map_t frame_memo; /* C pc, or host id | 1 << 63 -> memo index */
-  u64map_t live_alloc; /* block address -> history index of its alloc (-1: freed since) */
+  u64map_t live_alloc; /* block address -> its alloc event and frees since (alloc_note) */
   u64map_t seg_alloc;  /* classic segment address -> history index of its segment_alloc */
   bool oom;
   bool no_traces; /* EXPSEG_SNAPSHOT_NO_TRACES: device_traces holds empty lists */
@@ -94,6 +94,31 @@ static void write_frames_of(ctx_t *c, int64_t idx) {
   } else {
     write_frames(c, _expseg_hist_at(c->h, (size_t)idx));
   }
+}
+
+/* ---- which alloc event made a live block (expseg_allocation_traceback's rule) ---- */
+
+/* Notes event i of a history in m: block address -> (index of its newest alloc) << 2 | the
+ * free_requested events of that address since (0, 1, 2 = more); a free_completed ends it.
+ * False when out of host memory. */
+static bool alloc_note(u64map_t *m, const hist_event_t *e, size_t i) {
+  if (e->action == HIST_ALLOC) return map_put(m, e->addr, (int64_t)(i << 2));
+  if (e->action == HIST_FREE_COMPLETED) return map_put(m, e->addr, -1);
+  if (e->action != HIST_FREE_REQUESTED) return true;
+  int64_t v = map_get(m, e->addr);
+  return v < 0 || (v & 3) == 2 || map_put(m, e->addr, v + 1);
+}
+
+/* The history index of the alloc event of the live block at addr (requested bytes,
+ * pending: freed, waiting on other streams), or -1: the newest alloc there of the same size,
+ * with no free_requested after it (one, its own, for a pending block). An older allocation
+ * never lends its frames: the alloc of the block may have been skipped, or dropped. */
+static int64_t alloc_of(const u64map_t *m, const history_t *h, uint64_t addr, uint64_t requested,
+                        bool pending) {
+  int64_t v = map_get(m, addr);
+  if (v < 0 || (v & 3) > (pending ? 1 : 0)) return -1;
+  int64_t idx = v >> 2;
+  return _expseg_hist_at(h, (size_t)idx)->size == requested ? idx : -1;
 }
 
 /* ---- segments ---- */
@@ -142,7 +167,9 @@ static void write_segment(ctx_t *c, const segment_t *s, const block_t *first, co
     _expseg_pkw_kuint(w, "requested_size", b->state == BLOCK_FREE ? 0 : b->requested);
     _expseg_pkw_kstr(w, "state", state_name(b));
     _expseg_pkw_str(w, "frames");
-    write_frames_of(c, b->state == BLOCK_FREE ? -1 : map_get(&c->live_alloc, b->ptr));
+    write_frames_of(c, b->state == BLOCK_FREE ? -1
+                                              : alloc_of(&c->live_alloc, c->h, b->ptr, b->requested,
+                                                         b->state == BLOCK_PENDING));
     _expseg_pkw_setitems(w);
   }
   _expseg_pkw_appends(w);
@@ -213,14 +240,9 @@ static void write_host(void *ctx, const history_t *hist, const expseg_walk_segme
                        size_t n) {
   ctx_t *c = ctx;
   pkw_t *w = &c->w;
-  u64map_t live = {0}; /* block address -> history index of its alloc */
-  for (size_t i = 0; hist && i < hist->count; i++) {
-    const hist_event_t *e = _expseg_hist_at(hist, i);
-    bool ok = true;
-    if (e->action == HIST_ALLOC) ok = map_put(&live, e->addr, (int64_t)i);
-    else if (e->action == HIST_FREE_COMPLETED) ok = map_put(&live, e->addr, -1);
-    if (!ok) c->oom = true;
-  }
+  u64map_t live = {0}; /* block address -> its alloc event and frees since (alloc_note) */
+  for (size_t i = 0; hist && i < hist->count; i++)
+    if (!alloc_note(&live, _expseg_hist_at(hist, i), i)) c->oom = true;
   const history_t *dev = c->h;
   c->h = hist; /* write_frames_of reads events of this history */
   _expseg_pkw_str(w, "host_segments");
@@ -253,7 +275,10 @@ static void write_host(void *ctx, const history_t *hist, const expseg_walk_segme
       _expseg_pkw_kuint(w, "requested_size", b->requested_size);
       _expseg_pkw_kstr(w, "state", walk_state_name(b->state));
       _expseg_pkw_str(w, "frames");
-      write_frames_of(c, b->state == EXPSEG_BLOCK_INACTIVE ? -1 : map_get(&live, b->address));
+      write_frames_of(c, b->state == EXPSEG_BLOCK_INACTIVE
+                             ? -1
+                             : alloc_of(&live, hist, b->address, b->requested_size,
+                                        b->state == EXPSEG_BLOCK_PENDING_FREE));
       _expseg_pkw_setitems(w);
     }
     _expseg_pkw_appends(w);
@@ -339,10 +364,8 @@ static expseg_status build(expseg_allocator *a, expseg_host_pool *host, unsigned
   c.h = a->hist;
   for (size_t i = 0; c.h && i < c.h->count; i++) {
     const hist_event_t *e = _expseg_hist_at(c.h, i);
-    bool ok = true;
-    if (e->action == HIST_ALLOC) ok = map_put(&c.live_alloc, e->addr, (int64_t)i);
-    else if (e->action == HIST_FREE_COMPLETED) ok = map_put(&c.live_alloc, e->addr, -1);
-    else if (e->action == HIST_SEGMENT_ALLOC) ok = map_put(&c.seg_alloc, e->addr, (int64_t)i);
+    bool ok = alloc_note(&c.live_alloc, e, i);
+    if (e->action == HIST_SEGMENT_ALLOC) ok = map_put(&c.seg_alloc, e->addr, (int64_t)i) && ok;
     if (!ok) c.oom = true;
   }
   pkw_t *w = &c.w;
@@ -481,7 +504,7 @@ static expseg_status dump(expseg_allocator *a, expseg_host_pool *host, const cha
   if (f == NULL) {
     int err = errno;
     expseg_status bad = _expseg_error_set(
-        EXPSEG_ERR_INVALID_ARGUMENT,
+        err == ENOMEM ? EXPSEG_ERR_HOST_OUT_OF_MEMORY : EXPSEG_ERR_INVALID_ARGUMENT,
         "expseg_snapshot_dump(%s): cannot write the temporary file %s: %s (nothing was written "
         "at %s, nothing recorded)",
         path, tmp, strerror(err), path);
@@ -509,7 +532,7 @@ static expseg_status dump(expseg_allocator *a, expseg_host_pool *host, const cha
   if (err) unlink(tmp);
   free(buf);
   if (err)
-    st = _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+    st = _expseg_error_set(err == ENOMEM ? EXPSEG_ERR_HOST_OUT_OF_MEMORY : EXPSEG_ERR_INVALID_ARGUMENT,
                            "expseg_snapshot_dump(%s): cannot write the snapshot: %s (nothing was "
                            "written at %s)",
                            path, strerror(err), path);

@@ -7,6 +7,7 @@
 // there EXPSEG_TEST_HOST_FAIL is not defined and tests that need it skip.
 #ifndef EXPSEG_TESTS_HOST_FAIL_H
 #define EXPSEG_TESTS_HOST_FAIL_H
+#include <cerrno>
 #include <cstddef>
 
 #include "sanitized.h"
@@ -16,6 +17,7 @@ inline long g_countdown = -1;    // >= 0: that many host allocations succeed, th
 
 inline bool host_fails() {
   if (g_countdown >= 0 && g_countdown-- == 0) g_fail_host = true;
+  if (g_fail_host) errno = ENOMEM; // as glibc's malloc sets it
   return g_fail_host;
 }
 
