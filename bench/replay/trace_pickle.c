@@ -7,10 +7,10 @@
  * active at the end are live, an `alloc` removes its address, a `free_completed` adds it
  * back. The start set becomes 'p' events in address order, then every event is converted
  * in order: alloc -> 'a', free_requested -> 'r' unless the next event completes it,
- * free_completed -> 'f', segment_alloc/free/map/unmap -> M/X/m/u, oom -> O; snapshot (and
- * annotate) are skipped. The recorded allocator's reserved bytes come from the segments'
- * total size at the end, walked backwards through the segment events to the start and then
- * forwards for the peak. This reproduces ../shared/traces/memtrace exactly; the rules are in
+ * free_completed -> 'f', segment_alloc/free/map/unmap -> M/X/m/u, oom -> O; snapshot,
+ * annotate and user_defined are skipped. The recorded allocator's reserved bytes come from
+ * the segments' total size at the end, walked backwards through the segment events to the
+ * start and then forwards for the peak. This reproduces ../shared/traces/memtrace exactly; the rules are in
  * docs/formats.md.
  *
  * Cost: linear in the input, whatever the memo shares. The segments are validated and
@@ -260,7 +260,8 @@ static expseg_status action_of(ex_t *x, uint32_t ev, int *out) {
   static const char *const names[] = {"alloc", "free_requested", "free_completed",
                                       "segment_alloc", "segment_free", "segment_map",
                                       "segment_unmap", "oom", "snapshot", "annotate",
-                                      "sleep", "wake"}; /* the last four: nothing to replay */
+                                      "user_defined", "sleep", "wake"}; /* from "snapshot"
+                                      on: nothing to replay (user_defined: an annotation) */
   expseg_status s = want_dict(x, ev);
   if (s != EXPSEG_OK) return s;
   uint32_t a = _expseg_pickle_dict_get(x->pk, ev, "action");

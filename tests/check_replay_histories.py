@@ -1,0 +1,452 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""check_replay_histories.py: expseg-replay on snapshot pickles nobody recorded, written
+here with Python's own pickle (protocols 2 to 5) in a temporary folder (CTest
+replay_crafted_histories).
+
+  check_replay_histories.py EXPSEG_REPLAY [--seed N] [--random N] [--keep DIR]
+
+Two kinds of input, each run with --json (both models), and some with --sweep and --fit:
+  - hand-picked files, each with what must happen: figures (exit status 0) or a refusal
+    (exit status 2, a message naming the file and what could not be read): several devices
+    (some with empty histories), a window that starts mid-run (frees of addresses never
+    allocated in it, blocks live in `segments`), only frees, `oom`, `segment_map` /
+    `segment_unmap`, `snapshot` / `annotate` / `user_defined` entries, streams given as
+    large or negative integers, odd and zero sizes, a duplicate alloc of a live address,
+    sizes of terabytes, an empty file, time_us missing or decreasing, unknown keys, frames
+    present, absent or malformed, tuples where lists are usual;
+  - seeded random histories (the seed is printed): a small model of PyTorch's classic or
+    expandable segments run over several devices and streams, cut to the newest entries as
+    the ring buffer does, with the end state written as `segments`, annotations and OOM
+    entries mixed in.
+Checked on every run: no crash, hang or timeout; every line of stdout is a JSON object with
+no NaN or infinity and no negative figure; without an OOM the peak reserved is at least the
+peak requested; --fit is at most the unconstrained peak reserved plus 2 MiB (rounded up to
+2 MiB), and the capacity it names runs the history without an OOM; sweep rows rank 1..n
+within each section with one `best` row. Exit status 1 with one line per failure.
+"""
+import json
+import math
+import os
+import pickle
+import random
+import subprocess
+import sys
+import tempfile
+
+MB = 1 << 20
+BASE = 0x7F0000000000
+FAILS = []
+
+
+def fail(msg):
+    FAILS.append(msg)
+    print("FAIL:", msg)
+
+
+# ---- what PyTorch writes ----
+
+def seg(dev, addr, total, stream, blocks, expandable=False):
+    return {"device": dev, "address": addr, "total_size": total, "allocated_size": 0,
+            "active_size": 0, "requested_size": 0, "stream": stream,
+            "segment_type": "small" if total <= 2 * MB else "large",
+            "segment_pool_id": (0, 0), "is_expandable": expandable, "frames": [],
+            "blocks": blocks}
+
+
+def blk(addr, size, state, req=None):
+    return {"address": addr, "size": size, "requested_size": size if req is None else req,
+            "state": state, "frames": []}
+
+
+def ev(action, addr, size, stream=0, t=0):
+    return {"action": action, "device_free" if action == "oom" else "addr": addr,
+            "size": size, "stream": stream, "time_us": t}
+
+
+def snapshot(segments, traces, expandable=False):
+    return {"segments": segments, "device_traces": traces,
+            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1,
+                                   "expandable_segments": expandable,
+                                   "roundup_power2_divisions": {}}}
+
+
+def basic(dev=0, stream=0, extra=()):
+    """One 20 MiB segment with a block live throughout, and two allocations in the window."""
+    segs = [seg(dev, BASE, 20 * MB, stream, [blk(BASE, 4 * MB, "active_allocated"),
+                                             blk(BASE + 4 * MB, 16 * MB, "inactive")])]
+    a = BASE + 4 * MB
+    tr = [ev("alloc", a, 1536 * 1024, stream, 1), ev("free_requested", a, 1536 * 1024, stream, 2),
+          ev("free_completed", a, 1536 * 1024, stream, 3), ev("alloc", a, 3 * MB + 7, stream, 4),
+          ev("free_requested", a, 3 * MB + 7, stream, 5),
+          ev("free_completed", a, 3 * MB + 7, stream, 6)] + list(extra)
+    return segs, tr
+
+
+def user_defined(t):
+    return {"action": "user_defined", "addr": 0, "size": 0, "stream": 0, "time_us": t,
+            "user_metadata": "step"}
+
+
+def hand_picked():
+    """(name, object or bytes, protocol, expected: None = figures, else a message part)"""
+    c = []
+    for p in (2, 3, 4, 5):
+        s, t = basic()
+        c.append(("proto%d" % p, snapshot(s, [t]), p, None))
+    s, t = basic(extra=[user_defined(7), ev("snapshot", 0, 0, 0, 8),
+                        {"action": "annotate", "addr": 0, "size": 0, "stream": 0}])
+    c.append(("annotations", snapshot(s, [t]), 4, None))
+    s, t = basic()
+    t.insert(2, user_defined(2))  # between a free_requested and its free_completed
+    c.append(("user_defined_in_free", snapshot(s, [t]), 4, None))
+    c.append(("only_user_defined", snapshot([], [[user_defined(1)]]), 4, None))
+    s, t = basic(dev=1)
+    s.append(seg(0, BASE + 100 * MB, 2 * MB, 0, [blk(BASE + 100 * MB, 2 * MB, "inactive")]))
+    c.append(("device1_only", snapshot(s, [[], t, []]), 4, None))
+    s0, t0 = basic(dev=0)
+    s2, t2 = basic(dev=2)
+    c.append(("devices_0_2", snapshot(s0 + s2, [t0, [], t2]), 3, None))
+    segs = [seg(0, BASE, 20 * MB, 0, [blk(BASE, 2 * MB, "inactive"),
+                                      blk(BASE + 2 * MB, 18 * MB, "inactive")])]
+    c.append(("only_frees", snapshot(segs, [[ev("free_requested", BASE, 2 * MB),
+                                             ev("free_completed", BASE, 2 * MB),
+                                             ev("free_completed", BASE + 2 * MB, 5 * MB)]]),
+              4, None))
+    segs = [seg(0, BASE, 20 * MB, 0, [blk(BASE, 2 * MB, "active_pending_free"),
+                                      blk(BASE + 2 * MB, 18 * MB, "inactive")])]
+    c.append(("pending_at_end", snapshot(segs, [[ev("free_requested", BASE, 2 * MB)]]), 4, None))
+    s, t = basic(extra=[ev("oom", 12345, 40 * MB)])
+    c.append(("oom_entry", snapshot(s, [t]), 4, None))
+    segs = [seg(0, BASE, 40 * MB, 0, [blk(BASE, 30 * MB, "active_allocated"),
+                                      blk(BASE + 30 * MB, 10 * MB, "inactive")], True)]
+    c.append(("expandable", snapshot(segs, [[ev("segment_map", BASE, 20 * MB),
+                                             ev("segment_map", BASE + 20 * MB, 20 * MB),
+                                             ev("alloc", BASE, 30 * MB)]], True), 4, None))
+    for name, st in (("stream_pointer", 0x55D5C0FFEE00), ("stream_negative", -5),
+                     ("stream_int64_max", (1 << 63) - 1)):
+        s, t = basic(stream=st)
+        c.append((name, snapshot(s, [t]), 4, None))
+    s, t = basic()
+    t[0]["stream"] = 1 << 64  # a LONG1 of 9 bytes: no 64-bit integer
+    c.append(("stream_too_big", snapshot(s, [t]), 2, "'stream' is not a 64-bit integer"))
+    segs = [seg(0, BASE, 2 * MB, 0, [blk(BASE, 2 * MB, "inactive")])]
+    c.append(("zero_size", snapshot(segs, [[ev("alloc", BASE, 0), ev("free_requested", BASE, 0),
+                                            ev("free_completed", BASE, 0)]]), 4, None))
+    c.append(("odd_sizes", snapshot(segs, [[ev("alloc", BASE, 1), ev("alloc", BASE + 512, 511),
+                                            ev("free_completed", BASE, 1),
+                                            ev("free_completed", BASE + 512, 511)]]), 4, None))
+    c.append(("duplicate_alloc", snapshot(segs, [[ev("alloc", BASE, 512), ev("alloc", BASE, 512),
+                                                  ev("free_completed", BASE, 512)]]), 4,
+              "device_traces[0][0]: alloc at 0x7f0000000000"))
+    segs = [seg(0, BASE, 2 << 40, 0, [blk(BASE, 2 << 40, "inactive")])]
+    c.append(("terabytes", snapshot(segs, [[ev("segment_alloc", BASE, 2 << 40),
+                                            ev("alloc", BASE, 1 << 40),
+                                            ev("free_completed", BASE, 1 << 40)]]), 4, None))
+    c.append(("above_2e50", snapshot(segs, [[ev("alloc", BASE, (1 << 50) + 1),
+                                             ev("free_completed", BASE, (1 << 50) + 1)]]), 4,
+              "above the 2^50 bytes accepted"))
+    c.append(("empty_file", b"", 0, "unknown trace format (0 bytes)"))
+    c.append(("empty_dict", {}, 4, "'segments' is missing"))
+    c.append(("none", None, 2, "expected a dict"))
+    c.append(("no_history", snapshot([], [[], []]), 4, "no device has recorded events"))
+    c.append(("truncated", pickle.dumps(snapshot(*basic()[0:1], [basic()[1]]), 4)[:-40], 0,
+              "frame of"))
+    s, t = basic()
+    for e in t:
+        del e["time_us"]
+    c.append(("no_time", snapshot(s, [t]), 4, None))
+    s, t = basic()
+    for i, e in enumerate(t):
+        e["time_us"] = 1000 - i
+        e["compile_context"] = "N/A"
+    r = snapshot(s, [t])
+    r["external_annotations"] = [{"stage": "forward", "time_us": 3}]
+    r["a_new_key"] = (1, 2.5, None)
+    c.append(("unknown_keys_time_decreasing", r, 5, None))
+    s, t = basic()
+    t[0]["frames"] = [{"filename": "a.py", "name": "f", "line": 3},
+                      {"filename": "b.py", "name": "g", "line": -1}, {"bad": 1}, "junk"]
+    t[3]["frames"] = ({"filename": "a.py", "name": "f", "line": 3},)
+    s[0]["blocks"][0]["frames"] = None
+    c.append(("frames_mixed", snapshot(s, [t]), 4, None))
+    s, t = basic()
+    r = snapshot(s, [t])
+    del r["allocator_settings"]
+    c.append(("no_allocator_settings", r, 4, None))
+    segs = [seg(0, BASE, 20 * MB, 0, [blk(BASE, 20 * MB, "inactive")])]
+    c.append(("oom_then_release", snapshot(segs, [[ev("oom", 0, 40 * MB),
+                                                   ev("segment_free", BASE + 40 * MB, 20 * MB)]]),
+              4, None))
+    s, t = basic()
+    c.append(("tuples", {"segments": tuple(s), "device_traces": (t,)}, 4, None))
+    return c
+
+
+# ---- random histories: a small model of the recorded allocator ----
+
+def random_history(rng, n_events, expandable):
+    """A device's events and end-state segments from a toy classic allocator: each
+    segment holds one block at its start (live, pending or free); a freed segment is reused
+    by a request that fits or released (segment_free / segment_unmap)."""
+    devs = rng.choice([[0], [0, 1], [1], [0, 2, 3]])
+    streams = [0, 0x55D5C0FFEE00 + rng.randrange(1 << 20) * 16, rng.choice([7, 1 << 40])]
+    segments, traces = [], [[] for _ in range(max(devs) + 1)]
+    grab, drop = ("segment_map", "segment_unmap") if expandable else ("segment_alloc",
+                                                                         "segment_free")
+    for d in devs:
+        nxt = BASE + d * (1 << 40)
+        free_segs, live, pending = [], {}, {}  # addr -> (seg size, req, stream)
+        evs, t = [], 0
+        for _ in range(n_events):
+            t += rng.choice([1, 2, 3, -1])  # time_us may step back: never read
+            r = rng.random()
+            if r < 0.45 or not live:
+                req = rng.choice([rng.randrange(1, 4096), rng.randrange(1, 2 * MB),
+                                  rng.randrange(1, 64 * MB), 0, 512 * rng.randrange(1, 9)])
+                st = rng.choice(streams)
+                size = max(512, (req + 511) // 512 * 512)
+                fit = [s for s in free_segs if s[1] >= size and s[2] == st]
+                if fit:
+                    a, ssize, _ = min(fit, key=lambda s: s[1])
+                    free_segs.remove((a, ssize, st))
+                else:
+                    ssize = 2 * MB if size <= MB else (size + 2 * MB - 1) // (2 * MB) * 2 * MB
+                    a = nxt
+                    nxt += ssize + 2 * MB
+                    evs.append(ev(grab, a, ssize, st, t))
+                evs.append(ev("alloc", a, req, st, t))
+                live[a] = (ssize, req, st)
+            elif r < 0.8:
+                a = rng.choice(sorted(live))
+                ssize, req, st = live.pop(a)
+                evs.append(ev("free_requested", a, req, st, t))
+                if rng.random() < 0.2:
+                    pending[a] = (ssize, req, st)
+                else:
+                    evs.append(ev("free_completed", a, req, st, t))
+                    free_segs.append((a, ssize, st))
+            elif r < 0.88 and pending:
+                a = rng.choice(sorted(pending))
+                ssize, req, st = pending.pop(a)
+                evs.append(ev("free_completed", a, req, st, t))
+                free_segs.append((a, ssize, st))
+            elif r < 0.93 and free_segs:
+                for a, ssize, st in list(free_segs):  # empty_cache()
+                    evs.append(ev(drop, a, ssize, st, t))
+                free_segs = []
+            elif r < 0.96:
+                evs.append(user_defined(t) if rng.random() < 0.5 else ev("snapshot", 0, 0, 0, t))
+            else:
+                evs.append(ev("oom", rng.randrange(1 << 30), rng.randrange(1, 1 << 36),
+                              rng.choice(streams), t))
+        keep = rng.randrange(1, len(evs) + 1)  # the ring buffer keeps the newest entries
+        evs = evs[len(evs) - keep:]
+        if rng.random() < 0.3:
+            for e in evs:
+                e.pop("time_us", None)
+        if rng.random() < 0.5:
+            for e in evs:
+                e["frames"] = [] if rng.random() < 0.5 else [
+                    {"filename": "model.py", "name": "forward", "line": rng.randrange(1, 999)}]
+        traces[d] = evs
+        for a, (ssize, req, st) in live.items():
+            size = max(512, (req + 511) // 512 * 512)
+            bl = [blk(a, size, "active_allocated", req)]
+            if ssize > size:
+                bl.append(blk(a + size, ssize - size, "inactive"))
+            segments.append(seg(d, a, ssize, st, bl, expandable))
+        for a, (ssize, req, st) in pending.items():
+            size = max(512, (req + 511) // 512 * 512)
+            bl = [blk(a, size, "active_pending_free", req)]
+            if ssize > size:
+                bl.append(blk(a + size, ssize - size, "inactive"))
+            segments.append(seg(d, a, ssize, st, bl, expandable))
+        for a, ssize, st in free_segs:
+            segments.append(seg(d, a, ssize, st, [blk(a, ssize, "inactive")], expandable))
+    rng.shuffle(segments)
+    return snapshot(segments, traces, expandable)
+
+
+# ---- running the tool and checking what it prints ----
+
+def run(tool, args, timeout=60):
+    try:
+        p = subprocess.run([tool, "--quiet"] + args, capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        fail("%s: timed out after %d s" % (" ".join(args), timeout))
+        return None
+    if p.returncode < 0 or p.returncode > 2:
+        fail("%s: exit status %d (crash?): %s" % (" ".join(args), p.returncode, p.stderr[-400:]))
+        return None
+    return p
+
+
+def numbers(obj, where, label):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            numbers(v, where, label + "." + k)
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            numbers(v, where, "%s[%d]" % (label, i))
+    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        if isinstance(obj, float) and not math.isfinite(obj):
+            fail("%s: %s is %r" % (where, label, obj))
+        elif obj < 0 and label not in (".first_oom_event",):
+            fail("%s: %s is negative (%r)" % (where, label, obj))
+
+
+def json_lines(p, where):
+    rows = []
+    for line in p.stdout.splitlines():
+        if "nan" in line.lower().replace("nanos", "") or "inf" in line.lower().split('"config"')[0]:
+            fail("%s: NaN or infinity in %s" % (where, line[:200]))
+        try:
+            rows.append(json.loads(line))
+        except ValueError as e:
+            fail("%s: not JSON (%s): %s" % (where, e, line[:200]))
+            continue
+        numbers(rows[-1], where, "")
+    return rows
+
+
+def check_rows(rows, where):
+    for r in rows:
+        if "peak_reserved" in r and r.get("num_ooms", 0) == 0 and r.get("errors", 0) == 0:
+            if r["peak_reserved"] < r["peak_requested"]:
+                fail("%s: %s: peak reserved %d < peak requested %d" % (
+                    where, r.get("trace"), r["peak_reserved"], r["peak_requested"]))
+
+
+def check_file(tool, path, expect, deep):
+    name = os.path.basename(path)
+    for model in ("expseg", "pytorch"):
+        where = "%s --model %s" % (name, model)
+        p = run(tool, ["--json", "--allow-oom", "--model", model, path])
+        if p is None:
+            return
+        if expect is not None:
+            if p.returncode != 2 or expect not in p.stderr or name not in p.stderr:
+                fail("%s: expected exit status 2 and a message with %r naming the file, got "
+                     "%d: %s" % (where, expect, p.returncode, p.stderr.strip()[:300]))
+            return
+        if p.returncode != 0:
+            fail("%s: exit status %d: %s" % (where, p.returncode, p.stderr.strip()[:300]))
+            return
+        rows = json_lines(p, where)
+        if not rows:
+            fail("%s: no row" % where)
+        check_rows(rows, where)
+    if not deep:
+        return
+    p = run(tool, ["--sweep", "--json", "--allow-oom", path], timeout=120)
+    if p is not None:
+        rows = json_lines(p, name + " --sweep")
+        check_rows(rows, name + " --sweep")
+        by = {}
+        for r in rows:
+            by.setdefault((r["trace"], r["section"]), []).append(r)
+        for key, rs in by.items():
+            ranks = sorted(r["rank"] for r in rs)
+            if ranks != list(range(1, len(rs) + 1)):
+                fail("%s --sweep: %s: ranks %s" % (name, key, ranks))
+            best = [r for r in rs if "best" in r["flags"]]
+            clean = [r for r in rs if r["num_ooms"] == 0 and r["errors"] == 0]
+            if len(best) != (1 if clean else 0) or (best and best[0]["rank"] != min(
+                    r["rank"] for r in clean)):
+                fail("%s --sweep: %s: %d rows flagged best" % (name, key, len(best)))
+    p = run(tool, ["--fit", "--json", path], timeout=120)
+    if p is None or p.returncode != 0:
+        if p is not None:
+            fail("%s --fit: exit status %d: %s" % (name, p.returncode, p.stderr[-300:]))
+        return
+    for f in json_lines(p, name + " --fit"):
+        where = "%s --fit %s %s" % (name, f["trace"], f["model"])
+        q = run(tool, ["--json", "--model", f["model"], path])
+        peak = [r for r in json_lines(q, where) if r["trace"] == f["trace"]]
+        if not peak:
+            fail("%s: no unconstrained row" % where)
+            continue
+        chunk = 2 * MB
+        limit = (peak[0]["peak_reserved"] + chunk - 1) // chunk * chunk + chunk
+        if f["fit_capacity"] > limit:
+            fail("%s: fit %d above the peak reserved %d plus one chunk" % (
+                where, f["fit_capacity"], peak[0]["peak_reserved"]))
+        q = run(tool, ["--json", "--allow-oom", "--model", f["model"], "--capacity",
+                       str(f["fit_capacity"]), path])  # other devices may not fit
+        rows = [r for r in json_lines(q, where) if r["trace"] == f["trace"]]
+        if q is None or q.returncode != 0 or not rows or rows[0]["num_ooms"] != 0:
+            fail("%s: the fit capacity %d does not run it without an OOM" % (
+                where, f["fit_capacity"]))
+        elif rows[0]["capacity"] != f["fit_capacity"]:
+            fail("%s: the fit names %d bytes, the replay ran on %d" % (
+                where, f["fit_capacity"], rows[0]["capacity"]))
+
+
+def write(d, name, obj, proto):
+    path = os.path.join(d, name + ".pickle")
+    with open(path, "wb") as f:
+        f.write(obj if isinstance(obj, bytes) else pickle.dumps(obj, protocol=proto))
+    return path
+
+
+def cli_cases(tool, d, good):
+    """Bad flag values, conflicting flags, outputs that cannot be written: exit status 2
+    with a message, before any replay."""
+    missing = os.path.join(d, "no", "such", "dir")
+    cases = [["--limit", "-1", good], ["--limit", "x", good], ["--capacity", "0", good],
+             ["--capacity", "12Q", good], ["--model", "tensorflow", good],
+             ["--device", "-3", good], ["--timeline-every", "0", "--timeline",
+                                        os.path.join(d, "t.csv"), good],
+             ["--fit", "--sweep", good], ["--snapshot-at", "end", good],
+             ["--snapshot", os.path.join(missing, "s.pickle"), good],
+             ["--timeline", os.path.join(missing, "t.csv"), good],
+             ["--report", os.path.join(missing, "r.html"), good],
+             ["--costs", os.path.join(missing, "c.txt"), good], ["--json", d],
+             ["--conf", "expandable_segments:Maybe", good], [good, "--no-such-flag"],
+             ["--synth", "train:1:-1"], ["--synth", "nope"]]
+    for args in cases:
+        p = run(tool, args)
+        if p is not None and (p.returncode != 2 or not p.stderr.strip()):
+            fail("expseg-replay %s: expected exit status 2 with a message, got %d (%s)" % (
+                " ".join(args), p.returncode, p.stderr.strip()[:200]))
+
+
+def main():
+    args = sys.argv[1:]
+    if not args:
+        print(__doc__)
+        return 2
+    tool, seed, n_random, keep = args[0], 1, 12, None
+    if "--seed" in args:
+        seed = int(args[args.index("--seed") + 1])
+    if "--random" in args:
+        n_random = int(args[args.index("--random") + 1])
+    if "--keep" in args:
+        keep = args[args.index("--keep") + 1]
+    print("seed %d, %d random histories" % (seed, n_random))
+    with tempfile.TemporaryDirectory() as tmp:
+        d = keep or tmp
+        os.makedirs(d, exist_ok=True)
+        deep = {"proto4", "annotations", "devices_0_2", "expandable", "only_frees",
+                "oom_then_release", "odd_sizes"}
+        for name, obj, proto, expect in hand_picked():
+            check_file(tool, write(d, name, obj, proto), expect, name in deep)
+        rng = random.Random(seed)
+        for i in range(n_random):
+            exp = rng.random() < 0.4
+            obj = random_history(rng, rng.randrange(5, 120), exp)
+            proto = rng.choice([2, 3, 4, 5])
+            path = write(d, "random%d_%s" % (i, "exp" if exp else "classic"), obj, proto)
+            before = len(FAILS)
+            check_file(tool, path, None, i < 4)
+            if len(FAILS) > before:
+                print("  (seed %d, history %d, protocol %d)" % (seed, i, proto))
+        cli_cases(tool, d, os.path.join(d, "proto4.pickle"))
+    print("%d failure(s)" % len(FAILS))
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
