@@ -178,6 +178,14 @@ def hand_picked():
     c.append(("oom_then_release", snapshot(segs, [[ev("oom", 0, 40 * MB),
                                                    ev("segment_free", BASE + 40 * MB, 20 * MB)]]),
               4, None))
+    # a start state PyTorch's rules would not leave (a small request in a large segment):
+    # replayed from an empty cache, whatever the capacity (--fit near the cold peak)
+    segs = [seg(0, BASE, 60 * MB, 0, [blk(BASE, 2 * MB, "inactive"),
+                                      blk(BASE + 2 * MB, 3072, "active_allocated"),
+                                      blk(BASE + 2 * MB + 3072, 58 * MB - 3072, "inactive")])]
+    c.append(("start_state_not_rebuildable", snapshot(segs, [[
+        ev("free_requested", BASE + 2 * MB, 3072), ev("free_completed", BASE + 2 * MB, 3072),
+        ev("alloc", BASE + 2 * MB, 3072)]]), 4, None))
     s, t = basic()
     c.append(("tuples", {"segments": tuple(s), "device_traces": (t,)}, 4, None))
     return c
@@ -430,7 +438,7 @@ def main():
         d = keep or tmp
         os.makedirs(d, exist_ok=True)
         deep = {"proto4", "annotations", "devices_0_2", "expandable", "only_frees",
-                "oom_then_release", "odd_sizes"}
+                "oom_then_release", "odd_sizes", "start_state_not_rebuildable"}
         for name, obj, proto, expect in hand_picked():
             check_file(tool, write(d, name, obj, proto), expect, name in deep)
         rng = random.Random(seed)
