@@ -23,13 +23,16 @@ Checked on every run: no crash, hang or timeout; every line of stdout is a JSON 
 no NaN or infinity and no negative figure; without an OOM the peak reserved is at least the
 peak requested; --fit is at most the unconstrained peak reserved plus 2 MiB (rounded up to
 2 MiB), and the capacity it names runs the history without an OOM; sweep rows rank 1..n
-within each section with one `best` row. Exit status 1 with one line per failure.
+within each section with one `best` row; --report FILE.html of a single history writes the
+page. Exit status 1 with one line per failure.
 """
 import json
 import math
 import os
 import pickle
+import pickletools
 import random
+import struct
 import subprocess
 import sys
 import tempfile
@@ -88,12 +91,34 @@ def user_defined(t):
             "user_metadata": "step"}
 
 
+def recode(data):
+    """The same pickle in other opcodes a writer may choose: strings as BINUNICODE8, small
+    integers as LONG4, no FRAME (MEMOIZE and BINGET kept)."""
+    ops = list(pickletools.genops(data))
+    out = bytearray()
+    for i, (op, arg, pos) in enumerate(ops):
+        raw = data[pos:ops[i + 1][2] if i + 1 < len(ops) else len(data)]
+        if op.name == "FRAME":
+            continue
+        if op.name in ("SHORT_BINUNICODE", "BINUNICODE"):
+            b = arg.encode()
+            raw = b"\x8d" + struct.pack("<Q", len(b)) + b
+        elif op.name in ("BININT", "BININT1", "BININT2", "LONG1"):
+            b = arg.to_bytes((arg.bit_length() + 8) // 8, "little", signed=True)
+            raw = b"\x8b" + struct.pack("<I", len(b)) + b
+        out += raw
+    assert pickle.loads(bytes(out)) == pickle.loads(data)
+    return bytes(out)
+
+
 def hand_picked():
     """(name, object or bytes, protocol, expected: None = figures, else a message part)"""
     c = []
     for p in (2, 3, 4, 5):
         s, t = basic()
         c.append(("proto%d" % p, snapshot(s, [t]), p, None))
+    s, t = basic(extra=[user_defined(9), ev("oom", 5, 40 * MB)])
+    c.append(("opcodes_recoded", recode(pickle.dumps(snapshot(s, [t]), 4)), 0, None))
     s, t = basic(extra=[user_defined(7), ev("snapshot", 0, 0, 0, 8),
                         {"action": "annotate", "addr": 0, "size": 0, "stream": 0}])
     c.append(("annotations", snapshot(s, [t]), 4, None))
@@ -348,6 +373,14 @@ def check_file(tool, path, expect, deep):
         check_rows(rows, where)
     if not deep:
         return
+    if len(rows) == 1:  # one history: the HTML report too
+        page = os.path.join(os.path.dirname(path), name + ".html")
+        p = run(tool, ["--allow-oom", "--report", page, path], timeout=120)
+        text = open(page).read() if p is not None and os.path.exists(page) else ""
+        if p is None or p.returncode != 0 or "</html>" not in text or "NaN" in text or (
+                "Infinity" in text):
+            fail("%s --report: exit status %s, %d bytes written: %s" % (
+                name, p and p.returncode, len(text), p and p.stderr.strip()[:300]))
     p = run(tool, ["--sweep", "--json", "--allow-oom", path], timeout=120)
     if p is not None:
         rows = json_lines(p, name + " --sweep")
@@ -438,7 +471,8 @@ def main():
         d = keep or tmp
         os.makedirs(d, exist_ok=True)
         deep = {"proto4", "annotations", "devices_0_2", "expandable", "only_frees",
-                "oom_then_release", "odd_sizes", "start_state_not_rebuildable"}
+                "oom_then_release", "odd_sizes", "start_state_not_rebuildable",
+                "opcodes_recoded", "only_user_defined", "zero_size"}
         for name, obj, proto, expect in hand_picked():
             check_file(tool, write(d, name, obj, proto), expect, name in deep)
         rng = random.Random(seed)

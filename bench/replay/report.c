@@ -206,8 +206,10 @@ static int take_segments(row_t *w, const expseg_trace_t *t, const opts_t *o, FIL
   int model = strcmp(w->section, "pytorch") ? EXPSEG_MODEL_EXPSEG : EXPSEG_MODEL_PYTORCH;
   result_t r;
   capture_t find = {-1, 0, NULL, 0, NULL, NULL, NULL};
-  if (_expseg_replay_cap(t, &q, model, w->conf, NULL, NULL, err, &r, &find) == 2) return 1;
+  const int rc = _expseg_replay_cap(t, &q, model, w->conf, NULL, NULL, err, &r, &find);
+  if (rc == 2) return 1;
   const int64_t at = r.peak_event;
+  if (at < 0 && rc == 0) return 0; /* no event reserved memory (annotations only) */
   capture_t walk = {at, 0, NULL, 0, NULL, on_segment, &w->segs};
   if (at < 0 || _expseg_replay_cap(t, &q, model, w->conf, NULL, NULL, err, &r, &walk) != 0)
     return 1;
@@ -486,6 +488,10 @@ static void segments(FILE *f, const row_t *w, const char *id) {
              "\" data-total=\"%" PRIu64 "\" data-allocated=\"%" PRIu64 "\"><h3>%s: ",
           id, g->n, w->segs_event, total, alloc, w->section);
   esc(f, w->label);
+  if (w->segs_event < 0) {
+    fprintf(f, "</h3>\n<p>No segments to show: no replayed event reserved memory.</p></div>\n");
+    return;
+  }
   fprintf(f, "</h3>\n<p>After event %" PRId64 ": %zu segments hold ", w->segs_event, g->n);
   bytes_el(f, NULL, (int64_t)total);
   fprintf(f, " (the row's peak reserved: ");
