@@ -305,13 +305,19 @@ def random_history(rng, n_events, expandable):
 
 def run(tool, args, timeout=60):
     try:
-        p = subprocess.run([tool, "--quiet"] + args, capture_output=True, text=True,
-                           timeout=timeout)
+        p = subprocess.run([tool, "--quiet"] + args, capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        fail("%s: timed out after %d s" % (" ".join(args), timeout))
+        fail("%s: timed out after %d s" % (" ".join(map(os.fsdecode, args)), timeout))
         return None
+    p.stderr = p.stderr.decode("utf-8", "replace")
+    try:  # JSON is UTF-8 (RFC 8259), whatever bytes the file's name holds
+        p.stdout = p.stdout.decode("utf-8" if "--json" in args else "latin-1")
+    except UnicodeDecodeError as e:
+        fail("%s: the output is not UTF-8: %s" % (" ".join(map(os.fsdecode, args)), e))
+        p.stdout = p.stdout.decode("utf-8", "replace")
     if p.returncode < 0 or p.returncode > 2:
-        fail("%s: exit status %d (crash?): %s" % (" ".join(args), p.returncode, p.stderr[-400:]))
+        fail("%s: exit status %d (crash?): %s" % (" ".join(map(os.fsdecode, args)), p.returncode,
+                                                  p.stderr[-400:].decode("utf-8", "replace")))
         return None
     return p
 
@@ -353,7 +359,7 @@ def check_rows(rows, where):
 
 
 def check_file(tool, path, expect, deep):
-    name = os.path.basename(path)
+    name = os.fsdecode(os.path.basename(path))
     for model in ("expseg", "pytorch"):
         where = "%s --model %s" % (name, model)
         p = run(tool, ["--json", "--allow-oom", "--model", model, path])
@@ -374,11 +380,16 @@ def check_file(tool, path, expect, deep):
     if not deep:
         return
     if len(rows) == 1:  # one history: the HTML report too
-        page = os.path.join(os.path.dirname(path), name + ".html")
+        page = os.path.join(os.fsdecode(os.path.dirname(path)), "report.html")
         p = run(tool, ["--allow-oom", "--report", page, path], timeout=120)
-        text = open(page).read() if p is not None and os.path.exists(page) else ""
+        text = ""
+        if p is not None and os.path.exists(page):
+            try:
+                text = open(page, encoding="utf-8").read()
+            except UnicodeDecodeError as e:
+                fail("%s --report: the page is not UTF-8: %s" % (name, e))
         if p is None or p.returncode != 0 or "</html>" not in text or "NaN" in text or (
-                "Infinity" in text):
+                "Infinity" in text) or "<img" in text:
             fail("%s --report: exit status %s, %d bytes written: %s" % (
                 name, p and p.returncode, len(text), p and p.stderr.strip()[:300]))
     p = run(tool, ["--sweep", "--json", "--allow-oom", path], timeout=120)
@@ -426,7 +437,7 @@ def check_file(tool, path, expect, deep):
 
 
 def write(d, name, obj, proto):
-    path = os.path.join(d, name + ".pickle")
+    path = os.path.join(os.fsencode(d), os.fsencode(name) + b".pickle")
     with open(path, "wb") as f:
         f.write(obj if isinstance(obj, bytes) else pickle.dumps(obj, protocol=proto))
     return path
@@ -475,6 +486,11 @@ def main():
                 "opcodes_recoded", "only_user_defined", "zero_size"}
         for name, obj, proto, expect in hand_picked():
             check_file(tool, write(d, name, obj, proto), expect, name in deep)
+        # a file name with a quote, a backslash, a control character, markup and bytes that
+        # are not UTF-8: every JSON line stays valid (checked in run), the page escapes it
+        check_file(tool, write(d, os.fsdecode(b'name"\\\x01<img src=x>\xff\xfe\xc3'),
+                               pickle.loads(pickle.dumps(snapshot(*basic()[:1], [basic()[1]]))),
+                               4), None, True)
         rng = random.Random(seed)
         for i in range(n_random):
             exp = rng.random() < 0.4

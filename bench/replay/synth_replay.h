@@ -86,6 +86,7 @@ extern const char *const _expseg_flag_names[N_FLAGS];
 
 /* synth_sweep.c */
 void _expseg_json_str(FILE *f, const char *s); /* a JSON string, quoted and escaped */
+int _expseg_utf8_len(const unsigned char *s); /* the UTF-8 sequence at s: 1..4 bytes, 0 bad */
 const char *_expseg_human(char buf[32], double bytes);
 /* The entries of config that differ from expseg's defaults ("expseg's defaults" when none),
  * written into buf (trace_config.c). */
