@@ -26,6 +26,7 @@ peak requested; --fit is at most the unconstrained peak reserved plus 2 MiB (rou
 within each section with one `best` row; --report FILE.html of a single history writes the
 page. Exit status 1 with one line per failure.
 """
+import csv
 import json
 import math
 import os
@@ -379,6 +380,17 @@ def check_file(tool, path, expect, deep):
         check_rows(rows, where)
     if not deep:
         return
+    tl = os.path.join(os.fsdecode(os.path.dirname(path)), "timeline.csv")
+    p = run(tool, ["--allow-oom", "--timeline", tl, "--timeline-every", "1", path])
+    try:
+        with open(tl, newline="", encoding="utf-8", errors="surrogateescape") as f:
+            got = list(csv.reader(f))
+    except OSError:
+        got = []
+    if p is None or p.returncode != 0 or not got or any(
+            len(r) != 8 or not all(x.lstrip("-").isdigit() for x in r[1:]) for r in got[1:]):
+        fail("%s --timeline: rows that are not the header's 8 fields: %s" % (
+            name, [r for r in got[1:] if len(r) != 8][:2]))
     if len(rows) == 1:  # one history: the HTML report too
         page = os.path.join(os.fsdecode(os.path.dirname(path)), "report.html")
         p = run(tool, ["--allow-oom", "--report", page, path], timeout=120)
@@ -488,7 +500,7 @@ def main():
             check_file(tool, write(d, name, obj, proto), expect, name in deep)
         # a file name with a quote, a backslash, a control character, markup and bytes that
         # are not UTF-8: every JSON line stays valid (checked in run), the page escapes it
-        check_file(tool, write(d, os.fsdecode(b'name"\\\x01<img src=x>\xff\xfe\xc3'),
+        check_file(tool, write(d, os.fsdecode(b'name,"\\\x01<img src=x>\xff\xfe\xc3'),
                                pickle.loads(pickle.dumps(snapshot(*basic()[:1], [basic()[1]]))),
                                4), None, True)
         rng = random.Random(seed)
