@@ -23,7 +23,8 @@ Checked on every run: no crash, hang or timeout; every line of stdout is a JSON 
 no NaN or infinity and no negative figure; without an OOM the peak reserved is at least the
 peak requested; --fit is at most the unconstrained peak reserved plus 2 MiB (rounded up to
 2 MiB), and the capacity it names runs the history without an OOM; sweep rows rank 1..n
-within each section with one `best` row; --report FILE.html of a single history writes the
+within each section with one `best` row, and each row's figures are those of a plain replay
+of its model and configuration; --report FILE.html of a single history writes the
 page. Exit status 1 with one line per failure.
 """
 import csv
@@ -420,6 +421,16 @@ def check_file(tool, path, expect, deep):
             if len(best) != (1 if clean else 0) or (best and best[0]["rank"] != min(
                     r["rank"] for r in clean)):
                 fail("%s --sweep: %s: %d rows flagged best" % (name, key, len(best)))
+        for r in rows:  # each row is the plain replay of its model and configuration
+            q = run(tool, ["--json", "--allow-oom", "--model", r["model"], "--conf",
+                           r["config"], path])
+            one = [x for x in json_lines(q, name) if x["trace"] == r["trace"]] if q else []
+            keys = ("peak_reserved", "peak_requested", "num_device_alloc", "num_device_free",
+                    "num_ooms", "warm_start", "driver_ms")
+            if not one or any(one[0][k] != r[k] for k in keys):
+                fail("%s --sweep: %s '%s' differs from its plain replay: %s" % (
+                    name, r["trace"], r["setting"],
+                    [(k, r[k], one[0][k]) for k in keys if one and one[0][k] != r[k]]))
     p = run(tool, ["--fit", "--json", path], timeout=120)
     if p is None or p.returncode != 0:
         if p is not None:
