@@ -467,8 +467,8 @@ def write(d, name, obj, proto):
 
 
 def cli_cases(tool, d, good):
-    """Bad flag values, conflicting flags, outputs that cannot be written: exit status 2
-    with a message, before any replay."""
+    """Bad flag values, conflicting flags, outputs that cannot be created: exit status 2
+    with a message, before any replay; stdout that cannot be written: exit status 1."""
     missing = os.path.join(d, "no", "such", "dir")
     cases = [["--limit", "-1", good], ["--limit", "x", good], ["--capacity", "0", good],
              ["--capacity", "12Q", good], ["--model", "tensorflow", good],
@@ -486,6 +486,15 @@ def cli_cases(tool, d, good):
         if p is not None and (p.returncode != 2 or not p.stderr.strip()):
             fail("expseg-replay %s: expected exit status 2 with a message, got %d (%s)" % (
                 " ".join(args), p.returncode, p.stderr.strip()[:200]))
+    if not os.path.exists("/dev/full"):
+        return
+    for args in (["--json"], ["--sweep"], ["--fit"]):  # stdout on a full disk: status 1
+        with open("/dev/full", "w") as full:
+            p = subprocess.run([tool, "--quiet"] + args + [good], stdout=full,
+                               stderr=subprocess.PIPE, timeout=60)
+        if p.returncode != 1 or b"writing the output failed" not in p.stderr:
+            fail("expseg-replay %s > /dev/full: expected exit status 1 with a message, got %d "
+                 "(%s)" % (" ".join(args), p.returncode, p.stderr.strip()[:200]))
 
 
 def main():

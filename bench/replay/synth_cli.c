@@ -412,6 +412,10 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
 
   if (rc == 0) rc = oom_rc;
 done:
+  if ((fflush(out) != 0 || ferror(out)) && rc == 0) { /* a full disk, a closed pipe */
+    fprintf(err, "expseg-replay: writing the output failed: %s\n", strerror(errno));
+    rc = 1;
+  }
   if (timeline && fclose(timeline) != 0 && rc == 0) {
     fprintf(err, "expseg-replay: writing --timeline '%s' failed\n", o.timeline);
     rc = 1;
