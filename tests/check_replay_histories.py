@@ -143,6 +143,13 @@ def hand_picked():
     segs = [seg(0, BASE, 20 * MB, 0, [blk(BASE, 2 * MB, "active_pending_free"),
                                       blk(BASE + 2 * MB, 18 * MB, "inactive")])]
     c.append(("pending_at_end", snapshot(segs, [[ev("free_requested", BASE, 2 * MB)]]), 4, None))
+    segs = [seg(0, BASE, 20 * MB, 0, [blk(BASE, 2 * MB, "active_awaiting_free"),
+                                      blk(BASE + 2 * MB, 18 * MB, "inactive")])]
+    c.append(("awaiting_free_at_end", snapshot(segs, [[ev("free_requested", BASE, 2 * MB)]]), 4,
+              None))  # the state's name in torch.cuda.memory._snapshot's documentation
+    segs = [seg(0, BASE, 20 * MB, 0, [blk(BASE, 2 * MB, "active_freed")])]
+    c.append(("unknown_block_state", snapshot(segs, [[ev("free_requested", BASE, 2 * MB)]]), 4,
+              "unknown block state 'active_freed'"))
     s, t = basic(extra=[ev("oom", 12345, 40 * MB)])
     c.append(("oom_entry", snapshot(s, [t]), 4, None))
     segs = [seg(0, BASE, 40 * MB, 0, [blk(BASE, 30 * MB, "active_allocated"),

@@ -230,9 +230,10 @@ static expseg_status end_state(ex_t *x, uint32_t segments, const segref_t *sr, d
       if (!(sv = _expseg_pickle_dict_get(x->pk, b, "state")) || val(x, sv)->kind != EXPSEG_PV_STR)
         return failv(x, b, "'state' is missing or not a string");
       if (is_str(x, sv, "inactive")) continue;
-      if (!is_str(x, sv, "active_allocated") && !is_str(x, sv, "active_pending_free"))
+      if (!is_str(x, sv, "active_allocated") && !is_str(x, sv, "active_pending_free") &&
+          !is_str(x, sv, "active_awaiting_free")) /* the name torch's docstring gives it */
         return failv(x, sv, "unknown block state '%.*s': accepted are active_allocated, "
-                     "active_pending_free and inactive",
+                     "active_pending_free (or active_awaiting_free) and inactive",
                      (int)(val(x, sv)->u.s.len < 40 ? val(x, sv)->u.s.len : 40),
                      val(x, sv)->u.s.p);
       if (_expseg_pickle_dict_get(x->pk, b, "requested_size")) {
