@@ -413,6 +413,10 @@ def check_file(tool, path, expect, deep):
             fail("%s --report: exit status %s, %d bytes written: %s" % (
                 name, p and p.returncode, len(text), p and p.stderr.strip()[:300]))
     p = run(tool, ["--sweep", "--json", "--allow-oom", path], timeout=120)
+    said = [x for x in p.stderr.splitlines() if "cannot rebuild" in x] if p else []
+    if len(said) != len(set(said)):
+        fail("%s --sweep: a warning said %d times instead of once: %s" % (
+            name, len(said), said[0][:200]))
     if p is not None:
         rows = json_lines(p, name + " --sweep")
         check_rows(rows, name + " --sweep")
