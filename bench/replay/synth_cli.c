@@ -292,6 +292,11 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     rc = bad(err, "--timeline and --sweep cannot be combined");
     goto done;
   }
+  if (o.fit && (o.capacity || o.timeline)) { /* each was left unused, silently */
+    rc = bad(err, "--fit cannot be combined with %s: it searches the capacity itself and "
+                  "writes no samples", o.capacity ? "--capacity" : "--timeline");
+    goto done;
+  }
   if (o.sweep && o.fit) { /* --fit searches a capacity per model, the sweep one per row */
     rc = bad(err, "--fit and --sweep cannot be combined: run --fit alone (per model) or "
                   "--sweep with --capacity SIZE");
