@@ -180,6 +180,24 @@ static expseg_status segidx_of(ex_t *x, uint32_t segments, segref_t **out) {
   return EXPSEG_OK;
 }
 
+/* PyTorch 2.0 wrote no requested_size: an active block's 'history' starts with its current
+ * allocation ({addr, real_size, frames}, newest first). That entry when it is one (its
+ * address the block's, real_size a size), else 0. */
+static uint32_t newest_history(ex_t *x, uint32_t block, uint64_t addr) {
+  uint32_t h = _expseg_pickle_dict_get(x->pk, block, "history"), e, a, r;
+  if (!h || val(x, h)->kind != EXPSEG_PV_LIST || val(x, h)->u.c.n == 0) return 0;
+  e = val(x, h)->u.c.items[0];
+  if (val(x, e)->kind != EXPSEG_PV_DICT || !(r = _expseg_pickle_dict_get(x->pk, e, "real_size")))
+    return 0;
+  a = _expseg_pickle_dict_get(x->pk, e, "addr");
+  const _expseg_pv_t *rv = val(x, r), *av = a ? val(x, a) : NULL;
+  if (rv->kind != EXPSEG_PV_INT || rv->big || rv->u.iv < 0 ||
+      (uint64_t)rv->u.iv > EXPSEG_TRACE_MAX_SIZE ||
+      (av && (av->kind != EXPSEG_PV_INT || av->big || (uint64_t)av->u.iv != addr)))
+    return 0;
+  return e;
+}
+
 /* Blocks active at the end -> dev->live_*; the segments' total size -> *end_reserved.
  * Only this device's segments are walked (a range of the sorted index). */
 static expseg_status end_state(ex_t *x, uint32_t segments, const segref_t *sr, devst_t *d,
@@ -236,16 +254,20 @@ static expseg_status end_state(ex_t *x, uint32_t segments, const segref_t *sr, d
                      "active_pending_free (or active_awaiting_free) and inactive",
                      (int)(val(x, sv)->u.s.len < 40 ? val(x, sv)->u.s.len : 40),
                      val(x, sv)->u.s.p);
+      uint32_t holder = b; /* the dict with the allocation's size and frames */
       if (_expseg_pickle_dict_get(x->pk, b, "requested_size")) {
         if ((s = get_int(x, b, "requested_size", true, &req)) != EXPSEG_OK) return s;
+      } else if ((holder = newest_history(x, b, (uint64_t)baddr)) != 0) {
+        req = val(x, _expseg_pickle_dict_get(x->pk, holder, "real_size"))->u.iv;
       } else {
+        holder = b;
         req = bsize;
       }
       if (_expseg_map_get(&d->live_size, (uint64_t)baddr))
         return failv(x, b, "two active blocks at address 0x%" PRIx64, (uint64_t)baddr);
       if (!_expseg_map_put(&d->live_size, (uint64_t)baddr, (uint64_t)req) ||
           !_expseg_map_put(&d->live_stream, (uint64_t)baddr, (uint64_t)stream) ||
-          !_expseg_map_put(&d->end_block, (uint64_t)baddr, b))
+          !_expseg_map_put(&d->end_block, (uint64_t)baddr, holder))
         return oom(x);
     }
   }
