@@ -454,6 +454,16 @@ def check_file(tool, path, expect, deep):
                 fail("%s --sweep: %s: ranks %s" % (name, key, ranks))
             best = [r for r in rs if "best" in r["flags"]]
             clean = [r for r in rs if r["num_ooms"] == 0 and r["errors"] == 0]
+            if clean and len(clean) < len(rs) and max(r["rank"] for r in clean) > min(
+                    r["rank"] for r in rs if r not in clean):
+                fail("%s --sweep: %s: a row with an OOM or a failure ranks above a clean one"
+                     % (name, key))
+            least = min((r["peak_reserved"] for r in clean), default=0)
+            for r in clean:  # near-best: within 1 % of the least peak reserved
+                if ("near-best" in r["flags"]) != (r["peak_reserved"] <= least * (1.0 + 0.01)):
+                    fail("%s --sweep: %s '%s': near-best flag %s at %d (least %d)" % (
+                        name, key, r["setting"], "near-best" in r["flags"],
+                        r["peak_reserved"], least))
             if len(best) != (1 if clean else 0) or (best and best[0]["rank"] != min(
                     r["rank"] for r in clean)):
                 fail("%s --sweep: %s: %d rows flagged best" % (name, key, len(best)))
