@@ -141,6 +141,8 @@ static int snapshot_writable(FILE *err, const char *path) {
 int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
   opts_t o;
   memset(&o, 0, sizeof o);
+  const void *warned = NULL;
+  o.warned = &warned;
   _expseg_costs_default(&o.costs);
   const char **files = calloc((size_t)argc + 1, sizeof *files);
   const char **synths = calloc((size_t)argc + 1, sizeof *synths);

@@ -260,11 +260,10 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
         /* a layout PyTorch's rules do not produce (another PyTorch version, an edited
          * file): said on stderr once per history (not on every row of a sweep or run of
          * --fit), flagged warm_start:false, replayed from an empty cache */
-        static const expseg_trace_t *said;
-        if (said != t)
+        if (!o->warned || *o->warned != t)
           fprintf(err, "expseg-replay: %s: cannot rebuild the recorded start state (%s); "
                        "replaying from an empty cache\n", t->name, why);
-        said = t;
+        if (o->warned) *o->warned = t;
         close_allocator(a, t, sh);
         a = NULL;
         sh = NULL;

@@ -36,6 +36,8 @@ typedef struct opts_s {
   const char *capacity;   /* --capacity SIZE, or NULL */
   int fit;                /* --fit: the smallest capacity without an OOM, per model */
   expseg_costs_t costs;   /* --costs FILE, else the published defaults */
+  const void **warned;    /* the history last warned that its start state cannot be rebuilt
+                           * (said once per history, not per row or run); NULL: every time */
 } opts_t;
 
 typedef struct result_s {
