@@ -26,7 +26,8 @@ Checked on every run: no crash, hang or timeout; every line of stdout is a JSON 
 with no NaN or infinity and no negative figure; without an OOM the peak reserved is at least
 the peak requested; --fit is at most the unconstrained peak reserved (to 2 MiB) plus one
 chunk (8 MiB for expseg, PyTorch's 20 MiB segment), and the capacity it names runs the
-history without an OOM; sweep rows rank 1..n within each section with one `best` row, each
+history without an OOM, and on half the peak reserved the replay passes --check with its
+OOMs counted and placed; sweep rows rank 1..n within each section with one `best` row, each
 row's figures are those of a plain replay of its model and configuration, and a warning is
 said once; --timeline rows have the header's 8 fields; --report FILE.html of a single
 history writes a UTF-8 page with the name escaped. Also the command line: bad values and
@@ -416,6 +417,15 @@ def check_file(tool, path, expect, deep):
                 fail("%s: %s is %r, expected %r" % (where, k, rows[0].get(k), v))
     if not deep:
         return
+    for r in rows:  # on half the memory it needs: OOMs, each counted and placed
+        half = max(r["peak_reserved"] // 2, 1 << 20)
+        p = run(tool, ["--json", "--allow-oom", "--check", "--model", r["model"],
+                       "--capacity", str(half), path])
+        got = [x for x in json_lines(p, name + " half") if x["trace"] == r["trace"]] if p else []
+        if not p or p.returncode != 0 or not got or got[0]["errors"] or (
+                (got[0]["num_ooms"] > 0) != (got[0]["first_oom_event"] != -1)) or (
+                got[0]["first_oom_event"] < -2) or got[0]["peak_reserved"] > half:
+            fail("%s --capacity %d: %s" % (name, half, (p and p.stderr[-300:], got[:1])))
     tl = os.path.join(os.fsdecode(os.path.dirname(path)), "timeline.csv")
     p = run(tool, ["--allow-oom", "--timeline", tl, "--timeline-every", "1", path])
     try:
