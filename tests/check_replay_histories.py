@@ -185,6 +185,10 @@ def hand_picked():
     c.append(("terabytes", snapshot(segs, [[ev("segment_alloc", BASE, 2 << 40),
                                             ev("alloc", BASE, 1 << 40),
                                             ev("free_completed", BASE, 1 << 40)]]), 4, None))
+    big = [seg(0, BASE, 2 * MB, 0, [blk(BASE, 2 * MB, "inactive")])]
+    c.append(("request_256T", snapshot(big, [[ev("alloc", BASE + (1 << 50), 1 << 48),
+                                              ev("free_completed", BASE + (1 << 50), 1 << 48)]]),
+              4, {"num_ooms": 0, "peak_requested": 1 << 48}))  # the default device holds it
     c.append(("above_2e50", snapshot(segs, [[ev("alloc", BASE, (1 << 50) + 1),
                                              ev("free_completed", BASE, (1 << 50) + 1)]]), 4,
               "above the 2^50 bytes accepted"))
