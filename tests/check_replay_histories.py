@@ -557,6 +557,13 @@ def cli_cases(tool, d, good):
         if p is not None and (p.returncode != 2 or not p.stderr.strip()):
             fail("expseg-replay %s: expected exit status 2 with a message, got %d (%s)" % (
                 " ".join(args), p.returncode, p.stderr.strip()[:200]))
+    costs = os.path.join(d, "costs.txt")  # as an editor may save it: a BOM, CRLF, a tab
+    with open(costs, "wb") as f:
+        f.write(b"\xef\xbb\xbfcreate 7.5\r\n# comment\r\nrelease\t2\r\n")
+    p = run(tool, ["--json", "--costs", costs, good])
+    if p is None or p.returncode != 0:
+        fail("--costs with a BOM and CRLF: exit status %s: %s" % (
+            p and p.returncode, p and p.stderr[:200]))
     if not os.path.exists("/dev/full"):
         return
     for args in (["--json"], ["--sweep"], ["--fit"]):  # stdout on a full disk: status 1
