@@ -216,6 +216,11 @@ def hand_picked():
     t[3]["frames"] = ({"filename": "a.py", "name": "f", "line": 3},)
     s[0]["blocks"][0]["frames"] = None
     c.append(("frames_mixed", snapshot(s, [t]), 4, None))
+    s, t = basic()  # a newer PyTorch's key in the recorded setting: left out, not refused
+    r = snapshot(s, [t])
+    r["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"] = (
+        "some_future_option:4,max_split_size_mb:256, roundup_power2_divisions:[256:1,>:4]")
+    c.append(("recorded_setting_newer_key", r, 4, None))
     s, t = basic()
     r = snapshot(s, [t])
     del r["allocator_settings"]
@@ -595,7 +600,8 @@ def main():
         os.makedirs(d, exist_ok=True)
         deep = {"proto4", "annotations", "devices_0_2", "expandable", "only_frees",
                 "oom_then_release", "odd_sizes", "start_state_not_rebuildable",
-                "opcodes_recoded", "only_user_defined", "zero_size"}
+                "opcodes_recoded", "only_user_defined", "zero_size",
+                "recorded_setting_newer_key"}
         for name, obj, proto, expect in hand_picked():
             check_file(tool, write(d, name, obj, proto), expect, name in deep)
         # a file name with a quote, a backslash, a control character, markup and bytes that

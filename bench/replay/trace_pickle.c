@@ -610,9 +610,13 @@ static void recorded_conf(ex_t *x, uint32_t root, bool mapped, expseg_trace_t *t
         val(x, v)->kind == EXPSEG_PV_BOOL)
       expandable = val(x, v)->u.iv != 0;
   }
-  /* the recorded text first, then the setting the run actually had (the last key wins) */
-  snprintf(t->recorded_conf, sizeof t->recorded_conf, "%.*s%sexpandable_segments:%s", envlen,
-           env, envlen ? "," : "", expandable ? "True" : "False");
+  /* the recorded text first (the keys expseg reads: a newer PyTorch's would make every
+   * pytorch row refuse the setting), then the setting the run had (the last key wins) */
+  char text[200], known[200];
+  snprintf(text, sizeof text, "%.*s", envlen, env);
+  _expseg_config_known(text, known, sizeof known);
+  snprintf(t->recorded_conf, sizeof t->recorded_conf, "%s%sexpandable_segments:%s", known,
+           known[0] ? "," : "", expandable ? "True" : "False");
 }
 
 expseg_status expseg_trace_read_pickle(const char *name, const unsigned char *buf, size_t len,
