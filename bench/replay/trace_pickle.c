@@ -10,8 +10,8 @@
  * free_completed -> 'f', segment_alloc/free/map/unmap -> M/X/m/u, oom -> O; snapshot,
  * annotate and user_defined are skipped. The recorded allocator's reserved bytes come from
  * the segments' total size at the end, walked backwards through the segment events to the
- * start and then forwards for the peak. This reproduces ../shared/traces/memtrace exactly; the rules are in
- * docs/formats.md.
+ * start and then forwards for the peak. This reproduces ../shared/traces/memtrace exactly;
+ * the rules are in docs/formats.md.
  *
  * Cost: linear in the input, whatever the memo shares. The segments are validated and
  * sorted by device once (each device then walks only its own), dict lookups are O(1)
