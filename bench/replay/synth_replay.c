@@ -189,12 +189,7 @@ static void driver_spec(const expseg_trace_t *t, const opts_t *o, const char *ca
   else {
     uint64_t gib = (2 * t->peak_live_requested + GIB - 1) / GIB;
     if (gib < 80) gib = 80;
-    /* the sim's address space (128T by default) holds 4 such devices, up to its 4096T */
-    uint64_t va = 4 * gib > (UINT64_C(4096) << 10) ? (UINT64_C(4096) << 10) : 4 * gib;
-    if (va > (UINT64_C(128) << 10))
-      snprintf(buf, len, "sim:capacity=%" PRIu64 "G,va=%" PRIu64 "G", gib, va);
-    else
-      snprintf(buf, len, "sim:capacity=%" PRIu64 "G", gib);
+    snprintf(buf, len, "sim:capacity=%" PRIu64 "G", gib);
   }
 }
 
