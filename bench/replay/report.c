@@ -206,8 +206,10 @@ static int take_segments(row_t *w, const expseg_trace_t *t, const opts_t *o, FIL
   int model = strcmp(w->section, "pytorch") ? EXPSEG_MODEL_EXPSEG : EXPSEG_MODEL_PYTORCH;
   result_t r;
   capture_t find = {-1, 0, NULL, 0, NULL, NULL, NULL};
-  if (_expseg_replay_cap(t, &q, model, w->conf, NULL, NULL, err, &r, &find) == 2) return 1;
+  const int rc = _expseg_replay_cap(t, &q, model, w->conf, NULL, NULL, err, &r, &find);
+  if (rc == 2) return 1;
   const int64_t at = r.peak_event;
+  if (at < 0 && rc == 0) return 0; /* no event reserved memory (annotations only) */
   capture_t walk = {at, 0, NULL, 0, NULL, on_segment, &w->segs};
   if (at < 0 || _expseg_replay_cap(t, &q, model, w->conf, NULL, NULL, err, &r, &walk) != 0)
     return 1;
@@ -218,15 +220,19 @@ static int take_segments(row_t *w, const expseg_trace_t *t, const opts_t *o, FIL
 /* ------------------------------------------------------------------------------------ */
 /* HTML                                                                                  */
 
+/* Text for the page (UTF-8): a byte that is not UTF-8 (a file name may hold any) is U+FFFD. */
 static void esc(FILE *f, const char *s) {
-  for (; *s; s++) {
+  for (int n; *s; s += n ? n : 1) {
+    n = _expseg_utf8_len((const unsigned char *)s);
     switch (*s) {
     case '&': fputs("&amp;", f); break;
     case '<': fputs("&lt;", f); break;
     case '>': fputs("&gt;", f); break;
     case '"': fputs("&quot;", f); break;
     case '\'': fputs("&#39;", f); break;
-    default: fputc(*s, f);
+    default:
+      if (n) fwrite(s, 1, (size_t)n, f);
+      else fputs("&#xfffd;", f);
     }
   }
 }
@@ -395,9 +401,11 @@ static void answer(FILE *f, const expseg_report_t *h, const expseg_trace_t *t) {
   fprintf(f, ". (\"No\" means the allocator held more than that on an unlimited device; "
              "<code>--fit</code> finds the least memory it runs in.)</p>\n");
   char b[32];
-  fprintf(f, "<p>%s: <span id=\"events\" data-value=\"%" PRIu64 "\">%" PRIu64
+  fprintf(f, "<p>");
+  esc(f, t->name); /* a file name may hold markup */
+  fprintf(f, ": <span id=\"events\" data-value=\"%" PRIu64 "\">%" PRIu64
              "</span> events, peak requested ",
-          t->name, h->n ? h->rows[0].r.events : 0, h->n ? h->rows[0].r.events : 0);
+          h->n ? h->rows[0].r.events : 0, h->n ? h->rows[0].r.events : 0);
   bytes_el(f, "peak-requested", h->n ? (int64_t)h->rows[0].r.peak_requested : 0);
   if (h->n && h->rows[0].r.base.present) {
     fprintf(f, "; the recorded allocator held %s",
@@ -486,6 +494,10 @@ static void segments(FILE *f, const row_t *w, const char *id) {
              "\" data-total=\"%" PRIu64 "\" data-allocated=\"%" PRIu64 "\"><h3>%s: ",
           id, g->n, w->segs_event, total, alloc, w->section);
   esc(f, w->label);
+  if (w->segs_event < 0) {
+    fprintf(f, "</h3>\n<p>No segments to show: no replayed event reserved memory.</p></div>\n");
+    return;
+  }
   fprintf(f, "</h3>\n<p>After event %" PRId64 ": %zu segments hold ", w->segs_event, g->n);
   bytes_el(f, NULL, (int64_t)total);
   fprintf(f, " (the row's peak reserved: ");

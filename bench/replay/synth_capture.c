@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 int _expseg_replay_capture(expseg_allocator *a, const char *name, const capture_t *c,
@@ -50,9 +51,25 @@ static int64_t stat_of(const expseg_allocator *a, const char *key) {
   return expseg_stat(a, key, &v) == EXPSEG_OK ? v : -1;
 }
 
+/* The trace name as a CSV field (RFC 4180): quoted, quotes doubled, when it holds a comma, a
+ * quote or a line break (a file name may). */
+static void csv_field(FILE *f, const char *s) {
+  if (!s[strcspn(s, ",\"\r\n")]) {
+    fputs(s, f);
+    return;
+  }
+  fputc('"', f);
+  for (; *s; s++) {
+    if (*s == '"') fputc('"', f);
+    fputc(*s, f);
+  }
+  fputc('"', f);
+}
+
 static void timeline_row(FILE *f, const char *name, const timeline_row_t *r) {
-  fprintf(f, "%s,%zu,%" PRIu64 ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "\n",
-          name, r->event, r->live, r->v[0], r->v[1], r->v[2], r->v[3], r->v[4]);
+  csv_field(f, name);
+  fprintf(f, ",%zu,%" PRIu64 ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "\n",
+          r->event, r->live, r->v[0], r->v[1], r->v[2], r->v[3], r->v[4]);
 }
 
 /* Writes the pending peak rows before `event`, in event order, each once. */

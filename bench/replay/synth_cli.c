@@ -141,6 +141,8 @@ static int snapshot_writable(FILE *err, const char *path) {
 int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
   opts_t o;
   memset(&o, 0, sizeof o);
+  const void *warned = NULL;
+  o.warned = &warned;
   _expseg_costs_default(&o.costs);
   const char **files = calloc((size_t)argc + 1, sizeof *files);
   const char **synths = calloc((size_t)argc + 1, sizeof *synths);
@@ -292,6 +294,11 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
     rc = bad(err, "--timeline and --sweep cannot be combined");
     goto done;
   }
+  if (o.fit && (o.capacity || o.timeline)) { /* each was left unused, silently */
+    rc = bad(err, "--fit cannot be combined with %s: it searches the capacity itself and "
+                  "writes no samples", o.capacity ? "--capacity" : "--timeline");
+    goto done;
+  }
   if (o.sweep && o.fit) { /* --fit searches a capacity per model, the sweep one per row */
     rc = bad(err, "--fit and --sweep cannot be combined: run --fit alone (per model) or "
                   "--sweep with --capacity SIZE");
@@ -412,6 +419,10 @@ int expseg_replay_main(int argc, char **argv, FILE *out, FILE *err) {
 
   if (rc == 0) rc = oom_rc;
 done:
+  if ((fflush(out) != 0 || ferror(out)) && rc == 0) { /* a full disk, a closed pipe */
+    fprintf(err, "expseg-replay: writing the output failed: %s\n", strerror(errno));
+    rc = 1;
+  }
   if (timeline && fclose(timeline) != 0 && rc == 0) {
     fprintf(err, "expseg-replay: writing --timeline '%s' failed\n", o.timeline);
     rc = 1;

@@ -37,7 +37,8 @@ expseg_status _expseg_costs_parse(const char *name, const char *buf, size_t len,
                                   expseg_costs_t *c) {
   _expseg_costs_default(c);
   unsigned ln = 0;
-  for (size_t at = 0; at < len;) {
+  size_t start = len >= 3 && !memcmp(buf, "\xef\xbb\xbf", 3) ? 3 : 0; /* an editor's BOM */
+  for (size_t at = start; at < len;) {
     const char *nl = memchr(buf + at, '\n', len - at);
     size_t n = nl ? (size_t)(nl - (buf + at)) : len - at;
     char line[256];

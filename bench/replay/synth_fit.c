@@ -28,6 +28,7 @@ int _expseg_replay_fit(const expseg_trace_t *t, const opts_t *o, FILE *out, FILE
     char config[sizeof r.config];
     memcpy(config, r.config, sizeof config);
     uint64_t lo = r.peak_requested, hi = ((uint64_t)r.peak_reserved + gran - 1) / gran * gran;
+    if (hi < gran) hi = gran; /* a history that holds nothing still needs a device */
     unsigned runs = 1;
     int ok = 0;
     const uint64_t peak = hi;

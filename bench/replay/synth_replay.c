@@ -139,6 +139,32 @@ static void close_allocator(expseg_allocator *a, const expseg_trace_t *t, expseg
   expseg_destroy(a);
 }
 
+/* Whether the recorded start state can be rebuilt at all: on a sim device large enough for
+ * it (top down, as a pytorch row's default), so that a device too small for it counts as an
+ * OOM only when a device without a limit would have started warm; a layout the allocator
+ * cannot rebuild replays from an empty cache whatever the capacity (--fit and --capacity
+ * then agree with the unconstrained row). 1 yes, 0 no (why: the reason), -1 the probe could
+ * not run. */
+static int warm_start_rebuilds(const expseg_trace_t *t, const opts_t *o, const char *conf,
+                               char *why, size_t wlen) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < t->n_start_segs; i++) total += t->start_segs[i].size;
+  uint64_t gib = (2 * total + GIB - 1) / GIB;
+  char spec[64];
+  snprintf(spec, sizeof spec, "sim:capacity=%" PRIu64 "G,top_down=1", gib < 80 ? 80 : gib);
+  expseg_allocator *a = NULL;
+  expseg_stream *sh = NULL;
+  void **ptr = calloc(t->n_ids ? t->n_ids : 1, sizeof *ptr);
+  int rc = -1;
+  if (ptr && expseg_create(spec, o->device, conf, &a) == EXPSEG_OK &&
+      _expseg_model_apply(a, EXPSEG_MODEL_PYTORCH) == EXPSEG_OK &&
+      make_streams(a, t, &sh, stderr) == 0)
+    rc = _expseg_model_warm_start(a, t, sh, ptr, why, wlen) == 0;
+  if (a) close_allocator(a, t, sh);
+  free(ptr);
+  return rc;
+}
+
 /* The driver spec: --driver, else $EXPSEG_DRIVER, else sim sized from the trace
  * (max(80G, 2 x peak live requested)); capacity (--capacity or --fit) is added to it. */
 static void driver_spec(const expseg_trace_t *t, const opts_t *o, const char *capacity,
@@ -228,12 +254,16 @@ int _expseg_replay_cap(const expseg_trace_t *t, const opts_t *o, int model,
     char why[256] = "";
     if (_expseg_model_warm_start(a, t, sh, ptr, why, sizeof why)) {
       /* on a device too small for the recorded start state, that is the first OOM */
-      const int is_oom = strstr(why, "out of memory") != NULL;
+      const int is_oom = strstr(why, "out of memory") != NULL &&
+                         warm_start_rebuilds(t, o, first, why, sizeof why) != 0;
       if (!is_oom) {
         /* a layout PyTorch's rules do not produce (another PyTorch version, an edited
-         * file): said on stderr, flagged warm_start:false, replayed from an empty cache */
-        fprintf(err, "expseg-replay: %s: cannot rebuild the recorded start state (%s); "
-                     "replaying from an empty cache\n", t->name, why);
+         * file): said on stderr once per history (not on every row of a sweep or run of
+         * --fit), flagged warm_start:false, replayed from an empty cache */
+        if (!o->warned || *o->warned != t)
+          fprintf(err, "expseg-replay: %s: cannot rebuild the recorded start state (%s); "
+                       "replaying from an empty cache\n", t->name, why);
+        if (o->warned) *o->warned = t;
         close_allocator(a, t, sh);
         a = NULL;
         sh = NULL;

@@ -36,6 +36,8 @@ typedef struct opts_s {
   const char *capacity;   /* --capacity SIZE, or NULL */
   int fit;                /* --fit: the smallest capacity without an OOM, per model */
   expseg_costs_t costs;   /* --costs FILE, else the defaults measured on an H200 */
+  const void **warned;    /* the history last warned that its start state cannot be rebuilt
+                           * (said once per history, not per row or run); NULL: every time */
 } opts_t;
 
 typedef struct result_s {
@@ -86,6 +88,7 @@ extern const char *const _expseg_flag_names[N_FLAGS];
 
 /* synth_sweep.c */
 void _expseg_json_str(FILE *f, const char *s); /* a JSON string, quoted and escaped */
+int _expseg_utf8_len(const unsigned char *s); /* the UTF-8 sequence at s: 1..4 bytes, 0 bad */
 const char *_expseg_human(char buf[32], double bytes);
 /* The entries of config that differ from expseg's defaults ("expseg's defaults" when none),
  * written into buf (trace_config.c). */

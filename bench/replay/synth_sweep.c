@@ -81,13 +81,31 @@ static int expseg_only(const char *conf) {
 /* ------------------------------------------------------------------------------------ */
 /* Output                                                                                */
 
+/* The length of the well-formed UTF-8 sequence at s (1..4), or 0 (RFC 3629: no overlong
+ * form, no surrogate, nothing above U+10FFFF); s is NUL-terminated. */
+int _expseg_utf8_len(const unsigned char *s) {
+  if (s[0] < 0x80) return 1;
+  int n = s[0] < 0xc2 ? 0 : s[0] < 0xe0 ? 2 : s[0] < 0xf0 ? 3 : s[0] < 0xf5 ? 4 : 0;
+  for (int i = 1; i < n; i++)
+    if ((s[i] & 0xc0) != 0x80) return 0;
+  if ((n == 3 && ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] > 0x9f))) ||
+      (n == 4 && ((s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] > 0x8f))))
+    return 0;
+  return n;
+}
+
+/* A JSON string: a byte that is not UTF-8 (a file name may hold any) becomes U+FFFD, so the
+ * line stays valid JSON. */
 void _expseg_json_str(FILE *f, const char *s) {
   fputc('"', f);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
+  while (*s) {
+    const unsigned char c = (unsigned char)*s;
+    int n = _expseg_utf8_len((const unsigned char *)s);
     if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
     else if (c < 0x20) fprintf(f, "\\u%04x", c);
-    else fputc(c, f);
+    else if (n == 0) fputs("\\ufffd", f);
+    else fwrite(s, 1, (size_t)n, f);
+    s += n ? n : 1;
   }
   fputc('"', f);
 }

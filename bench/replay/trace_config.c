@@ -3,8 +3,10 @@
  * for the replay table's header line (the whole string is over 500 characters: --json
  * carries it). Keys are compared as printed by expseg_config_string, which lists every key
  * once, in a fixed order; a value may hold commas inside brackets ([>:0]), so entries are
- * split at the commas outside them. */
+ * split at the commas outside them. Also the recorded setting's entries that expseg reads
+ * (_expseg_config_known). */
 #include "synth_replay.h"
+#include "trace_internal.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -53,4 +55,23 @@ const char *_expseg_config_changed(const char *config, char *buf, size_t len) {
   }
   if (used == 0) snprintf(buf, len, "expseg's defaults");
   return buf;
+}
+
+int _expseg_config_known(const char *s, char *buf, size_t len) {
+  size_t used = 0;
+  int dropped = 0;
+  buf[0] = 0;
+  for (const char *p = s; *p;) {
+    size_t n = entry_len(p), k = strcspn(p, ":");
+    const char *key = p + strspn(p, " ");
+    if (k > n) k = n;
+    size_t klen = (size_t)(p + k - key);
+    while (klen && key[klen - 1] == ' ') klen--;
+    if (n && expseg_option_pytorch(key, klen) != -1 && used + n + 2 < len)
+      used += (size_t)snprintf(buf + used, len - used, "%s%.*s", used ? "," : "", (int)n, p);
+    else if (n)
+      dropped++;
+    p += n + (p[n] == ',');
+  }
+  return dropped;
 }

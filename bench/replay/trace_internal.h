@@ -180,6 +180,10 @@ void _expseg_pickle_free(_expseg_pickle_t *p);
 unsigned char *_expseg_pickle_craft(const char *shape, size_t n, size_t *len);
 /* The value of a string key in a dict, or 0 when absent (the last one wins); O(1). */
 uint32_t _expseg_pickle_dict_get(const _expseg_pickle_t *p, uint32_t dict, const char *key);
+/* The entries of the option string s whose key is an allocator option (expseg_option_pytorch
+ * knows it) into buf, comma-separated: a recorded PYTORCH_CUDA_ALLOC_CONF without the keys of
+ * a newer PyTorch that expseg would refuse (trace_config.c). Returns the entries left out. */
+int _expseg_config_known(const char *s, char *buf, size_t len);
 
 #ifdef __cplusplus
 }

@@ -7,11 +7,11 @@
  * active at the end are live, an `alloc` removes its address, a `free_completed` adds it
  * back. The start set becomes 'p' events in address order, then every event is converted
  * in order: alloc -> 'a', free_requested -> 'r' unless the next event completes it,
- * free_completed -> 'f', segment_alloc/free/map/unmap -> M/X/m/u, oom -> O; snapshot (and
- * annotate) are skipped. The recorded allocator's reserved bytes come from the segments'
- * total size at the end, walked backwards through the segment events to the start and then
- * forwards for the peak. This reproduces ../shared/traces/memtrace exactly; the rules are in
- * docs/formats.md.
+ * free_completed -> 'f', segment_alloc/free/map/unmap -> M/X/m/u, oom -> O; snapshot,
+ * annotate and user_defined are skipped. The recorded allocator's reserved bytes come from
+ * the segments' total size at the end, walked backwards through the segment events to the
+ * start and then forwards for the peak. This reproduces ../shared/traces/memtrace exactly;
+ * the rules are in docs/formats.md.
  *
  * Cost: linear in the input, whatever the memo shares. The segments are validated and
  * sorted by device once (each device then walks only its own), dict lookups are O(1)
@@ -180,6 +180,24 @@ static expseg_status segidx_of(ex_t *x, uint32_t segments, segref_t **out) {
   return EXPSEG_OK;
 }
 
+/* PyTorch 2.0 wrote no requested_size: an active block's 'history' starts with its current
+ * allocation ({addr, real_size, frames}, newest first). That entry when it is one (its
+ * address the block's, real_size a size), else 0. */
+static uint32_t newest_history(ex_t *x, uint32_t block, uint64_t addr) {
+  uint32_t h = _expseg_pickle_dict_get(x->pk, block, "history"), e, a, r;
+  if (!h || val(x, h)->kind != EXPSEG_PV_LIST || val(x, h)->u.c.n == 0) return 0;
+  e = val(x, h)->u.c.items[0];
+  if (val(x, e)->kind != EXPSEG_PV_DICT || !(r = _expseg_pickle_dict_get(x->pk, e, "real_size")))
+    return 0;
+  a = _expseg_pickle_dict_get(x->pk, e, "addr");
+  const _expseg_pv_t *rv = val(x, r), *av = a ? val(x, a) : NULL;
+  if (rv->kind != EXPSEG_PV_INT || rv->big || rv->u.iv < 0 ||
+      (uint64_t)rv->u.iv > EXPSEG_TRACE_MAX_SIZE ||
+      (av && (av->kind != EXPSEG_PV_INT || av->big || (uint64_t)av->u.iv != addr)))
+    return 0;
+  return e;
+}
+
 /* Blocks active at the end -> dev->live_*; the segments' total size -> *end_reserved.
  * Only this device's segments are walked (a range of the sorted index). */
 static expseg_status end_state(ex_t *x, uint32_t segments, const segref_t *sr, devst_t *d,
@@ -230,21 +248,26 @@ static expseg_status end_state(ex_t *x, uint32_t segments, const segref_t *sr, d
       if (!(sv = _expseg_pickle_dict_get(x->pk, b, "state")) || val(x, sv)->kind != EXPSEG_PV_STR)
         return failv(x, b, "'state' is missing or not a string");
       if (is_str(x, sv, "inactive")) continue;
-      if (!is_str(x, sv, "active_allocated") && !is_str(x, sv, "active_pending_free"))
+      if (!is_str(x, sv, "active_allocated") && !is_str(x, sv, "active_pending_free") &&
+          !is_str(x, sv, "active_awaiting_free")) /* the name torch's docstring gives it */
         return failv(x, sv, "unknown block state '%.*s': accepted are active_allocated, "
-                     "active_pending_free and inactive",
+                     "active_pending_free (or active_awaiting_free) and inactive",
                      (int)(val(x, sv)->u.s.len < 40 ? val(x, sv)->u.s.len : 40),
                      val(x, sv)->u.s.p);
+      uint32_t holder = b; /* the dict with the allocation's size and frames */
       if (_expseg_pickle_dict_get(x->pk, b, "requested_size")) {
         if ((s = get_int(x, b, "requested_size", true, &req)) != EXPSEG_OK) return s;
+      } else if ((holder = newest_history(x, b, (uint64_t)baddr)) != 0) {
+        req = val(x, _expseg_pickle_dict_get(x->pk, holder, "real_size"))->u.iv;
       } else {
+        holder = b;
         req = bsize;
       }
       if (_expseg_map_get(&d->live_size, (uint64_t)baddr))
         return failv(x, b, "two active blocks at address 0x%" PRIx64, (uint64_t)baddr);
       if (!_expseg_map_put(&d->live_size, (uint64_t)baddr, (uint64_t)req) ||
           !_expseg_map_put(&d->live_stream, (uint64_t)baddr, (uint64_t)stream) ||
-          !_expseg_map_put(&d->end_block, (uint64_t)baddr, b))
+          !_expseg_map_put(&d->end_block, (uint64_t)baddr, holder))
         return oom(x);
     }
   }
@@ -260,7 +283,8 @@ static expseg_status action_of(ex_t *x, uint32_t ev, int *out) {
   static const char *const names[] = {"alloc", "free_requested", "free_completed",
                                       "segment_alloc", "segment_free", "segment_map",
                                       "segment_unmap", "oom", "snapshot", "annotate",
-                                      "sleep", "wake"}; /* the last four: nothing to replay */
+                                      "user_defined", "sleep", "wake"}; /* from "snapshot"
+                                      on: nothing to replay (user_defined: an annotation) */
   expseg_status s = want_dict(x, ev);
   if (s != EXPSEG_OK) return s;
   uint32_t a = _expseg_pickle_dict_get(x->pk, ev, "action");
@@ -586,9 +610,13 @@ static void recorded_conf(ex_t *x, uint32_t root, bool mapped, expseg_trace_t *t
         val(x, v)->kind == EXPSEG_PV_BOOL)
       expandable = val(x, v)->u.iv != 0;
   }
-  /* the recorded text first, then the setting the run actually had (the last key wins) */
-  snprintf(t->recorded_conf, sizeof t->recorded_conf, "%.*s%sexpandable_segments:%s", envlen,
-           env, envlen ? "," : "", expandable ? "True" : "False");
+  /* the recorded text first (the keys expseg reads: a newer PyTorch's would make every
+   * pytorch row refuse the setting), then the setting the run had (the last key wins) */
+  char text[200], known[200];
+  snprintf(text, sizeof text, "%.*s", envlen, env);
+  _expseg_config_known(text, known, sizeof known);
+  snprintf(t->recorded_conf, sizeof t->recorded_conf, "%s%sexpandable_segments:%s", known,
+           known[0] ? "," : "", expandable ? "True" : "False");
 }
 
 expseg_status expseg_trace_read_pickle(const char *name, const unsigned char *buf, size_t len,
