@@ -342,7 +342,8 @@ static expseg_status validate(const expseg_allocator *a, const expseg_ipc_handle
   if (getn(d + 6, 2) != HDR) return bad("the header size", getn(d + 6, 2), "64");
   if (getn(d + 8, 2) != ENT) return bad("the entry size", getn(d + 8, 2), "32");
   if (getn(d + 10, 2) != 0) return bad("the padding at byte 10", getn(d + 10, 2), "zero");
-  if (getn(d + 48, 8) != 0) return bad("the flags (byte 48)", getn(d + 48, 8), "zero");
+  if (getn(d + 48, 8) != 0)
+    return bad("the padding or flags field at byte 48", getn(d + 48, 8), "zero");
   if (getn(d + 56, 8) != 0) return bad("the padding at byte 56", getn(d + 56, 8), "zero");
   uint64_t n = getn(d + 12, 4), nf = getn(d + 16, 4), live = getn(d + 20, 4);
   uint64_t extent = getn(d + 24, 8), off = getn(d + 32, 8), size = getn(d + 40, 8);
