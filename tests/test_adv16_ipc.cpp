@@ -143,6 +143,43 @@ TEST_P(Adv16Ipc, FreeInExporterWhileImported) {
   EXPECT_EQ(open_fds(), fds) << "a descriptor leaked";
 }
 
+// The poll inside empty_cache does the deferred free before giving memory back: one call
+// after the last close returns everything; a block pending on a held stream is not live
+// (no export); the importer's own device gets access, the exporter's device does not.
+TEST_P(Adv16Ipc, EmptyCacheAfterCloseAndPendingBlocks) {
+  expseg_allocator *a = make(HOST, 0, GetParam()), *b = make(HOST, 1);
+  const size_t size = 4u << 20;
+  void *p = nullptr, *q = nullptr, *pend = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(a, size, 0, &p));
+  expseg_ipc_handle h = {};
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_export(a, p, &h));
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_import(b, &h, &q));
+  expseg_ipc_handle_free(&h);
+  EXPECT_EQ(access_of(b, q, size, 1), 2) << "the importer's device";
+  EXPECT_EQ(access_of(b, q, size, 0), 0) << "not a peer of the importer";
+  ASSERT_EQ(EXPSEG_OK, expseg_free(a, p));
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_close(b, q));
+  ASSERT_EQ(EXPSEG_OK, expseg_empty_cache(a)); // no poll before it
+  EXPECT_EQ(stat_of(a, "allocated_bytes.all.current"), 0);
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0) << "freed and released in one call";
+  EXPECT_EQ(counts(a).live_chunks, 0);
+
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(a, size, 1, &pend));
+  ASSERT_EQ(EXPSEG_OK, expseg_record_stream(a, pend, 2));
+  ASSERT_EQ(EXPSEG_OK, expseg_testing_hold_stream(a, 2, true));
+  ASSERT_EQ(EXPSEG_OK, expseg_free(a, pend)); // pending on stream 2
+  EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, expseg_ipc_export(a, pend, &h)) << "freed, pending";
+  EXPECT_TRUE(says(hex(pend))) << err();
+  EXPECT_EQ(held_of(a), 0u);
+  ASSERT_EQ(EXPSEG_OK, expseg_testing_hold_stream(a, 2, false));
+  ASSERT_EQ(EXPSEG_OK, expseg_synchronize(a));
+  ASSERT_EQ(EXPSEG_OK, expseg_empty_cache(a));
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0);
+  EXPECT_EQ(EXPSEG_OK, expseg_check(a)) << err();
+  destroy_clean(b, "importer");
+  destroy_clean(a, "exporter");
+}
+
 // Exporting twice gives two handles; the block stays until both are freed and every
 // importer has closed.
 TEST_P(Adv16Ipc, TwoExportsOfOneBlock) {
