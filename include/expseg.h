@@ -406,11 +406,14 @@ EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_ipc_recv(int socket_fd,
                                                              expseg_ipc_handle *out);
 /* Maps the described memory into this process (its own address range, its own device's
  * access and the enabled peers'); *ptr is where the exported allocation starts. The handle
- * stays the caller's. Malformed handles are EXPSEG_ERR_INVALID_ARGUMENT naming the field. */
+ * stays the caller's. Malformed handles are EXPSEG_ERR_INVALID_ARGUMENT naming the field,
+ * and so are stale ones (the exporting allocator destroyed or its process gone). */
 EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_ipc_import(expseg_allocator *a,
                                                                const expseg_ipc_handle *h,
                                                                void **ptr);
-/* Unmaps an imported allocation and closes everything it held. */
+/* Unmaps an imported allocation and closes everything it held. A pointer import did not
+ * return (or one closed already) is EXPSEG_ERR_INVALID_ARGUMENT naming it. When the driver
+ * refuses a step, the error is returned and the import stays open: close it again. */
 EXPSEG_EXPORT expseg_status expseg_ipc_close(expseg_allocator *a, void *ptr);
 /* Checks now which importers are gone (also done by every malloc and empty_cache while
  * exports are outstanding); *held (may be NULL) = exports still held open. */
