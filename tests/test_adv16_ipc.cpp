@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cinttypes>
 #include <cstring>
@@ -664,6 +665,76 @@ TEST(Adv16IpcSocket, RecvOfShortOrOversizedMessages) {
   expseg_ipc_handle_free(&h);
   ASSERT_EQ(EXPSEG_OK, expseg_free(a, p));
   destroy_clean(a, "exporter");
+}
+
+struct WalkCount {
+  int allocated = 0, pending = 0;
+};
+void walk_seg(void *ctx, const expseg_walk_segment *s) {
+  auto *w = static_cast<WalkCount *>(ctx);
+  for (size_t i = 0; i < s->n_blocks; i++) {
+    if (s->blocks[i].state == EXPSEG_BLOCK_ALLOCATED) w->allocated++;
+    if (s->blocks[i].state == EXPSEG_BLOCK_PENDING_FREE) w->pending++;
+  }
+}
+
+// Forty exports at once (more than the poll's on-stack set), each imported once, half into
+// the exporter itself, all freed at once (deferred): walks and snapshots show them
+// allocated; closes in a seeded order end them one at a time.
+TEST_P(Adv16Ipc, FortyExportsClosedInRandomOrder) {
+  EXPSEG_SEEDED(seed, 40);
+  std::mt19937_64 rng(seed);
+  const int fds = open_fds();
+  expseg_allocator *a = make("host:capacity=1G", 0, GetParam()), *b = make(HOST, 1);
+  enum { N = 40 };
+  struct Item {
+    void *p, *q;
+    expseg_allocator *at;
+    size_t size;
+  } it[N];
+  for (int i = 0; i < N; i++) {
+    it[i].size = (1 + rng() % 3) << 20;
+    ASSERT_EQ(EXPSEG_OK, expseg_malloc(a, it[i].size, (expseg_stream)(i % 3), &it[i].p));
+    fill(it[i].p, 4096, (unsigned char)i);
+    expseg_ipc_handle h = {};
+    ASSERT_EQ(EXPSEG_OK, expseg_ipc_export(a, it[i].p, &h)) << i << ": " << err();
+    it[i].at = (i % 2) ? a : b;
+    ASSERT_EQ(EXPSEG_OK, expseg_ipc_import(it[i].at, &h, &it[i].q)) << i << ": " << err();
+    expseg_ipc_handle_free(&h);
+  }
+  EXPECT_EQ(held_of(a), (size_t)N);
+  for (int i = 0; i < N; i++) ASSERT_EQ(EXPSEG_OK, expseg_free(a, it[i].p));
+  EXPECT_EQ(stat_of(a, "allocation.all.current"), N) << "every free deferred";
+  WalkCount w;
+  ASSERT_EQ(EXPSEG_OK, expseg_walk(a, walk_seg, nullptr, &w));
+  EXPECT_EQ(w.allocated, N);
+  EXPECT_EQ(w.pending, 0);
+  for (expseg_allocator *x : {a, b}) {
+    unsigned char *buf = nullptr;
+    size_t len = 0;
+    ASSERT_EQ(EXPSEG_OK, expseg_snapshot(x, &buf, &len)) << err();
+    expseg_snapshot_free(buf);
+    char text[256];
+    EXPECT_GT(expseg_memory_summary(x, text, sizeof text, true), 0u);
+    EXPECT_EQ(EXPSEG_OK, expseg_check(x)) << err();
+  }
+  std::vector<int> order(N);
+  for (int i = 0; i < N; i++) order[i] = i;
+  std::shuffle(order.begin(), order.end(), rng);
+  int left = N;
+  for (int i : order) {
+    ASSERT_TRUE(holds(it[i].q, 4096, (unsigned char)i)) << i;
+    ASSERT_EQ(EXPSEG_OK, expseg_ipc_close(it[i].at, it[i].q)) << i << ": " << err();
+    left--;
+    ASSERT_EQ(held_of(a), (size_t)left) << "after closing " << i;
+    ASSERT_EQ(stat_of(a, "allocation.all.current"), left) << "after closing " << i;
+  }
+  ASSERT_EQ(EXPSEG_OK, expseg_empty_cache(a));
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0);
+  EXPECT_EQ(EXPSEG_OK, expseg_check(a)) << err();
+  destroy_clean(b, "importer");
+  destroy_clean(a, "exporter");
+  EXPECT_EQ(open_fds(), fds);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, Adv16Ipc,
