@@ -963,6 +963,49 @@ TEST(Adv16PeersHost, FaultedEnableAndDisableWithImports) {
   destroy_clean(a, "exporter");
 }
 
+// A peer enabled or disabled while a region sleeps (classic and expandable segments): the
+// sleeping memory is not mapped, so there is nothing to grant, and the wake grants the
+// peer; a chunk a refused unmap left mapped while asleep is granted and revoked too.
+TEST_P(Adv16Peers, EnableWhileARegionSleeps) {
+  const std::string spec = std::string("fault;") + GetParam();
+  for (const char *cfg : {"expandable_segments:False", "expandable_segments:True"}) {
+    SCOPED_TRACE(cfg);
+    for (bool refused_unmap : {false, true}) {
+      SCOPED_TRACE(refused_unmap ? "a sleep's unmap refused" : "a clean sleep");
+      expseg_allocator *a = make(spec.c_str(), 0, cfg);
+      ASSERT_EQ(EXPSEG_OK, expseg_region_begin(a, "r"));
+      void *p = nullptr, *other = nullptr;
+      ASSERT_EQ(EXPSEG_OK, expseg_malloc(a, 6u << 20, 0, &p));
+      ASSERT_EQ(EXPSEG_OK, expseg_region_end(a, "r"));
+      ASSERT_EQ(EXPSEG_OK, expseg_malloc(a, 6u << 20, 0, &other));
+      if (refused_unmap) {
+        ASSERT_EQ(EXPSEG_OK, expseg_testing_set_faults(a, "unmap@1"));
+      }
+      expseg_status st = expseg_sleep(a, "r", EXPSEG_SLEEP_DISCARD);
+      ASSERT_EQ(EXPSEG_OK, expseg_testing_set_faults(a, ""));
+      ASSERT_EQ(refused_unmap ? EXPSEG_ERR_DRIVER : EXPSEG_OK, st) << err();
+      EXPECT_EQ(EXPSEG_OK, expseg_enable_peer_access(a, 1)) << err();
+      EXPECT_EQ(access_of(a, other, 6u << 20, 1), 2);
+      if (refused_unmap) {
+        EXPECT_EQ(access_of(a, p, 6u << 20, 1), 2) << "still mapped";
+      }
+      EXPECT_EQ(EXPSEG_OK, expseg_disable_peer_access(a, 1)) << err();
+      if (refused_unmap) {
+        EXPECT_EQ(access_of(a, p, 6u << 20, 1), 0) << "revoked";
+      }
+      EXPECT_EQ(EXPSEG_OK, expseg_enable_peer_access(a, 1)) << err();
+      ASSERT_EQ(EXPSEG_OK, expseg_wake(a, "r")) << err();
+      EXPECT_EQ(access_of(a, p, 6u << 20, 1), 2) << "the wake grants the enabled peer";
+      EXPECT_EQ(access_of(a, p, 6u << 20, 0), 2);
+      EXPECT_EQ(EXPSEG_OK, expseg_check(a)) << err();
+      ASSERT_EQ(EXPSEG_OK, expseg_free(a, p));
+      ASSERT_EQ(EXPSEG_OK, expseg_free(a, other));
+      ASSERT_EQ(EXPSEG_OK, expseg_empty_cache(a));
+      destroy_clean(a, "sleeping peers");
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cpu, Adv16Peers, ::testing::Values("host:capacity=256M", "sim"),
                          [](const ::testing::TestParamInfo<const char *> &i) {
                            return std::string(i.param).substr(0, 4) == "host" ? "host" : "sim";
