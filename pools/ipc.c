@@ -350,7 +350,11 @@ static expseg_status validate(const expseg_allocator *a, const expseg_ipc_handle
   if (n == 0 || n > MAX_CHUNKS) return bad("the chunk count", n, "1 to 2^20");
   if (h->size != HDR + n * ENT) return bad("the handle size", h->size, "64 + 32 x chunk count");
   if (nf != h->n_fds || nf < 1 || !h->fds)
-    return bad("the descriptor count", nf, "the descriptors received (at least the liveness one)");
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_ipc_import: malformed handle: the descriptor count is %llu; "
+                             "expected the descriptors received, %zu%s (at least the liveness one)",
+                             (unsigned long long)nf, h->fds ? h->n_fds : 0,
+                             h->fds ? "" : " (fds is NULL)");
   for (size_t i = 0; i < h->n_fds; i++)
     if (h->fds[i] < 0)
       return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
@@ -362,7 +366,11 @@ static expseg_status validate(const expseg_allocator *a, const expseg_ipc_handle
   if (extent == 0 || extent % g || extent > (UINT64_C(1) << 50))
     return bad("the extent", extent, "a non-zero multiple of this device's granularity, < 2^50");
   if (size == 0 || off > extent || size > extent - off)
-    return bad("the allocation (offset, size)", size, "a non-empty range inside the extent");
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_ipc_import: malformed handle: the allocation is %llu bytes at "
+                             "offset %llu; expected a non-empty range inside the extent, %llu",
+                             (unsigned long long)size, (unsigned long long)off,
+                             (unsigned long long)extent);
   uint64_t at = 0;
   for (uint64_t i = 0; i < n; i++) {
     const unsigned char *e = d + HDR + i * ENT;

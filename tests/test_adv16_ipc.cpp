@@ -347,7 +347,19 @@ TEST_P(Adv16Ipc, GarbageHandles) {
     z = h;
     z.n_fds = 0;
     EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, expseg_ipc_import(b, &z, &x)) << "n_fds 0";
-    EXPECT_TRUE(says("descriptor")) << err();
+    EXPECT_TRUE(says("descriptor count is " + std::to_string(h.n_fds))) << err();
+    EXPECT_TRUE(says("received, 0")) << "names both counts: " << err();
+    { // the allocation's size past the extent: size, offset and extent named
+      std::vector<unsigned char> bytes(h.data, h.data + h.size);
+      uint64_t extent = 0, huge = UINT64_C(1) << 40;
+      memcpy(&extent, &bytes[24], 8);
+      memcpy(&bytes[40], &huge, 8);
+      expseg_ipc_handle y = h;
+      y.data = bytes.data();
+      EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, expseg_ipc_import(b, &y, &x));
+      EXPECT_TRUE(says(std::to_string(huge)) && says("extent, " + std::to_string(extent)))
+          << err();
+    }
     std::vector<int> neg(h.n_fds, -1);
     z = h;
     z.fds = neg.data();
@@ -733,6 +745,41 @@ TEST_P(Adv16Ipc, FortyExportsClosedInRandomOrder) {
   EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0);
   EXPECT_EQ(EXPSEG_OK, expseg_check(a)) << err();
   destroy_clean(b, "importer");
+  destroy_clean(a, "exporter");
+  EXPECT_EQ(open_fds(), fds);
+}
+
+// The importer's own cache work (an out-of-memory retry that releases everything, an
+// empty_cache) leaves imports alone; a failed import whose undo the driver refused is
+// given back at destroy.
+TEST_P(Adv16Ipc, ImporterCacheWorkAndOrphanAtDestroy) {
+  const int fds = open_fds();
+  expseg_allocator *a = make(HOST, 0, GetParam());
+  expseg_allocator *b = make("fault;host:capacity=64M", 1, GetParam());
+  const size_t size = 5u << 20;
+  void *p = nullptr, *q = nullptr, *big = nullptr, *mid = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(a, size, 0, &p));
+  fill(p, size, 51);
+  expseg_ipc_handle h = {};
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_export(a, p, &h));
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_import(b, &h, &q));
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(b, 20u << 20, 0, &mid));
+  ASSERT_EQ(EXPSEG_OK, expseg_free(b, mid));
+  EXPECT_EQ(EXPSEG_ERR_OUT_OF_MEMORY, expseg_malloc(b, 100u << 20, 0, &big));
+  ASSERT_EQ(EXPSEG_OK, expseg_empty_cache(b));
+  EXPECT_TRUE(holds(q, size, 51)) << "the import survives the importer's cache release";
+  EXPECT_EQ(EXPSEG_OK, expseg_check(b)) << err();
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_close(b, q));
+  ASSERT_EQ(EXPSEG_OK, expseg_testing_set_faults(b, "map@1,release@1"));
+  EXPECT_NE(EXPSEG_OK, expseg_ipc_import(b, &h, &q));
+  ASSERT_EQ(EXPSEG_OK, expseg_testing_set_faults(b, ""));
+  EXPECT_EQ(EXPSEG_OK, expseg_check(b)) << "the orphan is counted: " << err();
+  EXPECT_GT(counts(b).live_chunks, 0) << "the release was refused";
+  destroy_clean(b, "importer with an orphan");
+  EXPECT_EQ(held_of(a), 1u) << "only the exporter's handle";
+  expseg_ipc_handle_free(&h);
+  EXPECT_EQ(held_of(a), 0u);
+  ASSERT_EQ(EXPSEG_OK, expseg_free(a, p));
   destroy_clean(a, "exporter");
   EXPECT_EQ(open_fds(), fds);
 }
