@@ -387,9 +387,16 @@ static expseg_status validate(const expseg_allocator *a, const expseg_ipc_handle
   if (at != extent) return bad("the chunks' total size", at, "the extent");
   int type = 0;
   socklen_t tl = sizeof type;
-  if (getsockopt(h->fds[live], SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM)
-    return bad("the liveness descriptor's kind", (uint64_t)type,
-               "a stream socket (the exporter's)");
+  if (getsockopt(h->fds[live], SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM) {
+    const bool got = type != 0; /* a socket of another type; else not a socket, or closed */
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_ipc_import: malformed handle: the liveness descriptor "
+                             "(index %llu, descriptor %d) is %s%s; expected the exporter's "
+                             "stream socket",
+                             (unsigned long long)live, h->fds[live],
+                             got ? "a socket of another type than SOCK_STREAM" : "not a socket: ",
+                             got ? "" : strerror(errno));
+  }
   /* the exporter's end closed: it was destroyed or exited, the allocation is not live */
   struct pollfd pf = {.fd = h->fds[live], .events = POLLRDHUP};
   if (poll(&pf, 1, 0) == 1 && (pf.revents & (POLLHUP | POLLRDHUP)))

@@ -442,6 +442,31 @@ TEST_P(Adv16Ipc, StaleHandleAfterExporterDestroyed) {
   destroy_clean(b, "importer");
 }
 
+// A shallow copy of a handle used after the original was freed: its descriptors are closed,
+// and the import says which one.
+TEST_P(Adv16Ipc, HandleUsedAfterFree) {
+  expseg_allocator *a = make(HOST, 0, GetParam()), *b = make(HOST, 1);
+  void *p = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(a, 2u << 20, 0, &p));
+  expseg_ipc_handle h = {};
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_export(a, p, &h));
+  std::vector<unsigned char> bytes(h.data, h.data + h.size);
+  std::vector<int> fds(h.fds, h.fds + h.n_fds);
+  expseg_ipc_handle copy = {bytes.data(), bytes.size(), fds.data(), fds.size()};
+  expseg_ipc_handle_free(&h);
+  void *q = nullptr;
+  EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, expseg_ipc_import(b, &copy, &q));
+  EXPECT_TRUE(says("descriptor " + std::to_string(fds.back()))) << err();
+  EXPECT_TRUE(says("not a socket")) << err();
+  EXPECT_EQ(q, nullptr);
+  EXPECT_EQ(counts(b).live_reservations, 0);
+  EXPECT_EQ(held_of(a), 0u) << "the export ended with its handle";
+  ASSERT_EQ(EXPSEG_OK, expseg_free(a, p));
+  EXPECT_EQ(stat_of(a, "allocated_bytes.all.current"), 0);
+  destroy_clean(b, "importer");
+  destroy_clean(a, "exporter");
+}
+
 // A private pool's allocation exported, then the pool emptied and released: the block and
 // its memory stay until the importer closes; then the pool goes.
 TEST_P(Adv16Ipc, PrivatePoolReleasedWhileExported) {
