@@ -11,7 +11,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -465,6 +467,52 @@ TEST_P(Adv16Ipc, HandleUsedAfterFree) {
   EXPECT_EQ(stat_of(a, "allocated_bytes.all.current"), 0);
   destroy_clean(b, "importer");
   destroy_clean(a, "exporter");
+}
+
+// Across processes: a forked child exports and is killed while this process maps its
+// memory. The mapping stays readable, a second import of the same handle is stale, and
+// the close gives everything back.
+TEST(Adv16IpcProcess, ExporterKilledWhileImported) {
+  const int fds = open_fds();
+  int sv[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv));
+  const size_t size = 3u << 20;
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) { // exit codes name the step that failed
+    close(sv[0]);
+    expseg_allocator *c = nullptr;
+    if (expseg_create(HOST, 0, nullptr, &c) != EXPSEG_OK) _exit(10);
+    void *p = nullptr;
+    if (expseg_malloc(c, size, 0, &p) != EXPSEG_OK) _exit(11);
+    fill(p, size, 61);
+    expseg_ipc_handle h = {};
+    if (expseg_ipc_export(c, p, &h) != EXPSEG_OK) _exit(12);
+    if (expseg_ipc_send(sv[1], &h) != EXPSEG_OK) _exit(13);
+    expseg_ipc_handle_free(&h);
+    for (;;) pause(); // killed here
+  }
+  close(sv[1]);
+  expseg_allocator *b = make(HOST, 1);
+  expseg_ipc_handle h = {};
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_recv(sv[0], &h)) << err();
+  void *q = nullptr, *q2 = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_import(b, &h, &q)) << err();
+  EXPECT_TRUE(holds(q, size, 61));
+  kill(pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(pid, waitpid(pid, &status, 0));
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the child failed at step " << WEXITSTATUS(status);
+  EXPECT_TRUE(holds(q, size, 61)) << "the mapping outlives the exporter";
+  fill(q, size, 62);
+  EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, expseg_ipc_import(b, &h, &q2));
+  EXPECT_TRUE(says("stale handle")) << err();
+  EXPECT_EQ(counts(b).live_chunks, 1) << "only the first import";
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_close(b, q));
+  expseg_ipc_handle_free(&h);
+  close(sv[0]);
+  destroy_clean(b, "importer");
+  EXPECT_EQ(open_fds(), fds);
 }
 
 // A private pool's allocation exported, then the pool emptied and released: the block and
