@@ -857,6 +857,126 @@ TEST_P(Adv16Ipc, ImporterCacheWorkAndOrphanAtDestroy) {
   EXPECT_EQ(open_fds(), fds);
 }
 
+// A seeded random program over the whole protocol, checked against a model after every
+// step: which exports are held (a handle or an import alive), how many allocations the
+// exporter counts (deferred frees included), the bytes every import sees, the peer's
+// access to imports, and expseg_check on both sides.
+TEST_P(Adv16Ipc, RandomProgramAgainstAModel) {
+  EXPSEG_SEEDED(seed, 1606);
+  std::mt19937_64 rng(seed);
+  const int fds = open_fds();
+  expseg_allocator *a = make("host:capacity=1G", 0, GetParam()), *b = make(HOST, 1);
+  struct Block {
+    void *p;
+    unsigned char tag;
+    bool freed;
+  };
+  struct Export {
+    size_t block;
+    expseg_ipc_handle h;
+    std::vector<std::pair<expseg_allocator *, void *>> imports;
+  };
+  std::vector<Block> blocks;    // erased when truly gone
+  std::vector<Export> exports;  // erased when no longer held
+  bool peer = false;
+  auto held = [&](const Export &e) { return e.h.data != nullptr || !e.imports.empty(); };
+  for (int step = 0; step < 1500; step++) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    unsigned r = (unsigned)(rng() % 100);
+    if (r < 22 || blocks.empty()) {
+      size_t size = rng() % 3 ? (1 + rng() % 4) << 20 : 512 + rng() % 60000;
+      void *p = nullptr;
+      ASSERT_EQ(EXPSEG_OK, expseg_malloc(a, size, (expseg_stream)(rng() % 2), &p)) << err();
+      unsigned char tag = (unsigned char)rng();
+      fill(p, 64, tag);
+      blocks.push_back({p, tag, false});
+    } else if (r < 35) {
+      size_t k = rng() % blocks.size();
+      expseg_status st = expseg_free(a, blocks[k].p);
+      if (blocks[k].freed) {
+        ASSERT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, st) << "a second free";
+      } else {
+        ASSERT_EQ(EXPSEG_OK, st) << err();
+        blocks[k].freed = true;
+      }
+    } else if (r < 50) {
+      size_t k = rng() % blocks.size();
+      expseg_ipc_handle h = {};
+      expseg_status st = expseg_ipc_export(a, blocks[k].p, &h);
+      if (blocks[k].freed) {
+        ASSERT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, st) << "export of a freed block";
+      } else {
+        ASSERT_EQ(EXPSEG_OK, st) << err();
+        exports.push_back({k, h, {}});
+      }
+    } else if (r < 68 && !exports.empty()) {
+      Export &e = exports[rng() % exports.size()];
+      if (e.h.data == nullptr) continue;
+      expseg_allocator *to = rng() % 3 ? b : a;
+      void *q = nullptr;
+      ASSERT_EQ(EXPSEG_OK, expseg_ipc_import(to, &e.h, &q)) << err();
+      ASSERT_TRUE(holds(q, 64, blocks[e.block].tag));
+      if (to == b) {
+        ASSERT_EQ(access_of(b, q, 64, 2), peer ? 2 : 0);
+      }
+      e.imports.push_back({to, q});
+    } else if (r < 82 && !exports.empty()) {
+      Export &e = exports[rng() % exports.size()];
+      if (e.imports.empty()) continue;
+      size_t i = rng() % e.imports.size();
+      ASSERT_TRUE(holds(e.imports[i].second, 64, blocks[e.block].tag));
+      ASSERT_EQ(EXPSEG_OK, expseg_ipc_close(e.imports[i].first, e.imports[i].second)) << err();
+      e.imports.erase(e.imports.begin() + (long)i);
+    } else if (r < 92 && !exports.empty()) {
+      Export &e = exports[rng() % exports.size()];
+      expseg_ipc_handle_free(&e.h);
+    } else if (r < 95) {
+      peer = !peer;
+      ASSERT_EQ(EXPSEG_OK, peer ? expseg_enable_peer_access(b, 2) : expseg_disable_peer_access(b, 2));
+    } else {
+      ASSERT_EQ(EXPSEG_OK, expseg_empty_cache(rng() % 2 ? a : b));
+    }
+    // the model: exports no longer held go; freed blocks no export holds go
+    std::vector<bool> held_block(blocks.size(), false);
+    std::vector<Export> still;
+    for (Export &e : exports)
+      if (held(e)) held_block[e.block] = true, still.push_back(e);
+    exports.swap(still);
+    std::vector<size_t> remap(blocks.size());
+    std::vector<Block> kept;
+    for (size_t i = 0; i < blocks.size(); i++) {
+      remap[i] = kept.size();
+      if (!blocks[i].freed || held_block[i]) kept.push_back(blocks[i]);
+    }
+    blocks.swap(kept);
+    for (Export &e : exports) e.block = remap[e.block];
+    ASSERT_EQ(held_of(a), exports.size());
+    ASSERT_EQ(stat_of(a, "allocation.all.current"), (int64_t)blocks.size());
+    if (step % 50 == 0) {
+      ASSERT_EQ(EXPSEG_OK, expseg_check(a)) << err();
+      ASSERT_EQ(EXPSEG_OK, expseg_check(b)) << err();
+    }
+  }
+  for (Export &e : exports) {
+    for (auto &im : e.imports) ASSERT_EQ(EXPSEG_OK, expseg_ipc_close(im.first, im.second));
+    expseg_ipc_handle_free(&e.h);
+  }
+  EXPECT_EQ(held_of(a), 0u);
+  for (Block &x : blocks) {
+    if (!x.freed) {
+      ASSERT_EQ(EXPSEG_OK, expseg_free(a, x.p));
+    }
+  }
+  EXPECT_EQ(stat_of(a, "allocation.all.current"), 0);
+  ASSERT_EQ(EXPSEG_OK, expseg_empty_cache(a));
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0);
+  EXPECT_EQ(EXPSEG_OK, expseg_check(a)) << err();
+  EXPECT_EQ(EXPSEG_OK, expseg_check(b)) << err();
+  destroy_clean(b, "importer");
+  destroy_clean(a, "exporter");
+  EXPECT_EQ(open_fds(), fds);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cpu, Adv16Ipc,
                          ::testing::Values("expandable_segments:True", "expandable_segments:False",
                                            "expandable_segments:True,chunk_max_mb:2"),
