@@ -369,8 +369,9 @@ EXPSEG_EXPORT expseg_status expseg_mem_get_info(expseg_allocator *a, size_t *fre
 /* Makes every range the allocator has mapped, and every one it maps later (growth, page
  * moves, page-cache re-maps, imports), readable and writable from peer_device: one
  * set-access call per range per peer. cudaDeviceEnablePeerAccess alone does not do this for
- * virtual-memory mappings. peer_device in [0, 63], not the allocator's own device; enabling
- * twice is OK. On failure nothing changed. disable takes the access away again. */
+ * virtual-memory mappings. peer_device in [0, 63], not the allocator's own device (on cuda
+ * also a device the machine has that can access this one's memory, checked at enable);
+ * enabling twice is OK. On failure nothing changed. disable takes the access away again. */
 EXPSEG_EXPORT expseg_status expseg_enable_peer_access(expseg_allocator *a, int peer_device);
 EXPSEG_EXPORT expseg_status expseg_disable_peer_access(expseg_allocator *a, int peer_device);
 

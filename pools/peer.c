@@ -96,7 +96,10 @@ static expseg_status change_peer(expseg_allocator *a, int peer, bool enable, con
   uint64_t bit = UINT64_C(1) << peer;
   if (!(a->peers & bit) == enable) { /* else nothing to do */
     int grant = peer, revoke = EXPSEG_VMM_REVOKE(peer);
-    st = enable ? apply_all(a, grant, revoke) : apply_all(a, revoke, grant);
+    /* a peer that does not exist or cannot access this device is refused now, not at the
+     * next mapping (also when nothing is mapped yet) */
+    st = enable ? _expseg_vmm_check_peer(a->drv, peer) : EXPSEG_OK;
+    if (st == EXPSEG_OK) st = enable ? apply_all(a, grant, revoke) : apply_all(a, revoke, grant);
     if (st == EXPSEG_OK) a->peers = enable ? a->peers | bit : a->peers & ~bit;
     else _expseg_error_prefix("%s(device %d -> peer %d)", fn, a->device, peer);
   }

@@ -226,6 +226,10 @@ static expseg_status fault_has_access(void *st, uintptr_t addr, size_t size, int
   return _expseg_vmm_has_access(((fault_t *)st)->inner, addr, size, device, state);
 }
 
+static expseg_status fault_check_peer(void *st, int peer) {
+  return _expseg_vmm_check_peer(((fault_t *)st)->inner, peer);
+}
+
 static void fault_destroy(void *st) {
   fault_t *f = st;
   if (!f) return;
@@ -252,6 +256,7 @@ static void fault_destroy(void *st) {
     .copy = fault_copy, .copy_async = fault_copy_async,                                    \
     .stream_create = fault_stream_create,                                                  \
     .stream_destroy = fault_stream_destroy, .has_access = fault_has_access,                \
+    .check_peer = fault_check_peer,                                                        \
     .destroy = fault_destroy,                                                              \
   }
 
