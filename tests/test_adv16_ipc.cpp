@@ -3,9 +3,10 @@
 // and sharing"): an export freed in the exporter while imported, closes of pointers never
 // imported, stale, garbage and truncated handles, imports into the exporting allocator,
 // exports of interior, freed and foreign pointers, exports from private pools and tagged
-// regions, peer access across growth, driver faults on every call of these paths with
-// nothing leaked and a retry succeeding, and several threads sharing at once. Two
-// allocators in one process stand for the two processes: the descriptors travel the same.
+// regions, peer access across growth and sleeping regions, driver faults on every call of
+// these paths with nothing leaked and a retry succeeding, several threads sharing at once,
+// and a seeded random program checked against a model. Two allocators in one process stand
+// for the two processes (the descriptors travel the same); one test forks a real exporter.
 #include "alloc_support.h"
 #include "expseg_testing.h"
 
