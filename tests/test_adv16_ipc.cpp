@@ -13,6 +13,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -976,6 +977,45 @@ TEST_P(Adv16Ipc, RandomProgramAgainstAModel) {
   destroy_clean(b, "importer");
   destroy_clean(a, "exporter");
   EXPECT_EQ(open_fds(), fds);
+}
+
+// A receiver at its descriptor limit (RLIMIT_NOFILE): the control message is truncated,
+// recv fails saying so with everything it received closed, and works once there is room.
+TEST(Adv16IpcSocket, RecvAtTheDescriptorLimit) {
+  expseg_allocator *a = make(HOST, 0, "expandable_segments:True,chunk_max_mb:2");
+  void *p = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(a, 2u << 20, 0, &p));
+  expseg_ipc_handle h = {};
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_export(a, p, &h));
+  ASSERT_EQ(h.n_fds, 2u);
+  int sv[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv));
+  const int fds = open_fds();
+  int second_free = -1; // the limit leaves exactly one free descriptor number below it
+  for (int fd = 0, free_seen = 0; fd < 4096 && second_free < 0; fd++)
+    if (fcntl(fd, F_GETFD) == -1 && ++free_seen == 2) second_free = fd;
+  ASSERT_GT(second_free, 0);
+  struct rlimit old = {}, low = {};
+  ASSERT_EQ(0, getrlimit(RLIMIT_NOFILE, &old));
+  low = old;
+  low.rlim_cur = (rlim_t)second_free; // room for one received descriptor, not two
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_send(sv[0], &h));
+  ASSERT_EQ(0, setrlimit(RLIMIT_NOFILE, &low));
+  expseg_ipc_handle got = {};
+  expseg_status st = expseg_ipc_recv(sv[1], &got);
+  ASSERT_EQ(0, setrlimit(RLIMIT_NOFILE, &old));
+  EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, st);
+  EXPECT_TRUE(says("truncated")) << err();
+  EXPECT_EQ(got.data, nullptr);
+  EXPECT_EQ(open_fds(), fds) << "what was received is closed";
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_send(sv[0], &h));
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_recv(sv[1], &got)) << err();
+  EXPECT_EQ(got.n_fds, 2u);
+  expseg_ipc_handle_free(&got);
+  close(sv[0]), close(sv[1]);
+  expseg_ipc_handle_free(&h);
+  ASSERT_EQ(EXPSEG_OK, expseg_free(a, p));
+  destroy_clean(a, "exporter");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, Adv16Ipc,
