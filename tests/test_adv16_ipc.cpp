@@ -1303,6 +1303,28 @@ TEST(Adv16IpcSim, UnsupportedOnSim) {
   EXPECT_EQ(held_of(a), 0u);
   ASSERT_EQ(EXPSEG_OK, expseg_free(a, p));
   EXPECT_EQ(stat_of(a, "allocated_bytes.all.current"), 0) << "not deferred";
+  ASSERT_EQ(EXPSEG_OK, expseg_empty_cache(a));
+  // a host handle imported into a sim allocator: refused, nothing held, sim keeps working
+  const int fds = open_fds();
+  expseg_allocator *x = make(HOST, 1);
+  void *xp = nullptr, *q = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(x, 2u << 20, 0, &xp));
+  ASSERT_EQ(EXPSEG_OK, expseg_ipc_export(x, xp, &h));
+  EXPECT_EQ(EXPSEG_ERR_UNSUPPORTED, expseg_ipc_import(a, &h, &q)) << err();
+  EXPECT_FALSE(err().empty());
+  EXPECT_EQ(q, nullptr);
+  expseg_testing_driver_counts c = counts(a);
+  EXPECT_EQ(c.live_reservations, 0);
+  EXPECT_EQ(c.live_chunks, 0);
+  EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, expseg_ipc_close(a, xp));
+  expseg_ipc_handle_free(&h);
+  EXPECT_EQ(held_of(x), 0u);
+  ASSERT_EQ(EXPSEG_OK, expseg_free(x, xp));
+  destroy_clean(x, "host exporter");
+  EXPECT_EQ(open_fds(), fds);
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(a, 1u << 20, 0, &p));
+  ASSERT_EQ(EXPSEG_OK, expseg_free(a, p));
+  EXPECT_EQ(EXPSEG_OK, expseg_check(a)) << err();
   destroy_clean(a, "sim");
 }
 
