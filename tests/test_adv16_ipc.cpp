@@ -651,8 +651,14 @@ TEST_P(Adv16Ipc, ChunksCountedAndSmallBlocks) {
   ASSERT_EQ(EXPSEG_OK, expseg_ipc_export(a, p, &h)) << err();
   EXPECT_EQ(h.size, 64u + 32u) << "one chunk";
   EXPECT_EQ(stat_of(a, "expseg.driver.export_fd") - ex0, 1);
+  ASSERT_EQ(EXPSEG_OK, expseg_enable_peer_access(b, 5));
+  ASSERT_EQ(EXPSEG_OK, expseg_enable_peer_access(b, 6));
+  const int64_t sa0 = stat_of(b, "expseg.driver.set_access");
   ASSERT_EQ(EXPSEG_OK, expseg_ipc_import(b, &h, &q));
   EXPECT_EQ(stat_of(b, "expseg.driver.import_fd") - im0, 1);
+  EXPECT_EQ(stat_of(b, "expseg.driver.set_access") - sa0, 3) << "the device's, then each peer's";
+  ASSERT_EQ(EXPSEG_OK, expseg_disable_peer_access(b, 6));
+  EXPECT_EQ(stat_of(b, "expseg.driver.set_access") - sa0, 4) << "one revocation: the import";
   EXPECT_EQ(counts(b).mapped_bytes, (int64_t)(4u << 20)) << "3 MiB rounded to the granularity";
   ASSERT_EQ(EXPSEG_OK, expseg_ipc_close(b, q));
   expseg_ipc_handle_free(&h);
