@@ -25,7 +25,11 @@
  * every malloc that misses the cache, empty_cache and expseg_ipc_poll while exports are
  * held. Until then the exported block stays allocated: an expseg_free of it is deferred (done at the poll that
  * sees the last importer go), so its memory is never reused, moved nor released under an
- * importer. Everything here runs under the allocator's lock. */
+ * importer. An import whose handle's exporter end is already closed (the exporter destroyed
+ * or dead) is refused as stale. An import's teardown records each step it completes, so a
+ * driver refusal part-way through expseg_ipc_close (or through the undo of a failed import)
+ * is taken up again by the next close, import or destroy instead of being leaked.
+ * Everything here runs under the allocator's lock. */
 #include "internal.h"
 
 #include <errno.h>
