@@ -288,21 +288,17 @@ static expseg_status cuda_set_access(void *st, uintptr_t addr, size_t size, int 
 static expseg_status cuda_check_peer(void *st, int peer) {
   cuda_t *c = st;
   CUdevice target = c->dev;
-  int can = 0;
-  char d[48];
-  snprintf(d, sizeof d, "(peer device %d)", peer);
-  int n = 0;
+  int n = 0, can = 0;
   if (cu.cuDeviceGetCount(&n) == CUDA_SUCCESS && peer >= n)
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "cuda driver: peer device %d: this "
                              "machine has %d device(s), 0 to %d", peer, n, n - 1);
   CUresult r = cu.cuDeviceGet(&target, peer);
-  if (r != CUDA_SUCCESS) return cu_fail(r, "cuDeviceGet", d);
-  if ((r = cu.cuDeviceCanAccessPeer(&can, target, c->dev)) != CUDA_SUCCESS)
-    return cu_fail(r, "cuDeviceCanAccessPeer", d);
-  return can ? EXPSEG_OK
-             : _expseg_error_set(EXPSEG_ERR_UNSUPPORTED, "cuda driver: device %d cannot access "
-                                 "the memory of device %d (cuDeviceCanAccessPeer)", peer,
-                                 c->ordinal);
+  if (r == CUDA_SUCCESS) r = cu.cuDeviceCanAccessPeer(&can, target, c->dev);
+  if (r != CUDA_SUCCESS || !can)
+    return _expseg_error_set(r ? EXPSEG_ERR_DRIVER : EXPSEG_ERR_UNSUPPORTED,
+                             "cuda driver: device %d cannot access device %d's memory (%s)",
+                             peer, c->ordinal, r ? err_name(r) : "cuDeviceCanAccessPeer: 0");
+  return EXPSEG_OK;
 }
 
 static expseg_status cuda_event_create(void *st, expseg_vmm_event *ev) {
