@@ -369,8 +369,9 @@ EXPSEG_EXPORT expseg_status expseg_mem_get_info(expseg_allocator *a, size_t *fre
 /* Makes every range the allocator has mapped, and every one it maps later (growth, page
  * moves, page-cache re-maps, imports), readable and writable from peer_device: one
  * set-access call per range per peer. cudaDeviceEnablePeerAccess alone does not do this for
- * virtual-memory mappings. peer_device in [0, 63], not the allocator's own device; enabling
- * twice is OK. On failure nothing changed. disable takes the access away again. */
+ * virtual-memory mappings. peer_device in [0, 63], not the allocator's own device (on cuda
+ * also a device the machine has that can access this one's memory, checked at enable);
+ * enabling twice is OK. On failure nothing changed. disable takes the access away again. */
 EXPSEG_EXPORT expseg_status expseg_enable_peer_access(expseg_allocator *a, int peer_device);
 EXPSEG_EXPORT expseg_status expseg_disable_peer_access(expseg_allocator *a, int peer_device);
 
@@ -406,11 +407,14 @@ EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_ipc_recv(int socket_fd,
                                                              expseg_ipc_handle *out);
 /* Maps the described memory into this process (its own address range, its own device's
  * access and the enabled peers'); *ptr is where the exported allocation starts. The handle
- * stays the caller's. Malformed handles are EXPSEG_ERR_INVALID_ARGUMENT naming the field. */
+ * stays the caller's. Malformed handles are EXPSEG_ERR_INVALID_ARGUMENT naming the field,
+ * and so are stale ones (the exporting allocator destroyed or its process gone). */
 EXPSEG_EXPORT EXPSEG_NODISCARD expseg_status expseg_ipc_import(expseg_allocator *a,
                                                                const expseg_ipc_handle *h,
                                                                void **ptr);
-/* Unmaps an imported allocation and closes everything it held. */
+/* Unmaps an imported allocation and closes everything it held. A pointer import did not
+ * return (or one closed already) is EXPSEG_ERR_INVALID_ARGUMENT naming it. When the driver
+ * refuses a step, the error is returned and the import stays open: close it again. */
 EXPSEG_EXPORT expseg_status expseg_ipc_close(expseg_allocator *a, void *ptr);
 /* Checks now which importers are gone (also done by every malloc and empty_cache while
  * exports are outstanding); *held (may be NULL) = exports still held open. */

@@ -25,7 +25,11 @@
  * every malloc that misses the cache, empty_cache and expseg_ipc_poll while exports are
  * held. Until then the exported block stays allocated: an expseg_free of it is deferred (done at the poll that
  * sees the last importer go), so its memory is never reused, moved nor released under an
- * importer. Everything here runs under the allocator's lock. */
+ * importer. An import whose handle's exporter end is already closed (the exporter destroyed
+ * or dead) is refused as stale. An import's teardown records each step it completes, so a
+ * driver refusal part-way through expseg_ipc_close (or through the undo of a failed import)
+ * is taken up again by the next close, import or destroy instead of being leaked.
+ * Everything here runs under the allocator's lock. */
 #include "internal.h"
 
 #include <errno.h>
@@ -46,13 +50,18 @@ typedef struct {
   bool freed; /* expseg_free was asked: done when the last importer goes */
 } export_t;
 
+/* What an import holds, step by step, so that a teardown refused part-way by the driver is
+ * taken up again where it stopped: by the next expseg_ipc_close of ptr, or, for an import
+ * that failed (ptr 0, an orphan), by the next import or close, and by destroy. */
 typedef struct {
   uintptr_t ptr, base;
   size_t extent;
-  expseg_vmm_handle *h;
+  expseg_vmm_handle *h; /* 0 once released */
   size_t *sizes;
   size_t n;
-  int live; /* dup of the liveness socket */
+  size_t mapped;  /* the first `mapped` chunks are mapped */
+  bool reserved;  /* base .. base + extent is reserved */
+  int live;       /* dup of the liveness socket */
 } import_t;
 
 struct ipc_state_s {
@@ -336,23 +345,36 @@ static expseg_status validate(const expseg_allocator *a, const expseg_ipc_handle
   if (getn(d + 4, 2) != VERSION) return bad("the version", getn(d + 4, 2), "1 (this library's)");
   if (getn(d + 6, 2) != HDR) return bad("the header size", getn(d + 6, 2), "64");
   if (getn(d + 8, 2) != ENT) return bad("the entry size", getn(d + 8, 2), "32");
-  if (getn(d + 10, 2) != 0 || getn(d + 48, 8) != 0 || getn(d + 56, 8) != 0)
-    return bad("a padding or flags field", 1, "zero");
+  if (getn(d + 10, 2) != 0) return bad("the padding at byte 10", getn(d + 10, 2), "zero");
+  if (getn(d + 48, 8) != 0)
+    return bad("the padding or flags field at byte 48", getn(d + 48, 8), "zero");
+  if (getn(d + 56, 8) != 0) return bad("the padding at byte 56", getn(d + 56, 8), "zero");
   uint64_t n = getn(d + 12, 4), nf = getn(d + 16, 4), live = getn(d + 20, 4);
   uint64_t extent = getn(d + 24, 8), off = getn(d + 32, 8), size = getn(d + 40, 8);
   if (n == 0 || n > MAX_CHUNKS) return bad("the chunk count", n, "1 to 2^20");
   if (h->size != HDR + n * ENT) return bad("the handle size", h->size, "64 + 32 x chunk count");
   if (nf != h->n_fds || nf < 1 || !h->fds)
-    return bad("the descriptor count", nf, "the descriptors received (at least the liveness one)");
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_ipc_import: malformed handle: the descriptor count is %llu; "
+                             "expected the descriptors received, %zu%s (at least the liveness one)",
+                             (unsigned long long)nf, h->fds ? h->n_fds : 0,
+                             h->fds ? "" : " (fds is NULL)");
   for (size_t i = 0; i < h->n_fds; i++)
     if (h->fds[i] < 0)
-      return bad("a descriptor", (uint64_t)(int64_t)h->fds[i], "an open descriptor");
+      return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                               "expseg_ipc_import: malformed handle: descriptor %zu is %d; "
+                               "expected an open descriptor",
+                               i, h->fds[i]);
   if (live >= nf) return bad("the liveness descriptor index", live, "below the descriptor count");
   size_t g = a->granularity;
   if (extent == 0 || extent % g || extent > (UINT64_C(1) << 50))
     return bad("the extent", extent, "a non-zero multiple of this device's granularity, < 2^50");
   if (size == 0 || off > extent || size > extent - off)
-    return bad("the allocation (offset, size)", size, "a non-empty range inside the extent");
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_ipc_import: malformed handle: the allocation is %llu bytes at "
+                             "offset %llu; expected a non-empty range inside the extent, %llu",
+                             (unsigned long long)size, (unsigned long long)off,
+                             (unsigned long long)extent);
   uint64_t at = 0;
   for (uint64_t i = 0; i < n; i++) {
     const unsigned char *e = d + HDR + i * ENT;
@@ -369,20 +391,77 @@ static expseg_status validate(const expseg_allocator *a, const expseg_ipc_handle
   if (at != extent) return bad("the chunks' total size", at, "the extent");
   int type = 0;
   socklen_t tl = sizeof type;
-  if (getsockopt(h->fds[live], SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM)
-    return bad("the liveness descriptor's kind", (uint64_t)type,
-               "a stream socket (the exporter's)");
+  if (getsockopt(h->fds[live], SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM) {
+    const bool got = type != 0; /* a socket of another type; else not a socket, or closed */
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_ipc_import: malformed handle: the liveness descriptor "
+                             "(index %llu, descriptor %d) is %s%s; expected the exporter's "
+                             "stream socket",
+                             (unsigned long long)live, h->fds[live],
+                             got ? "a socket of another type than SOCK_STREAM" : "not a socket: ",
+                             got ? "" : strerror(errno));
+  }
+  /* the exporter's end closed: it was destroyed or exited, the allocation is not live */
+  struct pollfd pf = {.fd = h->fds[live], .events = POLLRDHUP};
+  if (poll(&pf, 1, 0) == 1 && (pf.revents & (POLLHUP | POLLRDHUP)))
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
+                             "expseg_ipc_import: stale handle: the exporter's end of its liveness "
+                             "socket (descriptor %d) is closed (the exporting allocator was "
+                             "destroyed or its process exited); expected a handle of a live export",
+                             h->fds[live]);
   return EXPSEG_OK;
 }
 
-static void undo_import(expseg_allocator *a, import_t *im, size_t mapped, bool reserved) {
-  for (size_t i = 0, at = 0; i < im->n; at += im->sizes[i], i++) {
-    if (i < mapped) (void)_expseg_vmm_unmap(a->drv, im->base + at, im->sizes[i]);
-    if (im->h[i]) (void)_expseg_vmm_release(a->drv, im->h[i], im->sizes[i]);
+/* Gives back what im holds (mappings, chunks, reservation, liveness descriptor), recording
+ * each step; stops at the first refusal, leaving im consistent for a later retry. */
+static expseg_status teardown(expseg_allocator *a, import_t *im) {
+  if (im->mapped) {
+    size_t bytes = 0;
+    for (size_t i = 0; i < im->mapped; i++) bytes += im->sizes[i];
+    expseg_status st = _expseg_vmm_unmap(a->drv, im->base, bytes);
+    if (st) return st;
+    im->mapped = 0;
   }
-  if (reserved) (void)_expseg_vmm_unreserve(a->drv, im->base, im->extent);
+  for (size_t i = 0; i < im->n; i++) {
+    if (!im->h[i]) continue;
+    expseg_status st = _expseg_vmm_release(a->drv, im->h[i], im->sizes[i]);
+    if (st) return st;
+    im->h[i] = 0;
+  }
+  if (im->reserved) {
+    expseg_status st = _expseg_vmm_unreserve(a->drv, im->base, im->extent);
+    if (st) return st;
+    im->reserved = false;
+  }
   if (im->live >= 0) close(im->live);
+  im->live = -1;
   free(im->h), free(im->sizes);
+  im->h = NULL, im->sizes = NULL;
+  return EXPSEG_OK;
+}
+
+/* Retries the teardown of failed imports a driver refusal left behind. */
+static void retry_orphans(expseg_allocator *a) {
+  struct ipc_state_s *S = a->ipc;
+  for (size_t i = 0; S && i < S->n_im;) {
+    if (S->im[i].ptr == 0 && teardown(a, &S->im[i]) == EXPSEG_OK)
+      S->im[i] = S->im[--S->n_im];
+    else
+      i++;
+  }
+}
+
+/* A failed import (status st, its message set): gives back what it holds; what the driver
+ * refuses stays as an orphan. Returns st with the import's message. */
+static expseg_status undo_import(expseg_allocator *a, struct ipc_state_s *S, import_t *im,
+                                 expseg_status st) {
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", expseg_last_error());
+  if (teardown(a, im) != EXPSEG_OK) {
+    im->ptr = 0;
+    S->im[S->n_im++] = *im; /* room made before the first driver call */
+  }
+  return _expseg_error_set(st, "%s", msg);
 }
 
 static expseg_status import_locked(expseg_allocator *a, const expseg_ipc_handle *hd, void **ptr) {
@@ -401,15 +480,11 @@ static expseg_status import_locked(expseg_allocator *a, const expseg_ipc_handle 
   im.live = fcntl(hd->fds[getn(d + 20, 4)], F_DUPFD_CLOEXEC, 0);
   if (im.live < 0) {
     st = _expseg_error_set(EXPSEG_ERR_DRIVER, "expseg_ipc_import: dup failed: %s", strerror(errno));
-    undo_import(a, &im, 0, false);
-    return st;
+    return undo_import(a, S, &im, st);
   }
   st = _expseg_vmm_reserve(a->drv, im.extent, 0, &im.base);
-  if (st) {
-    undo_import(a, &im, 0, false);
-    return st;
-  }
-  size_t mapped = 0;
+  if (st) return undo_import(a, S, &im, st);
+  im.reserved = true;
   for (size_t i = 0; i < n && st == EXPSEG_OK; i++) {
     const unsigned char *e = d + HDR + i * ENT;
     im.sizes[i] = (size_t)getn(e + 24, 8);
@@ -417,15 +492,13 @@ static expseg_status import_locked(expseg_allocator *a, const expseg_ipc_handle 
                                &im.h[i]);
     if (st == EXPSEG_OK)
       st = _expseg_vmm_map(a->drv, im.base + (size_t)getn(e + 16, 8), im.sizes[i], im.h[i], 0);
-    if (st == EXPSEG_OK) mapped++;
+    if (st == EXPSEG_OK) im.mapped++;
   }
   if (st == EXPSEG_OK) st = _expseg_vmm_set_access(a->drv, im.base, im.extent);
   if (st == EXPSEG_OK && a->peers) st = _expseg_peers_grant(a, im.base, im.extent);
   if (st) {
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", expseg_last_error());
-    undo_import(a, &im, mapped, true);
-    return _expseg_error_set(st, "expseg_ipc_import: %s", msg);
+    _expseg_error_set(st, "expseg_ipc_import: %s", expseg_last_error());
+    return undo_import(a, S, &im, st);
   }
   im.ptr = im.base + (size_t)getn(d + 32, 8);
   S->im[S->n_im++] = im;
@@ -439,6 +512,7 @@ expseg_status expseg_ipc_import(expseg_allocator *a, const expseg_ipc_handle *h,
                              "expseg_ipc_import: the allocator, handle or out-pointer is NULL");
   *ptr = NULL;
   api_lock(a);
+  retry_orphans(a);
   expseg_status st = import_locked(a, h, ptr);
   api_unlock(a);
   return st;
@@ -449,20 +523,23 @@ expseg_status expseg_ipc_close(expseg_allocator *a, void *ptr) {
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_ipc_close: the allocator is NULL");
   api_lock(a);
+  retry_orphans(a);
   struct ipc_state_s *S = a->ipc;
   size_t i = 0;
-  while (S && i < S->n_im && S->im[i].ptr != (uintptr_t)ptr) i++;
-  if (!S || i == S->n_im) {
+  while (S && ptr && i < S->n_im && S->im[i].ptr != (uintptr_t)ptr) i++;
+  if (!S || !ptr || i == S->n_im) {
     api_unlock(a);
     return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT,
                              "expseg_ipc_close(%p): not a pointer expseg_ipc_import returned "
                              "(or already closed)",
                              ptr);
   }
-  import_t im = S->im[i];
-  S->im[i] = S->im[--S->n_im];
-  expseg_status st = _expseg_vmm_unmap(a->drv, im.base, im.extent);
-  undo_import(a, &im, 0, st == EXPSEG_OK); /* a refused unmap keeps the range reserved */
+  expseg_status st = teardown(a, &S->im[i]);
+  if (st == EXPSEG_OK)
+    S->im[i] = S->im[--S->n_im];
+  else /* kept, with what is given back recorded: a second close goes on from there */
+    st = _expseg_error_set(st, "expseg_ipc_close(%p): %s (the import stays open: close it again)",
+                           ptr, expseg_last_error());
   api_unlock(a);
   return st;
 }
@@ -471,6 +548,7 @@ expseg_status _expseg_ipc_foreach_import(expseg_allocator *a,
                                          expseg_status (*fn)(void *, uintptr_t, size_t),
                                          void *ctx) {
   for (size_t i = 0; a->ipc && i < a->ipc->n_im; i++) {
+    if (a->ipc->im[i].mapped != a->ipc->im[i].n) continue; /* half closed: nothing mapped */
     expseg_status st = fn(ctx, a->ipc->im[i].base, a->ipc->im[i].extent);
     if (st) return st;
   }
@@ -480,10 +558,11 @@ expseg_status _expseg_ipc_foreach_import(expseg_allocator *a,
 void _expseg_ipc_totals(const expseg_allocator *a, int64_t t[4]) {
   for (size_t i = 0; a->ipc && i < a->ipc->n_im; i++) {
     const import_t *im = &a->ipc->im[i];
-    t[0] += (int64_t)im->extent;
-    t[1] += (int64_t)im->n;
-    t[2] += (int64_t)im->extent;
-    t[3] += (int64_t)im->extent;
+    for (size_t c = 0; c < im->n; c++) {
+      if (c < im->mapped) t[0] += (int64_t)im->sizes[c];
+      if (im->h[c]) t[1]++, t[2] += (int64_t)im->sizes[c];
+    }
+    if (im->reserved) t[3] += (int64_t)im->extent;
   }
 }
 
@@ -491,10 +570,11 @@ void _expseg_ipc_destroy(expseg_allocator *a) {
   struct ipc_state_s *S = a->ipc;
   if (!S) return;
   for (size_t i = 0; i < S->n_ex; i++) close(S->ex[i].sock);
-  for (size_t i = 0; i < S->n_im; i++) {
-    import_t *im = &S->im[i];
-    bool un = _expseg_vmm_unmap(a->drv, im->base, im->extent) == EXPSEG_OK;
-    undo_import(a, im, 0, un);
+  for (size_t i = 0; i < S->n_im; i++) { /* what the driver refuses here is reported by it */
+    if (teardown(a, &S->im[i]) != EXPSEG_OK) {
+      if (S->im[i].live >= 0) close(S->im[i].live);
+      free(S->im[i].h), free(S->im[i].sizes);
+    }
   }
   free(S->ex), free(S->im), free(S);
   a->ipc = NULL;

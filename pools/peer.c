@@ -8,10 +8,13 @@
  * segment, a run of mapped pages of an expandable segment, an imported allocation. From then
  * on every new mapping grants it too (map_pages and grow_classic call _expseg_peers_grant
  * right after the owner's set_access), so page moves and page-cache re-maps, which go
- * through map_pages, keep the peers' access. Disabling revokes the same ranges. A failure
- * part-way is undone, so the set and the mappings always agree. Everything here runs under
- * the allocator's lock. */
+ * through map_pages, keep the peers' access. A sleeping segment's layout is not memory held:
+ * only the chunks its region's sleep records say are mapped (while the bytes are copied out
+ * or back, or left by a sleep the driver refused part-way) are walked, one range per chunk.
+ * Disabling revokes the same ranges. A failure part-way is undone, so the set and the
+ * mappings always agree. Everything here runs under the allocator's lock. */
 #include "internal.h"
+#include "sleep.h"
 
 enum { MAX_PEER = 63 };
 
@@ -35,6 +38,7 @@ static expseg_status one(void *ctx, uintptr_t addr, size_t size) {
 static expseg_status each_range(expseg_allocator *a, walk_t *w) {
   expseg_status st = EXPSEG_OK;
   for (segment_t *s = a->segments; s && st == EXPSEG_OK; s = s->next_all) {
+    if (s->asleep) continue; /* below, from its region's records */
     if (!s->expandable) {
       st = one(w, s->base, s->va_size);
       continue;
@@ -51,6 +55,12 @@ static expseg_status each_range(expseg_allocator *a, walk_t *w) {
       i = j;
     }
   }
+  for (size_t r = 0; a->sleep && r < a->sleep->n && st == EXPSEG_OK; r++)
+    for (size_t i = 0; i < a->sleep->r[r].n_segs && st == EXPSEG_OK; i++) {
+      const sseg_t *g = &a->sleep->r[r].segs[i];
+      for (size_t k = 0; g->s->asleep && k < g->n_chunks && st == EXPSEG_OK; k++)
+        if (g->chunks[k].mapped) st = one(w, g->chunks[k].addr, g->chunks[k].size);
+    }
   if (st == EXPSEG_OK && a->ipc) st = _expseg_ipc_foreach_import(a, one, w);
   return st;
 }
@@ -86,7 +96,10 @@ static expseg_status change_peer(expseg_allocator *a, int peer, bool enable, con
   uint64_t bit = UINT64_C(1) << peer;
   if (!(a->peers & bit) == enable) { /* else nothing to do */
     int grant = peer, revoke = EXPSEG_VMM_REVOKE(peer);
-    st = enable ? apply_all(a, grant, revoke) : apply_all(a, revoke, grant);
+    /* a peer that does not exist or cannot access this device is refused now, not at the
+     * next mapping (also when nothing is mapped yet) */
+    st = enable ? _expseg_vmm_check_peer(a->drv, peer) : EXPSEG_OK;
+    if (st == EXPSEG_OK) st = enable ? apply_all(a, grant, revoke) : apply_all(a, revoke, grant);
     if (st == EXPSEG_OK) a->peers = enable ? a->peers | bit : a->peers & ~bit;
     else _expseg_error_prefix("%s(device %d -> peer %d)", fn, a->device, peer);
   }

@@ -14,7 +14,7 @@
 #include "expseg.h"
 #include "host_fail.h"
 #include "snapshot_check.h"
-#include "test_adv16_common.h"
+#include "test_adv16_history_common.h"
 #include "test_seed.h"
 
 #include <dirent.h>

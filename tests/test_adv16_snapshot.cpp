@@ -12,7 +12,7 @@
 #include "alloc_support.h"
 #include "expseg.h"
 #include "snapshot_check.h"
-#include "test_adv16_common.h"
+#include "test_adv16_history_common.h"
 #include "test_seed.h"
 
 #include <dirent.h>

@@ -116,4 +116,27 @@ TEST(GpuDevices, PeerAccessOnEveryRange) {
   expseg_destroy(A);
 }
 
+// A peer ordinal past the machine's devices is refused when enabled, also while nothing is
+// mapped yet (it used to be accepted then, and every later malloc failed granting it).
+TEST(GpuDevices, PeerPastTheDeviceCountIsRefusedAtEnable) {
+  if (!_expseg_cuda_usable(0)) GTEST_SKIP() << "no usable CUDA device";
+  Cu cu;
+  ASSERT_TRUE(cu.load());
+  const int n = cu.devices();
+  if (n >= 64) GTEST_SKIP() << "no ordinal in [0, 63] past the device count";
+  expseg_allocator *A = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_create("cuda", 0, "expandable_segments:True", &A));
+  EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, expseg_enable_peer_access(A, n));
+  const std::string msg = expseg_last_error();
+  EXPECT_NE(msg.find("peer device " + std::to_string(n)), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::to_string(n) + " device"), std::string::npos) << msg;
+  void *p = nullptr;
+  ASSERT_EQ(EXPSEG_OK, expseg_malloc(A, 4u << 20, 0, &p)) << "the peer was not enabled: "
+                                                          << expseg_last_error();
+  EXPECT_EQ(EXPSEG_ERR_INVALID_ARGUMENT, expseg_enable_peer_access(A, n)) << "mapped now";
+  EXPECT_EQ(EXPSEG_OK, expseg_disable_peer_access(A, n)) << "never enabled: nothing to do";
+  ASSERT_EQ(EXPSEG_OK, expseg_free(A, p));
+  expseg_destroy(A);
+}
+
 } // namespace

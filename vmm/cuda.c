@@ -55,7 +55,7 @@
   X(cuMemImportFromShareableHandle) X(cuGetErrorName) X(cuMemHostRegister)                \
   X(cuMemHostUnregister) X(cuDeviceGetPCIBusId) X(cuStreamCreate) X(cuStreamDestroy)      \
   X(cuMemHostGetDevicePointer) X(cuStreamWaitValue32) X(cuMemcpyHtoD) X(cuMemcpyDtoH)     \
-  X(cuCtxSynchronize) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)
+  X(cuCtxSynchronize) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuDeviceCanAccessPeer)
 
 typedef struct {
 #define CU_FIELD_(f) __typeof__(&f) f;
@@ -289,6 +289,22 @@ static expseg_status cuda_set_access(void *st, uintptr_t addr, size_t size, int 
     LEAVE_RETURN(cu_fail(r, "cuMemSetAccess", what));
   }
   LEAVE_RETURN(EXPSEG_OK);
+}
+
+static expseg_status cuda_check_peer(void *st, int peer) {
+  cuda_t *c = st;
+  CUdevice target = c->dev;
+  int n = 0, can = 0;
+  if (cu.cuDeviceGetCount(&n) == CUDA_SUCCESS && peer >= n)
+    return _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "cuda driver: peer device %d: this "
+                             "machine has %d device(s), 0 to %d", peer, n, n - 1);
+  CUresult r = cu.cuDeviceGet(&target, peer);
+  if (r == CUDA_SUCCESS) r = cu.cuDeviceCanAccessPeer(&can, target, c->dev);
+  if (r != CUDA_SUCCESS || !can)
+    return _expseg_error_set(r ? EXPSEG_ERR_DRIVER : EXPSEG_ERR_UNSUPPORTED,
+                             "cuda driver: device %d cannot access device %d's memory (%s)",
+                             peer, c->ordinal, r ? err_name(r) : "cuDeviceCanAccessPeer: 0");
+  return EXPSEG_OK;
 }
 
 static expseg_status cuda_event_create(void *st, expseg_vmm_event *ev) {
@@ -690,7 +706,7 @@ static const expseg_vmm_ops_t cuda_ops = {
     .release = cuda_release,
     .map = cuda_map,
     .unmap = cuda_unmap,
-    .set_access = cuda_set_access,
+    .set_access = cuda_set_access, .check_peer = cuda_check_peer,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,

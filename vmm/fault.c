@@ -220,6 +220,16 @@ static expseg_status fault_stream_destroy(void *st, expseg_stream strm) {
   return _expseg_vmm_stream_destroy(((fault_t *)st)->inner, strm);
 }
 
+/* The access record of the inner driver (a test hook; never failed by rules). */
+static expseg_status fault_has_access(void *st, uintptr_t addr, size_t size, int device,
+                                      int *state) {
+  return _expseg_vmm_has_access(((fault_t *)st)->inner, addr, size, device, state);
+}
+
+static expseg_status fault_check_peer(void *st, int peer) {
+  return _expseg_vmm_check_peer(((fault_t *)st)->inner, peer);
+}
+
 static void fault_destroy(void *st) {
   fault_t *f = st;
   if (!f) return;
@@ -245,7 +255,8 @@ static void fault_destroy(void *st) {
     .host_numa = fault_host_numa, .device_synchronize = fault_device_synchronize,          \
     .copy = fault_copy, .copy_async = fault_copy_async,                                    \
     .stream_create = fault_stream_create,                                                  \
-    .stream_destroy = fault_stream_destroy,                                                \
+    .stream_destroy = fault_stream_destroy, .has_access = fault_has_access,                \
+    .check_peer = fault_check_peer,                                                        \
     .destroy = fault_destroy,                                                              \
   }
 

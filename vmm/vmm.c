@@ -578,6 +578,10 @@ expseg_status _expseg_vmm_has_access(expseg_vmm_t *v, uintptr_t addr, size_t siz
   return v->ops->has_access(v->st, addr, size, device, state);
 }
 
+expseg_status _expseg_vmm_check_peer(expseg_vmm_t *v, int peer) {
+  return v->ops->check_peer ? v->ops->check_peer(v->st, peer) : EXPSEG_OK;
+}
+
 static expseg_status no_event(expseg_vmm_t *v, expseg_vmm_call c) {
   _expseg_error_set(EXPSEG_ERR_INVALID_ARGUMENT, "%s driver: %s: event 0 is never live",
                     v->ops->name, call_names[c]);

@@ -141,6 +141,9 @@ typedef struct expseg_vmm_ops_s {
   /* Test hook (host and sim; NULL elsewhere): *state = 2 when every byte of [addr,
    * addr+size) is accessible from device, 1 when some byte is, 0 when none is. */
   expseg_status (*has_access)(void *st, uintptr_t addr, size_t size, int device, int *state);
+  /* Whether device `peer` exists and can access this device's memory (cuda:
+   * cuDeviceCanAccessPeer); NULL: every ordinal is accepted (host, sim). */
+  expseg_status (*check_peer)(void *st, int peer);
   /* Waits until all work queued on the device (every stream) is done: cuCtxSynchronize on
    * cuda; host and sim fail (EXPSEG_ERR_DRIVER) instead of waiting forever while a stream is
    * held. NULL = unsupported. */
@@ -210,6 +213,8 @@ expseg_status _expseg_vmm_set_access_dev(expseg_vmm_t *v, uintptr_t addr, size_t
  * EXPSEG_ERR_UNSUPPORTED where the backend keeps none (cuda, fault). Not counted. */
 expseg_status _expseg_vmm_has_access(expseg_vmm_t *v, uintptr_t addr, size_t size, int device,
                                      int *state);
+/* ops->check_peer, or EXPSEG_OK where the driver has none. Not a counted call. */
+expseg_status _expseg_vmm_check_peer(expseg_vmm_t *v, int peer);
 /* Byte copies (ops->copy): writes size bytes of src at device address dst (copy_in),
  * reads size bytes at device address src into dst (copy_out). Used by sleep and wake and by
  * data checks. Counted as call kind `copy`, so a fault rule can fail it (a fault wrapper

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// test_adv16_common.h: what test_adv16_history.cpp and test_adv16_snapshot.cpp share: the
+// test_adv16_history_common.h: what test_adv16_history.cpp and test_adv16_snapshot.cpp share: the
 // events of a snapshot read by Python's pickle and of a walk, and temporary file names.
-#ifndef EXPSEG_TEST_ADV16_COMMON_H
-#define EXPSEG_TEST_ADV16_COMMON_H
+#ifndef EXPSEG_TEST_ADV16_HISTORY_COMMON_H
+#define EXPSEG_TEST_ADV16_HISTORY_COMMON_H
 
 #include <gtest/gtest.h>
 
