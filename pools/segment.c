@@ -639,10 +639,12 @@ bool _expseg_release_pool_memory(expseg_allocator *a, uint32_t tag, bool blockin
     if (seg_tag(s) == tag && _expseg_classic_is_free(s))
       (void)_expseg_classic_release(a, s, &rb, blocking, seen, &n_seen);
   }
-  /* its idle pages go to the top of the page cache, and from there to the driver */
+  /* its idle pages go to the top of the page cache, and from there to the driver: the
+   * small ones in a pass of their own (a steal's second pass, the other size, is held back
+   * for a while after a move between sizes; a pool's give-back must not be) */
   const size_t top = a->cache_count;
-  _expseg_steal_pages(a, POOL_LARGE, 0, SIZE_MAX, SIZE_MAX, NULL, NULL, 0, blocking, tag,
-                      false);
+  for (int p = POOL_LARGE; p >= POOL_SMALL; p--)
+    _expseg_steal_pages(a, p, 0, SIZE_MAX, SIZE_MAX, NULL, NULL, 0, blocking, tag, false);
   while (a->cache_count > top) _expseg_cache_release_at(a, a->cache_count - 1, &rb);
   for (segment_t *s = a->segments, *next; s; s = next) {
     next = s->next_all;
