@@ -48,7 +48,9 @@ bool accept_mask(void *ctx, expseg_stream s) {
 // another pool, not under memory pressure.
 TEST_P(AdvPools, ReleasedPoolFreeBlocksStayItsOwnWhileItDrains) {
   expseg_pool_id p = create();
-  void *x = alloc(3 * MiB, 1, p), *y = alloc(3 * MiB, 1, p), *s = alloc(600, 1, p);
+  // whole 2 MiB pages each, so that x's freed block holds whole chunks of its own
+  const size_t big = 4 * MiB;
+  void *x = alloc(big, 1, p), *y = alloc(big, 1, p), *s = alloc(600, 1, p);
   ASSERT_EQ(expseg_pool_release(a, p), EXPSEG_OK);
   ASSERT_EQ(expseg_free(a, x), EXPSEG_OK);
   const uintptr_t yb = (uintptr_t)y;
@@ -58,8 +60,8 @@ TEST_P(AdvPools, ReleasedPoolFreeBlocksStayItsOwnWhileItDrains) {
   std::vector<void *> got;
   for (int round = 0; round < 200; round++) {
     void *g = nullptr;
-    expseg_status st = round % 3 == 2 ? expseg_malloc_pool(a, 3 * MiB, 1, q, &g)
-                                      : expseg_malloc(a, round % 2 ? 3 * MiB : 600, 1, &g);
+    expseg_status st = round % 3 == 2 ? expseg_malloc_pool(a, big, 1, q, &g)
+                                      : expseg_malloc(a, round % 2 ? big : 600, 1, &g);
     if (st != EXPSEG_OK) {
       ASSERT_EQ(st, EXPSEG_ERR_OUT_OF_MEMORY) << expseg_last_error();
       break; // the device is full: pressure reached
@@ -69,7 +71,7 @@ TEST_P(AdvPools, ReleasedPoolFreeBlocksStayItsOwnWhileItDrains) {
     ASSERT_NE(segment_pool(segs, (uintptr_t)g), p)
         << "round " << round << ": a block of released pool " << p
         << " (still holding live blocks) was handed to " << (round % 3 == 2 ? "pool q" : "the general cache");
-    ASSERT_FALSE((uintptr_t)g < yb + 3 * MiB && (uintptr_t)g + 600 > yb) << "overlaps a live block";
+    ASSERT_FALSE((uintptr_t)g < yb + big && (uintptr_t)g + 600 > yb) << "overlaps a live block";
   }
   EXPECT_EQ(pool_of(y), p);
   EXPECT_EQ(expseg_check(a), EXPSEG_OK) << expseg_last_error();
@@ -86,6 +88,32 @@ TEST_P(AdvPools, ReleasedPoolFreeBlocksStayItsOwnWhileItDrains) {
   ASSERT_EQ(expseg_pool_release(a, q), EXPSEG_OK);
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
   EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0);
+}
+
+// A released pool whose last (small) block is freed right after its small segment grew by
+// taking the general cache's idle large pages: the free gives the pool back at once, as
+// the contract says, though a steal's second pass (small pages for a large request) is held
+// back for a while after such a move.
+TEST_P(AdvPools, ReleasedPoolSmallPagesGoBackAtItsLastFreeAfterAMoveBetweenSizes) {
+  std::vector<void *> full;
+  for (;;) { // the device full of general 4 MiB blocks
+    void *g = nullptr;
+    if (expseg_malloc(a, 4 * MiB, 0, &g) != EXPSEG_OK) break;
+    full.push_back(g);
+  }
+  ASSERT_GT(full.size(), 2u);
+  ASSERT_EQ(expseg_free(a, full.back()), EXPSEG_OK); // idle large pages of the general cache
+  full.pop_back();
+  expseg_pool_id p = create();
+  void *s = alloc(600, 1, p); // its small segment: taken from those idle large pages
+  ASSERT_NE(s, nullptr);
+  ASSERT_EQ(expseg_pool_release(a, p), EXPSEG_OK);
+  ASSERT_TRUE(has_stat(a, pool_key(p)));
+  const int64_t before = stat_of(a, "reserved_bytes.all.current"), pkey = stat_of(a, pool_key(p));
+  ASSERT_EQ(expseg_free(a, s), EXPSEG_OK);
+  EXPECT_FALSE(has_stat(a, pool_key(p))) << "its last free (streams idle) gives the pool back";
+  EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), before - pkey);
+  free_blocks(a, full);
 }
 
 // A region's pool through the pool calls: retain/release above its own count, routing and
