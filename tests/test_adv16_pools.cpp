@@ -292,6 +292,9 @@ TEST_P(AdvPools, RandomRoutingUseCountsAndDraining) {
       ASSERT_EQ(st, EXPSEG_OK) << expseg_last_error();
       ASSERT_EQ(pool_of(p), want) << "stream " << s << " size " << size;
       live[(uintptr_t)p] = {size, want};
+    } else if (op < 64 && !live.empty()) { // used on another stream (never held)
+      auto it = std::next(live.begin(), (long)rng.below(live.size()));
+      ASSERT_EQ(expseg_record_stream(a, (void *)it->first, 4 + rng.below(3)), EXPSEG_OK);
     } else if (op < 92 && !live.empty()) {
       auto it = std::next(live.begin(), (long)rng.below(live.size()));
       const expseg_pool_id id = it->second.pool;
