@@ -173,10 +173,13 @@ TEST_P(AdvPools, RegionPoolThroughPoolCallsWhileAsleep) {
 // live pointer's pool (pool_of and the segment expseg_walk puts it in) is the model's,
 // no segment of a pool holds a block of another, a pool's statistics exist exactly while
 // it is live or holds blocks, and a pool that drains takes exactly its reserved bytes out
-// of reserved_bytes.all.current.
+// of reserved_bytes.all.current. On the fault driver, growth fails now and then: the failed
+// request leaves nothing behind (checked, and by the fixture's end).
 TEST_P(AdvPools, RandomRoutingUseCountsAndDraining) {
   EXPSEG_SEEDED(seed, 20261128);
   TestRng rng(seed);
+  // on the fault driver (the Faults instantiation) growth calls fail now and then
+  const bool faults = std::strncmp(GetParam().driver, "fault:", 6) == 0;
   struct Live {
     size_t size;
     expseg_pool_id pool;
@@ -273,6 +276,11 @@ TEST_P(AdvPools, RandomRoutingUseCountsAndDraining) {
       void *p = nullptr;
       expseg_pool_id want;
       expseg_status st;
+      if (faults && rng.chance(0.4)) { // the growth this request may need fails
+        static const char *const rules[] = {"create@1", "map@1:driver", "reserve@1:oom",
+                                            "set_access@1:driver", "create@1..3:oom"};
+        ASSERT_EQ(expseg_testing_set_faults(a, rules[rng.below(5)]), EXPSEG_OK);
+      }
       if (rng.chance(0.3)) { // direct: a live pool, the general cache, or a released id
         want = rng.chance(0.8) ? pick_pool() : 0;
         if (!draining.empty() && rng.chance(0.15)) {
@@ -288,7 +296,14 @@ TEST_P(AdvPools, RandomRoutingUseCountsAndDraining) {
         want = routed(s);
         st = expseg_malloc(a, size, s, &p);
       }
-      if (st == EXPSEG_ERR_OUT_OF_MEMORY) continue;
+      if (faults) {
+        ASSERT_EQ(expseg_testing_set_faults(a, ""), EXPSEG_OK);
+      }
+      if (st == EXPSEG_ERR_OUT_OF_MEMORY || (faults && st == EXPSEG_ERR_DRIVER)) {
+        ASSERT_EQ(p, nullptr);
+        ASSERT_EQ(expseg_check(a), EXPSEG_OK) << "a failed growth: " << expseg_last_error();
+        continue;
+      }
       ASSERT_EQ(st, EXPSEG_OK) << expseg_last_error();
       ASSERT_EQ(pool_of(p), want) << "stream " << s << " size " << size;
       live[(uintptr_t)p] = {size, want};
@@ -351,7 +366,17 @@ TEST_P(AdvPools, RandomRoutingUseCountsAndDraining) {
     for (int i = 0; i < kv.second; i++) ASSERT_EQ(expseg_pool_release(a, kv.first), EXPSEG_OK);
   ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
   EXPECT_EQ(stat_of(a, "reserved_bytes.all.current"), 0);
+  if (faults) {
+    EXPECT_GT(expseg_testing_faults_injected(a), 0u) << "no growth failed";
+  }
   for (auto id : draining) EXPECT_FALSE(has_stat(a, pool_key(id)));
 }
 
 EXPSEG_ADV_POOLS_INSTANTIATE();
+
+// every case above on the fault driver too (no rule set but in the random run's growth)
+INSTANTIATE_TEST_SUITE_P(
+    Faults, AdvPools,
+    testing::Values(PoolsParam{"fault:fail=;host:capacity=256M", "expandable_segments:True"},
+                    PoolsParam{"fault:fail=;host:capacity=256M", "expandable_segments:False"}),
+    pools_param_name);
