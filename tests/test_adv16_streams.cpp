@@ -165,6 +165,7 @@ void random_run(const char *driver, const char *config, uint64_t dflt_seed, bool
   auto pick = [&]() { return rng.below(3) ? streams[rng.below(8)] : streams[rng.below(308)]; };
   const uint64_t ops = test_ops(100000, 25000);
   int ooms = 0;
+  std::vector<expseg_pool_id> pools;
   for (uint64_t step = 0; step < ops; step++) {
     const std::string where = "step " + std::to_string(step);
     const uint64_t r = rng.below(100);
@@ -180,7 +181,9 @@ void random_run(const char *driver, const char *config, uint64_t dflt_seed, bool
       expseg_stream s = pick();
       size_t size = rng.below(3) ? 1 + rng.below(MiB) : MiB + rng.below(30 * MiB);
       void *p = nullptr;
-      expseg_status st = expseg_malloc(a, size, s, &p);
+      expseg_status st = pools.empty() || rng.below(3)
+                             ? expseg_malloc(a, size, s, &p)
+                             : expseg_malloc_pool(a, size, s, pools[rng.below(pools.size())], &p);
       if (st == EXPSEG_OK) {
         m.check_new((uint64_t)p, size, s, where);
         if (::testing::Test::HasFatalFailure()) return;
@@ -207,8 +210,21 @@ void random_run(const char *driver, const char *config, uint64_t dflt_seed, bool
     } else if (r < 95) {
       expseg_stream s = streams[1 + rng.below(7)];
       hold(m, s, !m.held.count(s));
-    } else if (r < 98) {
+    } else if (r < 97) {
       ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << where << ": " << expseg_last_error();
+    } else if (r < 98) { // private pools: create, empty, release (live blocks stay valid)
+      uint64_t k = rng.below(3);
+      if (k == 0 && pools.size() < 3) {
+        expseg_pool_id id;
+        ASSERT_EQ(expseg_pool_create(a, &id), EXPSEG_OK) << where;
+        pools.push_back(id);
+      } else if (k == 1 && !pools.empty()) {
+        ASSERT_EQ(expseg_pool_empty_cache(a, pools[rng.below(pools.size())]), EXPSEG_OK) << where;
+      } else if (!pools.empty()) {
+        size_t i = rng.below(pools.size());
+        ASSERT_EQ(expseg_pool_release(a, pools[i]), EXPSEG_OK) << where << expseg_last_error();
+        pools.erase(pools.begin() + (long)i);
+      }
     } else {
       expseg_status st = expseg_synchronize(a);
       if (m.held.empty() && !faults) ASSERT_EQ(st, EXPSEG_OK) << where << expseg_last_error();
@@ -222,6 +238,7 @@ void random_run(const char *driver, const char *config, uint64_t dflt_seed, bool
   std::printf("%llu ops, %d out-of-memory answers, lent %lld\n", (unsigned long long)ops, ooms,
               (long long)stat_of(a, "expseg.num_lent"));
   if (faults) ASSERT_EQ(expseg_testing_set_faults(a, ""), EXPSEG_OK);
+  for (expseg_pool_id id : pools) ASSERT_EQ(expseg_pool_release(a, id), EXPSEG_OK);
   drain(m, "end");
 }
 
@@ -230,6 +247,12 @@ TEST(Adv16Streams, RandomBusyExpandable) {
 }
 TEST(Adv16Streams, RandomBusyClassic) {
   random_run("sim:capacity=512M", "expandable_segments:False", 16002, false);
+}
+TEST(Adv16Streams, RandomBusyGarbageCollection) {
+  random_run("sim:capacity=512M",
+             "expandable_segments:False,garbage_collection_threshold:0.5,max_split_size_mb:40,"
+             "per_process_memory_fraction:0.8",
+             16005, false);
 }
 TEST(Adv16Streams, RandomBusyFaults) {
   random_run("fault:fail=;sim:capacity=512M", "expandable_segments:True", 16003, true);
