@@ -181,9 +181,12 @@ void random_run(const char *driver, const char *config, uint64_t dflt_seed, bool
       expseg_stream s = pick();
       size_t size = rng.below(3) ? 1 + rng.below(MiB) : MiB + rng.below(30 * MiB);
       void *p = nullptr;
-      expseg_status st = pools.empty() || rng.below(3)
-                             ? expseg_malloc(a, size, s, &p)
-                             : expseg_malloc_pool(a, size, s, pools[rng.below(pools.size())], &p);
+      const uint64_t how = rng.below(8);
+      expseg_status st =
+          how == 0 ? expseg_malloc_ex(a, size, s, EXPSEG_MALLOC_SINGLE_CHUNK, &p)
+          : how == 1 && !pools.empty()
+              ? expseg_malloc_pool(a, size, s, pools[rng.below(pools.size())], &p)
+              : expseg_malloc(a, size, s, &p);
       if (st == EXPSEG_OK) {
         m.check_new((uint64_t)p, size, s, where);
         if (::testing::Test::HasFatalFailure()) return;
@@ -253,6 +256,10 @@ TEST(Adv16Streams, RandomBusyGarbageCollection) {
              "expandable_segments:False,garbage_collection_threshold:0.5,max_split_size_mb:40,"
              "per_process_memory_fraction:0.8",
              16005, false);
+}
+TEST(Adv16Streams, RandomBusySingleChunkPageCache) {
+  random_run("sim:capacity=384M", "expandable_segments:True,single_chunk_min_mb:8,page_cache_max_mb:64",
+             16006, false);
 }
 TEST(Adv16Streams, RandomBusyFaults) {
   random_run("fault:fail=;sim:capacity=512M", "expandable_segments:True", 16003, true);
