@@ -38,11 +38,13 @@ struct Live {
 
 struct WalkView {
   std::vector<std::pair<uint64_t, uint64_t>> mapped; // segment ranges
-  int64_t pending = 0, allocated = 0, active_bytes = 0, allocated_bytes = 0;
+  int64_t pending = 0, allocated = 0, active_bytes = 0, allocated_bytes = 0, requested = 0;
+  int64_t segment_bytes = 0;
 };
 void walk_seg(void *ctx, const expseg_walk_segment *s) {
   auto *w = static_cast<WalkView *>(ctx);
   w->mapped.push_back({s->address, s->address + s->total_size});
+  w->segment_bytes += (int64_t)s->total_size;
   for (size_t i = 0; i < s->n_blocks; i++) {
     const expseg_walk_block &b = s->blocks[i];
     if (b.state == EXPSEG_BLOCK_PENDING_FREE) w->pending++;
@@ -51,6 +53,7 @@ void walk_seg(void *ctx, const expseg_walk_segment *s) {
       w->allocated_bytes += (int64_t)b.size;
     }
     if (b.state != EXPSEG_BLOCK_INACTIVE) w->active_bytes += (int64_t)b.size;
+    if (b.state != EXPSEG_BLOCK_INACTIVE) w->requested += (int64_t)b.requested_size;
   }
 }
 
@@ -118,6 +121,10 @@ struct Model {
     ASSERT_EQ(stat_of(a, "active.all.current"), w.allocated + w.pending) << where;
     ASSERT_EQ(stat_of(a, "active_bytes.all.current"), w.active_bytes) << where;
     ASSERT_EQ(stat_of(a, "allocated_bytes.all.current"), w.allocated_bytes) << where;
+    ASSERT_EQ(stat_of(a, "requested_bytes.all.current"), w.requested) << where;
+    ASSERT_EQ(stat_of(a, "reserved_bytes.all.current"),
+              w.segment_bytes + stat_of(a, "expseg.cached_physical_bytes.current"))
+        << where;
     for (const Busy &b : busy)
       ASSERT_TRUE(covered(w, b.lo, b.hi))
           << where << ": memory freed on held stream " << b.own << " at "
@@ -172,8 +179,8 @@ void random_run(const char *driver, const char *config, uint64_t dflt_seed, bool
     if (faults && rng.below(50) == 0) {
       static const char *const kinds[] = {"event_create", "event_record", "event_query",
                                           "stream_synchronize", "event_synchronize", "map",
-                                          "create"};
-      std::string rule = std::string(kinds[rng.below(7)]) + "@" + std::to_string(1 + rng.below(3));
+                                          "create", "unmap", "release"};
+      std::string rule = std::string(kinds[rng.below(9)]) + "@" + std::to_string(1 + rng.below(3));
       if (rng.below(3) == 0) rule += ".." + std::to_string(4 + rng.below(6));
       ASSERT_EQ(expseg_testing_set_faults(a, rule.c_str()), EXPSEG_OK) << rule;
     }
