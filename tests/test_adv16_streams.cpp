@@ -219,7 +219,12 @@ void random_run(const char *driver, const char *config, uint64_t dflt_seed, bool
       it->second.recorded.insert(s);
     } else if (r < 95) {
       expseg_stream s = streams[1 + rng.below(7)];
-      hold(m, s, !m.held.count(s));
+      if (rng.below(4) == 0) { // a reserve class changes where the stream's next segments go
+        static const char *const cls[] = {"small", "big", "unlisted", nullptr};
+        ASSERT_EQ(expseg_stream_set_reserve_class(a, s, cls[rng.below(4)]), EXPSEG_OK) << where;
+      } else {
+        hold(m, s, !m.held.count(s));
+      }
     } else if (r < 97) {
       ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK) << where << ": " << expseg_last_error();
     } else if (r < 98) { // private pools: create, empty, release (live blocks stay valid)
@@ -267,6 +272,11 @@ TEST(Adv16Streams, RandomBusyGarbageCollection) {
 TEST(Adv16Streams, RandomBusySingleChunkPageCache) {
   random_run("sim:capacity=384M", "expandable_segments:True,single_chunk_min_mb:8,page_cache_max_mb:64",
              16006, false);
+}
+TEST(Adv16Streams, RandomBusyReserveClasses) {
+  random_run("sim:capacity=512M",
+             "expandable_segments:True,expandable_segments_reserve_by_class:[small:0.05,big:1G]",
+             16007, false);
 }
 TEST(Adv16Streams, RandomBusyFaults) {
   random_run("fault:fail=;sim:capacity=512M", "expandable_segments:True", 16003, true);
