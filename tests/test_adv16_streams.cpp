@@ -492,3 +492,56 @@ TEST(Adv16Streams, HundredsOfStreamsInterleaved) {
 }
 
 } // namespace
+
+namespace {
+
+// A private pool released while its only block waits for a held recorded stream: its memory
+// stays mapped and unused by anyone until the stream is released; then empty_cache gives it
+// back. A region cannot sleep while a stream it must wait for is held.
+TEST(Adv16Streams, ReleasedPoolAndSleepWaitForHeldStream) {
+  expseg_allocator *a = nullptr;
+  ASSERT_EQ(expseg_create("sim:capacity=256M", 0, "expandable_segments:True", &a), EXPSEG_OK);
+  Model m{a, {}, {}, {}};
+  expseg_pool_id pool = 0;
+  ASSERT_EQ(expseg_pool_create(a, &pool), EXPSEG_OK);
+  void *p = nullptr;
+  ASSERT_EQ(expseg_malloc_pool(a, 24 * MiB, 1, pool, &p), EXPSEG_OK);
+  m.live[(uint64_t)p] = Live{24 * MiB, 1, {7}};
+  ASSERT_EQ(expseg_record_stream(a, p, 7), EXPSEG_OK);
+  hold(m, 7, true);
+  ASSERT_EQ(expseg_free(a, p), EXPSEG_OK);
+  m.freed((uint64_t)p);
+  ASSERT_EQ(expseg_pool_release(a, pool), EXPSEG_OK) << expseg_last_error();
+  for (int i = 0; i < 3; i++) {
+    ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+    for (expseg_stream s : {1, 7, 8}) {
+      void *q = nullptr;
+      ASSERT_EQ(expseg_malloc(a, 24 * MiB, s, &q), EXPSEG_OK) << expseg_last_error();
+      m.check_new((uint64_t)q, 24 * MiB, s, "stream " + std::to_string(s));
+      m.live[(uint64_t)q] = Live{24 * MiB, s, {}};
+    }
+    m.check("pool released, stream 7 held");
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  }
+  // a region whose block stream 7 used cannot sleep while 7 is held
+  ASSERT_EQ(expseg_region_begin(a, "adv16s"), EXPSEG_OK);
+  void *r = nullptr;
+  ASSERT_EQ(expseg_malloc(a, 4 * MiB, 2, &r), EXPSEG_OK);
+  ASSERT_EQ(expseg_region_end(a, "adv16s"), EXPSEG_OK);
+  ASSERT_EQ(expseg_record_stream(a, r, 7), EXPSEG_OK);
+  m.live[(uint64_t)r] = Live{4 * MiB, 2, {7}};
+  EXPECT_NE(expseg_sleep(a, "adv16s", EXPSEG_SLEEP_DISCARD), EXPSEG_OK);
+  m.check("sleep refused");
+  hold(m, 7, false);
+  ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+  EXPECT_EQ(stat_of(a, "expseg.pending_free_blocks.current"), 0);
+  m.check("released");
+  expseg_pool_id region = 0; // a region's memory goes back with its pool's empty_cache
+  ASSERT_EQ(expseg_pool_of(a, r, &region), EXPSEG_OK);
+  ASSERT_EQ(expseg_free(a, r), EXPSEG_OK);
+  m.freed((uint64_t)r);
+  ASSERT_EQ(expseg_pool_empty_cache(a, region), EXPSEG_OK);
+  drain(m, "pool");
+}
+
+} // namespace
