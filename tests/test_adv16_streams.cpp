@@ -6,9 +6,12 @@
 // stream is released; busy for every other stream, and for its own stream too while a
 // recorded stream is held. Any allocation overlapping busy memory fails, and busy memory must
 // stay mapped (covered by a segment of expseg_walk) through empty_cache and lending.
-// Statistics are compared with the walk (pending_free_blocks, active, allocation). Hand-picked
-// cases: record_stream on freed, interior, foreign pointers and own / repeated streams,
-// lending between held streams, event faults at the free, hundreds of streams.
+// Statistics are compared with the walk (pending_free_blocks, active, allocated, requested,
+// reserved). The random run mixes private pools, single-chunk allocations, reserve classes,
+// empty_cache and synchronize, over classic, expandable, garbage-collection, page-cache and
+// fault-injection configurations. Hand-picked cases: record_stream on freed, interior,
+// foreign pointers and own / repeated streams, lending between held streams, event faults at
+// the free, hundreds of streams, a released pool and a region sleep waiting for a held stream.
 // EXPSEG_TEST_SEED: the seed (printed); EXPSEG_TEST_OPS scales the random run.
 #include "alloc_support.h"
 
