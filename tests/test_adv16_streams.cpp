@@ -88,7 +88,9 @@ struct Model {
           << " overlapping memory freed on stream " << b.own << " (held: " << b.own_held
           << ", recorded held: " << b.others.size() << ")";
     auto it = live.upper_bound(p);
-    if (it != live.end()) ASSERT_LE(p + size, it->first) << where << ": overlaps a live block";
+    if (it != live.end()) {
+      ASSERT_LE(p + size, it->first) << where << ": overlaps a live block";
+    }
     if (it != live.begin()) {
       --it;
       ASSERT_LE(it->first + it->second.size, p) << where << ": overlaps a live block";
@@ -202,8 +204,9 @@ void random_run(const char *driver, const char *config, uint64_t dflt_seed, bool
         if (::testing::Test::HasFatalFailure()) return;
         m.live[(uint64_t)p] = Live{size, s, {}};
       } else {
-        if (!(faults && st == EXPSEG_ERR_DRIVER))
+        if (!(faults && st == EXPSEG_ERR_DRIVER)) {
           ASSERT_EQ(st, EXPSEG_ERR_OUT_OF_MEMORY) << where << ": " << expseg_last_error();
+        }
         ooms++;
       }
     } else if (r < 78) {
@@ -245,8 +248,12 @@ void random_run(const char *driver, const char *config, uint64_t dflt_seed, bool
       }
     } else {
       expseg_status st = expseg_synchronize(a);
-      if (m.held.empty() && !faults) ASSERT_EQ(st, EXPSEG_OK) << where << expseg_last_error();
-      if (!m.held.empty()) ASSERT_EQ(st, EXPSEG_ERR_DRIVER) << where;
+      if (m.held.empty() && !faults) {
+        ASSERT_EQ(st, EXPSEG_OK) << where << expseg_last_error();
+      }
+      if (!m.held.empty()) {
+        ASSERT_EQ(st, EXPSEG_ERR_DRIVER) << where;
+      }
     }
     if (step % 16 == 0 || r >= 95) {
       m.check(where);
@@ -255,7 +262,9 @@ void random_run(const char *driver, const char *config, uint64_t dflt_seed, bool
   }
   std::printf("%llu ops, %d out-of-memory answers, lent %lld\n", (unsigned long long)ops, ooms,
               (long long)stat_of(a, "expseg.num_lent"));
-  if (faults) ASSERT_EQ(expseg_testing_set_faults(a, ""), EXPSEG_OK);
+  if (faults) {
+    ASSERT_EQ(expseg_testing_set_faults(a, ""), EXPSEG_OK);
+  }
   for (expseg_pool_id id : pools) ASSERT_EQ(expseg_pool_release(a, id), EXPSEG_OK);
   drain(m, "end");
 }
@@ -477,7 +486,9 @@ TEST(Adv16Streams, HundredsOfStreamsInterleaved) {
       m.check_new((uint64_t)q, size, s, "after free " + std::to_string(i));
       m.live[(uint64_t)q] = Live{size, s, {}};
       if (i % 50 == 0) {
-        if (rng.below(2)) ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+        if (rng.below(2)) {
+          ASSERT_EQ(expseg_empty_cache(a), EXPSEG_OK);
+        }
         m.check("free " + std::to_string(i));
       }
       ASSERT_FALSE(::testing::Test::HasFatalFailure());

@@ -109,7 +109,13 @@ expseg_status expseg_history_record_annotation(expseg_allocator *a, const char *
   api_lock(a);
   hist_ann_t *e = a->hist != NULL ? ann_slot(a->hist) : NULL;
   if (e != NULL) {
-    e->ticks = _expseg_hist_ticks(); /* under the lock: the ring stays in time order */
+    /* under the lock, and never before the annotation kept before it: the time-stamp counter
+     * of another CPU (a VM's vCPUs) may read a little behind this one's */
+    e->ticks = _expseg_hist_ticks();
+    if (a->hist->ann_count >= 2) {
+      uint64_t prev = _expseg_hist_ann_at(a->hist, a->hist->ann_count - 2)->ticks;
+      if (e->ticks < prev) e->ticks = prev;
+    }
     e->n = n;
     e->kv = kv;
     kv = NULL;

@@ -282,6 +282,8 @@ hist_event_t *_expseg_hist_push(history_t *h, int action, uint64_t addr, uint64_
   e->compile = 0;
   e->n_c = 0;
   const hist_event_t *prev = h->count > 1 ? _expseg_hist_at(h, h->count - 2) : NULL;
+  /* never before the event kept before it (another CPU's counter may read a little behind) */
+  if (prev != NULL && e->ticks < prev->ticks) e->ticks = prev->ticks;
   if ((h->flags & EXPSEG_HISTORY_C_STACKS) && action == HIST_FREE_COMPLETED && prev != NULL &&
       prev->action == HIST_FREE_REQUESTED && prev->addr == addr) {
     e->n_c = prev->n_c; /* completed within the same free: the same C stack */
